@@ -1,0 +1,65 @@
+"""PoolConfig: the one set of knobs that builds a memory manager in either twin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpool.constants import EVICTION_POLICIES, is_power_of_two
+from kvpool.errors import ConfigError, PageSizeError
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Sizes are in tokens (``size``), rows (``req_pool_size``) and columns (``max_context_len``).
+
+    ``size`` must be a multiple of ``page_size``; the allocator then has ``size // page_size``
+    pages with ids ``1..size // page_size`` (page 0 is reserved), and the KV buffers have
+    ``size + page_size`` rows. ``kv_layout`` is ``"mha"`` or ``"mla"``."""
+
+    size: int = 256
+    page_size: int = 1
+    req_pool_size: int = 16
+    max_context_len: int = 512
+    need_sort: bool = False
+    disable_radix_cache: bool = False
+    eviction_policy: str = "lru"
+    kv_layout: str = "mha"
+    num_layers: int = 2
+    head_num: int = 1
+    head_dim: int = 2
+    v_head_dim: int | None = None
+    kv_lora_rank: int = 2
+    qk_rope_head_dim: int = 1
+    start_layer: int = 0
+
+    def __post_init__(self) -> None:
+        if not is_power_of_two(self.page_size):
+            raise PageSizeError(f"page_size must be a positive power of two, got {self.page_size}")
+        if self.size <= 0 or self.size % self.page_size:
+            raise ConfigError(
+                f"size must be a positive multiple of page_size={self.page_size}, got {self.size}"
+            )
+        if self.req_pool_size <= 0:
+            raise ConfigError(f"req_pool_size must be positive, got {self.req_pool_size}")
+        if self.max_context_len <= 0:
+            raise ConfigError(f"max_context_len must be positive, got {self.max_context_len}")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ConfigError(
+                f"unknown eviction_policy {self.eviction_policy!r}; known: {EVICTION_POLICIES}"
+            )
+        if self.kv_layout not in ("mha", "mla"):
+            raise ConfigError(f"kv_layout must be 'mha' or 'mla', got {self.kv_layout!r}")
+        if self.num_layers <= 0 or self.head_num <= 0 or self.head_dim <= 0:
+            raise ConfigError("num_layers, head_num and head_dim must be positive")
+        if self.start_layer < 0:
+            raise ConfigError(f"start_layer must be >= 0, got {self.start_layer}")
+
+    @property
+    def num_pages(self) -> int:
+        """Allocatable pages (page 0 excluded)."""
+        return self.size // self.page_size
+
+    @property
+    def end_layer(self) -> int:
+        """Last layer id held by the pool (inclusive), as SGLang counts it."""
+        return self.start_layer + self.num_layers - 1

@@ -1,0 +1,1 @@
+"""Named invariants over plain snapshots (:mod:`kvpool.snapshot`); imports neither twin."""

@@ -1,0 +1,150 @@
+"""Plain, torch-free snapshots of pool state: the common language of both twins and the invariants.
+
+Either twin produces these (``snapshot()`` on each component, and on the memory manager for the
+whole picture); :mod:`kvpool.invariants` checks them without importing either twin. Every field is
+a Python int, str, bool, tuple or None, so snapshots compare with ``==`` and print readably.
+
+Units: ``*_size`` and ``*_len`` fields are tokens; ``free_pages``/``release_pages`` are page ids
+(equal to slot ids when ``page_size == 1``); ``slots`` are token-slot ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AllocatorSnapshot:
+    """State of a token allocator (page size 1) or a paged allocator.
+
+    ``num_pages`` allocatable pages have ids ``1..num_pages``; page ``p`` owns slots
+    ``[p * page_size, (p + 1) * page_size)``. ``size == num_pages * page_size`` tokens.
+    ``pending_free`` holds the slots buffered by an open free group (``in_free_group``).
+    """
+
+    page_size: int
+    num_pages: int
+    size: int
+    free_pages: tuple[int, ...]
+    release_pages: tuple[int, ...]
+    need_sort: bool
+    in_free_group: bool = False
+    pending_free: tuple[int, ...] = ()
+
+    def available_size(self) -> int:
+        """Tokens free right now: ``(len(free_pages) + len(release_pages)) * page_size``."""
+        return (len(self.free_pages) + len(self.release_pages)) * self.page_size
+
+
+@dataclass(frozen=True)
+class ReqToTokenSnapshot:
+    """State of the request-to-token table.
+
+    ``free_slots`` is the free-row stack in pop order's reverse (the next row handed out is
+    ``free_slots[-1]``). ``req_generation[r]`` counts how often row ``r`` was handed out
+    (length ``size + 1``; entry 0 belongs to the reserved row). ``rows`` holds, for each row
+    the snapshot's producer was asked about, the table contents it asked for (see the memory
+    manager snapshot), keyed by row.
+    """
+
+    size: int
+    max_context_len: int
+    free_slots: tuple[int, ...]
+    req_generation: tuple[int, ...]
+    rows: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """One radix-tree node. ``node_id`` is assigned from a per-cache counter at creation (a split
+    creates a new node for the upper half), so both twins number nodes identically.
+    ``child_keys`` are the dict keys of ``children`` in insertion order: the first token id
+    (page size 1) or the first page of token ids (page size > 1), as a tuple."""
+
+    node_id: int
+    parent_id: int | None
+    key: tuple[int, ...]
+    extra_key: str | None
+    value: tuple[int, ...]
+    lock_ref: int
+    child_ids: tuple[int, ...]
+    child_keys: tuple[tuple[int, ...], ...]
+    last_access_time: float
+    hit_count: int = 0
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class TreeSnapshot:
+    """A radix cache (or, with ``disabled=True``, a chunk cache with no tree and no nodes).
+
+    ``nodes[0]`` is the root (empty key, ``lock_ref`` 1 forever)."""
+
+    page_size: int
+    disabled: bool
+    eviction_policy: str
+    evictable_size: int
+    protected_size: int
+    nodes: tuple[NodeSnapshot, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReqSnapshot:
+    """A request the memory manager knows about.
+
+    ``state`` is one of ``waiting``, ``running`` (holds a row and slots; ``is_chunked > 0`` while
+    between prefill chunks), ``finished`` (released) or ``aborted``.
+    ``row`` is ``req_to_token[req_pool_idx, :kv_allocated_len]`` when the request holds a row.
+    ``cache_protected_len``: leading tokens whose slots belong to the tree (locked through
+    ``last_node_id``); ``[cache_protected_len, ceil_align(kv_allocated_len))`` are the request's own.
+    ``kv_tags[i]`` is what the KV buffers hold at ``row[i]`` for every committed token and
+    ``expected_tags[i]`` what they must hold (:func:`kvpool.kv_tag`)."""
+
+    rid: str
+    state: str
+    req_pool_idx: int | None
+    input_len: int
+    output_len: int
+    prefix_len: int
+    kv_committed_len: int
+    kv_allocated_len: int
+    cache_protected_len: int
+    is_chunked: int
+    last_node_id: int | None
+    session_id: str | None
+    extra_key: str | None
+    row: tuple[int, ...] = ()
+    kv_tags: tuple[int, ...] = ()
+    expected_tags: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    """A streaming session slot holding a finished turn's row, KV and tree lock between turns.
+
+    ``row`` is ``req_to_token[req_pool_idx, :kv_allocated_len]`` while the slot holds a row."""
+
+    session_id: str
+    req_pool_idx: int | None
+    kv_committed_len: int
+    kv_allocated_len: int
+    cache_protected_len: int
+    last_node_id: int | None
+    row: tuple[int, ...] = ()
+    busy_with: str | None = None
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """Everything the invariants need about one memory manager at one instant.
+
+    ``max_total_num_tokens`` is the allocator's ``size``. ``in_free_group`` is True when the
+    snapshot was taken inside a batch finish (accounting is then checked with pending frees)."""
+
+    allocator: AllocatorSnapshot
+    req_to_token: ReqToTokenSnapshot
+    tree: TreeSnapshot
+    reqs: tuple[ReqSnapshot, ...] = ()
+    sessions: tuple[SessionSnapshot, ...] = ()
+    max_total_num_tokens: int = 0
+    extra: dict[str, int] = field(default_factory=dict, compare=False, hash=False)

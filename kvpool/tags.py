@@ -1,0 +1,34 @@
+"""KV content tags: the small integer a model of the KV buffers stores for each token.
+
+The reference (and the twin, in tests) writes ``kv_tags(tokens, extra_key)[p]`` into the slot of
+token ``p`` when that token's KV is computed. A tag depends on the namespace and on every token up
+to and including ``p``, so a request that reads a slot written for a different prefix (a wrong
+index, a use after free, a bad share) reads a different tag. Tags lie in ``[1, TAG_MODULUS]`` so
+they are exact in float32 buffers (< 2**24) and never equal the 0 of an unwritten slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+TAG_MODULUS: Final[int] = 16_777_213  # largest prime below 2**24
+_MULTIPLIER: Final[int] = 1_000_003
+
+
+def namespace_seed(extra_key: str | None) -> int:
+    """Deterministic seed of a namespace (no use of Python's salted ``hash``)."""
+    seed = 7
+    for ch in extra_key or "":
+        seed = (seed * 131 + ord(ch)) % TAG_MODULUS
+    return seed
+
+
+def kv_tags(token_ids: Sequence[int], extra_key: str | None = None) -> list[int]:
+    """Tag of every position of ``token_ids`` in namespace ``extra_key`` (one per token)."""
+    h = namespace_seed(extra_key)
+    out: list[int] = []
+    for t in token_ids:
+        h = (h * _MULTIPLIER + int(t) + 1) % TAG_MODULUS
+        out.append(h + 1)
+    return out

@@ -1,0 +1,27 @@
+"""Test-wide setup: hypothesis profiles, the opt-in SGLang wheel flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.testing.profiles import load_profile_from_env
+
+load_profile_from_env()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-sglang-wheel",
+        action="store_true",
+        default=False,
+        help="download SGLang's published wheel and run the kernel harness on its kernels",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-sglang-wheel"):
+        return
+    skip = pytest.mark.skip(reason="opt-in: pass --run-sglang-wheel")
+    for item in items:
+        if "sglang_wheel" in item.keywords:
+            item.add_marker(skip)
