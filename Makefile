@@ -13,7 +13,6 @@ XDIST  ?= -n 2
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e '.[dev]'
 	touch $(STAMP)
 

@@ -23,6 +23,9 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, ReqToTokenSnapshot, TreeSnapshot
 
 IdxT = TypeVar("IdxT")
+# Variance-specific twins of IdxT for protocols that only take (or only return) index containers.
+IdxT_contra = TypeVar("IdxT_contra", contravariant=True)
+IdxT_co = TypeVar("IdxT_co", covariant=True)
 
 
 @runtime_checkable
@@ -207,7 +210,7 @@ class KVCacheProtocol(Protocol):
         ...
 
 
-class RadixCacheProtocol(Protocol[IdxT]):
+class RadixCacheProtocol(Protocol[IdxT_contra]):
     """Prefix cache (SGLang's RadixCache; ``disable=True`` gives the ChunkCache behaviour).
 
     Sizes are tokens. The root has an empty key and ``lock_ref`` 1 forever. Keys are page-aligned
@@ -222,7 +225,7 @@ class RadixCacheProtocol(Protocol[IdxT]):
         ``device_indices`` (IdxT) and ``last_device_node``."""
         ...
 
-    def insert(self, key: Any, value: IdxT | None = None) -> int:
+    def insert(self, key: Any, value: IdxT_contra | None = None) -> int:
         """Insert the page-aligned part; returns the length that was already cached. Frees
         nothing: the caller frees its duplicate slots."""
         ...
@@ -253,7 +256,7 @@ class RadixCacheProtocol(Protocol[IdxT]):
     def snapshot(self) -> TreeSnapshot: ...
 
 
-class MemoryManagerProtocol(Protocol[IdxT]):
+class MemoryManagerProtocol(Protocol[IdxT_co]):
     """The request lifecycle over one set of pools (``req_to_token_pool``,
     ``token_to_kv_pool_allocator``, ``tree_cache``, ``kv_cache``), built from a
     :class:`kvpool.config.PoolConfig`. This request-level API is what the lockstep harness drives;
@@ -287,7 +290,9 @@ class MemoryManagerProtocol(Protocol[IdxT]):
         the prefix length in tokens (0 with the radix cache disabled)."""
         ...
 
-    def extend(self, rids: Sequence[str], chunk_sizes: Sequence[int | None] | None = None) -> IdxT:
+    def extend(
+        self, rids: Sequence[str], chunk_sizes: Sequence[int | None] | None = None
+    ) -> IdxT_co:
         """One prefill batch. Each request is waiting (matched here if it was not) or a chunked
         request continuing. ``chunk_sizes[i]`` caps the new tokens of request ``i`` this step
         (``None``: all remaining prompt tokens). Evicts what it needs first, then
@@ -296,20 +301,22 @@ class MemoryManagerProtocol(Protocol[IdxT]):
         of every request, in batch order."""
         ...
 
-    def decode(self, rids: Sequence[str], token_ids: Sequence[int]) -> IdxT:
+    def decode(self, rids: Sequence[str], token_ids: Sequence[int]) -> IdxT_co:
         """One decode step: request ``i`` (running, prompt fully prefilled) appends
         ``token_ids[i]``; one slot each (``alloc_for_decode``), unless speculative over-allocation
         already covers it. Returns the slots, in batch order."""
         ...
 
-    def spec_step(self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int) -> IdxT:
+    def spec_step(
+        self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
+    ) -> IdxT_co:
         """EAGLE v2 step: grow each allocation to ``ceil_align(kv_committed_len + 2 * reserve,
         page_size)`` (never shrinking), then commit ``accepted[i]`` (at most ``2 * reserve``
         tokens). Returns the newly allocated slots (batch order); the excess stays allocated
         until release."""
         ...
 
-    def spec_draft_v1(self, rids: Sequence[str], num_draft: int) -> IdxT:
+    def spec_draft_v1(self, rids: Sequence[str], num_draft: int) -> IdxT_co:
         """EAGLE v1: borrow ``num_draft`` slots per request with backup_state / alloc /
         restore_state and write draft tags there; the slots stay officially free. Returns them."""
         ...

@@ -96,9 +96,9 @@ class ReqSnapshot:
     between prefill chunks), ``finished`` (released) or ``aborted``.
     ``row`` is ``req_to_token[req_pool_idx, :kv_allocated_len]`` when the request holds a row.
     ``cache_protected_len``: leading tokens whose slots belong to the tree (locked through
-    ``last_node_id``); ``[cache_protected_len, ceil_align(kv_allocated_len))`` are the request's own.
-    ``kv_tags[i]`` is what the KV buffers hold at ``row[i]`` for every committed token and
-    ``expected_tags[i]`` what they must hold (:func:`kvpool.kv_tag`)."""
+    ``last_node_id``); ``[cache_protected_len, ceil_align(kv_allocated_len))`` are the
+    request's own. ``kv_tags[i]`` is what the KV buffers hold at ``row[i]`` for every committed
+    token and ``expected_tags[i]`` what they must hold (:func:`kvpool.tags.kv_tags`)."""
 
     rid: str
     state: str

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kvpool.testing.profiles import load_profile_from_env
+
+# The optimized twin runs in checked mode throughout the suite (it raises the reference's typed
+# errors on misuse); tests of the unchecked hot path pass checked=False explicitly.
+os.environ.setdefault("KVPOOL_CHECKED", "1")
 
 load_profile_from_env()
 

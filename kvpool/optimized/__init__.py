@@ -2,3 +2,41 @@
 tensors on any device, built for the GPU (no host syncs on hot paths, vectorised work).
 Mirrors the reference file by file. (Being built: see the optimized-twin issue.)
 """
+
+# Pools and allocators (request table, slot allocators, KV buffers, checked-mode switch).
+from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvpool.optimized.checked import CHECKED_ENV_VAR, resolve_checked
+from kvpool.optimized.kv_cache import KVCache, MHATokenToKVPool, MLATokenToKVPool
+from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.optimized.req_to_token_pool import ReqToTokenPool
+
+__all__ = [
+    "CHECKED_ENV_VAR",
+    "BaseTokenToKVPoolAllocator",
+    "KVCache",
+    "MHATokenToKVPool",
+    "MLATokenToKVPool",
+    "PagedTokenToKVPoolAllocator",
+    "ReqToTokenPool",
+    "TokenToKVPoolAllocator",
+    "resolve_checked",
+]
+
+# Radix cache and lifecycle (tree, chunk cache, requests, sessions, memory manager).
+from kvpool.optimized.chunk_cache import ChunkCache
+from kvpool.optimized.memory_manager import MemoryManager
+from kvpool.optimized.radix_cache import RadixCache
+from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
+from kvpool.optimized.req import Req
+from kvpool.optimized.session import SessionSlot
+
+__all__ += [
+    "ChunkCache",
+    "MatchResult",
+    "MemoryManager",
+    "RadixCache",
+    "RadixKey",
+    "Req",
+    "SessionSlot",
+    "TreeNode",
+]

@@ -39,9 +39,11 @@ def validate_extend_args(
             f"batch arrays differ in length: prefix_lens={len(prefix_lens)}, "
             f"seq_lens={len(seq_lens)}, last_loc={len(last_loc)}"
         )
-    for i, (p, s, loc) in enumerate(zip(prefix_lens, seq_lens, last_loc)):
+    for i, (p, s, loc) in enumerate(zip(prefix_lens, seq_lens, last_loc, strict=True)):
         if p < 0 or s < p:
-            raise InvalidArgumentError(f"request {i}: need 0 <= prefix_len <= seq_len, got {p}, {s}")
+            raise InvalidArgumentError(
+                f"request {i}: need 0 <= prefix_len <= seq_len, got {p}, {s}"
+            )
         if (p == 0) != (loc == NO_LAST_LOC):
             raise InvalidArgumentError(
                 f"request {i}: last_loc must be {NO_LAST_LOC} exactly when prefix_len is 0 "
@@ -54,7 +56,7 @@ def validate_extend_args(
                 f"request {i}: prefix ends mid-page but last_loc {loc} is not at offset "
                 f"{p % page_size - 1} of its page (page_size={page_size})"
             )
-    expected = sum(s - p for p, s in zip(prefix_lens, seq_lens))
+    expected = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
     if extend_num_tokens != expected:
         raise InvalidArgumentError(
             f"extend_num_tokens={extend_num_tokens} but sum(seq_lens - prefix_lens)={expected}"
@@ -77,7 +79,7 @@ def alloc_extend_slots(
     """
     out: list[int] = []
     page_cursor = 0
-    for p, s, loc in zip(prefix_lens, seq_lens, last_loc):
+    for p, s, loc in zip(prefix_lens, seq_lens, last_loc, strict=True):
         prefix_pages_end = ceil_div(p, page_size) * page_size  # first slot column past P's pages
         n_new = extend_new_pages(p, s, page_size)
         pages = list(free_pages[page_cursor : page_cursor + n_new])
@@ -105,7 +107,7 @@ def alloc_decode_slots(
     batch order) when ``(S - 1) % ps == 0``, else ``last_loc + 1``. Precondition: enough pages."""
     out: list[int] = []
     page_cursor = 0
-    for s, loc in zip(seq_lens, last_loc):
+    for s, loc in zip(seq_lens, last_loc, strict=True):
         if (s - 1) % page_size == 0:
             out.append(free_pages[page_cursor] * page_size)
             page_cursor += 1

@@ -1,0 +1,102 @@
+"""``kvpool verify``: the lockstep campaign, kvpool's main job.
+
+Runs the reference against the optimized twin (or, with ``--impl MODULE:FACTORY``, against any
+factory ``(PoolConfig) -> MemoryManagerProtocol``) across the configuration swarm for
+``--seconds`` seconds, every invariant checked after every step, with a progress bar. Prints a
+summary (configurations, steps, invariant checks, failures, steps per second) and writes it as
+JSON with ``--report``. On a failure it prints the shrunk trace report and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvpool.testing.campaign import (
+    CampaignResult,
+    load_factory,
+    optimized_factory,
+    reference_factory,
+    run_campaign,
+)
+
+
+def register(sub: Any) -> None:
+    """Add the ``verify`` subcommand to ``sub`` (an argparse subparsers object)."""
+    p = sub.add_parser("verify", help="lockstep campaign: reference vs optimized (or --impl)")
+    p.add_argument("--seconds", type=float, default=60.0, help="time budget (default 60)")
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
+    p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
+    p.add_argument("--impl", default=None, help="MODULE:FACTORY to verify against the reference")
+    p.add_argument(
+        "--backend",
+        choices=("torch", "interpret"),
+        default="torch",
+        help="kernel backend of the optimized twin (default torch)",
+    )
+    p.add_argument("--steps-per-run", type=int, default=60, help="steps per configuration")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=run)
+
+
+def summary_lines(result: CampaignResult, candidate: str) -> list[str]:
+    """The human summary printed at the end."""
+    return [
+        f"kvpool verify: reference vs {candidate}, seed {result.seed}",
+        f"  configurations   {result.configurations}",
+        f"  steps            {result.steps}",
+        f"  invariant checks {result.invariant_checks}",
+        f"  failures         {result.failures}",
+        f"  seconds          {result.seconds:.1f}",
+        f"  steps per second {result.steps_per_second:.0f}",
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the campaign; exit code 0 when nothing failed, 1 on a failure."""
+    if args.impl:
+        candidate, factory_b = args.impl, load_factory(args.impl)
+    else:
+        candidate, factory_b = f"optimized[{args.backend}]", optimized_factory(args.backend)
+    bar: Any = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=round(args.seconds, 1),
+            unit="s",
+            desc="verify",
+            file=sys.stderr,
+            bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f}s {postfix}",
+        )
+
+    def progress(elapsed: float, steps: int) -> None:
+        if bar is not None:
+            bar.n = min(round(elapsed, 1), bar.total)
+            bar.set_postfix_str(f"{steps} steps", refresh=True)
+
+    try:
+        result = run_campaign(
+            reference_factory,
+            factory_b,
+            args.seconds,
+            args.seed,
+            args.steps_per_run,
+            ("reference", candidate),
+            progress,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    if result.failure is not None:
+        print(result.failure.report)
+    print("\n".join(summary_lines(result, candidate)))
+    if args.report is not None:
+        payload = result.to_json()
+        payload["candidate"] = candidate
+        args.report.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"report written to {args.report}")
+    return 1 if result.failures else 0

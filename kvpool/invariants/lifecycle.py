@@ -1,0 +1,256 @@
+"""Lifecycle invariants over a :class:`~kvpool.snapshot.PoolSnapshot` (scope ``"pool"``).
+
+Owners of pages: the tree (node values), a request holding a row (its private range
+``row[cache_protected_len:kv_allocated_len]``, whose last page runs to
+``ceil_align(kv_allocated_len)``), a session holding a row (same range), or nobody (the free
+lists and the pending frees of an open free group). Units: tokens for sizes and lengths, page ids
+for pages, slot ids for slots.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from kvpool.constants import ceil_align
+from kvpool.errors import InvariantViolation
+from kvpool.invariants.registry import invariant
+from kvpool.invariants.tree import lock_holders, nodes_by_id, path_values, tree_pages
+from kvpool.snapshot import PoolSnapshot
+
+RowOwner = tuple[str, int | None, int, int, int, tuple[int, ...], int | None]
+"""``(name, row, protected, committed, allocated, row contents, last_node_id)``."""
+
+
+def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
+    bad = sorted(set(indices))
+    if bad:
+        raise InvariantViolation(invariant_id, message, bad)
+
+
+def row_owners(snap: PoolSnapshot) -> list[RowOwner]:
+    """Every request and session holding a row."""
+    out: list[RowOwner] = [
+        (
+            f"req {r.rid}",
+            r.req_pool_idx,
+            r.cache_protected_len,
+            r.kv_committed_len,
+            r.kv_allocated_len,
+            r.row,
+            r.last_node_id,
+        )
+        for r in snap.reqs
+        if r.req_pool_idx is not None
+    ]
+    out += [
+        (
+            f"session {s.session_id}",
+            s.req_pool_idx,
+            s.cache_protected_len,
+            s.kv_committed_len,
+            s.kv_allocated_len,
+            s.row,
+            s.last_node_id,
+        )
+        for s in snap.sessions
+        if s.req_pool_idx is not None
+    ]
+    return out
+
+
+def _pages(slots: Sequence[int], page_size: int) -> set[int]:
+    return {s // page_size for s in slots}
+
+
+def page_owner_counts(snap: PoolSnapshot) -> Counter[int]:
+    """Owners per page: tree nodes, private ranges, free lists and pending frees (each counted
+    once per owner)."""
+    alloc = snap.allocator
+    counts = tree_pages(snap.tree)
+    for _, _, protected, _, allocated, row, _ in row_owners(snap):
+        counts.update(_pages(row[protected:allocated], alloc.page_size))
+    counts.update(alloc.free_pages)
+    counts.update(alloc.release_pages)
+    counts.update(_pages(alloc.pending_free, alloc.page_size))
+    return counts
+
+
+def _ownership_errors(snap: PoolSnapshot) -> list[int]:
+    counts = page_owner_counts(snap)
+    pages = range(1, snap.allocator.num_pages + 1)
+    leaked = [p for p in pages if counts[p] == 0]
+    doubly = [p for p, c in counts.items() if c > 1 or not 1 <= p <= snap.allocator.num_pages]
+    return leaked + doubly
+
+
+@invariant(
+    "INV-POOL-ACCOUNTING",
+    "available + evictable + protected + session-held + sum over requests holding rows of "
+    "(ceil_align(kv_allocated_len) - cache_protected_len) == size, in tokens",
+    scope="pool",
+)
+def check_pool_accounting(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    alloc, ps = snap.allocator, snap.allocator.page_size
+    pending = len(_pages(alloc.pending_free, ps)) * ps
+    held = sum(ceil_align(a, ps) - p for _, _, p, _, a, _, _ in row_owners(snap))
+    tree = snap.tree.evictable_size + snap.tree.protected_size
+    total = alloc.available_size() + pending + tree + held
+    size = snap.max_total_num_tokens or alloc.size
+    if total != size:
+        raise InvariantViolation(
+            "INV-POOL-ACCOUNTING",
+            f"available {alloc.available_size()} + pending {pending} + tree {tree} + held "
+            f"{held} = {total} != size {size} (leaked or doubly owned pages listed)",
+            _ownership_errors(snap),
+        )
+
+
+@invariant(
+    "INV-ROW-OWNERS",
+    "free rows + rows held by requests + session rows == req pool size; no row held twice or "
+    "both held and free",
+    scope="pool",
+)
+def check_row_owners(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    table = snap.req_to_token
+    held = [row for _, row, *_ in row_owners(snap) if row is not None]
+    counts = Counter(held)
+    _fail("INV-ROW-OWNERS", "rows held twice", [r for r, c in counts.items() if c > 1])
+    _fail("INV-ROW-OWNERS", "rows held and free", set(held) & set(table.free_slots))
+    if len(table.free_slots) + len(held) != table.size:
+        missing = set(range(1, table.size + 1)) - set(held) - set(table.free_slots)
+        raise InvariantViolation(
+            "INV-ROW-OWNERS",
+            f"{len(table.free_slots)} free + {len(held)} held != {table.size} rows",
+            sorted(missing),
+        )
+
+
+@invariant(
+    "INV-ONE-OWNER",
+    "every allocatable page is owned by exactly one of: a tree node, a request's private range, "
+    "a session's private range, the free lists (or pending frees)",
+    scope="pool",
+)
+def check_one_owner(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    _fail("INV-ONE-OWNER", "pages with no owner or several", _ownership_errors(snap))
+
+
+@invariant(
+    "INV-ROW-SLOTS",
+    "held rows name only allocated slots, page-contiguously; row[:cache_protected_len] equals "
+    "the slots of the tree path to the holder's last node",
+    scope="pool",
+)
+def check_row_slots(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    alloc, ps = snap.allocator, snap.allocator.page_size
+    free = set(alloc.free_pages) | set(alloc.release_pages) | _pages(alloc.pending_free, ps)
+    by_id = nodes_by_id(snap.tree)
+    for name, _, protected, _, _, row, last in row_owners(snap):
+        _fail(
+            "INV-ROW-SLOTS",
+            f"{name} names free or out-of-range slots",
+            [s for s in row if s // ps in free or not 1 <= s // ps <= alloc.num_pages],
+        )
+        _fail(
+            "INV-ROW-SLOTS",
+            f"{name}'s row is not page-contiguous (columns listed)",
+            [
+                c
+                for c in range(len(row))
+                if row[c] % ps != c % ps or (c % ps and row[c] != row[c - 1] + 1)
+            ],
+        )
+        if protected and not snap.tree.disabled:
+            path = path_values(snap.tree, last) if last is not None and last in by_id else None
+            if path is None or list(row[:protected]) != path:
+                raise InvariantViolation(
+                    "INV-ROW-SLOTS",
+                    f"{name}: row[:{protected}] differs from the tree path to node {last}",
+                    list(row[:protected]),
+                )
+
+
+@invariant(
+    "INV-LENGTHS",
+    "cache_protected_len <= committed <= allocated <= max_context_len; protected page-aligned; "
+    "a held row has allocated columns; waiting requests hold no row and no lengths",
+    scope="pool",
+)
+def check_lengths(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    ps, width = snap.allocator.page_size, snap.req_to_token.max_context_len
+    bad: list[int] = []
+    for i, (_, row, protected, committed, allocated, contents, _) in enumerate(row_owners(snap)):
+        ordered = 0 <= protected <= committed <= allocated <= width
+        if not ordered or protected % ps or len(contents) != allocated or row is None:
+            bad.append(i)
+    _fail("INV-LENGTHS", "owners (index in row_owners order) with bad lengths", bad)
+    bad = []
+    for i, r in enumerate(snap.reqs):
+        if r.req_pool_idx is None and (r.kv_allocated_len or r.kv_committed_len):
+            bad.append(i)
+        if r.kv_committed_len > r.input_len + r.output_len:
+            bad.append(i)
+        if r.is_chunked and r.state != "running":
+            bad.append(i)
+    _fail("INV-LENGTHS", "requests (index in snapshot order) with bad lengths or state", bad)
+
+
+@invariant(
+    "INV-IDLE",
+    "with no request holding a row or a lock: only session paths are locked and every row is "
+    "free except session rows",
+    scope="pool",
+)
+def check_idle(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    if any(r.req_pool_idx is not None or r.last_node_id is not None for r in snap.reqs):
+        return
+    session_rows = {s.req_pool_idx for s in snap.sessions if s.req_pool_idx is not None}
+    table = snap.req_to_token
+    _fail(
+        "INV-IDLE",
+        "idle, yet rows neither free nor held by a session",
+        set(range(1, table.size + 1)) - set(table.free_slots) - session_rows,
+    )
+    by_id = nodes_by_id(snap.tree)
+    on_session_paths: set[int] = set()
+    for h in lock_holders(snap):
+        cur = by_id.get(h)
+        while cur is not None and cur.parent_id is not None:
+            on_session_paths.add(cur.node_id)
+            cur = by_id.get(cur.parent_id)
+    _fail(
+        "INV-IDLE",
+        "idle, yet nodes locked off every session path",
+        [
+            n.node_id
+            for n in snap.tree.nodes[1:]
+            if n.lock_ref > 0 and n.node_id not in on_session_paths
+        ],
+    )
+
+
+@invariant(
+    "INV-KV-INTEGRITY",
+    "every committed token's KV tag equals kv_tags(tokens, extra_key) at its position",
+    scope="pool",
+)
+def check_kv_integrity(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    for r in snap.reqs:
+        if len(r.kv_tags) != len(r.expected_tags) or len(r.kv_tags) != r.kv_committed_len:
+            raise InvariantViolation(
+                "INV-KV-INTEGRITY", f"req {r.rid}: tag lists do not cover the committed tokens"
+            )
+        _fail(
+            "INV-KV-INTEGRITY",
+            f"req {r.rid}: slots hold another token's KV",
+            [
+                r.row[p]
+                for p, (got, want) in enumerate(zip(r.kv_tags, r.expected_tags, strict=True))
+                if got != want
+            ],
+        )
+
+
+__all__ = ["page_owner_counts", "row_owners"]

@@ -1,0 +1,181 @@
+"""Radix-tree invariants over a :class:`~kvpool.snapshot.PoolSnapshot` (scope ``"pool"``).
+
+Units: key/value lengths and sizes are tokens; values are token slots; pages are slot //
+page_size. A disabled tree (chunk cache) has no nodes and zero sizes, so these checks then only
+require that.
+
+Lock holders are the requests and sessions that name a ``last_node_id``; a non-root node's
+``lock_ref`` must equal the number of holders whose last node lies in its subtree (this catches a
+lock walked from the wrong node, lost on a split, or never released).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from kvpool.errors import InvariantViolation
+from kvpool.invariants.registry import invariant
+from kvpool.snapshot import NodeSnapshot, PoolSnapshot, TreeSnapshot
+
+
+def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
+    bad = sorted(set(indices))
+    if bad:
+        raise InvariantViolation(invariant_id, message, bad)
+
+
+def nodes_by_id(tree: TreeSnapshot) -> dict[int, NodeSnapshot]:
+    """Node id -> node."""
+    return {n.node_id: n for n in tree.nodes}
+
+
+def path_values(tree: TreeSnapshot, node_id: int) -> list[int] | None:
+    """Slots of the root -> ``node_id`` path (concatenated values), None if the id is unknown."""
+    by_id = nodes_by_id(tree)
+    parts: list[tuple[int, ...]] = []
+    cur = by_id.get(node_id)
+    if cur is None:
+        return None
+    while cur is not None and cur.parent_id is not None:
+        parts.append(cur.value)
+        cur = by_id.get(cur.parent_id)
+    out: list[int] = []
+    for part in reversed(parts):
+        out.extend(part)
+    return out
+
+
+def tree_pages(tree: TreeSnapshot) -> Counter[int]:
+    """How many nodes name each page (slot // page_size, counted once per node)."""
+    counts: Counter[int] = Counter()
+    for node in tree.nodes:
+        counts.update({slot // tree.page_size for slot in node.value})
+    return counts
+
+
+def lock_holders(snap: PoolSnapshot) -> list[int]:
+    """``last_node_id`` of every request and session that names one (one entry per holder)."""
+    held = [r.last_node_id for r in snap.reqs if r.last_node_id is not None]
+    held += [s.last_node_id for s in snap.sessions if s.last_node_id is not None]
+    return held
+
+
+@invariant(
+    "INV-TREE-SHAPE",
+    "parent/child links agree; children keyed by the first token/page of the child's key; "
+    "len(value) == len(key); keys page-aligned and non-empty; values page-contiguous; no slot in "
+    "two nodes; every tree slot allocated; extra_key equal along a path",
+    scope="pool",
+)
+def check_tree_shape(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    tree, ps = snap.tree, snap.tree.page_size
+    if tree.disabled or not tree.nodes:
+        _fail("INV-TREE-SHAPE", "a disabled tree lists nodes", [n.node_id for n in tree.nodes])
+        if tree.evictable_size or tree.protected_size:
+            raise InvariantViolation("INV-TREE-SHAPE", "a disabled tree has non-zero sizes")
+        return
+    by_id = nodes_by_id(tree)
+    root = tree.nodes[0]
+    if root.parent_id is not None or root.key or root.value:
+        raise InvariantViolation("INV-TREE-SHAPE", "nodes[0] is not an empty root", [root.node_id])
+    bad: list[int] = []
+    for node in tree.nodes:
+        if len(node.child_ids) != len(node.child_keys):
+            bad.append(node.node_id)
+        seen: set[tuple[str | None, tuple[int, ...]]] = set()
+        for cid, ckey in zip(node.child_ids, node.child_keys, strict=False):
+            child = by_id.get(cid)
+            if child is None or child.parent_id != node.node_id:
+                bad.append(cid)
+                continue
+            if ckey != child.key[:ps] or (child.extra_key, ckey) in seen:
+                bad.append(cid)
+            seen.add((child.extra_key, ckey))
+        if node is root:
+            continue
+        parent = by_id.get(node.parent_id if node.parent_id is not None else -1)
+        linked = parent is not None and node.node_id in parent.child_ids
+        namespace_ok = parent is None or parent is root or parent.extra_key == node.extra_key
+        if not linked or not namespace_ok:
+            bad.append(node.node_id)
+        if not node.key or len(node.key) % ps or len(node.value) != len(node.key):
+            bad.append(node.node_id)
+        for k in range(0, len(node.value) - ps + 1, ps):
+            first = node.value[k]
+            if first % ps or list(node.value[k : k + ps]) != list(range(first, first + ps)):
+                bad.append(node.node_id)
+    _fail("INV-TREE-SHAPE", "malformed nodes", bad)
+    if len(by_id) != len(tree.nodes):
+        raise InvariantViolation("INV-TREE-SHAPE", "node ids repeat")
+    slots = Counter(s for n in tree.nodes for s in n.value)
+    _fail("INV-TREE-SHAPE", "slots in two nodes", [s for s, c in slots.items() if c > 1])
+    alloc = snap.allocator
+    free = set(alloc.free_pages) | set(alloc.release_pages)
+    free |= {s // alloc.page_size for s in alloc.pending_free}
+    _fail(
+        "INV-TREE-SHAPE",
+        "tree slots not allocated (free, pending or out of range)",
+        [s for s in slots if s // ps in free or not 1 <= s // ps <= alloc.num_pages],
+    )
+
+
+@invariant(
+    "INV-LOCKS",
+    "lock_ref >= 0; root == 1; parent >= child; each lock_ref == holders in its subtree; "
+    "evictable/protected sizes equal their sums over the tree; every holder's last node is in "
+    "the tree and locked; a node locked in the previous snapshot was not evicted",
+    scope="pool",
+)
+def check_locks(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    tree = snap.tree
+    if tree.disabled:
+        _fail("INV-LOCKS", "holders name nodes of a disabled tree", lock_holders(snap))
+        return
+    by_id = nodes_by_id(tree)
+    root = tree.nodes[0]
+    if root.lock_ref != 1:
+        raise InvariantViolation("INV-LOCKS", f"root lock_ref {root.lock_ref} != 1", [0])
+    _fail("INV-LOCKS", "negative lock_ref", [n.node_id for n in tree.nodes if n.lock_ref < 0])
+    _fail(
+        "INV-LOCKS",
+        "child locked more than its parent",
+        [
+            n.node_id
+            for n in tree.nodes
+            if n.parent_id is not None
+            and n.parent_id != root.node_id
+            and n.parent_id in by_id
+            and by_id[n.parent_id].lock_ref < n.lock_ref
+        ],
+    )
+    holders = lock_holders(snap)
+    _fail("INV-LOCKS", "holders name nodes not in the tree", [h for h in holders if h not in by_id])
+    expected: Counter[int] = Counter()
+    for h in holders:
+        cur = by_id.get(h)
+        while cur is not None and cur.parent_id is not None:
+            expected[cur.node_id] += 1
+            cur = by_id.get(cur.parent_id)
+    _fail(
+        "INV-LOCKS",
+        "lock_ref differs from the number of holders below (leaked or lost lock)",
+        [n.node_id for n in tree.nodes[1:] if n.lock_ref != expected[n.node_id]],
+    )
+    evictable = sum(len(n.key) for n in tree.nodes[1:] if n.lock_ref == 0)
+    protected = sum(len(n.key) for n in tree.nodes[1:] if n.lock_ref > 0)
+    if (evictable, protected) != (tree.evictable_size, tree.protected_size):
+        raise InvariantViolation(
+            "INV-LOCKS",
+            f"sizes (evictable {tree.evictable_size}, protected {tree.protected_size}) != sums "
+            f"over the tree ({evictable}, {protected})",
+        )
+    if previous is not None and not previous.tree.disabled:
+        _fail(
+            "INV-LOCKS",
+            "nodes locked in the previous snapshot were evicted",
+            [n.node_id for n in previous.tree.nodes if n.lock_ref > 0 and n.node_id not in by_id],
+        )
+
+
+__all__ = ["lock_holders", "nodes_by_id", "path_values", "tree_pages"]

@@ -1,0 +1,183 @@
+"""alloc_decode: one slot per request for its new token (position ``S - 1``).
+
+Contract (SEMANTICS section 4): ``seq_lens`` counts the new token. A request whose new token
+opens a page (``(S - 1) % ps == 0``) takes the first slot of the next free page, pages handed
+out in batch order from the head of ``free_pages``; any other request gets ``last_loc + 1``::
+
+    request      0         1          2         3
+    (S-1) % ps   0         2          0         1
+    slot         f[0]*ps   loc1 + 1   f[1]*ps   loc3 + 1      (f = free_pages)
+
+The kernel only reads ``free_pages``; capacity is the caller's job.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvpool.kernels.alloc_extend import HostLens, host_array, to_device
+from kvpool.kernels.dispatch import (
+    check_page_size,
+    get_kernel,
+    is_kernel_backend,
+    nonempty,
+    resolve_backend,
+    write_back,
+)
+from kvpool.reference.paged_ops import alloc_decode_slots
+
+try:
+    import triton.language as tl
+except ImportError:  # the kernel source stays importable; only its launch needs triton
+    tl = None
+
+_REQUESTS_PER_PROGRAM = 128
+
+
+def _alloc_decode_kernel(  # type: ignore[no-untyped-def]
+    seq_lens_ptr,
+    last_loc_ptr,
+    free_pages_ptr,
+    page_rank_ptr,  # exclusive prefix count of page-opening requests, precomputed on the device
+    out_ptr,
+    bs,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,  # requests per program
+):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < bs
+    s = tl.load(seq_lens_ptr + offs, mask=mask, other=1).to(tl.int64)
+    last_loc = tl.load(last_loc_ptr + offs, mask=mask, other=0).to(tl.int64)
+    opens_page = (s - 1) % PAGE_SIZE == 0
+    rank = tl.load(page_rank_ptr + offs, mask=mask, other=0)
+    page = tl.load(free_pages_ptr + rank, mask=mask & opens_page, other=0).to(tl.int64)
+    slot = tl.where(opens_page, page * PAGE_SIZE, last_loc + 1)
+    tl.store(out_ptr + offs, slot, mask=mask)
+
+
+def _page_rank(seq_lens: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(opens_page mask, exclusive count of earlier page-opening requests) on the device."""
+    opens = (seq_lens.to(torch.int64) - 1) % page_size == 0
+    count = opens.to(torch.int64)
+    return opens, torch.cumsum(count, 0) - count
+
+
+def alloc_decode_kernel_launch(
+    kernel: object,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """Launch ``kernel``: one program per ``BLOCK`` requests."""
+    bs = seq_lens.numel()
+    if bs == 0:
+        return
+    _, rank = _page_rank(seq_lens, page_size)
+    grid = ((bs + _REQUESTS_PER_PROGRAM - 1) // _REQUESTS_PER_PROGRAM,)
+    kernel[grid](  # type: ignore[index]
+        seq_lens,
+        last_loc,
+        nonempty(free_pages),  # empty when no request opens a page
+        rank,
+        out_indices,
+        bs,
+        PAGE_SIZE=page_size,
+        BLOCK=_REQUESTS_PER_PROGRAM,
+    )
+
+
+def alloc_decode_torch(
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+    *,
+    seq_lens_cpu: HostLens | None = None,
+) -> None:
+    """Vectorised fallback, no host sync. With a host copy of ``seq_lens`` (given, or the tensor
+    itself on the CPU) the page-opening requests are found on the host and the device does
+    ``last_loc + 1`` and one indexed copy; without one, a device prefix count ranks them."""
+    bs = seq_lens.numel()
+    if bs == 0:
+        return
+    if seq_lens_cpu is None and seq_lens.device.type == "cpu":
+        seq_lens_cpu = seq_lens
+    if seq_lens_cpu is None:
+        _alloc_decode_ranked(seq_lens, last_loc, free_pages, out_indices, page_size)
+        return
+    s = host_array(seq_lens_cpu)
+    opens = np.flatnonzero(((s - 1) & (page_size - 1)) == 0)  # requests opening a page
+    device = out_indices.device
+    if opens.size < bs:
+        torch.add(last_loc.to(device=device, dtype=out_indices.dtype), 1, out=out_indices)
+    if opens.size:
+        first_slots = free_pages[: opens.size].to(device=device, dtype=out_indices.dtype)
+        first_slots = first_slots << (page_size.bit_length() - 1)
+        if opens.size == bs:
+            out_indices.copy_(first_slots)
+        else:
+            out_indices.index_copy_(0, to_device(opens, device), first_slots)
+
+
+def _alloc_decode_ranked(
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """Device-only fallback: a prefix count ranks page-opening requests."""
+    device = out_indices.device
+    opens, rank = _page_rank(seq_lens.to(device), page_size)
+    next_slot = last_loc.to(device=device, dtype=torch.int64) + 1
+    if free_pages.numel() == 0:  # valid input: no request opens a page
+        out_indices.copy_(next_slot.to(out_indices.dtype))
+        return
+    pages = free_pages.to(device=device, dtype=torch.int64)[rank.clamp(max=free_pages.numel() - 1)]
+    out_indices.copy_(torch.where(opens, pages * page_size, next_slot).to(out_indices.dtype))
+
+
+def alloc_decode_python(
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """The pure reference (:func:`kvpool.reference.paged_ops.alloc_decode_slots`) over lists."""
+    slots = alloc_decode_slots(seq_lens.tolist(), last_loc.tolist(), free_pages.tolist(), page_size)
+    write_back(out_indices, slots)
+
+
+def alloc_decode(
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+    backend: str | None = None,
+    *,
+    seq_lens_cpu: HostLens | None = None,
+) -> None:
+    """Write one slot per request (for token ``S_i - 1``) into ``out_indices`` (length bs).
+
+    Units: ``seq_lens`` tokens including the new one (``>= 1``), ``last_loc`` the slot of token
+    ``S_i - 2`` (ignored when the new token opens a page), ``free_pages`` page ids (read, not
+    modified). ``page_size`` must be a power of two. Inputs are assumed valid and to fit.
+    ``seq_lens_cpu``: optional host copy of ``seq_lens`` for the torch backend (CPU tensors are
+    their own host copies); the other backends ignore it.
+    """
+    check_page_size(page_size)
+    name = resolve_backend(backend, seq_lens, last_loc, free_pages, out_indices)
+    args = (seq_lens, last_loc, free_pages, out_indices, page_size)
+    if is_kernel_backend(name):
+        alloc_decode_kernel_launch(get_kernel(_alloc_decode_kernel, name), *args)
+    elif name == "torch":
+        alloc_decode_torch(*args, seq_lens_cpu=seq_lens_cpu)
+    else:
+        alloc_decode_python(*args)

@@ -1,0 +1,307 @@
+"""alloc_extend: the slots of tokens ``[P_i, S_i)`` of every request of a batch.
+
+Contract (SEMANTICS section 4): request ``i`` writes ``S_i - P_i`` slots into ``out_indices``
+starting at ``sum_{j<i} (S_j - P_j)``; its new pages (``ceil(S_i/ps) - ceil(P_i/ps)`` of them)
+are read from ``free_pages`` starting at the sum of earlier requests' new pages. Three parts::
+
+    token position   P ........ ceil(P/ps)*ps ......... floor(S/ps)*ps ...... S
+    slots            last_loc+1, +2 ...| whole new pages ...| head of last new page
+                     (part 1: finish    (part 2)             (part 3: tail)
+                      the prefix page)
+
+Seen per token, parts 2 and 3 are one rule: position ``x >= ceil(P/ps)*ps`` lives in new page
+``x // ps - ceil(P/ps)`` at offset ``x % ps``; the kernel uses it. The torch fallback instead
+plans the output on the host as runs of consecutive slots (a part 1, then one run per new page)
+and writes them with a difference array and one running sum.
+
+The kernel only reads ``free_pages``; the caller drops the consumed head afterwards, and checks
+capacity and validity beforehand (inputs are assumed valid: see
+:func:`kvpool.reference.paged_ops.validate_extend_args`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from kvpool.kernels.dispatch import (
+    block_for,
+    check_page_size,
+    get_kernel,
+    is_kernel_backend,
+    nonempty,
+    resolve_backend,
+    write_back,
+)
+from kvpool.reference.paged_ops import alloc_extend_slots
+
+try:
+    import triton.language as tl
+except ImportError:  # the kernel source stays importable; only its launch needs triton
+    tl = None
+
+
+def _alloc_extend_kernel(  # type: ignore[no-untyped-def]
+    prefix_lens_ptr,
+    seq_lens_ptr,
+    last_loc_ptr,
+    free_pages_ptr,
+    out_start_ptr,  # exclusive prefix sum of S - P (tokens), precomputed on the device
+    page_start_ptr,  # exclusive prefix sum of new pages, precomputed on the device
+    out_ptr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,  # tokens per loop iteration: a whole number of pages
+):
+    # One program per request. Prefix sums are passed in, so programs are independent.
+    pid = tl.program_id(0)
+    p = tl.load(prefix_lens_ptr + pid).to(tl.int64)
+    s = tl.load(seq_lens_ptr + pid).to(tl.int64)
+    last_loc = tl.load(last_loc_ptr + pid).to(tl.int64)
+    out_start = tl.load(out_start_ptr + pid).to(tl.int64)
+    page_start = tl.load(page_start_ptr + pid).to(tl.int64)
+
+    prefix_pages_end = (p + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE
+    offs = tl.arange(0, BLOCK)
+    # Part 1: finish the prefix's partial page (fewer than PAGE_SIZE <= BLOCK slots).
+    n1 = tl.minimum(s, prefix_pages_end) - p
+    tl.store(out_ptr + out_start + offs, last_loc + 1 + offs, mask=offs < n1)
+
+    # Parts 2 and 3: positions from prefix_pages_end to s, BLOCK tokens per iteration.
+    n_new_tokens = s - tl.minimum(s, prefix_pages_end)
+    for start in range(0, n_new_tokens, BLOCK):
+        x = start + offs  # offset from prefix_pages_end, in tokens
+        mask = x < n_new_tokens
+        page = tl.load(free_pages_ptr + page_start + x // PAGE_SIZE, mask=mask, other=0)
+        slot = page.to(tl.int64) * PAGE_SIZE + x % PAGE_SIZE
+        tl.store(out_ptr + out_start + n1 + x, slot, mask=mask)
+
+
+def _starts(
+    prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exclusive prefix sums (int64, on the inputs' device) of extend tokens and new pages."""
+    p = prefix_lens.to(torch.int64)
+    s = seq_lens.to(torch.int64)
+    ext = s - p
+    pages = (s + page_size - 1) // page_size - (p + page_size - 1) // page_size
+    return torch.cumsum(ext, 0) - ext, torch.cumsum(pages, 0) - pages
+
+
+def alloc_extend_kernel_launch(
+    kernel: object,
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """Launch ``kernel`` (a triton.jit / interpreted form of the kernel): grid = batch size."""
+    bs = prefix_lens.numel()
+    if bs == 0:
+        return
+    out_start, page_start = _starts(prefix_lens, seq_lens, page_size)
+    kernel[(bs,)](  # type: ignore[index]
+        prefix_lens,
+        seq_lens,
+        last_loc,
+        nonempty(free_pages),  # empty when every token finishes a prefix page
+        out_start,
+        page_start,
+        nonempty(out_indices),  # empty when every S == P
+        PAGE_SIZE=page_size,
+        BLOCK=block_for(page_size),
+    )
+
+
+HostLens = torch.Tensor | Sequence[int]
+"""A host copy of per-request lengths: a CPU tensor or a list of ints (tokens)."""
+
+Int64Array = npt.NDArray[np.int64]
+
+
+def host_array(values: HostLens) -> Int64Array:
+    """``values`` as a 1-D int64 numpy array (a view, no copy, of a CPU int64 tensor)."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype != torch.int64 or values.device.type != "cpu":
+            values = values.to("cpu", torch.int64)
+        return values.detach().numpy().reshape(-1)
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def _extend_rows(
+    p: Int64Array, s: Int64Array, page_size: int
+) -> tuple[Int64Array, Int64Array, Int64Array, int]:
+    """The output of an extend as runs of consecutive slots ("rows"), planned on the host.
+
+    Rows, in source order: one part-1 row per request (``n1`` slots from ``last_loc + 1``),
+    then one row per new page in ``free_pages`` order (``ps`` slots from ``page * ps``; the
+    request's last new page holds only its ``n3`` tail when the extend ends mid-page). Returns
+    the output positions where each row starts and ends, the constant to subtract from each
+    row's source value (``last_loc`` or ``page * ps``) so that it becomes ``first slot - start
+    - 1``, and the number of new pages. Empty rows start and end at the same position.
+    """
+    shift, mask = page_size.bit_length() - 1, page_size - 1
+    cut = np.minimum(s, (p + mask) & -page_size)  # where the prefix's last page ends
+    npg = (s - cut + mask) >> shift  # new pages
+    out_end = np.cumsum(s - p)
+    before = out_end - s  # output position of token 0 of the request (were it extended)
+    page_end = np.cumsum(npg)
+    bs, num_pages = p.size, int(page_end[-1])
+    # Output position of new page j (of request r): first new-page token of r + pages before.
+    first_new = before + cut - ((page_end - npg) << shift)
+    starts = np.empty(bs + num_pages, dtype=np.int64)
+    np.add(before, p, out=starts[:bs])
+    page_rows = starts[bs:]
+    np.add(np.repeat(first_new, npg), np.arange(0, num_pages << shift, page_size), out=page_rows)
+    ends = np.empty_like(starts)
+    np.add(before, cut, out=ends[:bs])
+    np.minimum(page_rows + page_size, np.repeat(out_end, npg), out=ends[bs:])
+    minus = starts.copy()
+    minus[bs:] += 1  # part 1 starts at last_loc + 1, a page row at page * ps
+    return starts, ends, minus, num_pages
+
+
+def alloc_extend_torch(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+    *,
+    prefix_lens_cpu: HostLens | None = None,
+    seq_lens_cpu: HostLens | None = None,
+) -> None:
+    """Vectorised fallback, no per-request loop and no device-to-host sync.
+
+    With host copies of the lengths (given, or the tensors themselves when they live on the
+    CPU) the output's layout is computed on the host at row (page) granularity and written with
+    a handful of device operations: a difference array of row jumps and one running sum. Without
+    them (device tensors only) every output token is computed on the device.
+    """
+    total = out_indices.numel()
+    if total == 0 or prefix_lens.numel() == 0:
+        return
+    if page_size == 1:  # every token takes one whole page, in batch order
+        out_indices.copy_(free_pages[:total])
+        return
+    if prefix_lens_cpu is None and prefix_lens.device.type == "cpu":
+        prefix_lens_cpu = prefix_lens
+    if seq_lens_cpu is None and seq_lens.device.type == "cpu":
+        seq_lens_cpu = seq_lens
+    if prefix_lens_cpu is None or seq_lens_cpu is None:
+        _alloc_extend_per_token(prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size)
+        return
+    p, s = host_array(prefix_lens_cpu), host_array(seq_lens_cpu)
+    starts, ends, minus, num_pages = _extend_rows(p, s, page_size)
+    device = out_indices.device
+    first = torch.cat(
+        (
+            last_loc.to(device=device, dtype=torch.int64),
+            free_pages[:num_pages].to(device=device, dtype=torch.int64)
+            << (page_size.bit_length() - 1),
+        )
+    )
+    jump = first - to_device(minus, device)  # first slot of the row - its start - 1
+    # Difference array: +1 per token, +jump where a row starts, -jump where it ends; its
+    # running sum is start-of-row slot + offset. Empty rows cancel out.
+    diff = torch.ones(total + 1, dtype=torch.int64, device=device)
+    diff.index_add_(0, to_device(starts, device), jump)
+    diff.index_add_(0, to_device(ends, device), jump, alpha=-1)
+    if out_indices.dtype == torch.int64:
+        torch.cumsum(diff[:total], 0, out=out_indices)
+    else:
+        out_indices.copy_(torch.cumsum(diff[:total], 0))
+
+
+def to_device(a: Int64Array, device: torch.device) -> torch.Tensor:
+    """A host plan array as a tensor on ``device`` (shared memory on the CPU)."""
+    t = torch.from_numpy(a)
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
+
+
+def _alloc_extend_per_token(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """Device-only fallback: one lane per output token (the token total is
+    ``out_indices.numel()``, known on the host); gathers by ``index_select``, shifts for the
+    power-of-two divisions."""
+    total = out_indices.numel()
+    bs = prefix_lens.numel()
+    device = out_indices.device
+    shift, mask = page_size.bit_length() - 1, page_size - 1
+    p = prefix_lens.to(device=device, dtype=torch.int64)
+    s = seq_lens.to(device=device, dtype=torch.int64)
+    loc = last_loc.to(device=device, dtype=torch.int64)
+    out_start, page_start = _starts(p, s, page_size)
+    prefix_pages_end = ((p + mask) >> shift) << shift
+    req = torch.repeat_interleave(torch.arange(bs, device=device), s - p, output_size=total)
+    # Per request, then gathered once: pos - (value below) is the token's offset from P.
+    pos = torch.arange(total, device=device) + (p - out_start).index_select(0, req)
+    end1 = prefix_pages_end.index_select(0, req)
+    part1 = pos + (loc + 1 - p).index_select(0, req)
+    if free_pages.numel() == 0:  # valid input: every token finishes a prefix page
+        out_indices.copy_(part1)
+        return
+    page_idx = page_start.index_select(0, req) + ((pos - end1).clamp(min=0) >> shift)
+    page_idx = page_idx.clamp(max=free_pages.numel() - 1)  # part-1 lanes gather a dummy
+    page = free_pages.to(device=device, dtype=torch.int64).index_select(0, page_idx)
+    slot = torch.where(pos < end1, part1, (page << shift) + (pos & mask))
+    out_indices.copy_(slot)
+
+
+def alloc_extend_python(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """The pure reference (:func:`kvpool.reference.paged_ops.alloc_extend_slots`) over lists."""
+    slots = alloc_extend_slots(
+        prefix_lens.tolist(), seq_lens.tolist(), last_loc.tolist(), free_pages.tolist(), page_size
+    )
+    write_back(out_indices, slots)
+
+
+def alloc_extend(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+    backend: str | None = None,
+    *,
+    prefix_lens_cpu: HostLens | None = None,
+    seq_lens_cpu: HostLens | None = None,
+) -> None:
+    """Write the slots of tokens ``[P_i, S_i)`` of every request into ``out_indices``.
+
+    Units: ``prefix_lens`` / ``seq_lens`` tokens (one per request), ``last_loc`` the slot of
+    token ``P_i - 1`` (or -1 when ``P_i == 0``), ``free_pages`` page ids (read from the head,
+    not modified), ``out_indices`` int64 slots of length ``sum(S - P)``. ``page_size`` must be a
+    power of two. Inputs are assumed valid and to fit (the allocator checks before calling).
+    ``prefix_lens_cpu`` / ``seq_lens_cpu``: optional host copies of the lengths, which let the
+    torch backend plan the output on the host for device tensors too (CPU tensors are their own
+    host copies); the other backends ignore them.
+    """
+    check_page_size(page_size)
+    name = resolve_backend(backend, prefix_lens, seq_lens, last_loc, free_pages, out_indices)
+    args = (prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size)
+    if is_kernel_backend(name):
+        alloc_extend_kernel_launch(get_kernel(_alloc_extend_kernel, name), *args)
+    elif name == "torch":
+        alloc_extend_torch(*args, prefix_lens_cpu=prefix_lens_cpu, seq_lens_cpu=seq_lens_cpu)
+    else:
+        alloc_extend_python(*args)

@@ -1,0 +1,113 @@
+"""get_last_loc: the slot of each request's last prefix token, or -1 for an empty prefix.
+
+Contract: ``out[b] = req_to_token[req_pool_indices[b], P_b - 1]`` when ``P_b > 0``, else
+``NO_LAST_LOC`` (-1); int64, one entry per request. It feeds ``alloc_extend``'s ``last_loc``::
+
+    row r_b:  | s0 | s1 | ... | s_{P-1} | ...      ->  out[b] = s_{P-1}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from kvpool.constants import NO_LAST_LOC
+from kvpool.kernels.dispatch import get_kernel, is_kernel_backend, resolve_backend, write_back
+
+try:
+    import triton.language as tl
+except ImportError:  # the kernel source stays importable; only its launch needs triton
+    tl = None
+
+_REQUESTS_PER_PROGRAM = 128
+
+
+def _get_last_loc_kernel(  # type: ignore[no-untyped-def]
+    req_to_token_ptr,
+    row_stride,
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    out_ptr,
+    bs,
+    NO_LAST: tl.constexpr,
+    BLOCK: tl.constexpr,  # requests per program
+):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < bs
+    p = tl.load(prefix_lens_ptr + offs, mask=mask, other=0).to(tl.int64)
+    row = tl.load(req_pool_indices_ptr + offs, mask=mask, other=0).to(tl.int64)
+    has_prefix = p > 0
+    slot = tl.load(req_to_token_ptr + row * row_stride + p - 1, mask=mask & has_prefix, other=0)
+    tl.store(out_ptr + offs, tl.where(has_prefix, slot.to(tl.int64), NO_LAST), mask=mask)
+
+
+def get_last_loc_kernel_launch(
+    kernel: object,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Launch ``kernel`` into int64 ``out``: one program per ``BLOCK`` requests."""
+    bs = req_pool_indices.numel()
+    if bs == 0:
+        return
+    grid = ((bs + _REQUESTS_PER_PROGRAM - 1) // _REQUESTS_PER_PROGRAM,)
+    kernel[grid](  # type: ignore[index]
+        req_to_token,
+        req_to_token.stride(0),
+        req_pool_indices,
+        prefix_lens,
+        out,
+        bs,
+        NO_LAST=NO_LAST_LOC,
+        BLOCK=_REQUESTS_PER_PROGRAM,
+    )
+
+
+def get_last_loc_torch(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor
+) -> torch.Tensor:
+    """Vectorised fallback: one gather, then -1 where the prefix is empty."""
+    device = req_to_token.device
+    p = prefix_lens.to(device=device, dtype=torch.int64)
+    rows = req_pool_indices.to(device=device, dtype=torch.int64)
+    slots = req_to_token[rows, (p - 1).clamp(min=0)].to(torch.int64)
+    return torch.where(p > 0, slots, torch.full_like(slots, NO_LAST_LOC))
+
+
+def get_last_loc_ref(
+    table: Mapping[int, Sequence[int]] | Sequence[Sequence[int]],
+    req_pool_indices: Sequence[int],
+    prefix_lens: Sequence[int],
+) -> list[int]:
+    """Pure reference over lists (``table[row]`` is that row's list of slots)."""
+    return [
+        table[r][p - 1] if p > 0 else NO_LAST_LOC
+        for r, p in zip(req_pool_indices, prefix_lens, strict=True)
+    ]
+
+
+def get_last_loc(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Return int64 ``(bs,)`` on ``req_to_token``'s device: the slot of token ``P_b - 1`` of each
+    request's row, or ``NO_LAST_LOC`` (-1) where ``P_b == 0``. Units: rows, tokens, slots."""
+    name = resolve_backend(backend, req_to_token, req_pool_indices, prefix_lens)
+    if name == "torch":
+        return get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)
+    out = torch.empty(req_pool_indices.numel(), dtype=torch.int64, device=req_to_token.device)
+    if is_kernel_backend(name):
+        kernel = get_kernel(_get_last_loc_kernel, name)
+        get_last_loc_kernel_launch(kernel, req_to_token, req_pool_indices, prefix_lens, out)
+    else:
+        rows = req_pool_indices.tolist()
+        # Only the rows in the batch are read: no need to copy the whole table to the host.
+        table = {r: req_to_token[r].tolist() for r in set(rows)}
+        write_back(out, get_last_loc_ref(table, rows, prefix_lens.tolist()))
+    return out

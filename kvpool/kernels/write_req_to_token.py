@@ -1,0 +1,198 @@
+"""write_req_to_token: store a batch's prefix slots and new slots into its request-table rows.
+
+Contract: for request ``b`` with table row ``r_b = req_pool_indices[b]``::
+
+    req_to_token[r_b, 0 : P_b]    = prefix_slots[sum_{j<b} P_j   : sum_{j<=b} P_j]
+    req_to_token[r_b, P_b : S_b]  = out_cache_loc[sum_{j<b} (S_j - P_j) : sum_{j<=b} (S_j - P_j)]
+
+    row r_b:  | prefix slots (P_b columns) | new slots (S_b - P_b columns) | untouched ... |
+
+``req_to_token`` is int32 ``(rows, max_context_len)``; slot tensors are int64 and flat in batch
+order. Rows are distinct and ``S_b <= max_context_len`` (the caller checks). Columns at or past
+``S_b`` and rows not in the batch are left untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping, Sequence
+
+import torch
+
+from kvpool.kernels.dispatch import (
+    block_for,
+    get_kernel,
+    is_kernel_backend,
+    nonempty,
+    resolve_backend,
+)
+
+try:
+    import triton.language as tl
+except ImportError:  # the kernel source stays importable; only its launch needs triton
+    tl = None
+
+
+def _write_req_to_token_kernel(  # type: ignore[no-untyped-def]
+    req_to_token_ptr,
+    row_stride,
+    req_pool_indices_ptr,
+    prefix_slots_ptr,
+    prefix_start_ptr,  # exclusive prefix sum of P (tokens), precomputed on the device
+    prefix_lens_ptr,
+    seq_lens_ptr,
+    out_cache_loc_ptr,
+    ext_start_ptr,  # exclusive prefix sum of S - P (tokens), precomputed on the device
+    BLOCK: tl.constexpr,
+):
+    # One program per request; it copies its two source ranges into its row, BLOCK at a time.
+    pid = tl.program_id(0)
+    row = tl.load(req_pool_indices_ptr + pid).to(tl.int64)
+    p = tl.load(prefix_lens_ptr + pid).to(tl.int64)
+    s = tl.load(seq_lens_ptr + pid).to(tl.int64)
+    prefix_start = tl.load(prefix_start_ptr + pid).to(tl.int64)
+    ext_start = tl.load(ext_start_ptr + pid).to(tl.int64)
+    dst = req_to_token_ptr + row * row_stride
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, p, BLOCK):
+        col = start + offs
+        mask = col < p
+        slot = tl.load(prefix_slots_ptr + prefix_start + col, mask=mask)
+        tl.store(dst + col, slot.to(tl.int32), mask=mask)
+    for start in range(0, s - p, BLOCK):
+        k = start + offs
+        mask = k < s - p
+        slot = tl.load(out_cache_loc_ptr + ext_start + k, mask=mask)
+        tl.store(dst + p + k, slot.to(tl.int32), mask=mask)
+
+
+def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    x = x.to(torch.int64)
+    return torch.cumsum(x, 0) - x
+
+
+def write_req_to_token_kernel_launch(
+    kernel: object,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+) -> None:
+    """Launch ``kernel``: grid = batch size."""
+    bs = req_pool_indices.numel()
+    if bs == 0:
+        return
+    kernel[(bs,)](  # type: ignore[index]
+        req_to_token,
+        req_to_token.stride(0),
+        req_pool_indices,
+        nonempty(prefix_slots),  # empty when every prefix is
+        _exclusive_cumsum(prefix_lens),
+        prefix_lens,
+        seq_lens,
+        nonempty(out_cache_loc),  # empty when every S == P
+        _exclusive_cumsum(seq_lens.to(torch.int64) - prefix_lens.to(torch.int64)),
+        BLOCK=block_for(1),
+    )
+
+
+def _scatter(
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    first_col: torch.Tensor,
+    lens: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """``req_to_token[rows[b], first_col[b] + k] = values[start_b + k]`` for ``k < lens[b]``."""
+    total = values.numel()
+    if total == 0:
+        return
+    device = req_to_token.device
+    req = torch.repeat_interleave(
+        torch.arange(rows.numel(), device=device), lens, output_size=total
+    )
+    col = first_col[req] + torch.arange(total, device=device) - _exclusive_cumsum(lens)[req]
+    req_to_token[rows[req], col] = values.to(device=device, dtype=req_to_token.dtype)
+
+
+def write_req_to_token_torch(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+) -> None:
+    """Vectorised fallback: two scatters (prefix, then new slots), sizes from host shapes."""
+    device = req_to_token.device
+    rows = req_pool_indices.to(device=device, dtype=torch.int64)
+    p = prefix_lens.to(device=device, dtype=torch.int64)
+    s = seq_lens.to(device=device, dtype=torch.int64)
+    _scatter(req_to_token, rows, torch.zeros_like(p), p, prefix_slots)
+    _scatter(req_to_token, rows, p, s - p, out_cache_loc)
+
+
+def write_req_to_token_ref(
+    table: MutableMapping[int, list[int]] | list[list[int]],
+    req_pool_indices: Sequence[int],
+    prefix_slots: Sequence[int],
+    prefix_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    out_cache_loc: Sequence[int],
+) -> None:
+    """Pure reference over lists: writes into ``table[row]`` (one list per row) in place."""
+    prefix_cursor = 0
+    ext_cursor = 0
+    for row, p, s in zip(req_pool_indices, prefix_lens, seq_lens, strict=True):
+        table[row][0:p] = prefix_slots[prefix_cursor : prefix_cursor + p]
+        table[row][p:s] = out_cache_loc[ext_cursor : ext_cursor + s - p]
+        prefix_cursor += p
+        ext_cursor += s - p
+
+
+def write_req_to_token_python(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+) -> None:
+    """Run :func:`write_req_to_token_ref` on the batch's rows as lists, then copy them back."""
+    rows = req_pool_indices.tolist()
+    table = {r: req_to_token[r].tolist() for r in rows}  # only the batch's rows
+    write_req_to_token_ref(
+        table,
+        rows,
+        prefix_slots.tolist(),
+        prefix_lens.tolist(),
+        seq_lens.tolist(),
+        out_cache_loc.tolist(),
+    )
+    for r, values in table.items():
+        req_to_token[r] = torch.tensor(values, dtype=req_to_token.dtype)
+
+
+def write_req_to_token(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    backend: str | None = None,
+) -> None:
+    """Write each request's prefix slots then new slots into its table row (see module doc).
+
+    Units: ``req_pool_indices`` rows, ``prefix_lens`` / ``seq_lens`` tokens, ``prefix_slots``
+    (length ``sum(P)``) and ``out_cache_loc`` (length ``sum(S - P)``) slots, flat in batch order.
+    """
+    tensors = (req_to_token, req_pool_indices, prefix_slots, prefix_lens, seq_lens, out_cache_loc)
+    name = resolve_backend(backend, *tensors)
+    if is_kernel_backend(name):
+        write_req_to_token_kernel_launch(get_kernel(_write_req_to_token_kernel, name), *tensors)
+    elif name == "torch":
+        write_req_to_token_torch(*tensors)
+    else:
+        write_req_to_token_python(*tensors)

@@ -1,0 +1,342 @@
+"""Token-slot allocators (optimized twin): the shared base and the page-size-1 allocator.
+
+Units: ``size`` and lengths are tokens; ``free_pages`` / ``release_pages`` are int64 tensors of
+page ids ``1..num_pages`` on ``device`` (page ``p`` owns slots ``[p * ps, (p + 1) * ps)``); every
+result is an int64 slot tensor equal, element by element, to the reference's list.
+
+Hot paths launch tensor work only: page counts come from host copies of the lengths
+(:mod:`kvpool.optimized.paged_ops`), capacity is compared with tensor lengths (host metadata), and
+the batch operations run :func:`kvpool.kernels.alloc_extend` / ``alloc_decode``. No
+device-to-host sync, unless ``checked`` (see :mod:`kvpool.optimized.checked`): then every misuse
+raises the reference's error before any change, using a device bool mask of free pages kept up to
+date incrementally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvpool import kernels
+from kvpool.constants import is_power_of_two
+from kvpool.errors import ConfigError, InvalidArgumentError, PageSizeError
+from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.paged_ops import (
+    HostLens,
+    check_extend_args,
+    check_free_list_state,
+    check_free_slots,
+    check_host_copy,
+    check_prefix_pages_held,
+    decode_new_pages_host,
+    extend_new_pages_host,
+    pages_to_slots,
+)
+from kvpool.snapshot import AllocatorSnapshot
+
+FreeListState = tuple[torch.Tensor, torch.Tensor]
+"""What :meth:`BaseTokenToKVPoolAllocator.backup_state` returns: ``(free_pages, release_pages)``."""
+
+IndexLike = torch.Tensor | Sequence[int]
+
+
+class BaseTokenToKVPoolAllocator:
+    """Page allocator over ``size // page_size`` pages with ids ``1..num_pages`` (twin of
+    :class:`kvpool.reference.allocator.BaseTokenToKVPoolAllocator`; same methods and results).
+
+    ``kernel_backend`` is passed to the kernels (``None``: triton on CUDA, else torch)."""
+
+    _dedup_pages: bool = True
+    """True: freeing two slots of one page (in a call or a group) frees the page once."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        need_sort: bool = False,
+        *,
+        device: str | torch.device = "cpu",
+        checked: bool | None = None,
+        kernel_backend: str | None = None,
+    ) -> None:
+        if not isinstance(page_size, int) or not is_power_of_two(page_size):
+            raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
+        if not isinstance(size, int) or size <= 0 or size % page_size:
+            raise ConfigError(
+                f"size must be a positive multiple of page_size={page_size} tokens, got {size!r}"
+            )
+        self.size = size
+        self.page_size = page_size
+        self.need_sort = bool(need_sort)
+        self.num_pages = size // page_size
+        self.device = torch.device(device)
+        self.checked = resolve_checked(checked)
+        self.kernel_backend = kernel_backend
+        self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+        self.free_pages = self._empty()
+        self.release_pages = self._empty()
+        # Checked mode only: free_mask[page] is True while the page is in either free list;
+        # pending_mask[slot] (page size 1) while the slot waits in the open free group.
+        self._free_mask: torch.Tensor | None = None
+        self._pending_mask: torch.Tensor | None = None
+        if self.checked:
+            self._free_mask = torch.zeros(self.num_pages + 1, dtype=torch.bool, device=self.device)
+            if not self._dedup_pages:
+                self._pending_mask = torch.zeros_like(self._free_mask)
+        self._in_free_group = False
+        self._pending_free: list[torch.Tensor] = []
+        self.clear()
+
+    # ----------------------------------------------------------------- state helpers
+    def _empty(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int64, device=self.device)
+
+    def _as_index(self, values: IndexLike) -> torch.Tensor:
+        """Slots/lengths as a 1-D tensor on the device (no copy when already there)."""
+        return torch.as_tensor(values, device=self.device).reshape(-1)
+
+    def _set_free_lists(self, free_pages: torch.Tensor, release_pages: torch.Tensor) -> None:
+        """Replace both free lists (rebuilding the checked-mode mask)."""
+        self.free_pages = free_pages
+        self.release_pages = release_pages
+        if self._free_mask is not None:
+            self._free_mask.zero_()
+            self._free_mask[free_pages] = True
+            self._free_mask[release_pages] = True
+
+    def _return_pages(self, slots: torch.Tensor) -> None:
+        """Put the pages of freed ``slots`` (already validated) back; subclasses fix the order."""
+        raise NotImplementedError
+
+    def _mark_free(self, pages: torch.Tensor) -> None:
+        if self._free_mask is not None:
+            self._free_mask[pages] = True
+
+    def _take_pages(self, num_pages: int) -> torch.Tensor | None:
+        """Remove ``num_pages`` from the head of ``free_pages`` (merging ``release_pages`` first
+        under ``need_sort`` when short). ``None`` and no change when they do not fit."""
+        if num_pages > self.free_pages.numel():
+            if (
+                not self.need_sort
+                or num_pages > self.free_pages.numel() + self.release_pages.numel()
+            ):
+                return None
+            self.merge_and_sort_free()
+        taken = self.free_pages[:num_pages]
+        self.free_pages = self.free_pages[num_pages:]
+        if self._free_mask is not None:
+            self._free_mask[taken] = False
+        return taken
+
+    # ----------------------------------------------------------------- queries
+    def available_size(self) -> int:
+        """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
+        return (self.free_pages.numel() + self.release_pages.numel()) * self.page_size
+
+    def snapshot(self) -> AllocatorSnapshot:
+        """Plain copy of the free lists and the free-group state (device-to-host copies)."""
+        pending = torch.cat(self._pending_free).tolist() if self._pending_free else []
+        return AllocatorSnapshot(
+            page_size=self.page_size,
+            num_pages=self.num_pages,
+            size=self.size,
+            free_pages=tuple(self.free_pages.tolist()),
+            release_pages=tuple(self.release_pages.tolist()),
+            need_sort=self.need_sort,
+            in_free_group=self._in_free_group,
+            pending_free=tuple(pending),
+        )
+
+    # ----------------------------------------------------------------- alloc / free
+    def _check_need_size(self, need_size: int) -> None:
+        if not isinstance(need_size, int) or need_size < 0:
+            raise InvalidArgumentError(f"need_size must be a non-negative int, got {need_size!r}")
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` slots: ``need_size // page_size`` whole pages from the head of
+        ``free_pages``, expanded page by page; ``None`` (no change) if they do not fit.
+        InvalidArgumentError for a negative size."""
+        self._check_need_size(need_size)
+        pages = self._take_pages(need_size // self.page_size)
+        if pages is None or self.page_size == 1:
+            return pages
+        return pages_to_slots(pages, self._offsets)
+
+    def free(self, free_index: IndexLike) -> None:
+        """Return slots. Empty input is a no-op. Inside a free group the slots are only buffered
+        until :meth:`free_group_end`. Checked mode validates first, as the reference."""
+        slots = self._as_index(free_index)
+        if slots.numel() == 0:
+            return
+        if self._free_mask is not None:
+            check_free_slots(
+                slots, self._free_mask, self.page_size, not self._dedup_pages, self._pending_mask
+            )
+        if self._in_free_group:
+            self._pending_free.append(slots.to(torch.int64))
+            if self._pending_mask is not None:
+                self._pending_mask[slots] = True
+            return
+        self._return_pages(slots.to(torch.int64))
+
+    def free_group_begin(self) -> None:
+        """Start buffering frees. Not nestable: a second begin raises InvalidArgumentError."""
+        if self._in_free_group:
+            raise InvalidArgumentError("free_group_begin inside an open free group")
+        self._in_free_group = True
+        self._pending_free = []
+
+    def free_group_end(self) -> None:
+        """Close the group and perform its buffered frees as ONE :meth:`free` of their
+        concatenation. InvalidArgumentError without an open group; in checked mode, buffered
+        frees that are no longer valid raise their error and leave the group open."""
+        if not self._in_free_group:
+            raise InvalidArgumentError("free_group_end without free_group_begin")
+        slots = torch.cat(self._pending_free) if self._pending_free else self._empty()
+        if self._free_mask is not None and slots.numel():
+            check_free_slots(slots, self._free_mask, self.page_size, not self._dedup_pages)
+        self._in_free_group = False
+        self._pending_free = []
+        if self._pending_mask is not None:
+            self._pending_mask.zero_()
+        if slots.numel():
+            self._return_pages(slots)
+
+    # ----------------------------------------------------------------- free-list state
+    def backup_state(self) -> FreeListState:
+        """``(free_pages, release_pages)`` as clones (EAGLE v1 borrows draft slots with it)."""
+        return (self.free_pages.clone(), self.release_pages.clone())
+
+    def restore_state(self, state: Any) -> None:
+        """Put back free lists taken by :meth:`backup_state`. Checked mode raises
+        InvalidArgumentError for anything but two tensors of distinct page ids in
+        ``1..num_pages``."""
+        if self.checked:
+            free_pages, release_pages = check_free_list_state(state, self.num_pages)
+        elif isinstance(state, tuple) and len(state) == 2:
+            free_pages, release_pages = state
+        else:
+            raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
+        self._set_free_lists(
+            self._as_index(free_pages).to(torch.int64),
+            self._as_index(release_pages).to(torch.int64),
+        )
+
+    def merge_and_sort_free(self) -> None:
+        """``free_pages = sorted(free_pages + release_pages)``; ``release_pages`` empty."""
+        merged = torch.cat((self.free_pages, self.release_pages))
+        self.free_pages = torch.sort(merged).values
+        self.release_pages = self._empty()
+
+    def clear(self) -> None:
+        """Every page free (ids ascending), no release pages, no open free group."""
+        every = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        self._set_free_lists(every, self._empty())
+        self._in_free_group = False
+        self._pending_free = []
+        if self._pending_mask is not None:
+            self._pending_mask.zero_()
+
+    # ----------------------------------------------------------------- batch operations
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: HostLens,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: HostLens,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
+        """Slots (int64, length ``extend_num_tokens``) for tokens ``[P_i, S_i)`` of every
+        request, in batch order, or ``None`` (no change) when the new pages do not fit. The page
+        count comes from the host copies; capacity is checked before the kernel is launched.
+        Checked mode raises the reference's errors for a bad batch."""
+        prefix_lens, seq_lens = self._as_index(prefix_lens), self._as_index(seq_lens)
+        last_loc = self._as_index(last_loc)
+        if self._free_mask is not None:
+            p = check_host_copy("prefix_lens", prefix_lens, prefix_lens_cpu)
+            s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
+            loc = last_loc.to(torch.int64)
+            check_extend_args(p, s, loc, extend_num_tokens, self.page_size)
+            check_prefix_pages_held(p, loc, self._free_mask, self.page_size)
+        num_new = extend_new_pages_host(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        pages = self._take_pages(num_new)
+        if pages is None:
+            return None
+        out = torch.empty(extend_num_tokens, dtype=torch.int64, device=self.device)
+        kernels.alloc_extend(
+            prefix_lens,
+            seq_lens,
+            last_loc,
+            pages,
+            out,
+            self.page_size,
+            self.kernel_backend,
+            prefix_lens_cpu=prefix_lens_cpu,
+            seq_lens_cpu=seq_lens_cpu,
+        )
+        return out
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        """One slot per request (int64) for token ``S_i - 1``: the first slot of the next free
+        page when ``(S_i - 1) % page_size == 0``, else ``last_loc_i + 1``; ``None`` (no change)
+        if the new pages do not fit. Checked mode raises the reference's errors."""
+        seq_lens, last_loc = self._as_index(seq_lens), self._as_index(last_loc)
+        if self._free_mask is not None:
+            s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
+            loc = last_loc.to(torch.int64)
+            if bool((s < 1).any()):
+                raise InvalidArgumentError(
+                    f"alloc_decode needs every seq_len >= 1, got {s.tolist()}"
+                )
+            check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
+            check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
+        pages = self._take_pages(decode_new_pages_host(seq_lens_cpu, self.page_size))
+        if pages is None:
+            return None
+        out = torch.empty(seq_lens.numel(), dtype=torch.int64, device=self.device)
+        kernels.alloc_decode(
+            seq_lens,
+            last_loc,
+            pages,
+            out,
+            self.page_size,
+            self.kernel_backend,
+            seq_lens_cpu=seq_lens_cpu,
+        )
+        return out
+
+
+class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """Page size 1: every slot is a page. ``alloc`` takes from the head of ``free_pages`` and
+    ``free`` appends (FIFO reuse), or appends to ``release_pages`` under ``need_sort``. Naming a
+    slot twice in one call or one free group is a double free (checked mode)."""
+
+    _dedup_pages = False
+
+    def __init__(
+        self,
+        size: int,
+        need_sort: bool = False,
+        *,
+        device: str | torch.device = "cpu",
+        checked: bool | None = None,
+        kernel_backend: str | None = None,
+    ) -> None:
+        super().__init__(
+            size, 1, need_sort, device=device, checked=checked, kernel_backend=kernel_backend
+        )
+
+    def _return_pages(self, slots: torch.Tensor) -> None:
+        self._mark_free(slots)
+        if self.need_sort:
+            self.release_pages = torch.cat((self.release_pages, slots))
+        else:
+            self.free_pages = torch.cat((self.free_pages, slots))
+
+
+__all__ = ["BaseTokenToKVPoolAllocator", "FreeListState", "TokenToKVPoolAllocator"]

@@ -1,0 +1,86 @@
+"""``PagedTokenToKVPoolAllocator`` (optimized twin): the slot allocator for page sizes > 1.
+
+Units: ``size`` tokens in ``num_pages = size // page_size`` pages with ids ``1..num_pages``;
+page ``p`` owns slots ``[p * page_size, (p + 1) * page_size)``. Allocation takes whole pages from
+the head of ``free_pages``; ``free`` puts the sorted unique pages of the freed
+slots at the HEAD (LIFO by page). ``alloc_extend`` / ``alloc_decode`` come from the shared base.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.errors import AlignmentError
+from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator
+
+
+class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """Paged allocator (twin of :class:`kvpool.reference.paged_allocator.
+    PagedTokenToKVPoolAllocator`). Freeing any slot of a page frees the whole page; slots of one
+    page named several times in one call (or one free group) free it once."""
+
+    _dedup_pages = True
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        need_sort: bool = False,
+        *,
+        device: str | torch.device = "cpu",
+        checked: bool | None = None,
+        kernel_backend: str | None = None,
+    ) -> None:
+        super().__init__(
+            size,
+            page_size,
+            need_sort,
+            device=device,
+            checked=checked,
+            kernel_backend=kernel_backend,
+        )
+        self._page_shift = page_size.bit_length() - 1  # page_size is a power of two
+        self._page_ids: torch.Tensor | None = None  # arange(num_pages + 1), made on first use
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size // page_size`` whole pages as int64 slots, or ``None`` (no change).
+        AlignmentError when ``need_size`` is not a multiple of ``page_size``."""
+        self._check_need_size(need_size)
+        if need_size % self.page_size:
+            raise AlignmentError(
+                f"paged alloc needs a multiple of page_size={self.page_size} tokens, "
+                f"got {need_size}"
+            )
+        return super().alloc(need_size)
+
+    def _return_pages(self, slots: torch.Tensor) -> None:
+        pages = self._sorted_unique_pages(slots)
+        self._mark_free(pages)
+        if self.need_sort:
+            self.release_pages = torch.cat((self.release_pages, pages))
+        else:
+            self.free_pages = torch.cat((pages, self.free_pages))
+
+    def _sorted_unique_pages(self, slots: torch.Tensor) -> torch.Tensor:
+        """The sorted unique pages of ``slots`` (valid slots, so >= 0: a shift divides)."""
+        pages = slots >> self._page_shift
+        if pages.device.type == "cpu" and slots.numel() * _BITMAP_SLOTS_PER_PAGE >= self.num_pages:
+            # Many slots for the pool: mark a per-page bitmap and read it back in page order,
+            # linear in slots + pages instead of a sort (about 7x faster for a 40k-slot batch).
+            # CPU only: elsewhere both forms wait for the device to size their result, and a
+            # GPU sort is cheap.
+            if self._page_ids is None:
+                self._page_ids = torch.arange(self.num_pages + 1, dtype=torch.int64)
+            marked = torch.zeros(self.num_pages + 1, dtype=torch.bool)
+            marked.index_fill_(0, pages, True)
+            return torch.masked_select(self._page_ids, marked)
+        # Few slots for the pool: sort + unique_consecutive (torch.unique's result, ~3x faster).
+        unique: torch.Tensor = torch.unique_consecutive(torch.sort(pages).values)
+        return unique
+
+
+_BITMAP_SLOTS_PER_PAGE = 8
+"""Use the bitmap when ``slots * this >= num_pages``: on a CPU a page of the bitmap costs about
+as much as a few slots of the sort."""
+
+__all__ = ["PagedTokenToKVPoolAllocator"]

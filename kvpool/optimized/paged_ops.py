@@ -1,0 +1,197 @@
+"""Host-side helpers of the optimized allocators: page counts and checked-mode preconditions.
+
+Page counts are computed from the HOST copies of the lengths (``*_cpu``: a CPU tensor or a list
+of ints), so an allocation never waits for the device. The ``check_*`` functions are the
+vectorised form of the reference's precondition checks (:mod:`kvpool.reference.paged_ops` and
+the reference allocator): a handful of tensor operations and one device-to-host read, raising
+the error type the reference raises for the same input (the first offending request decides, and
+for that request the first failing check, in the reference's order). They run in checked mode
+only. Units: lengths are tokens, pages are page ids, slots are slot ids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
+from kvpool.errors import (
+    AlignmentError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    ReservedIndexError,
+)
+from kvpool.kernels.alloc_extend import HostLens, host_array
+
+
+def extend_new_pages_host(prefix_lens_cpu: HostLens, seq_lens_cpu: HostLens, page_size: int) -> int:
+    """``sum(ceil(S/ps) - ceil(P/ps))`` from host copies (pages); no device work."""
+    shift, mask = page_size.bit_length() - 1, page_size - 1  # page_size is a power of two
+    s, p = host_array(seq_lens_cpu), host_array(prefix_lens_cpu)
+    return int(((s + mask) >> shift).sum() - ((p + mask) >> shift).sum())
+
+
+def decode_new_pages_host(seq_lens_cpu: HostLens, page_size: int) -> int:
+    """Requests whose new token (position ``S - 1``) opens a page, from host copies (pages)."""
+    return int(np.count_nonzero(((host_array(seq_lens_cpu) - 1) & (page_size - 1)) == 0))
+
+
+def pages_to_slots(pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Slots of ``pages`` page by page: ``page * ps + offsets`` flattened (``offsets`` is
+    ``arange(ps)`` on the pages' device)."""
+    return (pages.unsqueeze(1) * offsets.numel() + offsets).reshape(-1)
+
+
+# --------------------------------------------------------------------------- checked mode
+def _as_int64(values: HostLens, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(values, device=device).to(torch.int64).reshape(-1)
+
+
+def check_host_copy(name: str, device_lens: torch.Tensor, host_lens: HostLens) -> torch.Tensor:
+    """The device lengths as int64, after checking they equal their host copy
+    (InvalidArgumentError otherwise, as the reference)."""
+    dev = device_lens.to(torch.int64).reshape(-1)
+    host = _as_int64(host_lens, dev.device)
+    if dev.shape != host.shape or not torch.equal(dev, host):
+        raise InvalidArgumentError(
+            f"{name} and {name}_cpu differ: {dev.tolist()} vs {host.tolist()}"
+        )
+    return dev
+
+
+def check_extend_args(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    extend_num_tokens: int,
+    page_size: int,
+) -> None:
+    """Vectorised :func:`kvpool.reference.paged_ops.validate_extend_args` (int64 inputs on one
+    device): equal lengths, ``0 <= P <= S``, ``last_loc == -1`` exactly when ``P == 0``, an
+    allocatable ``last_loc`` when ``P > 0``, ``(last_loc + 1) % ps == P % ps`` mid-page, and
+    ``extend_num_tokens == sum(S - P)``."""
+    p, s, loc = prefix_lens, seq_lens, last_loc
+    if not p.numel() == s.numel() == loc.numel():
+        raise InvalidArgumentError(
+            f"batch arrays differ in length: prefix_lens={p.numel()}, "
+            f"seq_lens={s.numel()}, last_loc={loc.numel()}"
+        )
+    # One code per request: its first failing check, in the reference's order (0 = fine).
+    code = torch.zeros_like(p)
+    checks = (
+        (p < 0) | (s < p),
+        (p == 0) != (loc == NO_LAST_LOC),
+        (p > 0) & (loc <= 0),
+        (p % page_size != 0) & ((loc + 1) % page_size != p % page_size),
+    )
+    for number, failed in reversed(list(enumerate(checks, start=1))):
+        code = torch.where(failed, number, code)
+    bad = torch.nonzero(code)
+    if bad.numel():
+        i = int(bad[0, 0].item())
+        which, pi, si, li = (int(x) for x in (code[i], p[i], s[i], loc[i]))
+        message = f"request {i}: prefix_len={pi}, seq_len={si}, last_loc={li} breaks check {which}"
+        raise (AlignmentError if which == 4 else InvalidArgumentError)(message)
+    expected = int(torch.sum(s - p).item())
+    if extend_num_tokens != expected:
+        raise InvalidArgumentError(
+            f"extend_num_tokens={extend_num_tokens} but sum(seq_lens - prefix_lens)={expected}"
+        )
+
+
+def check_prefix_pages_held(
+    prefix_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_mask: torch.Tensor,
+    page_size: int,
+) -> None:
+    """A prefix ending mid-page continues in ``last_loc``'s page, which must exist
+    (IndexOutOfRangeError), not be page 0 (ReservedIndexError) and not be free
+    (InvalidArgumentError). ``free_mask[page]`` is True for free pages (length num_pages + 1)."""
+    num_pages = free_mask.numel() - 1
+    mid = prefix_lens % page_size != 0
+    page = last_loc // page_size
+    is_free = free_mask[page.clamp(0, num_pages)]
+    code = torch.zeros_like(page)
+    code = torch.where(mid & is_free, 3, code)
+    code = torch.where(mid & (page == RESERVED_INDEX), 2, code)
+    code = torch.where(mid & (page > num_pages), 1, code)
+    bad = torch.nonzero(code)
+    if bad.numel():
+        i = int(bad[0, 0].item())
+        which, loc = int(code[i].item()), int(last_loc[i].item())
+        error = (IndexOutOfRangeError, ReservedIndexError, InvalidArgumentError)[which - 1]
+        raise error(f"request {i}: last_loc {loc} is not in an allocated page")
+
+
+def check_free_slots(
+    slots: torch.Tensor,
+    free_mask: torch.Tensor,
+    page_size: int,
+    no_duplicates: bool = False,
+    pending_mask: torch.Tensor | None = None,
+) -> None:
+    """The reference's free checks, in its precedence, over the whole call: every slot in
+    ``[0, (num_pages + 1) * ps)`` (IndexOutOfRangeError; non-integer tensors too), no slot of page
+    0 (ReservedIndexError), no page already free (DoubleFreeError). With ``no_duplicates`` (page
+    size 1) a slot named twice in the call, or marked in ``pending_mask`` (slots buffered by the
+    open free group), is a DoubleFreeError as well."""
+    limit = free_mask.numel() * page_size
+    if slots.dtype.is_floating_point or slots.dtype.is_complex or slots.dtype == torch.bool:
+        raise IndexOutOfRangeError(f"slots must be integers, got dtype {slots.dtype}")
+    out_of_range = (slots < 0) | (slots >= limit)
+    if bool(out_of_range.any()):
+        raise IndexOutOfRangeError(
+            f"slots out of range [0, {limit}): {slots[out_of_range].tolist()}"
+        )
+    pages = slots // page_size
+    reserved = pages == RESERVED_INDEX
+    if bool(reserved.any()):
+        raise ReservedIndexError(
+            f"slots of reserved page {RESERVED_INDEX}: {slots[reserved].tolist()}"
+        )
+    already_free = free_mask[pages]
+    if bool(already_free.any()):
+        pages_free = torch.unique(pages[already_free]).tolist()
+        raise DoubleFreeError("freeing pages that are already free", pages_free)
+    if not no_duplicates:
+        return
+    twice = torch.unique(slots).numel() != slots.numel()
+    if pending_mask is not None:
+        twice = twice or bool(pending_mask[slots].any())
+    if twice:
+        raise DoubleFreeError("slots freed twice in one call or free group")
+
+
+def check_free_list_state(state: object, num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``backup_state`` value: two 1-D integer tensors of distinct page ids in
+    ``1..num_pages`` (InvalidArgumentError otherwise, as the reference)."""
+    if not (isinstance(state, tuple) and len(state) == 2):
+        raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
+    free_pages, release_pages = state
+    if not all(
+        isinstance(t, torch.Tensor) and t.dim() == 1 and not t.dtype.is_floating_point
+        for t in (free_pages, release_pages)
+    ):
+        raise InvalidArgumentError("state must hold two 1-D integer tensors of page ids")
+    every = torch.cat((free_pages.to(torch.int64), release_pages.to(torch.int64)))
+    if every.numel() and (
+        bool(((every < 1) | (every > num_pages)).any())
+        or torch.unique(every).numel() != every.numel()
+    ):
+        raise InvalidArgumentError(f"state holds bad or repeated page ids: {every.tolist()}")
+    return free_pages, release_pages
+
+
+__all__ = [
+    "HostLens",
+    "check_extend_args",
+    "check_free_list_state",
+    "check_free_slots",
+    "check_host_copy",
+    "check_prefix_pages_held",
+    "decode_new_pages_host",
+    "extend_new_pages_host",
+    "pages_to_slots",
+]

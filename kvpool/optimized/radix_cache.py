@@ -1,0 +1,432 @@
+"""The optimized twin's ``RadixCache``: SGLang's prefix tree, built for long prompts and big trees.
+
+Same API, node ids, results and eviction order as :class:`kvpool.reference.radix_cache.RadixCache`
+(see the tree contract in its docstring). What differs is how the work is done:
+
+- keys are compared as int64 numpy arrays, one vectorised comparison per node on the path (the
+  first mismatch is an ``argmax`` over ``!=``), never token by token in Python;
+- values are int64 tensors; a match concatenates the path's values once (on the CPU through
+  the nodes' numpy views, ``np.concatenate``, a fraction of ``torch.cat``'s per-call cost);
+- children are a dict keyed by the first token id (page size 1) or the tuple of the first page of
+  token ids (page size > 1), prefixed by the namespace (``extra_key``) under the root;
+- eviction pops a persistent heap of ``(priority key ending with node_id, node)`` entries with lazy
+  invalidation: an entry is acted on only if its node is still an unlocked leaf in the tree and
+  its priority is current. A node that becomes (or, as a leaf, is touched while being) an
+  eviction candidate is queued (a dict by node id, so repeated touches cost one entry) and gets a
+  fresh heap entry when the next ``evict`` starts; inserts and matches never touch the heap.
+  The heap is never rebuilt per call; stale entries are compacted away when they outnumber the
+  nodes.
+
+Units: sizes and lengths are tokens; values are slot ids.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvpool.constants import floor_align, is_power_of_two
+from kvpool.errors import ConfigError, InvalidArgumentError, LockError, PageSizeError
+from kvpool.optimized.evict_policy import PriorityKey, get_priority_fn
+from kvpool.optimized.radix_key import MatchResult, RadixKey, TokenArray, TreeNode
+from kvpool.optimized.tree_view import pretty_print_tree, snapshot_tree
+from kvpool.snapshot import TreeSnapshot
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+def logical_clock() -> Callable[[], float]:
+    """A deterministic clock: returns 1.0, 2.0, 3.0, ... one step per read."""
+    ticks = [0.0]
+
+    def read() -> float:
+        ticks[0] += 1.0
+        return ticks[0]
+
+    return read
+
+
+def _as_slots(value: Any, device: torch.device) -> torch.Tensor:
+    """``value`` as an int64 tensor on ``device`` (no copy when it already is one)."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.int64 and value.device == device:
+            return value
+        return value.to(device, torch.int64)
+    return torch.as_tensor(value, dtype=torch.int64, device=device)
+
+
+def _req_key(req: Any, stop: int) -> RadixKey:
+    """Key of the request's first ``stop`` tokens (``fill_ids`` is always a prefix of the full
+    token list); uses the twin Req's cached token array when there is one."""
+    token_array = getattr(req, "token_array", None)
+    if token_array is not None:
+        return RadixKey.from_array(token_array(stop), req.extra_key)
+    return RadixKey(req.all_token_ids[:stop], req.extra_key)
+
+
+class RadixCache:
+    """Prefix cache over ``token_to_kv_pool_allocator``'s slots (``disable=True``: no tree).
+
+    ``clock`` is read exactly once by each ``match_prefix`` / ``insert``; every node the operation
+    touches is stamped with that value."""
+
+    def __init__(
+        self,
+        req_to_token_pool: Any,
+        token_to_kv_pool_allocator: Any,
+        page_size: int,
+        disable: bool = False,
+        eviction_policy: str = "lru",
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if not isinstance(page_size, int) or not is_power_of_two(page_size):
+            raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
+        if page_size != token_to_kv_pool_allocator.page_size:
+            raise ConfigError(
+                f"page_size {page_size} differs from the allocator's "
+                f"{token_to_kv_pool_allocator.page_size}"
+            )
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.page_size = page_size
+        self.disable = disable
+        self.eviction_policy = eviction_policy.lower()
+        self.priority_fn = get_priority_fn(self.eviction_policy)
+        self.clock: Callable[[], float] = clock if clock is not None else logical_clock()
+        self.device = torch.device(getattr(token_to_kv_pool_allocator, "device", "cpu"))
+        self._cpu = self.device.type == "cpu"
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Drop the whole tree (without freeing its slots) and start the node ids again at 0."""
+        self._next_id = 0
+        self.root_node = self._new_node(RadixKey([]), _EMPTY.to(self.device), None, 0.0)
+        self.root_node.lock_ref = 1
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        self._num_nodes = 1
+        self._heap: list[tuple[PriorityKey, TreeNode]] = []
+        self._dirty: dict[int, TreeNode] = {}
+
+    def _new_node(
+        self, key: RadixKey, value: torch.Tensor, parent: TreeNode | None, now: float
+    ) -> TreeNode:
+        node = TreeNode(self._next_id, key, value, parent, now)
+        self._next_id += 1
+        return node
+
+    def evictable_size(self) -> int:
+        """Tokens in unlocked nodes."""
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        """Tokens in locked nodes (``lock_ref > 0``)."""
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        """Tokens in the tree (every non-root node's key length)."""
+        return self.evictable_size_ + self.protected_size_
+
+    # ------------------------------------------------------------------ walk helpers
+    def _child_key(self, arr: TokenArray, pos: int) -> Any:
+        """Dict key of the child starting at token ``pos`` of ``arr`` (a plain int or a tuple)."""
+        if self.page_size == 1:
+            return int(arr[pos])
+        return tuple(arr[pos : pos + self.page_size].tolist())
+
+    def _split(self, child: TreeNode, at: int) -> TreeNode:
+        """Split ``child`` at token ``at`` (page-aligned, ``0 < at < len``): a new upper node with
+        the next id takes ``child``'s place under its parent; ``child`` keeps its id and becomes
+        the lower half. Lock counts, times, hits and priority are copied to the upper node."""
+        parent = child.parent
+        assert parent is not None
+        upper = self._new_node(child.key[:at], child.value[:at], parent, child.creation_time)
+        upper.last_access_time = child.last_access_time
+        upper.hit_count = child.hit_count
+        upper.priority = child.priority
+        upper.lock_ref = child.lock_ref
+        upper.child_key = child.child_key
+        parent.children[child.child_key] = upper  # same dict slot: insertion order kept
+        child.key = child.key[at:]
+        child.arr = child.key.array
+        child.value = child.value[at:]
+        child.parent = upper
+        child.child_key = self._child_key(child.arr, 0)
+        upper.children[child.child_key] = child
+        self._num_nodes += 1
+        return upper
+
+    def _walk(
+        self, key: RadixKey, n: int, now: float, count_hit: bool, priority: int
+    ) -> tuple[list[Any], TreeNode, int, Any]:
+        """Walk the first ``n`` tokens of ``key`` (``n`` page-aligned) from the root, splitting
+        where the match ends inside a node and stamping every node on the matched path. Returns
+        the matched values, the deepest matched node, the matched length (tokens) and the child
+        key looked up last (the dict key a new leaf below that node would take)."""
+        arr = key.array
+        ps = self.page_size
+        node = self.root_node
+        values: list[Any] = []  # numpy views on the CPU (see TreeNode.vnp), else tensors
+        cpu = self._cpu
+        pos = 0
+        if n == 0:
+            return values, node, 0, None
+        ck: Any = (key.extra_key, self._child_key(arr, 0))
+        child = node.children.get(ck)
+        while child is not None:
+            child.last_access_time = now  # stamped before a split: both halves carry now
+            carr = child.arr
+            m = len(carr)
+            length = min(m, n - pos)
+            neq = carr[:length] != arr[pos : pos + length]
+            first = int(neq.argmax())
+            matched = first if neq[first] else length
+            if ps > 1:
+                matched = (matched // ps) * ps
+            if matched < m:
+                lower = child
+                child = self._split(lower, matched)
+                if not lower.children and lower.lock_ref == 0:
+                    self._push(lower)  # the lower half's access time changed
+            if count_hit:
+                child.hit_count += 1
+            elif priority > child.priority:
+                child.priority = priority
+            values.append(child.vnp if cpu else child.value)
+            node = child
+            pos += matched
+            if pos >= n:
+                return values, node, pos, None
+            ck = self._child_key(arr, pos)
+            if matched < m:  # split: the new upper node has one child, and it is not ck
+                return values, node, pos, ck
+            child = node.children.get(ck)
+        return values, node, pos, ck
+
+    def _refresh(self, node: TreeNode) -> None:
+        """``node``'s priority may have changed: an unlocked leaf gets a current heap entry."""
+        if not node.children and node.lock_ref == 0 and node is not self.root_node:
+            self._push(node)
+
+    # ------------------------------------------------------------------ public tree API
+    def match_prefix(self, key: RadixKey) -> MatchResult:
+        """Longest cached page-aligned prefix of ``key``; see the module docstring."""
+        aligned = floor_align(len(key), self.page_size)
+        if self.disable or aligned == 0:
+            return MatchResult(_EMPTY.to(self.device), self.root_node, self.root_node)
+        now = self.clock()
+        values, node, _, _ = self._walk(key, aligned, now, True, 0)
+        self._refresh(node)
+        if not values:
+            indices = _EMPTY.to(self.device)
+        elif len(values) == 1:
+            indices = node.value
+        elif self._cpu:
+            indices = torch.from_numpy(np.concatenate(values))
+        else:
+            indices = torch.cat(values)
+        return MatchResult(indices, node, node)
+
+    def insert(self, key: RadixKey, value: torch.Tensor | None = None, priority: int = 0) -> int:
+        """Insert the page-aligned part of ``key`` with slots ``value``; returns the length (tokens)
+        already in the tree. Frees nothing.
+
+        Ownership: the new leaf keeps views of ``key``'s array and of ``value`` (no copy, as in
+        SGLang); the caller must not modify them afterwards. ``cache_finished_req`` and
+        ``cache_unfinished_req`` pass fresh copies read from the table."""
+        value = _as_slots(key.array if value is None else value, self.device)
+        if value.shape[0] < len(key):
+            raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        if self.disable:
+            return 0
+        aligned = floor_align(len(key), self.page_size)
+        if aligned == 0:
+            return 0
+        now = self.clock()
+        _, node, pos, ck = self._walk(key, aligned, now, False, priority)
+        if pos < aligned:
+            leaf_key = RadixKey.from_array(key.array[pos:aligned], key.extra_key)
+            leaf = self._new_node(leaf_key, value[pos:aligned], node, now)
+            leaf.priority = priority
+            leaf.child_key = ck  # the key the walk looked up and did not find
+            node.children[ck] = leaf
+            self._num_nodes += 1
+            self.evictable_size_ += aligned - pos
+            self._push(leaf)
+        else:
+            self._refresh(node)
+        return pos
+
+    def _path(self, node: TreeNode) -> list[TreeNode]:
+        """``node`` .. the root's child; raises LockError for a detached node."""
+        path: list[TreeNode] = []
+        root = self.root_node
+        while node is not root:
+            if node.parent is None:
+                raise LockError(f"node {node.node_id} is not in the tree")
+            path.append(node)
+            node = node.parent
+        return path
+
+    def inc_lock_ref(self, node: TreeNode | None) -> int:
+        """Lock ``node`` and its ancestors; returns the change of the evictable size (tokens)."""
+        if self.disable or node is None:
+            return 0
+        delta = 0
+        for n in self._path(node):
+            if n.lock_ref == 0:
+                size = len(n)
+                self.evictable_size_ -= size
+                self.protected_size_ += size
+                delta -= size
+            n.lock_ref += 1
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode | None) -> int:
+        """Unlock ``node`` and its ancestors; returns the change of the evictable size (tokens).
+        Raises :class:`LockError` (changing nothing) if a count would go negative."""
+        if self.disable or node is None:
+            return 0
+        path = self._path(node)
+        bad = [n.node_id for n in path if n.lock_ref <= 0]
+        if bad:
+            raise LockError(f"lock_ref would go negative on nodes {bad}")
+        delta = 0
+        for n in path:
+            n.lock_ref -= 1
+            if n.lock_ref == 0:
+                size = len(n)
+                self.evictable_size_ += size
+                self.protected_size_ -= size
+                delta += size
+                if not n.children:
+                    self._push(n)
+        return delta
+
+    # ------------------------------------------------------------------ eviction
+    def _push(self, node: TreeNode) -> None:
+        """``node`` may be a candidate with a new priority: queue it for the heap (deduplicated
+        by id; pushed with its priority of that moment when the next ``evict`` starts)."""
+        self._dirty[node.node_id] = node
+
+    def _flush(self) -> None:
+        """Give every queued node that is still a candidate a current heap entry."""
+        heap = self._heap
+        priority = self.priority_fn
+        for node in self._dirty.values():
+            if node.parent is not None and not node.children and node.lock_ref == 0:
+                heapq.heappush(heap, (priority(node), node))
+        self._dirty.clear()
+
+    def _is_current(self, entry: tuple[PriorityKey, TreeNode]) -> bool:
+        node = entry[1]
+        return (
+            node.parent is not None
+            and not node.children
+            and node.lock_ref == 0
+            and entry[0] == self.priority_fn(node)
+        )
+
+    def _compact(self) -> None:
+        """Drop stale entries (every candidate keeps its current entry)."""
+        self._heap = [e for e in self._heap if self._is_current(e)]
+        heapq.heapify(self._heap)
+
+    def evict(self, num_tokens: int) -> int:
+        """Evict unlocked leaves by policy until ``num_tokens`` tokens are freed or nothing is
+        evictable; frees each node's slots with one allocator ``free``. Returns tokens freed."""
+        if num_tokens < 0:
+            raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+        if self.disable or num_tokens == 0:
+            return 0
+        self._flush()
+        if len(self._heap) > 2 * self._num_nodes + 64:
+            self._compact()
+        heap = self._heap
+        evicted = 0
+        root = self.root_node
+        while evicted < num_tokens and heap:
+            entry = heapq.heappop(heap)
+            if not self._is_current(entry):
+                continue
+            node = entry[1]
+            parent = node.parent
+            assert parent is not None
+            self.token_to_kv_pool_allocator.free(node.value)
+            del parent.children[node.child_key]
+            node.parent = None
+            size = len(node)
+            self.evictable_size_ -= size
+            self._num_nodes -= 1
+            evicted += size
+            if parent is not root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (self.priority_fn(parent), parent))
+        return evicted
+
+    # ------------------------------------------------------------------ requests
+    def _read_row(self, row: int, stop: int) -> torch.Tensor:
+        """``req_to_token[row, :stop]`` as int64 slots."""
+        kv: torch.Tensor = self.req_to_token_pool.read(row, 0, stop)
+        return kv.to(torch.int64)
+
+    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
+        """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
+
+        ``kv = row[:committed]``. With insert: insert the page-aligned part, free the duplicates
+        ``kv[cache_protected_len:new_prefix_len]`` and the unaligned tail ``kv[aligned:committed]``
+        in one ``free``. Without: free ``kv[cache_protected_len:committed]``."""
+        assert req.req_pool_idx is not None
+        committed = req.kv_committed_len
+        kv = self._read_row(req.req_pool_idx, committed)
+        free = self.token_to_kv_pool_allocator.free
+        if self.disable or not is_insert:
+            free(kv[req.cache_protected_len : committed])
+        else:
+            aligned = floor_align(committed, self.page_size)
+            key = _req_key(req, aligned)
+            new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority)
+            free(torch.cat((kv[req.cache_protected_len : new_prefix_len], kv[aligned:committed])))
+        self.dec_lock_ref(req.last_node)
+
+    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
+        """Between prefill chunks: insert ``fill_ids`` (page-aligned), free the duplicates,
+        re-match, rewrite ``row[cache_protected_len:len(new_indices)]`` with the tree's slots,
+        move the lock to the new last node and set ``prefix_indices``/``cache_protected_len``."""
+        assert req.req_pool_idx is not None
+        row = req.req_pool_idx
+        num_tokens = len(req.fill_ids)
+        kv = self._read_row(row, num_tokens)
+        if self.disable:
+            req.prefix_indices = kv
+            return
+        aligned = floor_align(num_tokens, self.page_size)
+        key = _req_key(req, aligned)
+        new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority)
+        self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : new_prefix_len])
+        match = self.match_prefix(key)
+        new_indices = match.device_indices
+        protected = req.cache_protected_len
+        num_new = len(new_indices)
+        self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_device_node)
+        req.prefix_indices = torch.cat((new_indices, kv[num_new:]))
+        req.cache_protected_len = num_new
+        req.last_node = match.last_device_node
+
+    # ------------------------------------------------------------------ views
+    def pretty_print(self) -> str:
+        """The tree, one node a line (id, key/value preview, lock_ref, access time)."""
+        return pretty_print_tree(self)
+
+    def snapshot(self) -> TreeSnapshot:
+        """Plain snapshot; nodes in BFS order by child insertion order, root first."""
+        return snapshot_tree(self)
+
+
+__all__ = ["RadixCache", "logical_clock"]

@@ -1,0 +1,240 @@
+"""Radix-tree building blocks of the optimized twin: ``RadixKey``, ``TreeNode``, ``MatchResult``.
+
+Same names and fields as :mod:`kvpool.reference.radix_key`, built for long prompts:
+
+- a :class:`RadixKey` holds its token ids either as a Python list or as a 1-D int32/int64 numpy
+  array (int32 whenever the ids fit) and converts lazily (once, cached) to the other form; the
+  tree compares keys in array form, so a caller holding token ids in an array (as an engine
+  does) never pays a per-token Python cost;
+- a :class:`TreeNode` keeps its key both as a ``RadixKey`` and as the token array ``arr`` the
+  match loop compares against, and its ``value`` (the slots of those tokens) as an int64 tensor
+  (plus ``vnp``, a numpy view of the same memory when it lives on the CPU).
+
+Units: keys are token ids; values are token-slot ids (one per token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+TokenArray = npt.NDArray[np.signedinteger[Any]]
+"""A 1-D numpy array of token ids: int32 when every id fits (half the memory traffic of a key
+comparison), else int64. Arrays of either width compare correctly with each other."""
+
+
+def compact_tokens(token_ids: Sequence[int]) -> TokenArray:
+    """A list of ids as an int32 array, or int64 when some id does not fit in 32 bits."""
+    try:
+        return np.asarray(token_ids, dtype=np.int32).reshape(-1)
+    except OverflowError:
+        return np.asarray(token_ids, dtype=np.int64).reshape(-1)
+
+
+def as_token_array(token_ids: Sequence[int] | TokenArray | torch.Tensor) -> TokenArray:
+    """``token_ids`` as a 1-D signed-integer numpy array; an int32/int64 array is kept as it is
+    (no copy), other integer arrays are widened to int64, lists go through
+    :func:`compact_tokens`."""
+    if isinstance(token_ids, torch.Tensor):
+        token_ids = token_ids.detach().cpu().numpy()
+    if isinstance(token_ids, np.ndarray):
+        if token_ids.dtype in (np.int32, np.int64):
+            return token_ids.reshape(-1)
+        return token_ids.astype(np.int64).reshape(-1)
+    return compact_tokens(token_ids)
+
+
+class RadixKey:
+    """Token ids plus an optional namespace (``extra_key``); different namespaces never share a
+    tree node. ``len()`` is the number of tokens; slicing with a slice keeps the ``extra_key``.
+
+    Accepts a list/sequence of ints, a numpy array or a tensor. ``token_ids`` (list) and
+    ``array`` (int64 numpy array) are both available; whichever was not given is built on first
+    use and cached."""
+
+    __slots__ = ("_array", "_list", "extra_key")
+
+    def __init__(
+        self,
+        token_ids: Sequence[int] | TokenArray | torch.Tensor,
+        extra_key: str | None = None,
+    ) -> None:
+        self._list: list[int] | None
+        self._array: TokenArray | None
+        if isinstance(token_ids, (np.ndarray, torch.Tensor)):
+            self._array = as_token_array(token_ids)
+            self._list = None
+        else:
+            self._list = token_ids if isinstance(token_ids, list) else list(token_ids)
+            self._array = None
+        self.extra_key = extra_key
+
+    @classmethod
+    def from_array(cls, array: TokenArray, extra_key: str | None = None) -> RadixKey:
+        """Wrap a 1-D int32/int64 array without any check or copy (hot paths)."""
+        key = cls.__new__(cls)
+        key._array = array
+        key._list = None
+        key.extra_key = extra_key
+        return key
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The token ids as a Python list (built once from the array if needed)."""
+        if self._list is None:
+            assert self._array is not None
+            self._list = self._array.tolist()
+        return self._list
+
+    @property
+    def array(self) -> TokenArray:
+        """The token ids as a 1-D int32/int64 array (built once from the list if needed)."""
+        if self._array is None:
+            assert self._list is not None
+            self._array = compact_tokens(self._list)
+        return self._array
+
+    def __len__(self) -> int:
+        if self._array is not None:
+            return int(self._array.shape[0])
+        assert self._list is not None
+        return len(self._list)
+
+    @overload
+    def __getitem__(self, idx: int) -> int: ...
+
+    @overload
+    def __getitem__(self, idx: slice) -> RadixKey: ...
+
+    def __getitem__(self, idx: int | slice) -> int | RadixKey:
+        if not isinstance(idx, slice):
+            if self._list is not None:
+                return self._list[idx]
+            return int(self.array[idx])
+        if self._array is not None:
+            return RadixKey.from_array(self._array[idx], self.extra_key)
+        assert self._list is not None
+        return RadixKey(self._list[idx], self.extra_key)
+
+    def plain_child_key(self, page_size: int) -> int | tuple[int, ...]:
+        """The key's first token id (page size 1) or the tuple of its first page of ids."""
+        arr = self.array
+        if page_size == 1:
+            return int(arr[0])
+        return tuple(arr[:page_size].tolist())
+
+    def __iter__(self) -> Any:
+        return iter(self.token_ids)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RadixKey):
+            return NotImplemented
+        return self.extra_key == other.extra_key and bool(np.array_equal(self.array, other.array))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        ids = self.token_ids
+        shown = f"{ids[:8]}..." if len(ids) > 8 else f"{ids}"
+        return f"RadixKey(extra_key={self.extra_key!r}, token_ids={shown}, len={len(ids)})"
+
+
+class TreeNode:
+    """One radix-tree node. ``key``/``arr``: its tokens; ``value``: their slots (int64 tensor).
+
+    ``child_key`` is the key under which the node sits in ``parent.children`` (first token id,
+    or tuple of the first page of token ids; prefixed by the namespace under the root).
+    ``parent is None`` for the root and for a node evicted from the tree (detached)."""
+
+    __slots__ = (
+        "_value",
+        "_vnp",
+        "arr",
+        "child_key",
+        "children",
+        "creation_time",
+        "hit_count",
+        "key",
+        "last_access_time",
+        "lock_ref",
+        "node_id",
+        "parent",
+        "priority",
+    )
+
+    def __init__(
+        self,
+        node_id: int,
+        key: RadixKey,
+        value: torch.Tensor,
+        parent: TreeNode | None,
+        now: float,
+        priority: int = 0,
+    ) -> None:
+        self.node_id = node_id
+        self.key = key
+        self.arr: TokenArray = key.array
+        self._vnp: npt.NDArray[np.int64] | None = None
+        self._value = value
+        self.children: dict[Any, TreeNode] = {}
+        self.parent = parent
+        self.child_key: Any = None
+        self.lock_ref = 0
+        self.last_access_time = now
+        self.creation_time = now
+        self.hit_count = 0
+        self.priority = priority
+
+    @property
+    def value(self) -> torch.Tensor:
+        """The slots of the node's tokens (int64 tensor, one per token)."""
+        return self._value
+
+    @value.setter
+    def value(self, value: torch.Tensor) -> None:
+        self._value = value
+        self._vnp = None
+
+    @property
+    def vnp(self) -> npt.NDArray[np.int64]:
+        """A numpy view of ``value``'s memory (CPU tensors only; made on first use), so a match
+        concatenates values without torch's per-call cost."""
+        view = self._vnp
+        if view is None:
+            view = self._vnp = self._value.numpy()
+        return view
+
+    @property
+    def evicted(self) -> bool:
+        """True once the node has been removed from its tree."""
+        return self.parent is None and self.node_id != 0
+
+    def is_leaf(self) -> bool:
+        """No children."""
+        return not self.children
+
+    def __len__(self) -> int:
+        return int(self.arr.shape[0])
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.node_id}, len={len(self)}, lock_ref={self.lock_ref})"
+
+
+@dataclass
+class MatchResult:
+    """``device_indices``: the slots of the matched prefix (int64 tensor, concatenation of the
+    matched nodes' values); ``last_device_node``: the deepest matched node (the root when nothing
+    matched; ``None`` from a chunk cache, which has no tree); ``last_host_node``: the same node
+    (no host tier in kvpool)."""
+
+    device_indices: torch.Tensor
+    last_device_node: TreeNode | None
+    last_host_node: TreeNode | None
+
+
+__all__ = ["MatchResult", "RadixKey", "TokenArray", "TreeNode", "as_token_array", "compact_tokens"]

@@ -1,0 +1,175 @@
+"""``ReqToTokenPool`` (optimized twin): the request-to-token table on the device, rows on the host.
+
+Units: ``size`` rows ``1..size`` are allocatable (row 0 is reserved); each row has
+``max_context_len`` columns; ``req_to_token[row, col]`` (int32, on ``device``) is the slot id of
+token ``col`` of the request holding ``row``. The free-row stack ``free_slots`` and the
+per-row ``req_generation`` counters are plain host lists: row bookkeeping is scheduler work and
+never needs the device. Same API, results and errors as :mod:`kvpool.reference.req_to_token_pool`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvpool.constants import RESERVED_INDEX
+from kvpool.errors import (
+    ConfigError,
+    ContextOverflowError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    ReservedIndexError,
+    RowReuseError,
+)
+from kvpool.optimized.checked import resolve_checked
+from kvpool.protocols import ReqLike
+from kvpool.snapshot import ReqToTokenSnapshot
+
+
+class ReqToTokenPool:
+    """The table, the free-row stack (LIFO, like the reference) and ``req_generation`` (bumped
+    each time a row is handed out; never decreases, not even on :meth:`clear`).
+
+    ``checked`` (see :mod:`kvpool.optimized.checked`) adds the checks that scan the free stack:
+    freeing a free row (DoubleFreeError) and keeping a row that is free or named twice in a
+    batch (RowReuseError). Checks on the row and column integers are always done."""
+
+    def __init__(
+        self,
+        size: int,
+        max_context_len: int,
+        device: str | torch.device = "cpu",
+        checked: bool | None = None,
+    ) -> None:
+        if not isinstance(size, int) or size <= 0:
+            raise ConfigError(f"size must be a positive number of rows, got {size!r}")
+        if not isinstance(max_context_len, int) or max_context_len <= 0:
+            raise ConfigError(f"max_context_len must be positive, got {max_context_len!r}")
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        self.checked = resolve_checked(checked)
+        self.req_to_token = torch.zeros(
+            (size + 1, max_context_len), dtype=torch.int32, device=self.device
+        )
+        self.req_generation: list[int] = [0] * (size + 1)
+        self.free_slots: list[int] = []
+        self.clear()
+
+    # ----------------------------------------------------------------- checks
+    def _check_row(self, row: object) -> int:
+        """Row must be an int in ``1..size``: row 0 is ReservedIndexError, others out of range."""
+        if not isinstance(row, int) or isinstance(row, bool):
+            raise InvalidArgumentError(f"row must be an int, got {row!r}")
+        if row == RESERVED_INDEX:
+            raise ReservedIndexError(f"row {RESERVED_INDEX} is reserved")
+        if not 1 <= row <= self.size:
+            raise IndexOutOfRangeError(f"row {row} outside 1..{self.size}")
+        return row
+
+    def _check_columns(self, start: object, stop: object) -> tuple[int, int]:
+        """``0 <= start <= stop <= max_context_len`` (ContextOverflowError past the end)."""
+        if not isinstance(start, int) or not isinstance(stop, int):
+            raise InvalidArgumentError(f"column bounds must be explicit ints, got {start}:{stop}")
+        if start < 0 or stop < start:
+            raise InvalidArgumentError(f"need 0 <= start <= stop, got {start}:{stop}")
+        if stop > self.max_context_len:
+            raise ContextOverflowError(f"column {stop} past max_context_len={self.max_context_len}")
+        return start, stop
+
+    # ----------------------------------------------------------------- rows
+    def available_size(self) -> int:
+        """Number of free rows."""
+        return len(self.free_slots)
+
+    def alloc(self, reqs: Sequence[ReqLike]) -> list[int] | None:
+        """Every request's row, in batch order (see the reference). A request with
+        ``req_pool_idx`` set keeps it when ``is_chunked > 0`` or ``kv_committed_len > 0`` (else
+        RowReuseError); the others pop fresh rows from the stack's tail in batch order, bumping
+        each row's generation. ``None`` (no change) when fewer rows are free than needed."""
+        free_rows = set(self.free_slots) if self.checked else None
+        kept: set[int] = set()
+        fresh = 0
+        for i, req in enumerate(reqs):
+            if req.req_pool_idx is None:
+                fresh += 1
+                continue
+            row = self._check_row(req.req_pool_idx)
+            if not (req.is_chunked > 0 or req.kv_committed_len > 0):
+                raise RowReuseError(
+                    f"request {i} holds row {row} but is neither chunked nor has committed KV"
+                )
+            if free_rows is not None:
+                if row in free_rows or row in kept:
+                    raise RowReuseError(f"request {i} keeps row {row}, which is free or shared")
+                kept.add(row)
+        if fresh > len(self.free_slots):
+            return None
+        rows: list[int] = []
+        for req in reqs:
+            if req.req_pool_idx is None:
+                row = self.free_slots.pop()
+                self.req_generation[row] += 1
+                req.req_pool_idx = row
+            rows.append(req.req_pool_idx)
+        return rows
+
+    def free(self, req: ReqLike) -> None:
+        """Push the request's row on the stack's tail and clear ``req.req_pool_idx``; the table
+        contents stay. InvalidArgumentError without a row; DoubleFreeError (checked mode) for a
+        row that is already free."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError("request holds no row (req_pool_idx is None)")
+        row = self._check_row(req.req_pool_idx)
+        if self.checked and row in self.free_slots:
+            raise DoubleFreeError("row is already free", [row])
+        self.free_slots.append(row)
+        req.req_pool_idx = None
+
+    def clear(self) -> None:
+        """Every row free, stack back to ``[size, ..., 2, 1]``; generations and contents kept."""
+        self.free_slots = list(range(self.size, 0, -1))
+
+    # ----------------------------------------------------------------- table
+    def write(self, index: tuple[int, slice], values: torch.Tensor | Sequence[int]) -> None:
+        """``req_to_token[row, start:stop] = values`` (cast to int32, moved to the device);
+        ``index`` is ``(row, slice(start, stop))`` with explicit bounds (step 1). The number of
+        values must be ``stop - start`` (InvalidArgumentError); ``stop > max_context_len`` is
+        ContextOverflowError."""
+        if not (isinstance(index, tuple) and len(index) == 2 and isinstance(index[1], slice)):
+            raise InvalidArgumentError("index must be (row, slice(start, stop))")
+        row = self._check_row(index[0])
+        cols = index[1]
+        if cols.step not in (None, 1):
+            raise InvalidArgumentError(f"slice step must be 1, got {cols.step}")
+        start, stop = self._check_columns(cols.start, cols.stop)
+        new = torch.as_tensor(values, dtype=torch.int32, device=self.device)
+        if new.dim() != 1 or new.numel() != stop - start:
+            raise InvalidArgumentError(f"{new.numel()} values for {stop - start} columns")
+        self.req_to_token[row, start:stop] = new
+
+    def read(self, row: int, start: int, stop: int) -> torch.Tensor:
+        """A copy (int32, on the device) of ``req_to_token[row, start:stop]`` (checks as in
+        :meth:`write`)."""
+        self._check_row(row)
+        start, stop = self._check_columns(start, stop)
+        return self.req_to_token[row, start:stop].clone()
+
+    def snapshot(self, rows: Sequence[tuple[int, int]] = ()) -> ReqToTokenSnapshot:
+        """Plain copy of the stack and generations; ``rows`` lists ``(row, length)`` pairs whose
+        first ``length`` columns to include (one device-to-host copy per row)."""
+        contents = tuple(
+            (row, tuple(int(v) for v in self.read(row, 0, length).tolist())) for row, length in rows
+        )
+        return ReqToTokenSnapshot(
+            size=self.size,
+            max_context_len=self.max_context_len,
+            free_slots=tuple(self.free_slots),
+            req_generation=tuple(self.req_generation),
+            rows=contents,
+        )
+
+
+__all__ = ["ReqToTokenPool"]

@@ -1,0 +1,100 @@
+"""``SessionSlot`` (optimized twin): streaming-session ownership transfer between turns.
+
+Mirrors :mod:`kvpool.reference.session` exactly (see there for the rules): a finished turn's row,
+KV lengths, ``cache_protected_len`` and ``last_node`` move into the slot (the tree lock stays
+held); the next turn's first ``extend`` restores them, freeing the orphan tail
+``[ceil_align(kv_committed_len, ps), kv_allocated_len)``; closing frees
+``[cache_protected_len, kv_allocated_len)`` and returns the row through the pool's own ``free``.
+
+Units: lengths are tokens, ``req_pool_idx`` a row, the rest slots (int64 tensors here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvpool.constants import ceil_align
+from kvpool.optimized.radix_key import TreeNode
+from kvpool.optimized.req import Req
+
+
+class SessionSlot:
+    """What a session holds between turns. Satisfies ``ReqLike`` (``is_chunked`` is always 0)."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.req_pool_idx: int | None = None
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self.cache_protected_len = 0
+        self.last_node: TreeNode | None = None
+        self.tokens: list[int] = []
+        self.extra_key: str | None = None
+        self.has_namespace = False
+        self.busy_with: str | None = None
+        self.is_chunked = 0
+
+    def holds_kv(self) -> bool:
+        """True while the slot holds a finished turn's row."""
+        return self.req_pool_idx is not None
+
+    def forget(self) -> None:
+        """Drop every field about KV and history (the resources were released elsewhere)."""
+        self.req_pool_idx = None
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self.cache_protected_len = 0
+        self.last_node = None
+        self.tokens = []
+
+    def take_from(self, req: Req) -> None:
+        """A turn finished: take its row, lengths, protected length and lock; null the request."""
+        self.req_pool_idx = req.req_pool_idx
+        self.kv_committed_len = req.kv_committed_len
+        self.kv_allocated_len = req.kv_allocated_len
+        self.cache_protected_len = req.cache_protected_len
+        self.last_node = req.last_node
+        self.tokens = req.all_token_ids[: req.kv_committed_len]
+        self.extra_key = req.extra_key
+        self.has_namespace = True
+        self.busy_with = None
+        req.reset_kv_fields()
+
+    def orphan_tail_tokens(self, page_size: int) -> int:
+        """Tokens that :meth:`restore_into` frees: ``allocated - ceil_align(committed)`` (>= 0)."""
+        return max(0, self.kv_allocated_len - ceil_align(self.kv_committed_len, page_size))
+
+    def restore_into(
+        self, req: Req, req_to_token_pool: Any, allocator: Any, page_size: int
+    ) -> None:
+        """Hand the row, KV and lock to the next turn ``req``; free the orphan tail. Afterwards
+        ``req.kv_allocated_len == req.kv_committed_len``."""
+        assert self.req_pool_idx is not None
+        row = self.req_pool_idx
+        start = ceil_align(self.kv_committed_len, page_size)
+        if self.kv_allocated_len > start:
+            tail = req_to_token_pool.read(row, start, self.kv_allocated_len)
+            allocator.free(tail.to(torch.int64))
+        req.req_pool_idx = row
+        req.kv_committed_len = self.kv_committed_len
+        req.kv_allocated_len = self.kv_committed_len
+        req.cache_protected_len = self.cache_protected_len
+        req.last_node = self.last_node
+        req.prefix_indices = req_to_token_pool.read(row, 0, self.kv_committed_len).to(torch.int64)
+        self.forget()
+
+    def close(self, req_to_token_pool: Any, allocator: Any) -> None:
+        """Free ``[cache_protected_len, kv_allocated_len)`` and the row (the caller drops the
+        lock, see :meth:`MemoryManager.close_session`)."""
+        if self.req_pool_idx is None:
+            return
+        row = self.req_pool_idx
+        held = req_to_token_pool.read(row, self.cache_protected_len, self.kv_allocated_len)
+        allocator.free(held.to(torch.int64))
+        req_to_token_pool.free(self)
+        self.forget()
+
+
+__all__ = ["SessionSlot"]

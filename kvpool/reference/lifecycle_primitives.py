@@ -1,0 +1,225 @@
+"""The pools of one memory manager and the SGLang-named lifecycle primitives.
+
+:class:`LifecyclePrimitives` builds the pools from a :class:`~kvpool.config.PoolConfig` and
+offers :meth:`~LifecyclePrimitives.alloc_req_slots`, :meth:`~LifecyclePrimitives.alloc_for_extend`,
+:meth:`~LifecyclePrimitives.alloc_for_decode` and :meth:`~LifecyclePrimitives.release_kv_cache`,
+plus the capacity rule every allocation follows. ``MemoryManager`` (memory_manager.py) adds the
+request-level API on top. Units: tokens for lengths, rows, slots.
+
+Capacity rule: rows are checked before anything; tokens are needed as new tokens (page size 1) or
+``new pages * page_size``; if ``available + evictable < needed`` raise OutOfMemoryError having
+changed nothing, else evict exactly ``needed - available`` (whole nodes: may free more) and
+allocate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from kvpool.config import PoolConfig
+from kvpool.constants import NO_LAST_LOC, ceil_align
+from kvpool.errors import (
+    ContextOverflowError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    RequestStateError,
+    UnknownRequestError,
+)
+from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvpool.reference.chunk_cache import ChunkCache
+from kvpool.reference.kv_cache import MHATokenToKVPool, MLATokenToKVPool, kv_cache_from_config
+from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.reference.paged_ops import decode_new_pages, extend_new_pages
+from kvpool.reference.radix_cache import RadixCache
+from kvpool.reference.req import Req
+from kvpool.reference.req_to_token_pool import ReqToTokenPool
+from kvpool.reference.session import SessionSlot
+from kvpool.tags import kv_tags
+
+
+class LifecyclePrimitives:
+    """The pools (``req_to_token_pool``, ``token_to_kv_pool_allocator``, ``tree_cache``,
+    ``kv_cache``), the request and session tables, and the SGLang-named primitives."""
+
+    def __init__(self, config: PoolConfig, clock: Callable[[], float] | None = None) -> None:
+        self.config = config
+        ps = self.page_size = config.page_size
+        self.req_to_token_pool = ReqToTokenPool(config.req_pool_size, config.max_context_len)
+        self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = (
+            TokenToKVPoolAllocator(config.size, config.need_sort)
+            if ps == 1
+            else PagedTokenToKVPoolAllocator(config.size, ps, config.need_sort)
+        )
+        alloc = self.token_to_kv_pool_allocator
+        self.tree_cache: RadixCache | ChunkCache = (
+            ChunkCache(self.req_to_token_pool, alloc, ps, config.eviction_policy)
+            if config.disable_radix_cache
+            else RadixCache(self.req_to_token_pool, alloc, ps, False, config.eviction_policy, clock)
+        )
+        self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = kv_cache_from_config(config)
+        self.reqs: dict[str, Req] = {}
+        self.sessions: dict[str, SessionSlot] = {}
+
+    # ----------------------------------------------------------------- lookups
+    def get_req(self, rid: str, *states: str) -> Req:
+        """The request ``rid``; UnknownRequestError if unknown, RequestStateError if its state is
+        not one of ``states`` (any state when none given)."""
+        req = self.reqs.get(rid)
+        if req is None:
+            raise UnknownRequestError(f"unknown request {rid!r}")
+        if states and req.state not in states:
+            raise RequestStateError(f"request {rid!r} is {req.state}, expected {'/'.join(states)}")
+        return req
+
+    def _batch(self, rids: Sequence[str], *states: str) -> list[Req]:
+        if len(set(rids)) != len(rids):
+            raise InvalidArgumentError(f"a batch names a request twice: {list(rids)}")
+        return [self.get_req(rid, *states) for rid in rids]
+
+    def _running_full(self, rids: Sequence[str]) -> list[Req]:
+        """Running requests whose prompt is fully prefilled (decode / speculative / finish)."""
+        reqs = self._batch(rids, "running")
+        chunked = [r.rid for r in reqs if r.is_chunked]
+        if chunked:
+            raise RequestStateError(f"requests {chunked} are between prefill chunks")
+        return reqs
+
+    def _restoring_session(self, req: Req) -> SessionSlot | None:
+        """The session whose KV ``req``'s first extend restores, if any."""
+        if req.session_id is None or req.state != "waiting":
+            return None
+        session = self.sessions.get(req.session_id)
+        return session if session is not None and session.holds_kv() else None
+
+    # ----------------------------------------------------------------- capacity
+    def _tokens_needed(self, prefix_lens: Sequence[int], seq_lens: Sequence[int]) -> int:
+        """Slots to take from the allocator for columns ``[P_i, S_i)``, in tokens."""
+        if self.page_size == 1:
+            return sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
+        pages = sum(
+            extend_new_pages(p, s, self.page_size)
+            for p, s in zip(prefix_lens, seq_lens, strict=True)
+        )
+        return pages * self.page_size
+
+    def _check_capacity(self, needed: int, extra_available: int = 0) -> None:
+        """OutOfMemoryError unless ``available + extra + evictable >= needed``."""
+        available = self.token_to_kv_pool_allocator.available_size() + extra_available
+        evictable = self.tree_cache.evictable_size()
+        if available + evictable < needed:
+            raise OutOfMemoryError(
+                f"need {needed} tokens; available {available}, evictable {evictable}"
+            )
+
+    def _evict_for(self, needed: int) -> None:
+        """Check capacity, then evict exactly the shortfall (nothing changes on failure)."""
+        self._check_capacity(needed)
+        shortfall = needed - self.token_to_kv_pool_allocator.available_size()
+        if shortfall > 0:
+            self.tree_cache.evict(shortfall)
+
+    def _alloc_slots(
+        self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int]
+    ) -> list[int]:
+        """Slots for columns ``[P_i, S_i)`` of every request (batch order), evicting first;
+        OutOfMemoryError (nothing changed) when they cannot be had."""
+        self._evict_for(self._tokens_needed(prefix_lens, seq_lens))
+        alloc = self.token_to_kv_pool_allocator
+        if self.page_size == 1:
+            out = alloc.alloc(sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True)))
+        else:
+            total = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
+            out = alloc.alloc_extend(prefix_lens, prefix_lens, seq_lens, seq_lens, last_locs, total)
+        if out is None:  # unreachable after the capacity check; kept as a guard
+            raise OutOfMemoryError("allocator refused after eviction")
+        return out
+
+    def _last_loc(self, req: Req, col: int) -> int:
+        """Slot of column ``col - 1`` of the request's row (or its prefix), -1 when ``col == 0``."""
+        if col == 0:
+            return NO_LAST_LOC
+        if req.req_pool_idx is not None and col <= req.kv_allocated_len:
+            return self.req_to_token_pool.read(req.req_pool_idx, col - 1, col)[0]
+        return req.prefix_indices[col - 1]
+
+    # ----------------------------------------------------------------- primitives
+    def alloc_req_slots(self, reqs: Sequence[Req]) -> list[int]:
+        """Rows for the batch (reusing rows legally kept); OutOfMemoryError if too few are free."""
+        rows = self.req_to_token_pool.alloc(reqs)
+        if rows is None:
+            raise OutOfMemoryError(f"need rows; {self.req_to_token_pool.available_size()} free")
+        return rows
+
+    def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> list[int]:
+        """Rows, then slots for ``[len(prefix_indices), seq_len)`` of each request (evicting
+        first), then ``row[:seq] = prefix_indices + new``; ``kv_allocated_len = seq_len``.
+        Returns the new slots in batch order. OutOfMemoryError leaves everything unchanged."""
+        fresh = sum(1 for r in reqs if r.req_pool_idx is None)
+        if fresh > self.req_to_token_pool.available_size():
+            raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
+        prefix_lens = [len(r.prefix_indices) for r in reqs]
+        seqs = [int(s) for s in seq_lens]
+        last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens, strict=True)]
+        out = self._alloc_slots(prefix_lens, seqs, last_locs)
+        rows = self.alloc_req_slots(reqs)
+        pos = 0
+        for req, row, p, s in zip(reqs, rows, prefix_lens, seqs, strict=True):
+            new = out[pos : pos + s - p]
+            pos += s - p
+            self.req_to_token_pool.write((row, slice(0, p)), req.prefix_indices)
+            self.req_to_token_pool.write((row, slice(p, s)), new)
+            req.kv_allocated_len = s
+        return out
+
+    def alloc_for_decode(self, reqs: Sequence[Req]) -> list[int]:
+        """One slot per request for column ``kv_allocated_len`` (evicting first), written into
+        the row; ``kv_allocated_len += 1``. OutOfMemoryError leaves everything unchanged."""
+        cols = [r.kv_allocated_len for r in reqs]
+        over = [
+            r.rid for r, c in zip(reqs, cols, strict=True) if c + 1 > self.config.max_context_len
+        ]
+        if over:
+            raise ContextOverflowError(f"requests {over} would pass max_context_len")
+        seq_lens = [c + 1 for c in cols]
+        needed = (
+            len(reqs)
+            if self.page_size == 1
+            else decode_new_pages(seq_lens, self.page_size) * self.page_size
+        )
+        self._evict_for(needed)
+        alloc = self.token_to_kv_pool_allocator
+        if self.page_size == 1:
+            out = alloc.alloc(len(reqs))
+        else:
+            last = [self._last_loc(r, c) for r, c in zip(reqs, cols, strict=True)]
+            out = alloc.alloc_decode(seq_lens, seq_lens, last)
+        if out is None:  # unreachable after the capacity check
+            raise OutOfMemoryError("allocator refused after eviction")
+        for req, col, slot in zip(reqs, cols, out, strict=True):
+            assert req.req_pool_idx is not None
+            self.req_to_token_pool.write((req.req_pool_idx, slice(col, col + 1)), [slot])
+            req.kv_allocated_len = col + 1
+        return out
+
+    def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
+        """``cache_finished_req``; free the over-allocation ``[ceil_align(committed),
+        allocated)``; free the row; forget the request's pool fields."""
+        assert req.req_pool_idx is not None
+        row = req.req_pool_idx
+        self.tree_cache.cache_finished_req(req, is_insert)
+        start = ceil_align(req.kv_committed_len, self.page_size)
+        if req.kv_allocated_len > start:
+            over = self.req_to_token_pool.read(row, start, req.kv_allocated_len)
+            self.token_to_kv_pool_allocator.free(over)
+        self.req_to_token_pool.free(req)
+        req.reset_kv_fields()
+
+    def write_kv(self, req: Req, start: int, stop: int) -> None:
+        """Compute (write the tags of) tokens ``[start, stop)`` of ``req`` into their slots."""
+        assert req.req_pool_idx is not None
+        slots = self.req_to_token_pool.read(req.req_pool_idx, start, stop)
+        tags = kv_tags(req.all_token_ids[:stop], req.extra_key)[start:stop]
+        self.kv_cache.write_tags(slots, tags)
+
+
+__all__ = ["LifecyclePrimitives"]

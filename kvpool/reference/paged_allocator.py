@@ -1,0 +1,47 @@
+"""``PagedTokenToKVPoolAllocator``: the slot allocator for page sizes > 1 (any power of two).
+
+Units: ``size`` tokens in ``num_pages = size // page_size`` pages with ids ``1..num_pages``;
+page ``p`` owns slots ``[p * page_size, (p + 1) * page_size)``. Allocation takes whole pages from
+the head of ``free_pages``; ``free`` returns whole pages to the HEAD (LIFO by page), so the page
+freed last is reused first. ``alloc_extend`` / ``alloc_decode`` come from the shared base.
+"""
+
+from __future__ import annotations
+
+from kvpool.errors import AlignmentError
+from kvpool.reference.allocator import BaseTokenToKVPoolAllocator
+
+
+class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """Paged allocator. Freeing any slot of a page frees the whole page; slots of one page named
+    several times in one call (or one free group) free it once. Raises PageSizeError for a page
+    size that is not a power of two and ConfigError for a size that is not a positive multiple.
+    """
+
+    _dedup_pages = True
+
+    def __init__(self, size: int, page_size: int, need_sort: bool = False) -> None:
+        super().__init__(size, page_size, need_sort)
+
+    def alloc(self, need_size: int) -> list[int] | None:
+        """``need_size // page_size`` whole pages as slots, or ``None`` (no change). Raises
+        AlignmentError when ``need_size`` is not a multiple of ``page_size`` (stricter than
+        SGLang, which silently under-allocates)."""
+        self._check_need_size(need_size)
+        if need_size % self.page_size:
+            raise AlignmentError(
+                f"paged alloc needs a multiple of page_size={self.page_size} tokens, "
+                f"got {need_size}"
+            )
+        return super().alloc(need_size)
+
+    def _return_pages(self, pages: list[int]) -> None:
+        # The freed pages, sorted and unique, go in front (or behind release_pages under need_sort).
+        ordered = sorted(pages)
+        if self.need_sort:
+            self._set_free_lists(self.free_pages, self.release_pages + ordered)
+        else:
+            self._set_free_lists(ordered + self.free_pages, self.release_pages)
+
+
+__all__ = ["PagedTokenToKVPoolAllocator"]

@@ -1,0 +1,125 @@
+"""Radix-tree vocabulary: ``RadixKey`` (token ids in a namespace), ``TreeNode`` and ``MatchResult``.
+
+Units: a key's length and every index into it are tokens; a node's ``value`` lists one token slot
+per key token. Page alignment is the cache's job, not the key's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import overload
+
+ChildKey = int | tuple[int, ...] | tuple[str | None, int | tuple[int, ...]]
+"""A ``children`` dict key: the first token id (page size 1) or the tuple of the first page of
+token ids (page size > 1); at the root the pair ``(extra_key, that key)`` so that namespaces never
+share a node."""
+
+
+class RadixKey:
+    """Token ids plus an ``extra_key`` namespace (``None`` is a namespace of its own).
+
+    ``len(key)`` counts tokens; ``key[i]`` is a token id; ``key[a:b]`` is a RadixKey with the same
+    ``extra_key``. Two keys compare equal when ids and namespace both do."""
+
+    __slots__ = ("extra_key", "token_ids")
+
+    def __init__(self, token_ids: Sequence[int], extra_key: str | None = None) -> None:
+        self.token_ids: list[int] = [int(t) for t in token_ids]
+        self.extra_key = extra_key
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> RadixKey: ...
+
+    def __getitem__(self, index: int | slice) -> int | RadixKey:
+        if isinstance(index, slice):
+            return RadixKey(self.token_ids[index], self.extra_key)
+        return self.token_ids[index]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RadixKey):
+            return NotImplemented
+        return self.token_ids == other.token_ids and self.extra_key == other.extra_key
+
+    __hash__ = None  # type: ignore[assignment]  # mutable list inside: not hashable
+
+    def __repr__(self) -> str:
+        return f"RadixKey({self.token_ids!r}, extra_key={self.extra_key!r})"
+
+    def plain_child_key(self, page_size: int) -> int | tuple[int, ...]:
+        """The key's first token id (page size 1) or the tuple of its first page of ids."""
+        if page_size == 1:
+            return self.token_ids[0]
+        return tuple(self.token_ids[:page_size])
+
+
+class TreeNode:
+    """One radix-tree node: ``key`` tokens cached at ``value`` slots (``len(value) == len(key)``).
+
+    ``node_id`` comes from the owning cache's counter (root 0). ``children`` keeps insertion order
+    (see :data:`ChildKey`). ``lock_ref`` counts the requests/sessions whose locked path runs through
+    the node; times are the cache clock's values (``creation_time`` of the operation that created
+    the node, ``last_access_time`` of the last operation that touched it)."""
+
+    __slots__ = (
+        "children",
+        "creation_time",
+        "hit_count",
+        "key",
+        "last_access_time",
+        "lock_ref",
+        "node_id",
+        "parent",
+        "priority",
+        "value",
+    )
+
+    def __init__(
+        self,
+        node_id: int,
+        key: RadixKey,
+        value: list[int],
+        parent: TreeNode | None,
+        now: float,
+        priority: int = 0,
+    ) -> None:
+        self.node_id = node_id
+        self.key = key
+        self.value = value
+        self.parent = parent
+        self.children: dict[ChildKey, TreeNode] = {}
+        self.lock_ref = 0
+        self.last_access_time = now
+        self.creation_time = now
+        self.hit_count = 0
+        self.priority = priority
+
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def __repr__(self) -> str:
+        return (
+            f"TreeNode(id={self.node_id}, len={len(self.key)}, lock_ref={self.lock_ref}, "
+            f"children={[c.node_id for c in self.children.values()]})"
+        )
+
+
+@dataclass
+class MatchResult:
+    """What ``match_prefix`` returns. ``device_indices``: the matched slots (one per matched
+    token, concatenated node values along the path). ``last_device_node``: the deepest matched
+    node (the root when nothing matched; ``None`` from a chunk cache, which has no tree).
+    ``last_host_node`` equals ``last_device_node`` (no host tier in kvpool)."""
+
+    device_indices: list[int]
+    last_device_node: TreeNode | None
+    last_host_node: TreeNode | None
+
+
+__all__ = ["ChildKey", "MatchResult", "RadixKey", "TreeNode"]

@@ -1,0 +1,100 @@
+"""Speculative decoding in the lifecycle: EAGLE v2 over-allocation and EAGLE v1 draft borrowing.
+
+Units: tokens for lengths, slots for results.
+
+- v2 (:func:`spec_step`): before a step every request's allocation grows to
+  ``ceil_align(kv_committed_len + 2 * reserve, page_size)`` (never shrinking); the accepted tokens
+  (at most ``2 * reserve``) are appended and their KV computed in the pre-allocated slots; the
+  slots ahead stay allocated across steps and are freed only on release
+  (``[ceil_align(committed), allocated)``, see ``MemoryManager.release_kv_cache``).
+- v1 (:func:`spec_draft_v1`): evict the shortfall, ``backup_state``, allocate the draft slots for
+  columns ``[allocated, allocated + num_draft)`` (``alloc_extend`` from ``last_loc`` when paged),
+  write the draft tags, ``restore_state``: the slots stay officially free, and the row is not
+  written. Draft tag of column ``c``: ``kv_tags(tokens[:committed] + [0] * (c + 1 - committed))``
+  at ``c`` (token 0 stands for the unknown draft tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvpool.constants import ceil_align
+from kvpool.errors import ContextOverflowError, InvalidArgumentError
+from kvpool.tags import kv_tags
+
+if TYPE_CHECKING:
+    from kvpool.reference.memory_manager import MemoryManager
+
+
+def spec_step(
+    mm: MemoryManager, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
+) -> list[int]:
+    """Grow each allocation to ``ceil_align(committed + 2 * reserve)``, then commit
+    ``accepted[i]``. Returns the newly allocated slots (batch order). OutOfMemoryError /
+    ContextOverflowError / InvalidArgumentError leave everything unchanged."""
+    reqs = mm._running_full(rids)
+    if reserve < 0:
+        raise InvalidArgumentError(f"reserve must be >= 0, got {reserve}")
+    if len(accepted) != len(reqs):
+        raise InvalidArgumentError(f"{len(accepted)} accepted lists for {len(reqs)} requests")
+    too_many = [r.rid for r, acc in zip(reqs, accepted, strict=True) if len(acc) > 2 * reserve]
+    if too_many:
+        raise InvalidArgumentError(f"requests {too_many} accept more than 2 * reserve tokens")
+    targets = [
+        max(r.kv_allocated_len, ceil_align(r.kv_committed_len + 2 * reserve, mm.page_size))
+        for r in reqs
+    ]
+    over = [r.rid for r, t in zip(reqs, targets, strict=True) if t > mm.config.max_context_len]
+    if over:
+        raise ContextOverflowError(f"requests {over} would allocate past max_context_len")
+    grow = [(r, t) for r, t in zip(reqs, targets, strict=True) if t > r.kv_allocated_len]
+    starts = [r.kv_allocated_len for r, _ in grow]
+    ends = [t for _, t in grow]
+    last = [mm._last_loc(r, s) for (r, _), s in zip(grow, starts, strict=True)]
+    out = mm._alloc_slots(starts, ends, last) if grow else []
+    pos = 0
+    for (req, end), start in zip(grow, starts, strict=True):
+        assert req.req_pool_idx is not None
+        mm.req_to_token_pool.write(
+            (req.req_pool_idx, slice(start, end)), out[pos : pos + end - start]
+        )
+        pos += end - start
+        req.kv_allocated_len = end
+    for req, acc in zip(reqs, accepted, strict=True):
+        if not acc:
+            continue
+        start = req.kv_committed_len
+        req.output_ids.extend(int(t) for t in acc)
+        mm.write_kv(req, start, start + len(acc))
+        req.kv_committed_len = start + len(acc)
+    return out
+
+
+def spec_draft_v1(mm: MemoryManager, rids: Sequence[str], num_draft: int) -> list[int]:
+    """Borrow ``num_draft`` slots per request (see the module docstring); returns them in batch
+    order. Only the eviction of the shortfall (if any) changes the pools."""
+    reqs = mm._running_full(rids)
+    if num_draft < 0:
+        raise InvalidArgumentError(f"num_draft must be >= 0, got {num_draft}")
+    if num_draft == 0 or not reqs:
+        return []
+    starts = [r.kv_allocated_len for r in reqs]
+    ends = [s + num_draft for s in starts]
+    last = [mm._last_loc(r, s) for r, s in zip(reqs, starts, strict=True)]
+    mm._evict_for(mm._tokens_needed(starts, ends))
+    alloc = mm.token_to_kv_pool_allocator
+    state = alloc.backup_state()
+    out = mm._alloc_slots(starts, ends, last)
+    pos = 0
+    for req, start, end in zip(reqs, starts, ends, strict=True):
+        committed = req.kv_committed_len
+        padded = req.all_token_ids[:committed] + [0] * (end - committed)
+        tags = kv_tags(padded, req.extra_key)[start:end]
+        mm.kv_cache.write_tags(out[pos : pos + num_draft], tags)
+        pos += num_draft
+    alloc.restore_state(state)
+    return out
+
+
+__all__ = ["spec_draft_v1", "spec_step"]

@@ -1,0 +1,100 @@
+"""Read-only views of a radix tree: the plain snapshot and a readable text dump.
+
+Node order everywhere is breadth-first from the root, children in their insertion order, so both
+twins (and two runs of one twin) list nodes identically.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from kvpool.reference.radix_key import TreeNode
+from kvpool.snapshot import NodeSnapshot, TreeSnapshot
+
+if TYPE_CHECKING:
+    from kvpool.reference.radix_cache import RadixCache
+
+_PREVIEW = 8
+"""Tokens/slots shown per node by :func:`pretty_print_tree` before eliding."""
+
+
+def bfs_nodes(root: TreeNode) -> list[TreeNode]:
+    """Every node, root first, breadth-first by child insertion order."""
+    out: list[TreeNode] = []
+    queue = deque([root])
+    while queue:
+        node = queue.popleft()
+        out.append(node)
+        queue.extend(node.children.values())
+    return out
+
+
+def _plain_key(node: TreeNode, page_size: int) -> tuple[int, ...]:
+    """A child's key as the snapshot records it: its first page of tokens, as a tuple."""
+    return tuple(node.key.token_ids[:page_size])
+
+
+def snapshot_tree(cache: RadixCache) -> TreeSnapshot:
+    """:class:`~kvpool.snapshot.TreeSnapshot` of ``cache``; a disabled cache lists no nodes."""
+    nodes: list[NodeSnapshot] = []
+    if not cache.disable:
+        for node in bfs_nodes(cache.root_node):
+            children = list(node.children.values())
+            nodes.append(
+                NodeSnapshot(
+                    node_id=node.node_id,
+                    parent_id=None if node.parent is None else node.parent.node_id,
+                    key=tuple(node.key.token_ids),
+                    extra_key=node.key.extra_key,
+                    value=tuple(node.value),
+                    lock_ref=node.lock_ref,
+                    child_ids=tuple(c.node_id for c in children),
+                    child_keys=tuple(_plain_key(c, cache.page_size) for c in children),
+                    last_access_time=float(node.last_access_time),
+                    hit_count=node.hit_count,
+                    priority=node.priority,
+                )
+            )
+    return TreeSnapshot(
+        page_size=cache.page_size,
+        disabled=cache.disable,
+        eviction_policy=cache.eviction_policy,
+        evictable_size=cache.evictable_size_,
+        protected_size=cache.protected_size_,
+        nodes=tuple(nodes),
+    )
+
+
+def _preview(items: list[int]) -> str:
+    shown = ",".join(str(x) for x in items[:_PREVIEW])
+    return f"[{shown}{',...' if len(items) > _PREVIEW else ''}]({len(items)})"
+
+
+def pretty_print_tree(cache: RadixCache) -> str:
+    """One line per node, indented by depth: id, extra_key, key and value previews, lock_ref,
+    last access time, hits; then a line with the sizes."""
+    lines: list[str] = []
+
+    def walk(node: TreeNode, depth: int) -> None:
+        ns = f" ns={node.key.extra_key!r}" if node.key.extra_key is not None else ""
+        lines.append(
+            f"{'  ' * depth}#{node.node_id}{ns} key={_preview(node.key.token_ids)} "
+            f"value={_preview(node.value)} lock={node.lock_ref} "
+            f"t={node.last_access_time:g} hits={node.hit_count}"
+        )
+        for child in node.children.values():
+            walk(child, depth + 1)
+
+    if cache.disable:
+        lines.append("(radix cache disabled)")
+    else:
+        walk(cache.root_node, 0)
+    lines.append(
+        f"evictable={cache.evictable_size_} protected={cache.protected_size_} "
+        f"total={cache.total_size()} policy={cache.eviction_policy} page_size={cache.page_size}"
+    )
+    return "\n".join(lines)
+
+
+__all__ = ["bfs_nodes", "pretty_print_tree", "snapshot_tree"]

@@ -1,0 +1,234 @@
+"""Trace replay: a real workload through both implementations in lockstep (``kvpool replay``).
+
+The driver is a small FCFS scheduler over :class:`kvpool.protocols.MemoryManagerProtocol`:
+requests arrive in trace order; while fewer than ``concurrency`` run, the next one is admitted
+(``new_req``, ``match_prefix``, then ``extend``, in chunks of ``chunk_size`` tokens if set);
+every running request then decodes one token per step until it has produced
+``min(output_length, max_output)`` tokens, and finished requests leave in one batch (inserted
+into the radix tree). An admission or decode that runs out of memory aborts the youngest request
+and sends it back to the head of the queue; a request that cannot fit even in an idle pool is
+rejected. Every call runs through :class:`kvpool.testing.lockstep.Lockstep`, so the two
+implementations are compared at every step and every invariant is checked (every
+``check_every`` steps when asked, for long prompts).
+
+Prompts come from :mod:`kvpool.traces` (block ids turned into tokens). ``block_tokens`` below
+512 keeps the first ``block_tokens`` tokens of every 512-token block: the same sharing structure
+at a smaller scale, for quick runs on small pools.
+
+Reported (for implementation A): prefix-cache hit ratio (matched prompt tokens / prompt tokens,
+over admissions), tokens evicted from the tree, peak pages in use (held by requests or cached).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kvpool.config import PoolConfig
+from kvpool.constants import ceil_align
+from kvpool.errors import OutOfMemoryError
+from kvpool.testing.lockstep import Factory, Lockstep
+from kvpool.testing.swarm import Op
+from kvpool.traces import BLOCK_SIZE, TraceRecord, blocks_token_array
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """Pool and scheduler knobs (tokens, pages, rows)."""
+
+    pool_tokens: int = 65536
+    page_size: int = 16
+    policy: str = "lru"
+    concurrency: int = 4
+    max_output: int = 4
+    block_tokens: int = BLOCK_SIZE
+    chunk_size: int = 0
+    check_every: int = 1
+
+    def pool_config(self, max_prompt: int) -> PoolConfig:
+        """A pool of ``pool_tokens`` (rounded down to whole pages) and enough rows/columns."""
+        size = max(self.pool_tokens // self.page_size, 1) * self.page_size
+        return PoolConfig(
+            size=size,
+            page_size=self.page_size,
+            req_pool_size=self.concurrency + 1,
+            max_context_len=max_prompt + self.max_output + 1,
+            eviction_policy=self.policy,
+            num_layers=1,
+        )
+
+
+@dataclass
+class ReplayStats:
+    """What one replay measured (token counts are tokens, ``peak_pages`` pages)."""
+
+    policy: str
+    pool_tokens: int
+    page_size: int
+    requests: int
+    finished: int = 0
+    rejected: int = 0
+    requeued: int = 0
+    prompt_tokens: int = 0
+    matched_tokens: int = 0
+    evicted_tokens: int = 0
+    peak_pages: int = 0
+    steps: int = 0
+    invariant_checks: int = 0
+    seconds: float = 0.0
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.matched_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["hit_ratio"] = round(self.hit_ratio, 6)
+        return out
+
+
+def scaled_prompt(record: TraceRecord, block_tokens: int) -> list[int]:
+    """The record's prompt with every block cut to its first ``block_tokens`` tokens (all of
+    them when ``block_tokens >= 512``); equal block ids still give equal tokens."""
+    full = blocks_token_array(record.hash_ids)
+    if block_tokens >= BLOCK_SIZE:
+        tokens: list[int] = full[: record.input_length].tolist()
+        return tokens
+    keep = max(-(-record.input_length * block_tokens // BLOCK_SIZE), 1)
+    cut: list[int] = full.reshape(-1, BLOCK_SIZE)[:, :block_tokens].reshape(-1)[:keep].tolist()
+    return cut
+
+
+class _Driver:
+    """One replay: the queue, the running set and the counters."""
+
+    def __init__(self, pair: Lockstep, stats: ReplayStats, settings: ReplaySettings) -> None:
+        self.pair, self.stats, self.settings = pair, stats, settings
+        self.running: dict[str, int] = {}  # rid -> output tokens still to produce
+        self.hold = False  # after a request was sent back: admit nothing until one finishes
+        alloc = pair.a.token_to_kv_pool_allocator
+        self.pages = alloc.size // alloc.page_size
+        tree = pair.a.tree_cache
+        evict = tree.evict
+
+        def counting_evict(num_tokens: int) -> int:
+            freed: int = evict(num_tokens)
+            stats.evicted_tokens += freed
+            return freed
+
+        tree.evict = counting_evict  # measurement only: A's own eviction, counted
+
+    def call(self, op: Op) -> Any:
+        result = self.pair.run(op)
+        self.stats.steps += 1
+        alloc = self.pair.a.token_to_kv_pool_allocator
+        in_use = self.pages - alloc.available_size() // alloc.page_size
+        self.stats.peak_pages = max(self.stats.peak_pages, in_use)
+        return result
+
+    def room_for(self, tokens: int, outputs: int) -> bool:
+        """Admission control: free + evictable tokens cover this request (whole pages) and the
+        outputs still to come of every running one (a page each, at worst), so decodes do not
+        run out of memory and send requests back in a loop."""
+        ps = self.settings.page_size
+        tree = self.pair.a.tree_cache
+        have: int = self.pair.a.token_to_kv_pool_allocator.available_size()
+        have += tree.evictable_size()
+        need = ceil_align(tokens + outputs, ps)
+        need += sum(ceil_align(left, ps) + ps for left in self.running.values())
+        return have >= need
+
+    def admit(self, rid: str, tokens: list[int], outputs: int) -> bool | None:
+        """True: running; False: out of memory (aborted, retry later); None: never fits."""
+        self.call(Op("new_req", (rid, tokens)))
+        matched = self.call(Op("match_prefix", (rid,)))
+        chunk = self.settings.chunk_size or None
+        done = int(matched)
+        while True:
+            out = self.call(Op("extend", ([rid],), (("chunk_sizes", [chunk]),)))
+            if isinstance(out, OutOfMemoryError):
+                self.call(Op("abort", (rid,)))
+                return None if not self.running else False
+            done += len(out)
+            if done >= len(tokens):
+                break
+        self.stats.prompt_tokens += len(tokens)
+        self.stats.matched_tokens += int(matched)
+        self.running[rid] = outputs
+        return True
+
+    def decode_all(self, step: int) -> None:
+        rids = list(self.running)
+        out = self.call(Op("decode", (rids, [(step * 7 + i) % 997 + 1 for i in range(len(rids))])))
+        if isinstance(out, OutOfMemoryError):
+            victim = rids[-1]  # the youngest goes back to the queue
+            self.call(Op("abort", (victim,)))
+            del self.running[victim]
+            raise _Requeue(victim)
+        for rid in rids:
+            self.running[rid] -= 1
+        done = [rid for rid in rids if self.running[rid] <= 0]
+        if done:
+            self.call(Op("finish", (done,), (("is_insert", True),)))
+            for rid in done:
+                del self.running[rid]
+            self.stats.finished += len(done)
+            self.hold = False
+
+
+class _Requeue(Exception):
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+
+
+def replay_trace(
+    records: list[TraceRecord],
+    settings: ReplaySettings,
+    factory_a: Factory,
+    factory_b: Factory,
+    labels: tuple[str, str] = ("reference", "optimized"),
+) -> ReplayStats:
+    """Replay ``records`` (in order) on A and B in lockstep; the statistics of A (equal to B's:
+    any difference raises :class:`~kvpool.testing.lockstep.LockstepFailure`)."""
+    start = time.monotonic()
+    prompts = [scaled_prompt(r, settings.block_tokens) for r in records]
+    outputs = [max(min(r.output_length, settings.max_output), 1) for r in records]
+    longest = max((len(p) for p in prompts), default=1)
+    pair = Lockstep(factory_a, factory_b, settings.pool_config(longest), labels,
+                    settings.check_every)  # fmt: skip
+    stats = ReplayStats(settings.policy, pair.config.size, settings.page_size, len(records))
+    driver = _Driver(pair, stats, settings)
+    queue: deque[tuple[str, int]] = deque((f"q{i}", i) for i in range(len(records)))
+    attempts: dict[int, int] = {}
+    step = 0
+    while queue or driver.running:
+        while queue and len(driver.running) < settings.concurrency and not driver.hold:
+            rid, i = queue[0]
+            if ceil_align(len(prompts[i]) + outputs[i], settings.page_size) > pair.config.size:
+                queue.popleft()
+                stats.rejected += 1
+                continue
+            if driver.running and not driver.room_for(len(prompts[i]), outputs[i]):
+                break
+            admitted = driver.admit(rid, prompts[i], outputs[i])
+            if admitted is False:
+                break
+            queue.popleft()
+            if admitted is None:
+                stats.rejected += 1
+        if not driver.running:
+            continue
+        step += 1
+        try:
+            driver.decode_all(step)
+        except _Requeue as back:
+            i = int(back.rid[1:].split(".")[0])
+            attempts[i] = attempts.get(i, 0) + 1
+            queue.appendleft((f"q{i}.{attempts[i]}", i))
+            stats.requeued += 1
+            driver.hold = bool(driver.running)
+    stats.invariant_checks = pair.checks
+    stats.seconds = time.monotonic() - start
+    return stats

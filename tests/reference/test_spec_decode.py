@@ -1,0 +1,68 @@
+"""Speculative decoding in the reference lifecycle: EAGLE v2 over-allocation, v1 borrowing."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.config import PoolConfig
+from kvpool.errors import ContextOverflowError, InvalidArgumentError, OutOfMemoryError
+from kvpool.invariants import check_all
+from kvpool.reference.memory_manager import MemoryManager
+from kvpool.tags import kv_tags
+
+
+def running(ps: int, size: int = 64, tokens: tuple[int, ...] = (1, 2, 3)) -> MemoryManager:
+    mm = MemoryManager(PoolConfig(size=size, page_size=ps, req_pool_size=2, max_context_len=32))
+    mm.new_req("a", list(tokens))
+    mm.extend(["a"])
+    return mm
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_v2_allocation_runs_ahead_and_is_freed_on_release(ps: int) -> None:
+    mm = running(ps)
+    req = mm.reqs["a"]
+    new = mm.spec_step(["a"], [[4, 5]], reserve=2)
+    target = -(-(3 + 4) // ps) * ps
+    assert req.kv_allocated_len == target and req.kv_committed_len == 5
+    assert len(new) == target - 3  # columns [3, target); paged: col 3 finishes page 1
+    check_all(mm.snapshot())
+    assert mm.spec_step(["a"], [[]], reserve=1) == []  # never shrinks, nothing new
+    free = mm.token_to_kv_pool_allocator.available_size()
+    slot = mm.decode(["a"], [6])  # covered by the over-allocation
+    assert mm.token_to_kv_pool_allocator.available_size() == free
+    assert req.kv_committed_len == 6 and len(slot) == 1
+    snap = mm.snapshot()
+    check_all(snap)
+    assert snap.reqs[0].kv_tags == tuple(kv_tags([1, 2, 3, 4, 5, 6]))
+    mm.finish(["a"])
+    snap = mm.snapshot()
+    check_all(snap)
+    assert snap.allocator.available_size() + snap.tree.evictable_size == 64
+    assert snap.tree.evictable_size == 6 // ps * ps
+
+
+def test_v2_rejects_bad_arguments_and_oom_changes_nothing() -> None:
+    mm = running(1, size=8)
+    with pytest.raises(InvalidArgumentError):
+        mm.spec_step(["a"], [[1, 2, 3]], reserve=1)
+    with pytest.raises(ContextOverflowError):
+        mm.spec_step(["a"], [[]], reserve=20)
+    before = mm.snapshot()
+    with pytest.raises(OutOfMemoryError):
+        mm.spec_step(["a"], [[]], reserve=3)  # needs 6 slots, 5 free
+    assert mm.snapshot() == before
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_v1_borrows_slots_that_stay_free(ps: int) -> None:
+    mm = running(ps)
+    before = mm.token_to_kv_pool_allocator.snapshot()
+    draft = mm.spec_draft_v1(["a"], 3)
+    assert len(draft) == 3
+    assert mm.token_to_kv_pool_allocator.snapshot() == before
+    expected = kv_tags([1, 2, 3, 0, 0, 0])[3:]
+    assert mm.kv_cache.read_tags(draft) == expected
+    check_all(mm.snapshot())
+    if ps == 4:
+        assert draft[0] == mm.req_to_token_pool.read(1, 2, 3)[0] + 1  # finishes its page
