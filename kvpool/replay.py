@@ -15,8 +15,10 @@ Prompts come from :mod:`kvpool.traces` (block ids turned into tokens). ``block_t
 512 keeps the first ``block_tokens`` tokens of every 512-token block: the same sharing structure
 at a smaller scale, for quick runs on small pools.
 
-Reported (for implementation A): prefix-cache hit ratio (matched prompt tokens / prompt tokens,
-over admissions), tokens evicted from the tree, peak pages in use (held by requests or cached).
+Reported (for implementation A): prefix-cache hit ratio (prompt tokens found in the cache when
+each request was admitted, over ALL prompt tokens of the replayed requests: a request the pool
+cannot hold counts as a miss), tokens evicted from the tree, peak pages in use (held by requests
+or cached).
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class _Driver:
         self.pair, self.stats, self.settings = pair, stats, settings
         self.running: dict[str, int] = {}  # rid -> output tokens still to produce
         self.hold = False  # after a request was sent back: admit nothing until one finishes
+        self.matched: dict[int, int] = {}  # request index -> prompt tokens found cached
         alloc = pair.a.token_to_kv_pool_allocator
         self.pages = alloc.size // alloc.page_size
         tree = pair.a.tree_cache
@@ -140,7 +143,7 @@ class _Driver:
         need += sum(ceil_align(left, ps) + ps for left in self.running.values())
         return have >= need
 
-    def admit(self, rid: str, tokens: list[int], outputs: int) -> bool | None:
+    def admit(self, rid: str, index: int, tokens: list[int], outputs: int) -> bool | None:
         """True: running; False: out of memory (aborted, retry later); None: never fits."""
         self.call(Op("new_req", (rid, tokens)))
         matched = self.call(Op("match_prefix", (rid,)))
@@ -154,8 +157,7 @@ class _Driver:
             done += len(out)
             if done >= len(tokens):
                 break
-        self.stats.prompt_tokens += len(tokens)
-        self.stats.matched_tokens += int(matched)
+        self.matched[index] = int(matched)  # a re-admission replaces the earlier match
         self.running[rid] = outputs
         return True
 
@@ -212,7 +214,7 @@ def replay_trace(
                 continue
             if driver.running and not driver.room_for(len(prompts[i]), outputs[i]):
                 break
-            admitted = driver.admit(rid, prompts[i], outputs[i])
+            admitted = driver.admit(rid, i, prompts[i], outputs[i])
             if admitted is False:
                 break
             queue.popleft()
@@ -229,6 +231,8 @@ def replay_trace(
             queue.appendleft((f"q{i}.{attempts[i]}", i))
             stats.requeued += 1
             driver.hold = bool(driver.running)
+    stats.prompt_tokens = sum(len(p) for p in prompts)
+    stats.matched_tokens = sum(driver.matched.values())
     stats.invariant_checks = pair.checks
     stats.seconds = time.monotonic() - start
     return stats

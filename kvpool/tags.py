@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Final
 
 TAG_MODULUS: Final[int] = 16_777_213  # largest prime below 2**24
-_MULTIPLIER: Final[int] = 1_000_003
+TAG_MULTIPLIER: Final[int] = 1_000_003
 
 
 def namespace_seed(extra_key: str | None) -> int:
@@ -29,6 +29,6 @@ def kv_tags(token_ids: Sequence[int], extra_key: str | None = None) -> list[int]
     h = namespace_seed(extra_key)
     out: list[int] = []
     for t in token_ids:
-        h = (h * _MULTIPLIER + int(t) + 1) % TAG_MODULUS
+        h = (h * TAG_MULTIPLIER + int(t) + 1) % TAG_MODULUS
         out.append(h + 1)
     return out

@@ -1,20 +1,24 @@
 """``kvpool verify``: the lockstep campaign, kvpool's main job.
 
-Runs the reference against the optimized twin (or, with ``--impl MODULE:FACTORY``, against any
-factory ``(PoolConfig) -> MemoryManagerProtocol``) across the configuration swarm for
-``--seconds`` seconds, every invariant checked after every step, with a progress bar. Prints a
-summary (configurations, steps, invariant checks, failures, steps per second) and writes it as
-JSON with ``--report``. On a failure it prints the shrunk trace report and exits 1.
+Phase 1 (half a second): the reference pools' seeded self-check
+(:mod:`kvpool.testing.selfcheck`: table and allocators against a simple model, every page size).
+Phase 2 (``--seconds``): the lockstep campaign, the reference against the optimized twin (or,
+with ``--impl MODULE:FACTORY``, against any factory ``(PoolConfig) -> MemoryManagerProtocol``)
+across the configuration swarm, every invariant checked after every step, with a progress bar.
+Prints a summary (configurations, steps, invariant checks, failures, steps per second) and
+writes it as JSON with ``--report``. On a failure it prints the shrunk trace report and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from kvpool.testing import selfcheck
 from kvpool.testing.campaign import (
     CampaignResult,
     load_factory,
@@ -55,8 +59,20 @@ def summary_lines(result: CampaignResult, candidate: str) -> list[str]:
     ]
 
 
+SELF_CHECK_SECONDS = 0.5
+"""Budget of phase 1 (it always runs every page size once, with and without ``need_sort``
+as time allows)."""
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the campaign; exit code 0 when nothing failed, 1 on a failure."""
+    """Run both phases; exit code 0 when nothing failed, 1 on a failure."""
+    try:
+        pools = selfcheck.run_campaign(SELF_CHECK_SECONDS, args.seed)
+    except selfcheck.SelfCheckFailure as exc:
+        print(f"kvpool verify: reference self-check failed: {exc}")
+        return 1
+    print(f"reference self-check: {pools.configurations} configurations, {pools.steps} steps, "
+          f"{pools.invariant_checks} invariant checks, 0 failures")  # fmt: skip
     if args.impl:
         candidate, factory_b = args.impl, load_factory(args.impl)
     else:
@@ -97,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report is not None:
         payload = result.to_json()
         payload["candidate"] = candidate
+        payload["self_check"] = dataclasses.asdict(pools)
         args.report.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"report written to {args.report}")
     return 1 if result.failures else 0

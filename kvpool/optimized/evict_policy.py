@@ -1,71 +1,16 @@
-"""Eviction priority by policy name: the smallest key is evicted first (as in the reference).
+"""Eviction priority by policy name (optimized twin): the reference's key functions, shared.
 
-Every key ends with ``node_id`` so that ties are broken by node id ascending and the order is
-total; the optimized cache keeps these keys in a persistent heap, so both twins evict in exactly
-the same order. Times come from the cache's clock.
+The keys are pure functions of a node's plain attributes, so both twins use the very same code
+and evict in exactly the same order; the optimized cache keeps these keys in a persistent heap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from kvpool.reference.evict_policy import (
+    POLICY_KEYS,
+    EvictableNode,
+    PriorityKey,
+    get_priority_fn,
+)
 
-from kvpool.constants import EVICTION_POLICIES
-from kvpool.errors import ConfigError
-
-PriorityKey = tuple[float, ...]
-"""A sortable eviction key; smaller is evicted first."""
-
-
-def lru_key(node: Any) -> PriorityKey:
-    """Least recently used first."""
-    return (node.last_access_time, node.node_id)
-
-
-def lfu_key(node: Any) -> PriorityKey:
-    """Fewest hits first, then least recently used."""
-    return (node.hit_count, node.last_access_time, node.node_id)
-
-
-def fifo_key(node: Any) -> PriorityKey:
-    """Oldest created first."""
-    return (node.creation_time, node.node_id)
-
-
-def mru_key(node: Any) -> PriorityKey:
-    """Most recently used first."""
-    return (-node.last_access_time, node.node_id)
-
-
-def filo_key(node: Any) -> PriorityKey:
-    """Newest created first."""
-    return (-node.creation_time, node.node_id)
-
-
-def priority_key(node: Any) -> PriorityKey:
-    """Lowest request priority first, then least recently used."""
-    return (node.priority, node.last_access_time, node.node_id)
-
-
-POLICY_KEYS: dict[str, Callable[[Any], PriorityKey]] = {
-    "lru": lru_key,
-    "lfu": lfu_key,
-    "fifo": fifo_key,
-    "mru": mru_key,
-    "filo": filo_key,
-    "priority": priority_key,
-}
-assert tuple(POLICY_KEYS) == EVICTION_POLICIES
-
-
-def get_priority_fn(policy: str) -> Callable[[Any], PriorityKey]:
-    """The key function of ``policy``; ConfigError for an unknown name."""
-    try:
-        return POLICY_KEYS[policy]
-    except KeyError:
-        raise ConfigError(
-            f"unknown eviction_policy {policy!r}; known: {EVICTION_POLICIES}"
-        ) from None
-
-
-__all__ = ["POLICY_KEYS", "PriorityKey", "get_priority_fn"]
+__all__ = ["POLICY_KEYS", "EvictableNode", "PriorityKey", "get_priority_fn"]

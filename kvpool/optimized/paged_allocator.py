@@ -2,8 +2,9 @@
 
 Units: ``size`` tokens in ``num_pages = size // page_size`` pages with ids ``1..num_pages``;
 page ``p`` owns slots ``[p * page_size, (p + 1) * page_size)``. Allocation takes whole pages from
-the head of ``free_pages``; ``free`` puts the sorted unique pages of the freed
-slots at the HEAD (LIFO by page). ``alloc_extend`` / ``alloc_decode`` come from the shared base.
+the head of ``free_pages``; ``free`` puts the sorted unique pages of the freed slots at the HEAD
+(LIFO by page), under ``need_sort`` at the head of ``release_pages``. ``alloc_extend`` /
+``alloc_decode`` come from the shared base.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         pages = self._sorted_unique_pages(slots)
         self._mark_free(pages)
         if self.need_sort:
-            self.release_pages = torch.cat((self.release_pages, pages))
+            self.release_pages = torch.cat((pages, self.release_pages))
         else:
             self.free_pages = torch.cat((pages, self.free_pages))
 

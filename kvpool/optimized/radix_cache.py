@@ -3,19 +3,17 @@
 Same API, node ids, results and eviction order as :class:`kvpool.reference.radix_cache.RadixCache`
 (see the tree contract in its docstring). What differs is how the work is done:
 
-- keys are compared as int64 numpy arrays, one vectorised comparison per node on the path (the
-  first mismatch is an ``argmax`` over ``!=``), never token by token in Python;
+- keys are int32/int64 token arrays (:mod:`kvpool.optimized.key_match`; a list key is packed into
+  one once), compared with one vectorised ``!=`` per node on the path, never token by token;
 - values are int64 tensors; a match concatenates the path's values once (on the CPU through
   the nodes' numpy views, ``np.concatenate``, a fraction of ``torch.cat``'s per-call cost);
 - children are a dict keyed by the first token id (page size 1) or the tuple of the first page of
   token ids (page size > 1), prefixed by the namespace (``extra_key``) under the root;
-- eviction pops a persistent heap of ``(priority key ending with node_id, node)`` entries with lazy
-  invalidation: an entry is acted on only if its node is still an unlocked leaf in the tree and
-  its priority is current. A node that becomes (or, as a leaf, is touched while being) an
-  eviction candidate is queued (a dict by node id, so repeated touches cost one entry) and gets a
-  fresh heap entry when the next ``evict`` starts; inserts and matches never touch the heap.
-  The heap is never rebuilt per call; stale entries are compacted away when they outnumber the
-  nodes.
+- eviction pops a persistent heap of ``(priority key ending with node_id, node)`` entries, acting
+  on an entry only if its node is still an unlocked leaf with that priority. A node whose
+  candidacy or priority may have changed is queued (by id) and pushed when the next ``evict``
+  starts; inserts and matches never touch the heap, which is compacted (never rebuilt per call)
+  once stale entries outnumber the nodes.
 
 Units: sizes and lengths are tokens; values are slot ids.
 """
@@ -26,13 +24,13 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from kvpool.constants import floor_align, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError, PageSizeError
 from kvpool.optimized.evict_policy import PriorityKey, get_priority_fn
-from kvpool.optimized.radix_key import MatchResult, RadixKey, TokenArray, TreeNode
+from kvpool.optimized.key_match import child_key, matched_tokens
+from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode, as_slots, join_slots
 from kvpool.optimized.tree_view import pretty_print_tree, snapshot_tree
 from kvpool.snapshot import TreeSnapshot
 
@@ -48,15 +46,6 @@ def logical_clock() -> Callable[[], float]:
         return ticks[0]
 
     return read
-
-
-def _as_slots(value: Any, device: torch.device) -> torch.Tensor:
-    """``value`` as an int64 tensor on ``device`` (no copy when it already is one)."""
-    if isinstance(value, torch.Tensor):
-        if value.dtype == torch.int64 and value.device == device:
-            return value
-        return value.to(device, torch.int64)
-    return torch.as_tensor(value, dtype=torch.int64, device=device)
 
 
 def _req_key(req: Any, stop: int) -> RadixKey:
@@ -133,12 +122,6 @@ class RadixCache:
         return self.evictable_size_ + self.protected_size_
 
     # ------------------------------------------------------------------ walk helpers
-    def _child_key(self, arr: TokenArray, pos: int) -> Any:
-        """Dict key of the child starting at token ``pos`` of ``arr`` (a plain int or a tuple)."""
-        if self.page_size == 1:
-            return int(arr[pos])
-        return tuple(arr[pos : pos + self.page_size].tolist())
-
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         """Split ``child`` at token ``at`` (page-aligned, ``0 < at < len``): a new upper node with
         the next id takes ``child``'s place under its parent; ``child`` keeps its id and becomes
@@ -156,7 +139,7 @@ class RadixCache:
         child.arr = child.key.array
         child.value = child.value[at:]
         child.parent = upper
-        child.child_key = self._child_key(child.arr, 0)
+        child.child_key = child_key(child.arr, 0, self.page_size)
         upper.children[child.child_key] = child
         self._num_nodes += 1
         return upper
@@ -168,7 +151,6 @@ class RadixCache:
         where the match ends inside a node and stamping every node on the matched path. Returns
         the matched values, the deepest matched node, the matched length (tokens) and the child
         key looked up last (the dict key a new leaf below that node would take)."""
-        arr = key.array
         ps = self.page_size
         node = self.root_node
         values: list[Any] = []  # numpy views on the CPU (see TreeNode.vnp), else tensors
@@ -176,16 +158,16 @@ class RadixCache:
         pos = 0
         if n == 0:
             return values, node, 0, None
-        ck: Any = (key.extra_key, self._child_key(arr, 0))
+        ck: Any = (key.extra_key, key.plain_child_key(ps))
         child = node.children.get(ck)
+        if child is None:  # a miss at the root: a list key is never packed into an array
+            return values, node, 0, ck
+        arr = key.array
         while child is not None:
             child.last_access_time = now  # stamped before a split: both halves carry now
             carr = child.arr
             m = len(carr)
-            length = min(m, n - pos)
-            neq = carr[:length] != arr[pos : pos + length]
-            first = int(neq.argmax())
-            matched = first if neq[first] else length
+            matched = matched_tokens(carr, arr, pos, n)
             if ps > 1:
                 matched = (matched // ps) * ps
             if matched < m:
@@ -202,7 +184,7 @@ class RadixCache:
             pos += matched
             if pos >= n:
                 return values, node, pos, None
-            ck = self._child_key(arr, pos)
+            ck = child_key(arr, pos, ps)
             if matched < m:  # split: the new upper node has one child, and it is not ck
                 return values, node, pos, ck
             child = node.children.get(ck)
@@ -222,14 +204,7 @@ class RadixCache:
         now = self.clock()
         values, node, _, _ = self._walk(key, aligned, now, True, 0)
         self._refresh(node)
-        if not values:
-            indices = _EMPTY.to(self.device)
-        elif len(values) == 1:
-            indices = node.value
-        elif self._cpu:
-            indices = torch.from_numpy(np.concatenate(values))
-        else:
-            indices = torch.cat(values)
+        indices = node.value if len(values) == 1 else join_slots(values, self.device)
         return MatchResult(indices, node, node)
 
     def insert(self, key: RadixKey, value: torch.Tensor | None = None, priority: int = 0) -> int:
@@ -239,7 +214,7 @@ class RadixCache:
         Ownership: the new leaf keeps views of ``key``'s array and of ``value`` (no copy, as in
         SGLang); the caller must not modify them afterwards. ``cache_finished_req`` and
         ``cache_unfinished_req`` pass fresh copies read from the table."""
-        value = _as_slots(key.array if value is None else value, self.device)
+        value = as_slots(key.array if value is None else value, self.device)
         if value.shape[0] < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
         if self.disable:

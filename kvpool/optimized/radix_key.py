@@ -5,7 +5,8 @@ Same names and fields as :mod:`kvpool.reference.radix_key`, built for long promp
 - a :class:`RadixKey` holds its token ids either as a Python list or as a 1-D int32/int64 numpy
   array (int32 whenever the ids fit) and converts lazily (once, cached) to the other form; the
   tree compares keys in array form, so a caller holding token ids in an array (as an engine
-  does) never pays a per-token Python cost;
+  does) never pays a per-token Python cost, and a list is packed into an array by
+  :func:`~kvpool.optimized.key_match.compact_tokens` (about 5 ns a token);
 - a :class:`TreeNode` keeps its key both as a ``RadixKey`` and as the token array ``arr`` the
   match loop compares against, and its ``value`` (the slots of those tokens) as an int64 tensor
   (plus ``vnp``, a numpy view of the same memory when it lives on the CPU).
@@ -23,30 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-TokenArray = npt.NDArray[np.signedinteger[Any]]
-"""A 1-D numpy array of token ids: int32 when every id fits (half the memory traffic of a key
-comparison), else int64. Arrays of either width compare correctly with each other."""
-
-
-def compact_tokens(token_ids: Sequence[int]) -> TokenArray:
-    """A list of ids as an int32 array, or int64 when some id does not fit in 32 bits."""
-    try:
-        return np.asarray(token_ids, dtype=np.int32).reshape(-1)
-    except OverflowError:
-        return np.asarray(token_ids, dtype=np.int64).reshape(-1)
-
-
-def as_token_array(token_ids: Sequence[int] | TokenArray | torch.Tensor) -> TokenArray:
-    """``token_ids`` as a 1-D signed-integer numpy array; an int32/int64 array is kept as it is
-    (no copy), other integer arrays are widened to int64, lists go through
-    :func:`compact_tokens`."""
-    if isinstance(token_ids, torch.Tensor):
-        token_ids = token_ids.detach().cpu().numpy()
-    if isinstance(token_ids, np.ndarray):
-        if token_ids.dtype in (np.int32, np.int64):
-            return token_ids.reshape(-1)
-        return token_ids.astype(np.int64).reshape(-1)
-    return compact_tokens(token_ids)
+from kvpool.optimized.key_match import TokenArray, as_token_array, child_key, compact_tokens
 
 
 class RadixKey:
@@ -54,8 +32,8 @@ class RadixKey:
     tree node. ``len()`` is the number of tokens; slicing with a slice keeps the ``extra_key``.
 
     Accepts a list/sequence of ints, a numpy array or a tensor. ``token_ids`` (list) and
-    ``array`` (int64 numpy array) are both available; whichever was not given is built on first
-    use and cached."""
+    ``array`` (int32/int64 numpy array) are both available; whichever was not given is built on
+    first use and cached."""
 
     __slots__ = ("_array", "_list", "extra_key")
 
@@ -122,11 +100,14 @@ class RadixKey:
         return RadixKey(self._list[idx], self.extra_key)
 
     def plain_child_key(self, page_size: int) -> int | tuple[int, ...]:
-        """The key's first token id (page size 1) or the tuple of its first page of ids."""
-        arr = self.array
-        if page_size == 1:
-            return int(arr[0])
-        return tuple(arr[:page_size].tolist())
+        """The key's first token id (page size 1) or the tuple of its first page of ids, as plain
+        ints; read from the list when there is one, so a list key is not converted for it."""
+        if self._array is None:
+            assert self._list is not None
+            if page_size == 1:
+                return int(self._list[0])
+            return tuple(map(int, self._list[:page_size]))
+        return child_key(self._array, 0, page_size)
 
     def __iter__(self) -> Any:
         return iter(self.token_ids)
@@ -225,6 +206,27 @@ class TreeNode:
         return f"TreeNode(id={self.node_id}, len={len(self)}, lock_ref={self.lock_ref})"
 
 
+def as_slots(value: Any, device: torch.device) -> torch.Tensor:
+    """``value`` (slots: a tensor, array or list) as an int64 tensor on ``device`` (no copy when
+    it already is one)."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.int64 and value.device == device:
+            return value
+        return value.to(device, torch.int64)
+    return torch.as_tensor(value, dtype=torch.int64, device=device)
+
+
+def join_slots(values: list[Any], device: torch.device) -> torch.Tensor:
+    """The slots of a matched path as one int64 tensor. ``values`` holds each node's slots in
+    path order: numpy views (``TreeNode.vnp``) on the CPU, joined by one ``np.concatenate`` (a
+    fraction of ``torch.cat``'s per-call cost) and wrapped without a copy; tensors elsewhere."""
+    if not values:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    if isinstance(values[0], np.ndarray):
+        return torch.from_numpy(np.concatenate(values))
+    return torch.cat(values)
+
+
 @dataclass
 class MatchResult:
     """``device_indices``: the slots of the matched prefix (int64 tensor, concatenation of the
@@ -237,4 +239,13 @@ class MatchResult:
     last_host_node: TreeNode | None
 
 
-__all__ = ["MatchResult", "RadixKey", "TokenArray", "TreeNode", "as_token_array", "compact_tokens"]
+__all__ = [
+    "MatchResult",
+    "RadixKey",
+    "TokenArray",
+    "TreeNode",
+    "as_slots",
+    "as_token_array",
+    "compact_tokens",
+    "join_slots",
+]

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from kvpool.optimized.radix_key import TokenArray, TreeNode, compact_tokens
-from kvpool.tags import _MULTIPLIER, TAG_MODULUS, namespace_seed
+from kvpool.tags import TAG_MODULUS, TAG_MULTIPLIER, namespace_seed
 
 _SCAN_MIN = 64
 """Runs shorter than this are hashed by a plain loop (numpy's per-call cost would dominate)."""
@@ -34,7 +34,7 @@ def scan_kv_tags(h0: int, tokens: TokenArray) -> TokenArray:
     scan composes the maps in ``log2(n)`` vectorised steps (products stay below 2**48, exact in
     int64 because ``P < 2**24``). Tag ``p`` is ``h_p + 1``, as :func:`kvpool.tags.kv_tags`."""
     p = TAG_MODULUS
-    a = np.full(tokens.shape[0], _MULTIPLIER % p, dtype=np.int64)
+    a = np.full(tokens.shape[0], TAG_MULTIPLIER % p, dtype=np.int64)
     b = np.mod(tokens.astype(np.int64) + 1, p)
     d = 1
     n = tokens.shape[0]
@@ -122,7 +122,7 @@ class Req:
             if stop - have < _SCAN_MIN:
                 vals = []
                 for t in new.tolist():
-                    h = (h * _MULTIPLIER + t + 1) % TAG_MODULUS
+                    h = (h * TAG_MULTIPLIER + t + 1) % TAG_MODULUS
                     vals.append(h + 1)
                 grown = np.asarray(vals, dtype=np.int64)
             else:

@@ -3,7 +3,7 @@
 Units: ``size`` tokens in ``num_pages = size // page_size`` pages with ids ``1..num_pages``;
 page ``p`` owns slots ``[p * page_size, (p + 1) * page_size)``. Allocation takes whole pages from
 the head of ``free_pages``; ``free`` returns whole pages to the HEAD (LIFO by page), so the page
-freed last is reused first. ``alloc_extend`` / ``alloc_decode`` come from the shared base.
+freed last is reused first (under ``need_sort`` to the head of ``release_pages``). ``alloc_extend`` / ``alloc_decode`` come from the shared base.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return super().alloc(need_size)
 
     def _return_pages(self, pages: list[int]) -> None:
-        # The freed pages, sorted and unique, go in front (or behind release_pages under need_sort).
+        # The freed pages, sorted and unique, go in front of free_pages (or, under need_sort, in
+        # front of release_pages, as SGLang does; a merge sorts them anyway).
         ordered = sorted(pages)
         if self.need_sort:
-            self._set_free_lists(self.free_pages, self.release_pages + ordered)
+            self._set_free_lists(self.free_pages, ordered + self.release_pages)
         else:
             self._set_free_lists(ordered + self.free_pages, self.release_pages)
 

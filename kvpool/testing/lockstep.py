@@ -326,6 +326,11 @@ class LockstepMachine(RuleBasedStateMachine):
 
     @precondition(_ready)
     @rule(data=st.data())
+    def twin_req(self, data: st.DataObject) -> None:
+        self._do(data, "twin_req")
+
+    @precondition(_ready)
+    @rule(data=st.data())
     def match_prefix(self, data: st.DataObject) -> None:
         self._do(data, "match_prefix")
 

@@ -99,7 +99,10 @@ def _paged_free_no_dedup(mm: Any) -> None:
 
     def return_pages(slots: torch.Tensor) -> None:
         pages = torch.sort(slots >> shift).values  # sorted, but not unique
-        alloc.free_pages = torch.cat((pages, alloc.free_pages))
+        if alloc.need_sort:
+            alloc.release_pages = torch.cat((alloc.release_pages, pages))
+        else:
+            alloc.free_pages = torch.cat((pages, alloc.free_pages))
 
     alloc._return_pages = return_pages
 
@@ -380,26 +383,32 @@ def _evict_locked(mm: Any) -> None:
 
 _RADIX = {"disable_radix_cache": False}
 _ROOMY = {"disable_radix_cache": False, "size": 48, "req_pool_size": 6}
-_PREFILL = ("new_req", "new_req", "extend", "finish")
+_PREFILL = ("new_req", "twin_req", "extend", "extend", "finish")
+_SPLITS = ("new_req", "match_prefix", "extend", "extend", "decode", "finish")
+_SPEC = ("new_req", "extend", "spec_step", "spec_step", "finish", "abort", "retract")
+_FINISH = ("new_req", "extend", "decode", "spec_step", "finish", "finish")
 _SESSIONS = ("session_turn", "session_turn", "extend", "extend", "finish")
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("paged-free-no-dedup", "double free through pages named twice in one free",
            ("INV-NO-DOUBLE-FREE",), _paged_free_no_dedup, (2, 4)),
     Mutant("group-frees-separately", "free group not performed as one free",
-           ("lockstep-diff",), _group_frees_separately, (2, 4)),
+           ("lockstep-diff",), _group_frees_separately, (2, 4), {}, _FINISH),
     Mutant("finish-frees-twice", "a finish path that frees twice",
            ("INV-NO-DOUBLE-FREE",), _finish_frees_twice, (1,)),
     Mutant("leak-partial-tail", "leak of a partial page",
-           ("INV-POOL-ACCOUNTING", "INV-TOKEN-ACCOUNTING"), _leak_partial_tail, (2, 4), _RADIX),
+           ("INV-POOL-ACCOUNTING", "INV-TOKEN-ACCOUNTING"), _leak_partial_tail, (2, 4), _RADIX,
+           _FINISH),
     Mutant("leak-spec-overalloc", "leak of speculative slots",
-           ("INV-POOL-ACCOUNTING", "INV-TOKEN-ACCOUNTING"), _leak_spec_overalloc, (1, 2, 4)),
+           ("INV-POOL-ACCOUNTING", "INV-TOKEN-ACCOUNTING"), _leak_spec_overalloc, (1, 2), {},
+           _SPEC),
     Mutant("chunked-row-reused", "a row handed to another request while a chunked one uses it",
-           ("INV-ROW-OWNERS", "INV-ROW-ACCOUNTING"), _chunked_row_reused, (1, 2, 4)),
+           ("INV-ROW-OWNERS", "INV-ROW-ACCOUNTING", "INV-PAGE-CONTIGUITY"), _chunked_row_reused,
+           (1, 2, 4)),
     Mutant("lock-wrong-node", "lock counts walked from the wrong node",
-           ("INV-LOCKS",), _lock_wrong_node, (1, 2), _RADIX),
+           ("INV-LOCKS",), _lock_wrong_node, (1, 2), _ROOMY, _SPLITS),
     Mutant("lock-lost-on-split", "lock count lost on a node split",
-           ("INV-LOCKS",), _lock_lost_on_split, (1, 2), _RADIX),
+           ("INV-LOCKS",), _lock_lost_on_split, (1, 2), _ROOMY, _SPLITS),
     Mutant("sizes-drift", "evictable/protected sizes updated by different amounts",
            ("INV-LOCKS", "INV-POOL-ACCOUNTING"), _sizes_drift, (1, 2), _RADIX),
     Mutant("row-not-rewritten", "duplicates freed but the row not rewritten (use after free)",
@@ -410,13 +419,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("failed-alloc-consumes", "a failed allocation that consumed pages",
            ("INV-POOL-ACCOUNTING", "INV-TOKEN-ACCOUNTING"), _failed_alloc_consumes, (1, 2, 4)),
     Mutant("extend-partial-write", "extend kernel writes part of its output, takes all pages",
-           ("INV-RESERVED-ZERO", "INV-ROW-SLOTS"), _extend_partial_write, (2, 4)),
+           ("INV-RESERVED-ZERO", "INV-ROW-SLOTS", "lockstep-diff"), _extend_partial_write, (2, 4)),
     Mutant("session-extra-lock", "session restore takes a lock nobody releases",
            ("INV-LOCKS", "INV-IDLE"), _session_extra_lock, (1, 2), _ROOMY, _SESSIONS),
     Mutant("free-order-swapped", "LIFO/FIFO free order swapped",
            ("lockstep-diff",), _order_swapped, (1, 2, 4)),
     Mutant("evict-locked-node", "eviction evicts a locked node",
-           ("INV-LOCKS", "INV-ROW-SLOTS", "INV-ONE-OWNER"), _evict_locked, (1, 2), _RADIX),
+           ("INV-LOCKS", "INV-TREE-SHAPE", "INV-ROW-SLOTS", "INV-ONE-OWNER"), _evict_locked,
+           (1, 2), _RADIX),
     Mutant("generation-not-bumped", "row generation not bumped on hand-out",
            ("INV-GENERATION-MONOTONIC", "lockstep-diff"), _generation_not_bumped, (1,)),
     Mutant("decode-no-new-page", "decode does not open a new page at a page boundary",

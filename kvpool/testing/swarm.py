@@ -168,12 +168,13 @@ def _pick(c: Chooser, pool: Sequence[str], most: int) -> list[str]:
 
 
 KINDS: tuple[str, ...] = (
-    "new_req", "new_req", "match_prefix", "extend", "extend", "extend",
+    "new_req", "new_req", "twin_req", "match_prefix", "extend", "extend", "extend",
     "decode", "decode", "spec_step", "spec_step", "spec_draft_v1", "finish", "finish",
     "abort", "retract", "session_turn", "session_turn", "open_session", "close_session",
     "evict", "invalid",
 )  # fmt: skip
-"""Operation kinds, repeated by weight (the campaign draws uniformly from this tuple)."""
+"""Operation kinds, repeated by weight (the campaign draws uniformly from this tuple).
+``twin_req`` is a new request copying a waiting request's prompt when there is one."""
 
 
 def draw_op(c: Chooser, v: View, kind: str) -> Op:
@@ -181,10 +182,10 @@ def draw_op(c: Chooser, v: View, kind: str) -> Op:
     extend of a waiting request, or a new request), so every drawn kind yields a step. Kind
     ``invalid`` gives a deliberately invalid call (:func:`draw_invalid`)."""
     ps, longest = v.config.page_size, max(v.config.page_size * 3 + 2, 12)
-    if kind == "new_req":
+    if kind in ("new_req", "twin_req"):
         rid = f"r{v.next_rid}"
         twins = [r for r in v.waiting if r in v.prompts]
-        if twins and c.integer(0, 3) == 0:
+        if twins and (kind == "twin_req" or c.integer(0, 3) == 0):
             tokens, extra = v.prompts[c.choice(twins)]
             tail = [c.choice(ALPHABET) for _ in range(c.integer(0, 2))]
             return Op("new_req", (rid, tokens + tail), (("extra_key", extra),))
@@ -204,7 +205,9 @@ def draw_op(c: Chooser, v: View, kind: str) -> Op:
         return Op("match_prefix", (c.choice(v.waiting),))
     if kind == "extend" and v.waiting + v.chunked:
         rids = _pick(c, v.waiting + v.chunked, 3)
-        sizes = [c.choice((None, c.integer(1, v.remaining[r]))) for r in rids]
+        sizes = [
+            c.choice((None, c.integer(1, v.remaining[r]), 1 + v.remaining[r] // 2)) for r in rids
+        ]
         return Op("extend", (rids,), (("chunk_sizes", sizes),))
     if kind == "decode" and v.running:
         rids = _pick(c, v.running, 3)

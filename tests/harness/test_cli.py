@@ -22,6 +22,8 @@ def test_verify_reference_vs_optimized(tmp_path: Path, capsys: pytest.CaptureFix
     assert data["failures"] == 0 and data["failure"] is None
     assert data["steps"] > 0 and data["invariant_checks"] > data["steps"]
     assert data["configurations"] >= 1 and data["steps_per_second"] > 0
+    assert data["self_check"]["configurations"] >= 5  # phase 1: every page size
+    assert "reference self-check" in out.out
     for word in ("configurations", "steps", "invariant checks", "failures", "steps per second"):
         assert word in out.out
     assert "verify" in out.err  # the progress bar

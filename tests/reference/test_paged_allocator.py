@@ -113,16 +113,19 @@ def test_free_group_deduplicates_pages_across_calls() -> None:
     assert a.free_pages == [1, 2, 4]
 
 
-def test_need_sort_appends_to_release_pages() -> None:
+def test_need_sort_prepends_to_release_pages() -> None:
+    # SGLang: release_pages = cat(sorted unique freed pages, release_pages), like free_pages.
     a = PagedTokenToKVPoolAllocator(16, 4, need_sort=True)
     a.alloc(16)
     a.free([12, 13])
-    a.free([4])
-    assert (a.free_pages, a.release_pages) == ([], [3, 1])
-    assert a.available_size() == 8
-    assert_none_unchanged(a, lambda: a.alloc(12))
+    a.free([8, 4])
+    assert (a.free_pages, a.release_pages) == ([], [1, 2, 3])
+    assert a.available_size() == 12
+    assert_none_unchanged(a, lambda: a.alloc(16))
+    a.free([16])
+    assert a.backup_state() == ((), (4, 1, 2, 3))
     assert a.alloc(4) == [4, 5, 6, 7]  # merged (sorted) first
-    assert (a.free_pages, a.release_pages) == ([3], [])
+    assert (a.free_pages, a.release_pages) == ([2, 3, 4], [])
 
 
 def test_alloc_extend_worked_example() -> None:
