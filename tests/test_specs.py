@@ -1,7 +1,7 @@
 """Every ```python block of every specs/*.md page runs, in order, in one namespace per page.
 
 The blocks assert their own results, so a page whose worked example drifts from the code fails
-here. A page without blocks passes (it is prose only)."""
+here. Only the pages in ``PROSE_ONLY`` may have no blocks; every other page must assert."""
 
 from __future__ import annotations
 
@@ -26,8 +26,22 @@ def test_block_extraction() -> None:
     assert python_blocks(page) == ["a = 1\n", "b = a + 1\n"]
 
 
+PROSE_ONLY = {"README.md"}
+"""Pages allowed to have no executed example; every other page must show (and assert) one."""
+
+
 def test_specs_exist() -> None:
     assert (SPECS / "README.md").is_file()
+
+
+@pytest.mark.parametrize("page", sorted(SPECS.glob("*.md")), ids=lambda p: p.name)
+def test_component_pages_assert_their_examples(page: Path) -> None:
+    # A page that lost its blocks (or whose blocks only print) would otherwise pass silently.
+    if page.name in PROSE_ONLY:
+        return
+    blocks = python_blocks(page.read_text(encoding="utf-8"))
+    assert blocks, f"{page.name} has no ```python example"
+    assert any(re.search(r"^\s*assert\b", b, re.MULTILINE) for b in blocks), page.name
 
 
 @pytest.mark.parametrize("page", sorted(SPECS.glob("*.md")), ids=lambda p: p.name)

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvpool.constants import EVICTION_POLICIES
 from kvpool.replay import ReplaySettings, ReplayStats, replay_trace
-from kvpool.testing.campaign import optimized_factory, reference_factory
+from kvpool.testing.factories import optimized_factory, reference_factory
 from kvpool.traces import BLOCK_SIZE, load_trace
 
 

@@ -19,13 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.testing import selfcheck
-from kvpool.testing.campaign import (
-    CampaignResult,
-    load_factory,
-    optimized_factory,
-    reference_factory,
-    run_campaign,
-)
+from kvpool.testing.campaign import CampaignResult, run_campaign
+from kvpool.testing.factories import load_factory, optimized_factory, reference_factory
 
 
 def register(sub: Any) -> None:

@@ -71,7 +71,7 @@ def check_page_range(snap: AllocatorSnapshot, held_pages: frozenset[int] | None)
     _fail(
         "INV-PAGE-RANGE",
         f"page ids outside 1..{snap.num_pages}",
-        [p for p in named if not 1 <= p <= snap.num_pages],
+        [p for p in named if not RESERVED_INDEX < p <= snap.num_pages],
     )
 
 
@@ -128,7 +128,7 @@ def check_token_accounting(snap: AllocatorSnapshot, held_pages: frozenset[int] |
         "pages both free and held (use after free)",
         free & held_pages,
     )
-    every = set(range(1, snap.num_pages + 1))
+    every = set(range(RESERVED_INDEX + 1, snap.num_pages + 1))
     _fail(
         "INV-TOKEN-ACCOUNTING",
         "pages leaked (neither free nor held)",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from kvpool.constants import ceil_align
+from kvpool.constants import RESERVED_INDEX, ceil_align
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.registry import invariant
 from kvpool.invariants.tree import lock_holders, nodes_by_id, path_values, tree_pages
@@ -78,9 +78,11 @@ def page_owner_counts(snap: PoolSnapshot) -> Counter[int]:
 
 def _ownership_errors(snap: PoolSnapshot) -> list[int]:
     counts = page_owner_counts(snap)
-    pages = range(1, snap.allocator.num_pages + 1)
+    pages = range(RESERVED_INDEX + 1, snap.allocator.num_pages + 1)
     leaked = [p for p in pages if counts[p] == 0]
-    doubly = [p for p, c in counts.items() if c > 1 or not 1 <= p <= snap.allocator.num_pages]
+    doubly = [
+        p for p, c in counts.items() if c > 1 or not RESERVED_INDEX < p <= snap.allocator.num_pages
+    ]
     return leaked + doubly
 
 
@@ -119,7 +121,7 @@ def check_row_owners(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     _fail("INV-ROW-OWNERS", "rows held twice", [r for r, c in counts.items() if c > 1])
     _fail("INV-ROW-OWNERS", "rows held and free", set(held) & set(table.free_slots))
     if len(table.free_slots) + len(held) != table.size:
-        missing = set(range(1, table.size + 1)) - set(held) - set(table.free_slots)
+        missing = set(range(RESERVED_INDEX + 1, table.size + 1)) - set(held) - set(table.free_slots)
         raise InvariantViolation(
             "INV-ROW-OWNERS",
             f"{len(table.free_slots)} free + {len(held)} held != {table.size} rows",
@@ -151,7 +153,7 @@ def check_row_slots(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         _fail(
             "INV-ROW-SLOTS",
             f"{name} names free or out-of-range slots",
-            [s for s in row if s // ps in free or not 1 <= s // ps <= alloc.num_pages],
+            [s for s in row if s // ps in free or not RESERVED_INDEX < s // ps <= alloc.num_pages],
         )
         _fail(
             "INV-ROW-SLOTS",
@@ -211,7 +213,7 @@ def check_idle(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     _fail(
         "INV-IDLE",
         "idle, yet rows neither free nor held by a session",
-        set(range(1, table.size + 1)) - set(table.free_slots) - session_rows,
+        set(range(RESERVED_INDEX + 1, table.size + 1)) - set(table.free_slots) - session_rows,
     )
     by_id = nodes_by_id(snap.tree)
     on_session_paths: set[int] = set()

@@ -54,7 +54,7 @@ def check_row_range(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
     _fail(
         "INV-ROW-RANGE",
         f"rows outside 1..{snap.size}",
-        [r for r in named if not 1 <= r <= snap.size],
+        [r for r in named if not RESERVED_INDEX < r <= snap.size],
     )
     if len(snap.req_generation) != snap.size + 1:
         raise InvariantViolation(
@@ -76,7 +76,7 @@ def check_row_accounting(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
         return
     free = set(counts)
     _fail("INV-ROW-ACCOUNTING", "rows both free and held", free & ctx.held_rows)
-    every = set(range(1, snap.size + 1))
+    every = set(range(RESERVED_INDEX + 1, snap.size + 1))
     _fail("INV-ROW-ACCOUNTING", "rows leaked (neither free nor held)", every - free - ctx.held_rows)
 
 

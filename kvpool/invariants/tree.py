@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.registry import invariant
 from kvpool.snapshot import NodeSnapshot, PoolSnapshot, TreeSnapshot
@@ -116,7 +117,7 @@ def check_tree_shape(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     _fail(
         "INV-TREE-SHAPE",
         "tree slots not allocated (free, pending or out of range)",
-        [s for s in slots if s // ps in free or not 1 <= s // ps <= alloc.num_pages],
+        [s for s in slots if s // ps in free or not RESERVED_INDEX < s // ps <= alloc.num_pages],
     )
 
 

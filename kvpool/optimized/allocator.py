@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kvpool import kernels
-from kvpool.constants import is_power_of_two
+from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, PageSizeError
 from kvpool.optimized.checked import resolve_checked
 from kvpool.optimized.paged_ops import (
@@ -232,7 +232,9 @@ class BaseTokenToKVPoolAllocator:
 
     def clear(self) -> None:
         """Every page free (ids ascending), no release pages, no open free group."""
-        every = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        every = torch.arange(
+            RESERVED_INDEX + 1, self.num_pages + 1, dtype=torch.int64, device=self.device
+        )
         self._set_free_lists(every, self._empty())
         self._in_free_group = False
         self._pending_free = []

@@ -53,7 +53,9 @@ def as_token_list(input_ids: Sequence[int]) -> list[int]:
 class LifecyclePrimitives:
     """The pools (``req_to_token_pool``, ``token_to_kv_pool_allocator``, ``tree_cache``,
     ``kv_cache``), the request and session tables, and the SGLang-named primitives.
-    ``device`` places every pool; ``checked`` turns on the pools' misuse checks."""
+    ``device`` places every pool; ``checked`` turns on the pools' misuse checks;
+    ``kernel_backend`` goes to the token allocator, which runs the allocation kernels (``None``:
+    triton on CUDA, else the torch fallbacks)."""
 
     def __init__(
         self,
@@ -61,6 +63,7 @@ class LifecyclePrimitives:
         clock: Callable[[], float] | None = None,
         device: str | torch.device = "cpu",
         checked: bool | None = None,
+        kernel_backend: str | None = None,
     ) -> None:
         self.config = config
         self.device = dev = torch.device(device)
@@ -69,10 +72,21 @@ class LifecyclePrimitives:
             config.req_pool_size, config.max_context_len, device=dev, checked=checked
         )
         self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = (
-            TokenToKVPoolAllocator(config.size, config.need_sort, device=dev, checked=checked)
+            TokenToKVPoolAllocator(
+                config.size,
+                config.need_sort,
+                device=dev,
+                checked=checked,
+                kernel_backend=kernel_backend,
+            )
             if ps == 1
             else PagedTokenToKVPoolAllocator(
-                config.size, ps, config.need_sort, device=dev, checked=checked
+                config.size,
+                ps,
+                config.need_sort,
+                device=dev,
+                checked=checked,
+                kernel_backend=kernel_backend,
             )
         )
         alloc = self.token_to_kv_pool_allocator
@@ -209,12 +223,19 @@ class LifecyclePrimitives:
     def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> torch.Tensor:
         """Rows, then slots for ``[len(prefix_indices), seq_len)`` of each request (evicting
         first), then ``row[:seq] = prefix_indices + new``; ``kv_allocated_len = seq_len``.
-        Returns the new slots in batch order. OutOfMemoryError leaves everything unchanged."""
-        fresh = sum(1 for r in reqs if r.req_pool_idx is None)
-        if fresh > self.req_to_token_pool.available_size():
-            raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
+        Returns the new slots in batch order. Every check comes before any change: row misuse
+        (see ``ReqToTokenPool.check_alloc``), ``len(seq_lens) != len(reqs)`` or a ``seq_len``
+        shorter than the prefix (InvalidArgumentError), a ``seq_len`` past ``max_context_len``
+        (ContextOverflowError), too few rows or slots (OutOfMemoryError)."""
+        fresh = self.req_to_token_pool.check_alloc(reqs)
         prefix_lens = [len(r.prefix_indices) for r in reqs]
         seqs = [int(s) for s in seq_lens]
+        if len(seqs) != len(reqs) or any(s < p for p, s in zip(prefix_lens, seqs, strict=True)):
+            raise InvalidArgumentError(f"need one seq_len >= prefix_len per request, got {seqs}")
+        if any(s > self.config.max_context_len for s in seqs):
+            raise ContextOverflowError(f"seq_lens {seqs} past max_context_len")
+        if fresh > self.req_to_token_pool.available_size():
+            raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
         last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens, strict=True)]
         out = self._alloc_slots(prefix_lens, seqs, last_locs)
         rows = self.alloc_req_slots(reqs)
@@ -229,7 +250,12 @@ class LifecyclePrimitives:
 
     def alloc_for_decode(self, reqs: Sequence[Req]) -> torch.Tensor:
         """One slot per request for column ``kv_allocated_len`` (evicting first), written into
-        the row; ``kv_allocated_len += 1``. OutOfMemoryError leaves everything unchanged."""
+        the row; ``kv_allocated_len += 1``. Every check comes before any change: a request
+        without a row (InvalidArgumentError), a column past ``max_context_len``
+        (ContextOverflowError), too few slots (OutOfMemoryError)."""
+        rowless = [r.rid for r in reqs if r.req_pool_idx is None]
+        if rowless:
+            raise InvalidArgumentError(f"requests {rowless} hold no row")
         cols = [r.kv_allocated_len for r in reqs]
         limit = self.config.max_context_len
         over = [r.rid for r, c in zip(reqs, cols, strict=True) if c + 1 > limit]
@@ -257,8 +283,10 @@ class LifecyclePrimitives:
 
     def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
         """``cache_finished_req``; free the over-allocation ``[ceil_align(committed),
-        allocated)``; free the row; forget the request's pool fields."""
-        assert req.req_pool_idx is not None
+        allocated)``; free the row; forget the request's pool fields. InvalidArgumentError
+        (nothing changed) for a request without a row."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
         self.tree_cache.cache_finished_req(req, is_insert)
         start = ceil_align(req.kv_committed_len, self.page_size)

@@ -82,7 +82,7 @@ def check_extend_args(
     checks = (
         (p < 0) | (s < p),
         (p == 0) != (loc == NO_LAST_LOC),
-        (p > 0) & (loc <= 0),
+        (p > 0) & (loc <= RESERVED_INDEX),
         (p % page_size != 0) & ((loc + 1) % page_size != p % page_size),
     )
     for number, failed in reversed(list(enumerate(checks, start=1))):

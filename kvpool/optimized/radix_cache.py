@@ -355,7 +355,8 @@ class RadixCache:
         ``kv = row[:committed]``. With insert: insert the page-aligned part, free the duplicates
         ``kv[cache_protected_len:new_prefix_len]`` and the unaligned tail ``kv[aligned:committed]``
         in one ``free``. Without: free ``kv[cache_protected_len:committed]``."""
-        assert req.req_pool_idx is not None
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         committed = req.kv_committed_len
         kv = self._read_row(req.req_pool_idx, committed)
         free = self.token_to_kv_pool_allocator.free
@@ -372,7 +373,8 @@ class RadixCache:
         """Between prefill chunks: insert ``fill_ids`` (page-aligned), free the duplicates,
         re-match, rewrite ``row[cache_protected_len:len(new_indices)]`` with the tree's slots,
         move the lock to the new last node and set ``prefix_indices``/``cache_protected_len``."""
-        assert req.req_pool_idx is not None
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
         num_tokens = len(req.fill_ids)
         kv = self._read_row(row, num_tokens)

@@ -197,7 +197,9 @@ class BaseTokenToKVPoolAllocator:
             raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
         free_pages, release_pages = (list(part) for part in state)
         every = free_pages + release_pages
-        bad = [p for p in every if not isinstance(p, int) or not 1 <= p <= self.num_pages]
+        bad = [
+            p for p in every if not isinstance(p, int) or not RESERVED_INDEX < p <= self.num_pages
+        ]
         if bad or len(set(every)) != len(every):
             raise InvalidArgumentError(f"state holds bad or repeated page ids: {bad or every}")
         self._set_free_lists(free_pages, release_pages)
@@ -208,7 +210,7 @@ class BaseTokenToKVPoolAllocator:
 
     def clear(self) -> None:
         """Every page free (ids ascending), no release pages, no open free group."""
-        self._set_free_lists(list(range(1, self.num_pages + 1)), [])
+        self._set_free_lists(list(range(RESERVED_INDEX + 1, self.num_pages + 1)), [])
         self._in_free_group = False
         self._pending_free = []
 

@@ -74,13 +74,15 @@ class ChunkCache:
 
     def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
         """Free ``row[cache_protected_len:kv_committed_len]`` (``is_insert`` is ignored)."""
-        assert req.req_pool_idx is not None
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         kv = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_committed_len)
         self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len :])
 
     def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
         """``req.prefix_indices = row[:len(fill_ids)]``; nothing else changes."""
-        assert req.req_pool_idx is not None
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         req.prefix_indices = self.req_to_token_pool.read(req.req_pool_idx, 0, len(req.fill_ids))
 
     def pretty_print(self) -> str:

@@ -68,6 +68,7 @@ class KVCache:
         return self.size + self.page_size
 
     def register_layer_transfer_counter(self, counter: LayerTransferCounter) -> None:
+        """Make every later buffer read wait on ``counter.wait_until(global layer id)``."""
         self.layer_transfer_counter = counter
 
     def _layer(self, layer_id: int) -> int:
@@ -160,12 +161,16 @@ class MHATokenToKVPool(KVCache):
             vbuf[slot] = [[float(x) / vs for x in head] for head in cache_v[i]]
 
     def get_key_buffer(self, layer_id: int) -> LayerBuffer:
+        """K of global layer ``layer_id``: ``size + page_size`` rows (by slot) of
+        ``[head_num][head_dim]``; IndexOutOfRangeError outside the held layers."""
         return self.k_buffer[self._wait(layer_id)]
 
     def get_value_buffer(self, layer_id: int) -> LayerBuffer:
+        """V of global layer ``layer_id``: rows (by slot) of ``[head_num][v_head_dim]``."""
         return self.v_buffer[self._wait(layer_id)]
 
     def get_kv_buffer(self, layer_id: int) -> tuple[LayerBuffer, LayerBuffer]:
+        """``(K, V)`` of global layer ``layer_id`` (see :meth:`get_key_buffer`)."""
         local = self._wait(layer_id)
         return self.k_buffer[local], self.v_buffer[local]
 
@@ -180,12 +185,14 @@ class MHATokenToKVPool(KVCache):
                 buf[t] = row
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
+        """Write one integer tag per slot of ``loc`` into K and V of every held layer."""
         k_rows = self._tag_rows(tags, self.head_num, self.head_dim)
         v_rows = self._tag_rows(tags, self.head_num, self.v_head_dim)
         for layer_id in range(self.start_layer, self.end_layer + 1):
             self.set_kv_buffer(layer_id, loc, k_rows, v_rows)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
+        """The tag stored at each slot of ``loc`` (K of the first held layer)."""
         buf = self.k_buffer[0]
         return [int(buf[s][0][0]) for s in self._slots(loc)]
 
@@ -234,13 +241,17 @@ class MLATokenToKVPool(KVCache):
             buf[slot] = [[float(x) / ks for x in cache_k[i][0]]]
 
     def get_key_buffer(self, layer_id: int) -> LayerBuffer:
+        """The fused buffer of global layer ``layer_id``: rows (by slot) of
+        ``[1][kv_lora_rank + qk_rope_head_dim]``."""
         return self.kv_buffer[self._wait(layer_id)]
 
     def get_value_buffer(self, layer_id: int) -> LayerBuffer:
+        """The first ``kv_lora_rank`` channels of each row (a copy; the reference has no views)."""
         buf = self.kv_buffer[self._wait(layer_id)]
         return [[row[0][: self.kv_lora_rank]] for row in buf]
 
     def get_kv_buffer(self, layer_id: int) -> tuple[LayerBuffer, LayerBuffer]:
+        """``(get_key_buffer, get_value_buffer)`` of global layer ``layer_id``."""
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
     def move_kv_cache(self, tgt_loc: Sequence[int], src_loc: Sequence[int]) -> None:
@@ -254,11 +265,13 @@ class MLATokenToKVPool(KVCache):
                 buf[t] = row
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
+        """Write one integer tag per slot of ``loc`` into every held layer."""
         rows = self._tag_rows(tags, 1, self.kv_dim)
         for layer_id in range(self.start_layer, self.end_layer + 1):
             self.set_kv_buffer(layer_id, loc, rows)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
+        """The tag stored at each slot of ``loc`` (the first held layer)."""
         buf = self.kv_buffer[0]
         return [int(buf[s][0][0]) for s in self._slots(loc)]
 

@@ -153,12 +153,19 @@ class LifecyclePrimitives:
     def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> list[int]:
         """Rows, then slots for ``[len(prefix_indices), seq_len)`` of each request (evicting
         first), then ``row[:seq] = prefix_indices + new``; ``kv_allocated_len = seq_len``.
-        Returns the new slots in batch order. OutOfMemoryError leaves everything unchanged."""
-        fresh = sum(1 for r in reqs if r.req_pool_idx is None)
-        if fresh > self.req_to_token_pool.available_size():
-            raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
+        Returns the new slots in batch order. Every check comes before any change: row misuse
+        (see ``ReqToTokenPool.check_alloc``), ``len(seq_lens) != len(reqs)`` or a ``seq_len``
+        shorter than the prefix (InvalidArgumentError), a ``seq_len`` past ``max_context_len``
+        (ContextOverflowError), too few rows or slots (OutOfMemoryError)."""
+        fresh = self.req_to_token_pool.check_alloc(reqs)
         prefix_lens = [len(r.prefix_indices) for r in reqs]
         seqs = [int(s) for s in seq_lens]
+        if len(seqs) != len(reqs) or any(s < p for p, s in zip(prefix_lens, seqs, strict=True)):
+            raise InvalidArgumentError(f"need one seq_len >= prefix_len per request, got {seqs}")
+        if any(s > self.config.max_context_len for s in seqs):
+            raise ContextOverflowError(f"seq_lens {seqs} past max_context_len")
+        if fresh > self.req_to_token_pool.available_size():
+            raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
         last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens, strict=True)]
         out = self._alloc_slots(prefix_lens, seqs, last_locs)
         rows = self.alloc_req_slots(reqs)
@@ -173,7 +180,12 @@ class LifecyclePrimitives:
 
     def alloc_for_decode(self, reqs: Sequence[Req]) -> list[int]:
         """One slot per request for column ``kv_allocated_len`` (evicting first), written into
-        the row; ``kv_allocated_len += 1``. OutOfMemoryError leaves everything unchanged."""
+        the row; ``kv_allocated_len += 1``. Every check comes before any change: a request
+        without a row (InvalidArgumentError), a column past ``max_context_len``
+        (ContextOverflowError), too few slots (OutOfMemoryError)."""
+        rowless = [r.rid for r in reqs if r.req_pool_idx is None]
+        if rowless:
+            raise InvalidArgumentError(f"requests {rowless} hold no row")
         cols = [r.kv_allocated_len for r in reqs]
         over = [
             r.rid for r, c in zip(reqs, cols, strict=True) if c + 1 > self.config.max_context_len
@@ -203,8 +215,10 @@ class LifecyclePrimitives:
 
     def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
         """``cache_finished_req``; free the over-allocation ``[ceil_align(committed),
-        allocated)``; free the row; forget the request's pool fields."""
-        assert req.req_pool_idx is not None
+        allocated)``; free the row; forget the request's pool fields. InvalidArgumentError
+        (nothing changed) for a request without a row."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
         self.tree_cache.cache_finished_req(req, is_insert)
         start = ceil_align(req.kv_committed_len, self.page_size)

@@ -3,7 +3,8 @@
 Units: ``size`` tokens in ``num_pages = size // page_size`` pages with ids ``1..num_pages``;
 page ``p`` owns slots ``[p * page_size, (p + 1) * page_size)``. Allocation takes whole pages from
 the head of ``free_pages``; ``free`` returns whole pages to the HEAD (LIFO by page), so the page
-freed last is reused first (under ``need_sort`` to the head of ``release_pages``). ``alloc_extend`` / ``alloc_decode`` come from the shared base.
+freed last is reused first (under ``need_sort`` to the head of ``release_pages``).
+``alloc_extend`` / ``alloc_decode`` come from the shared base.
 """
 
 from __future__ import annotations

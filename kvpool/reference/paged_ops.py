@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpool.constants import NO_LAST_LOC, ceil_div, floor_align
+from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, ceil_div, floor_align
 from kvpool.errors import AlignmentError, InvalidArgumentError
 
 
@@ -49,7 +49,7 @@ def validate_extend_args(
                 f"request {i}: last_loc must be {NO_LAST_LOC} exactly when prefix_len is 0 "
                 f"(prefix_len={p}, last_loc={loc})"
             )
-        if p > 0 and loc <= 0:
+        if p > 0 and loc <= RESERVED_INDEX:
             raise InvalidArgumentError(f"request {i}: last_loc {loc} is not an allocatable slot")
         if p % page_size and (loc + 1) % page_size != p % page_size:
             raise AlignmentError(

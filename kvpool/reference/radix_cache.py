@@ -302,7 +302,8 @@ class RadixCache:
         ``kv[cache_protected_len:new_prefix_len]`` and the unaligned tail ``kv[aligned:committed]``
         (its whole page). Without: free ``kv[cache_protected_len:committed]``. Over-allocation past
         ``ceil_align(committed)`` is the caller's (``release_kv_cache``)."""
-        assert req.req_pool_idx is not None
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         committed = req.kv_committed_len
         kv = self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
         free = self.token_to_kv_pool_allocator.free
@@ -322,7 +323,8 @@ class RadixCache:
         re-match, rewrite ``row[cache_protected_len:len(new_indices)]`` with the tree's slots,
         move the lock to the new last node and set ``prefix_indices``/``cache_protected_len``.
         The row stays."""
-        assert req.req_pool_idx is not None
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
         tokens = list(req.fill_ids)
         kv = self.req_to_token_pool.read(row, 0, len(tokens))

@@ -48,7 +48,7 @@ class ReqToTokenPool:
             raise InvalidArgumentError(f"row must be an int, got {row!r}")
         if row == RESERVED_INDEX:
             raise ReservedIndexError(f"row {RESERVED_INDEX} is reserved")
-        if not 1 <= row <= self.size:
+        if not RESERVED_INDEX < row <= self.size:
             raise IndexOutOfRangeError(f"row {row} outside 1..{self.size}")
         return row
 
@@ -67,13 +67,12 @@ class ReqToTokenPool:
         """Number of free rows."""
         return len(self.free_slots)
 
-    def alloc(self, reqs: Sequence[ReqLike]) -> list[int] | None:
-        """Every request's row, in batch order. A request with ``req_pool_idx`` set keeps it; that
-        is legal only when ``is_chunked > 0`` or ``kv_committed_len > 0`` and the row is held and
-        named by no other request of the batch (else RowReuseError; a row 0 / out-of-range
-        ``req_pool_idx`` raises ReservedIndexError / IndexOutOfRangeError). The others pop fresh
-        rows from the stack's tail in batch order, bumping each row's generation; ``None`` (no
-        change) when fewer rows are free than they need."""
+    def check_alloc(self, reqs: Sequence[ReqLike]) -> int:
+        """Validate a batch for :meth:`alloc` without changing anything; returns the number of
+        fresh rows it needs. A request with ``req_pool_idx`` set may keep it only when
+        ``is_chunked > 0`` or ``kv_committed_len > 0`` and the row is held and named by no other
+        request of the batch (else RowReuseError; a row 0 / out-of-range ``req_pool_idx`` raises
+        ReservedIndexError / IndexOutOfRangeError)."""
         kept: set[int] = set()
         fresh = 0
         for i, req in enumerate(reqs):
@@ -88,7 +87,14 @@ class ReqToTokenPool:
             if row in self._free_set or row in kept:
                 raise RowReuseError(f"request {i} keeps row {row}, which is free or shared")
             kept.add(row)
-        if fresh > len(self.free_slots):
+        return fresh
+
+    def alloc(self, reqs: Sequence[ReqLike]) -> list[int] | None:
+        """Every request's row, in batch order. A request with ``req_pool_idx`` set keeps it (see
+        :meth:`check_alloc` for when that is legal; misuse raises before any change). The others
+        pop fresh rows from the stack's tail in batch order, bumping each row's generation;
+        ``None`` (no change) when fewer rows are free than they need."""
+        if self.check_alloc(reqs) > len(self.free_slots):
             return None
         rows: list[int] = []
         for req in reqs:
@@ -114,7 +120,7 @@ class ReqToTokenPool:
 
     def clear(self) -> None:
         """Every row free, stack back to ``[size, ..., 2, 1]``; generations and contents kept."""
-        self.free_slots = list(range(self.size, 0, -1))
+        self.free_slots = list(range(self.size, RESERVED_INDEX, -1))
         self._free_set = set(self.free_slots)
 
     # ----------------------------------------------------------------- table

@@ -2,8 +2,9 @@
 
 A campaign is a sequence of runs. Run ``i`` seeds ``random.Random((seed, i))``, draws a pool
 configuration from the swarm (:func:`kvpool.testing.swarm.draw_config`) and ``steps_per_run``
-operations (:data:`kvpool.testing.swarm.KINDS`), executing each on both implementations through
-:class:`kvpool.testing.lockstep.Lockstep`. It stops at the time budget or at the first failure.
+operations (:data:`kvpool.testing.swarm.KINDS`), executing each on both implementations
+through :class:`kvpool.testing.lockstep_driver.Lockstep`. It stops at the time budget or at the
+first failure.
 
 A failure is shrunk without hypothesis: the failing run's operations are plain data, so the
 campaign replays sub-lists (dropping chunks, then single steps) and keeps any that still fail with
@@ -12,8 +13,6 @@ the same detector. The result is deterministic for a given seed and failing run.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +20,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvpool.config import PoolConfig
-from kvpool.testing.lockstep import Factory, Lockstep, LockstepFailure
+
+# The factories are re-exported: ``kvpool.testing.campaign.reference_factory`` is documented.
+from kvpool.testing.factories import load_factory as load_factory
+from kvpool.testing.factories import optimized_factory as optimized_factory
+from kvpool.testing.factories import reference_factory as reference_factory
+from kvpool.testing.lockstep_driver import Factory, Lockstep, LockstepFailure
 from kvpool.testing.swarm import KINDS, Op, RandomChooser, draw_config, draw_op
 
 Progress = Callable[[float, int], None]
@@ -63,56 +67,6 @@ class CampaignResult:
         return out
 
 
-def reference_factory(config: PoolConfig) -> Any:
-    """The pure-Python reference memory manager."""
-    from kvpool.reference.memory_manager import MemoryManager
-
-    return MemoryManager(config)
-
-
-def optimized_factory(backend: str | None = "torch", checked: bool = True) -> Factory:
-    """A factory of the optimized twin on the CPU (checked mode unless ``checked=False``, as the
-    quality suite's mutants run), its kernels run by ``backend``
-    (``torch`` fallbacks, ``interpret`` for Triton through the interpreter, None: default). The
-    twin is imported on the first build, which also sets torch to ONE intra-op thread: lockstep
-    tensors are tiny, and on a loaded 2-core machine OpenMP workers only contend (a 40-element
-    ``repeat_interleave`` takes ~15 ms with 2 threads under load, ~10 us with 1)."""
-
-    def build(config: PoolConfig) -> Any:
-        import torch
-
-        from kvpool.optimized.memory_manager import MemoryManager
-
-        if torch.get_num_threads() != 1:
-            torch.set_num_threads(1)
-
-        params = inspect.signature(MemoryManager).parameters
-        kwargs: dict[str, Any] = {}
-        if "checked" in params:
-            kwargs["checked"] = checked
-        if backend is not None and "kernel_backend" in params:
-            kwargs["kernel_backend"] = backend
-        manager = MemoryManager(config, **kwargs)
-        allocator = manager.token_to_kv_pool_allocator
-        if backend is not None and hasattr(allocator, "kernel_backend"):
-            allocator.kernel_backend = backend  # the allocator is what calls the kernels
-        return manager
-
-    return build
-
-
-def load_factory(spec: str) -> Factory:
-    """``MODULE:NAME`` -> that callable (a factory ``(PoolConfig) -> MemoryManagerProtocol``)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"expected MODULE:FACTORY, got {spec!r}")
-    factory = getattr(importlib.import_module(module_name), attr)
-    if not callable(factory):
-        raise TypeError(f"{spec} is not callable")
-    built: Factory = factory
-    return built
-
-
 def replay(
     factory_a: Factory,
     factory_b: Factory,
@@ -138,21 +92,30 @@ def shrink(
     detector: str,
     labels: tuple[str, str] = ("reference", "candidate"),
     budget_s: float = 20.0,
+    max_replays: int | None = None,
 ) -> tuple[list[Op], LockstepFailure | None]:
     """Smallest sub-list of ``ops`` found that still fails with ``detector`` (greedy chunk then
-    single-step deletion, within ``budget_s`` seconds) and its failure."""
+    single-step deletion) and its failure. It stops after ``budget_s`` seconds or
+    ``max_replays`` candidate replays, whichever comes first: a replay bound, unlike the clock,
+    gives the same result on a loaded machine."""
     deadline = time.monotonic() + budget_s
     best = list(ops)
     last = replay(factory_a, factory_b, config, best, labels)
+    replays = 0
+
+    def within() -> bool:
+        return time.monotonic() < deadline and (max_replays is None or replays < max_replays)
 
     def still_fails(candidate: list[Op]) -> LockstepFailure | None:
+        nonlocal replays
+        replays += 1
         found = replay(factory_a, factory_b, config, candidate, labels)
         return found if found is not None and found.detector == detector else None
 
     chunk = max(len(best) // 2, 1)
-    while chunk >= 1 and time.monotonic() < deadline:
+    while chunk >= 1 and within():
         i = 0
-        while i + chunk <= len(best) and time.monotonic() < deadline:
+        while i + chunk <= len(best) and within():
             found = still_fails(best[:i] + best[i + chunk :])
             if found is None:
                 i += chunk

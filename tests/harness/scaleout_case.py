@@ -14,7 +14,7 @@ from hypothesis import Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvpool.testing.campaign import reference_factory
+from kvpool.testing.factories import reference_factory
 from kvpool.testing.lockstep import LockstepFailure, make_lockstep_machine
 from kvpool.testing.profiles import register_profiles
 from tests.harness.buggy_impl import leaky_factory

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvpool.cli import main
-from kvpool.testing.campaign import reference_factory, run_campaign
+from kvpool.testing.campaign import run_campaign
+from kvpool.testing.factories import reference_factory
 from kvpool.testing.lockstep import Lockstep
 from kvpool.testing.swarm import Op
 

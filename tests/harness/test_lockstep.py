@@ -14,7 +14,7 @@ from __future__ import annotations
 from hypothesis import settings
 
 from kvpool.config import PoolConfig
-from kvpool.testing.campaign import optimized_factory, reference_factory
+from kvpool.testing.factories import optimized_factory, reference_factory
 from kvpool.testing.lockstep import make_lockstep_test
 from kvpool.testing.swarm import Chooser, draw_config
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvpool.replay import ReplaySettings, replay_trace, scaled_prompt
-from kvpool.testing.campaign import optimized_factory, reference_factory
+from kvpool.testing.factories import optimized_factory, reference_factory
 from kvpool.traces import TraceRecord
 
 

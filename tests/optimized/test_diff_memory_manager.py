@@ -2,7 +2,8 @@
 lifecycles (page sizes 1, 2, 4, 16, 64; every eviction policy; the radix cache on and off).
 
 Every call goes to both twins; they must return the same slots (as lists) or raise the same
-error type, and their whole-state snapshots (allocator free lists, table rows, tree nodes with
+error type (the state unchanged: exactly, or for OutOfMemoryError in everything the pools
+account), and their whole-state snapshots (allocator free lists, table rows, tree nodes with
 ids, requests, sessions, KV tags) must be equal after every step."""
 
 from __future__ import annotations
@@ -18,9 +19,16 @@ from hypothesis import strategies as st
 
 from kvpool.config import PoolConfig
 from kvpool.constants import EVICTION_POLICIES, SUPPORTED_PAGE_SIZES_TESTED
-from kvpool.errors import KVPoolError
+from kvpool.errors import (
+    ContextOverflowError,
+    InvalidArgumentError,
+    KVPoolError,
+    OutOfMemoryError,
+    RowReuseError,
+)
 from kvpool.optimized.memory_manager import MemoryManager as OptMM
 from kvpool.reference.memory_manager import MemoryManager as RefMM
+from kvpool.snapshot import PoolSnapshot
 
 
 def _plain(x: Any) -> Any:
@@ -29,6 +37,21 @@ def _plain(x: Any) -> Any:
     if isinstance(x, list):
         return [int(v) for v in x]
     return x
+
+
+def _accounted(snap: PoolSnapshot) -> tuple[Any, ...]:
+    """What an out-of-memory failure must leave exactly unchanged."""
+    tree = snap.tree
+    locks = sum(n.lock_ref * len(n.key) for n in tree.nodes)  # unchanged by a split
+    return (
+        snap.allocator,
+        snap.req_to_token,
+        snap.reqs,
+        snap.sessions,
+        tree.evictable_size,
+        tree.protected_size,
+        locks,
+    )
 
 
 class Lockstep:
@@ -42,13 +65,22 @@ class Lockstep:
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         ref_fn: Callable[..., Any] = getattr(self.ref, name)
         opt_fn: Callable[..., Any] = getattr(self.opt, name)
+        before = self.ref.snapshot()
         try:
             r = ref_fn(*args, **kwargs)
         except KVPoolError as exc:
-            with pytest.raises(type(exc)):
+            with pytest.raises(type(exc)) as info:
                 opt_fn(*args, **kwargs)
+            assert type(info.value) is type(exc), name
             self.errors += 1
             self.check()
+            after = self.ref.snapshot()
+            if isinstance(exc, OutOfMemoryError):
+                # A match done by the failed extend may leave splits and access times behind;
+                # everything the pools account must be as it was.
+                assert _accounted(after) == _accounted(before), name
+            else:
+                assert after == before, f"{name} raised {exc!r} and changed the state"
             return None
         o = opt_fn(*args, **kwargs)
         assert _plain(r) == _plain(o), name
@@ -178,3 +210,37 @@ def test_running_tag_hash_matches_kv_tags(tokens: list[int], extra: str | None, 
     cut = min(cut, len(tokens))
     assert req.kv_tags_upto(cut).tolist() == kv_tags(tokens[:cut], extra)
     assert req.kv_tags_upto(len(tokens)).tolist() == kv_tags(tokens, extra)
+
+
+@pytest.mark.parametrize("twin", ["reference", "optimized"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_primitives_refuse_misuse_before_allocating_in_both_twins(
+    twin: str, page_size: int
+) -> None:
+    """The SGLang-named primitives check rows, lengths and capacity before evicting or allocating
+    (a RowReuseError found after the slot allocation used to leak the slots)."""
+    config = PoolConfig(size=16 * page_size, page_size=page_size, req_pool_size=2)
+    mm: Any = RefMM(config) if twin == "reference" else OptMM(config, checked=True)
+    mm.new_req("a", [1, 2, 3])
+    mm.new_req("b", [4, 5, 6])
+    mm.extend(["a"])
+    held = mm.reqs["a"]
+    squatter = type(held)("x", [5, 6, 7])
+    squatter.req_pool_idx = held.req_pool_idx  # held by "a"; x has no committed KV
+    rowless = mm.reqs["b"]  # waiting: no row
+    cases: list[tuple[type[KVPoolError], Callable[[], object]]] = [
+        (RowReuseError, lambda: mm.alloc_for_extend([squatter], [3])),
+        (ContextOverflowError, lambda: mm.alloc_for_extend([rowless], [10**6])),
+        (InvalidArgumentError, lambda: mm.alloc_for_extend([rowless], [3, 3])),
+        (InvalidArgumentError, lambda: mm.alloc_for_decode([held, rowless])),
+        (InvalidArgumentError, lambda: mm.release_kv_cache(rowless)),
+        (InvalidArgumentError, lambda: mm.tree_cache.cache_finished_req(rowless)),
+        (InvalidArgumentError, lambda: mm.tree_cache.cache_unfinished_req(rowless)),
+    ]
+    for error, action in cases:
+        before = mm.snapshot()
+        with pytest.raises(error) as info:
+            action()
+        assert type(info.value) is error
+        assert mm.snapshot() == before, error
+        assert rowless.req_pool_idx is None and squatter.kv_allocated_len == 0

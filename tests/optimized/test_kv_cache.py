@@ -94,14 +94,20 @@ def test_shapes_rows_and_layers() -> None:
     assert kv.num_rows == 20 and (kv.start_layer, kv.end_layer) == (5, 7)
     assert kv.get_key_buffer(5).shape == (20, 2, 8) and kv.get_value_buffer(7).shape == (20, 2, 4)
     assert kv.get_key_buffer(6).dtype == torch.float16
+    kv.write_tags([1, 2, 3], [7, 8, 9])
+    before = [b.clone() for b in (*kv.k_buffer, *kv.v_buffer)]
     with pytest.raises(IndexOutOfRangeError):
         kv.get_key_buffer(4)
     with pytest.raises(IndexOutOfRangeError):
-        kv.set_kv_buffer(8, [1], torch.zeros(1, 2, 8), torch.zeros(1, 2, 4))
+        kv.set_kv_buffer(8, [1], torch.ones(1, 2, 8), torch.ones(1, 2, 4))
     with pytest.raises(InvalidArgumentError):
-        kv.set_kv_buffer(5, [1], torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))
+        kv.set_kv_buffer(5, [1], torch.ones(1, 2, 4), torch.ones(1, 2, 4))
     with pytest.raises(InvalidArgumentError):
         kv.move_kv_cache([1, 2], [3])
+    # A refused write or move changed no buffer of any layer.
+    after = [*kv.k_buffer, *kv.v_buffer]
+    assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
+    assert kv.read_tags([1, 2, 3]) == [7, 8, 9]
     with pytest.raises(ConfigError):
         opt.MHATokenToKVPool(16, 4, "int8", 2, 8, 3)
 

@@ -3,20 +3,25 @@ retract, eviction and out-of-memory (every pool unchanged)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from kvpool.config import PoolConfig
 from kvpool.errors import (
     ContextOverflowError,
     InvalidArgumentError,
+    KVPoolError,
     OutOfMemoryError,
     RequestStateError,
+    RowReuseError,
     UnknownRequestError,
 )
 from kvpool.invariants import check_all
 from kvpool.protocols import KVCacheProtocol, MemoryManagerProtocol, RadixCacheProtocol
 from kvpool.reference.kv_cache import MHATokenToKVPool, MLATokenToKVPool
 from kvpool.reference.memory_manager import MemoryManager
+from kvpool.reference.req import Req
 from kvpool.tags import kv_tags
 
 
@@ -170,30 +175,38 @@ def test_finish_batch_in_one_free_group() -> None:
     assert snap.allocator.available_size() == 28
 
 
-def test_errors() -> None:
+def refused(mm: MemoryManager, error: type[Exception], action: Callable[[], object]) -> None:
+    """``action`` raises exactly ``error`` (a typed KVPoolError) and the whole state is unchanged:
+    pools, tree, request and session tables (the snapshot compares them all)."""
+    before = mm.snapshot()
+    reqs_before = {rid: repr(r) for rid, r in mm.reqs.items()}
+    with pytest.raises(error) as info:
+        action()
+    assert type(info.value) is error and isinstance(info.value, KVPoolError)
+    assert mm.snapshot() == before
+    assert {rid: repr(r) for rid, r in mm.reqs.items()} == reqs_before
+
+
+def test_errors_change_nothing() -> None:
     mm = manager(max_context_len=6)
-    with pytest.raises(UnknownRequestError):
-        mm.match_prefix("nope")
-    with pytest.raises(InvalidArgumentError):
-        mm.new_req("x", [])
-    with pytest.raises(ContextOverflowError):
-        mm.new_req("x", [1] * 7)
+    refused(mm, UnknownRequestError, lambda: mm.match_prefix("nope"))
+    refused(mm, InvalidArgumentError, lambda: mm.new_req("x", []))
+    refused(mm, ContextOverflowError, lambda: mm.new_req("x", [1] * 7))
     mm.new_req("a", [1] * 6)
-    with pytest.raises(InvalidArgumentError):
-        mm.new_req("a", [1])
-    with pytest.raises(RequestStateError):
-        mm.decode(["a"], [1])
-    with pytest.raises(InvalidArgumentError):
-        mm.extend(["a", "a"])
-    with pytest.raises(InvalidArgumentError):
-        mm.extend(["a"], [0])
+    refused(mm, InvalidArgumentError, lambda: mm.new_req("a", [1]))
+    refused(mm, RequestStateError, lambda: mm.decode(["a"], [1]))
+    refused(mm, InvalidArgumentError, lambda: mm.extend(["a", "a"]))
+    refused(mm, InvalidArgumentError, lambda: mm.extend(["a"], [0]))
+    refused(mm, InvalidArgumentError, lambda: mm.extend(["a"], [1, 1]))
+    refused(mm, UnknownRequestError, lambda: mm.extend(["a", "nope"]))
+    refused(mm, RequestStateError, lambda: mm.finish(["a"]))
+    refused(mm, RequestStateError, lambda: mm.retract("a"))
     mm.extend(["a"])
-    with pytest.raises(ContextOverflowError):
-        mm.decode(["a"], [1])
-    with pytest.raises(InvalidArgumentError):
-        mm.decode(["a"], [1, 2])
-    with pytest.raises(RequestStateError):
-        mm.match_prefix("a")
+    refused(mm, ContextOverflowError, lambda: mm.decode(["a"], [1]))
+    refused(mm, InvalidArgumentError, lambda: mm.decode(["a"], [1, 2]))
+    refused(mm, RequestStateError, lambda: mm.match_prefix("a"))
+    refused(mm, RequestStateError, lambda: mm.extend(["a"]))  # running, not chunked
+    refused(mm, InvalidArgumentError, lambda: mm.evict(-1))
     check_all(mm.snapshot())
 
 
@@ -268,3 +281,25 @@ def test_priority_eviction_through_the_manager() -> None:
     assert mm.evict(1) == 3
     remaining = [n.key for n in mm.snapshot().tree.nodes[1:]]
     assert remaining == [(1, 1, 1)]
+
+
+def test_primitives_refuse_misuse_before_allocating() -> None:
+    # alloc_for_extend used to allocate (and evict) the slots before alloc_req_slots found the
+    # illegal row reuse: the RowReuseError then leaked the slots. Every check now comes first.
+    mm = manager(size=16, req_pool_size=2, max_context_len=16)
+    mm.new_req("a", [1, 2, 3])
+    mm.extend(["a"])
+    squatter = Req("x", [5, 6, 7])
+    squatter.req_pool_idx = mm.reqs["a"].req_pool_idx  # held by "a"; x has no committed KV
+    refused(mm, RowReuseError, lambda: mm.alloc_for_extend([squatter], [3]))
+    fresh = Req("y", [5, 6, 7])
+    refused(mm, ContextOverflowError, lambda: mm.alloc_for_extend([fresh], [17]))
+    fresh.prefix_indices = mm.req_to_token_pool.read(1, 0, 2)
+    refused(mm, InvalidArgumentError, lambda: mm.alloc_for_extend([fresh], [1]))
+    rowless = Req("z", [5])
+    refused(mm, InvalidArgumentError, lambda: mm.alloc_for_decode([mm.reqs["a"], rowless]))
+    refused(mm, InvalidArgumentError, lambda: mm.release_kv_cache(rowless))
+    refused(mm, InvalidArgumentError, lambda: mm.tree_cache.cache_finished_req(rowless))
+    refused(mm, InvalidArgumentError, lambda: mm.tree_cache.cache_unfinished_req(rowless))
+    assert fresh.req_pool_idx is None and squatter.kv_allocated_len == 0
+    check_all(mm.snapshot())

@@ -99,8 +99,33 @@ def test_locks_move_sizes_and_refuse_negative() -> None:
         cache.dec_lock_ref(leaf)
     assert (cache.evictable_size(), cache.protected_size()) == (5, 0)
     assert cache.evict(100) == 5
+    before = cache.snapshot()
     with pytest.raises(LockError):
         cache.inc_lock_ref(leaf)  # detached node
+    assert cache.snapshot() == before
+
+
+def test_lock_errors_are_atomic_over_the_path() -> None:
+    # The upper node is locked, the leaf below it is not: unlocking from the leaf must fail
+    # before touching the upper node (a walk that decrements as it goes would leave it at 0).
+    cache, alloc, _ = make()
+    put(cache, alloc, [1, 2, 3])
+    put(cache, alloc, [1, 2, 3, 4, 5])
+    upper = cache.match_prefix(RadixKey([1, 2, 3])).last_device_node
+    leaf = cache.match_prefix(RadixKey([1, 2, 3, 4, 5])).last_device_node
+    assert upper is not None and leaf is not None and leaf.parent is upper
+    cache.inc_lock_ref(upper)
+    before = cache.snapshot()
+    with pytest.raises(LockError):
+        cache.dec_lock_ref(leaf)
+    assert cache.snapshot() == before
+    assert (upper.lock_ref, cache.protected_size(), cache.evictable_size()) == (1, 3, 2)
+    with pytest.raises(InvalidArgumentError):
+        cache.insert(RadixKey([8, 9]), [40])  # fewer slots than tokens
+    assert cache.snapshot() == before
+    with pytest.raises(InvalidArgumentError):
+        cache.evict(-1)
+    assert cache.snapshot() == before
 
 
 @pytest.mark.parametrize(
@@ -226,3 +251,13 @@ def test_chunk_cache_is_a_no_tree_cache() -> None:
     cache.cache_finished_req(req)
     assert alloc.available_size() == free_before + 3
     assert cache.snapshot().nodes == () and "disabled" in cache.pretty_print()
+
+
+def test_chunk_cache_refuses_a_request_without_a_row() -> None:
+    alloc = TokenToKVPoolAllocator(8)
+    cache = ChunkCache(ReqToTokenPool(2, 8), alloc, 1)
+    req = Req("r", [1, 2])
+    for action in (cache.cache_finished_req, cache.cache_unfinished_req):
+        with pytest.raises(InvalidArgumentError):
+            action(req)
+        assert alloc.available_size() == 8

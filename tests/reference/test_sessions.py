@@ -8,6 +8,7 @@ from kvpool.config import PoolConfig
 from kvpool.errors import InvalidArgumentError, RequestStateError, UnknownRequestError
 from kvpool.invariants import check_all
 from kvpool.reference.memory_manager import MemoryManager
+from tests.reference.test_memory_manager import refused
 
 
 def manager(ps: int = 1, **kw: object) -> MemoryManager:
@@ -24,19 +25,27 @@ def test_two_turns_then_close_returns_everything(ps: int) -> None:
     mm.extend(["t1"])
     mm.spec_step(["t1"], [[6]], reserve=2)  # over-allocates past the committed KV
     row = mm.reqs["t1"].req_pool_idx
+    allocated = -(-(6 - 1 + 2 * 2) // ps) * ps  # ceil_align(committed 5 + 2R, ps) before the step
+    assert row is not None and mm.reqs["t1"].kv_allocated_len == allocated
+    kv = mm.req_to_token_pool.read(row, 0, allocated)
     mm.finish(["t1"])
     slot = mm.sessions["s"]
     assert slot.req_pool_idx == row and slot.kv_committed_len == 6
-    assert slot.kv_allocated_len > 6 and slot.busy_with is None
+    assert slot.kv_allocated_len == allocated and slot.busy_with is None
     snap = mm.snapshot()
     check_all(snap)
-    assert snap.sessions[0].row[:6] == snap.sessions[0].row[:6]
+    assert snap.sessions[0].row == tuple(kv)  # the session took the row as it was, nothing freed
     assert mm.req_to_token_pool.available_size() == 1  # the session keeps the row
 
     mm.new_req("t2", [7, 8], session_id="s")
     assert mm.reqs["t2"].all_token_ids == [1, 2, 3, 4, 5, 6, 7, 8]
     assert mm.match_prefix("t2") == 6
+    free_before = mm.token_to_kv_pool_allocator.available_size()
     mm.extend(["t2"])
+    # Restore frees the orphan tail [ceil_align(6), allocated); t2 then takes its new pages.
+    orphan = allocated - -(-6 // ps) * ps
+    new = 2 if ps == 1 else (-(-8 // ps) - -(-6 // ps)) * ps
+    assert mm.token_to_kv_pool_allocator.available_size() == free_before + orphan - new
     t2 = mm.reqs["t2"]
     assert t2.req_pool_idx == row and t2.kv_committed_len == 8
     assert slot.req_pool_idx is None and slot.busy_with == "t2"
@@ -69,26 +78,23 @@ def test_session_turn_shares_tree_prefix_lock() -> None:
     check_all(mm.snapshot())
 
 
-def test_session_rules() -> None:
+def test_session_rules_refuse_and_change_nothing() -> None:
     mm = manager()
-    with pytest.raises(UnknownRequestError):
-        mm.new_req("x", [1], session_id="nope")
+    refused(mm, UnknownRequestError, lambda: mm.new_req("x", [1], session_id="nope"))
     mm.open_session("s")
-    with pytest.raises(InvalidArgumentError):
-        mm.open_session("s")
+    refused(mm, InvalidArgumentError, lambda: mm.open_session("s"))
     mm.new_req("t1", [1, 2], extra_key="ns", session_id="s")
-    with pytest.raises(RequestStateError):
-        mm.new_req("t1b", [1], session_id="s")  # one turn at a time
-    with pytest.raises(RequestStateError):
-        mm.close_session("s")
+    refused(mm, RequestStateError, lambda: mm.new_req("t1b", [1], session_id="s"))  # one turn
+    refused(mm, RequestStateError, lambda: mm.close_session("s"))
     mm.extend(["t1"])
     mm.finish(["t1"])
-    with pytest.raises(InvalidArgumentError):
-        mm.new_req("t2", [3], extra_key="other", session_id="s")
+    refused(
+        mm, InvalidArgumentError, lambda: mm.new_req("t2", [3], extra_key="other", session_id="s")
+    )
     mm.new_req("t2", [3], session_id="s")
     assert mm.reqs["t2"].extra_key == "ns"  # inherits the session's namespace
-    with pytest.raises(UnknownRequestError):
-        mm.close_session("nope")
+    refused(mm, UnknownRequestError, lambda: mm.close_session("nope"))
+    refused(mm, RequestStateError, lambda: mm.close_session("s"))  # busy with t2
 
 
 def test_abort_of_restored_turn_releases_the_history() -> None:

@@ -5,10 +5,16 @@ from __future__ import annotations
 import pytest
 
 from kvpool.config import PoolConfig
-from kvpool.errors import ContextOverflowError, InvalidArgumentError, OutOfMemoryError
+from kvpool.errors import (
+    ContextOverflowError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    UnknownRequestError,
+)
 from kvpool.invariants import check_all
 from kvpool.reference.memory_manager import MemoryManager
 from kvpool.tags import kv_tags
+from tests.reference.test_memory_manager import refused
 
 
 def running(ps: int, size: int = 64, tokens: tuple[int, ...] = (1, 2, 3)) -> MemoryManager:
@@ -44,14 +50,14 @@ def test_v2_allocation_runs_ahead_and_is_freed_on_release(ps: int) -> None:
 
 def test_v2_rejects_bad_arguments_and_oom_changes_nothing() -> None:
     mm = running(1, size=8)
-    with pytest.raises(InvalidArgumentError):
-        mm.spec_step(["a"], [[1, 2, 3]], reserve=1)
-    with pytest.raises(ContextOverflowError):
-        mm.spec_step(["a"], [[]], reserve=20)
-    before = mm.snapshot()
-    with pytest.raises(OutOfMemoryError):
-        mm.spec_step(["a"], [[]], reserve=3)  # needs 6 slots, 5 free
-    assert mm.snapshot() == before
+    refused(mm, InvalidArgumentError, lambda: mm.spec_step(["a"], [[1, 2, 3]], reserve=1))
+    refused(mm, InvalidArgumentError, lambda: mm.spec_step(["a"], [[]], reserve=-1))
+    refused(mm, InvalidArgumentError, lambda: mm.spec_step(["a"], [[], []], reserve=1))
+    refused(mm, ContextOverflowError, lambda: mm.spec_step(["a"], [[]], reserve=20))
+    refused(mm, OutOfMemoryError, lambda: mm.spec_step(["a"], [[]], reserve=3))  # 6 > 5 free
+    refused(mm, InvalidArgumentError, lambda: mm.spec_draft_v1(["a"], -1))
+    refused(mm, OutOfMemoryError, lambda: mm.spec_draft_v1(["a"], 6))
+    refused(mm, UnknownRequestError, lambda: mm.spec_step(["b"], [[]], reserve=1))
 
 
 @pytest.mark.parametrize("ps", [1, 4])

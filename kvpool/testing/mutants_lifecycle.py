@@ -1,0 +1,138 @@
+"""Seeded lifecycle bugs: finish and release paths, request rows, sessions.
+
+Each function patches one optimized twin in place (see :mod:`kvpool.testing.mutant_base`);
+:mod:`kvpool.testing.mutants` registers them with the detectors that must catch them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kvpool.constants import ceil_align, floor_align
+from kvpool.testing.mutant_base import during, wrap
+
+
+def finish_frees_twice(mm: Any) -> None:
+    def make(orig: Any) -> Callable[..., None]:
+        def release(req: Any, is_insert: bool = True) -> None:
+            row, start, stop = req.req_pool_idx, req.cache_protected_len, req.kv_committed_len
+            slots = mm.req_to_token_pool.read(row, start, stop).clone()
+            orig(req, is_insert)
+            if not is_insert and slots.numel():
+                mm.token_to_kv_pool_allocator.free(slots)  # the non-insert path frees again
+
+        return release
+
+    wrap(mm, "release_kv_cache", make)
+
+
+def leak_partial_tail(mm: Any) -> None:
+    tree, alloc = mm.tree_cache, mm.token_to_kv_pool_allocator
+    ps = mm.page_size
+
+    def make(orig: Any) -> Callable[..., None]:
+        def cache_finished(req: Any, is_insert: bool = True) -> None:
+            committed = req.kv_committed_len
+            aligned = floor_align(committed, ps)
+            if not is_insert or aligned == committed:
+                return orig(req, is_insert)  # type: ignore[no-any-return]
+            tail = set(mm.req_to_token_pool.read(req.req_pool_idx, aligned, committed).tolist())
+            free = alloc.free
+
+            def free_but_tail(slots: Any) -> None:
+                kept = [s for s in torch.as_tensor(slots).tolist() if s not in tail]
+                free(torch.tensor(kept, dtype=torch.int64))
+
+            return during(alloc, "free", free_but_tail, lambda: orig(req, is_insert))  # type: ignore[no-any-return]
+
+        return cache_finished
+
+    wrap(tree, "cache_finished_req", make)
+
+
+def leak_spec_overalloc(mm: Any) -> None:
+    def make(orig: Any) -> Callable[..., None]:
+        def release(req: Any, is_insert: bool = True) -> None:
+            # forgets the speculative columns: they are never freed
+            req.kv_allocated_len = min(
+                req.kv_allocated_len, ceil_align(req.kv_committed_len, mm.page_size)
+            )
+            orig(req, is_insert)
+
+        return release
+
+    wrap(mm, "release_kv_cache", make)
+
+
+def chunked_row_reused(mm: Any) -> None:
+    pool = mm.req_to_token_pool
+
+    def make(orig: Any) -> Callable[..., list[int] | None]:
+        def alloc(reqs: Any) -> list[int] | None:
+            fresh = [i for i, r in enumerate(reqs) if r.req_pool_idx is None]
+            rows = orig(reqs)
+            busy = [
+                r.req_pool_idx
+                for r in mm.reqs.values()
+                if r.is_chunked and r.req_pool_idx is not None and r not in reqs
+            ]
+            if rows is not None and fresh and busy:
+                i = fresh[0]
+                pool.free_slots.append(rows[i])  # the fresh row goes back...
+                rows[i] = reqs[i].req_pool_idx = busy[0]  # ...and the chunked one is shared
+            return rows  # type: ignore[no-any-return]
+
+        return alloc
+
+    wrap(pool, "alloc", make)
+
+
+def generation_not_bumped(mm: Any) -> None:
+    pool = mm.req_to_token_pool
+
+    def make(orig: Any) -> Callable[..., list[int] | None]:
+        def alloc(reqs: Any) -> list[int] | None:
+            saved = list(pool.req_generation)
+            rows = orig(reqs)
+            pool.req_generation[:] = saved
+            return rows  # type: ignore[no-any-return]
+
+        return alloc
+
+    wrap(pool, "alloc", make)
+
+
+def row_not_rewritten(mm: Any) -> None:
+    tree, pool = mm.tree_cache, mm.req_to_token_pool
+
+    def make(orig: Any) -> Callable[..., None]:
+        def cache_unfinished(req: Any, chunked: bool = False) -> None:
+            during(pool, "write", lambda index, values: None, lambda: orig(req, chunked))
+
+        return cache_unfinished
+
+    wrap(tree, "cache_unfinished_req", make)
+
+
+def session_extra_lock(mm: Any) -> None:
+    def make(orig: Any) -> Callable[[str], None]:
+        def open_session(session_id: str) -> None:
+            orig(session_id)
+            slot = mm.sessions[session_id]
+
+            def make_restore(restore: Any) -> Callable[..., None]:
+                def restore_into(req: Any, *args: Any) -> None:
+                    restore(req, *args)
+                    if req.last_node is not None and req.last_node is not mm.tree_cache.root_node:
+                        mm.tree_cache.inc_lock_ref(req.last_node)  # nobody releases this one
+
+                return restore_into
+
+            wrap(slot, "restore_into", make_restore)
+
+        return open_session
+
+    wrap(mm, "open_session", make)
