@@ -7,9 +7,12 @@ every running request then decodes one token per step until it has produced
 ``min(output_length, max_output)`` tokens, and finished requests leave in one batch (inserted
 into the radix tree). An admission or decode that runs out of memory aborts the youngest request
 and sends it back to the head of the queue; a request that cannot fit even in an idle pool is
-rejected. Every call runs through :class:`kvpool.testing.lockstep.Lockstep`, so the two
-implementations are compared at every step and every invariant is checked (every
-``check_every`` steps when asked, for long prompts).
+rejected (skipped: it counts as a miss in the hit ratio). By default every call runs through
+:class:`kvpool.testing.lockstep.Lockstep`, so the two implementations are compared at every step
+and every invariant is checked (every ``check_every`` steps when asked, for long prompts). With
+no second factory (``kvpool replay --twin-only``) only one implementation runs, through
+:class:`SoloStepper`: every invariant is still checked on its snapshot every ``check_every``
+steps, but nothing compares it with the reference (capacity planning at real sizes).
 
 Prompts come from :mod:`kvpool.traces` (block ids turned into tokens). ``block_tokens`` below
 512 keeps the first ``block_tokens`` tokens of every 512-token block: the same sharing structure
@@ -23,15 +26,19 @@ or cached).
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
-from kvpool.errors import OutOfMemoryError
-from kvpool.testing.lockstep import Factory, Lockstep
+from kvpool.errors import InvariantViolation, KVPoolError, OutOfMemoryError
+from kvpool.invariants import check_all
+from kvpool.snapshot import PoolSnapshot
+from kvpool.testing.lockstep import Factory, Lockstep, LockstepFailure
 from kvpool.testing.swarm import Op
 from kvpool.traces import BLOCK_SIZE, TraceRecord, blocks_token_array
 
@@ -91,6 +98,52 @@ class ReplayStats:
         return out
 
 
+class Stepper(Protocol):
+    """What the driver steps: :class:`~kvpool.testing.lockstep.Lockstep` or :class:`SoloStepper`
+    (``a`` is the implementation whose statistics are reported)."""
+
+    config: PoolConfig
+    a: Any
+    checks: int
+
+    def run(self, op: Op) -> Any: ...
+
+
+class SoloStepper:
+    """One implementation alone: each op is called, and every ``check_every`` steps its snapshot
+    goes through every invariant (:func:`kvpool.invariants.check_all`, with the previous checked
+    snapshot). Returns the result or the :class:`~kvpool.errors.KVPoolError` instance, like
+    :meth:`Lockstep.run`; a violation raises :class:`~kvpool.testing.lockstep.LockstepFailure`
+    named by the invariant id; any other exception propagates."""
+
+    def __init__(self, factory: Factory, config: PoolConfig, label: str, check_every: int = 1):
+        self.config, self.label = config, label
+        self.check_every = max(check_every, 1)
+        self.a = factory(config)
+        self.steps = 0
+        self.checks = 0
+        self.snap: PoolSnapshot = self.a.snapshot()
+        self._check(None, "build")
+
+    def _check(self, prev: PoolSnapshot | None, what: str) -> None:
+        try:
+            self.checks += check_all(self.snap, prev)
+        except InvariantViolation as exc:
+            text = f"{self.label} after step {self.steps} ({what}): {exc}"
+            raise LockstepFailure(exc.invariant_id, self.steps, text, exc.indices) from exc
+
+    def run(self, op: Op) -> Any:
+        self.steps += 1
+        try:
+            out: Any = op.call(self.a)
+        except KVPoolError as exc:
+            out = exc
+        if self.steps % self.check_every == 0:
+            prev, self.snap = self.snap, self.a.snapshot()
+            self._check(prev, op.name)
+        return out
+
+
 def scaled_prompt(record: TraceRecord, block_tokens: int) -> list[int]:
     """The record's prompt with every block cut to its first ``block_tokens`` tokens (all of
     them when ``block_tokens >= 512``); equal block ids still give equal tokens."""
@@ -103,11 +156,49 @@ def scaled_prompt(record: TraceRecord, block_tokens: int) -> list[int]:
     return cut
 
 
+def prepare_requests(
+    records: list[TraceRecord], settings: ReplaySettings
+) -> tuple[list[list[int]], list[int]]:
+    """Prompts (tokens, see :func:`scaled_prompt`) and output lengths (tokens, capped at
+    ``max_output``, at least 1) of ``records``: computed once, shared by every replay of a job."""
+    prompts = [scaled_prompt(r, settings.block_tokens) for r in records]
+    outputs = [max(min(r.output_length, settings.max_output), 1) for r in records]
+    return prompts, outputs
+
+
+def cache_footprint_tokens(records: list[TraceRecord], block_tokens: int) -> int:
+    """Tokens the distinct prompt blocks of ``records`` occupy (each ``block_tokens`` long, at
+    most 512): about the pool size above which nothing is ever evicted."""
+    return len({b for r in records for b in r.hash_ids}) * min(block_tokens, BLOCK_SIZE)
+
+
+def replay_pool_sizes(
+    records: list[TraceRecord], settings: ReplaySettings, points: int = 4
+) -> list[int]:
+    """``points`` pool sizes (tokens, whole pages) for a hit-ratio curve, from the trace's peak
+    demand: the smallest pool that rejects nothing (the longest request, page-aligned, plus an
+    output page per running request) times 1, 2, 4, ... (``2**k`` for ``k < points``), none
+    above the cache footprint (:func:`cache_footprint_tokens`: past it nothing is evicted)."""
+    ps = settings.page_size
+    prompts, outputs = prepare_requests(records, settings)
+    need = max((ceil_align(len(p) + o, ps) for p, o in zip(prompts, outputs, strict=True)),
+               default=ps) + settings.concurrency * ps  # fmt: skip
+    top = max(ceil_align(cache_footprint_tokens(records, settings.block_tokens), ps), need)
+    return sorted({min(need << k, top) for k in range(points)})
+
+
 class _Driver:
     """One replay: the queue, the running set and the counters."""
 
-    def __init__(self, pair: Lockstep, stats: ReplayStats, settings: ReplaySettings) -> None:
+    def __init__(
+        self,
+        pair: Stepper,
+        stats: ReplayStats,
+        settings: ReplaySettings,
+        on_request: Callable[[], None] | None = None,
+    ) -> None:
         self.pair, self.stats, self.settings = pair, stats, settings
+        self.on_request = on_request or (lambda: None)  # one call per request done or rejected
         self.running: dict[str, int] = {}  # rid -> output tokens still to produce
         self.hold = False  # after a request was sent back: admit nothing until one finishes
         self.matched: dict[int, int] = {}  # request index -> prompt tokens found cached
@@ -177,6 +268,8 @@ class _Driver:
             for rid in done:
                 del self.running[rid]
             self.stats.finished += len(done)
+            for _ in done:
+                self.on_request()
             self.hold = False
 
 
@@ -189,19 +282,49 @@ def replay_trace(
     records: list[TraceRecord],
     settings: ReplaySettings,
     factory_a: Factory,
-    factory_b: Factory,
+    factory_b: Factory | None,
     labels: tuple[str, str] = ("reference", "optimized"),
+    requests: tuple[list[list[int]], list[int]] | None = None,
+    on_request: Callable[[], None] | None = None,
 ) -> ReplayStats:
     """Replay ``records`` (in order) on A and B in lockstep; the statistics of A (equal to B's:
-    any difference raises :class:`~kvpool.testing.lockstep.LockstepFailure`)."""
+    any difference raises :class:`~kvpool.testing.lockstep.LockstepFailure`). With
+    ``factory_b`` None, A runs alone (:class:`SoloStepper`, labelled ``labels[0]``).
+    ``requests``: :func:`prepare_requests` of ``records`` when already computed;
+    ``on_request`` is called once per request finished or rejected (progress bars)."""
+    # Long prompts keep millions of token ints alive (prompts, rows, snapshots); the cyclic
+    # collector would rescan them over and over (~20% of a replay) while the replay itself makes
+    # few cycles (tree parent links): pause it for the run, collect once at the end.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _replay(records, settings, factory_a, factory_b, labels, requests, on_request)
+    finally:
+        if paused:
+            gc.enable()
+            gc.collect()
+
+
+def _replay(
+    records: list[TraceRecord],
+    settings: ReplaySettings,
+    factory_a: Factory,
+    factory_b: Factory | None,
+    labels: tuple[str, str],
+    requests: tuple[list[list[int]], list[int]] | None,
+    on_request: Callable[[], None] | None,
+) -> ReplayStats:
     start = time.monotonic()
-    prompts = [scaled_prompt(r, settings.block_tokens) for r in records]
-    outputs = [max(min(r.output_length, settings.max_output), 1) for r in records]
+    prompts, outputs = requests or prepare_requests(records, settings)
     longest = max((len(p) for p in prompts), default=1)
-    pair = Lockstep(factory_a, factory_b, settings.pool_config(longest), labels,
-                    settings.check_every)  # fmt: skip
+    config = settings.pool_config(longest)
+    pair: Stepper
+    if factory_b is None:
+        pair = SoloStepper(factory_a, config, labels[0], settings.check_every)
+    else:
+        pair = Lockstep(factory_a, factory_b, config, labels, settings.check_every)
     stats = ReplayStats(settings.policy, pair.config.size, settings.page_size, len(records))
-    driver = _Driver(pair, stats, settings)
+    driver = _Driver(pair, stats, settings, on_request)
     queue: deque[tuple[str, int]] = deque((f"q{i}", i) for i in range(len(records)))
     attempts: dict[int, int] = {}
     step = 0
@@ -211,6 +334,7 @@ def replay_trace(
             if ceil_align(len(prompts[i]) + outputs[i], settings.page_size) > pair.config.size:
                 queue.popleft()
                 stats.rejected += 1
+                driver.on_request()
                 continue
             if driver.running and not driver.room_for(len(prompts[i]), outputs[i]):
                 break
@@ -220,6 +344,7 @@ def replay_trace(
             queue.popleft()
             if admitted is None:
                 stats.rejected += 1
+                driver.on_request()
         if not driver.running:
             continue
         step += 1

@@ -11,7 +11,10 @@ callers (the allocators, the lifecycle) check before launching.
 Each kernel module exposes the same layers, for harnesses that test a part in isolation:
 ``_<name>_kernel`` (the plain kernel function, wrapped per backend), ``<name>_kernel_launch``
 (launch of any wrapped form), ``<name>_torch`` and the pure reference. :data:`KERNEL_FUNCTIONS`
-maps each public name to its plain kernel function.
+maps each public name to its plain kernel function. The plumbing they share lives in
+:mod:`~kvpool.kernels.dispatch` (backend choice; ``run_backend`` runs one call),
+:mod:`~kvpool.kernels.launch` (grid, empty batches, ``tl``) and :mod:`~kvpool.kernels.host`
+(host copies of lengths, the python backend's lists and write-back).
 """
 
 from __future__ import annotations

@@ -13,24 +13,15 @@ The kernel only reads ``free_pages``; capacity is the caller's job.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
-from kvpool.kernels.alloc_extend import HostLens, host_array, to_device
-from kvpool.kernels.dispatch import (
-    check_page_size,
-    get_kernel,
-    is_kernel_backend,
-    nonempty,
-    resolve_backend,
-    write_back,
-)
+from kvpool.kernels.dispatch import check_page_size, nonempty, run_backend, write_back
+from kvpool.kernels.host import HostLens, host_array, host_copy, to_device
+from kvpool.kernels.launch import exclusive_cumsum, launch, tl
 from kvpool.reference.paged_ops import alloc_decode_slots
-
-try:
-    import triton.language as tl
-except ImportError:  # the kernel source stays importable; only its launch needs triton
-    tl = None
 
 _REQUESTS_PER_PROGRAM = 128
 
@@ -60,8 +51,7 @@ def _alloc_decode_kernel(  # type: ignore[no-untyped-def]
 def _page_rank(seq_lens: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(opens_page mask, exclusive count of earlier page-opening requests) on the device."""
     opens = (seq_lens.to(torch.int64) - 1) % page_size == 0
-    count = opens.to(torch.int64)
-    return opens, torch.cumsum(count, 0) - count
+    return opens, exclusive_cumsum(opens)
 
 
 def alloc_decode_kernel_launch(
@@ -74,11 +64,11 @@ def alloc_decode_kernel_launch(
 ) -> None:
     """Launch ``kernel``: one program per ``BLOCK`` requests."""
     bs = seq_lens.numel()
-    if bs == 0:
-        return
     _, rank = _page_rank(seq_lens, page_size)
-    grid = ((bs + _REQUESTS_PER_PROGRAM - 1) // _REQUESTS_PER_PROGRAM,)
-    kernel[grid](  # type: ignore[index]
+    launch(
+        kernel,
+        bs,
+        _REQUESTS_PER_PROGRAM,
         seq_lens,
         last_loc,
         nonempty(free_pages),  # empty when no request opens a page
@@ -105,8 +95,7 @@ def alloc_decode_torch(
     bs = seq_lens.numel()
     if bs == 0:
         return
-    if seq_lens_cpu is None and seq_lens.device.type == "cpu":
-        seq_lens_cpu = seq_lens
+    seq_lens_cpu = host_copy(seq_lens, seq_lens_cpu)
     if seq_lens_cpu is None:
         _alloc_decode_ranked(seq_lens, last_loc, free_pages, out_indices, page_size)
         return
@@ -173,11 +162,11 @@ def alloc_decode(
     their own host copies); the other backends ignore it.
     """
     check_page_size(page_size)
-    name = resolve_backend(backend, seq_lens, last_loc, free_pages, out_indices)
-    args = (seq_lens, last_loc, free_pages, out_indices, page_size)
-    if is_kernel_backend(name):
-        alloc_decode_kernel_launch(get_kernel(_alloc_decode_kernel, name), *args)
-    elif name == "torch":
-        alloc_decode_torch(*args, seq_lens_cpu=seq_lens_cpu)
-    else:
-        alloc_decode_python(*args)
+    run_backend(
+        backend,
+        (seq_lens, last_loc, free_pages, out_indices, page_size),
+        kernel=_alloc_decode_kernel,
+        launch=alloc_decode_kernel_launch,
+        torch_impl=functools.partial(alloc_decode_torch, seq_lens_cpu=seq_lens_cpu),
+        python_impl=alloc_decode_python,
+    )

@@ -21,27 +21,17 @@ capacity and validity beforehand (inputs are assumed valid: see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
-from kvpool.kernels.dispatch import (
-    block_for,
-    check_page_size,
-    get_kernel,
-    is_kernel_backend,
-    nonempty,
-    resolve_backend,
-    write_back,
-)
+from kvpool.kernels.dispatch import block_for, check_page_size, nonempty, run_backend, write_back
+from kvpool.kernels.host import HostLens as HostLens
+from kvpool.kernels.host import Int64Array, host_copy, to_device
+from kvpool.kernels.host import host_array as host_array
+from kvpool.kernels.launch import exclusive_cumsum, launch, tl
 from kvpool.reference.paged_ops import alloc_extend_slots
-
-try:
-    import triton.language as tl
-except ImportError:  # the kernel source stays importable; only its launch needs triton
-    tl = None
 
 
 def _alloc_extend_kernel(  # type: ignore[no-untyped-def]
@@ -85,9 +75,8 @@ def _starts(
     """Exclusive prefix sums (int64, on the inputs' device) of extend tokens and new pages."""
     p = prefix_lens.to(torch.int64)
     s = seq_lens.to(torch.int64)
-    ext = s - p
     pages = (s + page_size - 1) // page_size - (p + page_size - 1) // page_size
-    return torch.cumsum(ext, 0) - ext, torch.cumsum(pages, 0) - pages
+    return exclusive_cumsum(s - p), exclusive_cumsum(pages)
 
 
 def alloc_extend_kernel_launch(
@@ -100,11 +89,11 @@ def alloc_extend_kernel_launch(
     page_size: int,
 ) -> None:
     """Launch ``kernel`` (a triton.jit / interpreted form of the kernel): grid = batch size."""
-    bs = prefix_lens.numel()
-    if bs == 0:
-        return
     out_start, page_start = _starts(prefix_lens, seq_lens, page_size)
-    kernel[(bs,)](  # type: ignore[index]
+    launch(
+        kernel,
+        prefix_lens.numel(),
+        1,
         prefix_lens,
         seq_lens,
         last_loc,
@@ -115,21 +104,6 @@ def alloc_extend_kernel_launch(
         PAGE_SIZE=page_size,
         BLOCK=block_for(page_size),
     )
-
-
-HostLens = torch.Tensor | Sequence[int]
-"""A host copy of per-request lengths: a CPU tensor or a list of ints (tokens)."""
-
-Int64Array = npt.NDArray[np.int64]
-
-
-def host_array(values: HostLens) -> Int64Array:
-    """``values`` as a 1-D int64 numpy array (a view, no copy, of a CPU int64 tensor)."""
-    if isinstance(values, torch.Tensor):
-        if values.dtype != torch.int64 or values.device.type != "cpu":
-            values = values.to("cpu", torch.int64)
-        return values.detach().numpy().reshape(-1)
-    return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
 def _extend_rows(
@@ -189,10 +163,8 @@ def alloc_extend_torch(
     if page_size == 1:  # every token takes one whole page, in batch order
         out_indices.copy_(free_pages[:total])
         return
-    if prefix_lens_cpu is None and prefix_lens.device.type == "cpu":
-        prefix_lens_cpu = prefix_lens
-    if seq_lens_cpu is None and seq_lens.device.type == "cpu":
-        seq_lens_cpu = seq_lens
+    prefix_lens_cpu = host_copy(prefix_lens, prefix_lens_cpu)
+    seq_lens_cpu = host_copy(seq_lens, seq_lens_cpu)
     if prefix_lens_cpu is None or seq_lens_cpu is None:
         _alloc_extend_per_token(prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size)
         return
@@ -216,12 +188,6 @@ def alloc_extend_torch(
         torch.cumsum(diff[:total], 0, out=out_indices)
     else:
         out_indices.copy_(torch.cumsum(diff[:total], 0))
-
-
-def to_device(a: Int64Array, device: torch.device) -> torch.Tensor:
-    """A host plan array as a tensor on ``device`` (shared memory on the CPU)."""
-    t = torch.from_numpy(a)
-    return t if device.type == "cpu" else t.to(device, non_blocking=True)
 
 
 def _alloc_extend_per_token(
@@ -297,11 +263,13 @@ def alloc_extend(
     host copies); the other backends ignore them.
     """
     check_page_size(page_size)
-    name = resolve_backend(backend, prefix_lens, seq_lens, last_loc, free_pages, out_indices)
-    args = (prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size)
-    if is_kernel_backend(name):
-        alloc_extend_kernel_launch(get_kernel(_alloc_extend_kernel, name), *args)
-    elif name == "torch":
-        alloc_extend_torch(*args, prefix_lens_cpu=prefix_lens_cpu, seq_lens_cpu=seq_lens_cpu)
-    else:
-        alloc_extend_python(*args)
+    run_backend(
+        backend,
+        (prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size),
+        kernel=_alloc_extend_kernel,
+        launch=alloc_extend_kernel_launch,
+        torch_impl=functools.partial(
+            alloc_extend_torch, prefix_lens_cpu=prefix_lens_cpu, seq_lens_cpu=seq_lens_cpu
+        ),
+        python_impl=alloc_extend_python,
+    )

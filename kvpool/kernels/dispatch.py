@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -104,6 +104,27 @@ def resolve_backend(backend: str | None, *tensors: torch.Tensor) -> str:
             "use backend='interpret' to run the same kernel on the host"
         )
     return backend
+
+
+def run_backend(
+    backend: str | None,
+    args: Sequence[object],
+    *,
+    kernel: Callable[..., None],
+    launch: Callable[..., None],
+    torch_impl: Callable[..., None],
+    python_impl: Callable[..., None],
+) -> None:
+    """Run one kernel call on the backend :func:`resolve_backend` picks for the tensors among
+    ``args``: ``launch(get_kernel(kernel, name), *args)`` for a Triton-kernel backend, else
+    ``torch_impl(*args)`` or ``python_impl(*args)``. Every public kernel function ends here."""
+    name = resolve_backend(backend, *(a for a in args if isinstance(a, torch.Tensor)))
+    if is_kernel_backend(name):
+        launch(get_kernel(kernel, name), *args)
+    elif name == "torch":
+        torch_impl(*args)
+    else:
+        python_impl(*args)
 
 
 def _interpreted(fn: Callable[..., None]) -> Any:

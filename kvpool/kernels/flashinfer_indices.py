@@ -18,18 +18,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from kvpool.kernels.dispatch import (
-    block_for,
-    get_kernel,
-    is_kernel_backend,
-    nonempty,
-    resolve_backend,
-)
-
-try:
-    import triton.language as tl
-except ImportError:  # the kernel source stays importable; only its launch needs triton
-    tl = None
+from kvpool.kernels.dispatch import block_for, nonempty, run_backend
+from kvpool.kernels.host import batch_rows, copy_back, optional_list
+from kvpool.kernels.launch import exclusive_cumsum, launch, tl
 
 
 def _flashinfer_kv_indices_kernel(  # type: ignore[no-untyped-def]
@@ -70,10 +61,10 @@ def flashinfer_kv_indices_kernel_launch(
     kv_indices: torch.Tensor,
 ) -> None:
     """Launch ``kernel``: grid = batch size."""
-    bs = req_pool_indices.numel()
-    if bs == 0:
-        return
-    kernel[(bs,)](  # type: ignore[index]
+    launch(
+        kernel,
+        req_pool_indices.numel(),
+        1,
         req_to_token,
         req_to_token.stride(0),
         req_pool_indices,
@@ -104,7 +95,7 @@ def flashinfer_kv_indices_torch(
         return
     bs = lens.numel()
     req = torch.repeat_interleave(torch.arange(bs, device=device), lens, output_size=total)
-    k = torch.arange(total, device=device) - (torch.cumsum(lens, 0) - lens)[req]
+    k = torch.arange(total, device=device) - exclusive_cumsum(lens)[req]
     start = torch.zeros_like(lens) if kv_start_idx is None else kv_start_idx.to(device).long()
     rows = req_pool_indices.to(device=device, dtype=torch.int64)
     slots = req_to_token[rows[req], start[req] + k]
@@ -127,6 +118,28 @@ def flashinfer_kv_indices_ref(
         kv_indices[dst : dst + length] = table[row][start : start + length]
 
 
+def flashinfer_kv_indices_python(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    page_kernel_lens: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_start_idx: torch.Tensor | None,
+    kv_indices: torch.Tensor,
+) -> None:
+    """Run :func:`flashinfer_kv_indices_ref` over lists (the batch's rows only), write back."""
+    rows = req_pool_indices.tolist()
+    out: list[int] = kv_indices.tolist()
+    flashinfer_kv_indices_ref(
+        batch_rows(req_to_token, rows),
+        rows,
+        page_kernel_lens.tolist(),
+        kv_indptr.tolist(),
+        optional_list(kv_start_idx),
+        out,
+    )
+    copy_back(kv_indices, out)
+
+
 def create_flashinfer_kv_indices(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -138,20 +151,11 @@ def create_flashinfer_kv_indices(
 ) -> None:
     """Fill ``kv_indices`` (int32 slots) with each request's slice of its table row, at
     ``kv_indptr[b]``. Units: rows, tokens (``page_kernel_lens``, ``kv_start_idx``), slots."""
-    tensors = [req_to_token, req_pool_indices, page_kernel_lens, kv_indptr, kv_indices]
-    name = resolve_backend(backend, *tensors, *([] if kv_start_idx is None else [kv_start_idx]))
-    args = (req_to_token, req_pool_indices, page_kernel_lens, kv_indptr, kv_start_idx, kv_indices)
-    if is_kernel_backend(name):
-        kernel = get_kernel(_flashinfer_kv_indices_kernel, name)
-        flashinfer_kv_indices_kernel_launch(kernel, *args)
-    elif name == "torch":
-        flashinfer_kv_indices_torch(*args)
-    else:
-        rows = req_pool_indices.tolist()
-        table = {r: req_to_token[r].tolist() for r in set(rows)}  # only the batch's rows
-        out: list[int] = kv_indices.tolist()
-        start = None if kv_start_idx is None else kv_start_idx.tolist()
-        flashinfer_kv_indices_ref(
-            table, rows, page_kernel_lens.tolist(), kv_indptr.tolist(), start, out
-        )
-        kv_indices.copy_(torch.tensor(out, dtype=kv_indices.dtype))
+    run_backend(
+        backend,
+        (req_to_token, req_pool_indices, page_kernel_lens, kv_indptr, kv_start_idx, kv_indices),
+        kernel=_flashinfer_kv_indices_kernel,
+        launch=flashinfer_kv_indices_kernel_launch,
+        torch_impl=flashinfer_kv_indices_torch,
+        python_impl=flashinfer_kv_indices_python,
+    )

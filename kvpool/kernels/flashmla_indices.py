@@ -20,18 +20,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from kvpool.constants import ceil_div
-from kvpool.kernels.dispatch import (
-    check_page_size,
-    get_kernel,
-    is_kernel_backend,
-    nonempty,
-    resolve_backend,
-)
-
-try:
-    import triton.language as tl
-except ImportError:  # the kernel source stays importable; only its launch needs triton
-    tl = None
+from kvpool.kernels.dispatch import check_page_size, nonempty, run_backend
+from kvpool.kernels.host import batch_rows, copy_back, optional_list
+from kvpool.kernels.launch import launch, tl
 
 _PAGES_PER_ITERATION = 64
 
@@ -76,10 +67,10 @@ def flashmla_kv_indices_kernel_launch(
     page_size: int,
 ) -> None:
     """Launch ``kernel``: grid = batch size."""
-    bs = req_pool_indices.numel()
-    if bs == 0:
-        return
-    kernel[(bs,)](  # type: ignore[index]
+    launch(
+        kernel,
+        req_pool_indices.numel(),
+        1,
         req_to_token,
         req_to_token.stride(0),
         req_pool_indices,
@@ -134,6 +125,28 @@ def flashmla_kv_indices_ref(
             kv_indices[b][j] = table[row][start + j * page_size] // page_size
 
 
+def flashmla_kv_indices_python(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    page_kernel_lens: torch.Tensor,
+    kv_start_idx: torch.Tensor | None,
+    kv_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """Run :func:`flashmla_kv_indices_ref` over lists (the batch's rows only), write back."""
+    rows = req_pool_indices.tolist()
+    out: list[list[int]] = kv_indices.tolist()
+    flashmla_kv_indices_ref(
+        batch_rows(req_to_token, rows),
+        rows,
+        page_kernel_lens.tolist(),
+        optional_list(kv_start_idx),
+        out,
+        page_size,
+    )
+    copy_back(kv_indices, out)
+
+
 def create_flashmla_kv_indices(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -146,18 +159,11 @@ def create_flashmla_kv_indices(
     """Fill row ``b`` of the int32 block table ``kv_indices`` with request ``b``'s page ids.
     Units: rows, tokens (``page_kernel_lens``, ``kv_start_idx``), page ids (output)."""
     check_page_size(page_size)
-    tensors = [req_to_token, req_pool_indices, page_kernel_lens, kv_indices]
-    name = resolve_backend(backend, *tensors, *([] if kv_start_idx is None else [kv_start_idx]))
-    args = (req_to_token, req_pool_indices, page_kernel_lens, kv_start_idx, kv_indices, page_size)
-    if is_kernel_backend(name):
-        kernel = get_kernel(_flashmla_kv_indices_kernel, name)
-        flashmla_kv_indices_kernel_launch(kernel, *args)
-    elif name == "torch":
-        flashmla_kv_indices_torch(*args)
-    else:
-        rows = req_pool_indices.tolist()
-        table = {r: req_to_token[r].tolist() for r in set(rows)}  # only the batch's rows
-        out: list[list[int]] = kv_indices.tolist()
-        start = None if kv_start_idx is None else kv_start_idx.tolist()
-        flashmla_kv_indices_ref(table, rows, page_kernel_lens.tolist(), start, out, page_size)
-        kv_indices.copy_(torch.tensor(out, dtype=kv_indices.dtype).reshape(kv_indices.shape))
+    run_backend(
+        backend,
+        (req_to_token, req_pool_indices, page_kernel_lens, kv_start_idx, kv_indices, page_size),
+        kernel=_flashmla_kv_indices_kernel,
+        launch=flashmla_kv_indices_kernel_launch,
+        torch_impl=flashmla_kv_indices_torch,
+        python_impl=flashmla_kv_indices_python,
+    )

@@ -14,11 +14,8 @@ import torch
 
 from kvpool.constants import NO_LAST_LOC
 from kvpool.kernels.dispatch import get_kernel, is_kernel_backend, resolve_backend, write_back
-
-try:
-    import triton.language as tl
-except ImportError:  # the kernel source stays importable; only its launch needs triton
-    tl = None
+from kvpool.kernels.host import batch_rows
+from kvpool.kernels.launch import launch, tl
 
 _REQUESTS_PER_PROGRAM = 128
 
@@ -52,10 +49,10 @@ def get_last_loc_kernel_launch(
 ) -> None:
     """Launch ``kernel`` into int64 ``out``: one program per ``BLOCK`` requests."""
     bs = req_pool_indices.numel()
-    if bs == 0:
-        return
-    grid = ((bs + _REQUESTS_PER_PROGRAM - 1) // _REQUESTS_PER_PROGRAM,)
-    kernel[grid](  # type: ignore[index]
+    launch(
+        kernel,
+        bs,
+        _REQUESTS_PER_PROGRAM,
         req_to_token,
         req_to_token.stride(0),
         req_pool_indices,
@@ -107,7 +104,6 @@ def get_last_loc(
         get_last_loc_kernel_launch(kernel, req_to_token, req_pool_indices, prefix_lens, out)
     else:
         rows = req_pool_indices.tolist()
-        # Only the rows in the batch are read: no need to copy the whole table to the host.
-        table = {r: req_to_token[r].tolist() for r in set(rows)}
+        table = batch_rows(req_to_token, rows)
         write_back(out, get_last_loc_ref(table, rows, prefix_lens.tolist()))
     return out

@@ -18,18 +18,9 @@ from collections.abc import MutableMapping, Sequence
 
 import torch
 
-from kvpool.kernels.dispatch import (
-    block_for,
-    get_kernel,
-    is_kernel_backend,
-    nonempty,
-    resolve_backend,
-)
-
-try:
-    import triton.language as tl
-except ImportError:  # the kernel source stays importable; only its launch needs triton
-    tl = None
+from kvpool.kernels.dispatch import block_for, nonempty, run_backend
+from kvpool.kernels.host import batch_rows
+from kvpool.kernels.launch import exclusive_cumsum, launch, tl
 
 
 def _write_req_to_token_kernel(  # type: ignore[no-untyped-def]
@@ -65,11 +56,6 @@ def _write_req_to_token_kernel(  # type: ignore[no-untyped-def]
         tl.store(dst + p + k, slot.to(tl.int32), mask=mask)
 
 
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    x = x.to(torch.int64)
-    return torch.cumsum(x, 0) - x
-
-
 def write_req_to_token_kernel_launch(
     kernel: object,
     req_to_token: torch.Tensor,
@@ -80,19 +66,19 @@ def write_req_to_token_kernel_launch(
     out_cache_loc: torch.Tensor,
 ) -> None:
     """Launch ``kernel``: grid = batch size."""
-    bs = req_pool_indices.numel()
-    if bs == 0:
-        return
-    kernel[(bs,)](  # type: ignore[index]
+    launch(
+        kernel,
+        req_pool_indices.numel(),
+        1,
         req_to_token,
         req_to_token.stride(0),
         req_pool_indices,
         nonempty(prefix_slots),  # empty when every prefix is
-        _exclusive_cumsum(prefix_lens),
+        exclusive_cumsum(prefix_lens),
         prefix_lens,
         seq_lens,
         nonempty(out_cache_loc),  # empty when every S == P
-        _exclusive_cumsum(seq_lens.to(torch.int64) - prefix_lens.to(torch.int64)),
+        exclusive_cumsum(seq_lens.to(torch.int64) - prefix_lens.to(torch.int64)),
         BLOCK=block_for(1),
     )
 
@@ -112,7 +98,7 @@ def _scatter(
     req = torch.repeat_interleave(
         torch.arange(rows.numel(), device=device), lens, output_size=total
     )
-    col = first_col[req] + torch.arange(total, device=device) - _exclusive_cumsum(lens)[req]
+    col = first_col[req] + torch.arange(total, device=device) - exclusive_cumsum(lens)[req]
     req_to_token[rows[req], col] = values.to(device=device, dtype=req_to_token.dtype)
 
 
@@ -161,7 +147,7 @@ def write_req_to_token_python(
 ) -> None:
     """Run :func:`write_req_to_token_ref` on the batch's rows as lists, then copy them back."""
     rows = req_pool_indices.tolist()
-    table = {r: req_to_token[r].tolist() for r in rows}  # only the batch's rows
+    table = batch_rows(req_to_token, rows)
     write_req_to_token_ref(
         table,
         rows,
@@ -188,11 +174,11 @@ def write_req_to_token(
     Units: ``req_pool_indices`` rows, ``prefix_lens`` / ``seq_lens`` tokens, ``prefix_slots``
     (length ``sum(P)``) and ``out_cache_loc`` (length ``sum(S - P)``) slots, flat in batch order.
     """
-    tensors = (req_to_token, req_pool_indices, prefix_slots, prefix_lens, seq_lens, out_cache_loc)
-    name = resolve_backend(backend, *tensors)
-    if is_kernel_backend(name):
-        write_req_to_token_kernel_launch(get_kernel(_write_req_to_token_kernel, name), *tensors)
-    elif name == "torch":
-        write_req_to_token_torch(*tensors)
-    else:
-        write_req_to_token_python(*tensors)
+    run_backend(
+        backend,
+        (req_to_token, req_pool_indices, prefix_slots, prefix_lens, seq_lens, out_cache_loc),
+        kernel=_write_req_to_token_kernel,
+        launch=write_req_to_token_kernel_launch,
+        torch_impl=write_req_to_token_torch,
+        python_impl=write_req_to_token_python,
+    )

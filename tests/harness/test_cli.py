@@ -77,8 +77,11 @@ def test_replay_compare_policies_and_plot(
     code = main(["replay", "conversation_trace.jsonl", "--requests", "50", "--pool-tokens",
                  "512", "--page-size", "4", "--block-tokens", "8", "--plot", str(plot),
                  "--plot-pools", "256", "1024", "--report", str(report)])  # fmt: skip
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0
+    assert "mode: twin only" in out.splitlines()[0]  # the many-run default
+    assert "run 12/12 priority pool=1024" in captured.err  # the progress bar names each run
     rows = json.loads(report.read_text())
     assert len(rows) == 2 * 6  # two pool sizes, every policy
     assert {r["policy"] for r in rows} == {"lru", "lfu", "fifo", "mru", "filo", "priority"}
@@ -87,3 +90,15 @@ def test_replay_compare_policies_and_plot(
     assert all(0.0 <= r["hit_ratio"] <= 1.0 for r in rows)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "hit ratio" in out
+
+
+def test_replay_lockstep_explains_rejections(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["replay", "conversation_trace.jsonl", "--requests", "12", "--pool-tokens",
+                 "512", "--page-size", "4", "--block-tokens", "8", "--no-progress"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0
+    lines = captured.out.splitlines()
+    assert "mode: lockstep" in lines[0]
+    assert lines[3].split()[6] == "1"  # request 11: 1362 tokens at 8 per block > 512
+    assert lines[-1].startswith("rejected: requests that cannot fit the pool")
+    assert captured.err == ""  # --no-progress: no bar

@@ -1,9 +1,22 @@
-"""The trace replay driver on hand-made records: sharing survives scaling, shared prefixes hit."""
+"""The trace replay driver on hand-made records: sharing survives scaling, shared prefixes hit,
+twin-only runs agree with lockstep and still check invariants."""
 
 from __future__ import annotations
 
-from kvpool.replay import ReplaySettings, replay_trace, scaled_prompt
+from typing import Any
+
+import pytest
+
+from kvpool.config import PoolConfig
+from kvpool.replay import (
+    ReplaySettings,
+    cache_footprint_tokens,
+    replay_pool_sizes,
+    replay_trace,
+    scaled_prompt,
+)
 from kvpool.testing.factories import optimized_factory, reference_factory
+from kvpool.testing.lockstep import LockstepFailure
 from kvpool.traces import TraceRecord
 
 
@@ -40,3 +53,42 @@ def test_small_pool_evicts_and_rejects_what_never_fits() -> None:
     assert stats.finished == 6
     assert stats.evicted_tokens > 0
     assert stats.peak_pages <= 80
+
+
+def test_twin_only_matches_lockstep_and_counts_requests() -> None:
+    records = [_record((1, 2, 3 + i), 3 * 512) for i in range(6)] + [_record((99,) * 9, 4600)]
+    settings = ReplaySettings(pool_tokens=128, page_size=4, block_tokens=16, concurrency=2)
+    both = replay_trace(records, settings, reference_factory, optimized_factory("torch"))
+    done: list[int] = []
+    solo = replay_trace(records, settings, optimized_factory("torch"), None,
+                        on_request=lambda: done.append(1))  # fmt: skip
+    assert len(done) == len(records)  # one progress tick per request, rejected ones included
+    assert solo.rejected == both.rejected == 1  # 144 prompt tokens + outputs > 128
+    assert (solo.finished, solo.matched_tokens, solo.evicted_tokens, solo.peak_pages) == (
+        both.finished, both.matched_tokens, both.evicted_tokens, both.peak_pages)  # fmt: skip
+    assert solo.steps == both.steps and 0 < solo.invariant_checks < both.invariant_checks
+
+
+def test_twin_only_still_checks_invariants() -> None:
+    def leaky(config: PoolConfig) -> Any:
+        mm = reference_factory(config)
+        alloc = mm.token_to_kv_pool_allocator
+        free = alloc.free
+        alloc.free = lambda slots: free(slots[1:])  # every free leaks its first slot
+        return mm
+
+    records = [_record((10 + i, 20 + i), 1024) for i in range(6)]
+    settings = ReplaySettings(pool_tokens=96, page_size=1, block_tokens=32, concurrency=2)
+    with pytest.raises(LockstepFailure) as failure:
+        replay_trace(records, settings, leaky, None, ("leaky", ""))
+    assert failure.value.detector.startswith("INV-") and "leaky" in str(failure.value)
+
+
+def test_plot_pool_sizes_follow_the_trace() -> None:
+    records = [_record((1, 2, 3 + i), 3 * 512) for i in range(8)]  # 10 distinct blocks
+    settings = ReplaySettings(page_size=4, block_tokens=16, concurrency=2)
+    # Peak demand: 48 prompt tokens + 3 outputs -> 52, plus a page per runner -> 60; the
+    # footprint, 10 blocks of 16 tokens, caps the doubling.
+    assert cache_footprint_tokens(records, 16) == 160
+    assert replay_pool_sizes(records, settings) == [60, 120, 160]
+    assert replay_pool_sizes(records, settings, points=2) == [60, 120]

@@ -15,14 +15,21 @@ import torch
 
 from kvpool import optimized as opt
 from kvpool import reference as ref
+from kvpool.config import PoolConfig
+from kvpool.optimized.memory_manager import MemoryManager as TwinManager
+from kvpool.optimized.radix_cache import RadixCache as TwinRadixCache
 from kvpool.protocols import (
     KVCacheProtocol,
+    MemoryManagerProtocol,
     PagedAllocatorProtocol,
+    RadixCacheProtocol,
     ReqLike,
     ReqToTokenPoolProtocol,
     TokenAllocatorProtocol,
 )
 from kvpool.reference import kv_cache as ref_kv
+from kvpool.reference.memory_manager import MemoryManager as RefManager
+from kvpool.reference.radix_cache import RadixCache as RefRadixCache
 from tests.optimized.test_diff_req_to_token_pool import Req
 
 # ----------------------------------------------------------------------------- static (mypy)
@@ -39,6 +46,14 @@ twin_mha: KVCacheProtocol = opt.MHATokenToKVPool(8, 4, torch.float32, 1, 2, 2)
 ref_mla: KVCacheProtocol = ref_kv.MLATokenToKVPool(8, 4, 2, 1, 2)
 twin_mla: KVCacheProtocol = opt.MLATokenToKVPool(8, 4, 2, 1, 2)
 a_request: ReqLike = Req()
+ref_tree: RadixCacheProtocol[list[int]] = RefRadixCache(
+    ref.ReqToTokenPool(4, 8), ref.PagedTokenToKVPoolAllocator(16, 4), 4
+)
+twin_tree: RadixCacheProtocol[torch.Tensor] = TwinRadixCache(
+    opt.ReqToTokenPool(4, 8), opt.PagedTokenToKVPoolAllocator(16, 4), 4
+)
+ref_manager: MemoryManagerProtocol[list[int]] = RefManager(PoolConfig(size=16, page_size=4))
+twin_manager: MemoryManagerProtocol[torch.Tensor] = TwinManager(PoolConfig(size=16, page_size=4))
 
 PAIRS: list[tuple[type, Any, Any]] = [
     (ReqToTokenPoolProtocol, ref_table, twin_table),
@@ -47,6 +62,8 @@ PAIRS: list[tuple[type, Any, Any]] = [
     (PagedAllocatorProtocol, ref_paged_ps1, twin_paged_ps1),
     (KVCacheProtocol, ref_mha, twin_mha),
     (KVCacheProtocol, ref_mla, twin_mla),
+    (RadixCacheProtocol, ref_tree, twin_tree),
+    (MemoryManagerProtocol, ref_manager, twin_manager),
 ]
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from kvpool.constants import RESERVED_INDEX
@@ -15,24 +13,8 @@ from kvpool.errors import (
     KVPoolError,
     ReservedIndexError,
 )
-from kvpool.reference import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
-
-
-def assert_refused(
-    alloc: BaseTokenToKVPoolAllocator, error: type[KVPoolError], action: Callable[[], object]
-) -> KVPoolError:
-    """``action`` raises ``error`` and the allocator's snapshot is unchanged."""
-    before = alloc.snapshot()
-    with pytest.raises(error) as info:
-        action()
-    assert alloc.snapshot() == before
-    return info.value
-
-
-def assert_none_unchanged(alloc: BaseTokenToKVPoolAllocator, action: Callable[[], object]) -> None:
-    before = alloc.snapshot()
-    assert action() is None
-    assert alloc.snapshot() == before
+from kvpool.reference import TokenToKVPoolAllocator
+from tests.reference.helpers import assert_none_unchanged, assert_refused
 
 
 def test_fresh_state_and_fifo_alloc() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
@@ -18,22 +16,7 @@ from kvpool.errors import (
     ReservedIndexError,
 )
 from kvpool.reference import PagedTokenToKVPoolAllocator
-
-
-def assert_refused(
-    alloc: PagedTokenToKVPoolAllocator, error: type[KVPoolError], action: Callable[[], object]
-) -> KVPoolError:
-    before = alloc.snapshot()
-    with pytest.raises(error) as info:
-        action()
-    assert alloc.snapshot() == before
-    return info.value
-
-
-def assert_none_unchanged(alloc: PagedTokenToKVPoolAllocator, action: Callable[[], object]) -> None:
-    before = alloc.snapshot()
-    assert action() is None
-    assert alloc.snapshot() == before
+from tests.reference.helpers import assert_none_unchanged, assert_refused
 
 
 def with_free(num_pages: int, page_size: int, free_pages: list[int]) -> PagedTokenToKVPoolAllocator:
