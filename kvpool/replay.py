@@ -143,6 +143,12 @@ class SoloStepper:
             self._check(prev, op.name)
         return out
 
+    def check_now(self) -> None:
+        """Check the current state if the last step was not checked (the end of a replay)."""
+        if self.steps % self.check_every:
+            prev, self.snap = self.snap, self.a.snapshot()
+            self._check(prev, "end")
+
 
 def scaled_prompt(record: TraceRecord, block_tokens: int) -> list[int]:
     """The record's prompt with every block cut to its first ``block_tokens`` tokens (all of
@@ -356,6 +362,8 @@ def _replay(
             queue.appendleft((f"q{i}.{attempts[i]}", i))
             stats.requeued += 1
             driver.hold = bool(driver.running)
+    if isinstance(pair, SoloStepper):
+        pair.check_now()
     stats.prompt_tokens = sum(len(p) for p in prompts)
     stats.matched_tokens = sum(driver.matched.values())
     stats.invariant_checks = pair.checks

@@ -33,11 +33,12 @@ from kvpool.testing.factories import optimized_factory, reference_factory
 from kvpool.traces import BLOCK_SIZE, load_trace
 
 _EPILOG = """\
-time (2 loaded CPU cores, full 512-token blocks): lockstep handles about 3 requests/s of
-conversation_trace.jsonl (--requests 30: ~10 s), the reference writing every prompt token;
---twin-only is several times faster. --compare-policies and --plot run 6 policies (x 4 pool
-sizes for --plot), so they default to --twin-only: --requests 200 --compare-policies about
-2 min, add --plot for about 4x that; --block-tokens 32 scales a replay down ~16x.
+expected time (2 shared CPU cores, conversation_trace.jsonl, full 512-token blocks):
+  lockstep (one run)            about 3 requests/s: --requests 30 ~11 s
+  --twin-only                   ~2x faster than lockstep at equal --every
+  --compare-policies (6 runs, twin only, every step checked)   --requests 200: ~4 min
+  --plot (24 runs, twin only, invariants every 8 steps)        --requests 200: ~8 min
+--lockstep about doubles the last two; a smaller --block-tokens scales a replay down.
 """
 
 PLOT_EVERY = 8

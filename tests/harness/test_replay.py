@@ -82,6 +82,10 @@ def test_twin_only_still_checks_invariants() -> None:
     with pytest.raises(LockstepFailure) as failure:
         replay_trace(records, settings, leaky, None, ("leaky", ""))
     assert failure.value.detector.startswith("INV-") and "leaky" in str(failure.value)
+    # Checks spaced out past the end of the run: the final state is still checked.
+    rare = ReplaySettings(pool_tokens=96, page_size=1, block_tokens=32, check_every=10**6)
+    with pytest.raises(LockstepFailure, match=r"\(end\)"):
+        replay_trace(records, rare, leaky, None, ("leaky", ""))
 
 
 def test_plot_pool_sizes_follow_the_trace() -> None:
