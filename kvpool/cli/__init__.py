@@ -20,17 +20,11 @@ _SUBCOMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every subcommand whose module is present."""
+    """The top-level parser with every subcommand (a missing module is an install error)."""
     parser = argparse.ArgumentParser(prog="kvpool", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

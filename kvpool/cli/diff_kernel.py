@@ -22,6 +22,7 @@ from typing import Any
 
 from kvpool.constants import SUPPORTED_PAGE_SIZES_TESTED, is_power_of_two
 from kvpool.errors import KVPoolError
+from kvpool.testing.factories import import_user_module
 from kvpool.testing.kernel_inputs import OPS
 from kvpool.testing.kernels import SHORT_MODES, check_kernel
 
@@ -72,7 +73,7 @@ def load_target(target: str) -> Callable[..., Any]:
         spec.loader.exec_module(module)
     else:
         try:
-            module = importlib.import_module(module_name)
+            module = import_user_module(module_name)
         except ImportError as exc:
             raise KVPoolError(f"cannot import {module_name}: {exc}") from exc
     fn: Callable[..., Any] | None = getattr(module, func_name, None)

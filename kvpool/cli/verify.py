@@ -60,7 +60,15 @@ as time allows)."""
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run both phases; exit code 0 when nothing failed, 1 on a failure."""
+    """Run both phases; exit code 0 when nothing failed, 1 on a failure, 2 for a bad ``--impl``."""
+    if args.impl:
+        try:
+            candidate, factory_b = args.impl, load_factory(args.impl)
+        except (ImportError, ValueError, TypeError) as exc:
+            print(f"kvpool verify: cannot load --impl {args.impl}: {exc}", file=sys.stderr)
+            return 2
+    else:
+        candidate, factory_b = f"optimized[{args.backend}]", optimized_factory(args.backend)
     try:
         pools = selfcheck.run_campaign(SELF_CHECK_SECONDS, args.seed)
     except selfcheck.SelfCheckFailure as exc:
@@ -68,10 +76,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"reference self-check: {pools.configurations} configurations, {pools.steps} steps, "
           f"{pools.invariant_checks} invariant checks, 0 failures")  # fmt: skip
-    if args.impl:
-        candidate, factory_b = args.impl, load_factory(args.impl)
-    else:
-        candidate, factory_b = f"optimized[{args.backend}]", optimized_factory(args.backend)
     bar: Any = None
     if not args.no_progress:
         from tqdm import tqdm

@@ -30,31 +30,19 @@ from kvpool.constants import floor_align, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError, PageSizeError
 from kvpool.optimized.evict_policy import PriorityKey, get_priority_fn
 from kvpool.optimized.key_match import child_key, matched_tokens
-from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode, as_slots, join_slots
+from kvpool.optimized.radix_key import (
+    MatchResult,
+    RadixKey,
+    TreeNode,
+    as_slots,
+    join_slots,
+    req_key,
+)
 from kvpool.optimized.tree_view import pretty_print_tree, snapshot_tree
+from kvpool.reference.radix_cache import logical_clock  # one deterministic clock for both
 from kvpool.snapshot import TreeSnapshot
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
-
-
-def logical_clock() -> Callable[[], float]:
-    """A deterministic clock: returns 1.0, 2.0, 3.0, ... one step per read."""
-    ticks = [0.0]
-
-    def read() -> float:
-        ticks[0] += 1.0
-        return ticks[0]
-
-    return read
-
-
-def _req_key(req: Any, stop: int) -> RadixKey:
-    """Key of the request's first ``stop`` tokens (``fill_ids`` is always a prefix of the full
-    token list); uses the twin Req's cached token array when there is one."""
-    token_array = getattr(req, "token_array", None)
-    if token_array is not None:
-        return RadixKey.from_array(token_array(stop), req.extra_key)
-    return RadixKey(req.all_token_ids[:stop], req.extra_key)
 
 
 class RadixCache:
@@ -364,7 +352,7 @@ class RadixCache:
             free(kv[req.cache_protected_len : committed])
         else:
             aligned = floor_align(committed, self.page_size)
-            key = _req_key(req, aligned)
+            key = req_key(req, aligned)
             new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority)
             free(torch.cat((kv[req.cache_protected_len : new_prefix_len], kv[aligned:committed])))
         self.dec_lock_ref(req.last_node)
@@ -382,7 +370,7 @@ class RadixCache:
             req.prefix_indices = kv
             return
         aligned = floor_align(num_tokens, self.page_size)
-        key = _req_key(req, aligned)
+        key = req_key(req, aligned)
         new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority)
         self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : new_prefix_len])
         match = self.match_prefix(key)

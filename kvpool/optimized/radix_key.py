@@ -227,6 +227,15 @@ def join_slots(values: list[Any], device: torch.device) -> torch.Tensor:
     return torch.cat(values)
 
 
+def req_key(req: Any, stop: int) -> RadixKey:
+    """Key of the request's first ``stop`` tokens (``fill_ids`` is always a prefix of the full
+    token list); uses the twin Req's cached token array when there is one."""
+    token_array = getattr(req, "token_array", None)
+    if token_array is not None:
+        return RadixKey.from_array(token_array(stop), req.extra_key)
+    return RadixKey(req.all_token_ids[:stop], req.extra_key)
+
+
 @dataclass
 class MatchResult:
     """``device_indices``: the slots of the matched prefix (int64 tensor, concatenation of the
@@ -248,4 +257,5 @@ __all__ = [
     "as_token_array",
     "compact_tokens",
     "join_slots",
+    "req_key",
 ]

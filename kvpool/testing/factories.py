@@ -8,6 +8,9 @@ imports a user's factory named ``MODULE:NAME`` (``kvpool verify --impl``).
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from types import ModuleType
 from typing import Any
 
 from kvpool.config import PoolConfig
@@ -41,12 +44,27 @@ def optimized_factory(backend: str | None = "torch", checked: bool = True) -> Fa
     return build
 
 
+def import_user_module(name: str) -> ModuleType:
+    """Import module ``name``, searching the current directory first, as ``python -m`` does:
+    the installed ``kvpool`` script does not, and a user's module lives in their project."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(name)
+
+
 def load_factory(spec: str) -> Factory:
-    """``MODULE:NAME`` -> that callable (a factory ``(PoolConfig) -> MemoryManagerProtocol``)."""
+    """``MODULE:NAME`` -> that callable (a factory ``(PoolConfig) -> MemoryManagerProtocol``).
+
+    The module is found by :func:`import_user_module` (``tests.mine:factory`` from the project
+    root). Raises ValueError for a malformed spec or a missing name, ImportError for a missing
+    module, TypeError for a non-callable."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"expected MODULE:FACTORY, got {spec!r}")
-    factory = getattr(importlib.import_module(module_name), attr)
+    module = import_user_module(module_name)
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise ValueError(f"module {module_name} has no attribute {attr!r}")
     if not callable(factory):
         raise TypeError(f"{spec} is not callable")
     built: Factory = factory

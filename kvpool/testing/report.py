@@ -6,7 +6,7 @@ twin's own ``tree_cache.pretty_print()``), so it needs neither twin's internals:
 - the trace as numbered steps, one line each:
   ``step 3: extend(['r1', 'r2'], chunk_sizes=[None, 8]) -> [5, 6, 7, ...]``;
 - the detector that fired (an invariant id, ``lockstep-diff``, ``unchanged-on-error``,
-  ``invalid-accepted`` or ``crash``) with its message and offending indices;
+  ``invalid-accepted`` or ``crash``) after which step, with its message and offending indices;
 - the radix tree of each implementation;
 - a page map: for every page (slot when ``page_size == 1``) who owns it: ``node N`` (tree),
   ``req RID``, ``session SID``, ``free``, ``pending`` (buffered by a free group); a page with no
@@ -169,7 +169,9 @@ def build_report(
         out.append(f"config: {config}")
     out.append(f"minimal trace ({len(steps)} steps):")
     out.extend("  " + s for s in steps)
-    out.append(f"failed: {detail}")
+    # Every detector fires right after the last step run (before any step: construction).
+    where = f"after step {len(steps)}" if steps else "before the first step"
+    out.append(f"failed {where}: {detail}")
     for label, snap, pretty in snapshots:
         if snap is None:
             continue

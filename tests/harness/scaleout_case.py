@@ -10,7 +10,7 @@ import sys
 import unittest
 from pathlib import Path
 
-from hypothesis import Phase, settings
+from hypothesis import Phase, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -19,17 +19,21 @@ from kvpool.testing.lockstep import LockstepFailure, make_lockstep_machine
 from kvpool.testing.profiles import register_profiles
 from tests.harness.buggy_impl import leaky_factory
 
+SEED = 1
+"""Seed of the search (it finds the leak within a few dozen examples)."""
+
 
 def run(db: Path, phase: str) -> dict[str, object]:
     """Run the machine with ``db`` as the example database; what was found."""
     register_profiles()
-    machine = make_lockstep_machine(reference_factory, leaky_factory, name="ScaleOut")
+    # Seeded: the search is the same on every run (an unseeded one missed the bug now and then).
+    machine = seed(SEED)(make_lockstep_machine(reference_factory, leaky_factory, name="ScaleOut"))
     phases = [Phase.reuse] if phase == "reuse" else [Phase.reuse, Phase.generate]
     chosen = settings(
         settings.get_profile("dev"),
         database=DirectoryBasedExampleDatabase(str(db)),
         derandomize=False,
-        max_examples=60,
+        max_examples=200,  # an upper bound: the run stops at the first failure
         stateful_step_count=30,
         phases=phases,
         print_blob=False,

@@ -30,10 +30,16 @@ def test_verify_reference_vs_optimized(tmp_path: Path, capsys: pytest.CaptureFix
     assert "verify" in out.err  # the progress bar
 
 
-def test_verify_third_party_implementation(tmp_path: Path) -> None:
-    code = main(["verify", "--seconds", "1", "--no-progress",
+def test_verify_third_party_implementation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "verify.json"
+    code = main(["verify", "--seconds", "1", "--no-progress", "--report", str(report),
                  "--impl", "tests.harness.buggy_impl:reference_copy"])  # fmt: skip
     assert code == 0
+    assert "reference vs tests.harness.buggy_impl:reference_copy" in capsys.readouterr().out
+    data = json.loads(report.read_text())
+    assert data["candidate"] == "tests.harness.buggy_impl:reference_copy" and data["steps"] > 0
 
 
 def test_verify_reports_a_failure_and_exits_nonzero(
@@ -48,6 +54,7 @@ def test_verify_reports_a_failure_and_exits_nonzero(
     failure = json.loads(report.read_text())["failure"]
     assert failure["detector"].startswith("INV-") or failure["detector"] == "lockstep-diff"
     assert 1 <= len(failure["ops"]) <= failure["original_steps"]
+    assert f"failed after step {len(failure['ops'])}: " in out
 
 
 def test_campaign_is_deterministic_for_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,3 +109,13 @@ def test_replay_lockstep_explains_rejections(capsys: pytest.CaptureFixture[str])
     assert lines[3].split()[6] == "1"  # request 11: 1362 tokens at 8 per block > 512
     assert lines[-1].startswith("rejected: requests that cannot fit the pool")
     assert captured.err == ""  # --no-progress: no bar
+
+
+def test_verify_rejects_an_unloadable_impl_before_running(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["verify", "--seconds", "1", "--no-progress", "--impl", "kvpool_no_such:f"])
+    out = capsys.readouterr()
+    assert code == 2
+    assert "cannot load --impl kvpool_no_such:f" in out.err
+    assert "self-check" not in out.out  # failed fast, nothing ran

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from kvpool.config import PoolConfig
@@ -32,3 +35,19 @@ def test_load_factory_resolves_module_and_name() -> None:
         load_factory("kvpool.testing.factories")
     with pytest.raises(TypeError, match="not callable"):
         load_factory("kvpool.constants:RESERVED_INDEX")
+    with pytest.raises(ValueError, match="no attribute 'nope'"):
+        load_factory("kvpool.testing.factories:nope")
+
+
+def test_load_factory_finds_a_module_of_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The installed ``kvpool`` script does not put the current directory on sys.path.
+    (tmp_path / "kvpool_user_factory.py").write_text("def build(config):\n    return config\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "kvpool_user_factory", raising=False)
+    factory = load_factory("kvpool_user_factory:build")
+    assert factory(PoolConfig(size=8)) == PoolConfig(size=8)
+    with pytest.raises(ImportError):
+        load_factory("kvpool_no_such_module:build")

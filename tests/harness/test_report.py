@@ -68,3 +68,25 @@ def test_normalize_turns_tensors_and_tuples_into_lists() -> None:
     import torch
 
     assert report.normalize((torch.tensor([1, 2]), 3, None)) == [[1, 2], 3, None]
+
+
+def test_whole_report_names_the_failing_step_and_shows_each_side() -> None:
+    snap = _snapshot(free_pages=(2, 4))
+    steps = [
+        report.format_step(1, "new_req('r1', [7, 8])", "None"),
+        "step 2: extend(['r1']) -> [2]",
+    ]
+    text = report.build_report(
+        "INV-X", steps, "cand: broken", [("ref", snap, None), ("cand", snap, "#0 pretty")], "CFG"
+    )
+    lines = text.splitlines()
+    assert lines[:3] == [
+        "=== kvpool lockstep failure: INV-X ===",
+        "config: CFG",
+        "minimal trace (2 steps):",
+    ]
+    assert "failed after step 2: cand: broken" in lines
+    assert "--- ref: radix tree ---" in lines and "--- cand: page map ---" in lines
+    assert lines[lines.index("--- cand: radix tree ---") + 1] == "#0 pretty"  # its own printer
+    assert "page 5 (slots 10-11): LEAKED" in text
+    assert "failed before the first step: x" in report.build_report("T", [], "x", [])
