@@ -86,12 +86,14 @@ def run(args: argparse.Namespace) -> int:
             desc="verify",
             file=sys.stderr,
             bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f}s {postfix}",
+            mininterval=0.5,
         )
 
     def progress(elapsed: float, steps: int) -> None:
         if bar is not None:
             bar.n = min(round(elapsed, 1), bar.total)
-            bar.set_postfix_str(f"{steps} steps", refresh=True)
+            bar.set_postfix_str(f"{steps} steps", refresh=False)
+            bar.update(0)  # redraws at most every mininterval, not once per configuration
 
     try:
         result = run_campaign(
