@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -98,20 +99,51 @@ def median_seconds(fn: Callable[[], object], repeats: int, budget_s: float) -> f
     return statistics.median(times)
 
 
+def measure(
+    quick: bool, repeats: int | None = None, interpret: bool = True
+) -> tuple[Sizes, int, list[str], dict[str, dict[str, float]]]:
+    """Milliseconds per kernel and backend (medians), baseline ``python`` measured in the same
+    run. Returns the sizes, the repeat count, the backends and ``{kernel: {backend: ms}}``."""
+    torch.set_num_threads(1)
+    sz = Sizes(16, 256, 128, 16) if quick else Sizes(64, 2048, 512, 16)
+    repeats = repeats or (5 if quick else 20)
+    budget = 2.0 if quick else 10.0
+    backends = ["python", "torch"]
+    if "interpret" in available_backends() and interpret:
+        backends.append("interpret")
+    figures = {
+        name: {
+            b: 1e3 * median_seconds(functools.partial(case, b), repeats, budget) for b in backends
+        }
+        for name, case in build_cases(sz).items()
+    }
+    return sz, repeats, backends, figures
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    """Rows for ``benchmarks/run_all.py`` / ``kvpool bench``: reference vs torch fallback (the
+    twin's CPU path), in microseconds, with the ratio; the interpreter is left out (not a speed
+    path)."""
+    _, _, _, figures = measure(quick, interpret=False)
+    return [
+        {
+            "bench": "kernels",
+            "op": name,
+            "reference_us": round(1e3 * ms["python"], 1),
+            "twin_us": round(1e3 * ms["torch"], 1),
+            "ref/twin": round(ms["python"] / ms["torch"], 2),
+        }
+        for name, ms in figures.items()
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--no-interpret", action="store_true", help="skip the Triton interpreter")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    sz = Sizes(16, 256, 128, 16) if args.quick else Sizes(64, 2048, 512, 16)
-    repeats = args.repeats or (5 if args.quick else 20)
-    budget = 2.0 if args.quick else 10.0
-    backends = ["python", "torch"]
-    if "interpret" in available_backends() and not args.no_interpret:
-        backends.append("interpret")
-    cases = build_cases(sz)
+    sz, repeats, backends, figures = measure(args.quick, args.repeats, not args.no_interpret)
     print(
         f"kvpool kernels on CPU: bs={sz.bs} prefix<={sz.prefix} extend<={sz.extend} "
         f"page_size={sz.page_size}; median of <={repeats} runs; baseline = python reference"
@@ -120,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     header += "".join(f"{b + ' x':>14}" for b in backends[1:])
     print(header)
     print("-" * len(header))
-    for name, run in cases.items():
-        ms = {b: 1e3 * median_seconds(functools.partial(run, b), repeats, budget) for b in backends}
+    for name, ms in figures.items():
         line = f"{name:<24}" + "".join(f"{ms[b]:>16.3f}" for b in backends)
         line += "".join(f"{ms['python'] / ms[b]:>13.2f}x" for b in backends[1:])
         print(line)
