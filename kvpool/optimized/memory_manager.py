@@ -201,8 +201,8 @@ class MemoryManager(LifecyclePrimitives):
         alloc.free_group_begin()
         try:
             for req in reqs:
-                session = self.sessions.get(req.session_id) if req.session_id else None
-                if session is not None and session.busy_with == req.rid:
+                session = self._session_of(req)
+                if session is not None:
                     session.take_from(req)
                 else:
                     self.release_kv_cache(req, is_insert)
