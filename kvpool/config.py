@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvpool.constants import EVICTION_POLICIES, is_power_of_two
 from kvpool.errors import ConfigError, PageSizeError
+from kvpool.rules import Rules
 
 
 @dataclass(frozen=True)
@@ -14,7 +15,8 @@ class PoolConfig:
 
     ``size`` must be a multiple of ``page_size``; the allocator then has ``size // page_size``
     pages with ids ``1..size // page_size`` (page 0 is reserved), and the KV buffers have
-    ``size + page_size`` rows. ``kv_layout`` is ``"mha"`` or ``"mla"``."""
+    ``size + page_size`` rows. ``kv_layout`` is ``"mha"`` or ``"mla"``. ``rules`` selects the
+    documented behaviour knobs (:class:`kvpool.rules.Rules`; default: kvpool's strict rules)."""
 
     size: int = 256
     page_size: int = 1
@@ -31,6 +33,7 @@ class PoolConfig:
     kv_lora_rank: int = 2
     qk_rope_head_dim: int = 1
     start_layer: int = 0
+    rules: Rules = field(default_factory=Rules)
 
     def __post_init__(self) -> None:
         if not is_power_of_two(self.page_size):
@@ -51,6 +54,8 @@ class PoolConfig:
             raise ConfigError(f"kv_layout must be 'mha' or 'mla', got {self.kv_layout!r}")
         if self.num_layers <= 0 or self.head_num <= 0 or self.head_dim <= 0:
             raise ConfigError("num_layers, head_num and head_dim must be positive")
+        if not isinstance(self.rules, Rules):
+            raise ConfigError(f"rules must be a kvpool.rules.Rules, got {self.rules!r}")
         if self.start_layer < 0:
             raise ConfigError(f"start_layer must be >= 0, got {self.start_layer}")
 
