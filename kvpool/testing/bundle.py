@@ -1,0 +1,62 @@
+"""``Implementation``: one implementation's component factories, as the harness consumes them.
+
+The component machines (allocator, ReqToTokenPool, radix cache) and the lifecycle machine drive
+two implementations side by side. Each side is described by an :class:`Implementation`: a
+factory per component it provides, the key type its radix cache takes, and the
+:class:`~kvpool.rules.Rules` it follows (applied to every configuration the swarm draws, so that
+the reference behaves as the implementation's documented rules say).
+
+Factory shapes (every size comes from the :class:`~kvpool.config.PoolConfig`):
+
+- ``allocator(config)``: a :class:`~kvpool.protocols.TokenAllocatorProtocol` of ``config.size``
+  tokens, ``config.page_size`` (a paged allocator, with ``alloc_extend`` / ``alloc_decode``,
+  when it is above 1) and ``config.need_sort``;
+- ``req_to_token_pool(config)``: a :class:`~kvpool.protocols.ReqToTokenPoolProtocol` of
+  ``config.req_pool_size`` rows and ``config.max_context_len`` columns;
+- ``radix_cache(config, req_to_token_pool, allocator)``: a
+  :class:`~kvpool.protocols.RadixCacheProtocol` over the two objects given (built by this same
+  implementation's factories), with ``config.eviction_policy``;
+- ``radix_key(token_ids, extra_key)``: the key its radix cache takes;
+- ``manager(config)``: a whole :class:`~kvpool.protocols.MemoryManagerProtocol`.
+
+A missing factory means the implementation does not provide that component; the harness says so
+rather than guessing a substitute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool.config import PoolConfig
+from kvpool.rules import Rules
+
+COMPONENTS = ("allocator", "req_to_token_pool", "radix_cache", "manager")
+"""Component names, as ``kvpool verify --component`` spells them."""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """The factories of one implementation (see the module docstring for their shapes)."""
+
+    label: str
+    allocator: Callable[[PoolConfig], Any] | None = None
+    req_to_token_pool: Callable[[PoolConfig], Any] | None = None
+    radix_cache: Callable[[PoolConfig, Any, Any], Any] | None = None
+    radix_key: Callable[[Sequence[int], str | None], Any] | None = None
+    manager: Callable[[PoolConfig], Any] | None = None
+    rules: Rules | None = None
+    """The rules this implementation follows; None: kvpool's default :class:`Rules`."""
+
+    def provides(self, component: str) -> bool:
+        """Whether this implementation can be driven by the machine of ``component``."""
+        if component == "radix_cache":
+            return all(
+                f is not None
+                for f in (self.radix_cache, self.radix_key, self.allocator, self.req_to_token_pool)
+            )
+        return getattr(self, component) is not None
+
+
+__all__ = ["COMPONENTS", "Implementation"]
