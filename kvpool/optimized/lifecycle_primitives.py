@@ -12,6 +12,7 @@ Results are int64 slot tensors. Units: tokens for lengths, rows, slots.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -24,6 +25,7 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
+from kvpool.injection import check_shared, resolve
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.chunk_cache import ChunkCache
 from kvpool.optimized.kv_cache import MHATokenToKVPool, MLATokenToKVPool
@@ -64,41 +66,82 @@ class LifecyclePrimitives:
         device: str | torch.device = "cpu",
         checked: bool | None = None,
         kernel_backend: str | None = None,
+        *,
+        req_to_token_pool: Any = None,
+        token_to_kv_pool_allocator: Any = None,
+        tree_cache: Any = None,
+        kv_cache: Any = None,
     ) -> None:
+        """Each component may be injected (see :mod:`kvpool.injection`): an object, a factory
+        (``(config)``; the tree cache's ``(config, req_to_token_pool, allocator)``) or None for
+        the twin's own."""
         self.config = config
         self.device = dev = torch.device(device)
         ps = self.page_size = config.page_size
-        self.req_to_token_pool = ReqToTokenPool(
-            config.req_pool_size, config.max_context_len, device=dev, checked=checked
+        self.req_to_token_pool: ReqToTokenPool = resolve(
+            "req_to_token_pool",
+            req_to_token_pool,
+            lambda: ReqToTokenPool(
+                config.req_pool_size, config.max_context_len, device=dev, checked=checked
+            ),
+            config,
         )
-        self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = (
-            TokenToKVPoolAllocator(
+        self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = resolve(
+            "token_to_kv_pool_allocator",
+            token_to_kv_pool_allocator,
+            lambda: self._default_allocator(dev, checked, kernel_backend),
+            config,
+        )
+        pool, alloc = self.req_to_token_pool, self.token_to_kv_pool_allocator
+        self.tree_cache: RadixCache | ChunkCache = resolve(
+            "tree_cache",
+            tree_cache,
+            lambda: (
+                ChunkCache(pool, alloc, ps, config.eviction_policy)
+                if config.disable_radix_cache
+                else RadixCache(pool, alloc, ps, False, config.eviction_policy, clock)
+            ),
+            config,
+            pool,
+            alloc,
+        )
+        check_shared(self.tree_cache, pool, alloc)
+        self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = resolve(
+            "kv_cache", kv_cache, lambda: self._default_kv_cache(dev, checked), config
+        )
+        self.reqs: dict[str, Req] = {}
+        self.sessions: dict[str, SessionSlot] = {}
+        self._empty = torch.empty(0, dtype=torch.int64, device=dev)
+
+    def _default_allocator(
+        self, dev: torch.device, checked: bool | None, kernel_backend: str | None
+    ) -> BaseTokenToKVPoolAllocator:
+        config = self.config
+        if config.page_size == 1:
+            return TokenToKVPoolAllocator(
                 config.size,
                 config.need_sort,
                 device=dev,
                 checked=checked,
                 kernel_backend=kernel_backend,
             )
-            if ps == 1
-            else PagedTokenToKVPoolAllocator(
-                config.size,
-                ps,
-                config.need_sort,
-                device=dev,
-                checked=checked,
-                kernel_backend=kernel_backend,
-            )
+        return PagedTokenToKVPoolAllocator(
+            config.size,
+            config.page_size,
+            config.need_sort,
+            device=dev,
+            checked=checked,
+            kernel_backend=kernel_backend,
         )
-        alloc = self.token_to_kv_pool_allocator
-        self.tree_cache: RadixCache | ChunkCache = (
-            ChunkCache(self.req_to_token_pool, alloc, ps, config.eviction_policy)
-            if config.disable_radix_cache
-            else RadixCache(self.req_to_token_pool, alloc, ps, False, config.eviction_policy, clock)
-        )
-        self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = (
-            MHATokenToKVPool(
+
+    def _default_kv_cache(
+        self, dev: torch.device, checked: bool | None
+    ) -> MHATokenToKVPool | MLATokenToKVPool:
+        config = self.config
+        if config.kv_layout == "mha":
+            return MHATokenToKVPool(
                 config.size,
-                ps,
+                config.page_size,
                 "float32",
                 config.head_num,
                 config.head_dim,
@@ -108,21 +151,16 @@ class LifecyclePrimitives:
                 device=dev,
                 checked=checked,
             )
-            if config.kv_layout == "mha"
-            else MLATokenToKVPool(
-                config.size,
-                ps,
-                config.kv_lora_rank,
-                config.qk_rope_head_dim,
-                config.num_layers,
-                config.start_layer,
-                device=dev,
-                checked=checked,
-            )
+        return MLATokenToKVPool(
+            config.size,
+            config.page_size,
+            config.kv_lora_rank,
+            config.qk_rope_head_dim,
+            config.num_layers,
+            config.start_layer,
+            device=dev,
+            checked=checked,
         )
-        self.reqs: dict[str, Req] = {}
-        self.sessions: dict[str, SessionSlot] = {}
-        self._empty = torch.empty(0, dtype=torch.int64, device=dev)
 
     # ----------------------------------------------------------------- lookups
     def get_req(self, rid: str, *states: str) -> Req:

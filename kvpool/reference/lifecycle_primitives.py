@@ -15,6 +15,7 @@ allocate.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.constants import NO_LAST_LOC, ceil_align
@@ -25,6 +26,7 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
+from kvpool.injection import check_shared, resolve
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.reference.chunk_cache import ChunkCache
 from kvpool.reference.kv_cache import MHATokenToKVPool, MLATokenToKVPool, kv_cache_from_config
@@ -41,22 +43,54 @@ class LifecyclePrimitives:
     """The pools (``req_to_token_pool``, ``token_to_kv_pool_allocator``, ``tree_cache``,
     ``kv_cache``), the request and session tables, and the SGLang-named primitives."""
 
-    def __init__(self, config: PoolConfig, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        config: PoolConfig,
+        clock: Callable[[], float] | None = None,
+        *,
+        req_to_token_pool: Any = None,
+        token_to_kv_pool_allocator: Any = None,
+        tree_cache: Any = None,
+        kv_cache: Any = None,
+    ) -> None:
+        """Each component may be injected (see :mod:`kvpool.injection`): an object, a factory
+        (``(config)``; the tree cache's ``(config, req_to_token_pool, allocator)``) or None for
+        the reference's own."""
         self.config = config
         ps = self.page_size = config.page_size
-        self.req_to_token_pool = ReqToTokenPool(config.req_pool_size, config.max_context_len)
-        self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = (
-            TokenToKVPoolAllocator(config.size, config.need_sort)
-            if ps == 1
-            else PagedTokenToKVPoolAllocator(config.size, ps, config.need_sort)
+        self.req_to_token_pool: ReqToTokenPool = resolve(
+            "req_to_token_pool",
+            req_to_token_pool,
+            lambda: ReqToTokenPool(config.req_pool_size, config.max_context_len),
+            config,
         )
-        alloc = self.token_to_kv_pool_allocator
-        self.tree_cache: RadixCache | ChunkCache = (
-            ChunkCache(self.req_to_token_pool, alloc, ps, config.eviction_policy)
-            if config.disable_radix_cache
-            else RadixCache(self.req_to_token_pool, alloc, ps, False, config.eviction_policy, clock)
+        self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = resolve(
+            "token_to_kv_pool_allocator",
+            token_to_kv_pool_allocator,
+            lambda: (
+                TokenToKVPoolAllocator(config.size, config.need_sort)
+                if ps == 1
+                else PagedTokenToKVPoolAllocator(config.size, ps, config.need_sort)
+            ),
+            config,
         )
-        self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = kv_cache_from_config(config)
+        pool, alloc = self.req_to_token_pool, self.token_to_kv_pool_allocator
+        self.tree_cache: RadixCache | ChunkCache = resolve(
+            "tree_cache",
+            tree_cache,
+            lambda: (
+                ChunkCache(pool, alloc, ps, config.eviction_policy)
+                if config.disable_radix_cache
+                else RadixCache(pool, alloc, ps, False, config.eviction_policy, clock)
+            ),
+            config,
+            pool,
+            alloc,
+        )
+        check_shared(self.tree_cache, pool, alloc)
+        self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = resolve(
+            "kv_cache", kv_cache, lambda: kv_cache_from_config(config), config
+        )
         self.reqs: dict[str, Req] = {}
         self.sessions: dict[str, SessionSlot] = {}
 

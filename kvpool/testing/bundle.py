@@ -48,6 +48,9 @@ class Implementation:
     manager: Callable[[PoolConfig], Any] | None = None
     rules: Rules | None = None
     """The rules this implementation follows; None: kvpool's default :class:`Rules`."""
+    index: Callable[[Sequence[int]], Any] = list
+    """Converts a list of slot ids (or lengths) into the implementation's index container
+    (``list`` for the reference, an int64 tensor for torch implementations)."""
 
     def provides(self, component: str) -> bool:
         """Whether this implementation can be driven by the machine of ``component``."""

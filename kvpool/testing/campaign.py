@@ -1,10 +1,12 @@
-"""The time-budgeted lockstep campaign behind ``kvpool verify``.
+"""The time-budgeted lockstep campaign behind ``kvpool verify``, in this process.
 
-A campaign is a sequence of runs. Run ``i`` seeds ``random.Random((seed, i))``, draws a pool
-configuration from the swarm (:func:`kvpool.testing.swarm.draw_config`) and ``steps_per_run``
-operations (:data:`kvpool.testing.swarm.KINDS`), executing each on both implementations
-through :class:`kvpool.testing.lockstep_driver.Lockstep`. It stops at the time budget or at the
-first failure.
+A campaign is a sequence of runs of one machine (``component``: the lifecycle ``manager`` or a
+component of :data:`kvpool.testing.machines.TARGETS`). Run ``i`` seeds
+``random.Random(f"{seed}/{i}")``, draws a configuration and ``steps_per_run`` operations
+(:mod:`kvpool.testing.runs`), executing each on both implementations. It stops at the time
+budget or at the first failure. :mod:`kvpool.testing.workers` runs the same runs in worker
+processes (crash-proof); this module is the in-process form the pytest helpers and the workers
+themselves use.
 
 A failure is shrunk without hypothesis: the failing run's operations are plain data, so the
 campaign replays sub-lists (dropping chunks, then single steps) and keeps any that still fail with
@@ -13,20 +15,21 @@ the same detector. The result is deterministic for a given seed and failing run.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvpool.config import PoolConfig
+from kvpool.testing.bundle import Implementation
 
 # The factories are re-exported: ``kvpool.testing.campaign.reference_factory`` is documented.
 from kvpool.testing.factories import load_factory as load_factory
 from kvpool.testing.factories import optimized_factory as optimized_factory
 from kvpool.testing.factories import reference_factory as reference_factory
 from kvpool.testing.lockstep_driver import Factory, Lockstep, LockstepFailure
-from kvpool.testing.swarm import KINDS, Op, RandomChooser, draw_config, draw_op
+from kvpool.testing.runs import execute, run_config, shrink_ops
+from kvpool.testing.swarm import Op, RandomChooser
 
 Progress = Callable[[float, int], None]
 """Called after each run with (seconds elapsed, steps so far)."""
@@ -56,6 +59,23 @@ class CampaignResult:
     failures: int = 0
     page_sizes: dict[str, int] = field(default_factory=dict)
     failure: CampaignFailure | None = None
+    component: str = "manager"
+    coverage: dict[str, int] = field(default_factory=dict)
+    """Coverage tag -> steps that earned it (:mod:`kvpool.testing.machines.coverage`)."""
+    workers: int = 0
+    """Worker processes used (0: in this process)."""
+    error: str | None = None
+    """Why the campaign stopped early without a lockstep verdict (an internal error)."""
+
+    def add_run(self, config: PoolConfig, steps: int, checks: int, tags: dict[str, int]) -> None:
+        """Fold one run's totals in."""
+        self.configurations += 1
+        key = f"page_size={config.page_size}"
+        self.page_sizes[key] = self.page_sizes.get(key, 0) + 1
+        self.steps += steps
+        self.invariant_checks += checks
+        for tag, n in tags.items():
+            self.coverage[tag] = self.coverage.get(tag, 0) + n
 
     @property
     def steps_per_second(self) -> float:
@@ -67,6 +87,14 @@ class CampaignResult:
         return out
 
 
+def _manager_impls(factory_a: Factory, factory_b: Factory, labels: tuple[str, str]) -> tuple[
+    Implementation, Implementation
+]:  # fmt: skip
+    return Implementation(labels[0], manager=factory_a), Implementation(
+        labels[1], manager=factory_b
+    )
+
+
 def replay(
     factory_a: Factory,
     factory_b: Factory,
@@ -74,7 +102,7 @@ def replay(
     ops: Sequence[Op],
     labels: tuple[str, str] = ("reference", "candidate"),
 ) -> LockstepFailure | None:
-    """Run ``ops`` on a fresh pair; the failure they trigger, if any."""
+    """Run ``ops`` on a fresh pair of memory managers; the failure they trigger, if any."""
     try:
         pair = Lockstep(factory_a, factory_b, config, labels)
         for op in ops:
@@ -94,36 +122,32 @@ def shrink(
     budget_s: float = 20.0,
     max_replays: int | None = None,
 ) -> tuple[list[Op], LockstepFailure | None]:
-    """Smallest sub-list of ``ops`` found that still fails with ``detector`` (greedy chunk then
-    single-step deletion) and its failure. It stops after ``budget_s`` seconds or
-    ``max_replays`` candidate replays, whichever comes first: a replay bound, unlike the clock,
-    gives the same result on a loaded machine."""
-    deadline = time.monotonic() + budget_s
-    best = list(ops)
-    last = replay(factory_a, factory_b, config, best, labels)
-    replays = 0
+    """Smallest sub-list of a lifecycle run's ``ops`` that still fails with ``detector``
+    (:func:`kvpool.testing.runs.shrink_ops`) and its failure."""
+    impl_a, impl_b = _manager_impls(factory_a, factory_b, labels)
+    return shrink_run("manager", impl_a, impl_b, config, ops, detector, labels, budget_s,
+                      max_replays)  # fmt: skip
 
-    def within() -> bool:
-        return time.monotonic() < deadline and (max_replays is None or replays < max_replays)
 
-    def still_fails(candidate: list[Op]) -> LockstepFailure | None:
-        nonlocal replays
-        replays += 1
-        found = replay(factory_a, factory_b, config, candidate, labels)
-        return found if found is not None and found.detector == detector else None
+def shrink_run(
+    component: str,
+    impl_a: Implementation,
+    impl_b: Implementation,
+    config: PoolConfig,
+    ops: Sequence[Op],
+    detector: str,
+    labels: tuple[str, str] = ("reference", "candidate"),
+    budget_s: float = 20.0,
+    max_replays: int | None = None,
+) -> tuple[list[Op], LockstepFailure | None]:
+    """Shrink a failing run of any machine in this process; the shrunk ops and their failure."""
 
-    chunk = max(len(best) // 2, 1)
-    while chunk >= 1 and within():
-        i = 0
-        while i + chunk <= len(best) and within():
-            found = still_fails(best[:i] + best[i + chunk :])
-            if found is None:
-                i += chunk
-                continue
-            # Steps after the failing one never ran: drop them too.
-            best, last = (best[:i] + best[i + chunk :])[: found.step], found
-        chunk //= 2
-    return best, last
+    def again(candidate: Sequence[Op]) -> tuple[str, int] | None:
+        found = execute(component, impl_a, impl_b, config, ops=candidate, labels=labels).failure
+        return None if found is None else (found.detector, found.step)
+
+    best = shrink_ops(again, ops, detector, budget_s, max_replays)
+    return best, execute(component, impl_a, impl_b, config, ops=best, labels=labels).failure
 
 
 def run_campaign(
@@ -137,41 +161,45 @@ def run_campaign(
     config_drawer: Callable[[RandomChooser], PoolConfig] | None = None,
     max_runs: int | None = None,
 ) -> CampaignResult:
-    """Run lockstep runs until ``seconds`` have passed (or ``max_runs`` runs were made) or one
-    fails (then shrink it)."""
-    result = CampaignResult(seed=seed, seconds=0.0)
-    factory_a(PoolConfig())  # warm-up outside the budget: first imports (torch) take seconds
-    factory_b(PoolConfig())
+    """The lifecycle campaign of two memory-manager factories (see :func:`run_machine`)."""
+    impl_a, impl_b = _manager_impls(factory_a, factory_b, labels)
+    return run_machine("manager", impl_a, impl_b, seconds, seed, steps_per_run, labels, progress,
+                       max_runs, config_drawer)  # fmt: skip
+
+
+def run_machine(
+    component: str,
+    impl_a: Implementation,
+    impl_b: Implementation,
+    seconds: float,
+    seed: int = 0,
+    steps_per_run: int = 60,
+    labels: tuple[str, str] = ("reference", "candidate"),
+    progress: Progress | None = None,
+    max_runs: int | None = None,
+    config_drawer: Callable[[RandomChooser], PoolConfig] | None = None,
+) -> CampaignResult:
+    """Run lockstep runs of ``component`` until ``seconds`` have passed (or ``max_runs`` runs
+    were made) or one fails (then shrink it), all in this process."""
+    result = CampaignResult(seed=seed, seconds=0.0, component=component)
     start = time.monotonic()
     run = 0
     while time.monotonic() - start < seconds and (max_runs is None or run < max_runs):
-        chooser = RandomChooser(random.Random(f"{seed}/{run}"))
-        config = (config_drawer or draw_config)(chooser)
-        result.configurations += 1
-        key = f"page_size={config.page_size}"
-        result.page_sizes[key] = result.page_sizes.get(key, 0) + 1
-        pair = Lockstep(factory_a, factory_b, config, labels)
-        try:
-            for _ in range(steps_per_run):
-                pair.run(draw_op(chooser, pair.view(), chooser.choice(KINDS)))
-                result.steps += 1
-        except LockstepFailure as failure:
-            result.steps += 1
+        chooser, config = run_config(component, impl_b, seed, run)
+        if config_drawer is not None:
+            config = config_drawer(chooser)
+        done = execute(component, impl_a, impl_b, config, chooser=chooser, steps=steps_per_run,
+                       labels=labels)  # fmt: skip
+        result.add_run(config, done.steps, done.checks, dict(done.coverage))
+        if done.failure is not None:
             result.failures = 1
-            result.invariant_checks += pair.checks
             result.seconds = time.monotonic() - start
-            ops, shrunk = shrink(factory_a, factory_b, config, pair.ops, failure.detector, labels)
-            final = shrunk or failure
-            result.failure = CampaignFailure(
-                run,
-                asdict(config),
-                final.detector,
-                len(pair.ops),
-                [op.render() for op in ops],
-                str(final),
-            )
+            ops, shrunk = shrink_run(component, impl_a, impl_b, config, done.ops,
+                                     done.failure.detector, labels)  # fmt: skip
+            final = shrunk or done.failure
+            result.failure = CampaignFailure(run, asdict(config), final.detector, len(done.ops),
+                                             [op.render() for op in ops], str(final))  # fmt: skip
             return result
-        result.invariant_checks += pair.checks
         run += 1
         if progress is not None:
             progress(time.monotonic() - start, result.steps)

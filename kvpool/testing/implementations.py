@@ -1,0 +1,137 @@
+"""The implementations kvpool ships, and how a spec string names one (``--impl``).
+
+Specs: ``reference``; ``optimized`` or ``optimized[BACKEND]`` (the torch twin, kernels run by
+``torch``, ``interpret`` or ``triton``); ``sglang`` or ``sglang:SOURCE`` (SGLang's own classes
+through :mod:`kvpool.sglang`; SOURCE is a release like ``0.5.16``, a source path or
+``installed``; a ``+naive`` suffix routes ``alloc_extend`` through SGLang's naive path);
+``MODULE:NAME`` or ``path/to/file.py:NAME`` (a user's object: an
+:class:`~kvpool.testing.bundle.Implementation`, a zero-argument callable returning one, or a
+plain factory of the component being verified). Specs are strings so that worker processes
+rebuild the same implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvpool.config import PoolConfig
+from kvpool.testing.bundle import Implementation
+
+
+def reference_implementation() -> Implementation:
+    """Every component of the pure-Python reference."""
+    from kvpool.reference import radix_key
+    from kvpool.reference.allocator import TokenToKVPoolAllocator
+    from kvpool.reference.memory_manager import MemoryManager
+    from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
+    from kvpool.reference.radix_cache import RadixCache
+    from kvpool.reference.req_to_token_pool import ReqToTokenPool
+
+    def allocator(config: PoolConfig) -> Any:
+        if config.page_size == 1:
+            return TokenToKVPoolAllocator(config.size, config.need_sort)
+        return PagedTokenToKVPoolAllocator(config.size, config.page_size, config.need_sort)
+
+    def table(config: PoolConfig) -> Any:
+        return ReqToTokenPool(config.req_pool_size, config.max_context_len)
+
+    def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        return RadixCache(pool, alloc, config.page_size, False, config.eviction_policy)
+
+    return Implementation(
+        "reference",
+        allocator=allocator,
+        req_to_token_pool=table,
+        radix_cache=tree,
+        radix_key=radix_key.RadixKey,
+        manager=MemoryManager,
+    )
+
+
+def optimized_implementation(backend: str | None = "torch", checked: bool = True) -> Implementation:
+    """Every component of the torch twin on the CPU, its kernels run by ``backend``."""
+    import torch
+
+    from kvpool.optimized import radix_key
+    from kvpool.optimized.allocator import TokenToKVPoolAllocator
+    from kvpool.optimized.memory_manager import MemoryManager
+    from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
+    from kvpool.optimized.radix_cache import RadixCache
+    from kvpool.optimized.req_to_token_pool import ReqToTokenPool
+
+    if torch.get_num_threads() != 1:  # tiny tensors: OpenMP workers only contend
+        torch.set_num_threads(1)
+
+    def allocator(config: PoolConfig) -> Any:
+        opts: dict[str, Any] = {"checked": checked, "kernel_backend": backend}
+        if config.page_size == 1:
+            return TokenToKVPoolAllocator(config.size, config.need_sort, **opts)
+        return PagedTokenToKVPoolAllocator(config.size, config.page_size, config.need_sort, **opts)
+
+    def table(config: PoolConfig) -> Any:
+        return ReqToTokenPool(config.req_pool_size, config.max_context_len, checked=checked)
+
+    def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        return RadixCache(pool, alloc, config.page_size, False, config.eviction_policy)
+
+    def manager(config: PoolConfig) -> Any:
+        return MemoryManager(config, checked=checked, kernel_backend=backend)
+
+    def index(values: Sequence[int]) -> Any:
+        return torch.tensor(list(values), dtype=torch.int64)
+
+    return Implementation(
+        f"optimized[{backend}]",
+        allocator=allocator,
+        req_to_token_pool=table,
+        radix_cache=tree,
+        radix_key=radix_key.RadixKey,
+        manager=manager,
+        index=index,
+    )
+
+
+def resolve_implementation(spec: str, component: str = "manager") -> Implementation:
+    """The implementation a spec names (see the module docstring). ValueError for a malformed
+    spec, ImportError for a missing module, TypeError for an object of the wrong kind."""
+    if spec == "reference":
+        return reference_implementation()
+    if spec == "optimized" or spec.startswith("optimized["):
+        backend = spec[len("optimized[") : -1] if spec.endswith("]") else "torch"
+        if backend not in ("torch", "interpret", "triton"):
+            raise ValueError(f"unknown kernel backend {backend!r} in {spec!r}")
+        return optimized_implementation(backend)
+    if spec == "sglang" or spec.startswith("sglang:"):
+        from kvpool import sglang
+
+        source = spec.partition(":")[2] or "0.5.16"
+        naive = source.endswith("+naive")
+        return sglang.implementation(source.removesuffix("+naive"), naive_extend=naive)
+    from kvpool.testing.factories import load_factory
+
+    obj = load_factory(spec)
+    if isinstance(obj, Implementation):
+        return obj
+    try:
+        made = obj() if _takes_no_arguments(obj) else None
+    except TypeError:
+        made = None
+    if isinstance(made, Implementation):
+        return made
+    parts: dict[str, Any] = {component: obj}
+    return Implementation(spec, **parts)
+
+
+def _takes_no_arguments(fn: Any) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in params)  # fmt: skip
+
+
+__all__ = ["optimized_implementation", "reference_implementation", "resolve_implementation"]

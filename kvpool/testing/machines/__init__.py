@@ -1,0 +1,60 @@
+"""Component machines: one component of two implementations driven in lockstep.
+
+:data:`TARGETS` maps each component name of ``kvpool verify --component`` to its machine:
+``allocator`` (:mod:`.allocator`), ``req_to_token_pool`` (:mod:`.table`), ``radix_cache``
+(:mod:`.radix`) and ``manager`` (the whole lifecycle, :mod:`.lifecycle`). Each is driven by
+:class:`~kvpool.testing.machines.base.ComponentPair` (or, for the lifecycle, the existing
+:class:`~kvpool.testing.lockstep_driver.Lockstep`) through the one campaign runner.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Protocol
+
+from kvpool.config import PoolConfig
+from kvpool.testing.bundle import Implementation
+from kvpool.testing.machines.allocator import AllocatorTarget
+from kvpool.testing.machines.base import ComponentPair as ComponentPair
+from kvpool.testing.machines.base import Outcome as Outcome
+from kvpool.testing.machines.base import Target as Target
+from kvpool.testing.machines.lifecycle import LifecycleTarget
+from kvpool.testing.machines.radix import RadixTarget
+from kvpool.testing.machines.table import TableTarget
+from kvpool.testing.swarm import Chooser, Op
+
+TARGETS: dict[str, Target | LifecycleTarget] = {
+    "allocator": AllocatorTarget(),
+    "req_to_token_pool": TableTarget(),
+    "radix_cache": RadixTarget(),
+    "manager": LifecycleTarget(),
+}
+
+
+class Pair(Protocol):
+    """What the campaign runner needs of a pair of sides (component or lifecycle)."""
+
+    coverage: Counter[str]
+
+    @property
+    def ops(self) -> list[Op]: ...
+
+    @property
+    def checks(self) -> int: ...
+
+    def draw(self, c: Chooser) -> Op: ...
+
+    def run(self, op: Op) -> Any: ...
+
+
+def make_pair(
+    target: Target | LifecycleTarget,
+    impl_a: Implementation,
+    impl_b: Implementation,
+    config: PoolConfig,
+    labels: tuple[str, str] = ("reference", "candidate"),
+) -> Pair:
+    """A fresh pair for ``target`` (raises LockstepFailure when the initial state is bad)."""
+    if isinstance(target, LifecycleTarget):
+        return target.pair(impl_a, impl_b, config, labels)
+    return ComponentPair(target, impl_a, impl_b, config, labels)

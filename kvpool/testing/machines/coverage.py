@@ -1,0 +1,116 @@
+"""Coverage tags: which operation kinds and outcomes a campaign reached.
+
+Every step earns tags (``alloc:refused``, ``merge:on-refusal``, ``extend:part2>=1024``,
+``free:shared-page``, ...). A campaign sums them; its summary and JSON report list each tag of
+the target's catalogue (:data:`CATALOGUE`) with its count, so a user sees what was never
+reached. Tags outside the catalogue are reported too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvpool.constants import ceil_div
+from kvpool.testing.swarm import Op
+
+ALLOCATING = ("alloc", "alloc_extend", "alloc_decode")
+
+CATALOGUE: dict[str, tuple[str, ...]] = {
+    "allocator": (
+        "alloc:ok", "alloc:refused", "alloc:zero", "alloc_extend:ok", "alloc_extend:refused",
+        "alloc_decode:ok", "alloc_decode:refused", "alloc_decode:new-page", "merge:by-alloc",
+        "merge:on-refusal", "merge:direct", "extend:ends-in-prefix-page", "extend:part1",
+        "extend:part2<64", "extend:part2<1024", "extend:part2>=1024", "extend:part2>=2048",
+        "extend:part3", "free:in-group", "free:shared-page", "free:in-backup-window",
+        "restore_state:ok", "clear:ok", "invalid:refused",
+    ),
+    "req_to_token_pool": (
+        "alloc:ok", "alloc:refused", "alloc:reuse", "free:ok", "write:ok", "read:ok", "clear:ok",
+        "invalid:refused",
+    ),
+    "radix_cache": (
+        "match_prefix:hit", "match_prefix:miss", "match_prefix:split", "insert:new",
+        "insert:duplicate", "insert:extra-key", "evict:freed", "evict:nothing",
+        "inc_lock_ref:ok", "dec_lock_ref:ok", "reset:ok", "invalid:refused",
+    ),
+    "manager": (
+        "extend:ok", "extend:oom", "extend:chunked", "extend:evicted", "decode:ok", "decode:oom",
+        "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok", "retract:ok",
+        "session:restore", "close_session:ok", "evict:ok", "merge:by-alloc", "invalid:refused",
+    ),
+}  # fmt: skip
+"""Tags each machine is expected to reach."""
+
+
+def outcome_tag(op: Op, result: Any, error: BaseException | None) -> str:
+    """``name:ok`` / ``name:refused`` (a None allocation) / ``invalid:refused`` /
+    ``name:ErrorClass``."""
+    if op.expect_error:
+        return "invalid:refused" if error is not None else "invalid:accepted"
+    if error is not None:
+        return f"{op.name}:{type(error).__name__}"
+    if op.name in ALLOCATING and result is None:
+        return f"{op.name}:refused"
+    return f"{op.name}:ok"
+
+
+def _width(tokens: int) -> str | None:
+    if tokens <= 0:
+        return None
+    if tokens >= 2048:
+        return "extend:part2>=2048"
+    if tokens >= 1024:
+        return "extend:part2>=1024"
+    return "extend:part2<64" if tokens < 64 else "extend:part2<1024"
+
+
+def extend_parts(prefix: Sequence[int], seq: Sequence[int], ps: int) -> list[str]:
+    """Which of ``alloc_extend``'s three parts each request of a batch reaches."""
+    tags: list[str] = []
+    for p, s in zip(prefix, seq, strict=True):
+        n1 = min(s, ceil_div(p, ps) * ps) - p
+        if n1:
+            tags.append("extend:part1")
+        if p % ps and p + n1 == s:
+            tags.append("extend:ends-in-prefix-page")
+            continue
+        n2 = (s // ps) * ps - ceil_div(p, ps) * ps
+        width = _width(n2)
+        if width:
+            tags.append(width)
+        if s % ps and s > ceil_div(p, ps) * ps:
+            tags.append("extend:part3")
+    return tags
+
+
+def extend_tags(op: Op, out: Any, window: bool = False) -> list[str]:
+    """Tags of one allocator step (``out`` is an :class:`~.base.Outcome` of side A;
+    ``window``: a backup was taken and not yet restored)."""
+    tags = [outcome_tag(op, out.result, out.error)]
+    if op.name == "alloc" and op.args and op.args[0] == 0 and out.error is None:
+        tags.append("alloc:zero")
+    before, after = out.before, out.after
+    merged = before.release_pages and not after.release_pages
+    if merged and op.name in ALLOCATING:
+        tags.append("merge:on-refusal" if out.result is None else "merge:by-alloc")
+    if merged and op.name == "merge_and_sort_free":
+        tags.append("merge:direct")
+    ps = before.page_size
+    if op.name == "alloc_extend" and out.error is None:
+        tags += extend_parts(op.args[0], op.args[2], ps)
+    decoded = op.name == "alloc_decode" and out.result is not None
+    if decoded and any((s - 1) % ps == 0 for s in op.args[0]):
+        tags.append("alloc_decode:new-page")
+    if op.name == "free" and out.error is None:
+        if before.in_free_group:
+            tags.append("free:in-group")
+            pending = {s // ps for s in before.pending_free}
+            if pending & {s // ps for s in op.args[0]}:
+                tags.append("free:shared-page")
+        if window:
+            tags.append("free:in-backup-window")
+    return tags
+
+
+__all__ = ["CATALOGUE", "extend_parts", "extend_tags", "outcome_tag"]

@@ -1,0 +1,120 @@
+"""The lifecycle machine (``--component manager``) behind the same interface as the components.
+
+It wraps :class:`~kvpool.testing.lockstep_driver.Lockstep` (two memory managers stepped
+through the request lifecycle). An implementation that provides components but no manager is
+run inside the torch twin's ``MemoryManager`` with its components injected
+(:mod:`kvpool.injection`), so every part of the manager holds the candidate's objects.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from kvpool.config import PoolConfig
+from kvpool.errors import OutOfMemoryError
+from kvpool.snapshot import PoolSnapshot
+from kvpool.testing.bundle import Implementation
+from kvpool.testing.lockstep_driver import Factory, Lockstep
+from kvpool.testing.machines.coverage import outcome_tag
+from kvpool.testing.swarm import KINDS, Chooser, Op, draw_config, draw_op
+
+
+def manager_factory(impl: Implementation) -> Factory:
+    """``impl.manager``, or the torch twin's manager built around ``impl``'s components."""
+    if impl.manager is not None:
+        return impl.manager
+
+    def build(config: PoolConfig) -> Any:
+        from kvpool.optimized.memory_manager import MemoryManager
+
+        parts: dict[str, Any] = {}
+        if impl.allocator is not None:
+            parts["token_to_kv_pool_allocator"] = impl.allocator
+        if impl.req_to_token_pool is not None:
+            parts["req_to_token_pool"] = impl.req_to_token_pool
+        if impl.radix_cache is not None and not config.disable_radix_cache:
+            parts["tree_cache"] = impl.radix_cache
+        return MemoryManager(config, **parts)
+
+    return build
+
+
+class LifecyclePair:
+    """A :class:`Lockstep` with the component pairs' interface (``draw``, ``run``,
+    ``coverage``)."""
+
+    def __init__(
+        self,
+        impl_a: Implementation,
+        impl_b: Implementation,
+        config: PoolConfig,
+        labels: tuple[str, str],
+    ) -> None:
+        self.coverage: Counter[str] = Counter()
+        self.lockstep = Lockstep(manager_factory(impl_a), manager_factory(impl_b), config, labels)
+
+    @property
+    def ops(self) -> list[Op]:
+        return self.lockstep.ops
+
+    @property
+    def checks(self) -> int:
+        return self.lockstep.checks
+
+    def draw(self, c: Chooser) -> Op:
+        return draw_op(c, self.lockstep.view(), c.choice(KINDS))
+
+    def run(self, op: Op) -> Any:
+        before = self.lockstep.snap_a
+        out = self.lockstep.run(op)
+        error = out if isinstance(out, BaseException) else None
+        self.coverage.update(lifecycle_tags(op, out, error, before, self.lockstep.snap_a))
+        return out
+
+
+def lifecycle_tags(
+    op: Op, result: Any, error: BaseException | None, before: PoolSnapshot, after: PoolSnapshot
+) -> list[str]:
+    """Coverage tags of one lifecycle step."""
+    if isinstance(error, OutOfMemoryError) and not op.expect_error:
+        return [f"{op.name}:oom"]
+    tags = [outcome_tag(op, None if error else result, error)]
+    if op.name in ("abort", "retract") and op.expect_error:
+        tags.append(f"invalid:{op.name}")
+    if error is not None:
+        return tags
+    if op.name == "new_req" and dict(op.kwargs).get("session_id"):
+        tags.append("session:turn")
+    if op.name == "extend":
+        if any(r.is_chunked for r in after.reqs):
+            tags.append("extend:chunked")
+        if len(after.tree.nodes) < len(before.tree.nodes):
+            tags.append("extend:evicted")
+        sessions = {r.rid for r in before.reqs if r.session_id and r.state == "waiting"}
+        if sessions & set(op.args[0]):
+            tags.append("session:restore")
+    if before.allocator.release_pages and not after.allocator.release_pages:
+        tags.append("merge:by-alloc")
+    return tags
+
+
+class LifecycleTarget:
+    """The lifecycle as a campaign target (see the module docstring)."""
+
+    name = "manager"
+
+    def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
+        return draw_config(c, rules=impl.rules or PoolConfig().rules)
+
+    def pair(
+        self,
+        impl_a: Implementation,
+        impl_b: Implementation,
+        config: PoolConfig,
+        labels: tuple[str, str],
+    ) -> LifecyclePair:
+        return LifecyclePair(impl_a, impl_b, config, labels)
+
+
+__all__ = ["LifecyclePair", "LifecycleTarget", "lifecycle_tags", "manager_factory"]
