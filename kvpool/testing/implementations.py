@@ -103,14 +103,14 @@ def resolve_implementation(spec: str, component: str = "manager") -> Implementat
             raise ValueError(f"unknown kernel backend {backend!r} in {spec!r}")
         return optimized_implementation(backend)
     if spec == "sglang" or spec.startswith("sglang:"):
-        from kvpool import sglang
+        from kvpool import sglang  # type: ignore[attr-defined]
 
         source = spec.partition(":")[2] or "0.5.16"
         naive = source.endswith("+naive")
         return sglang.implementation(source.removesuffix("+naive"), naive_extend=naive)
     from kvpool.testing.factories import load_factory
 
-    obj = load_factory(spec)
+    obj: Any = load_factory(spec)
     if isinstance(obj, Implementation):
         return obj
     try:

@@ -1,0 +1,156 @@
+"""What ``kvpool verify`` does, as a function: self-check, campaign, summary and JSON payload.
+
+:func:`verify` never raises for a candidate's behaviour: a failure, a crash, or an internal
+error while running becomes part of the :class:`VerifyOutcome` (so the JSON report is always
+written); only a candidate that cannot be loaded is a usage error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpool.testing import selfcheck
+from kvpool.testing.campaign import CampaignResult, run_machine
+from kvpool.testing.machines.coverage import CATALOGUE
+
+SELF_CHECK_SECONDS = 0.5
+"""Budget of phase 1 (it always runs every page size once)."""
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """``kvpool verify``'s options (see the CLI's help)."""
+
+    component: str = "manager"
+    candidate: str = "optimized[torch]"
+    seconds: float = 60.0
+    seed: int = 0
+    steps_per_run: int = 60
+    workers: int = 1
+    step_timeout: float = 60.0
+    env: tuple[tuple[str, str], ...] = ()
+    progress: bool = False
+
+
+@dataclass
+class VerifyOutcome:
+    """Printed lines, the JSON payload, the exit code, or a usage error (exit 2)."""
+
+    lines: list[str] = field(default_factory=list)
+    payload: dict[str, Any] = field(default_factory=dict)
+    exit_code: int = 0
+    usage_error: str | None = None
+
+
+def coverage_lines(component: str, coverage: dict[str, int]) -> list[str]:
+    """The coverage table: every catalogued tag with its count (``never`` when 0), then
+    tags outside the catalogue."""
+    lines = [f"  coverage ({component}):"]
+    known = CATALOGUE.get(component, ())
+    for tag in known:
+        count = coverage.get(tag, 0)
+        lines.append(f"    {tag:<32} {count if count else 'never'}")
+    extra = sorted(t for t in coverage if t not in known)
+    if extra:
+        lines.append("    also: " + ", ".join(f"{t} {coverage[t]}" for t in extra))
+    return lines
+
+
+def summary_lines(result: CampaignResult, candidate: str) -> list[str]:
+    """The human summary printed at the end."""
+    return [
+        f"kvpool verify: reference vs {candidate}, component {result.component}, "
+        f"seed {result.seed}",
+        f"  configurations   {result.configurations}",
+        f"  steps            {result.steps}",
+        f"  invariant checks {result.invariant_checks}",
+        f"  failures         {result.failures}",
+        f"  seconds          {result.seconds:.1f}",
+        f"  steps per second {result.steps_per_second:.0f}",
+        f"  workers          {result.workers or 'in-process'}",
+    ]
+
+
+def _progress_bar(seconds: float) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=round(seconds, 1),
+        unit="s",
+        desc="verify",
+        file=sys.stderr,
+        bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f}s {postfix}",
+        mininterval=0.5,
+    )
+
+
+def verify(options: VerifyOptions) -> VerifyOutcome:
+    """Run ``kvpool verify`` (see the module docstring)."""
+    from kvpool.testing.implementations import resolve_implementation
+    from kvpool.testing.workers import CampaignSpec, run_parallel
+
+    out = VerifyOutcome()
+    try:
+        impl_b = resolve_implementation(options.candidate, options.component)
+        impl_a = resolve_implementation("reference")
+    except (ImportError, ValueError, TypeError, OSError) as exc:
+        out.usage_error = f"cannot load --impl {options.candidate}: {exc}"
+        return out
+    if not impl_b.provides(options.component):
+        out.usage_error = f"{options.candidate} provides no {options.component} component"
+        return out
+    out.payload = {"candidate": options.candidate, "component": options.component}
+    try:
+        pools = selfcheck.run_campaign(SELF_CHECK_SECONDS, options.seed)
+    except selfcheck.SelfCheckFailure as exc:
+        out.lines.append(f"kvpool verify: reference self-check failed: {exc}")
+        out.exit_code = 1
+        return out
+    out.payload["self_check"] = dataclasses.asdict(pools)
+    out.lines.append(
+        f"reference self-check: {pools.configurations} configurations, {pools.steps} steps, "
+        f"{pools.invariant_checks} invariant checks, 0 failures"
+    )
+    bar = _progress_bar(options.seconds) if options.progress else None
+
+    def progress(elapsed: float, steps: int) -> None:
+        if bar is not None:
+            bar.n = min(round(elapsed, 1), bar.total)
+            bar.set_postfix_str(f"{steps} steps", refresh=False)
+            bar.update(0)
+
+    labels = ("reference", options.candidate)
+    started = time.monotonic()
+    result = CampaignResult(seed=options.seed, seconds=0.0, component=options.component)
+    try:
+        if options.workers == 0:
+            result = run_machine(options.component, impl_a, impl_b, options.seconds,
+                                 options.seed, options.steps_per_run, labels, progress)  # fmt: skip
+        else:
+            spec = CampaignSpec(options.component, "reference", options.candidate, options.seed,
+                                options.steps_per_run, labels, options.env)  # fmt: skip
+            result = run_parallel(spec, options.seconds, options.workers, options.step_timeout,
+                                  progress)  # fmt: skip
+    except Exception:  # an internal error: still report what is known
+        result.error = traceback.format_exc(limit=8)
+        result.seconds = time.monotonic() - started
+    finally:
+        if bar is not None:
+            bar.close()
+    if result.failure is not None:
+        out.lines.append(result.failure.report)
+    if result.error is not None:
+        out.lines.append(f"kvpool verify: internal error (please report it):\n{result.error}")
+    out.lines += summary_lines(result, options.candidate)
+    out.lines += coverage_lines(options.component, result.coverage)
+    out.payload.update(result.to_json())
+    out.exit_code = 1 if result.failures or result.error else 0
+    return out
+
+
+__all__ = ["VerifyOptions", "VerifyOutcome", "coverage_lines", "summary_lines", "verify"]

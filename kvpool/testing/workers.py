@@ -1,0 +1,310 @@
+"""Crash-proof campaigns: lockstep runs in worker processes (``kvpool verify --workers N``).
+
+Each worker process rebuilds both implementations from their spec strings
+(:func:`kvpool.testing.implementations.resolve_implementation`) and executes the runs the
+parent hands it (:func:`kvpool.testing.runs.execute`), streaming every operation to the parent
+BEFORE executing it. So when a candidate kills its process (a segfault in a kernel, an abort, the
+OOM killer) or hangs (no message within ``step_timeout`` seconds), the parent still has the trace
+so far and reports a failure with detector ``crash`` naming the signal or the timeout.
+
+Determinism: runs are handed out in order; after a failure in run ``i`` no new run starts, the
+runs before ``i`` still running are finished, and the failure of the lowest run number is the
+one reported. Shrinking replays candidate op lists in a fresh worker process (a replay that
+kills it counts as reproducing a crash; the next replay gets a new process).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from kvpool.testing.campaign import CampaignFailure, CampaignResult
+from kvpool.testing.runs import shrink_ops
+from kvpool.testing.swarm import Op
+
+Progress = Callable[[float, int], None]
+
+
+@dataclass(frozen=True)
+class CampaignSpec:
+    """Everything a worker needs to rebuild the campaign's sides (plain, picklable data)."""
+
+    component: str
+    impl_a: str
+    impl_b: str
+    seed: int
+    steps_per_run: int
+    labels: tuple[str, str]
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment set in the worker before anything is imported (``TRITON_INTERPRET``...)."""
+
+
+# ---------------------------------------------------------------------------- worker side
+def _worker_main(conn: Connection, spec: CampaignSpec) -> None:
+    """Serve ``("run", i)`` and ``("replay", i, ops)`` requests until ``("stop",)``."""
+    for key, value in spec.env:
+        os.environ[key] = value
+    if os.environ.get("KVPOOL_CHECKED_INTERPRETER") == "1":
+        from kvpool.testing.interpreter import checked_interpreter
+
+        with checked_interpreter():
+            _serve(conn, spec)
+    else:
+        _serve(conn, spec)
+
+
+def _serve(conn: Connection, spec: CampaignSpec) -> None:
+    from kvpool.testing.implementations import resolve_implementation
+    from kvpool.testing.runs import execute, run_config
+
+    impl_a = resolve_implementation(spec.impl_a, spec.component)
+    impl_b = resolve_implementation(spec.impl_b, spec.component)
+    conn.send(("ready",))
+    while True:
+        request = conn.recv()
+        if request[0] == "stop":
+            return
+        run = request[1]
+        chooser, config = run_config(spec.component, impl_b, spec.seed, run)
+        ops = request[2] if request[0] == "replay" else None
+        conn.send(("start", run, asdict(config)))
+        stream = None if ops is not None else (lambda op: conn.send(("op", op)))
+        done = execute(spec.component, impl_a, impl_b, config, chooser=chooser,
+                       steps=spec.steps_per_run, ops=ops, labels=spec.labels,
+                       on_op=stream)  # fmt: skip
+        failure = None
+        if done.failure is not None:
+            f = done.failure
+            failure = (f.detector, f.step, str(f))
+        conn.send(("done", run, done.steps, done.checks, dict(done.coverage), failure,
+                   asdict(config)))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- parent side
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    run: int | None = None
+    ops: list[Op] = field(default_factory=list)
+    last_seen: float = 0.0
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _start(spec: CampaignSpec) -> _Worker:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True)
+    proc.start()
+    child.close()
+    return _Worker(proc, parent, last_seen=time.monotonic())
+
+
+def _death(worker: _Worker) -> str:
+    """How a worker ended: the signal that killed it, or its exit code."""
+    worker.process.join(5)
+    code = worker.process.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _stop(worker: _Worker) -> None:
+    if worker.process.is_alive():
+        worker.process.kill()
+    worker.process.join(5)
+    worker.conn.close()
+
+
+def _crash_text(spec: CampaignSpec, run: int, ops: Sequence[Op], why: str) -> str:
+    lines = [f"=== kvpool lockstep failure: crash ({spec.component}) ==="]
+    lines.append(f"minimal trace ({len(ops)} steps):")
+    lines += [f"  step {i}: {op.render()}" for i, op in enumerate(ops, 1)]
+    where = f"during step {len(ops)}" if ops else "before the first step"
+    lines.append(f"failed {where}: the worker process {why} (run {run}, seed {spec.seed})")
+    return "\n".join(lines)
+
+
+class Replayer:
+    """Replays op lists in a worker process, restarting it after each crash."""
+
+    def __init__(self, spec: CampaignSpec, run: int, step_timeout: float) -> None:
+        self.spec, self.run, self.timeout = spec, run, step_timeout
+        self.worker: _Worker | None = None
+        self.last_text = ""
+
+    def __call__(self, ops: Sequence[Op]) -> tuple[str, int] | None:
+        if self.worker is None:
+            self.worker = _start(self.spec)
+        w = self.worker
+        budget = self.timeout * (len(ops) + 1) + 60.0  # a fresh process needs its imports
+        try:
+            w.conn.send(("replay", self.run, list(ops)))
+            deadline = time.monotonic() + budget
+            while True:
+                if not w.conn.poll(max(deadline - time.monotonic(), 0.0)):
+                    self.close()
+                    self.last_text = _crash_text(self.spec, self.run, ops, "hung (timeout)")
+                    return ("crash", len(ops))
+                msg = w.conn.recv()
+                if msg[0] == "done":
+                    break
+        except (EOFError, OSError, BrokenPipeError):
+            why = _death(w)
+            self.close()
+            self.last_text = _crash_text(self.spec, self.run, ops, why)
+            return ("crash", len(ops))
+        failure = msg[5]
+        if failure is None:
+            return None
+        self.last_text = failure[2]
+        return (failure[0], failure[1])
+
+    def close(self) -> None:
+        if self.worker is not None:
+            _stop(self.worker)
+            self.worker = None
+
+
+def run_parallel(
+    spec: CampaignSpec,
+    seconds: float,
+    workers: int,
+    step_timeout: float = 60.0,
+    progress: Progress | None = None,
+    max_runs: int | None = None,
+    shrink_budget: float = 60.0,
+) -> CampaignResult:
+    """The campaign of ``spec`` over ``workers`` processes (see the module docstring)."""
+    result = CampaignResult(seed=spec.seed, seconds=0.0, component=spec.component,
+                            workers=workers)  # fmt: skip
+    pool = [_start(spec) for _ in range(max(workers, 1))]
+    _await_ready(pool, spec)
+    start = time.monotonic()
+    next_run = 0
+    failures: dict[int, tuple[str, int, str, list[Op], dict[str, Any]]] = {}
+    stop_at: int | None = None  # no run at or past this number starts
+    try:
+        while pool:
+            for w in pool:
+                if w.run is None and w.process.is_alive():
+                    in_time = time.monotonic() - start < seconds
+                    allowed = (max_runs is None or next_run < max_runs) and (
+                        stop_at is None or next_run < stop_at
+                    )
+                    if in_time and allowed:
+                        w.run, w.ops, w.last_seen = next_run, [], time.monotonic()
+                        w.conn.send(("run", next_run))
+                        next_run += 1
+            busy = [w for w in pool if w.run is not None]
+            if not busy:
+                break
+            ready = wait([w.conn for w in busy], timeout=1.0)
+            now = time.monotonic()
+            for w in busy:
+                run = w.run
+                assert run is not None
+                if w.conn not in ready:
+                    if now - w.last_seen > step_timeout:
+                        why = f"hung: no progress for {step_timeout:g} s (step timeout)"
+                        failures[run] = ("crash", len(w.ops), why, list(w.ops), w.config)
+                        result.steps += len(w.ops)
+                        _stop(w)
+                        pool.remove(w)
+                        stop_at = min(stop_at or run + 1, run + 1)
+                    continue
+                try:
+                    msg = w.conn.recv()
+                except (EOFError, OSError):
+                    failures[run] = ("crash", len(w.ops), _death(w), list(w.ops), w.config)
+                    result.steps += len(w.ops)
+                    _stop(w)
+                    pool.remove(w)
+                    stop_at = min(stop_at or run + 1, run + 1)
+                    continue
+                w.last_seen = now
+                if msg[0] == "op":
+                    w.ops.append(msg[1])
+                elif msg[0] == "start":
+                    w.config = msg[2]
+                elif msg[0] == "done":
+                    _, _, steps, checks, tags, failure, config = msg
+                    result.configurations += 1
+                    key = f"page_size={config['page_size']}"
+                    result.page_sizes[key] = result.page_sizes.get(key, 0) + 1
+                    result.steps += steps
+                    result.invariant_checks += checks
+                    for tag, n in tags.items():
+                        result.coverage[tag] = result.coverage.get(tag, 0) + n
+                    if failure is not None:
+                        failures[run] = (failure[0], failure[1], failure[2], list(w.ops), config)
+                        stop_at = min(stop_at or run + 1, run + 1)
+                    w.run = None
+                    if progress is not None:
+                        progress(time.monotonic() - start, result.steps)
+            if not pool and stop_at is None and time.monotonic() - start < seconds:
+                pool.append(_start(spec))  # every worker died without a failure: go on
+    finally:
+        for w in pool:
+            _stop(w)
+    result.seconds = time.monotonic() - start
+    if failures:
+        run = min(failures)
+        _report(result, spec, run, failures[run], step_timeout, shrink_budget)
+    return result
+
+
+def _await_ready(pool: list[_Worker], spec: CampaignSpec, timeout: float = 300.0) -> None:
+    """Wait until every worker has built its implementations (imports can take seconds), so
+    that start-up does not eat the campaign's budget. A worker that dies meanwhile stays in the
+    pool: the campaign loop reports it when it hands that worker its first run."""
+    waiting = list(pool)
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        for conn in wait([w.conn for w in waiting], timeout=1.0):
+            w = next(w for w in waiting if w.conn is conn)
+            waiting.remove(w)
+            try:
+                conn.recv()
+            except (EOFError, OSError):
+                pass
+
+
+def _report(
+    result: CampaignResult,
+    spec: CampaignSpec,
+    run: int,
+    found: tuple[str, int, str, list[Op], dict[str, Any]],
+    step_timeout: float,
+    shrink_budget: float,
+) -> None:
+    """Shrink the failure of ``run`` in fresh processes and record it on ``result``."""
+    detector, step, text, ops, config = found
+    ops = ops[:step] if step else ops
+    replayer = Replayer(spec, run, step_timeout)
+    try:
+        best = shrink_ops(replayer, ops, detector, budget_s=shrink_budget)
+        again = replayer(best)
+        if again is not None and again[0] == detector:
+            text = replayer.last_text
+        else:
+            best = ops
+        if detector == "crash" and not text.startswith("==="):
+            text = _crash_text(spec, run, best, text)
+    finally:
+        replayer.close()
+    result.failures = 1
+    result.failure = CampaignFailure(run, config, detector, len(ops),
+                                     [op.render() for op in best], text)  # fmt: skip
+
+
+__all__ = ["CampaignSpec", "Replayer", "run_parallel"]
