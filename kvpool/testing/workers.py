@@ -15,6 +15,7 @@ kills it counts as reproducing a crash; the next replay gets a new process).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -273,10 +274,8 @@ def _await_ready(pool: list[_Worker], spec: CampaignSpec, timeout: float = 300.0
         for conn in wait([w.conn for w in waiting], timeout=1.0):
             w = next(w for w in waiting if w.conn is conn)
             waiting.remove(w)
-            try:
+            with contextlib.suppress(EOFError, OSError):
                 conn.recv()
-            except (EOFError, OSError):
-                pass
 
 
 def _report(
