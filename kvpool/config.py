@@ -34,6 +34,13 @@ class PoolConfig:
     qk_rope_head_dim: int = 1
     start_layer: int = 0
     rules: Rules = field(default_factory=Rules)
+    mamba_slots: int | None = None
+    """Hybrid (Mamba / linear-attention) models: slots of recurrent state (``1..mamba_slots``;
+    slot 0 is reserved). None (the default): not a hybrid model, no Mamba state at all."""
+    mamba_layers: int = 1
+    """Mamba layers whose conv and temporal state every Mamba slot holds."""
+    mamba_track_buffers: int = 0
+    """Speculative track buffers per request (SGLang's ping-pong buffer: 0 = off, 1 or 2)."""
 
     def __post_init__(self) -> None:
         if not is_power_of_two(self.page_size):
@@ -58,6 +65,12 @@ class PoolConfig:
             raise ConfigError(f"rules must be a kvpool.rules.Rules, got {self.rules!r}")
         if self.start_layer < 0:
             raise ConfigError(f"start_layer must be >= 0, got {self.start_layer}")
+        if self.mamba_slots is not None and self.mamba_slots <= 0:
+            raise ConfigError(f"mamba_slots must be positive or None, got {self.mamba_slots}")
+        if self.mamba_layers <= 0:
+            raise ConfigError(f"mamba_layers must be positive, got {self.mamba_layers}")
+        if self.mamba_track_buffers not in (0, 1, 2):
+            raise ConfigError(f"mamba_track_buffers must be 0, 1 or 2: {self.mamba_track_buffers}")
 
     @property
     def num_pages(self) -> int:

@@ -40,6 +40,18 @@ class ReqLike(Protocol):
     kv_committed_len: int
 
 
+class MambaReqLike(ReqLike, Protocol):
+    """What ``HybridReqToTokenPool`` reads and writes of a request besides :class:`ReqLike`:
+    its Mamba slot, whether that slot must be cleared before the next forward, the slot of a
+    cached state to copy into it first (copy-on-write), and its speculative track buffers."""
+
+    mamba_pool_idx: int | None
+    mamba_needs_clear: bool
+    mamba_cow_src_index: int | None
+    mamba_ping_pong_track_buffer: list[int] | None
+    mamba_next_track_idx: int | None
+
+
 class ReqToTokenPoolProtocol(Protocol[IdxT]):
     """Request-to-token table: ``req_to_token[row, col]`` is the slot of token ``col`` of the
     request in ``row``. Rows ``1..size`` are allocatable; row 0 is reserved.

@@ -148,3 +148,49 @@ class PoolSnapshot:
     sessions: tuple[SessionSnapshot, ...] = ()
     max_total_num_tokens: int = 0
     extra: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class MambaAllocatorSnapshot:
+    """State of a Mamba slot allocator: slots ``1..size`` (slot 0 is reserved).
+
+    ``free_slots`` is in hand-out order (the next slot handed out is ``free_slots[0]``; freed
+    slots join the tail). ``group_slots`` are the slots an open alloc group took in advance and
+    has not handed out yet (they are neither free nor held by anyone)."""
+
+    size: int
+    free_slots: tuple[int, ...]
+    group_slots: tuple[int, ...] = ()
+    in_group: bool = False
+
+
+@dataclass(frozen=True)
+class MambaPoolSnapshot:
+    """State tags of the Mamba buffers: ``conv[layer][slot]`` and ``temporal[layer][slot]``
+    (``size + 1`` entries per layer; slot 0 is the reserved dummy). A tag is what
+    :func:`kvpool.tags.mamba_state_tag` gives for the token history whose state the slot holds;
+    0 is a cleared state, -1 a slot whose buffers disagree within one layer."""
+
+    size: int
+    num_layers: int
+    conv: tuple[tuple[int, ...], ...]
+    temporal: tuple[tuple[int, ...], ...]
+
+    def state_tag(self, slot: int) -> int:
+        """The slot's tag when every layer's conv and temporal state agree, else -1."""
+        tags = {layer[slot] for layer in self.conv} | {layer[slot] for layer in self.temporal}
+        return tags.pop() if len(tags) == 1 else -1
+
+
+@dataclass(frozen=True)
+class HybridReqToTokenSnapshot:
+    """State of a ``HybridReqToTokenPool``: the table, the Mamba allocator and buffers, and the
+    per-row mappings. ``mamba_mapping[row]`` is the Mamba slot of the request holding ``row``
+    (stale for free rows); ``track_mapping[row]`` its speculative track-buffer slots (-1: none;
+    empty tuples when track buffers are off)."""
+
+    table: ReqToTokenSnapshot
+    mamba_allocator: MambaAllocatorSnapshot
+    mamba_pool: MambaPoolSnapshot
+    mamba_mapping: tuple[int, ...]
+    track_mapping: tuple[tuple[int, ...], ...] = ()

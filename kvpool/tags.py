@@ -32,3 +32,10 @@ def kv_tags(token_ids: Sequence[int], extra_key: str | None = None) -> list[int]
         h = (h * TAG_MULTIPLIER + int(t) + 1) % TAG_MODULUS
         out.append(h + 1)
     return out
+
+
+def mamba_state_tag(token_ids: Sequence[int], extra_key: str | None = None) -> int:
+    """Tag of the recurrent (Mamba) state after consuming ``token_ids`` from a cleared state:
+    0 for no tokens (a cleared slot), else the tag of the last position. Like a KV tag it
+    depends on every token of the history, so a state computed for another history differs."""
+    return kv_tags(token_ids, extra_key)[-1] if token_ids else 0
