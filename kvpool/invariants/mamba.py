@@ -1,0 +1,147 @@
+"""Invariants of the Mamba state of a hybrid model (scope ``"mamba"``).
+
+Units: Mamba slots ``1..size`` (slot 0 reserved). A check gets a
+:class:`~kvpool.snapshot.HybridReqToTokenSnapshot` and a :class:`MambaContext`: what the caller
+knows of the owners of slots (live requests, the prefix cache's checkpoints) and of the state
+tags each should hold. Owners a caller does not know about (``owners_known=False``) switch the
+exact accounting off; the other checks still run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvpool.constants import RESERVED_INDEX
+from kvpool.errors import InvariantViolation
+from kvpool.invariants.registry import invariant, run_scope
+from kvpool.snapshot import HybridReqToTokenSnapshot
+
+
+@dataclass(frozen=True)
+class MambaReqView:
+    """A live hybrid request as the invariants see it: its name (for messages), its row (None:
+    waiting), its running Mamba slot and track-buffer slots, and the state tag its slot must
+    hold (None: not known now, e.g. a clear or copy is still pending)."""
+
+    name: str
+    row: int | None
+    slot: int | None
+    track: tuple[int, ...] = ()
+    expected_tag: int | None = None
+
+
+@dataclass(frozen=True)
+class MambaContext:
+    """``reqs``: the live requests; ``checkpoints``: ``(slot, tag)`` of every state the prefix
+    cache holds, with the tag it had when the cache took it; ``owners_known``: no other owner
+    exists (enables the exact accounting)."""
+
+    reqs: tuple[MambaReqView, ...] = ()
+    checkpoints: tuple[tuple[int, int], ...] = ()
+    owners_known: bool = True
+
+
+def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
+    bad = sorted(set(indices))
+    if bad:
+        raise InvariantViolation(invariant_id, message, bad)
+
+
+def _held(ctx: MambaContext) -> list[int]:
+    """Every slot named by an owner, once per owner naming it."""
+    slots = [s for r in ctx.reqs for s in ((r.slot,) if r.slot is not None else ()) + r.track]
+    return slots + [s for s, _ in ctx.checkpoints]
+
+
+@invariant(
+    "INV-MAMBA-ONE-OWNER",
+    "no Mamba slot is free twice, both free and held, held by two owners (two requests, or a "
+    "request and the prefix cache), or reserved slot 0",
+    scope="mamba",
+)
+def check_one_owner(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
+    alloc = snap.mamba_allocator
+    free = list(alloc.free_slots) + list(alloc.group_slots)
+    counts = Counter(free)
+    _fail("INV-MAMBA-ONE-OWNER", "Mamba slots free twice", [s for s, n in counts.items() if n > 1])
+    held = Counter(_held(ctx))
+    _fail("INV-MAMBA-ONE-OWNER", "Mamba slots held by two owners",
+          [s for s, n in held.items() if n > 1])  # fmt: skip
+    _fail("INV-MAMBA-ONE-OWNER", "Mamba slots both free and held", set(counts) & set(held))
+    _fail("INV-MAMBA-ONE-OWNER", "reserved Mamba slot free-listed or held",
+          [s for s in list(counts) + list(held) if s == RESERVED_INDEX])  # fmt: skip
+
+
+@invariant(
+    "INV-MAMBA-ACCOUNTING",
+    "free Mamba slots + slots held by requests + slots held by the prefix cache == size, all "
+    "in 1..size (no leaked slot)",
+    scope="mamba",
+)
+def check_accounting(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
+    alloc = snap.mamba_allocator
+    named = list(alloc.free_slots) + list(alloc.group_slots) + _held(ctx)
+    _fail("INV-MAMBA-ACCOUNTING", f"Mamba slots outside 1..{alloc.size}",
+          [s for s in named if not RESERVED_INDEX < s <= alloc.size])  # fmt: skip
+    if not ctx.owners_known:
+        return
+    every = set(range(RESERVED_INDEX + 1, alloc.size + 1))
+    _fail("INV-MAMBA-ACCOUNTING", "Mamba slots leaked (neither free nor held)", every - set(named))
+
+
+@invariant(
+    "INV-MAMBA-REQ-SLOT",
+    "every live request holding a row holds exactly one running Mamba slot, and the row maps to "
+    "it (and to its track buffers)",
+    scope="mamba",
+)
+def check_req_slot(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
+    rows = [r.row for r in ctx.reqs if r.row is not None]
+    _fail("INV-MAMBA-REQ-SLOT", "running requests without a Mamba slot",
+          [r.row for r in ctx.reqs if r.row is not None and r.slot is None])  # fmt: skip
+    mapping = snap.mamba_mapping
+    _fail("INV-MAMBA-REQ-SLOT", "rows mapped to another Mamba slot than their request's",
+          [r.row for r in ctx.reqs if r.row is not None and r.slot is not None
+           and (r.row >= len(mapping) or mapping[r.row] != r.slot)])  # fmt: skip
+    if snap.track_mapping and any(snap.track_mapping):
+        _fail("INV-MAMBA-REQ-SLOT", "rows mapped to other track buffers than their request's",
+              [r.row for r in ctx.reqs if r.row is not None and r.track
+               and snap.track_mapping[r.row] != r.track])  # fmt: skip
+    _fail("INV-MAMBA-REQ-SLOT", "rows held by two requests",
+          [r for r, n in Counter(rows).items() if n > 1])  # fmt: skip
+
+
+@invariant(
+    "INV-MAMBA-CHECKPOINT",
+    "a state checkpoint held by the prefix cache is never written in place: its tag is the one "
+    "it had when the cache took it",
+    scope="mamba",
+)
+def check_checkpoint(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
+    pool = snap.mamba_pool
+    bad = [s for s, tag in ctx.checkpoints if 0 < s <= pool.size and pool.state_tag(s) != tag]
+    _fail("INV-MAMBA-CHECKPOINT", "cached Mamba states overwritten", bad)
+
+
+@invariant(
+    "INV-MAMBA-STATE-INTEGRITY",
+    "a request's Mamba slot holds the state its own token history produced, the same in every "
+    "layer's conv and temporal state",
+    scope="mamba",
+)
+def check_state_integrity(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
+    pool = snap.mamba_pool
+    _fail("INV-MAMBA-STATE-INTEGRITY", "Mamba slots whose state is not their request's",
+          [r.slot for r in ctx.reqs if r.slot is not None and r.expected_tag is not None
+           and 0 < r.slot <= pool.size and pool.state_tag(r.slot) != r.expected_tag])  # fmt: skip
+
+
+def check_mamba(snap: HybridReqToTokenSnapshot, ctx: MambaContext | None = None) -> int:
+    """Every ``"mamba"`` invariant on ``snap`` (``ctx`` None: no owners known, so only the
+    free-list checks bite). Returns the number of checks run."""
+    return run_scope("mamba", snap, ctx or MambaContext(owners_known=False))
+
+
+__all__ = ["MambaContext", "MambaReqView", "check_mamba"]
