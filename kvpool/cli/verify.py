@@ -20,7 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-COMPONENTS = ("manager", "allocator", "req_to_token_pool", "radix_cache")
+COMPONENTS = (
+    "manager",
+    "allocator",
+    "req_to_token_pool",
+    "radix_cache",
+    "hybrid_req_to_token_pool",
+)
 
 
 def _positive_float(text: str) -> float:

@@ -118,17 +118,35 @@ def release_waiting(pool: HybridReqToTokenPool, req: TorchMambaReq) -> torch.Ten
 
 
 def release_running(
-    pool: HybridReqToTokenPool, req: TorchMambaReq, keep: int | None = None
-) -> None:
+    pool: HybridReqToTokenPool, req: TorchMambaReq, keep: int | None = None, donate: bool = False
+) -> torch.Tensor:
     """Finish, abort or retract of a running request (see the reference): Mamba slot and
-    track buffers (except entry ``keep``), then the row."""
+    track buffers except the one kept (track entry ``keep``) or donated (the running slot),
+    then the row; returns the donated slots (an int64 tensor of none or one)."""
     if req.req_pool_idx is None:
         raise InvalidArgumentError("request holds no row: it is not running")
+    if donate and keep is not None:
+        raise InvalidArgumentError("donate the running slot or keep a track buffer, not both")
     row = pool._check_row(req.req_pool_idx)
     if pool.checked and row in pool.free_slots:  # before the Mamba slots go back
         raise DoubleFreeError("row is already free", [row])
-    pool.free_mamba_cache(req, keep)
+    slot, track = req.mamba_pool_idx, req.mamba_ping_pong_track_buffer
+    if not donate:
+        pool.free_mamba_cache(req, keep)
+        pool.free(req)
+        kept = torch.empty(0, dtype=torch.int64) if keep is None else track[keep : keep + 1]
+        return kept
+    if slot is None:
+        raise DoubleFreeError("request holds no Mamba slot (mamba_pool_idx is None)")
+    if track is not None:
+        pool.mamba_allocator.free(track)
+    req.mamba_pool_idx = None
+    req.mamba_needs_clear = False
+    req.mamba_cow_src_index = None
+    req.mamba_ping_pong_track_buffer = None
+    req.mamba_next_track_idx = None
     pool.free(req)
+    return _one(slot)
 
 
 __all__ = [

@@ -132,16 +132,35 @@ def release_waiting(pool: HybridReqToTokenPool, req: MambaReqLike) -> list[int]:
     return [] if slot is None else [slot]
 
 
-def release_running(pool: HybridReqToTokenPool, req: MambaReqLike, keep: int | None = None) -> None:
+def release_running(
+    pool: HybridReqToTokenPool, req: MambaReqLike, keep: int | None = None, donate: bool = False
+) -> list[int]:
     """Finish, abort or retract of a running request (chunked or not): its Mamba slot and track
-    buffers go back (except track entry ``keep``, donated to the tree), then its row."""
+    buffers go back, then its row. ``keep`` (a track entry) or ``donate`` (the running slot
+    itself: a finish that inserts its final state into the prefix cache without track buffers)
+    names a slot that goes to the tree instead; returns the donated slots (none or one)."""
     if req.req_pool_idx is None:
         raise InvalidArgumentError("request holds no row: it is not running")
+    if donate and keep is not None:
+        raise InvalidArgumentError("donate the running slot or keep a track buffer, not both")
     row = pool._check_row(req.req_pool_idx)
     if row in pool._free_set:  # checked before the Mamba slots go back, so nothing changes
         raise DoubleFreeError("row is already free", [row])
-    pool.free_mamba_cache(req, keep)
+    slot, track = req.mamba_pool_idx, list(req.mamba_ping_pong_track_buffer or ())
+    if not donate:
+        pool.free_mamba_cache(req, keep)
+        pool.free(req)
+        return [] if keep is None else [track[keep]]
+    if slot is None:
+        raise DoubleFreeError("request holds no Mamba slot (mamba_pool_idx is None)")
+    pool.mamba_allocator.free(track)
+    req.mamba_pool_idx = None
+    req.mamba_needs_clear = False
+    req.mamba_cow_src_index = None
+    req.mamba_ping_pong_track_buffer = None
+    req.mamba_next_track_idx = None
     pool.free(req)
+    return [slot]
 
 
 __all__ = [

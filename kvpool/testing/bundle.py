@@ -17,7 +17,13 @@ Factory shapes (every size comes from the :class:`~kvpool.config.PoolConfig`):
   :class:`~kvpool.protocols.RadixCacheProtocol` over the two objects given (built by this same
   implementation's factories), with ``config.eviction_policy``;
 - ``radix_key(token_ids, extra_key)``: the key its radix cache takes;
-- ``manager(config)``: a whole :class:`~kvpool.protocols.MemoryManagerProtocol`.
+- ``manager(config)``: a whole :class:`~kvpool.protocols.MemoryManagerProtocol`;
+- ``hybrid_req_to_token_pool(config)``: a ``HybridReqToTokenPool`` of ``config.req_pool_size``
+  rows and ``config.mamba_slots`` Mamba slots (``config.mamba_layers`` layers,
+  ``config.mamba_track_buffers`` track buffers per request), with ``mamba_steps``: the module
+  (or any object) holding the scheduler's Mamba steps over it (``admit``, ``stage_cow``,
+  ``prepare_forward``, ``forward_state``, ``release_waiting``, ``release_running``; see
+  :mod:`kvpool.reference.mamba_lifecycle`).
 
 A missing factory means the implementation does not provide that component; the harness says so
 rather than guessing a substitute.
@@ -32,7 +38,13 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.rules import Rules
 
-COMPONENTS = ("allocator", "req_to_token_pool", "radix_cache", "manager")
+COMPONENTS = (
+    "allocator",
+    "req_to_token_pool",
+    "radix_cache",
+    "manager",
+    "hybrid_req_to_token_pool",
+)
 """Component names, as ``kvpool verify --component`` spells them."""
 
 
@@ -46,6 +58,8 @@ class Implementation:
     radix_cache: Callable[[PoolConfig, Any, Any], Any] | None = None
     radix_key: Callable[[Sequence[int], str | None], Any] | None = None
     manager: Callable[[PoolConfig], Any] | None = None
+    hybrid_req_to_token_pool: Callable[[PoolConfig], Any] | None = None
+    mamba_steps: Any = None
     rules: Rules | None = None
     """The rules this implementation follows; None: kvpool's default :class:`Rules`."""
     index: Callable[[Sequence[int]], Any] = list
@@ -59,6 +73,8 @@ class Implementation:
                 f is not None
                 for f in (self.radix_cache, self.radix_key, self.allocator, self.req_to_token_pool)
             )
+        if component == "hybrid_req_to_token_pool":
+            return self.hybrid_req_to_token_pool is not None and self.mamba_steps is not None
         return getattr(self, component) is not None
 
 

@@ -21,8 +21,9 @@ from kvpool.testing.bundle import Implementation
 
 def reference_implementation() -> Implementation:
     """Every component of the pure-Python reference."""
-    from kvpool.reference import radix_key
+    from kvpool.reference import mamba_lifecycle, radix_key
     from kvpool.reference.allocator import TokenToKVPoolAllocator
+    from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool
     from kvpool.reference.memory_manager import MemoryManager
     from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
     from kvpool.reference.radix_cache import RadixCache
@@ -39,6 +40,11 @@ def reference_implementation() -> Implementation:
     def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         return RadixCache(pool, alloc, config.page_size, False, config.eviction_policy)
 
+    def hybrid(config: PoolConfig) -> Any:
+        return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,
+                                    _mamba_slots(config), config.mamba_layers,
+                                    config.mamba_track_buffers)  # fmt: skip
+
     return Implementation(
         "reference",
         allocator=allocator,
@@ -46,6 +52,8 @@ def reference_implementation() -> Implementation:
         radix_cache=tree,
         radix_key=radix_key.RadixKey,
         manager=MemoryManager,
+        hybrid_req_to_token_pool=hybrid,
+        mamba_steps=mamba_lifecycle,
     )
 
 
@@ -53,8 +61,9 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     """Every component of the torch twin on the CPU, its kernels run by ``backend``."""
     import torch
 
-    from kvpool.optimized import radix_key
+    from kvpool.optimized import mamba_lifecycle, radix_key
     from kvpool.optimized.allocator import TokenToKVPoolAllocator
+    from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
     from kvpool.optimized.memory_manager import MemoryManager
     from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
     from kvpool.optimized.radix_cache import RadixCache
@@ -78,6 +87,11 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     def manager(config: PoolConfig) -> Any:
         return MemoryManager(config, checked=checked, kernel_backend=backend)
 
+    def hybrid(config: PoolConfig) -> Any:
+        return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,
+                                    _mamba_slots(config), config.mamba_layers,
+                                    config.mamba_track_buffers, checked=checked)  # fmt: skip
+
     def index(values: Sequence[int]) -> Any:
         return torch.tensor(list(values), dtype=torch.int64)
 
@@ -88,8 +102,15 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         radix_cache=tree,
         radix_key=radix_key.RadixKey,
         manager=manager,
+        hybrid_req_to_token_pool=hybrid,
+        mamba_steps=mamba_lifecycle,
         index=index,
     )
+
+
+def _mamba_slots(config: PoolConfig) -> int:
+    """Mamba slots of a hybrid pool: ``config.mamba_slots``, or one per row when unset."""
+    return config.mamba_slots if config.mamba_slots is not None else config.req_pool_size
 
 
 def resolve_implementation(spec: str, component: str = "manager") -> Implementation:

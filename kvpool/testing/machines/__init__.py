@@ -2,7 +2,9 @@
 
 :data:`TARGETS` maps each component name of ``kvpool verify --component`` to its machine:
 ``allocator`` (:mod:`.allocator`), ``req_to_token_pool`` (:mod:`.table`), ``radix_cache``
-(:mod:`.radix`) and ``manager`` (the whole lifecycle, :mod:`.lifecycle`). Each is driven by
+(:mod:`.radix`), ``manager`` (the whole lifecycle, :mod:`.lifecycle`) and
+``hybrid_req_to_token_pool`` (a hybrid model's table, Mamba slots and states, :mod:`.hybrid`).
+Each is driven by
 :class:`~kvpool.testing.machines.base.ComponentPair` (or, for the lifecycle, the existing
 :class:`~kvpool.testing.lockstep_driver.Lockstep`) through the one campaign runner.
 """
@@ -18,6 +20,7 @@ from kvpool.testing.machines.allocator import AllocatorTarget
 from kvpool.testing.machines.base import ComponentPair as ComponentPair
 from kvpool.testing.machines.base import Outcome as Outcome
 from kvpool.testing.machines.base import Target as Target
+from kvpool.testing.machines.hybrid import HybridTarget
 from kvpool.testing.machines.lifecycle import LifecycleTarget
 from kvpool.testing.machines.radix import RadixTarget
 from kvpool.testing.machines.table import TableTarget
@@ -28,6 +31,7 @@ TARGETS: dict[str, Target | LifecycleTarget] = {
     "req_to_token_pool": TableTarget(),
     "radix_cache": RadixTarget(),
     "manager": LifecycleTarget(),
+    "hybrid_req_to_token_pool": HybridTarget(),
 }
 
 

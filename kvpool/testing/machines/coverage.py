@@ -39,6 +39,14 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok", "retract:ok",
         "session:restore", "close_session:ok", "evict:ok", "merge:by-alloc", "invalid:refused",
     ),
+    "hybrid_req_to_token_pool": (
+        "admit:ok", "admit:refused", "admit:evicted", "admit:chunk-keeps-slot", "admit:after-cow",
+        "stage_cow:ok", "stage_cow:refused", "prepare_forward:copied", "prepare_forward:cleared",
+        "forward_state:ok", "cache_state:ok", "cache_state:refused", "release:free",
+        "release:keep-track", "release:donate", "release:in-prefill", "release:with-track",
+        "abort_waiting:freed", "abort_waiting:nothing", "evict:ok", "alloc_group_begin:ok",
+        "alloc_group_end:ok", "clear:ok", "invalid:refused",
+    ),
 }  # fmt: skip
 """Tags each machine is expected to reach."""
 
