@@ -107,16 +107,16 @@ def test_state_integrity() -> None:
         snap, mamba_pool=MambaPoolSnapshot(5, 2, (tags, tags), (tags, tags))
     )
     fires("INV-MAMBA-STATE-INTEGRITY", (2,), stolen, ctx)
-    half = (0, 7, 0, 7, 5, 99)  # layer 1's conv state was not written
+    right, half = (0, 7, 11, 7, 5, 99), (0, 7, 0, 7, 5, 99)  # layer 1's conv state not written
     torn = dataclasses.replace(
-        snap, mamba_pool=MambaPoolSnapshot(5, 2, (tags[:2] + (11,) + tags[3:], half), (tags, tags))
+        snap, mamba_pool=MambaPoolSnapshot(5, 2, (right, half), (right, right))
     )
     fires("INV-MAMBA-STATE-INTEGRITY", (2,), torn, ctx)
 
 
 def test_reference_pool_snapshots_pass() -> None:
     from kvpool.reference import mamba_lifecycle as life
-    from tests.invariants.mamba_reqs import Req
+    from kvpool.testing.machines.hybrid import MachineMambaReq as Req
 
     pool = HybridReqToTokenPool(4, 8, 6, num_mamba_layers=2, track_buffers=2)
     a = Req()

@@ -1,0 +1,191 @@
+"""Seeded Mamba bugs (the field bugs of hybrid models) and the hunt of a component machine.
+
+Each :class:`ComponentMutant` turns the unchecked torch twin's
+:class:`~kvpool.testing.bundle.Implementation` into a buggy one (a patched step of
+:mod:`kvpool.optimized.mamba_lifecycle`, or a patched pool method on each pool built) and names
+the detectors that must catch it. :func:`hunt_component` runs the component machine, reference
+against the mutant, for a fixed number of seeded runs (deterministic), and reports as
+:func:`kvpool.testing.mutant_hunt.hunt` does. The mutant follows ``rejects_misuse=False``: with
+checked mode off the twin does not police misuse, so only the invariants and the lockstep
+comparison can find the damage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvpool.rules import Rules
+from kvpool.testing.bundle import Implementation
+from kvpool.testing.campaign import run_machine
+from kvpool.testing.implementations import optimized_implementation, reference_implementation
+from kvpool.testing.mutant_base import need
+from kvpool.testing.mutant_hunt import HuntResult
+
+ImplPatch = Callable[[Implementation], Implementation]
+
+
+@dataclass(frozen=True)
+class ComponentMutant:
+    """A seeded bug of one component machine: ``patch(impl)`` returns the buggy implementation;
+    one of ``expected`` (invariant ids, ``lockstep-diff``, ``crash``...) must catch it."""
+
+    name: str
+    kind: str
+    expected: tuple[str, ...]
+    patch: ImplPatch
+    component: str = "hybrid_req_to_token_pool"
+
+    def implementation(self) -> Implementation:
+        base = optimized_implementation("torch", checked=False)
+        return self.patch(
+            dataclasses.replace(base, label=self.name, rules=Rules(rejects_misuse=False))
+        )
+
+
+def _with_step(
+    impl: Implementation, name: str, make: Callable[[Any], Callable[..., Any]]
+) -> Implementation:
+    """``impl`` whose Mamba step ``name`` is ``make(original)`` (the module is left alone)."""
+    need(impl.mamba_steps, name)
+    steps = types.SimpleNamespace(**{k: getattr(impl.mamba_steps, k) for k in dir(impl.mamba_steps)
+                                     if not k.startswith("__")})  # fmt: skip
+    setattr(steps, name, make(getattr(impl.mamba_steps, name)))
+    return dataclasses.replace(impl, mamba_steps=steps)
+
+
+def waiting_abort_leaks(impl: Implementation) -> Implementation:
+    """An aborted or rejected waiting request that already held a Mamba slot is dropped without
+    freeing it."""
+
+    def make(_orig: Any) -> Callable[..., Any]:
+        def release_waiting(pool: Any, req: Any) -> torch.Tensor:
+            req.mamba_pool_idx = None  # dropped, never given back
+            req.mamba_cow_src_index = None
+            req.mamba_needs_clear = False
+            return torch.empty(0, dtype=torch.int64)
+
+        return release_waiting
+
+    return _with_step(impl, "release_waiting", make)
+
+
+def prefill_finish_keeps_slot(impl: Implementation) -> Implementation:
+    """A request finishing (or aborted) inside chunked prefill frees its row but keeps its
+    Mamba slot."""
+
+    def make(orig: Any) -> Callable[..., Any]:
+        def release_running(
+            pool: Any, req: Any, keep: int | None = None, donate: bool = False
+        ) -> Any:
+            if req.is_chunked > 0 and not donate:
+                pool.free(req)
+                return torch.empty(0, dtype=torch.int64)
+            return orig(pool, req, keep, donate)
+
+        return release_running
+
+    return _with_step(impl, "release_running", make)
+
+
+def admit_asserts(impl: Implementation) -> Implementation:
+    """Admission that does not count Mamba slots: the pool takes the rows, then asserts when the
+    Mamba slots run out (SGLang's order before its admission check existed)."""
+    assert impl.hybrid_req_to_token_pool is not None
+    build = impl.hybrid_req_to_token_pool
+
+    def make_pool(config: Any) -> Any:
+        pool = build(config)
+        need(pool, "alloc", "mamba_allocator")
+        table_alloc = super(type(pool), pool).alloc
+
+        def alloc(reqs: Any) -> Any:
+            rows = table_alloc(reqs)
+            if rows is None:
+                return None
+            for req in reqs:
+                if req.mamba_pool_idx is None:
+                    got = pool.mamba_allocator.alloc(1)
+                    assert got is not None, "Not enough space for mamba cache"
+                    req.mamba_pool_idx, req.mamba_needs_clear = got[0], True
+                if pool.track_buffers and req.mamba_ping_pong_track_buffer is None:
+                    track = pool.mamba_allocator.alloc(pool.track_buffers)
+                    assert track is not None, "Not enough space for mamba ping pong idx"
+                    req.mamba_ping_pong_track_buffer, req.mamba_next_track_idx = track, 0
+            index = torch.tensor(rows, dtype=torch.int64)
+            slots = torch.stack([torch.as_tensor(r.mamba_pool_idx).reshape(()) for r in reqs])
+            pool.req_index_to_mamba_index_mapping[index] = slots.to(torch.int32)
+            if pool.track_buffers:
+                tracks = torch.stack([r.mamba_ping_pong_track_buffer for r in reqs])
+                pool.req_index_to_mamba_ping_pong_track_buffer_mapping[index] = tracks
+            return rows
+
+        pool.alloc = alloc
+        return pool
+
+    def make(_orig: Any) -> Callable[..., Any]:
+        def admit(pool: Any, reqs: Any, evict_mamba: Any = None) -> Any:
+            return pool.alloc(reqs)  # no headroom check, no eviction
+
+        return admit
+
+    return _with_step(dataclasses.replace(impl, hybrid_req_to_token_pool=make_pool), "admit", make)
+
+
+def cow_shares_checkpoint(impl: Implementation) -> Implementation:
+    """A prefix match hands the cached state's own slot to the request instead of a copy: the
+    checkpoint is shared by the tree and the request, whose forward overwrites it in place."""
+
+    def make(_orig: Any) -> Callable[..., Any]:
+        def stage_cow(pool: Any, req: Any, src_slot: int) -> bool:
+            if req.mamba_pool_idx is not None:
+                pool.mamba_allocator.free(req.mamba_pool_idx.reshape(1))
+            req.mamba_pool_idx = torch.tensor(src_slot, dtype=torch.int64)
+            req.mamba_cow_src_index = None
+            req.mamba_needs_clear = False
+            return True
+
+        return stage_cow
+
+    return _with_step(impl, "stage_cow", make)
+
+
+MAMBA_MUTANTS: tuple[ComponentMutant, ...] = (
+    ComponentMutant("mamba-waiting-abort-leaks", "Mamba slot of an aborted waiting request leaked",
+                    ("INV-MAMBA-ACCOUNTING",), waiting_abort_leaks),
+    ComponentMutant("mamba-prefill-finish-keeps", "request finishing inside prefill keeps its slot",
+                    ("INV-MAMBA-ACCOUNTING",), prefill_finish_keeps_slot),
+    ComponentMutant("mamba-admit-asserts", "admission with too few Mamba slots, then an assert",
+                    ("crash", "unchanged-on-error"), admit_asserts),
+    ComponentMutant("mamba-cow-shares-checkpoint", "cached state shared and overwritten in place",
+                    ("INV-MAMBA-ONE-OWNER", "INV-MAMBA-CHECKPOINT"), cow_shares_checkpoint),
+)  # fmt: skip
+"""The Mamba field bugs of the quality suite."""
+
+
+def hunt_component(
+    mutant: ComponentMutant, runs: int = 40, steps: int = 40, seed: int = 0
+) -> HuntResult:
+    """Run ``runs`` seeded runs of ``steps`` steps of the mutant's machine, reference against
+    the mutant; the first failure is shrunk (by the campaign) and reported."""
+    start = time.monotonic()
+    ref = dataclasses.replace(reference_implementation(), rules=Rules(rejects_misuse=False))
+    labels = ("reference", mutant.name)
+    result = run_machine(mutant.component, ref, mutant.implementation(), seconds=600.0,
+                         seed=seed, steps_per_run=steps, labels=labels, max_runs=runs)  # fmt: skip
+    failure = result.failure
+    return HuntResult(
+        mutant.name, mutant.kind, mutant.expected, failure is not None,
+        failure.detector if failure else None, result.configurations, result.steps,
+        len(failure.ops) if failure else None, time.monotonic() - start,
+        failure.report if failure else "",
+    )  # fmt: skip
+
+
+__all__ = ["MAMBA_MUTANTS", "ComponentMutant", "hunt_component"]

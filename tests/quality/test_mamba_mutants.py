@@ -1,0 +1,37 @@
+"""The Mamba field bugs (:data:`kvpool.testing.mutants_mamba.MAMBA_MUTANTS`) are each caught by
+a detector they name, within a fixed, seeded budget of component-machine runs; the unmutated
+unchecked twin passes the same budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.testing.mutant_hunt import format_table
+from kvpool.testing.mutants_mamba import MAMBA_MUTANTS, ComponentMutant, hunt_component
+
+FIELD_BUGS = {
+    "mamba-waiting-abort-leaks",
+    "mamba-prefill-finish-keeps",
+    "mamba-admit-asserts",
+    "mamba-cow-shares-checkpoint",
+}
+
+
+def test_every_field_bug_is_seeded() -> None:
+    assert {m.name for m in MAMBA_MUTANTS} == FIELD_BUGS
+    assert all(m.expected for m in MAMBA_MUTANTS)
+
+
+def test_unmutated_twin_passes_the_same_budget() -> None:
+    clean = ComponentMutant("no-bug", "control", ("none",), lambda impl: impl)
+    result = hunt_component(clean)
+    assert not result.caught, result.report
+
+
+@pytest.mark.parametrize("mutant", MAMBA_MUTANTS, ids=lambda m: m.name)
+def test_field_bug_is_caught_by_its_detector(mutant: ComponentMutant) -> None:
+    result = hunt_component(mutant)
+    table = format_table([result])
+    assert result.caught, f"not caught\n{table}"
+    assert result.as_expected, f"caught by {result.detector}, expected {mutant.expected}\n{table}"
+    assert result.shrunk_steps is not None and result.shrunk_steps <= 12, table
