@@ -27,7 +27,11 @@ from kvpool.invariants.registry import (
 from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, ReqToTokenSnapshot
 
 # Modules other parts of kvpool add (tree and lifecycle invariants); registered when present.
-_OPTIONAL_MODULES = ("kvpool.invariants.tree", "kvpool.invariants.lifecycle")
+_OPTIONAL_MODULES = (
+    "kvpool.invariants.tree",
+    "kvpool.invariants.lifecycle",
+    "kvpool.invariants.promises",
+)
 for _name in _OPTIONAL_MODULES:
     try:
         importlib.import_module(_name)

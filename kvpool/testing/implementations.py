@@ -107,7 +107,10 @@ def resolve_implementation(spec: str, component: str = "manager") -> Implementat
 
         source = spec.partition(":")[2] or "0.5.16"
         naive = source.endswith("+naive")
-        return sglang.implementation(source.removesuffix("+naive"), naive_extend=naive)
+        built: Implementation = sglang.implementation(
+            source.removesuffix("+naive"), naive_extend=naive
+        )
+        return built
     from kvpool.testing.factories import load_factory
 
     obj: Any = load_factory(spec)

@@ -271,11 +271,11 @@ def _await_ready(pool: list[_Worker], spec: CampaignSpec, timeout: float = 300.0
     waiting = list(pool)
     deadline = time.monotonic() + timeout
     while waiting and time.monotonic() < deadline:
-        for conn in wait([w.conn for w in waiting], timeout=1.0):
-            w = next(w for w in waiting if w.conn is conn)
+        for ready in wait([w.conn for w in waiting], timeout=1.0):
+            w = next(w for w in waiting if w.conn is ready)
             waiting.remove(w)
             with contextlib.suppress(EOFError, OSError):
-                conn.recv()
+                w.conn.recv()
 
 
 def _report(
