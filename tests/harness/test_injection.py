@@ -62,7 +62,7 @@ def test_a_tree_over_another_allocator_is_refused(manager: Any, impl: Any) -> No
     parts = impl()
     other = parts.allocator(CONFIG)
     stray = parts.radix_cache(CONFIG, parts.req_to_token_pool(CONFIG), other)
-    with pytest.raises(ConfigError, match="token_to_kv_pool_allocator|req_to_token_pool"):
+    with pytest.raises(ConfigError, match=r"token_to_kv_pool_allocator|req_to_token_pool"):
         manager(CONFIG, tree_cache=stray)
     with pytest.raises(ConfigError):
         manager(CONFIG, kv_cache=42)
