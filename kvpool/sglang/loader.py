@@ -10,11 +10,11 @@ and what is stubbed (see specs/sglang.md for why the stubs do not change what is
 - everything else under ``sglang`` and every third-party package but torch, triton and numpy:
   stubs (:mod:`kvpool.sglang.stubs`).
 
-SGLang's Triton allocation kernels are wrapped with :func:`kvpool.testing.interpreter.interpreted`
-after loading, so they run through Triton's interpreter on CPU tensors whatever
-``TRITON_INTERPRET`` says and whether or not triton was imported first (the decorator's
-``JITFunction`` is unwrapped to its Python function and re-wrapped as an interpreter function);
-kvpool's checked interpreter (``checked_interpreter``) therefore also applies to them.
+SGLang's Triton allocation kernels run through Triton's interpreter on CPU tensors, whatever
+``TRITON_INTERPRET`` says and whether or not triton was imported first: after loading, the
+paged module's kernels are replaced by :class:`kvpool.sglang.kernels.KernelSwitch` (the
+decorator's ``JITFunction`` unwrapped to its Python function and re-wrapped as an interpreter
+function), so kvpool's ``checked_interpreter`` also applies to them.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.sglang.importer import PrivateSGLang
+from kvpool.sglang.kernels import install_kernel_switches
 from kvpool.sglang.source import SGLangSource, resolve_source
 
 REAL_MODULES = (
@@ -88,17 +89,6 @@ def _prefix(source: SGLangSource) -> str:
     return f"_kvpool_sglang_{re.sub(r'[^0-9A-Za-z]', '_', source.version)}_{digest}"
 
 
-def _interpret_kernels(modules: SGLangModules) -> None:
-    """Run the paged allocator's Triton kernels through the interpreter (CPU tensors)."""
-    from kvpool.testing.interpreter import interpreted
-
-    paged = modules.module("sglang.srt.mem_cache.allocator.paged")
-    for name in ("alloc_extend_kernel", "alloc_decode_kernel"):
-        kernel = paged.__dict__.get(name)
-        if kernel is not None:
-            setattr(paged, name, interpreted(kernel))
-
-
 def load_sglang(
     source: str = "0.5.16", *, cache_dir: str | os.PathLike[str] | None = None
 ) -> SGLangModules:
@@ -114,7 +104,7 @@ def load_sglang(
     importer = PrivateSGLang(resolved, _prefix(resolved), REAL_MODULES, PARTIAL_MODULES)
     importer.install()
     modules = SGLangModules(resolved, importer)
-    _interpret_kernels(modules)
+    install_kernel_switches(modules.module("sglang.srt.mem_cache.allocator.paged"))
     _LOADED[resolved.key()] = modules
     return modules
 

@@ -9,7 +9,7 @@ environment are the same constants) or a *placeholder*: a class made on the fly 
   ``abc.ABCMeta`` so it mixes with ABCs), and a subclass behaves as an ordinary class;
 - called, acts as a decorator when given one callable (returns it unchanged), else returns
   :data:`NOTHING`;
-- is falsy, and its attributes are further placeholders.
+- is falsy, a no-op context manager, and its attributes are further placeholders.
 
 :data:`NOTHING` (what calls return) is falsy, callable the same way, a no-op context manager,
 an empty iterable and has placeholder attributes. Code under test that *depends* on a stubbed
@@ -82,7 +82,7 @@ NOTHING = _Nothing()
 
 
 def _decorated_or_nothing(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if len(args) == 1 and not kwargs and callable(args[0]):
+    if len(args) == 1 and not kwargs and callable(args[0]) and not is_placeholder(args[0]):
         return args[0]  # used as a decorator: leave the decorated function as it is
     return NOTHING
 
@@ -104,6 +104,12 @@ class _PlaceholderMeta(abc.ABCMeta):
 
     def __bool__(cls) -> bool:
         return not cls.__dict__.get("_kvpool_placeholder")
+
+    def __enter__(cls) -> Any:
+        return cls
+
+    def __exit__(cls, *exc: object) -> None:
+        return None
 
 
 def placeholder(name: str, module: str) -> type:
