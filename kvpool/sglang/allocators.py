@@ -78,7 +78,9 @@ class SGLangAllocator:
             cls = modules.attr("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator")
             self.impl: Any = cls(size, _KV_DTYPE, "cpu", None, need_sort)
         else:
-            cls = modules.attr("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator")
+            cls = modules.attr(
+                "sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator"
+            )
             self.impl = cls(size, page_size, _KV_DTYPE, "cpu", None, need_sort)
             if hasattr(self.impl, "use_triton_kernels"):
                 self.impl.use_triton_kernels = not naive_extend

@@ -18,7 +18,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-_NOW: contextvars.ContextVar[float | None] = contextvars.ContextVar("kvpool_sglang_now", default=None)
+_NOW: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "kvpool_sglang_now", default=None
+)
 
 
 class FrozenTime:

@@ -51,7 +51,10 @@ _HELPERS = ("next_power_of_2", "get_num_new_pages", "ceil_align")
 PARTIAL_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     # memory_pool.py imports the KV-cache kernels, JIT kernels and quantisation: take only the
     # ReqToTokenPool class (and the module-level names it uses).
-    "sglang.srt.mem_cache.memory_pool": ("sglang/srt/mem_cache/memory_pool.py", ("ReqToTokenPool",)),
+    "sglang.srt.mem_cache.memory_pool": (
+        "sglang/srt/mem_cache/memory_pool.py",
+        ("ReqToTokenPool",),
+    ),
     # utils/common.py imports most of SGLang's runtime: take the page arithmetic helpers the
     # allocators and the radix cache call (``sglang.srt.utils`` re-exports them).
     "sglang.srt.utils": (_COMMON, _HELPERS),

@@ -192,7 +192,9 @@ class SGLangRadixCache:
                     parent_id=None if node.parent is None else int(node.parent.id),
                     key=tuple(int(t) for t in node.key.raw_token_ids()),
                     extra_key=node.key.extra_key,
-                    value=tuple(int(v) for v in (node.value if node is root else node.value.tolist())),
+                    value=tuple(
+                        int(v) for v in (node.value if node is root else node.value.tolist())
+                    ),
                     lock_ref=int(node.lock_ref),
                     child_ids=tuple(int(c.id) for c in children),
                     child_keys=tuple(

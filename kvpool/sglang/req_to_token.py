@@ -11,7 +11,8 @@ assigns (``req_pool_idx``) is set on the kvpool request itself:
   ``max(kv_committed_len, is_chunked)``, positive exactly when kvpool allows it to keep its row.
 
 SGLang's misuse checks are ``assert`` statements made before any change; the adapter re-raises
-them as kvpool's typed errors (RowReuseError for ``alloc``, DoubleFreeError for ``free``).
+them as kvpool's typed errors (RowReuseError for ``alloc``, InvalidArgumentError for ``free`` of
+a request without a row). A double free is not checked by SGLang (it corrupts the stack).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kvpool.errors import DoubleFreeError, RowReuseError
+from kvpool.errors import InvalidArgumentError, RowReuseError
 from kvpool.sglang.loader import SGLangModules
 from kvpool.snapshot import ReqToTokenSnapshot
 
@@ -91,7 +92,7 @@ class SGLangReqToTokenPool:
         try:
             self.impl.free(ReqProxy(req))
         except AssertionError as exc:
-            raise DoubleFreeError(f"SGLang refused the free: {exc}") from None
+            raise InvalidArgumentError(f"SGLang refused the free: {exc}") from None
 
     def write(self, index: tuple[int, slice], values: Any) -> None:
         """``req_to_token[row, start:stop] = values`` through SGLang's ``write``."""
@@ -100,7 +101,8 @@ class SGLangReqToTokenPool:
 
     def read(self, row: int, start: int, stop: int) -> torch.Tensor:
         """A copy of ``req_to_token[row, start:stop]`` (int32)."""
-        return self.impl.req_to_token[row, start:stop].clone()
+        table: torch.Tensor = self.impl.req_to_token
+        return table[row, start:stop].clone()
 
     def available_size(self) -> int:
         return int(self.impl.available_size())

@@ -65,7 +65,8 @@ class _ImportRewriter(ast.NodeTransformer):
 
 def rewrite_imports(tree: ast.Module, prefix: str) -> ast.Module:
     """``tree`` with its imports redirected (see the module docstring); fixed locations."""
-    return ast.fix_missing_locations(_ImportRewriter(prefix).visit(tree))
+    rewritten: ast.Module = _ImportRewriter(prefix).visit(tree)
+    return ast.fix_missing_locations(rewritten)
 
 
 def _defined(node: ast.stmt) -> set[str]:
@@ -103,9 +104,7 @@ def extract_definitions(tree: ast.Module, names: Iterable[str]) -> ast.Module:
             chosen.add(i)
             used = {n.id for n in ast.walk(tree.body[i]) if isinstance(n, ast.Name)}
             todo.extend(used - {"__future__"})
-    future = [
-        n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"
-    ]
+    future = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
     body = future + [n for i, n in enumerate(tree.body) if i in chosen and n not in future]
     return ast.Module(body=body, type_ignores=[])
 
