@@ -3,6 +3,7 @@ run: needs neither SGLang nor the network)."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import types
@@ -14,7 +15,7 @@ import pytest
 
 from kvpool.errors import KVPoolError, SGLangLoadError
 from kvpool.sglang import importer as importer_mod
-from kvpool.sglang import load_sglang, resolve_source, source
+from kvpool.sglang import load_sglang, resolve_source
 from kvpool.sglang.importer import PrivateSGLang
 from kvpool.sglang.stubs import NOTHING, is_placeholder, placeholder
 from tests.sglang.fake_tree import FILES, make_fake_tree
@@ -23,17 +24,18 @@ REAL = ("sglang.srt.mem_cache.thing",)
 PARTIAL = {"sglang.srt.utils": ("sglang/srt/utils/common.py", ("ceil_align",))}
 
 
-def _load(root: Path, prefix: str) -> tuple[PrivateSGLang, Any]:
+def _load(root: Path, prefix: str) -> Any:
+    """The fake ``thing`` module loaded under ``prefix`` (the finder removed afterwards)."""
     finder = PrivateSGLang(resolve_source(str(root)), prefix, REAL, PARTIAL)
     finder.install()
     try:
-        return finder, finder.import_module("sglang.srt.mem_cache.thing")
+        return finder.import_module("sglang.srt.mem_cache.thing")
     finally:
         sys.meta_path.remove(finder)
 
 
 def test_real_module_runs_over_stubs(tmp_path: Path) -> None:
-    finder, thing = _load(make_fake_tree(tmp_path), "_kvpool_test_fake_a")
+    thing = _load(make_fake_tree(tmp_path), "_kvpool_test_fake_a")
     assert thing._is_hip is False and thing.DEBUG is False  # explicit overrides
     assert not thing.FEATURE and not thing.HEAVY  # placeholders are falsy
     assert thing.plain() == 41 and thing.configured() == 42  # stub decorators keep the function
@@ -55,7 +57,7 @@ def test_nothing_leaks_into_sys_modules(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_partial_module_takes_only_the_named_definitions(tmp_path: Path) -> None:
-    finder, _ = _load(make_fake_tree(tmp_path), "_kvpool_test_fake_c")
+    _load(make_fake_tree(tmp_path), "_kvpool_test_fake_c")
     utils = sys.modules["_kvpool_test_fake_c.sglang.srt.utils"]
     assert utils.__dict__["ceil_align"](5, 4) == 8
     assert "unrelated" not in utils.__dict__  # not reached from ceil_align
@@ -111,20 +113,20 @@ def test_failed_download_is_a_typed_error(tmp_path: Path, monkeypatch: pytest.Mo
         assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"] and "sglang==9.9.9" in cmd
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution")
 
-    monkeypatch.setattr(source.subprocess, "run", fake_pip)
+    monkeypatch.setattr(subprocess, "run", fake_pip)
     monkeypatch.setenv("KVPOOL_SGLANG_CACHE", str(tmp_path))
     with pytest.raises(SGLangLoadError, match="No matching distribution"):
         resolve_source("9.9.9")
 
 
 def test_no_installed_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(source.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SGLangLoadError, match="no installed sglang"):
         resolve_source("installed")
 
 
 def test_placeholders() -> None:
-    stub = placeholder("Stubbed", "somewhere")
+    stub: Any = placeholder("Stubbed", "somewhere")
     assert not stub and stub(1, 2) is NOTHING and is_placeholder(stub.child.grandchild)
 
     def fn() -> int:
@@ -133,7 +135,7 @@ def test_placeholders() -> None:
     assert stub(fn) is fn and stub(key="x")(fn) is fn  # bare and configured decorators
     assert stub(placeholder("Other", "x")) is NOTHING  # a placeholder argument is not decorated
 
-    class Real(stub):  # type: ignore[misc, valid-type]
+    class Real(stub):  # type: ignore[misc]
         def __init__(self, x: int) -> None:
             self.x = x
 
