@@ -17,6 +17,8 @@ import contextvars
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
 _NAIVE = contextvars.ContextVar("kvpool_sglang_naive_extend", default=False)
 
 
@@ -31,17 +33,38 @@ def naive_extend() -> Iterator[None]:
 
 
 class KernelSwitch:
-    """Stands for a Triton kernel in SGLang's module: ``switch[grid](*args)``."""
+    """Stands for a Triton kernel in SGLang's module: ``switch[grid](*args)``. ``free_arg`` is
+    the position of the ``free_pages`` argument, ``out_arg`` that of the output."""
 
-    def __init__(self, kernel: Any, naive: Callable[..., None] | None = None) -> None:
+    def __init__(
+        self,
+        kernel: Any,
+        free_arg: int,
+        out_arg: int,
+        naive: Callable[..., None] | None = None,
+    ) -> None:
         self.kernel = kernel
+        self.free_arg = free_arg
+        self.out_arg = out_arg
         self.naive = naive
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         if self.naive is not None and _NAIVE.get():
             return self._naive_launch
         launch: Callable[..., None] = self.kernel[grid]
-        return launch
+
+        def padded_launch(*args: Any) -> None:
+            # SGLang <= 0.5.22 launches before it checks that enough pages are free and then
+            # returns None. On a GPU the kernel's reads past free_pages fetch garbage that is
+            # discarded; in the CPU interpreter they would read unmapped memory. Hand the
+            # kernel a copy padded with page id 0 (never a free page) past the real entries:
+            # every read SGLang keeps is inside the real part, so results are unchanged.
+            free = args[self.free_arg]
+            pad = args[self.out_arg].numel() + 1  # at most one new page per output slot
+            padded = torch.cat((free, free.new_zeros(pad)))
+            launch(*args[: self.free_arg], padded, *args[self.free_arg + 1 :])
+
+        return padded_launch
 
     def _naive_launch(
         self,
@@ -68,10 +91,14 @@ def install_kernel_switches(paged: Any) -> None:
     from kvpool.testing.interpreter import interpreted
 
     naive = paged.__dict__.get("alloc_extend_naive")
-    for name, fallback in (("alloc_extend_kernel", naive), ("alloc_decode_kernel", None)):
+    for name, free_arg, fallback in (
+        ("alloc_extend_kernel", 3, naive),
+        ("alloc_decode_kernel", 2, None),
+    ):
         kernel = paged.__dict__.get(name)
         if kernel is not None and not isinstance(kernel, KernelSwitch):
-            setattr(paged, name, KernelSwitch(interpreted(kernel), fallback))
+            switch = KernelSwitch(interpreted(kernel), free_arg, free_arg + 1, fallback)
+            setattr(paged, name, switch)
 
 
 __all__ = ["KernelSwitch", "install_kernel_switches", "naive_extend"]
