@@ -80,9 +80,9 @@ class PrivateSGLang(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def _file(self, dotted: str) -> str:
         """The distribution path of module ``dotted`` (``a/b.py`` or ``a/b/__init__.py``)."""
         base = dotted.replace(".", "/")
-        if self.source.read(f"{base}.py") is not None:
-            return f"{base}.py"
-        return f"{base}/__init__.py"
+        if self.source.read(f"{base}/__init__.py") is not None:
+            return f"{base}/__init__.py"
+        return f"{base}.py"  # named in the error if it is missing too
 
     # ------------------------------------------------------------------ loader
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
@@ -129,6 +129,13 @@ class PrivateSGLang(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Put this finder first on ``sys.meta_path`` (idempotent)."""
         if self not in sys.meta_path:
             sys.meta_path.insert(0, self)
+
+    def uninstall(self) -> None:
+        """Remove this finder and every module it loaded (a failed load leaves nothing)."""
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        for name in [m for m in sys.modules if m == self.prefix or m.startswith(self.prefix + ".")]:
+            del sys.modules[name]
 
     def import_module(self, dotted: str) -> types.ModuleType:
         """``PREFIX.dotted`` (e.g. ``sglang.srt.mem_cache.radix_cache``), loading it if needed."""

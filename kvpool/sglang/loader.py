@@ -107,7 +107,11 @@ def load_sglang(
     importer = PrivateSGLang(resolved, _prefix(resolved), REAL_MODULES, PARTIAL_MODULES)
     importer.install()
     modules = SGLangModules(resolved, importer)
-    install_kernel_switches(modules.module("sglang.srt.mem_cache.allocator.paged"))
+    try:
+        install_kernel_switches(modules.module("sglang.srt.mem_cache.allocator.paged"))
+    except BaseException:
+        importer.uninstall()
+        raise
     _LOADED[resolved.key()] = modules
     return modules
 

@@ -99,6 +99,10 @@ def test_resolve_wheel(tmp_path: Path) -> None:
 def test_missing_path_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(SGLangLoadError, match="no SGLang source"):
         load_sglang(str(tmp_path / "nowhere"))
+    finders = list(sys.meta_path)
+    with pytest.raises(SGLangLoadError, match="allocator"):
+        load_sglang(str(make_fake_tree(tmp_path / "fake")))  # no allocator modules
+    assert sys.meta_path == finders  # the failed load uninstalled its finder
     (tmp_path / "empty").mkdir()
     with pytest.raises(KVPoolError):
         resolve_source(str(tmp_path / "empty"))
