@@ -76,7 +76,9 @@ class SGLangSource:
 
     def filename(self, relpath: str) -> str:
         """A readable name for tracebacks: the real path, or ``WHEEL/relpath``."""
-        return str((self.root if self.root is not None else self.wheel) / relpath)  # type: ignore[operator]
+        base = self.root if self.root is not None else self.wheel
+        assert base is not None
+        return str(base / relpath)
 
     def key(self) -> str:
         """Identifies the source (the loader caches one set of modules per key)."""

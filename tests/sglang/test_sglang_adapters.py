@@ -11,6 +11,7 @@ until the reference honours those knobs.
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any
 
 import pytest
@@ -198,3 +199,11 @@ def test_radix_cache_hit_counts(sgl: SGLangModules) -> None:
     cache.match_prefix(make_radix_key(sgl, [1, 2], None))
     hits = {n.key: n.hit_count for n in cache.snapshot().nodes}
     assert hits[(1, 2)] == 2 and hits[(3,)] == 2  # two inserts; the match counted nothing
+
+
+def test_loading_imports_no_heavy_dependency(sgl: SGLangModules) -> None:
+    SGLangRadixCache(sgl, SGLangReqToTokenPool(sgl, 2, 8), SGLangAllocator(sgl, 64, 4), 4)
+    heavy = ("sglang", "sgl_kernel", "flashinfer", "vllm", "transformers")
+    assert [m for m in sys.modules if m.partition(".")[0] in heavy] == []
+    paged = sgl.module("sglang.srt.mem_cache.allocator.paged")
+    assert paged.__name__.startswith("_kvpool_sglang_") and "sglang" not in sys.modules
