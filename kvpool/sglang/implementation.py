@@ -53,6 +53,11 @@ def implementation(
     def radix_key(token_ids: Sequence[int], extra_key: str | None) -> Any:
         return make_radix_key(modules, token_ids, extra_key)
 
+    def index(values: Sequence[int]) -> Any:
+        import torch
+
+        return torch.tensor(list(values), dtype=torch.int64)
+
     return Implementation(
         label=f"sglang-{modules.version}{'-naive-extend' if naive_extend else ''}",
         allocator=allocator,
@@ -60,6 +65,7 @@ def implementation(
         radix_cache=radix_cache,
         radix_key=radix_key,
         rules=rules,
+        index=index,
     )
 
 
