@@ -15,7 +15,7 @@ from kvpool.testing.bundle import Implementation
 from kvpool.testing.implementations import reference_implementation
 
 
-@triton.jit
+@triton.jit  # type: ignore[untyped-decorator]
 def _expand_pages(pages, out, PAGE_SIZE: tl.constexpr):  # type: ignore[no-untyped-def]
     i = tl.program_id(0)
     page = tl.load(pages + i)
