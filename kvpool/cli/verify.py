@@ -144,8 +144,20 @@ def run(args: argparse.Namespace) -> int:
         return _fail_usage(problem)
     candidate = _candidate(args)
     env = _env(args)
-    for key, value in env:  # before anything imports triton (the in-process case)
-        os.environ[key] = value
+    saved = {key: os.environ.get(key) for key, _ in env}
+    if args.workers == 0:  # in this process: before anything imports triton
+        os.environ.update(dict(env))
+    try:
+        return _verify(args, candidate, env)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _verify(args: argparse.Namespace, candidate: str, env: tuple[tuple[str, str], ...]) -> int:
     from kvpool.testing.verify_run import VerifyOptions, verify
 
     options = VerifyOptions(

@@ -30,6 +30,7 @@ from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, ReqToTokenSnapshot
 _OPTIONAL_MODULES = (
     "kvpool.invariants.tree",
     "kvpool.invariants.lifecycle",
+    "kvpool.invariants.promises",
     "kvpool.invariants.mamba",
 )
 for _name in _OPTIONAL_MODULES:
