@@ -138,7 +138,8 @@ def coverage_tags(model: HybridModel, op: Op, out: Outcome) -> list[str]:
             tags.append("admit:evicted")
         if any(model.reqs.get(rid, ModelReq()).row is not None for rid in args[0]):
             tags.append("admit:chunk-keeps-slot")
-        if any(model.reqs.get(rid, ModelReq()).pending == "cow" for rid in args[0]):
+        cowed = any(model.reqs.get(rid, ModelReq()).pending == "cow" for rid in args[0])
+        if cowed and result[0] is not None:
             tags.append("admit:after-cow")
     elif name == "stage_cow":
         tags = ["stage_cow:ok" if result[0] else "stage_cow:refused"]

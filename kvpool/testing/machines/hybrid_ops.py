@@ -12,7 +12,7 @@ from kvpool.testing.machines.hybrid_model import HybridModel
 from kvpool.testing.swarm import Chooser, Op
 
 KINDS = ("admit", "admit", "admit", "stage_cow", "stage_cow", "prepare_forward", "prepare_forward",
-         "forward_state", "forward_state", "cache_state", "release", "release", "release",
+         "prepare_forward", "forward_state", "forward_state", "cache_state", "release", "release",
          "abort_waiting", "evict", "group")  # fmt: skip
 
 
@@ -23,7 +23,7 @@ def draw_hybrid_op(c: Chooser, rejects_misuse: bool) -> Op:
     kind = "clear" if c.integer(0, 39) == 0 else c.choice(KINDS)
     if kind == "admit":
         return Op("admit", (c.integer(0, 2), c.integer(0, 1), c.integer(0, 1), c.integer(0, 7),
-                            c.integer(0, 2) == 0, c.integer(0, 1) == 0))  # fmt: skip
+                            c.integer(0, 2) == 0, c.integer(0, 3) > 0))  # fmt: skip
     if kind == "stage_cow":
         return Op("stage_cow", (c.integer(0, 7), c.integer(0, 7), c.integer(0, 1) == 0))
     if kind in ("prepare_forward", "forward_state"):
@@ -50,7 +50,11 @@ def materialize_hybrid(model: HybridModel, op: Op) -> Op | None:
     if name == "admit":
         fresh, take_waiting, take_chunked, sel, chunked, evict = args
         between = [r for r in model.running() if model.reqs[r].chunked]
-        rids = _pick(between, sel, take_chunked) + _pick(model.waiting(), sel, take_waiting)
+        # A waiting request that a match gave a slot is the one the scheduler admits next.
+        matched = [r for r in model.waiting() if model.reqs[r].slot is not None]
+        rids = _pick(between, sel, take_chunked) + _pick(
+            matched or model.waiting(), sel, take_waiting
+        )
         rids += list(range(model.next_req, model.next_req + fresh))
         return Op("admit", (rids, [chunked] * len(rids), evict)) if rids else None
     if name == "stage_cow":
