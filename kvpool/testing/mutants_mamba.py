@@ -164,7 +164,8 @@ MAMBA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("mamba-admit-asserts", "admission with too few Mamba slots, then an assert",
                     ("crash", "unchanged-on-error"), admit_asserts),
     ComponentMutant("mamba-cow-shares-checkpoint", "cached state shared and overwritten in place",
-                    ("INV-MAMBA-ONE-OWNER", "INV-MAMBA-CHECKPOINT"), cow_shares_checkpoint),
+                    ("INV-MAMBA-ONE-OWNER", "INV-MAMBA-CHECKPOINT", "lockstep-diff"),
+                    cow_shares_checkpoint),
 )  # fmt: skip
 """The Mamba field bugs of the quality suite."""
 
