@@ -24,6 +24,9 @@ __all__ = [
 
 # Radix cache and lifecycle (tree, chunk cache, requests, sessions, memory manager).
 from kvpool.optimized.chunk_cache import ChunkCache
+from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool  # hybrid (Mamba) models
+from kvpool.optimized.mamba_allocator import MambaSlotAllocator
+from kvpool.optimized.mamba_pool import MambaPool
 from kvpool.optimized.memory_manager import MemoryManager
 from kvpool.optimized.radix_cache import RadixCache
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
@@ -40,3 +43,4 @@ __all__ += [
     "SessionSlot",
     "TreeNode",
 ]
+__all__ += ["HybridReqToTokenPool", "MambaPool", "MambaSlotAllocator"]

@@ -17,11 +17,14 @@ __all__ = [
 
 # Radix cache, KV buffers and the request lifecycle (appended).
 from kvpool.reference.chunk_cache import ChunkCache
+from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool  # hybrid (Mamba) models
 from kvpool.reference.kv_cache import (
     KVCache,
     MHATokenToKVPool,
     MLATokenToKVPool,
 )
+from kvpool.reference.mamba_allocator import MambaSlotAllocator
+from kvpool.reference.mamba_pool import MambaPool
 from kvpool.reference.memory_manager import MemoryManager
 from kvpool.reference.radix_cache import RadixCache, logical_clock
 from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
@@ -42,3 +45,4 @@ __all__ += [
     "TreeNode",
     "logical_clock",
 ]
+__all__ += ["HybridReqToTokenPool", "MambaPool", "MambaSlotAllocator"]
