@@ -1,17 +1,16 @@
-"""``HybridReqToTokenPool`` (optimized twin): the hybrid request table, Mamba slots as tensors.
+"""``HybridReqToTokenPool`` (optimized twin): the hybrid request table, mappings on the device.
 
-Units and contract as :mod:`kvpool.reference.hybrid_req_to_token_pool`. A request's
-``mamba_pool_idx`` is a one-element int64 tensor slice of the allocator's result (as SGLang
-keeps it) and its track buffer an int64 tensor; the row-to-slot mappings are device tensors.
-:meth:`alloc` takes every slot the batch needs in one allocator call and writes the mappings
-with one indexed store each: no device-to-host sync. ``checked`` adds the scan of kept slots
-(free, or named twice) that the reference always does.
+Units and contract as :mod:`kvpool.reference.hybrid_req_to_token_pool`. Slot bookkeeping is
+host work (:mod:`kvpool.optimized.mamba_allocator`): a request's ``mamba_pool_idx`` is an int
+and its track buffer a list of ints, as in the reference. What the kernels read lives on the
+device: the row-to-slot mappings (written with one indexed store per batch from one host-to-device
+copy) and the state buffers (:mod:`kvpool.optimized.mamba_pool`). No device-to-host sync.
+``checked`` adds the scan of kept slots (free, or named twice) that the reference always does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
 
 import torch
 
@@ -19,23 +18,11 @@ from kvpool.errors import ConfigError, DoubleFreeError, InvalidArgumentError
 from kvpool.optimized.mamba_allocator import MambaSlotAllocator
 from kvpool.optimized.mamba_pool import MambaPool
 from kvpool.optimized.req_to_token_pool import ReqToTokenPool
+from kvpool.protocols import MambaReqLike
 from kvpool.snapshot import HybridReqToTokenSnapshot
 
 NO_TRACK_SLOT = -1
 """A track-buffer entry that holds no slot."""
-
-
-class TorchMambaReq(Protocol):
-    """:class:`kvpool.protocols.MambaReqLike` with the twin's tensor-valued Mamba fields."""
-
-    req_pool_idx: int | None
-    is_chunked: int
-    kv_committed_len: int
-    mamba_pool_idx: Any
-    mamba_needs_clear: bool
-    mamba_cow_src_index: Any
-    mamba_ping_pong_track_buffer: Any
-    mamba_next_track_idx: int | None
 
 
 class HybridReqToTokenPool(ReqToTokenPool):
@@ -55,7 +42,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             raise ConfigError(f"track_buffers must be 0, 1 or 2, got {track_buffers!r}")
         super().__init__(size, max_context_len, device=device, checked=checked)
         self.mamba_pool = MambaPool(mamba_size, num_mamba_layers, device=device, checked=checked)
-        self.mamba_allocator = MambaSlotAllocator(mamba_size, device=device, checked=checked)
+        self.mamba_allocator = MambaSlotAllocator(mamba_size, checked=checked)
         self.track_buffers = track_buffers
         self.req_index_to_mamba_index_mapping = torch.zeros(
             size + 1, dtype=torch.int32, device=self.device
@@ -64,7 +51,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             (size + 1, track_buffers), dtype=torch.int64, device=self.device
         )
 
-    def mamba_slots_needed(self, reqs: Sequence[TorchMambaReq]) -> int:
+    def mamba_slots_needed(self, reqs: Sequence[MambaReqLike]) -> int:
         """Mamba slots :meth:`alloc` would take (see the reference)."""
         need = sum(1 for r in reqs if r.mamba_pool_idx is None)
         if self.track_buffers:
@@ -73,14 +60,14 @@ class HybridReqToTokenPool(ReqToTokenPool):
             )
         return need
 
-    def _check_kept_slots(self, reqs: Sequence[TorchMambaReq]) -> None:
-        """Checked mode: a kept slot must be held and named by one request only (syncs)."""
-        free = set(self.mamba_allocator.free_slots.tolist())
+    def _check_kept_slots(self, reqs: Sequence[MambaReqLike]) -> None:
+        """Checked mode: a kept slot must be held and named by one request only."""
+        alloc = self.mamba_allocator
+        free = set(alloc.free_slots[alloc._head :]) | set(alloc._group or ())
         kept: set[int] = set()
         for i, req in enumerate(reqs):
-            held = [] if req.mamba_pool_idx is None else [int(req.mamba_pool_idx)]
-            track = req.mamba_ping_pong_track_buffer
-            held += [] if track is None else [s for s in track.tolist() if s != NO_TRACK_SLOT]
+            held = [] if req.mamba_pool_idx is None else [req.mamba_pool_idx]
+            held += [s for s in req.mamba_ping_pong_track_buffer or () if s != NO_TRACK_SLOT]
             for slot in held:
                 if slot in free or slot in kept:
                     raise InvalidArgumentError(
@@ -88,9 +75,10 @@ class HybridReqToTokenPool(ReqToTokenPool):
                     )
                 kept.add(slot)
 
-    def alloc(self, reqs: Sequence[TorchMambaReq]) -> list[int] | None:  # type: ignore[override]
-        """Rows, then every missing Mamba slot and track buffer, in batch order (see the
-        reference); None and no change when rows or Mamba slots are short."""
+    def alloc(self, reqs: Sequence[MambaReqLike]) -> list[int] | None:  # type: ignore[override]
+        """Rows, then every missing Mamba slot and track buffer in one allocator call, handed
+        out in batch order (see the reference); None and no change when rows or Mamba slots
+        are short. The mappings of the batch's rows are written with one store each."""
         fresh_rows = self.check_alloc(reqs)
         if self.checked:
             self._check_kept_slots(reqs)
@@ -103,25 +91,25 @@ class HybridReqToTokenPool(ReqToTokenPool):
         assert rows is not None  # checked above
         slots = self.mamba_allocator.alloc(need)
         assert slots is not None  # counted above
-        at = 0
+        at, t = 0, self.track_buffers
         for req in reqs:
             if req.mamba_pool_idx is None:
                 req.mamba_pool_idx = slots[at]
                 req.mamba_needs_clear = True
                 at += 1
-            if self.track_buffers and req.mamba_ping_pong_track_buffer is None:
-                req.mamba_ping_pong_track_buffer = slots[at : at + self.track_buffers]
+            if t and req.mamba_ping_pong_track_buffer is None:
+                req.mamba_ping_pong_track_buffer = slots[at : at + t]
                 req.mamba_next_track_idx = 0
-                at += self.track_buffers
-        index = torch.tensor(rows, dtype=torch.int64, device=self.device)
+                at += t
         if reqs:
-            mapped = torch.stack([torch.as_tensor(r.mamba_pool_idx).reshape(()) for r in reqs])
-            self.req_index_to_mamba_index_mapping[index] = mapped.to(
-                device=self.device, dtype=torch.int32
-            )
-            if self.track_buffers:
-                tracks = torch.stack([r.mamba_ping_pong_track_buffer for r in reqs])
-                self.req_index_to_mamba_ping_pong_track_buffer_mapping[index] = tracks
+            index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            mapped = torch.tensor([r.mamba_pool_idx for r in reqs], dtype=torch.int32)
+            self.req_index_to_mamba_index_mapping[index] = mapped.to(self.device, non_blocking=True)
+            if t:
+                tracks = torch.tensor([r.mamba_ping_pong_track_buffer for r in reqs])
+                self.req_index_to_mamba_ping_pong_track_buffer_mapping[index] = tracks.to(
+                    self.device, non_blocking=True
+                )
         return rows
 
     def get_mamba_indices(self, rows: torch.Tensor | Sequence[int]) -> torch.Tensor:
@@ -133,7 +121,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return self.req_index_to_mamba_index_mapping[index]
 
     def free_mamba_cache(
-        self, req: TorchMambaReq, mamba_ping_pong_track_buffer_to_keep: int | None = None
+        self, req: MambaReqLike, mamba_ping_pong_track_buffer_to_keep: int | None = None
     ) -> None:
         """Free the request's Mamba slot and its track buffers except entry
         ``mamba_ping_pong_track_buffer_to_keep`` (see the reference), in one allocator call."""
@@ -142,11 +130,10 @@ class HybridReqToTokenPool(ReqToTokenPool):
         keep = mamba_ping_pong_track_buffer_to_keep
         if keep is not None and (not self.track_buffers or keep not in range(self.track_buffers)):
             raise InvalidArgumentError(f"track buffer to keep {keep!r} with {self.track_buffers}")
-        parts = [torch.as_tensor(req.mamba_pool_idx, dtype=torch.int64).reshape(1)]
-        track = req.mamba_ping_pong_track_buffer
-        if track is not None:
-            parts += [track[i : i + 1] for i in range(int(track.numel())) if i != keep]
-        self.mamba_allocator.free(torch.cat(parts))
+        track = req.mamba_ping_pong_track_buffer or []
+        self.mamba_allocator.free(
+            [req.mamba_pool_idx] + [s for i, s in enumerate(track) if i != keep]
+        )
         req.mamba_pool_idx = None
         req.mamba_needs_clear = False
         req.mamba_cow_src_index = None
@@ -174,4 +161,4 @@ class HybridReqToTokenPool(ReqToTokenPool):
         )
 
 
-__all__ = ["NO_TRACK_SLOT", "HybridReqToTokenPool", "TorchMambaReq"]
+__all__ = ["NO_TRACK_SLOT", "HybridReqToTokenPool"]

@@ -1,17 +1,17 @@
-"""``MambaSlotAllocator`` (optimized twin): the Mamba slot free list as an int64 tensor.
+"""``MambaSlotAllocator`` (optimized twin): the Mamba slot free list, kept on the host.
 
 Units: slots ``1..size`` (slot 0 reserved). Same queue order, results and errors as
-:mod:`kvpool.reference.mamba_allocator`; results are int64 tensors on ``device``. Hot paths
-slice and concatenate tensors and compare lengths (host metadata): no device-to-host sync.
-``checked`` (see :mod:`kvpool.optimized.checked`) adds the reference's misuse checks on freed
-slots (reserved, out of range, already free), kept up to date in a device bool mask.
+:mod:`kvpool.reference.mamba_allocator`. Like the twin's free rows
+(:mod:`kvpool.optimized.req_to_token_pool`), slot bookkeeping is scheduler work: the free list is
+a host list of ints (SGLang keeps it as a device tensor), so handing out and taking back slots
+never touches the device, and the pool writes the slots to the device once per batch.
+``checked`` (see :mod:`kvpool.optimized.checked`) adds the scan that refuses to free a slot that
+is already free; range checks on the ints are always done.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import (
@@ -26,118 +26,93 @@ from kvpool.snapshot import MambaAllocatorSnapshot
 
 
 class MambaSlotAllocator:
-    """Free list ``free_slots`` (int64, hand-out order) and the open group's prefetched slots."""
+    """Free list ``free_slots`` (hand-out order) and the open group's prefetched slots."""
 
-    def __init__(
-        self, size: int, device: str | torch.device = "cpu", checked: bool | None = None
-    ) -> None:
+    def __init__(self, size: int, checked: bool | None = None) -> None:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ConfigError(f"size must be a positive number of Mamba slots, got {size!r}")
         self.size = size
-        self.device = torch.device(device)
         self.checked = resolve_checked(checked)
-        self.free_slots = torch.empty(0, dtype=torch.int64, device=self.device)
-        self._group: torch.Tensor | None = None
-        self._group_next = 0
-        # Checked mode only: free_mask[slot] is True while the slot is free or prefetched.
-        self._free_mask = torch.zeros(size + 1, dtype=torch.bool, device=self.device)
+        self.free_slots: list[int] = []
+        self._head = 0  # free_slots[:_head] were handed out; compacted when half is dead
+        self._group: list[int] | None = None
         self.clear()
 
     def available_size(self) -> int:
-        """Free slots (tensor length: host metadata, no sync)."""
-        return int(self.free_slots.numel())
+        """Free slots (those an open group prefetched are not counted)."""
+        return len(self.free_slots) - self._head
 
     def schedulable_available_size(self) -> int:
         """Equal to :meth:`available_size` for this static pool (see the reference)."""
         return self.available_size()
 
-    def _take(self, need_size: int) -> torch.Tensor | None:
-        if need_size > self.free_slots.numel():
+    def _take(self, need_size: int) -> list[int] | None:
+        # Advance a head index instead of slicing the list: O(need), not O(free).
+        if need_size > self.available_size():
             return None
-        taken, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
+        taken = self.free_slots[self._head : self._head + need_size]
+        self._head += need_size
+        if self._head * 2 > len(self.free_slots):
+            del self.free_slots[: self._head]
+            self._head = 0
         return taken
 
-    def alloc(self, need_size: int) -> torch.Tensor | None:
+    def alloc(self, need_size: int) -> list[int] | None:
         """``need_size`` slots from the head (one slot inside an open group: the group's next
         prefetched slot while any is left); None and no change when fewer are free."""
         if not isinstance(need_size, int) or isinstance(need_size, bool) or need_size < 0:
             raise InvalidArgumentError(f"need_size must be an int >= 0, got {need_size!r}")
-        group = self._group
-        if group is not None and need_size == 1 and self._group_next < group.numel():
-            slot = group[self._group_next : self._group_next + 1]
-            self._group_next += 1
-            self._mark(slot, False)
-            return slot
-        taken = self._take(need_size)
-        if taken is not None:
-            self._mark(taken, False)
-        return taken
+        if self._group and need_size == 1:
+            return [self._group.pop(0)]
+        return self._take(need_size)
 
     def alloc_group_begin(self, num_reqs: int) -> None:
         """Open a group prefetching ``num_reqs`` slots (see the reference)."""
         if not isinstance(num_reqs, int) or isinstance(num_reqs, bool) or num_reqs < 0:
             raise InvalidArgumentError(f"num_reqs must be an int >= 0, got {num_reqs!r}")
         self.alloc_group_end()
-        taken = self._take(num_reqs) if num_reqs > 0 else None
-        self._group = taken if taken is not None else self.free_slots[:0]
-        self._group_next = 0
+        self._group = (self._take(num_reqs) or []) if num_reqs > 0 else []
 
     def alloc_group_end(self) -> None:
         """Close the group: unused prefetched slots go back to the tail, in order."""
         if self._group is not None:
-            leftover = self._group[self._group_next :]
-            self._group, self._group_next = None, 0
-            self.free_slots = torch.cat((self.free_slots, leftover))
+            leftover, self._group = self._group, None
+            self.free_slots.extend(leftover)
 
-    def _mark(self, slots: torch.Tensor, free: bool) -> None:
-        if self.checked:
-            self._free_mask[slots] = free
-
-    def _check(self, slots: torch.Tensor) -> None:
-        """Checked mode: the reference's errors, before any change (syncs)."""
-        values = [int(s) for s in slots.tolist()]
-        for s in values:
+    def free(self, indices: Sequence[int]) -> None:
+        """Append ``indices`` to the tail of the free list, in order. Slot 0 and slots outside
+        ``1..size`` always raise; a free, prefetched or repeated slot raises DoubleFreeError in
+        checked mode. Nothing changes on an error."""
+        slots = [int(s) for s in indices]
+        for s in slots:
             if s == RESERVED_INDEX:
                 raise ReservedIndexError(f"Mamba slot {RESERVED_INDEX} is reserved")
             if not RESERVED_INDEX < s <= self.size:
                 raise IndexOutOfRangeError(f"Mamba slot {s} outside 1..{self.size}")
-        free = self._free_mask[slots].tolist()
-        seen: set[int] = set()
-        bad: list[int] = []
-        for s, is_free in zip(values, free, strict=True):
-            if is_free or s in seen:
-                bad.append(s)
-            seen.add(s)
-        if bad:
-            raise DoubleFreeError("Mamba slots already free (or freed twice in one call)", bad)
-
-    def free(self, indices: torch.Tensor | Sequence[int]) -> None:
-        """Append ``indices`` to the tail of the free list, in order (checked mode: the
-        reference's errors for slot 0, out-of-range and already-free slots)."""
-        slots = torch.as_tensor(indices, dtype=torch.int64, device=self.device).reshape(-1)
-        if slots.numel() == 0:
-            return
         if self.checked:
-            self._check(slots)
-        self._mark(slots, True)
-        self.free_slots = torch.cat((self.free_slots, slots))
+            known = set(self.free_slots[self._head :]) | set(self._group or ())
+            seen: set[int] = set()
+            bad: list[int] = []
+            for s in slots:
+                if s in known or s in seen:
+                    bad.append(s)
+                seen.add(s)
+            if bad:
+                raise DoubleFreeError("Mamba slots already free (or freed twice in one call)", bad)
+        self.free_slots.extend(slots)
 
     def clear(self) -> None:
         """Every slot free, in order ``1..size``; an open group is dropped."""
-        self._group, self._group_next = None, 0
-        self.free_slots = torch.arange(
-            RESERVED_INDEX + 1, self.size + 1, dtype=torch.int64, device=self.device
-        )
-        self._free_mask.fill_(True)
-        self._free_mask[RESERVED_INDEX] = False
+        self._group = None
+        self.free_slots = list(range(RESERVED_INDEX + 1, self.size + 1))
+        self._head = 0
 
     def snapshot(self) -> MambaAllocatorSnapshot:
-        """Plain copy of the free list and the group's prefetched slots (syncs)."""
-        group = () if self._group is None else tuple(self._group[self._group_next :].tolist())
+        """Plain copy of the free list and the group's prefetched slots."""
         return MambaAllocatorSnapshot(
             size=self.size,
-            free_slots=tuple(int(s) for s in self.free_slots.tolist()),
-            group_slots=tuple(int(s) for s in group),
+            free_slots=tuple(self.free_slots[self._head :]),
+            group_slots=tuple(self._group or ()),
             in_group=self._group is not None,
         )
 

@@ -1,9 +1,9 @@
 """The scheduler's Mamba steps over a :class:`HybridReqToTokenPool` (optimized twin).
 
 Same functions, results and errors as :mod:`kvpool.reference.mamba_lifecycle` (read its
-docstring for what each SGLang step is); slots are the twin's int64 tensors, and each batch step
-is one indexed copy or store per buffer. The misuse checks that compare slot values (a request
-copying its own slot, two requests of a batch sharing one) sync and run in checked mode.
+docstring for what each SGLang step is). Slots are host ints, as in the twin's pool; the device
+work of a batch (the copies, the clears, the forward's state writes) is one host-to-device index
+copy and one indexed copy or store per state buffer, with no device-to-host sync.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kvpool.errors import DoubleFreeError, InvalidArgumentError
-from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool, TorchMambaReq
+from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
+from kvpool.protocols import MambaReqLike
 from kvpool.reference.mamba_lifecycle import (
     MAMBA_STATE_PER_REQ_NO_CACHE,
     MAMBA_STATE_PER_REQ_PREFIX_CACHE,
@@ -21,14 +22,17 @@ from kvpool.reference.mamba_lifecycle import (
 )
 
 
+def _index(pool: HybridReqToTokenPool, slots: list[int]) -> torch.Tensor:
+    return torch.tensor(slots, dtype=torch.int64).to(pool.device, non_blocking=True)
+
+
 def admit(
     pool: HybridReqToTokenPool,
-    reqs: Sequence[TorchMambaReq],
+    reqs: Sequence[MambaReqLike],
     evict_mamba: Callable[[int], int] | None = None,
 ) -> list[int] | None:
-    """Admit a batch: rows and Mamba slots for every request, or None with nothing changed
-    (besides what ``evict_mamba(n)``, the prefix cache's eviction of ``n`` cached states, freed)
-    when too few are free even after eviction. Misuse raises as :meth:`pool.alloc` does."""
+    """Admit a batch, evicting cached states first when short of the headroom (see the
+    reference); None with nothing changed (but the eviction) when slots or rows are short."""
     pool.check_alloc(reqs)
     headroom = admission_headroom(len(reqs), evict_mamba is not None)
     available = pool.mamba_allocator.schedulable_available_size()
@@ -37,12 +41,12 @@ def admit(
     return pool.alloc(reqs)
 
 
-def stage_cow(pool: HybridReqToTokenPool, req: TorchMambaReq, src_slot: int) -> bool:
+def stage_cow(pool: HybridReqToTokenPool, req: MambaReqLike, src_slot: int) -> bool:
     """Record a copy of cached state ``src_slot`` into the request's own slot (see the
-    reference); the source is kept as a one-element tensor, as SGLang keeps a node's value."""
-    src = pool.mamba_pool.check_slots([src_slot])
-    if pool.checked and req.mamba_pool_idx is not None and int(req.mamba_pool_idx) == src_slot:
-        raise InvalidArgumentError(f"request holds the cached slot {src_slot} it would copy")
+    reference); False, nothing changed, when no slot is free."""
+    (src,) = pool.mamba_pool.check_slots_host([src_slot])
+    if req.mamba_pool_idx == src:
+        raise InvalidArgumentError(f"request holds the cached slot {src} it would copy")
     if req.mamba_pool_idx is None:
         got = pool.mamba_allocator.alloc(1)
         if got is None:
@@ -53,34 +57,27 @@ def stage_cow(pool: HybridReqToTokenPool, req: TorchMambaReq, src_slot: int) -> 
     return True
 
 
-def _one(slot: object) -> torch.Tensor:
-    return torch.as_tensor(slot, dtype=torch.int64).reshape(1)
-
-
-def prepare_forward(pool: HybridReqToTokenPool, reqs: Sequence[TorchMambaReq]) -> tuple[int, int]:
+def prepare_forward(pool: HybridReqToTokenPool, reqs: Sequence[MambaReqLike]) -> tuple[int, int]:
     """The batch's deferred copies and clears, one indexed copy and one store per buffer
     (see the reference). Returns ``(copied, cleared)`` counts (slots)."""
-    src: list[torch.Tensor] = []
-    dst: list[torch.Tensor] = []
-    clear: list[torch.Tensor] = []
+    src: list[int] = []
+    dst: list[int] = []
+    clear: list[int] = []
     for req in reqs:
         if req.mamba_pool_idx is None:
             raise InvalidArgumentError("a request in the batch holds no Mamba slot")
         if req.mamba_cow_src_index is not None:
-            src.append(_one(req.mamba_cow_src_index))
-            dst.append(_one(req.mamba_pool_idx))
+            src.append(req.mamba_cow_src_index)
+            dst.append(req.mamba_pool_idx)
         elif req.mamba_needs_clear:
-            clear.append(_one(req.mamba_pool_idx))
-    empty = torch.empty(0, dtype=torch.int64, device=pool.device)
-    src_t, dst_t = torch.cat(src) if src else empty, torch.cat(dst) if dst else empty
-    clear_t = torch.cat(clear) if clear else empty
-    pool.mamba_pool.check_slots(clear_t)
-    if pool.checked:
-        named = dst_t.tolist() + clear_t.tolist()
-        if len(set(named)) != len(named):
-            raise InvalidArgumentError("two requests of the batch share a Mamba slot")
-    pool.mamba_pool.copy_from(src_t, dst_t)
-    pool.mamba_pool.clear_slots(clear_t)
+            clear.append(req.mamba_pool_idx)
+    pool.mamba_pool.check_slots_host(src + dst + clear)
+    if len(set(dst + clear)) != len(dst + clear) or set(src) & set(dst):
+        raise InvalidArgumentError("two requests of the batch share a Mamba slot")
+    if dst:
+        pool.mamba_pool.copy_from(_index(pool, src), _index(pool, dst))
+    if clear:
+        pool.mamba_pool.clear_slots(_index(pool, clear))
     for req in reqs:
         req.mamba_cow_src_index = None
         req.mamba_needs_clear = False
@@ -88,9 +85,10 @@ def prepare_forward(pool: HybridReqToTokenPool, reqs: Sequence[TorchMambaReq]) -
 
 
 def forward_state(
-    pool: HybridReqToTokenPool, reqs: Sequence[TorchMambaReq], tags: Sequence[int]
+    pool: HybridReqToTokenPool, reqs: Sequence[MambaReqLike], tags: Sequence[int]
 ) -> None:
     """The forward pass wrote ``tags[i]`` into each request's slot (see the reference)."""
+    slots: list[int] = []
     for req in reqs:
         if (
             req.mamba_pool_idx is None
@@ -98,31 +96,34 @@ def forward_state(
             or req.mamba_needs_clear
         ):
             raise InvalidArgumentError("forward on a request whose Mamba state is not ready")
-    slots = [_one(r.mamba_pool_idx) for r in reqs]
-    empty = torch.empty(0, dtype=torch.int64, device=pool.device)
-    pool.mamba_pool.write_state(torch.cat(slots) if slots else empty, list(tags))
+        slots.append(req.mamba_pool_idx)
+    pool.mamba_pool.check_slots_host(slots)
+    if len(tags) != len(slots) or len(set(slots)) != len(slots):
+        raise InvalidArgumentError(f"{len(tags)} tags for {len(slots)} distinct slots")
+    values = torch.tensor(list(tags), dtype=torch.float32).to(pool.device, non_blocking=True)
+    pool.mamba_pool.write_state(_index(pool, slots), values)
 
 
-def release_waiting(pool: HybridReqToTokenPool, req: TorchMambaReq) -> torch.Tensor:
+def release_waiting(pool: HybridReqToTokenPool, req: MambaReqLike) -> list[int]:
     """A request dropped before it ran returns the Mamba slot a prefix match gave it (see the
-    reference); returns the slots freed (an int64 tensor of none or one)."""
+    reference); returns the slots freed (none or one)."""
     if req.req_pool_idx is not None:
         raise InvalidArgumentError("request holds a row: it is running, not waiting")
     slot = req.mamba_pool_idx
     if slot is not None:
-        pool.mamba_allocator.free(_one(slot))
+        pool.mamba_allocator.free([slot])
     req.mamba_pool_idx = None
     req.mamba_cow_src_index = None
     req.mamba_needs_clear = False
-    return torch.empty(0, dtype=torch.int64) if slot is None else _one(slot)
+    return [] if slot is None else [slot]
 
 
 def release_running(
-    pool: HybridReqToTokenPool, req: TorchMambaReq, keep: int | None = None, donate: bool = False
-) -> torch.Tensor:
+    pool: HybridReqToTokenPool, req: MambaReqLike, keep: int | None = None, donate: bool = False
+) -> list[int]:
     """Finish, abort or retract of a running request (see the reference): Mamba slot and
     track buffers except the one kept (track entry ``keep``) or donated (the running slot),
-    then the row; returns the donated slots (an int64 tensor of none or one)."""
+    then the row; returns the donated slots (none or one)."""
     if req.req_pool_idx is None:
         raise InvalidArgumentError("request holds no row: it is not running")
     if donate and keep is not None:
@@ -130,23 +131,21 @@ def release_running(
     row = pool._check_row(req.req_pool_idx)
     if pool.checked and row in pool.free_slots:  # before the Mamba slots go back
         raise DoubleFreeError("row is already free", [row])
-    slot, track = req.mamba_pool_idx, req.mamba_ping_pong_track_buffer
+    slot, track = req.mamba_pool_idx, list(req.mamba_ping_pong_track_buffer or ())
     if not donate:
         pool.free_mamba_cache(req, keep)
         pool.free(req)
-        kept = torch.empty(0, dtype=torch.int64) if keep is None else track[keep : keep + 1]
-        return kept
+        return [] if keep is None else [track[keep]]
     if slot is None:
         raise DoubleFreeError("request holds no Mamba slot (mamba_pool_idx is None)")
-    if track is not None:
-        pool.mamba_allocator.free(track)
+    pool.mamba_allocator.free(track)
     req.mamba_pool_idx = None
     req.mamba_needs_clear = False
     req.mamba_cow_src_index = None
     req.mamba_ping_pong_track_buffer = None
     req.mamba_next_track_idx = None
     pool.free(req)
-    return _one(slot)
+    return [slot]
 
 
 __all__ = [

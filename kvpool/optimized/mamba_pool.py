@@ -59,17 +59,24 @@ class MambaPool:
     def _buffers(self) -> list[torch.Tensor]:
         return [*self.conv, self.temporal]
 
+    def check_slots_host(self, slots: Sequence[int]) -> list[int]:
+        """Host ints: ReservedIndexError for slot 0, IndexOutOfRangeError outside ``1..size``."""
+        out = [int(s) for s in slots]
+        for s in out:
+            if s == RESERVED_INDEX:
+                raise ReservedIndexError(f"Mamba slot {RESERVED_INDEX} is reserved")
+            if not RESERVED_INDEX < s <= self.size:
+                raise IndexOutOfRangeError(f"Mamba slot {s} outside 1..{self.size}")
+        return out
+
     def check_slots(self, indices: IndexLike) -> torch.Tensor:
-        """``indices`` as an int64 tensor on the device; checked mode (or a host sequence)
-        raises the reference's ReservedIndexError / IndexOutOfRangeError."""
-        host = not isinstance(indices, torch.Tensor)
-        slots = torch.as_tensor(indices, dtype=torch.int64, device=self.device).reshape(-1)
-        if self.checked or host:
-            for s in slots.tolist():
-                if s == RESERVED_INDEX:
-                    raise ReservedIndexError(f"Mamba slot {RESERVED_INDEX} is reserved")
-                if not RESERVED_INDEX < s <= self.size:
-                    raise IndexOutOfRangeError(f"Mamba slot {s} outside 1..{self.size}")
+        """``indices`` as an int64 tensor on the device; a host sequence is always checked as
+        :meth:`check_slots_host`, a tensor only in checked mode (that syncs)."""
+        if not isinstance(indices, torch.Tensor):
+            return torch.tensor(self.check_slots_host(indices), dtype=torch.int64).to(self.device)
+        slots = indices.to(device=self.device, dtype=torch.int64).reshape(-1)
+        if self.checked:
+            self.check_slots_host(slots.tolist())
         return slots
 
     def clear_slots(self, indices: IndexLike) -> None:

@@ -65,11 +65,11 @@ def waiting_abort_leaks(impl: Implementation) -> Implementation:
     freeing it."""
 
     def make(_orig: Any) -> Callable[..., Any]:
-        def release_waiting(pool: Any, req: Any) -> torch.Tensor:
+        def release_waiting(pool: Any, req: Any) -> list[int]:
             req.mamba_pool_idx = None  # dropped, never given back
             req.mamba_cow_src_index = None
             req.mamba_needs_clear = False
-            return torch.empty(0, dtype=torch.int64)
+            return []
 
         return release_waiting
 
@@ -86,7 +86,7 @@ def prefill_finish_keeps_slot(impl: Implementation) -> Implementation:
         ) -> Any:
             if req.is_chunked > 0 and not donate:
                 pool.free(req)
-                return torch.empty(0, dtype=torch.int64)
+                return []
             return orig(pool, req, keep, donate)
 
         return release_running
@@ -119,10 +119,10 @@ def admit_asserts(impl: Implementation) -> Implementation:
                     assert track is not None, "Not enough space for mamba ping pong idx"
                     req.mamba_ping_pong_track_buffer, req.mamba_next_track_idx = track, 0
             index = torch.tensor(rows, dtype=torch.int64)
-            slots = torch.stack([torch.as_tensor(r.mamba_pool_idx).reshape(()) for r in reqs])
-            pool.req_index_to_mamba_index_mapping[index] = slots.to(torch.int32)
+            slots = torch.tensor([r.mamba_pool_idx for r in reqs], dtype=torch.int32)
+            pool.req_index_to_mamba_index_mapping[index] = slots
             if pool.track_buffers:
-                tracks = torch.stack([r.mamba_ping_pong_track_buffer for r in reqs])
+                tracks = torch.tensor([r.mamba_ping_pong_track_buffer for r in reqs])
                 pool.req_index_to_mamba_ping_pong_track_buffer_mapping[index] = tracks
             return rows
 
@@ -145,8 +145,8 @@ def cow_shares_checkpoint(impl: Implementation) -> Implementation:
     def make(_orig: Any) -> Callable[..., Any]:
         def stage_cow(pool: Any, req: Any, src_slot: int) -> bool:
             if req.mamba_pool_idx is not None:
-                pool.mamba_allocator.free(req.mamba_pool_idx.reshape(1))
-            req.mamba_pool_idx = torch.tensor(src_slot, dtype=torch.int64)
+                pool.mamba_allocator.free([req.mamba_pool_idx])
+            req.mamba_pool_idx = src_slot
             req.mamba_cow_src_index = None
             req.mamba_needs_clear = False
             return True

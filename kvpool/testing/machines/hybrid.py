@@ -34,16 +34,15 @@ from kvpool.testing.swarm import Chooser, Op
 
 @dataclass
 class MachineMambaReq:
-    """The request fields a hybrid pool reads and writes (:class:`~kvpool.protocols.MambaReqLike`;
-    the twin stores tensors in the Mamba fields)."""
+    """The fields a hybrid pool reads and writes (:class:`~kvpool.protocols.MambaReqLike`)."""
 
     req_pool_idx: int | None = None
     is_chunked: int = 0
     kv_committed_len: int = 0
-    mamba_pool_idx: Any = None
+    mamba_pool_idx: int | None = None
     mamba_needs_clear: bool = False
-    mamba_cow_src_index: Any = None
-    mamba_ping_pong_track_buffer: Any = None
+    mamba_cow_src_index: int | None = None
+    mamba_ping_pong_track_buffer: list[int] | None = None
     mamba_next_track_idx: int | None = None
 
 
@@ -58,8 +57,8 @@ class HybridSide:
 
     def locked(self) -> set[int]:
         """Checkpoints a staged copy still reads (a match locks its node until the copy)."""
-        found = [report.normalize(r.mamba_cow_src_index) for r in self.reqs.values()]
-        return {int(v[0] if isinstance(v, list) else v) for v in found if v is not None}
+        return {r.mamba_cow_src_index for r in self.reqs.values()
+                if r.mamba_cow_src_index is not None}  # fmt: skip
 
     def evict(self, n: int) -> int:
         """Free up to ``n`` unlocked checkpoints, oldest first; returns how many."""

@@ -1,0 +1,121 @@
+"""Hybrid (Mamba) benchmark: the twin's HybridReqToTokenPool and Mamba steps against the
+reference, measured in the same run.
+
+A batch of B requests (B = 64, 256 and 1,024) on a pool of 1,024 rows and 3,072 Mamba slots, 4 Mamba
+layers, two track buffers per request (speculative decoding):
+
+- ``admit``: rows, running slots and track buffers for B fresh requests;
+- ``prepare_forward``: the batch's deferred work, half of the requests copying a cached state
+  (copy-on-write) and half clearing a fresh slot;
+- ``forward_state``: each request's new state written into every layer;
+- ``release_running``: every request of the batch finishing (slot, track buffers, row).
+
+Medians of calls timed one by one, each from the same starting state built outside the timed
+region. The twin runs on the CPU with one torch thread, checked mode off (production); its
+state buffers are the twin's default tiny shapes (conv 3, state 4 floats per layer and slot), so
+the figures measure bookkeeping, not memory bandwidth. ``--quick`` makes fewer calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kvpool.optimized import mamba_lifecycle as twin_steps
+from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool as TwinPool
+from kvpool.reference import mamba_lifecycle as ref_steps
+from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool as RefPool
+from kvpool.testing.machines.hybrid import MachineMambaReq as Req
+
+ROWS, SLOTS, LAYERS, TRACK = 1024, 3072, 4, 2
+BATCHES = (64, 256, 1024)
+
+Setup = Callable[[], Callable[[], object]]
+
+
+def _median_us(setup: Setup, calls: int) -> float:
+    """Median wall time (us) of the callable ``setup()`` returns (setup untimed)."""
+    times = []
+    for _ in range(calls):
+        call = setup()
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def _pool(twin: bool) -> Any:
+    if twin:
+        return TwinPool(ROWS, 16, SLOTS, LAYERS, TRACK, checked=False)
+    return RefPool(ROWS, 16, SLOTS, LAYERS, TRACK)
+
+
+def _admitted(twin: bool, batch: int, cow: bool = False) -> tuple[Any, Any, list[Req]]:
+    """A pool with ``batch`` admitted requests (half staged to copy checkpoint slot 1 when
+    ``cow``), and the twin's steps module."""
+    steps = twin_steps if twin else ref_steps
+    pool = _pool(twin)
+    checkpoint = pool.mamba_allocator.alloc(1)
+    reqs = [Req() for _ in range(batch)]
+    if cow:
+        for req in reqs[::2]:
+            steps.stage_cow(pool, req, int(checkpoint[0]))
+    assert steps.admit(pool, reqs) is not None
+    return pool, steps, reqs
+
+
+def measure(batch: int, twin: bool, calls: int) -> dict[str, float]:
+    """Median microseconds of each operation for one twin and batch size."""
+    steps = twin_steps if twin else ref_steps
+    tags = list(range(1, batch + 1))
+
+    def admit() -> Callable[[], object]:
+        pool, reqs = _pool(twin), [Req() for _ in range(batch)]
+        return lambda: steps.admit(pool, reqs)
+
+    def prepare() -> Callable[[], object]:
+        pool, s, reqs = _admitted(twin, batch, cow=True)
+        return lambda: s.prepare_forward(pool, reqs)
+
+    def forward() -> Callable[[], object]:
+        pool, s, reqs = _admitted(twin, batch)
+        s.prepare_forward(pool, reqs)
+        return lambda: s.forward_state(pool, reqs, tags)
+
+    def release() -> Callable[[], object]:
+        pool, s, reqs = _admitted(twin, batch)
+        return lambda: [s.release_running(pool, r) for r in reqs]
+
+    ops = {"admit": admit, "prepare_forward": prepare, "forward_state": forward,
+           "release_running": release}  # fmt: skip
+    return {name: _median_us(setup, calls) for name, setup in ops.items()}
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    """One row per (operation, batch size): reference and twin medians and their ratio."""
+    torch.set_num_threads(1)
+    calls = 5 if quick else 30
+    rows: list[dict[str, Any]] = []
+    for batch in BATCHES:
+        ref, twin = measure(batch, False, calls), measure(batch, True, calls)
+        for op in ref:
+            rows.append({"op": f"{op} ({batch} requests)", "reference_us": round(ref[op]),
+                         "twin_us": round(twin[op]),
+                         "reference/twin": round(ref[op] / twin[op], 2)})  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    for row in run(parser.parse_args().quick):
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
