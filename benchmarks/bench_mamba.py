@@ -1,7 +1,7 @@
 """Hybrid (Mamba) benchmark: the twin's HybridReqToTokenPool and Mamba steps against the
 reference, measured in the same run.
 
-A batch of B requests (B = 64, 256 and 1,024) on a pool of 1,024 rows and 3,072 Mamba slots, 4 Mamba
+A batch of B requests (B = 64, 256 and 1,024) on a pool of 1,024 rows and 3,080 Mamba slots, 4 Mamba
 layers, two track buffers per request (speculative decoding):
 
 - ``admit``: rows, running slots and track buffers for B fresh requests;
@@ -32,7 +32,7 @@ from kvpool.reference import mamba_lifecycle as ref_steps
 from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool as RefPool
 from kvpool.testing.machines.hybrid import MachineMambaReq as Req
 
-ROWS, SLOTS, LAYERS, TRACK = 1024, 3072, 4, 2
+ROWS, SLOTS, LAYERS, TRACK = 1024, 3080, 4, 2
 BATCHES = (64, 256, 1024)
 
 Setup = Callable[[], Callable[[], object]]
