@@ -194,3 +194,34 @@ class HybridReqToTokenSnapshot:
     mamba_pool: MambaPoolSnapshot
     mamba_mapping: tuple[int, ...]
     track_mapping: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class MambaNodeSnapshot:
+    """One node of a Mamba radix cache: its KV (``key`` tokens at ``value`` slots), its cached
+    state (``mamba_value``, None for a tombstone) and both lock counts."""
+
+    node_id: int
+    parent_id: int | None
+    key: tuple[int, ...]
+    extra_key: str | None
+    value: tuple[int, ...]
+    mamba_value: int | None
+    full_lock_ref: int
+    mamba_lock_ref: int
+    child_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class MambaTreeSnapshot:
+    """A Mamba radix cache: nodes (``nodes[0]`` the root), the evictable and protected sizes
+    (tokens for ``full_*``, states for ``mamba_*``) and both LRU orders (node ids, most recently
+    used first)."""
+
+    full_evictable_size: int
+    mamba_evictable_size: int
+    full_protected_size: int
+    mamba_protected_size: int
+    nodes: tuple[MambaNodeSnapshot, ...] = ()
+    full_lru: tuple[int, ...] = ()
+    mamba_lru: tuple[int, ...] = ()
