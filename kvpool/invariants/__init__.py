@@ -32,6 +32,7 @@ _OPTIONAL_MODULES = (
     "kvpool.invariants.lifecycle",
     "kvpool.invariants.promises",
     "kvpool.invariants.mamba",
+    "kvpool.invariants.mamba_tree",
 )
 for _name in _OPTIONAL_MODULES:
     try:

@@ -12,6 +12,7 @@ Scopes and the signature of their check functions (each raises
 - ``"req_to_token"``: ``(snap: ReqToTokenSnapshot, ctx: RowContext)``
 - ``"pool"``: ``(snap: PoolSnapshot, previous: PoolSnapshot | None)``
 - ``"mamba"``: ``(snap: HybridReqToTokenSnapshot, ctx: kvpool.invariants.mamba.MambaContext)``
+- ``"mamba_tree"``: ``(tree: MambaTreeSnapshot)``
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 
 from kvpool.snapshot import ReqToTokenSnapshot
 
-SCOPES: tuple[str, ...] = ("allocator", "req_to_token", "pool", "mamba")
+SCOPES: tuple[str, ...] = ("allocator", "req_to_token", "pool", "mamba", "mamba_tree")
 
 CheckFn = Callable[..., None]
 F = TypeVar("F", bound=CheckFn)
