@@ -26,6 +26,7 @@ COMPONENTS = (
     "req_to_token_pool",
     "radix_cache",
     "hybrid_req_to_token_pool",
+    "mamba_radix_cache",
 )
 
 

@@ -23,7 +23,9 @@ Factory shapes (every size comes from the :class:`~kvpool.config.PoolConfig`):
   ``config.mamba_track_buffers`` track buffers per request), with ``mamba_steps``: the module
   (or any object) holding the scheduler's Mamba steps over it (``admit``, ``stage_cow``,
   ``prepare_forward``, ``forward_state``, ``release_waiting``, ``release_running``; see
-  :mod:`kvpool.reference.mamba_lifecycle`).
+  :mod:`kvpool.reference.mamba_lifecycle`);
+- ``mamba_radix_cache(config, hybrid_req_to_token_pool, allocator)``: a ``MambaRadixCache`` over
+  the two objects given (page size 1), its keys made by ``radix_key``.
 
 A missing factory means the implementation does not provide that component; the harness says so
 rather than guessing a substitute.
@@ -44,6 +46,7 @@ COMPONENTS = (
     "radix_cache",
     "manager",
     "hybrid_req_to_token_pool",
+    "mamba_radix_cache",
 )
 """Component names, as ``kvpool verify --component`` spells them."""
 
@@ -60,6 +63,7 @@ class Implementation:
     manager: Callable[[PoolConfig], Any] | None = None
     hybrid_req_to_token_pool: Callable[[PoolConfig], Any] | None = None
     mamba_steps: Any = None
+    mamba_radix_cache: Callable[[PoolConfig, Any, Any], Any] | None = None
     rules: Rules | None = None
     """The rules this implementation follows; None: kvpool's default :class:`Rules`."""
     index: Callable[[Sequence[int]], Any] = list
@@ -75,6 +79,10 @@ class Implementation:
             )
         if component == "hybrid_req_to_token_pool":
             return self.hybrid_req_to_token_pool is not None and self.mamba_steps is not None
+        if component == "mamba_radix_cache":
+            return all(f is not None for f in (self.mamba_radix_cache, self.mamba_steps,
+                                               self.hybrid_req_to_token_pool, self.allocator,
+                                               self.radix_key))  # fmt: skip
         return getattr(self, component) is not None
 
 

@@ -24,6 +24,7 @@ def reference_implementation() -> Implementation:
     from kvpool.reference import mamba_lifecycle, radix_key
     from kvpool.reference.allocator import TokenToKVPoolAllocator
     from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool
+    from kvpool.reference.mamba_radix_cache import MambaRadixCache
     from kvpool.reference.memory_manager import MemoryManager
     from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
     from kvpool.reference.radix_cache import RadixCache
@@ -40,6 +41,9 @@ def reference_implementation() -> Implementation:
     def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         return RadixCache(pool, alloc, config.page_size, False, config.eviction_policy)
 
+    def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        return MambaRadixCache(pool, alloc, config.page_size)
+
     def hybrid(config: PoolConfig) -> Any:
         return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,
                                     _mamba_slots(config), config.mamba_layers,
@@ -54,6 +58,7 @@ def reference_implementation() -> Implementation:
         manager=MemoryManager,
         hybrid_req_to_token_pool=hybrid,
         mamba_steps=mamba_lifecycle,
+        mamba_radix_cache=mamba_tree,
     )
 
 
@@ -64,6 +69,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     from kvpool.optimized import mamba_lifecycle, radix_key
     from kvpool.optimized.allocator import TokenToKVPoolAllocator
     from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
+    from kvpool.optimized.mamba_radix_cache import MambaRadixCache
     from kvpool.optimized.memory_manager import MemoryManager
     from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
     from kvpool.optimized.radix_cache import RadixCache
@@ -87,6 +93,9 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     def manager(config: PoolConfig) -> Any:
         return MemoryManager(config, checked=checked, kernel_backend=backend)
 
+    def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        return MambaRadixCache(pool, alloc, config.page_size)
+
     def hybrid(config: PoolConfig) -> Any:
         return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,
                                     _mamba_slots(config), config.mamba_layers,
@@ -104,6 +113,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         manager=manager,
         hybrid_req_to_token_pool=hybrid,
         mamba_steps=mamba_lifecycle,
+        mamba_radix_cache=mamba_tree,
         index=index,
     )
 

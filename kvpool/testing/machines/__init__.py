@@ -3,7 +3,8 @@
 :data:`TARGETS` maps each component name of ``kvpool verify --component`` to its machine:
 ``allocator`` (:mod:`.allocator`), ``req_to_token_pool`` (:mod:`.table`), ``radix_cache``
 (:mod:`.radix`), ``manager`` (the whole lifecycle, :mod:`.lifecycle`) and
-``hybrid_req_to_token_pool`` (a hybrid model's table, Mamba slots and states, :mod:`.hybrid`).
+``hybrid_req_to_token_pool`` (a hybrid model's table, Mamba slots and states, :mod:`.hybrid`)
+and ``mamba_radix_cache`` (the hybrid prefix tree with state checkpoints, :mod:`.mamba_tree`).
 Each is driven by
 :class:`~kvpool.testing.machines.base.ComponentPair` (or, for the lifecycle, the existing
 :class:`~kvpool.testing.lockstep_driver.Lockstep`) through the one campaign runner.
@@ -22,6 +23,7 @@ from kvpool.testing.machines.base import Outcome as Outcome
 from kvpool.testing.machines.base import Target as Target
 from kvpool.testing.machines.hybrid import HybridTarget
 from kvpool.testing.machines.lifecycle import LifecycleTarget
+from kvpool.testing.machines.mamba_tree import MambaTreeTarget
 from kvpool.testing.machines.radix import RadixTarget
 from kvpool.testing.machines.table import TableTarget
 from kvpool.testing.swarm import Chooser, Op
@@ -32,6 +34,7 @@ TARGETS: dict[str, Target | LifecycleTarget] = {
     "radix_cache": RadixTarget(),
     "manager": LifecycleTarget(),
     "hybrid_req_to_token_pool": HybridTarget(),
+    "mamba_radix_cache": MambaTreeTarget(),
 }
 
 

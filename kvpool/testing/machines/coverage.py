@@ -47,6 +47,12 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "abort_waiting:freed", "abort_waiting:nothing", "evict:ok", "alloc_group_begin:ok",
         "alloc_group_end:ok", "clear:ok", "invalid:refused",
     ),
+    "mamba_radix_cache": (
+        "insert:ok", "insert:new-node", "insert:state-exists", "insert:revived-tombstone",
+        "insert:refused", "match:hit", "match:miss", "match:split", "match:cow",
+        "match:cow-evicted", "copy:copied", "forward:ok", "release:ok", "evict:leaf",
+        "evict:tombstone", "invalid:refused",
+    ),
 }  # fmt: skip
 """Tags each machine is expected to reach."""
 
