@@ -221,7 +221,8 @@ class ReqToTokenMachine(RuleBasedStateMachine):
             assert new > len(before.free_slots)
             assert self.pool.snapshot() == before
             return
-        expected_fresh = list(reversed(before.free_slots))[:new]
+        # Default rules (lifo): the last ``new`` free rows, as one block in list order.
+        expected_fresh = list(before.free_slots)[len(before.free_slots) - new :]
         assert rows == [r.req_pool_idx for r in kept] + expected_fresh
         for row in expected_fresh:
             assert self.pool.req_generation[row] == before.req_generation[row] + 1
