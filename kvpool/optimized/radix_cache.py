@@ -114,13 +114,14 @@ class RadixCache:
         return self.evictable_size_ + self.protected_size_
 
     # ------------------------------------------------------------------ walk helpers
-    def _split(self, child: TreeNode, at: int, now: float) -> TreeNode:
+    def _split(self, child: TreeNode, at: int) -> TreeNode:
         """Split ``child`` at token ``at`` (page-aligned, ``0 < at < len``): a new upper node with
-        the next id, created ``now``, takes ``child``'s place under its parent; ``child`` keeps its
-        id and becomes the lower half. Lock count, hits and priority are copied to the upper
-        node."""
+        the next id takes ``child``'s place under its parent; ``child`` keeps its id and becomes
+        the lower half. Lock count, hits and priority are copied to the upper node, which is
+        created at the walk's time (``child`` was just stamped with it)."""
         parent = child.parent
         assert parent is not None
+        now = child.last_access_time
         upper = self._new_node(child.key[:at], child.value[:at], parent, now)
         upper.hit_count = child.hit_count
         upper.priority = child.priority
@@ -166,7 +167,7 @@ class RadixCache:
                 matched = (matched // ps) * ps
             if matched < m:
                 lower = child
-                child = self._split(lower, matched, now)
+                child = self._split(lower, matched)
                 if not lower.children and lower.lock_ref == 0:
                     self._push(lower)  # the lower half's access time changed
             if priority is not None:

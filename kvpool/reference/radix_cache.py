@@ -143,12 +143,13 @@ class RadixCache:
     def _align(self, key: RadixKey) -> RadixKey:
         return key[: floor_align(len(key), self.page_size)]
 
-    def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
+    def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         """Cut ``child`` after ``split_len`` tokens; returns the new upper node (next id, created
-        ``now``)."""
+        at the walk's time, which ``child`` was just stamped with)."""
         parent = child.parent
         assert parent is not None
         dict_key = self._child_key(parent, child.key)
+        now = child.last_access_time
         upper = self._new_node(child.key[:split_len], child.value[:split_len], parent, now)
         upper.hit_count = child.hit_count
         upper.priority = child.priority
@@ -178,7 +179,7 @@ class RadixCache:
             n = self._match_len(child.key, key)
             split = n < len(child.key)
             if split:
-                child = self._split_node(child, n, now)
+                child = self._split_node(child, n)
             values.extend(child.value)
             node = child
             if split:
@@ -217,7 +218,7 @@ class RadixCache:
             child.last_access_time = now
             n = self._match_len(child.key, key)
             if n < len(child.key):
-                child = self._split_node(child, n, now)
+                child = self._split_node(child, n)
             child.priority = max(child.priority, priority)
             child.hit_count += 0 if chunked else 1
             total_prefix += n
