@@ -117,7 +117,8 @@ class ReqToTokenPool:
         ``n`` (fifo), in list order. Precondition: ``n <= len(free_slots)``."""
         if self.rules.row_order == "lifo":
             cut = len(self.free_slots) - n
-            taken, self.free_slots = self.free_slots[cut:], self.free_slots[:cut]
+            taken = self.free_slots[cut:]
+            del self.free_slots[cut:]  # O(n), like SGLang's pop from the tail
         else:
             taken, self.free_slots = self.free_slots[:n], self.free_slots[n:]
         self._free_set.difference_update(taken)
