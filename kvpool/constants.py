@@ -11,7 +11,15 @@ handed out: padded batches (CUDA-graph capture) write their dummy data there."""
 NO_LAST_LOC: Final[int] = -1
 """``last_loc`` of a request with an empty prefix: there is no slot of token ``P - 1``."""
 
-EVICTION_POLICIES: Final[tuple[str, ...]] = ("lru", "lfu", "fifo", "mru", "filo", "priority")
+EVICTION_POLICIES: Final[tuple[str, ...]] = (
+    "lru",
+    "lfu",
+    "fifo",
+    "mru",
+    "filo",
+    "priority",
+    "slru",
+)
 """Radix-cache eviction policies, by the names SGLang uses. ``lru`` is the default."""
 
 SUPPORTED_PAGE_SIZES_TESTED: Final[tuple[int, ...]] = (1, 2, 4, 16, 64)
