@@ -15,28 +15,49 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvpool.testing import selfcheck
-from kvpool.testing.campaign import CampaignResult, run_campaign
-from kvpool.testing.factories import load_factory, optimized_factory, reference_factory
+from kvpool.cli.args import add_parser, callable_spec, output_path, positive_float, positive_int
+
+if TYPE_CHECKING:
+    from kvpool.testing.campaign import CampaignResult
 
 
 def register(sub: Any) -> None:
     """Add the ``verify`` subcommand to ``sub`` (an argparse subparsers object)."""
-    p = sub.add_parser("verify", help="lockstep campaign: reference vs optimized (or --impl)")
-    p.add_argument("--seconds", type=float, default=60.0, help="time budget (default 60)")
-    p.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
-    p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
-    p.add_argument("--impl", default=None, help="MODULE:FACTORY to verify against the reference")
+    p = add_parser(sub, "verify", help="lockstep campaign: reference vs optimized (or --impl)",
+                   description=__doc__)  # fmt: skip
+    p.add_argument(
+        "--seconds",
+        type=positive_float,
+        default=60.0,
+        help="time budget of the campaign, in seconds",
+    )
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (any integer)")
+    p.add_argument(
+        "--report",
+        type=output_path,
+        default=None,
+        metavar="FILE.json",
+        help="also write the JSON report here (default: none)",
+    )
+    p.add_argument(
+        "--impl",
+        type=callable_spec,
+        default=None,
+        metavar="MODULE:FACTORY",
+        help="verify this factory (PoolConfig -> manager; MODULE:NAME or "
+        "path/to/file.py:NAME) against the reference (default: the optimized twin)",
+    )
     p.add_argument(
         "--backend",
         choices=("torch", "interpret"),
         default="torch",
-        help="kernel backend of the optimized twin (default torch)",
+        help="kernel backend of the optimized twin",
     )
-    p.add_argument("--steps-per-run", type=int, default=60, help="steps per configuration")
+    p.add_argument(
+        "--steps-per-run", type=positive_int, default=60, help="lockstep steps per configuration"
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
 
@@ -61,11 +82,15 @@ as time allows)."""
 
 def run(args: argparse.Namespace) -> int:
     """Run both phases; exit code 0 when nothing failed, 1 on a failure, 2 for a bad ``--impl``."""
+    from kvpool.testing import selfcheck
+    from kvpool.testing.campaign import run_campaign
+    from kvpool.testing.factories import load_factory, optimized_factory, reference_factory
+
     if args.impl:
         try:
             candidate, factory_b = args.impl, load_factory(args.impl)
-        except (ImportError, ValueError, TypeError) as exc:
-            print(f"kvpool verify: cannot load --impl {args.impl}: {exc}", file=sys.stderr)
+        except Exception as exc:  # any failure of the user's import is bad input
+            print(f"kvpool: error: verify: cannot load --impl {args.impl}: {exc}", file=sys.stderr)
             return 2
     else:
         candidate, factory_b = f"optimized[{args.backend}]", optimized_factory(args.backend)
