@@ -52,7 +52,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             return text
         if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
             shown = (
-                " ".join(map(str, default)) if isinstance(default, list | tuple) else "%(default)s"
+                ",".join(map(str, default)) if isinstance(default, list | tuple) else "%(default)s"
             )
             return f"{text} (default: {shown})"
         return text
