@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ def test_title_names_trace_requests_page_size_and_scale() -> None:
 def test_plot_axes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib.pyplot as plt
 
-    seen = []
+    seen: list[Any] = []
     monkeypatch.setattr(plt, "close", seen.append)  # keep the figure to inspect it
     plot(ROWS, tmp_path / "hit.png", "t.jsonl", 10, 16, 16)
     assert (tmp_path / "hit.png").read_bytes()[:4] == b"\x89PNG"
