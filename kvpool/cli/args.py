@@ -48,7 +48,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if "%(default)" in text or default in (None, False, argparse.SUPPRESS):
+        if (
+            "%(default)" in text
+            or default is None
+            or default is False
+            or default == argparse.SUPPRESS
+        ):
             return text
         if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
             shown = (
@@ -155,8 +160,19 @@ def fail(message: str) -> NoReturn:
     raise CLIError(message)
 
 
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """A docstring as terminal text: ``code`` and :role:`target` markup dropped."""
+    return _ROLE.sub(r"\1", text).replace("``", "")
+
+
 def add_parser(sub: Any, name: str, **kwargs: Any) -> Parser:
-    """``sub.add_parser(name, ...)`` with :class:`HelpFormatter` (a subparsers object)."""
+    """``sub.add_parser(name, ...)`` with :class:`HelpFormatter` (a subparsers object) and the
+    ``description`` (a module docstring, usually) as :func:`plain` text."""
     kwargs.setdefault("formatter_class", HelpFormatter)
+    if kwargs.get("description"):
+        kwargs["description"] = plain(kwargs["description"])
     parser: Parser = sub.add_parser(name, **kwargs)
     return parser

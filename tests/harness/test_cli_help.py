@@ -61,11 +61,12 @@ def test_top_level_help_is_whole() -> None:
 def test_every_option_is_explained_with_its_default(command: str) -> None:
     parser = _subparsers()[command]
     text = " ".join(parser.format_help().split())
+    assert "``" not in text and ":func:" not in text  # docstring markup, not for a terminal
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):
             continue
         assert action.help, f"{command} {action.dest}: no help"
-        if action.default not in (None, False):
+        if action.default is not None and action.default is not False:
             shown = ",".join(map(str, action.default)) if isinstance(action.default, tuple) else (
                 str(action.default))  # fmt: skip
             assert f"(default: {shown})" in text, f"{command} {action.dest}"
