@@ -50,7 +50,7 @@ FULL_BLOCK_TOKENS = 512
 
 _EPILOG = """\
 expected time (2 shared CPU cores, the default sample, 400 requests, --block-tokens 16):
-  one run (lockstep)                          ~ONE_RUN
+  one run (lockstep)                          ~3 min
   --compare-policies (6 runs, twin only)      ~2.5 min
   --plot (24 runs, twin only)                 ~10 min
 --block-tokens 512 replays the full prompts (~12,000 tokens each, 30x slower); the full traces
