@@ -25,6 +25,19 @@ EVICTION_POLICIES: Final[tuple[str, ...]] = (
 SUPPORTED_PAGE_SIZES_TESTED: Final[tuple[int, ...]] = (1, 2, 4, 16, 64)
 """The page sizes every stateful suite draws from."""
 
+KERNEL_OPS: Final[tuple[str, ...]] = (
+    "alloc_extend",
+    "alloc_decode",
+    "write_req_to_token",
+    "get_last_loc",
+    "create_flashinfer_kv_indices",
+    "create_flashmla_kv_indices",
+)
+"""The kernel ops the differential harness knows, by their :mod:`kvpool.kernels` names."""
+
+SHORT_FREE_LIST_MODES: Final[tuple[str, ...]] = ("off", "lenient", "strict")
+"""How the kernel harness draws too-few-free-pages inputs (:mod:`kvpool.testing.kernels`)."""
+
 
 def is_power_of_two(n: int) -> bool:
     """True for 1, 2, 4, 8, ...; False for 0, negatives and everything else."""
