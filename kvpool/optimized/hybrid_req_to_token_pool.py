@@ -19,6 +19,7 @@ from kvpool.optimized.mamba_allocator import MambaSlotAllocator
 from kvpool.optimized.mamba_pool import MambaPool
 from kvpool.optimized.req_to_token_pool import ReqToTokenPool
 from kvpool.protocols import MambaReqLike
+from kvpool.rules import Rules
 from kvpool.snapshot import HybridReqToTokenSnapshot
 
 NO_TRACK_SLOT = -1
@@ -37,10 +38,12 @@ class HybridReqToTokenPool(ReqToTokenPool):
         track_buffers: int = 0,
         device: str | torch.device = "cpu",
         checked: bool | None = None,
+        *,
+        rules: Rules | None = None,
     ) -> None:
         if track_buffers not in (0, 1, 2):
             raise ConfigError(f"track_buffers must be 0, 1 or 2, got {track_buffers!r}")
-        super().__init__(size, max_context_len, device=device, checked=checked)
+        super().__init__(size, max_context_len, device=device, checked=checked, rules=rules)
         self.mamba_pool = MambaPool(mamba_size, num_mamba_layers, device=device, checked=checked)
         self.mamba_allocator = MambaSlotAllocator(mamba_size, checked=checked)
         self.track_buffers = track_buffers

@@ -21,6 +21,7 @@ from kvpool.protocols import MambaReqLike
 from kvpool.reference.mamba_allocator import MambaSlotAllocator
 from kvpool.reference.mamba_pool import MambaPool
 from kvpool.reference.req_to_token_pool import ReqToTokenPool
+from kvpool.rules import Rules
 from kvpool.snapshot import HybridReqToTokenSnapshot
 
 NO_TRACK_SLOT = -1
@@ -37,10 +38,12 @@ class HybridReqToTokenPool(ReqToTokenPool):
         mamba_size: int,
         num_mamba_layers: int = 1,
         track_buffers: int = 0,
+        *,
+        rules: Rules | None = None,
     ) -> None:
         if track_buffers not in (0, 1, 2):
             raise ConfigError(f"track_buffers must be 0, 1 or 2, got {track_buffers!r}")
-        super().__init__(size, max_context_len)
+        super().__init__(size, max_context_len, rules=rules)
         self.mamba_pool = MambaPool(mamba_size, num_mamba_layers)
         self.mamba_allocator = MambaSlotAllocator(mamba_size)
         self.track_buffers = track_buffers

@@ -51,7 +51,7 @@ def reference_implementation() -> Implementation:
     def hybrid(config: PoolConfig) -> Any:
         return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,
                                     _mamba_slots(config), config.mamba_layers,
-                                    config.mamba_track_buffers)  # fmt: skip
+                                    config.mamba_track_buffers, rules=config.rules)  # fmt: skip
 
     return Implementation(
         "reference",
@@ -111,7 +111,8 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     def hybrid(config: PoolConfig) -> Any:
         return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,
                                     _mamba_slots(config), config.mamba_layers,
-                                    config.mamba_track_buffers, checked=checked)  # fmt: skip
+                                    config.mamba_track_buffers, checked=checked,
+                                    rules=config.rules)  # fmt: skip
 
     def index(values: Sequence[int]) -> Any:
         return torch.tensor(list(values), dtype=torch.int64)

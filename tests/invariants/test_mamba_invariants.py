@@ -120,7 +120,7 @@ def test_reference_pool_snapshots_pass() -> None:
 
     pool = HybridReqToTokenPool(4, 8, 6, num_mamba_layers=2, track_buffers=2)
     a = Req()
-    assert life.admit(pool, [a]) == [1]
+    assert life.admit(pool, [a]) == [4]
     life.prepare_forward(pool, [a])
     life.forward_state(pool, [a], [11])
     view = MambaReqView(

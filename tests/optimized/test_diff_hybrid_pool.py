@@ -72,7 +72,7 @@ def test_allocator_queue_order_and_groups(twin: Any) -> None:
 def test_alloc_refuses_for_want_of_slots_and_changes_nothing(twin: Any) -> None:
     pool = make(twin, 3, 8, 4, track_buffers=1)
     a, b, c = Req(), Req(), Req()
-    assert pool.alloc([a, b]) == [1, 2]
+    assert pool.alloc([a, b]) == [2, 3]  # a fresh table hands out its highest rows (lifo)
     assert (a.mamba_pool_idx, a.mamba_ping_pong_track_buffer, b.mamba_pool_idx) == (1, [2], 3)
     unchanged(pool, lambda: pool.alloc([c]), None)  # a row is free, two slots are not
     assert c.req_pool_idx is None and c.mamba_pool_idx is None
