@@ -156,6 +156,50 @@ def cow_shares_checkpoint(impl: Implementation) -> Implementation:
     return _with_step(impl, "stage_cow", make)
 
 
+def _with_tree(impl: Implementation, patch: Callable[[Any], None]) -> Implementation:
+    """``impl`` whose every Mamba radix cache is patched in place after it is built."""
+    assert impl.mamba_radix_cache is not None
+    build = impl.mamba_radix_cache
+
+    def make(config: Any, pool: Any, alloc: Any) -> Any:
+        tree = build(config, pool, alloc)
+        patch(tree)
+        return tree
+
+    return dataclasses.replace(impl, mamba_radix_cache=make)
+
+
+def evict_ignores_state_lock(impl: Implementation) -> Implementation:
+    """State eviction takes the state a running request still has to copy (its lock ignored)."""
+
+    def patch(tree: Any) -> None:
+        need(tree.mamba_lru_list, "_locked")
+        tree.mamba_lru_list._locked = lambda node: False
+
+    return _with_tree(impl, patch)
+
+
+def tombstone_leaf_kept(impl: Implementation) -> Implementation:
+    """Evicting a leaf leaves its childless tombstone parents in the tree (their KV leaks into
+    nodes no state can ever be matched from)."""
+
+    def patch(tree: Any) -> None:
+        need(tree, "_evict_leaf", "_detach")
+
+        def evict_leaf(leaf: Any) -> tuple[int, int]:
+            tree.token_to_kv_pool_allocator.free(leaf.value)
+            tree.req_to_token_pool.mamba_allocator.free([leaf.mamba_value])
+            tree.full_lru_list.remove(leaf)
+            tree.mamba_lru_list.remove(leaf)
+            tree._detach(leaf)
+            tree.mamba_evictable_size_ -= 1
+            return len(leaf.value), 1
+
+        tree._evict_leaf = evict_leaf
+
+    return _with_tree(impl, patch)
+
+
 MAMBA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("mamba-waiting-abort-leaks", "Mamba slot of an aborted waiting request leaked",
                     ("INV-MAMBA-ACCOUNTING",), waiting_abort_leaks),
@@ -166,6 +210,11 @@ MAMBA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("mamba-cow-shares-checkpoint", "cached state shared and overwritten in place",
                     ("INV-MAMBA-ONE-OWNER", "INV-MAMBA-CHECKPOINT", "lockstep-diff"),
                     cow_shares_checkpoint),
+    ComponentMutant("mamba-evict-locked-state", "eviction of a state a request still copies",
+                    ("INV-MAMBA-ONE-OWNER", "INV-MAMBA-ACCOUNTING", "lockstep-diff"),
+                    evict_ignores_state_lock, "mamba_radix_cache"),
+    ComponentMutant("mamba-tombstone-leaf-kept", "tombstone parents left behind as leaves",
+                    ("INV-MAMBA-TREE-SHAPE",), tombstone_leaf_kept, "mamba_radix_cache"),
 )  # fmt: skip
 """The Mamba field bugs of the quality suite."""
 

@@ -33,3 +33,13 @@ def test_registered_everywhere() -> None:
 
     assert NAME in TARGETS and NAME in CLI and NAME in COMPONENTS
     assert reference_implementation().provides(NAME) and optimized_implementation().provides(NAME)
+
+
+def test_mamba_tree_machine_is_clean_and_covers_the_catalogue() -> None:
+    tree = "mamba_radix_cache"
+    result = run_machine(tree, reference_implementation(), optimized_implementation(), 120.0,
+                         seed=1, steps_per_run=60, max_runs=60)  # fmt: skip
+    assert result.failure is None, result.failure and result.failure.report
+    missed = [t for t in CATALOGUE[tree] if not result.coverage.get(t)]
+    assert not missed, missed
+    assert tree in TARGETS and reference_implementation().provides(tree)

@@ -1,6 +1,7 @@
-"""The Mamba field bugs (:data:`kvpool.testing.mutants_mamba.MAMBA_MUTANTS`) are each caught by
-a detector they name, within a fixed, seeded budget of component-machine runs; the unmutated
-unchecked twin passes the same budget."""
+"""The Mamba seeded bugs (:data:`kvpool.testing.mutants_mamba.MAMBA_MUTANTS`: the four field bugs
+and two of the Mamba radix cache) are each caught by a detector they name, within a fixed,
+seeded budget of component-machine runs; the unmutated unchecked twin passes the same budget on
+both machines."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ FIELD_BUGS = {
 
 
 def test_every_field_bug_is_seeded() -> None:
-    assert {m.name for m in MAMBA_MUTANTS} == FIELD_BUGS
+    assert {m.name for m in MAMBA_MUTANTS} >= FIELD_BUGS
     assert all(m.expected for m in MAMBA_MUTANTS)
+    assert {m.component for m in MAMBA_MUTANTS} == {"hybrid_req_to_token_pool", "mamba_radix_cache"}
 
 
-def test_unmutated_twin_passes_the_same_budget() -> None:
-    clean = ComponentMutant("no-bug", "control", ("none",), lambda impl: impl)
+@pytest.mark.parametrize("component", ["hybrid_req_to_token_pool", "mamba_radix_cache"])
+def test_unmutated_twin_passes_the_same_budget(component: str) -> None:
+    clean = ComponentMutant("no-bug", "control", ("none",), lambda impl: impl, component)
     result = hunt_component(clean)
     assert not result.caught, result.report
 
