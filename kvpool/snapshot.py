@@ -148,6 +148,8 @@ class PoolSnapshot:
     sessions: tuple[SessionSnapshot, ...] = ()
     max_total_num_tokens: int = 0
     extra: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+    mamba: HybridStateSnapshot | None = None
+    """Hybrid (Mamba) models only: the Mamba slots and states."""
 
 
 @dataclass(frozen=True)
@@ -225,3 +227,25 @@ class MambaTreeSnapshot:
     nodes: tuple[MambaNodeSnapshot, ...] = ()
     full_lru: tuple[int, ...] = ()
     mamba_lru: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class MambaReqSnapshot:
+    """A live request's Mamba state as the lifecycle sees it: its row (None: waiting), running
+    slot, track-buffer slots and the state tag its slot must hold (None: not known)."""
+
+    rid: str
+    row: int | None
+    slot: int | None
+    track: tuple[int, ...] = ()
+    expected_tag: int | None = None
+
+
+@dataclass(frozen=True)
+class HybridStateSnapshot:
+    """The Mamba side of a hybrid memory manager: the hybrid pool and every live request's
+    Mamba slots (the prefix cache holds no state: kvpool's lifecycle runs hybrid models with the
+    radix cache off)."""
+
+    pool: HybridReqToTokenSnapshot
+    reqs: tuple[MambaReqSnapshot, ...] = ()

@@ -10,13 +10,13 @@ exact accounting off; the other checks still run.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import InvariantViolation
-from kvpool.invariants.registry import invariant, run_scope
-from kvpool.snapshot import HybridReqToTokenSnapshot
+from kvpool.invariants.registry import INVARIANTS, invariant, run_scope
+from kvpool.snapshot import HybridReqToTokenSnapshot, PoolSnapshot
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,31 @@ def check_state_integrity(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> 
     _fail("INV-MAMBA-STATE-INTEGRITY", "Mamba slots whose state is not their request's",
           [r.slot for r in ctx.reqs if r.slot is not None and r.expected_tag is not None
            and 0 < r.slot <= pool.size and pool.state_tag(r.slot) != r.expected_tag])  # fmt: skip
+
+
+def _pool_scope(check: Callable[[HybridReqToTokenSnapshot, MambaContext], None]) -> Callable[
+    [PoolSnapshot, PoolSnapshot | None], None
+]:  # fmt: skip
+    """``check`` at pool scope: on a hybrid manager's snapshot, with the live requests as the
+    only owners (the lifecycle's prefix cache holds no state)."""
+
+    def run(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+        if snap.mamba is None:
+            return
+        views = tuple(MambaReqView(r.rid, r.row, r.slot, r.track, r.expected_tag)
+                      for r in snap.mamba.reqs)  # fmt: skip
+        check(snap.mamba.pool, MambaContext(views))
+
+    return run
+
+
+for _id, _check in (
+    ("INV-MAMBA-ONE-OWNER", check_one_owner),
+    ("INV-MAMBA-ACCOUNTING", check_accounting),
+    ("INV-MAMBA-REQ-SLOT", check_req_slot),
+    ("INV-MAMBA-STATE-INTEGRITY", check_state_integrity),
+):
+    invariant(_id, INVARIANTS[_id].description, scope="pool")(_pool_scope(_check))
 
 
 def check_mamba(snap: HybridReqToTokenSnapshot, ctx: MambaContext | None = None) -> int:

@@ -29,6 +29,7 @@ from kvpool.injection import check_shared, resolve
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.chunk_cache import ChunkCache
 from kvpool.optimized.kv_cache import MHATokenToKVPool, MLATokenToKVPool
+from kvpool.optimized.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.radix_cache import RadixCache
 from kvpool.optimized.req import Req
@@ -79,15 +80,20 @@ class LifecyclePrimitives:
         self.config = config
         self.device = dev = torch.device(device)
         ps = self.page_size = config.page_size
+        check_hybrid_config(config)
         self.req_to_token_pool: ReqToTokenPool = resolve(
             "req_to_token_pool",
             req_to_token_pool,
-            lambda: ReqToTokenPool(
-                config.req_pool_size,
-                config.max_context_len,
-                device=dev,
-                checked=checked,
-                rules=config.rules,
+            lambda: (
+                ReqToTokenPool(
+                    config.req_pool_size,
+                    config.max_context_len,
+                    device=dev,
+                    checked=checked,
+                    rules=config.rules,
+                )
+                if config.mamba_slots is None
+                else hybrid_pool(config, dev, checked)
             ),
             config,
         )
@@ -116,6 +122,8 @@ class LifecyclePrimitives:
         self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = resolve(
             "kv_cache", kv_cache, lambda: self._default_kv_cache(dev, checked), config
         )
+        self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
+        """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
         self.capacity_refusals = 0
         """Allocations the allocator refused after the capacity check admitted them."""
         self.reqs: dict[str, Req] = {}
@@ -292,9 +300,13 @@ class LifecyclePrimitives:
             raise ContextOverflowError(f"seq_lens {seqs} past max_context_len")
         if fresh > self.req_to_token_pool.available_size():
             raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.check_admission(reqs)
         last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens, strict=True)]
         out = self._alloc_slots(prefix_lens, seqs, last_locs)
         rows = self.alloc_req_slots(reqs)
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.after_admission(reqs)
         pos = 0
         write = self.req_to_token_pool.write
         for req, row, p, s in zip(reqs, rows, prefix_lens, seqs, strict=True):
@@ -350,6 +362,8 @@ class LifecyclePrimitives:
         if req.kv_allocated_len > start:
             over = self.req_to_token_pool.read(row, start, req.kv_allocated_len)
             self.token_to_kv_pool_allocator.free(over.to(torch.int64))
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.before_release(req)
         self.req_to_token_pool.free(req)
         req.reset_kv_fields()
 
@@ -359,6 +373,8 @@ class LifecyclePrimitives:
         slots = self.req_to_token_pool.read(req.req_pool_idx, start, stop)
         tags = torch.from_numpy(req.kv_tags_upto(stop)[start:stop])
         self.kv_cache.write_tags(slots, tags)
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.after_write(req, stop)
 
 
 __all__ = ["LifecyclePrimitives"]

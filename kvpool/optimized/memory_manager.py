@@ -238,7 +238,10 @@ class MemoryManager(LifecyclePrimitives):
         req.state = "waiting"
 
     def open_session(self, session_id: str) -> None:
-        """Create an empty session slot."""
+        """Create an empty session slot (InvalidArgumentError for a hybrid model, see the
+        reference)."""
+        if self.mamba_hooks is not None:
+            raise InvalidArgumentError("sessions of hybrid (Mamba) models are not modelled")
         if session_id in self.sessions:
             raise InvalidArgumentError(f"session {session_id!r} already exists")
         self.sessions[session_id] = SessionSlot(session_id)

@@ -88,6 +88,7 @@ class Req:
         self.cache_protected_len = 0
         self.is_chunked = 0
         self.matched = False
+        self._reset_mamba_fields()
         self._array: TokenArray = np.empty(0, dtype=np.int32)
         self._tags: TokenArray = np.empty(0, dtype=np.int64)
 
@@ -130,6 +131,15 @@ class Req:
             self._tags = tags = np.concatenate((tags, grown))
         return tags[:stop]
 
+    def _reset_mamba_fields(self) -> None:
+        """Hybrid models: the Mamba slot, its pending clear or copy, the track buffers
+        (:class:`kvpool.protocols.MambaReqLike`); None / False for other models."""
+        self.mamba_pool_idx: int | None = None
+        self.mamba_needs_clear = False
+        self.mamba_cow_src_index: int | None = None
+        self.mamba_ping_pong_track_buffer: list[int] | None = None
+        self.mamba_next_track_idx: int | None = None
+
     def reset_kv_fields(self) -> None:
         """Forget every pool resource (after they were released or handed over)."""
         self.req_pool_idx = None
@@ -141,6 +151,7 @@ class Req:
         self.cache_protected_len = 0
         self.is_chunked = 0
         self.matched = False
+        self._reset_mamba_fields()
 
     def __repr__(self) -> str:
         return (

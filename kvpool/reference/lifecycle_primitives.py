@@ -30,6 +30,7 @@ from kvpool.injection import check_shared, resolve
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.reference.chunk_cache import ChunkCache
 from kvpool.reference.kv_cache import MHATokenToKVPool, MLATokenToKVPool, kv_cache_from_config
+from kvpool.reference.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.paged_ops import decode_new_pages, eviction_target, extend_new_pages
 from kvpool.reference.radix_cache import RadixCache
@@ -60,10 +61,15 @@ class LifecyclePrimitives:
         self.config = config
         ps = self.page_size = config.page_size
         rules = config.rules
+        check_hybrid_config(config)
         self.req_to_token_pool: ReqToTokenPool = resolve(
             "req_to_token_pool",
             req_to_token_pool,
-            lambda: ReqToTokenPool(config.req_pool_size, config.max_context_len, rules=rules),
+            lambda: (
+                ReqToTokenPool(config.req_pool_size, config.max_context_len, rules=rules)
+                if config.mamba_slots is None
+                else hybrid_pool(config)
+            ),
             config,
         )
         self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = resolve(
@@ -93,6 +99,8 @@ class LifecyclePrimitives:
         self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = resolve(
             "kv_cache", kv_cache, lambda: kv_cache_from_config(config), config
         )
+        self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
+        """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
         self.capacity_refusals = 0
         """Allocations the allocator refused after the capacity check admitted them."""
         self.reqs: dict[str, Req] = {}
@@ -211,9 +219,13 @@ class LifecyclePrimitives:
             raise ContextOverflowError(f"seq_lens {seqs} past max_context_len")
         if fresh > self.req_to_token_pool.available_size():
             raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.check_admission(reqs)
         last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens, strict=True)]
         out = self._alloc_slots(prefix_lens, seqs, last_locs)
         rows = self.alloc_req_slots(reqs)
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.after_admission(reqs)
         pos = 0
         for req, row, p, s in zip(reqs, rows, prefix_lens, seqs, strict=True):
             new = out[pos : pos + s - p]
@@ -271,6 +283,8 @@ class LifecyclePrimitives:
         if req.kv_allocated_len > start:
             over = self.req_to_token_pool.read(row, start, req.kv_allocated_len)
             self.token_to_kv_pool_allocator.free(over)
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.before_release(req)
         self.req_to_token_pool.free(req)
         req.reset_kv_fields()
 
@@ -280,6 +294,8 @@ class LifecyclePrimitives:
         slots = self.req_to_token_pool.read(req.req_pool_idx, start, stop)
         tags = kv_tags(req.all_token_ids[:stop], req.extra_key)[start:stop]
         self.kv_cache.write_tags(slots, tags)
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.after_write(req, stop)
 
 
 __all__ = ["LifecyclePrimitives"]

@@ -54,6 +54,7 @@ class Req:
         self.cache_protected_len = 0
         self.is_chunked = 0
         self.matched = False
+        self._reset_mamba_fields()
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -63,6 +64,15 @@ class Req:
     def seq_len(self) -> int:
         """Tokens in the full token list."""
         return len(self.origin_input_ids) + len(self.output_ids)
+
+    def _reset_mamba_fields(self) -> None:
+        """Hybrid models: the Mamba slot, its pending clear or copy, the track buffers
+        (:class:`kvpool.protocols.MambaReqLike`); None / False for other models."""
+        self.mamba_pool_idx: int | None = None
+        self.mamba_needs_clear = False
+        self.mamba_cow_src_index: int | None = None
+        self.mamba_ping_pong_track_buffer: list[int] | None = None
+        self.mamba_next_track_idx: int | None = None
 
     def reset_kv_fields(self) -> None:
         """Forget every pool resource (after they were released or handed over)."""
@@ -75,6 +85,7 @@ class Req:
         self.cache_protected_len = 0
         self.is_chunked = 0
         self.matched = False
+        self._reset_mamba_fields()
 
     def __repr__(self) -> str:
         return (

@@ -219,6 +219,25 @@ MAMBA_MUTANTS: tuple[ComponentMutant, ...] = (
 """The Mamba field bugs of the quality suite."""
 
 
+def lifecycle_prefill_release_keeps_slot(mm: Any) -> None:
+    """Lifecycle form of the prefill field bug (a manager patch, see
+    :mod:`kvpool.testing.mutant_base`): a request released between prefill chunks (aborted or
+    retracted) keeps its Mamba slot."""
+    hooks = mm.mamba_hooks
+    need(hooks, "before_release")
+    original = hooks.before_release
+
+    def before_release(req: Any) -> None:
+        if not req.is_chunked:
+            original(req)
+
+    hooks.before_release = before_release
+
+
+HYBRID_LIFECYCLE = {"disable_radix_cache": True, "mamba_slots": 3, "mamba_track_buffers": 1}
+"""Config overrides of the lifecycle hunts of Mamba bugs: a hybrid model, few slots."""
+
+
 def hunt_component(
     mutant: ComponentMutant, runs: int = 40, steps: int = 40, seed: int = 0
 ) -> HuntResult:
@@ -238,4 +257,10 @@ def hunt_component(
     )  # fmt: skip
 
 
-__all__ = ["MAMBA_MUTANTS", "ComponentMutant", "hunt_component"]
+__all__ = [
+    "HYBRID_LIFECYCLE",
+    "MAMBA_MUTANTS",
+    "ComponentMutant",
+    "hunt_component",
+    "lifecycle_prefill_release_keeps_slot",
+]

@@ -77,8 +77,14 @@ class Op:
         return f"{self.name}({', '.join(parts)}){mark}"
 
 
-def draw_config(c: Chooser, page_size: int | None = None, **overrides: Any) -> PoolConfig:
-    """A small pool configuration. ``page_size`` and ``overrides`` pin fields (focused runs)."""
+def draw_config(
+    c: Chooser, page_size: int | None = None, hybrid: bool = False, **overrides: Any
+) -> PoolConfig:
+    """A small pool configuration. ``page_size`` and ``overrides`` pin fields (focused runs).
+    ``hybrid``: the candidate models hybrid (Mamba) models, so configurations with the radix
+    cache off and ``need_sort`` (one in eight) get a few Mamba slots, fewer than rows, so that
+    admission is often refused for want of them (no extra draw: the other fields, and so every
+    seed's run, stay as they were)."""
     ps = page_size if page_size is not None else c.choice(SUPPORTED_PAGE_SIZES_TESTED)
     pages = c.integer(4, 24) if ps <= 2 else c.integer(3, 12 if ps <= 4 else 8)
     fields: dict[str, Any] = {
@@ -93,6 +99,15 @@ def draw_config(c: Chooser, page_size: int | None = None, **overrides: Any) -> P
         "kv_layout": c.choice(("mha", "mla")),
     }
     fields.update(overrides)
+    if (
+        hybrid
+        and fields["disable_radix_cache"]
+        and fields["need_sort"]
+        and "mamba_slots" not in overrides
+    ):
+        fields["mamba_slots"] = max(1, fields["req_pool_size"] - 2 + pages % 2)
+        fields["mamba_track_buffers"] = pages % 3
+        fields["mamba_layers"] = 1 + pages % 2
     return PoolConfig(**fields)
 
 

@@ -105,7 +105,8 @@ class LifecycleTarget:
     name = "manager"
 
     def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
-        return draw_config(c, rules=impl.rules or PoolConfig().rules)
+        hybrid = impl.hybrid_req_to_token_pool is not None
+        return draw_config(c, hybrid=hybrid, rules=impl.rules or PoolConfig().rules)
 
     def pair(
         self,

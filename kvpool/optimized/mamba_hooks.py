@@ -1,0 +1,89 @@
+"""The lifecycle's Mamba hooks (optimized twin): what a hybrid model adds to every path.
+
+Same hooks, call points, results and errors as :mod:`kvpool.reference.mamba_hooks` (read its
+docstring). The state tag of a forward is the request's cached running KV tag of its last
+computed token (equal to :func:`kvpool.tags.mamba_state_tag` of the tokens so far), and the
+device work goes through the twin's batched Mamba steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from kvpool.config import PoolConfig
+from kvpool.errors import OutOfMemoryError
+from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
+from kvpool.optimized.mamba_lifecycle import forward_state, prepare_forward
+from kvpool.optimized.req import Req
+from kvpool.reference.mamba_hooks import check_hybrid_config
+from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot
+from kvpool.tags import mamba_state_tag
+
+
+def hybrid_pool(
+    config: PoolConfig, device: str | torch.device = "cpu", checked: bool | None = None
+) -> HybridReqToTokenPool:
+    """The request table of a hybrid configuration."""
+    assert config.mamba_slots is not None
+    return HybridReqToTokenPool(config.req_pool_size, config.max_context_len, config.mamba_slots,
+                                config.mamba_layers, config.mamba_track_buffers, device=device,
+                                checked=checked, rules=config.rules)  # fmt: skip
+
+
+def mamba_hooks_for(pool: object) -> MambaHooks | None:
+    """Hooks over ``pool`` when it is a hybrid pool, else None."""
+    return MambaHooks(pool) if isinstance(pool, HybridReqToTokenPool) else None
+
+
+class MambaHooks:
+    """The Mamba work of the lifecycle over ``pool`` (see the module docstring)."""
+
+    def __init__(self, pool: HybridReqToTokenPool) -> None:
+        self.pool = pool
+
+    def check_admission(self, reqs: Sequence[Req]) -> None:
+        """OutOfMemoryError (nothing changed) when the batch needs more Mamba slots than are
+        free."""
+        need = self.pool.mamba_slots_needed(reqs)
+        free = self.pool.mamba_allocator.schedulable_available_size()
+        if need > free:
+            raise OutOfMemoryError(f"need {need} Mamba slots; {free} free")
+
+    def after_admission(self, reqs: Sequence[Req]) -> None:
+        """Zero the state of every request given a fresh slot."""
+        prepare_forward(self.pool, reqs)
+
+    def after_write(self, req: Req, stop: int) -> None:
+        """The forward computed tokens up to ``stop``: the state is that of ``tokens[:stop]``."""
+        tag = int(req.kv_tags_upto(stop)[stop - 1]) if stop > 0 else 0
+        forward_state(self.pool, [req], [tag])
+
+    def before_release(self, req: Req) -> None:
+        """Give back the request's Mamba slot and track buffers (it holds them with its row)."""
+        if req.mamba_pool_idx is not None:
+            self.pool.free_mamba_cache(req)
+
+    def snapshot(self, reqs: Iterable[Req]) -> HybridStateSnapshot:
+        """The hybrid pool and every live request's Mamba slots with the state they must hold:
+        that of every token whose KV is computed (``kv_committed_len``)."""
+        views = tuple(
+            MambaReqSnapshot(
+                rid=r.rid,
+                row=r.req_pool_idx,
+                slot=r.mamba_pool_idx,
+                track=tuple(r.mamba_ping_pong_track_buffer or ()),
+                expected_tag=(
+                    None
+                    if r.mamba_pool_idx is None or r.mamba_needs_clear
+                    else mamba_state_tag(r.all_token_ids[: r.kv_committed_len], r.extra_key)
+                ),
+            )
+            for r in reqs
+            if r.req_pool_idx is not None or r.mamba_pool_idx is not None
+        )
+        return HybridStateSnapshot(self.pool.hybrid_snapshot(), views)
+
+
+__all__ = ["MambaHooks", "check_hybrid_config", "hybrid_pool", "mamba_hooks_for"]

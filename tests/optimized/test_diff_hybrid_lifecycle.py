@@ -1,0 +1,87 @@
+"""A hybrid model through the lifecycle, on both twins: admission refused for want of Mamba
+slots changes nothing; every release path (finish, abort and retract, inside prefill or not)
+gives the Mamba slot and track buffers back; every step's snapshot passes every invariant,
+the Mamba ones included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvpool import optimized, reference
+from kvpool.config import PoolConfig
+from kvpool.errors import ConfigError, InvalidArgumentError, OutOfMemoryError
+from kvpool.invariants import check_all
+from kvpool.tags import mamba_state_tag
+
+HYBRID = PoolConfig(size=64, req_pool_size=4, max_context_len=32, disable_radix_cache=True,
+                    mamba_slots=3, mamba_track_buffers=1, mamba_layers=2)  # fmt: skip
+TWINS = pytest.mark.parametrize("twin", [reference, optimized], ids=["reference", "optimized"])
+
+
+def manager(twin: Any, config: PoolConfig = HYBRID) -> Any:
+    return (
+        twin.MemoryManager(config)
+        if twin is reference
+        else twin.MemoryManager(config, checked=True)
+    )
+
+
+def free_mamba(mm: Any) -> tuple[int, ...]:
+    snap = mm.snapshot()
+    check_all(snap)
+    assert snap.mamba is not None
+    return snap.mamba.pool.mamba_allocator.free_slots
+
+
+@TWINS
+def test_admission_refused_for_want_of_slots_changes_nothing(twin: Any) -> None:
+    mm = manager(twin)
+    mm.new_req("a", [1, 2, 3])
+    mm.new_req("b", [4, 5])
+    mm.extend(["a"])  # a running slot and a track buffer: 2 of 3 slots
+    assert free_mamba(mm) == (3,)
+    before = mm.snapshot()
+    with pytest.raises(OutOfMemoryError):
+        mm.extend(["b"])  # needs 2 slots, 1 free
+    assert mm.snapshot() == before
+    mm.finish(["a"])
+    assert free_mamba(mm) == (3, 1, 2)
+    mm.extend(["b"])
+    req = mm.snapshot().mamba.reqs[0]
+    assert (req.rid, req.slot, req.track, req.expected_tag) == (
+        "b",
+        3,
+        (1,),
+        mamba_state_tag([4, 5]),
+    )
+
+
+@TWINS
+def test_every_release_path_gives_the_slots_back(twin: Any) -> None:
+    mm = manager(twin)
+    mm.new_req("c", [1, 2, 3, 4, 5, 6])
+    mm.extend(["c"], [3])  # inside prefill
+    assert mm.snapshot().mamba.reqs[0].expected_tag == mamba_state_tag([1, 2, 3])
+    mm.abort("c")
+    assert free_mamba(mm) == (3, 1, 2)
+    mm.new_req("d", [7, 8])
+    mm.extend(["d"])
+    mm.decode(["d"], [9])
+    assert mm.snapshot().mamba.reqs[0].expected_tag == mamba_state_tag([7, 8, 9])
+    mm.retract("d")  # back to waiting: no slot while it waits
+    assert free_mamba(mm) == (2, 3, 1) and mm.snapshot().mamba.reqs == ()
+    mm.extend(["d"])
+    mm.finish(["d"], is_insert=False)
+    assert free_mamba(mm) == (1, 2, 3)
+
+
+@TWINS
+def test_hybrid_scope(twin: Any) -> None:
+    with pytest.raises(ConfigError):  # the Mamba radix cache is a component, not in the lifecycle
+        manager(twin, PoolConfig(mamba_slots=4))
+    mm = manager(twin)
+    with pytest.raises(InvalidArgumentError):
+        mm.open_session("s")
+    assert manager(twin, PoolConfig()).snapshot().mamba is None
