@@ -6,8 +6,8 @@ request or session and must keep. Units: tokens.
   half-owned when it is released.
 - ``INV-CAPACITY-HONOURED``: when the manager's capacity check passed, the allocator served the
   allocation (``snapshot.extra["capacity_refusals"]`` counts the refusals after a passed check).
-- ``INV-SESSION-HELD``: a session's held KV never shrinks between two snapshots in which it
-  holds KV (only closing it, or handing it to its next turn, lets it go).
+- ``INV-SESSION-HELD``: a session's held length (committed tokens) never shrinks between two
+  snapshots in which it holds KV (only closing it, or handing it to its next turn, lets it go).
 """
 
 from __future__ import annotations
