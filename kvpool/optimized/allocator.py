@@ -24,7 +24,7 @@ import torch
 
 from kvpool import kernels
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
-from kvpool.errors import AlignmentError, ConfigError, InvalidArgumentError, PageSizeError
+from kvpool.errors import ConfigError, InvalidArgumentError, PageSizeError
 from kvpool.optimized.checked import resolve_checked
 from kvpool.optimized.paged_ops import (
     HostLens,
@@ -37,6 +37,7 @@ from kvpool.optimized.paged_ops import (
     extend_new_pages_host,
     pages_to_slots,
 )
+from kvpool.optimized.segment_free import SegmentFrees
 from kvpool.rules import Rules
 from kvpool.snapshot import AllocatorSnapshot
 
@@ -46,7 +47,7 @@ FreeListState = tuple[torch.Tensor, torch.Tensor]
 IndexLike = torch.Tensor | Sequence[int]
 
 
-class BaseTokenToKVPoolAllocator:
+class BaseTokenToKVPoolAllocator(SegmentFrees):
     """Page allocator over ``size // page_size`` pages with ids ``1..num_pages`` (twin of
     :class:`kvpool.reference.allocator.BaseTokenToKVPoolAllocator`; same methods and results).
 
@@ -197,32 +198,6 @@ class BaseTokenToKVPoolAllocator:
                 self._pending_mask[slots] = True
             return
         self._return_pages(slots.to(torch.int64))
-
-    def free_page_ids(self, page_ids: IndexLike) -> None:
-        """Free exactly these pages, in the given order (see the reference); inside a free
-        group they are buffered with the slot frees."""
-        pages = self._as_index(page_ids).to(torch.int64)
-        if pages.numel() == 0:
-            return
-        firsts = pages * self.page_size
-        if self._in_free_group:
-            self.free(firsts)
-            return
-        if self._free_mask is not None:  # a page named twice is a double free
-            check_free_slots(firsts, self._free_mask, self.page_size, True, None)
-        self._return_pages_in_order(pages)
-
-    def free_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
-        """Free the pages of a segment starting at column ``start_pos`` (page-aligned, else
-        AlignmentError): one page per ``page_size`` slots, in order (see the reference)."""
-        slots = self._as_index(free_index).to(torch.int64)
-        if slots.numel() == 0:
-            return
-        if start_pos % self.page_size:
-            raise AlignmentError(f"segment start {start_pos} is not page-aligned")
-        if self._free_mask is not None:
-            check_free_slots(slots, self._free_mask, self.page_size, False, None)
-        self.free_page_ids(slots[:: self.page_size] // self.page_size)
 
     def _return_pages_in_order(self, pages: torch.Tensor) -> None:
         """Put ``pages`` back in the given order (page size 1: as :meth:`_return_pages`)."""

@@ -23,7 +23,6 @@ from typing import Any
 
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import (
-    AlignmentError,
     ConfigError,
     DoubleFreeError,
     IndexOutOfRangeError,
@@ -38,6 +37,7 @@ from kvpool.reference.paged_ops import (
     extend_new_pages,
     validate_extend_args,
 )
+from kvpool.reference.segment_free import SegmentFrees
 from kvpool.rules import Rules
 from kvpool.snapshot import AllocatorSnapshot
 
@@ -45,7 +45,7 @@ FreeListState = tuple[tuple[int, ...], tuple[int, ...]]
 """What :meth:`BaseTokenToKVPoolAllocator.backup_state` returns: ``(free_pages, release_pages)``."""
 
 
-class BaseTokenToKVPoolAllocator:
+class BaseTokenToKVPoolAllocator(SegmentFrees):
     """Page allocator over ``size // page_size`` pages with ids ``1..num_pages``.
 
     Subclasses choose how freed pages re-enter the free list (:meth:`_return_pages`) and whether a
@@ -191,35 +191,6 @@ class BaseTokenToKVPoolAllocator:
             self._pending_free.extend(slots)
             return
         self._return_pages(pages)
-
-    def free_page_ids(self, page_ids: Sequence[int]) -> None:
-        """Free exactly these pages, in the given order (SGLang 0.5.23): no sort and no
-        de-duplication (a page named twice is a double free). Paged: they go in front of
-        ``free_pages`` as given. Inside a free group they are buffered with the slot frees
-        (0.5.23 releases them after the group's slot frees: specs/fidelity.md)."""
-        pages = [int(p) for p in page_ids]
-        if not pages:
-            return
-        if self._in_free_group:
-            self.free(self._slots_of(pages)[:: self.page_size])
-            return
-        self._validate_free([p * self.page_size for p in pages], [])
-        twice = sorted({p for p in pages if pages.count(p) > 1})
-        if twice:
-            raise DoubleFreeError("pages named twice in one free_page_ids", twice)
-        self._return_pages_in_order(pages)
-
-    def free_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:
-        """Free the pages of a segment of a sequence that starts at column ``start_pos`` (a
-        multiple of ``page_size``, else AlignmentError): one page per ``page_size`` slots, in
-        order, through :meth:`free_page_ids` (SGLang 0.5.23's tree frees)."""
-        slots = list(free_index)
-        if not slots:
-            return
-        if start_pos % self.page_size:
-            raise AlignmentError(f"segment start {start_pos} is not page-aligned")
-        self._validate_free(slots, [])
-        self.free_page_ids([s // self.page_size for s in slots[:: self.page_size]])
 
     def _return_pages_in_order(self, pages: list[int]) -> None:
         """Put ``pages`` back in the given order (page size 1: as :meth:`_return_pages`)."""
