@@ -32,7 +32,8 @@ def free_mamba(mm: Any) -> tuple[int, ...]:
     snap = mm.snapshot()
     check_all(snap)
     assert snap.mamba is not None
-    return snap.mamba.pool.mamba_allocator.free_slots
+    free: tuple[int, ...] = snap.mamba.pool.mamba_allocator.free_slots
+    return free
 
 
 @TWINS
