@@ -63,7 +63,8 @@ def _assert_same(ours: Recorder, theirs: Recorder) -> None:
 def test_implementation_bundle(sgl: SGLangModules) -> None:
     impl = implementation(sgl.source.origin if sgl.source.wheel is None else str(sgl.source.wheel))
     assert impl.rules == Rules.for_sglang(sgl.version)
-    assert impl.provides("radix_cache") and not impl.provides("manager")
+    assert impl.provides("radix_cache") and impl.manager is None
+    assert impl.provides("manager")  # the twin's manager around SGLang's components
     config = _config(sgl, size=64, page_size=4)
     alloc = impl.allocator(config)  # type: ignore[misc]
     assert isinstance(alloc, SGLangAllocator) and alloc.available_size() == 64
