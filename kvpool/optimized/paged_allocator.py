@@ -70,14 +70,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self.free_pages = torch.cat((pages, self.free_pages))
 
     def _return_pages(self, slots: torch.Tensor) -> None:
-        pages = self._sorted_unique_pages(slots)
-        self._mark_free(pages)
-        if self.need_sort and self.rules.release_order == "append":
-            self.release_pages = torch.cat((self.release_pages, pages))
-        elif self.need_sort:
-            self.release_pages = torch.cat((pages, self.release_pages))
-        else:
-            self.free_pages = torch.cat((pages, self.free_pages))
+        self._return_pages_in_order(self._sorted_unique_pages(slots))
 
     def _sorted_unique_pages(self, slots: torch.Tensor) -> torch.Tensor:
         """The sorted unique pages of ``slots`` (valid slots, so >= 0: a shift divides)."""

@@ -54,13 +54,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         # The freed pages, sorted and unique, go in front of free_pages (or, under need_sort, in
         # front of release_pages as SGLang 0.5.16 does, behind them as 0.5.23's staged pages;
         # a merge sorts them anyway).
-        ordered = sorted(pages)
-        if self.need_sort and self.rules.release_order == "append":
-            self._set_free_lists(self.free_pages, self.release_pages + ordered)
-        elif self.need_sort:
-            self._set_free_lists(self.free_pages, ordered + self.release_pages)
-        else:
-            self._set_free_lists(ordered + self.free_pages, self.release_pages)
+        self._return_pages_in_order(sorted(pages))
 
 
 __all__ = ["PagedTokenToKVPoolAllocator"]

@@ -29,7 +29,7 @@ def test_component_campaign_against_sglang_passes(
     version: str, component: str, naive: bool
 ) -> None:
     candidate = implementation(version, naive_extend=naive)
-    result = run_machine(component, reference_implementation(), candidate, seconds=600.0,
+    result = run_machine(component, reference_implementation(), candidate, seconds=3600.0,
                          seed=16, max_runs=RUNS)  # fmt: skip
     assert result.failure is None, result.failure.report
     assert result.steps == RUNS * 60
