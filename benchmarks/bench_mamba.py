@@ -8,7 +8,10 @@ layers, two track buffers per request (speculative decoding):
 - ``prepare_forward``: the batch's deferred work, half of the requests copying a cached state
   (copy-on-write) and half clearing a fresh slot;
 - ``forward_state``: each request's new state written into every layer;
-- ``release_running``: every request of the batch finishing (slot, track buffers, row).
+- ``release_running``: every request of the batch finishing (slot, track buffers, row);
+- the Mamba radix cache (``tree``): ``insert`` of B sequences of 32 tokens (16 prompts sharing
+  8-token prefixes, so nodes split), ``match_prefix`` with copy-on-write of B of them, and
+  ``evict`` of every state.
 
 Medians of calls timed one by one, each from the same starting state built outside the timed
 region. The twin runs on the CPU with one torch thread, checked mode off (production); its
@@ -27,9 +30,15 @@ from typing import Any
 import torch
 
 from kvpool.optimized import mamba_lifecycle as twin_steps
+from kvpool.optimized.allocator import TokenToKVPoolAllocator as TwinKV
 from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool as TwinPool
+from kvpool.optimized.mamba_radix_cache import MambaRadixCache as TwinTree
+from kvpool.optimized.radix_key import RadixKey as TwinKey
 from kvpool.reference import mamba_lifecycle as ref_steps
+from kvpool.reference.allocator import TokenToKVPoolAllocator as RefKV
 from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool as RefPool
+from kvpool.reference.mamba_radix_cache import MambaRadixCache as RefTree
+from kvpool.reference.radix_key import RadixKey as RefKey
 from kvpool.testing.machines.hybrid import MachineMambaReq as Req
 
 ROWS, SLOTS, LAYERS, TRACK = 1024, 3080, 4, 2
@@ -96,6 +105,50 @@ def measure(batch: int, twin: bool, calls: int) -> dict[str, float]:
     return {name: _median_us(setup, calls) for name, setup in ops.items()}
 
 
+def _sequences(batch: int) -> list[list[int]]:
+    """``batch`` sequences of 32 tokens: 16 shared 8-token heads, then distinct tails."""
+    return [[i % 16] * 8 + [1000 + i * 32 + j for j in range(24)] for i in range(batch)]
+
+
+def measure_tree(batch: int, twin: bool, calls: int) -> dict[str, float]:
+    """Median microseconds of the tree operations for one twin and batch size."""
+    seqs = _sequences(batch)
+    key = TwinKey if twin else RefKey
+
+    def filled() -> tuple[Any, Any, Any]:
+        pool, size = _pool(twin), 32 * batch + 64  # tokens: the sequences, and a little more
+        if twin:
+            kv: Any = TwinKV(size, checked=False)
+            return pool, kv, TwinTree(pool, kv)
+        kv = RefKV(size)
+        return pool, kv, RefTree(pool, kv)
+
+    def insert() -> Callable[[], object]:
+        pool, kv, tree = filled()
+        values = [kv.alloc(32) for _ in seqs]
+        slots = pool.mamba_allocator.alloc(batch)
+        pairs = list(zip(seqs, values, slots, strict=True))
+        return lambda: [tree.insert(key(s), v, m) for s, v, m in pairs]
+
+    def inserted() -> tuple[Any, Any]:
+        pool, kv, tree = filled()
+        for s in seqs:
+            tree.insert(key(s), kv.alloc(32), pool.mamba_allocator.alloc(1)[0])
+        return pool, tree
+
+    def match() -> Callable[[], object]:
+        _, tree = inserted()
+        pairs = [([*s, 7], Req()) for s in seqs]
+        return lambda: [tree.match_prefix(key(s), r, True) for s, r in pairs]
+
+    def evict() -> Callable[[], object]:
+        _, tree = inserted()
+        return lambda: tree.evict(0, batch)
+
+    ops = {"tree insert": insert, "tree match_prefix (cow)": match, "tree evict": evict}
+    return {name: _median_us(setup, calls) for name, setup in ops.items()}
+
+
 def run(quick: bool = False) -> list[dict[str, Any]]:
     """One row per (operation, batch size): reference and twin medians and their ratio."""
     torch.set_num_threads(1)
@@ -103,6 +156,9 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for batch in BATCHES:
         ref, twin = measure(batch, False, calls), measure(batch, True, calls)
+        if batch <= 256:  # the tree's LRU orders are lists: quadratic, as a reference may be
+            ref |= measure_tree(batch, False, max(calls // 3, 3))
+            twin |= measure_tree(batch, True, max(calls // 3, 3))
         for op in ref:
             rows.append({"op": f"{op} ({batch} requests)", "reference_us": round(ref[op]),
                          "twin_us": round(twin[op]),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from kvpool.testing import mutants_allocator as alloc
 from kvpool.testing import mutants_lifecycle as life
-from kvpool.testing import mutants_mamba as mamba
 from kvpool.testing import mutants_tree as tree
 from kvpool.testing.mutant_base import Mutant as Mutant
 from kvpool.testing.mutant_hunt import HuntResult as HuntResult
@@ -69,8 +68,5 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("decode-no-new-page", "decode does not open a new page at a page boundary",
            ("INV-ROW-SLOTS", "INV-ONE-OWNER", "INV-POOL-ACCOUNTING"), alloc.decode_no_new_page,
            (2, 4)),
-    Mutant("mamba-chunked-release-keeps", "a request released inside prefill keeps its slot",
-           ("INV-MAMBA-ACCOUNTING",), mamba.lifecycle_prefill_release_keeps_slot, (1, 2),
-           mamba.HYBRID_LIFECYCLE, ("new_req", "extend", "extend", "abort", "retract")),
 )  # fmt: skip
 """Every seeded bug of the quality suite."""

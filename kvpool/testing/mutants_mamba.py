@@ -25,7 +25,7 @@ from kvpool.rules import Rules
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
-from kvpool.testing.mutant_base import need
+from kvpool.testing.mutant_base import Mutant, need
 from kvpool.testing.mutant_hunt import HuntResult
 
 ImplPatch = Callable[[Implementation], Implementation]
@@ -237,6 +237,13 @@ def lifecycle_prefill_release_keeps_slot(mm: Any) -> None:
 HYBRID_LIFECYCLE = {"disable_radix_cache": True, "mamba_slots": 3, "mamba_track_buffers": 1}
 """Config overrides of the lifecycle hunts of Mamba bugs: a hybrid model, few slots."""
 
+MAMBA_LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant("mamba-chunked-release-keeps", "a request released inside prefill keeps its slot",
+           ("INV-MAMBA-ACCOUNTING",), lifecycle_prefill_release_keeps_slot, (1, 2),
+           HYBRID_LIFECYCLE, ("new_req", "extend", "extend", "abort", "retract")),
+)  # fmt: skip
+"""Mamba bugs hunted by the lifecycle machine (:func:`kvpool.testing.mutant_hunt.hunt`)."""
+
 
 def hunt_component(
     mutant: ComponentMutant, runs: int = 40, steps: int = 40, seed: int = 0
@@ -259,6 +266,7 @@ def hunt_component(
 
 __all__ = [
     "HYBRID_LIFECYCLE",
+    "MAMBA_LIFECYCLE_MUTANTS",
     "MAMBA_MUTANTS",
     "ComponentMutant",
     "hunt_component",

@@ -6,9 +6,18 @@ both machines."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
-from kvpool.testing.mutant_hunt import format_table
-from kvpool.testing.mutants_mamba import MAMBA_MUTANTS, ComponentMutant, hunt_component
+from kvpool.testing.mutant_base import Mutant
+from kvpool.testing.mutant_hunt import format_table, hunt
+from kvpool.testing.mutants_mamba import (
+    HYBRID_LIFECYCLE,
+    MAMBA_LIFECYCLE_MUTANTS,
+    MAMBA_MUTANTS,
+    ComponentMutant,
+    hunt_component,
+)
+from kvpool.testing.profiles import register_profiles
 
 FIELD_BUGS = {
     "mamba-waiting-abort-leaks",
@@ -38,3 +47,21 @@ def test_field_bug_is_caught_by_its_detector(mutant: ComponentMutant) -> None:
     assert result.caught, f"not caught\n{table}"
     assert result.as_expected, f"caught by {result.detector}, expected {mutant.expected}\n{table}"
     assert result.shrunk_steps is not None and result.shrunk_steps <= 12, table
+
+
+def _budget() -> settings:
+    register_profiles()
+    return settings.get_profile("mutants")
+
+
+@pytest.mark.parametrize("mutant", MAMBA_LIFECYCLE_MUTANTS, ids=lambda m: m.name)
+def test_lifecycle_mamba_bug_is_caught(mutant: Mutant) -> None:
+    result = hunt(mutant, _budget())
+    assert result.as_expected, format_table([result])
+
+
+def test_hybrid_lifecycle_control_passes() -> None:
+    kinds = MAMBA_LIFECYCLE_MUTANTS[0].kinds
+    clean = Mutant("no-bug", "control", ("none",), lambda mm: None, (1, 2), HYBRID_LIFECYCLE, kinds)
+    result = hunt(clean, _budget())
+    assert not result.caught, result.report
