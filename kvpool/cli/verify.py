@@ -2,7 +2,8 @@
 
 Phase 1 (half a second): the reference pools' seeded self-check (:mod:`kvpool.testing.selfcheck`).
 Phase 2 (``--seconds``): a lockstep campaign of one machine (``--component``: the lifecycle
-``manager`` or the ``allocator`` / ``req_to_token_pool`` / ``radix_cache`` alone), the reference
+``manager`` or the ``allocator`` / ``req_to_token_pool`` / ``radix_cache`` alone, or a hybrid
+model's ``hybrid_req_to_token_pool`` / ``mamba_radix_cache``), the reference
 against a candidate (``--impl``: the optimized twin by default, ``sglang[:SOURCE]`` for SGLang's
 own classes, or ``MODULE:NAME`` / ``path.py:NAME``), every invariant checked after every step,
 in ``--workers`` processes so that a candidate that crashes or hangs is a reported failure.
