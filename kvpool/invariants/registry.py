@@ -11,6 +11,7 @@ Scopes and the signature of their check functions (each raises
 - ``"allocator"``: ``(snap: AllocatorSnapshot, held_pages: frozenset[int] | None)``
 - ``"req_to_token"``: ``(snap: ReqToTokenSnapshot, ctx: RowContext)``
 - ``"pool"``: ``(snap: PoolSnapshot, previous: PoolSnapshot | None)``
+- ``"swa"``: ``(snap: SWAAllocatorSnapshot, ctx: kvpool.invariants.swa.SWAContext)``
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 
 from kvpool.snapshot import ReqToTokenSnapshot
 
-SCOPES: tuple[str, ...] = ("allocator", "req_to_token", "pool")
+SCOPES: tuple[str, ...] = ("allocator", "req_to_token", "pool", "swa")
 
 CheckFn = Callable[..., None]
 F = TypeVar("F", bound=CheckFn)
