@@ -34,6 +34,10 @@ class PoolConfig:
     qk_rope_head_dim: int = 1
     start_layer: int = 0
     rules: Rules = field(default_factory=Rules)
+    sliding_window: int | None = None
+    """Hybrid sliding-window models (tokens): the window of the SWA layers; None: no SWA."""
+    swa_full_tokens_ratio: float = 0.8
+    """SWA pool size / full pool size (SGLang's ``swa_full_tokens_ratio``); see ``swa_size``."""
 
     def __post_init__(self) -> None:
         if not is_power_of_two(self.page_size):
@@ -58,6 +62,19 @@ class PoolConfig:
             raise ConfigError(f"rules must be a kvpool.rules.Rules, got {self.rules!r}")
         if self.start_layer < 0:
             raise ConfigError(f"start_layer must be >= 0, got {self.start_layer}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ConfigError(f"sliding_window must be >= 1 token, got {self.sliding_window}")
+        if not self.swa_full_tokens_ratio > 0:
+            raise ConfigError(
+                f"swa_full_tokens_ratio must be positive, got {self.swa_full_tokens_ratio}"
+            )
+
+    @property
+    def swa_size(self) -> int:
+        """SWA pool tokens: ``size * swa_full_tokens_ratio`` rounded down to whole pages, at
+        least one page."""
+        pages = int(self.size * self.swa_full_tokens_ratio) // self.page_size
+        return max(pages, 1) * self.page_size
 
     @property
     def num_pages(self) -> int:

@@ -6,8 +6,8 @@ docstring for the contract). ``full_to_swa_index_mapping`` is an int64 tensor of
 ``size + page_size + 1`` entries on ``device`` (the last is -1). Allocations and the mapping
 updates are tensor work; capacity is compared on host metadata (free-list lengths). A free reads
 the mapping and drops the sentinel entries with a mask, whose data-dependent size waits for the
-device (SGLang's free does the same); at page size > 1 the page expansion keeps duplicates
-instead of a ``unique`` (the paged free de-duplicates pages anyway). ``checked`` validates every
+device (SGLang's free does the same); at page size > 1 the freed pages are expanded to their
+slots once each, in ascending order, as the reference does. ``checked`` validates every
 call as the reference does, before any change.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
-from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
+from kvpool.errors import AlignmentError, ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.checked import resolve_checked
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
@@ -131,11 +131,12 @@ class SWATokenToKVPoolAllocator:
 
     def _mapping_indices(self, slots: torch.Tensor) -> torch.Tensor:
         """The full slots a free of ``slots`` resolves: every slot of their pages above page
-        size 1 (duplicates kept: no data-dependent ``unique``)."""
+        size 1, pages ascending and each once (the sentinel mask that follows waits for the
+        device anyway, so the ``unique`` adds no sync of its own)."""
         if self.page_size == 1:
             return slots
-        base = (slots // self.page_size) * self.page_size
-        return (base.unsqueeze(1) + self._offsets).reshape(-1)
+        pages = torch.unique(slots // self.page_size)
+        return (pages.unsqueeze(1) * self.page_size + self._offsets).reshape(-1)
 
     def _resolve_swa(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mapping indices, their SWA slots other than the sentinel); checked mode validates
@@ -252,6 +253,9 @@ class SWATokenToKVPoolAllocator:
             raise InvalidArgumentError(
                 f"swa_tail_len must be in [0, {extend_num_tokens}], got {swa_tail_len!r}"
             )
+        if swa_tail_len and (int(seq_lens_cpu[0]) - swa_tail_len) % self.page_size:
+            # the tail must start on a page boundary so that its SWA pages pair with full pages
+            raise AlignmentError(f"the SWA tail of {swa_tail_len} tokens starts mid-page")
         loc = self._as_index(last_loc)
         full_alloc = self.full_attn_allocator
         if full_alloc._free_mask is not None:
@@ -347,7 +351,11 @@ class SWATokenToKVPoolAllocator:
 
     # ----------------------------------------------------------------- state
     def backup_state(self) -> SWAState:
-        """Both pools' free lists and a clone of the mapping."""
+        """Both pools' free lists and a clone of the mapping. InvalidArgumentError inside an
+        open free group (kvpool): the group's SWA slots are already unmapped but not yet free,
+        so a restore to that state would leak them."""
+        if self._in_free_group:
+            raise InvalidArgumentError("backup_state inside an open free group")
         return (
             self.full_attn_allocator.backup_state(),
             self.swa_attn_allocator.backup_state(),

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
-from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
+from kvpool.errors import AlignmentError, ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.paged_ops import decode_new_pages, extend_new_pages, validate_extend_args
@@ -224,7 +224,9 @@ class SWATokenToKVPoolAllocator:
         """One request (batch of 1): full slots for the whole extend, SWA slots (from fresh
         pages) only for its last ``swa_tail_len`` tokens; the other new full slots map to 0.
         ``None`` (no change) unless both pools fit. InvalidArgumentError for page size 1, a
-        batch of another size or ``swa_tail_len`` outside ``[0, extend_num_tokens]``."""
+        batch of another size or ``swa_tail_len`` outside ``[0, extend_num_tokens]``;
+        AlignmentError for a tail that starts mid-page (kvpool: SGLang's caller, disaggregated
+        decode, starts it at a page boundary, which keeps the two pools' pages paired)."""
         if self.page_size == 1:
             raise InvalidArgumentError("SWA alloc_extend_swa_tail needs page_size > 1")
         full_alloc = self.full_attn_allocator
@@ -236,6 +238,9 @@ class SWATokenToKVPoolAllocator:
             raise InvalidArgumentError(
                 f"swa_tail_len must be in [0, {extend_num_tokens}], got {swa_tail_len!r}"
             )
+        if swa_tail_len and (seq[0] - swa_tail_len) % self.page_size:
+            # the tail must start on a page boundary so that its SWA pages pair with full pages
+            raise AlignmentError(f"the SWA tail of {swa_tail_len} tokens starts mid-page")
         locs = [int(x) for x in last_loc]
         validate_extend_args(prefix, seq, locs, extend_num_tokens, self.page_size)
         full_alloc._check_prefix_pages_held(prefix, locs)
@@ -323,7 +328,11 @@ class SWATokenToKVPoolAllocator:
 
     # ----------------------------------------------------------------- state
     def backup_state(self) -> SWAState:
-        """Both pools' free lists and the mapping."""
+        """Both pools' free lists and the mapping. InvalidArgumentError inside an open free group
+        (kvpool): the group's SWA slots are already unmapped but not yet free, so a restore to
+        that state would leak them."""
+        if self._in_free_group:
+            raise InvalidArgumentError("backup_state inside an open free group")
         return (
             self.full_attn_allocator.backup_state(),
             self.swa_attn_allocator.backup_state(),

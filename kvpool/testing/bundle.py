@@ -17,7 +17,10 @@ Factory shapes (every size comes from the :class:`~kvpool.config.PoolConfig`):
   :class:`~kvpool.protocols.RadixCacheProtocol` over the two objects given (built by this same
   implementation's factories), with ``config.eviction_policy``;
 - ``radix_key(token_ids, extra_key)``: the key its radix cache takes;
-- ``manager(config)``: a whole :class:`~kvpool.protocols.MemoryManagerProtocol`.
+- ``manager(config)``: a whole :class:`~kvpool.protocols.MemoryManagerProtocol`;
+- ``swa_allocator(config)``: a sliding-window hybrid allocator (SGLang's
+  ``SWATokenToKVPoolAllocator`` API) of ``config.size`` full tokens and ``config.swa_size`` SWA
+  tokens, ``config.page_size`` and ``config.need_sort``.
 
 A missing factory means the implementation does not provide that component; the harness says so
 rather than guessing a substitute.
@@ -32,7 +35,7 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.rules import Rules
 
-COMPONENTS = ("allocator", "req_to_token_pool", "radix_cache", "manager")
+COMPONENTS = ("allocator", "req_to_token_pool", "radix_cache", "manager", "swa_allocator")
 """Component names, as ``kvpool verify --component`` spells them."""
 
 
@@ -46,6 +49,7 @@ class Implementation:
     radix_cache: Callable[[PoolConfig, Any, Any], Any] | None = None
     radix_key: Callable[[Sequence[int], str | None], Any] | None = None
     manager: Callable[[PoolConfig], Any] | None = None
+    swa_allocator: Callable[[PoolConfig], Any] | None = None
     rules: Rules | None = None
     """The rules this implementation follows; None: kvpool's default :class:`Rules`."""
     index: Callable[[Sequence[int]], Any] = list

@@ -27,6 +27,7 @@ def reference_implementation() -> Implementation:
     from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
     from kvpool.reference.radix_cache import RadixCache
     from kvpool.reference.req_to_token_pool import ReqToTokenPool
+    from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
 
     def allocator(config: PoolConfig) -> Any:
         if config.page_size == 1:
@@ -46,6 +47,9 @@ def reference_implementation() -> Implementation:
         radix_cache=tree,
         radix_key=radix_key.RadixKey,
         manager=MemoryManager,
+        swa_allocator=lambda config: SWATokenToKVPoolAllocator(
+            config.size, config.swa_size, config.page_size, config.need_sort
+        ),
     )
 
 
@@ -59,6 +63,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
     from kvpool.optimized.radix_cache import RadixCache
     from kvpool.optimized.req_to_token_pool import ReqToTokenPool
+    from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
 
     if torch.get_num_threads() != 1:  # tiny tensors: OpenMP workers only contend
         torch.set_num_threads(1)
@@ -78,6 +83,16 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     def manager(config: PoolConfig) -> Any:
         return MemoryManager(config, checked=checked, kernel_backend=backend)
 
+    def swa_allocator(config: PoolConfig) -> Any:
+        return SWATokenToKVPoolAllocator(
+            config.size,
+            config.swa_size,
+            config.page_size,
+            config.need_sort,
+            checked=checked,
+            kernel_backend=backend,
+        )
+
     def index(values: Sequence[int]) -> Any:
         return torch.tensor(list(values), dtype=torch.int64)
 
@@ -88,6 +103,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         radix_cache=tree,
         radix_key=radix_key.RadixKey,
         manager=manager,
+        swa_allocator=swa_allocator,
         index=index,
     )
 
