@@ -135,7 +135,7 @@ class SWATokenToKVPoolAllocator:
         device anyway, so the ``unique`` adds no sync of its own)."""
         if self.page_size == 1:
             return slots
-        pages = torch.unique(slots // self.page_size)
+        pages: torch.Tensor = torch.unique(slots // self.page_size)
         return (pages.unsqueeze(1) * self.page_size + self._offsets).reshape(-1)
 
     def _resolve_swa(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
