@@ -92,3 +92,9 @@ class InvariantViolation(KVPoolError, AssertionError):
 
 class KernelError(KVPoolError, RuntimeError):
     """A kernel could not run as asked (missing backend, unsupported triton version...)."""
+
+
+class SGLangLoadError(KVPoolError, RuntimeError):
+    """SGLang's source could not be found or loaded: a path without an ``sglang`` package, a
+    version ``pip download`` cannot fetch, no installed ``sglang``, or a module the loader needs
+    missing from the source."""

@@ -36,6 +36,7 @@ from kvpool.snapshot import (
 _OPTIONAL_MODULES = (
     "kvpool.invariants.tree",
     "kvpool.invariants.lifecycle",
+    "kvpool.invariants.promises",
     "kvpool.invariants.swa",
 )
 for _name in _OPTIONAL_MODULES:

@@ -109,6 +109,8 @@ class LifecyclePrimitives:
         self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = resolve(
             "kv_cache", kv_cache, lambda: self._default_kv_cache(dev, checked), config
         )
+        self.capacity_refusals = 0
+        """Allocations the allocator refused after the capacity check admitted them."""
         self.reqs: dict[str, Req] = {}
         self.sessions: dict[str, SessionSlot] = {}
         self._empty = torch.empty(0, dtype=torch.int64, device=dev)
@@ -238,7 +240,8 @@ class LifecyclePrimitives:
                 _slots(last_locs, dev),
                 total,
             )
-        if out is None:  # unreachable after the capacity check; kept as a guard
+        if out is None:  # only a candidate allocator that ignores capacity gets here
+            self.capacity_refusals += 1
             raise OutOfMemoryError("allocator refused after eviction")
         return out
 
@@ -311,7 +314,8 @@ class LifecyclePrimitives:
             out = alloc.alloc_decode(
                 _slots(seq_lens, self.device), seq_lens, _slots(last, self.device)
             )
-        if out is None:  # unreachable after the capacity check
+        if out is None:  # only a candidate allocator that ignores capacity gets here
+            self.capacity_refusals += 1
             raise OutOfMemoryError("allocator refused after eviction")
         for i, (req, col) in enumerate(zip(reqs, cols, strict=True)):
             assert req.req_pool_idx is not None

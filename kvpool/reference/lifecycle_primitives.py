@@ -91,6 +91,8 @@ class LifecyclePrimitives:
         self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = resolve(
             "kv_cache", kv_cache, lambda: kv_cache_from_config(config), config
         )
+        self.capacity_refusals = 0
+        """Allocations the allocator refused after the capacity check admitted them."""
         self.reqs: dict[str, Req] = {}
         self.sessions: dict[str, SessionSlot] = {}
 
@@ -164,7 +166,8 @@ class LifecyclePrimitives:
         else:
             total = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
             out = alloc.alloc_extend(prefix_lens, prefix_lens, seq_lens, seq_lens, last_locs, total)
-        if out is None:  # unreachable after the capacity check; kept as a guard
+        if out is None:  # only a candidate allocator that ignores capacity gets here
+            self.capacity_refusals += 1
             raise OutOfMemoryError("allocator refused after eviction")
         return out
 
@@ -239,7 +242,8 @@ class LifecyclePrimitives:
         else:
             last = [self._last_loc(r, c) for r, c in zip(reqs, cols, strict=True)]
             out = alloc.alloc_decode(seq_lens, seq_lens, last)
-        if out is None:  # unreachable after the capacity check
+        if out is None:  # only a candidate allocator that ignores capacity gets here
+            self.capacity_refusals += 1
             raise OutOfMemoryError("allocator refused after eviction")
         for req, col, slot in zip(reqs, cols, out, strict=True):
             assert req.req_pool_idx is not None

@@ -77,6 +77,7 @@ def build_pool_snapshot(mm: MemoryManager) -> PoolSnapshot:
         reqs=tuple(reqs),
         sessions=tuple(sessions),
         max_total_num_tokens=mm.token_to_kv_pool_allocator.size,
+        extra={"capacity_refusals": mm.capacity_refusals},
     )
 
 

@@ -59,16 +59,42 @@ def region_of(name: str, t: torch.Tensor, zone: tuple[int, int] | None = None) -
     return Region(name, start, end, zs, ze, t.element_size())
 
 
+def _span(t: torch.Tensor) -> tuple[int, int, int]:
+    """``(storage address, first byte, end byte)`` of ``t``'s elements in its storage, aligned
+    to its element size. An empty tensor spans no byte, at its storage offset."""
+    base = t.untyped_storage().data_ptr()
+    first = base + int(t.storage_offset()) * t.element_size()
+    if not t.numel():
+        return base, first, first
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return base, first, first + (last + 1) * t.element_size()
+
+
+def _clusters(spans: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Spans of one storage merged where they overlap (touching is not overlapping)."""
+    out: list[tuple[int, int, int]] = []
+    for addr, lo, hi in sorted(spans):
+        if out and out[-1][0] == addr and lo < out[-1][2] and lo >= out[-1][1]:
+            out[-1] = (addr, out[-1][1], max(out[-1][2], hi))
+        else:
+            out.append((addr, lo, hi))
+    return out
+
+
 def _view_like(buf: torch.Tensor, t: torch.Tensor, offset: int) -> torch.Tensor:
     """A view of ``buf``'s bytes with ``t``'s dtype, shape and strides, ``offset`` elements in."""
     return torch.empty(0, dtype=t.dtype).set_(buf.untyped_storage(), offset, t.shape, t.stride())
 
 
 class GuardedArgs:
-    """Guarded host copies of a launch's tensor arguments (one copy per distinct storage).
+    """Guarded host copies of a launch's tensor arguments.
 
-    ``args`` is the call's arguments with every tensor replaced by the same view into its
-    guarded copy; ``regions`` holds those views' element spans, in argument order."""
+    Arguments whose element spans overlap in one storage share a copy (a kernel may write
+    through one and read through the other); every other argument gets its own copy, even when
+    it is a disjoint slice of a storage another argument also slices, so that a stray access
+    never lands in a neighbour's elements. ``args`` is the call's arguments with every tensor
+    replaced by the same view into its guarded copy; ``regions`` holds those views' element
+    spans, in argument order."""
 
     def __init__(self, call_args: dict[str, Any]) -> None:
         self.args: dict[str, Any] = {}
@@ -76,30 +102,45 @@ class GuardedArgs:
         self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (original bytes, guarded)
         self._moves: list[tuple[int, int, int]] = []  # original [start, end) -> copy start
         self._views: list[tuple[str, int, torch.Tensor]] = []  # (argument, copy index, view)
-        copy_of: dict[int, int] = {}  # storage address -> index into _copies
+        self._index: dict[tuple[int, int, int], int] = {}  # cluster -> index into _copies
+        spans: list[tuple[int, int, int]] = []  # (storage address, first byte, end byte)
+        for arg in call_args.values():
+            if isinstance(arg, torch.Tensor):
+                spans.append(_span(arg))
+        clusters = _clusters(spans)
         for name, arg in call_args.items():
             if not isinstance(arg, torch.Tensor):
                 self.args[name] = arg
                 continue
-            storage = arg.untyped_storage()
-            key = storage.data_ptr()
-            if key not in copy_of:
-                original = torch.empty(0, dtype=torch.uint8).set_(storage)
-                buf = torch.full((2 * GUARD_BYTES + storage.nbytes(),), _POISON, dtype=torch.uint8)
-                buf[GUARD_BYTES : GUARD_BYTES + storage.nbytes()].copy_(original)
-                copy_of[key] = len(self._copies)
-                self._copies.append((original, buf))
-                self._moves.append((key, key + storage.nbytes(), buf.data_ptr() + GUARD_BYTES))
-            index = copy_of[key]
-            buf = self._copies[index][1]
-            view = _view_like(
-                buf, arg, GUARD_BYTES // arg.element_size() + int(arg.storage_offset())
+            storage_addr, lo, _ = _span(arg)
+            key = next(
+                c
+                for c in clusters
+                if c[0] == storage_addr and c[1] <= lo and (lo < c[2] or lo == c[1] == c[2])
             )
+            if key not in self._index:
+                self._add_copy(arg, key)
+            index = self._index[key]
+            buf = self._copies[index][1]
+            offset_bytes = GUARD_BYTES + lo - key[1]
+            view = _view_like(buf, arg, offset_bytes // arg.element_size())
             self.args[name] = view
             self._views.append((name, index, view))
             self.regions.append(
                 region_of(name, view, (buf.data_ptr(), buf.data_ptr() + buf.numel()))
             )
+
+    def _add_copy(self, arg: torch.Tensor, key: tuple[int, int, int]) -> None:
+        """A guarded copy of bytes ``[key[1], key[2])`` of ``arg``'s storage."""
+        storage_addr, lo, hi = key
+        storage = arg.untyped_storage()
+        whole = torch.empty(0, dtype=torch.uint8).set_(storage)
+        original = whole[lo - storage_addr : hi - storage_addr] if storage.nbytes() else whole
+        buf = torch.full((2 * GUARD_BYTES + original.numel(),), _POISON, dtype=torch.uint8)
+        buf[GUARD_BYTES : GUARD_BYTES + original.numel()].copy_(original)
+        self._index[key] = len(self._copies)
+        self._copies.append((original, buf))
+        self._moves.append((lo, hi, buf.data_ptr() + GUARD_BYTES))
 
     def translate(self, region: Region) -> Region:
         """``region`` moved into the guarded copy when it lies in a copied storage."""
@@ -146,6 +187,8 @@ def describe(addr: int, regions: Sequence[Region]) -> str:
             return f"element {k} of '{r.name}' (valid elements: 0..{n - 1})"
     if addr < GUARD_BYTES:
         return f"address {addr:#x} (the null pointer an empty tensor argument has)"
+    if addr >= 1 << 63:  # a negative offset from the null pointer of an empty tensor
+        return f"address -{(1 << 64) - addr} (before the null pointer an empty tensor has)"
     return f"address {addr:#x}, outside every tensor argument"
 
 
@@ -167,7 +210,11 @@ def out_of_bounds(addrs: np.ndarray, size: int, regions: Sequence[Region]) -> tu
     bytes that must each lie wholly inside one of ``regions``; ``(0, 0)`` when all do."""
     ok = np.zeros(addrs.shape, dtype=bool)
     for r in regions:
-        ok |= (addrs >= r.start) & (addrs + size <= r.end)
+        if r.end - r.start < size:
+            continue  # an empty tensor (data pointer 0) allows no access at all
+        # ``addrs + size <= end`` would wrap around for a negative offset from a null pointer
+        # (element -1 of an empty tensor is address 2**64 - itemsize): compare without adding.
+        ok |= (addrs >= np.uint64(r.start)) & (addrs <= np.uint64(r.end - size))
     if ok.all():
         return 0, 0
     return int(addrs[~ok][0]), int((~ok).sum())

@@ -119,11 +119,14 @@ def resolve_implementation(spec: str, component: str = "manager") -> Implementat
             raise ValueError(f"unknown kernel backend {backend!r} in {spec!r}")
         return optimized_implementation(backend)
     if spec == "sglang" or spec.startswith("sglang:"):
-        from kvpool import sglang  # type: ignore[attr-defined]
+        from kvpool import sglang
 
         source = spec.partition(":")[2] or "0.5.16"
         naive = source.endswith("+naive")
-        return sglang.implementation(source.removesuffix("+naive"), naive_extend=naive)
+        built: Implementation = sglang.implementation(
+            source.removesuffix("+naive"), naive_extend=naive
+        )
+        return built
     from kvpool.testing.factories import load_factory
 
     obj: Any = load_factory(spec)

@@ -13,12 +13,26 @@ from __future__ import annotations
 import unittest
 from typing import Any, ClassVar
 
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from kvpool.testing.lockstep_driver import ConfigDrawer, Factory, Lockstep
+from kvpool.testing.lockstep_driver import ConfigDrawer, Factory, Lockstep, LockstepFailure
 from kvpool.testing.swarm import draw_config, draw_op
+
+SHRINK_REPLAYS = 160
+"""Replays the in-machine shrinker may make (greedy deletion over a ``ci`` trace of 40 steps
+needs about 120)."""
+SHRINK_SECONDS = 8.0
+"""Clock guard of the in-machine shrinker (the replay bound normally stops it first)."""
+
+
+def fast_shrink_settings(parent: settings | None = None) -> settings:
+    """``parent`` (default: the loaded profile) without hypothesis' own shrink phase: the
+    machine shrinks a failing trace itself, replaying plain op lists (seconds instead of the
+    minutes hypothesis can spend re-drawing a stateful example)."""
+    base = parent if parent is not None else settings()
+    return settings(base, phases=[p for p in base.phases if p != Phase.shrink])
 
 
 class HypothesisChooser:
@@ -48,6 +62,10 @@ class LockstepMachine(RuleBasedStateMachine):
     """When set, rules of other kinds draw one of these instead (focused runs)."""
     last_pair: ClassVar[Lockstep | None] = None
     """The pair of the latest example (the failing one after a failure)."""
+    shrink_failures: ClassVar[bool] = False
+    """Shrink a failing trace in the machine (:func:`fast_shrink_settings` then drops
+    hypothesis' shrink phase) and raise the shrunk failure."""
+    _shrunk_cache: ClassVar[dict[tuple[str, ...], LockstepFailure]] = {}
 
     def __init__(self) -> None:
         super().__init__()
@@ -68,7 +86,27 @@ class LockstepMachine(RuleBasedStateMachine):
             kind = chooser.choice(focus)
         op = draw_op(chooser, self.pair.view(), kind)
         type(self).steps += 1
-        self.pair.run(op)
+        try:
+            self.pair.run(op)
+        except LockstepFailure as failure:
+            if not type(self).shrink_failures:
+                raise
+            raise self._shrunk(failure) from None
+
+    def _shrunk(self, failure: LockstepFailure) -> LockstepFailure:
+        """The failure of the shortest sub-trace found by the campaign's shrinker (cached:
+        hypothesis replays the failing example once more to report it)."""
+        from kvpool.testing.campaign import shrink
+
+        cls, pair = type(self), self.pair
+        assert pair is not None
+        key = tuple(op.render() for op in pair.ops)
+        if key not in cls._shrunk_cache:
+            _, final = shrink(cls.factory_a, cls.factory_b, pair.config, pair.ops,
+                              failure.detector, cls.labels, SHRINK_SECONDS,
+                              SHRINK_REPLAYS)  # fmt: skip
+            cls._shrunk_cache[key] = final or failure
+        return cls._shrunk_cache[key]
 
     def _ready(self) -> bool:
         return self.pair is not None
@@ -141,9 +179,11 @@ def make_lockstep_machine(
     labels: tuple[str, str] = ("reference", "candidate"),
     name: str = "Lockstep",
     kinds: tuple[str, ...] | None = None,
+    shrink_failures: bool = False,
 ) -> type[LockstepMachine]:
     """A :class:`LockstepMachine` subclass bound to two factories (optionally a config drawer
-    ``(Chooser) -> PoolConfig`` and a tuple of operation kinds to focus the runs)."""
+    ``(Chooser) -> PoolConfig``, a tuple of operation kinds to focus the runs, and in-machine
+    shrinking of failures)."""
     attrs: dict[str, Any] = {
         "factory_a": staticmethod(factory_a),
         "factory_b": staticmethod(factory_b),
@@ -152,6 +192,8 @@ def make_lockstep_machine(
         "steps": 0,
         "last_pair": None,
         "kinds": kinds,
+        "shrink_failures": shrink_failures,
+        "_shrunk_cache": {},
     }
     if config_drawer is not None:
         attrs["config_drawer"] = staticmethod(config_drawer)
@@ -167,9 +209,12 @@ def make_lockstep_test(
     name: str = "Lockstep",
 ) -> type[unittest.TestCase]:
     """A ``unittest.TestCase`` (collected by pytest) that runs the lockstep machine over A and
-    B under the loaded hypothesis profile (or ``test_settings``)."""
-    machine = make_lockstep_machine(factory_a, factory_b, config_drawer, labels, name)
+    B under the loaded hypothesis profile (or ``test_settings``). A failure is shrunk by the
+    machine (:func:`fast_shrink_settings`), so a simple bug is reported with a short trace
+    within seconds."""
+    machine = make_lockstep_machine(
+        factory_a, factory_b, config_drawer, labels, name, shrink_failures=True
+    )
     case: type[unittest.TestCase] = machine.TestCase
-    if test_settings is not None:
-        case.settings = test_settings  # type: ignore[attr-defined]
+    case.settings = fast_shrink_settings(test_settings)  # type: ignore[attr-defined]
     return case

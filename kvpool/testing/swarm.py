@@ -241,6 +241,7 @@ def draw_invalid(c: Chooser, v: View) -> Op:
         Op("decode", ([ghost], [1]), expect_error=True),
         Op("finish", ([ghost],), expect_error=True),
         Op("abort", (ghost,), expect_error=True),
+        Op("retract", (ghost,), expect_error=True),
         Op("extend", ([ghost],), expect_error=True),
         Op("close_session", (ghost,), expect_error=True),
     ]
@@ -292,6 +293,8 @@ def draw_invalid(c: Chooser, v: View) -> Op:
         options += [
             Op("finish", ([d],), expect_error=True),
             Op("decode", ([d], [1]), expect_error=True),
+            Op("abort", (d,), expect_error=True),
+            Op("retract", (d,), expect_error=True),
         ]
     if v.idle_sessions:
         options.append(Op("open_session", (c.choice(v.idle_sessions),), expect_error=True))

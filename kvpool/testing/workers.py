@@ -75,7 +75,7 @@ def _serve(conn: Connection, spec: CampaignSpec) -> None:
         chooser, config = run_config(spec.component, impl_b, spec.seed, run)
         ops = request[2] if request[0] == "replay" else None
         conn.send(("start", run, asdict(config)))
-        stream = None if ops is not None else (lambda op: conn.send(("op", op)))
+        stream = lambda op: conn.send(("op", op))  # noqa: E731
         done = execute(spec.component, impl_a, impl_b, config, chooser=chooser,
                        steps=spec.steps_per_run, ops=ops, labels=spec.labels,
                        on_op=stream)  # fmt: skip
@@ -146,20 +146,19 @@ class Replayer:
     def __call__(self, ops: Sequence[Op]) -> tuple[str, int] | None:
         if self.worker is None:
             self.worker = _start(self.spec)
+            _await_ready([self.worker], self.spec)
         w = self.worker
-        budget = self.timeout * (len(ops) + 1) + 60.0  # a fresh process needs its imports
         try:
             w.conn.send(("replay", self.run, list(ops)))
-            deadline = time.monotonic() + budget
-            while True:
-                if not w.conn.poll(max(deadline - time.monotonic(), 0.0)):
+            while True:  # every op is announced: a silent step_timeout means a hung step
+                if not w.conn.poll(self.timeout):
                     self.close()
-                    self.last_text = _crash_text(self.spec, self.run, ops, "hung (timeout)")
+                    self.last_text = _crash_text(self.spec, self.run, ops, "hung (step timeout)")
                     return ("crash", len(ops))
                 msg = w.conn.recv()
                 if msg[0] == "done":
                     break
-        except (EOFError, OSError, BrokenPipeError):
+        except (EOFError, OSError):
             why = _death(w)
             self.close()
             self.last_text = _crash_text(self.spec, self.run, ops, why)
@@ -271,11 +270,11 @@ def _await_ready(pool: list[_Worker], spec: CampaignSpec, timeout: float = 300.0
     waiting = list(pool)
     deadline = time.monotonic() + timeout
     while waiting and time.monotonic() < deadline:
-        for conn in wait([w.conn for w in waiting], timeout=1.0):
-            w = next(w for w in waiting if w.conn is conn)
+        for ready in wait([w.conn for w in waiting], timeout=1.0):
+            w = next(w for w in waiting if w.conn is ready)
             waiting.remove(w)
             with contextlib.suppress(EOFError, OSError):
-                conn.recv()
+                w.conn.recv()
 
 
 def _report(

@@ -1,6 +1,7 @@
-"""A candidate that kills its own process: the reference allocator, except that an allocation
-of exactly 3 pages raises SIGSEGV (as a wild kernel pointer would), and one of exactly 5 pages
-hangs. Used by the worker-process tests (``--impl tests.harness.crashy_impl:crashy``)."""
+"""Candidates that break the process or start broken, for the worker-process tests
+(``--impl tests.harness.crashy_impl:NAME``): the reference allocator, except that an
+allocation of exactly 3 pages raises SIGSEGV (as a wild kernel pointer would) in ``crashy``,
+sleeps for an hour in ``hangy``, and ``born_broken`` lists the reserved page 0 as free."""
 
 from __future__ import annotations
 
@@ -13,33 +14,52 @@ from kvpool.config import PoolConfig
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.implementations import reference_implementation
 
+CRASH_PAGES = 3
+"""The allocation size (pages) that breaks the candidate."""
 
-class _Crashy:
-    def __init__(self, inner: Any, hang: bool) -> None:
-        self._inner, self._hang = inner, hang
+
+class _Breaking:
+    def __init__(self, inner: Any, how: str) -> None:
+        self._inner, self._how = inner, how
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def alloc(self, need_size: int) -> Any:
-        pages = need_size // self._inner.page_size
-        if pages == 3:
-            os.kill(os.getpid(), signal.SIGSEGV)
-        if pages == 5 and self._hang:
+        if need_size // self._inner.page_size == CRASH_PAGES:
+            if self._how == "segv":
+                os.kill(os.getpid(), signal.SIGSEGV)
             time.sleep(3600)
         return self._inner.alloc(need_size)
 
 
-def crashy(hang: bool = False) -> Implementation:
-    base = reference_implementation()
-    assert base.allocator is not None
-    make = base.allocator
+def _wrapped(how: str) -> Implementation:
+    make = reference_implementation().allocator
+    assert make is not None
 
     def allocator(config: PoolConfig) -> Any:
-        return _Crashy(make(config), hang)
+        return _Breaking(make(config), how)
 
-    return Implementation("crashy", allocator=allocator)
+    return Implementation(f"breaking[{how}]", allocator=allocator)
+
+
+def crashy() -> Implementation:
+    return _wrapped("segv")
 
 
 def hangy() -> Implementation:
-    return crashy(hang=True)
+    return _wrapped("hang")
+
+
+def born_broken() -> Implementation:
+    make = reference_implementation().allocator
+    assert make is not None
+
+    def allocator(config: PoolConfig) -> Any:
+        alloc = make(config)
+        alloc.restore_state(((1, 2), ()))
+        alloc.free_pages = [0, *alloc.free_pages]  # the reserved page listed as free
+        alloc._free_set.add(0)
+        return alloc
+
+    return Implementation("born-broken", allocator=allocator)

@@ -195,3 +195,26 @@ def test_kvpool_kernels_pass_checked_and_shuffled(op: str) -> None:
         shuffle_seeds=(0,),
     )
     assert report.passed, report.render()
+
+
+def test_element_minus_one_of_an_empty_view_is_caught_not_a_segfault() -> None:
+    # An empty view of a non-empty storage (free_pages[num:] once every page is taken) has data
+    # pointer 0: element -1 is address 2**64 - 8, which used to wrap around the bounds check.
+    base = torch.arange(8, dtype=torch.int64)
+    out = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(OutOfBoundsAccess, match="before the null pointer"):
+        run_checked(interpreted(_wild_load)[(1,)], base[8:], out, OFFSET=-1)
+
+
+def _neighbour(a, b, out):  # type: ignore[no-untyped-def]
+    tl.store(out, tl.load(b - 1) + tl.load(a))
+
+
+def test_a_stray_access_into_a_neighbouring_slice_of_one_storage_is_caught() -> None:
+    # Two arguments slicing one storage (the twin stacks lengths) get separate guarded copies.
+    lens = torch.tensor([[1, 2], [3, 4]], dtype=torch.int64)
+    out = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(OutOfBoundsAccess, match="element -1 of 'b'"):
+        run_checked(interpreted(_neighbour)[(1,)], lens[0], lens[1], out)
+    run_checked(interpreted(_wild_load)[(1,)], lens[1], out, OFFSET=1)  # in bounds: fine
+    assert out.item() == 4

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import ast
 import linecache
-import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kvpool.sglang.source import download_wheel
 from kvpool.testing.interpreter import allow_access, interpreted
 from kvpool.testing.kernels import KernelReport, check_kernel
 
@@ -45,13 +44,7 @@ OPTIONS: dict[str, Any] = {"max_examples": 30, "max_tokens": 512, "max_batch": 8
 
 
 def _wheel() -> Path:
-    found = sorted(CACHE.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
-    if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", f"sglang=={SGLANG_VERSION}"]
-        subprocess.run([*cmd, "-d", str(CACHE)], check=True, capture_output=True)
-        found = sorted(CACHE.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
-    assert found, f"pip download produced no sglang {SGLANG_VERSION} wheel in {CACHE}"
-    return found[0]
+    return download_wheel(SGLANG_VERSION, CACHE)
 
 
 def _extract(path: str, source: str, wanted: set[str]) -> str:

@@ -1,0 +1,119 @@
+"""Load SGLang's memory-pool classes without SGLang's heavy dependencies.
+
+:func:`load_sglang` resolves a source (:func:`kvpool.sglang.source.resolve_source`: an installed
+package, a path or a release number), installs a :class:`~kvpool.sglang.importer.PrivateSGLang`
+finder for it and returns :class:`SGLangModules`, a handle on the loaded classes. What is real
+and what is stubbed (see specs/sglang.md for why the stubs do not change what is tested):
+
+- real (SGLang's own file, executed): :data:`REAL_MODULES`;
+- partial (only the named definitions, plus what they reach): :data:`PARTIAL_MODULES`;
+- everything else under ``sglang`` and every third-party package but torch, triton and numpy:
+  stubs (:mod:`kvpool.sglang.stubs`).
+
+SGLang's Triton allocation kernels run through Triton's interpreter on CPU tensors, whatever
+``TRITON_INTERPRET`` says and whether or not triton was imported first: after loading, the
+paged module's kernels are replaced by :class:`kvpool.sglang.kernels.KernelSwitch` (the
+decorator's ``JITFunction`` unwrapped to its Python function and re-wrapped as an interpreter
+function), so kvpool's ``checked_interpreter`` also applies to them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool.sglang.importer import PrivateSGLang
+from kvpool.sglang.kernels import install_kernel_switches
+from kvpool.sglang.source import SGLangSource, resolve_source
+
+REAL_MODULES = (
+    "sglang.srt.mem_cache.allocator",
+    "sglang.srt.mem_cache.allocator.base",
+    "sglang.srt.mem_cache.allocator.token",
+    "sglang.srt.mem_cache.allocator.paged",
+    "sglang.kernels.ops.memory.allocator",
+    "sglang.srt.mem_cache.radix_cache",
+    "sglang.srt.mem_cache.base_prefix_cache",
+    "sglang.srt.mem_cache.cache_init_params",
+    "sglang.srt.mem_cache.evict_policy",
+    "sglang.srt.mem_cache.utils",
+    "sglang.srt.mem_cache.events",
+    "sglang.srt.mem_cache.session_radix_cache",
+)
+"""SGLang modules executed from SGLang's own source (the behaviour under test lives here)."""
+
+_COMMON = "sglang/srt/utils/common.py"
+_HELPERS = ("next_power_of_2", "get_num_new_pages", "ceil_align")
+PARTIAL_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    # memory_pool.py imports the KV-cache kernels, JIT kernels and quantisation: take only the
+    # ReqToTokenPool class (and the module-level names it uses).
+    "sglang.srt.mem_cache.memory_pool": (
+        "sglang/srt/mem_cache/memory_pool.py",
+        ("ReqToTokenPool",),
+    ),
+    # utils/common.py imports most of SGLang's runtime: take the page arithmetic helpers the
+    # allocators and the radix cache call (``sglang.srt.utils`` re-exports them).
+    "sglang.srt.utils": (_COMMON, _HELPERS),
+    "sglang.srt.utils.common": (_COMMON, _HELPERS),
+}
+"""Module -> (file, names): only those definitions are real; other attributes are stubs."""
+
+_LOADED: dict[str, SGLangModules] = {}
+
+
+@dataclass(frozen=True)
+class SGLangModules:
+    """SGLang's memory-pool classes loaded from one source (see :func:`load_sglang`)."""
+
+    source: SGLangSource
+    importer: PrivateSGLang
+
+    @property
+    def version(self) -> str:
+        """The release number read from the source (``0.0.0`` if it has none)."""
+        return self.source.version
+
+    def module(self, dotted: str) -> types.ModuleType:
+        """The loaded module ``dotted`` (its real SGLang name, e.g.
+        ``sglang.srt.mem_cache.allocator.paged``), loading it on first use."""
+        return self.importer.import_module(dotted)
+
+    def attr(self, dotted: str, name: str, default: Any = None) -> Any:
+        """Attribute ``name`` of module ``dotted`` (``default`` if the release lacks it)."""
+        return self.module(dotted).__dict__.get(name, default)
+
+
+def _prefix(source: SGLangSource) -> str:
+    digest = hashlib.sha1(source.key().encode()).hexdigest()[:8]
+    return f"_kvpool_sglang_{re.sub(r'[^0-9A-Za-z]', '_', source.version)}_{digest}"
+
+
+def load_sglang(
+    source: str = "0.5.16", *, cache_dir: str | os.PathLike[str] | None = None
+) -> SGLangModules:
+    """SGLang's memory-pool modules from ``source``: ``"installed"``, a path (wheel, checkout,
+    folder holding ``sglang/``) or a release number, downloaded into ``cache_dir`` (default
+    ``$KVPOOL_SGLANG_CACHE`` or ``~/.cache/kvpool/sglang``). Loaded once per source per process.
+    Raises :class:`~kvpool.errors.SGLangLoadError` when there is no SGLang there or a module the
+    adapters need is missing."""
+    resolved = resolve_source(source, cache_dir)
+    known = _LOADED.get(resolved.key())
+    if known is not None:
+        return known
+    importer = PrivateSGLang(resolved, _prefix(resolved), REAL_MODULES, PARTIAL_MODULES)
+    importer.install()
+    modules = SGLangModules(resolved, importer)
+    try:
+        install_kernel_switches(modules.module("sglang.srt.mem_cache.allocator.paged"))
+    except BaseException:
+        importer.uninstall()
+        raise
+    _LOADED[resolved.key()] = modules
+    return modules
+
+
+__all__ = ["PARTIAL_MODULES", "REAL_MODULES", "SGLangModules", "load_sglang"]

@@ -1,0 +1,63 @@
+"""Campaigns in worker processes: a candidate that segfaults or hangs is a reported, shrunk
+``crash`` failure; a broken initial state is a failure like any other; the JSON report is
+always written; the same seed gives the same trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvpool.cli import main
+from kvpool.testing.workers import CampaignSpec, run_parallel
+
+LABELS = ("reference", "candidate")
+
+
+def _spec(impl: str, component: str = "allocator", seed: int = 0) -> CampaignSpec:
+    return CampaignSpec(component, "reference", f"tests.harness.crashy_impl:{impl}", seed, 30,
+                        LABELS)  # fmt: skip
+
+
+def test_a_segfault_is_a_shrunk_crash_with_the_signal() -> None:
+    result = run_parallel(_spec("crashy"), 20.0, 2, step_timeout=30.0, shrink_budget=60.0)
+    assert result.failure is not None
+    assert result.failure.detector == "crash"
+    assert "SIGSEGV" in result.failure.report
+    assert len(result.failure.ops) <= 3, result.failure.ops
+    assert any(op.startswith(("alloc(", "extend(")) for op in result.failure.ops)
+
+
+def test_a_hung_step_is_a_crash_named_by_the_timeout() -> None:
+    result = run_parallel(_spec("hangy"), 20.0, 1, step_timeout=1.5, shrink_budget=30.0)
+    assert result.failure is not None and result.failure.detector == "crash"
+    assert "hung" in result.failure.report
+
+
+def test_same_seed_same_failure_with_two_workers() -> None:
+    first = run_parallel(_spec("crashy", seed=5), 20.0, 2, step_timeout=30.0)
+    second = run_parallel(_spec("crashy", seed=5), 20.0, 2, step_timeout=30.0)
+    assert first.failure is not None and second.failure is not None
+    assert (first.failure.run, first.failure.ops) == (second.failure.run, second.failure.ops)
+
+
+def test_verify_reports_a_broken_initial_state_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    code = main(["verify", "--seconds", "5", "--component", "allocator", "--workers", "1",
+                 "--impl", "tests.harness.crashy_impl:born_broken", "--no-progress",
+                 "--report", str(out)])  # fmt: skip
+    assert code == 1
+    payload = json.loads(out.read_text())
+    assert payload["failure"]["detector"].startswith("INV-")
+    assert payload["failure"]["ops"] == []
+    assert payload["component"] == "allocator"
+
+
+def test_verify_writes_json_after_a_crash(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    code = main(["verify", "--seconds", "5", "--component", "allocator", "--workers", "1",
+                 "--impl", "tests.harness.crashy_impl:crashy", "--no-progress",
+                 "--report", str(out)])  # fmt: skip
+    assert code == 1
+    payload = json.loads(out.read_text())
+    assert payload["failure"]["detector"] == "crash"
+    assert "coverage" in payload and payload["workers"] == 1
