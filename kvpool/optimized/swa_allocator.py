@@ -129,6 +129,20 @@ class SWATokenToKVPoolAllocator:
             self._check_range(locs, NO_LAST_LOC)
         return self.full_to_swa_index_mapping[locs]
 
+    def set_full_to_swa_mapping(self, full_indices: IndexLike, swa_indices: IndexLike) -> None:
+        """``mapping[full_indices[i]] = swa_indices[i]`` (0 unmaps). Checked mode:
+        InvalidArgumentError for different lengths, IndexOutOfRangeError out of range."""
+        full, swa = self._as_index(full_indices), self._as_index(swa_indices)
+        if self.checked:
+            if full.numel() != swa.numel():
+                raise InvalidArgumentError(f"{full.numel()} full slots but {swa.numel()} SWA slots")
+            self._check_range(full, 0)
+            swa_limit = self._size_swa + self.page_size
+            bad = (swa < 0) | (swa >= swa_limit)
+            if bool(bad.any()):
+                raise IndexOutOfRangeError(f"SWA slots out of range: {swa[bad].tolist()}")
+        self.full_to_swa_index_mapping[full] = swa
+
     def _mapping_indices(self, slots: torch.Tensor) -> torch.Tensor:
         """The full slots a free of ``slots`` resolves: every slot of their pages above page
         size 1, pages ascending and each once (the sentinel mask that follows waits for the

@@ -110,6 +110,22 @@ class SWATokenToKVPoolAllocator:
             raise IndexOutOfRangeError(f"full slots out of range: {bad}")
         return [self.full_to_swa_index_mapping[x] for x in locs]
 
+    def set_full_to_swa_mapping(
+        self, full_indices: Sequence[int], swa_indices: Sequence[int]
+    ) -> None:
+        """``mapping[full_indices[i]] = swa_indices[i]`` (0 unmaps): the SWA radix cache moves a
+        request's SWA slots onto a tree node's full slots with it. Raises InvalidArgumentError
+        for lists of different lengths, IndexOutOfRangeError for a slot outside its pool."""
+        full, swa = [int(x) for x in full_indices], [int(x) for x in swa_indices]
+        if len(full) != len(swa):
+            raise InvalidArgumentError(f"{len(full)} full slots but {len(swa)} SWA slots")
+        self._check_full_range(full)
+        swa_limit = self._size_swa + self.page_size
+        bad = [s for s in swa if not 0 <= s < swa_limit]
+        if bad:
+            raise IndexOutOfRangeError(f"SWA slots out of range [0, {swa_limit}): {bad}")
+        self._set_mapping(full, swa)
+
     def _mapping_indices(self, slots: Sequence[int]) -> list[int]:
         """The full slots whose mapping a free of ``slots`` resolves: the slots themselves at
         page size 1, every slot of their pages (ascending, each once) above."""
