@@ -58,13 +58,16 @@ def _case(name: str, ref: Ref, twin: Twin, ref_call: Callable[[], Any],
             "ratio": round(ref_us / twin_us, 1)}  # fmt: skip
 
 
+def t(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
 def run(quick: bool = False) -> list[dict[str, Any]]:
     """The four rows (see the module docstring)."""
     torch.set_num_threads(1)
     calls = 20 if quick else 200
     rng = random.Random(0)
     ref, twin = Ref(SIZE, SIZE_SWA, PAGE_SIZE), Twin(SIZE, SIZE_SWA, PAGE_SIZE, checked=False)
-    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
 
     prefix = [rng.randint(0, 255) for _ in range(32)]
     got = ref.alloc_extend([0] * 32, [0] * 32, prefix, prefix, [NO_LAST_LOC] * 32, sum(prefix))

@@ -3,9 +3,9 @@
 Phase 1 (half a second): the reference pools' seeded self-check (:mod:`kvpool.testing.selfcheck`).
 Phase 2 (``--seconds``): a lockstep campaign of one machine (``--component``: the lifecycle
 ``manager`` or the ``allocator`` / ``req_to_token_pool`` / ``radix_cache`` / ``swa_allocator``
-alone), the reference against a candidate (``--impl``: the optimized twin by default,
-``sglang[:SOURCE]`` for SGLang's own classes, or ``MODULE:NAME`` / ``path.py:NAME``), every
-invariant checked after every step, in ``--workers`` processes so that a candidate that
+/ ``swa_radix_cache`` alone), the reference against a candidate (``--impl``: the optimized twin
+by default, ``sglang[:SOURCE]`` for SGLang's own classes, or ``MODULE:NAME`` / ``path.py:NAME``),
+every invariant checked after every step, in ``--workers`` processes so that a candidate that
 crashes or hangs is a reported failure. Prints a summary with the coverage reached, and writes
 it as JSON with ``--report`` (always, also after a failure or an internal error). Exit codes: 0
 clean, 1 a failure, 2 bad usage.
@@ -21,7 +21,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-COMPONENTS = ("manager", "allocator", "req_to_token_pool", "radix_cache", "swa_allocator")
+COMPONENTS = (
+    "manager",
+    "allocator",
+    "req_to_token_pool",
+    "radix_cache",
+    "swa_allocator",
+    "swa_radix_cache",
+)
 
 
 def _positive_float(text: str) -> float:

@@ -188,6 +188,39 @@ def check_tombstone(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     )
 
 
+@invariant(
+    "INV-SWA-TREE-LOCKS",
+    "per node full_lock_ref >= swa_lock_ref >= 0 and a tombstone holds no SWA lock; the full and "
+    "SWA evictable/protected sizes equal their sums",
+    scope="swa",
+)
+def check_tree_locks(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
+    tree = ctx.tree
+    if tree is None:
+        return
+    nodes = [n for n in tree.nodes if n.parent_id is not None]
+    _fail("INV-SWA-TREE-LOCKS", "lock counts out of order (full >= swa >= 0)",
+          [n.node_id for n in nodes if not n.lock_ref >= n.swa_lock_ref >= 0])  # fmt: skip
+    # (a tombstone leaf may be unlocked: its request released its window, then its full lock;
+    # full eviction deletes it)
+    _fail("INV-SWA-TREE-LOCKS", "tombstones with an SWA lock",
+          [n.node_id for n in nodes if n.swa_tombstone and n.swa_lock_ref])  # fmt: skip
+    sums = (
+        sum(len(n.value) for n in nodes if not n.lock_ref),
+        sum(len(n.value) for n in nodes if n.lock_ref),
+        sum(len(n.value) for n in nodes if not n.swa_tombstone and not n.swa_lock_ref),
+        sum(len(n.value) for n in nodes if not n.swa_tombstone and n.swa_lock_ref),
+    )
+    kept = (tree.evictable_size, tree.protected_size, tree.swa_evictable_size,
+            tree.swa_protected_size)  # fmt: skip
+    if sums != kept:
+        raise InvariantViolation(
+            "INV-SWA-TREE-LOCKS",
+            f"(full evictable, full protected, SWA evictable, SWA protected) kept {kept}, "
+            f"summed over the tree {sums}",
+        )
+
+
 def check_swa_allocator(
     snap: SWAAllocatorSnapshot,
     held_full_pages: Iterable[int] | None = None,

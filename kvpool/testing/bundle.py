@@ -20,7 +20,9 @@ Factory shapes (every size comes from the :class:`~kvpool.config.PoolConfig`):
 - ``manager(config)``: a whole :class:`~kvpool.protocols.MemoryManagerProtocol`;
 - ``swa_allocator(config)``: a sliding-window hybrid allocator (SGLang's
   ``SWATokenToKVPoolAllocator`` API) of ``config.size`` full tokens and ``config.swa_size`` SWA
-  tokens, ``config.page_size`` and ``config.need_sort``.
+  tokens, ``config.page_size`` and ``config.need_sort``;
+- ``swa_radix_cache(config, swa_allocator)``: a sliding-window prefix tree (SGLang's
+  ``SWARadixCache`` API) over the SWA allocator given, window ``config.sliding_window``.
 
 A missing factory means the implementation does not provide that component; the harness says so
 rather than guessing a substitute.
@@ -35,7 +37,14 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.rules import Rules
 
-COMPONENTS = ("allocator", "req_to_token_pool", "radix_cache", "manager", "swa_allocator")
+COMPONENTS = (
+    "allocator",
+    "req_to_token_pool",
+    "radix_cache",
+    "manager",
+    "swa_allocator",
+    "swa_radix_cache",
+)
 """Component names, as ``kvpool verify --component`` spells them."""
 
 
@@ -50,6 +59,7 @@ class Implementation:
     radix_key: Callable[[Sequence[int], str | None], Any] | None = None
     manager: Callable[[PoolConfig], Any] | None = None
     swa_allocator: Callable[[PoolConfig], Any] | None = None
+    swa_radix_cache: Callable[[PoolConfig, Any], Any] | None = None
     rules: Rules | None = None
     """The rules this implementation follows; None: kvpool's default :class:`Rules`."""
     index: Callable[[Sequence[int]], Any] = list
@@ -63,6 +73,9 @@ class Implementation:
                 f is not None
                 for f in (self.radix_cache, self.radix_key, self.allocator, self.req_to_token_pool)
             )
+        if component == "swa_radix_cache":
+            return all(f is not None for f in (self.swa_radix_cache, self.swa_allocator,
+                                               self.radix_key))  # fmt: skip
         return getattr(self, component) is not None
 
 

@@ -28,6 +28,7 @@ def reference_implementation() -> Implementation:
     from kvpool.reference.radix_cache import RadixCache
     from kvpool.reference.req_to_token_pool import ReqToTokenPool
     from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
+    from kvpool.reference.swa_radix_cache import SWARadixCache
 
     def allocator(config: PoolConfig) -> Any:
         if config.page_size == 1:
@@ -50,6 +51,9 @@ def reference_implementation() -> Implementation:
         swa_allocator=lambda config: SWATokenToKVPoolAllocator(
             config.size, config.swa_size, config.page_size, config.need_sort
         ),
+        swa_radix_cache=lambda config, alloc: SWARadixCache(
+            alloc, config.page_size, config.sliding_window or 1
+        ),
     )
 
 
@@ -64,6 +68,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     from kvpool.optimized.radix_cache import RadixCache
     from kvpool.optimized.req_to_token_pool import ReqToTokenPool
     from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
+    from kvpool.optimized.swa_radix_cache import SWARadixCache
 
     if torch.get_num_threads() != 1:  # tiny tensors: OpenMP workers only contend
         torch.set_num_threads(1)
@@ -104,6 +109,9 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         radix_key=radix_key.RadixKey,
         manager=manager,
         swa_allocator=swa_allocator,
+        swa_radix_cache=lambda config, alloc: SWARadixCache(
+            alloc, config.page_size, config.sliding_window or 1
+        ),
         index=index,
     )
 

@@ -20,6 +20,7 @@ SWA_IDS = (
     "INV-SWA-SENTINEL",
     "INV-SWA-ACCOUNTING",
     "INV-SWA-TOMBSTONE",
+    "INV-SWA-TREE-LOCKS",
 )
 
 
@@ -102,9 +103,25 @@ def test_accounting_against_what_requests_and_the_tree_hold() -> None:
 
 def test_tombstoned_node_holds_no_swa_slot() -> None:
     snap = good()
-    node = NodeSnapshot(1, 0, (7, 8), None, (1, 2), 0, (), (), 0.0, swa_tombstone=True)
-    root = NodeSnapshot(0, None, (), None, (), 1, (1,), ((7,),), 0.0)
-    tree = TreeSnapshot(1, False, "lru", 2, 0, (root, node))
+    # a tombstone leaf whose full part a running request still locks
+    node = NodeSnapshot(1, 0, (7, 8), None, (1, 2), 1, (), (), 0.0, swa_tombstone=True)
+    root = NodeSnapshot(0, None, (), None, (), 1, (1,), ((7,),), 0.0, swa_lock_ref=1)
+    tree = TreeSnapshot(1, False, "lru", 0, 2, (root, node))
     fires("INV-SWA-TOMBSTONE", (1,), snap, tree=tree)
     clean = dataclasses.replace(node, value=(1,), key=(7,))
-    check_swa_allocator(snap, tree=dataclasses.replace(tree, nodes=(root, clean)))
+    check_swa_allocator(snap, tree=dataclasses.replace(tree, nodes=(root, clean), protected_size=1))
+
+
+def test_tree_locks_and_sizes() -> None:
+    snap = good()
+    root = NodeSnapshot(0, None, (), None, (), 1, (1,), ((7,),), 0.0, swa_lock_ref=1)
+    node = NodeSnapshot(1, 0, (7,), None, (2,), 1, (), (), 0.0, swa_lock_ref=1)
+    tree = TreeSnapshot(1, False, "lru", 0, 1, (root, node), 0, 1)
+    check_swa_allocator(snap, tree=tree)
+    over = dataclasses.replace(node, swa_lock_ref=2)
+    fires("INV-SWA-TREE-LOCKS", (1,), snap, tree=dataclasses.replace(tree, nodes=(root, over)))
+    fires("INV-SWA-TREE-LOCKS", (), snap, tree=dataclasses.replace(tree, swa_evictable_size=1))
+    locked_tomb = dataclasses.replace(node, value=(1,), swa_tombstone=True)
+    fires(
+        "INV-SWA-TREE-LOCKS", (1,), snap, tree=dataclasses.replace(tree, nodes=(root, locked_tomb))
+    )

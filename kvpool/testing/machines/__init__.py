@@ -2,8 +2,8 @@
 
 :data:`TARGETS` maps each component name of ``kvpool verify --component`` to its machine:
 ``allocator`` (:mod:`.allocator`), ``req_to_token_pool`` (:mod:`.table`), ``radix_cache``
-(:mod:`.radix`), ``swa_allocator`` (:mod:`.swa_allocator`) and ``manager`` (the whole
-lifecycle, :mod:`.lifecycle`). Each is driven by
+(:mod:`.radix`), ``swa_allocator`` (:mod:`.swa_allocator`), ``swa_radix_cache``
+(:mod:`.swa_radix`) and ``manager`` (the whole lifecycle, :mod:`.lifecycle`). Each is driven by
 :class:`~kvpool.testing.machines.base.ComponentPair` (or, for the lifecycle, the existing
 :class:`~kvpool.testing.lockstep_driver.Lockstep`) through the one campaign runner.
 """
@@ -22,6 +22,7 @@ from kvpool.testing.machines.base import Target as Target
 from kvpool.testing.machines.lifecycle import LifecycleTarget
 from kvpool.testing.machines.radix import RadixTarget
 from kvpool.testing.machines.swa_allocator import SWAAllocatorTarget
+from kvpool.testing.machines.swa_radix import SWARadixTarget
 from kvpool.testing.machines.table import TableTarget
 from kvpool.testing.swarm import Chooser, Op
 
@@ -31,6 +32,7 @@ TARGETS: dict[str, Target | LifecycleTarget] = {
     "radix_cache": RadixTarget(),
     "manager": LifecycleTarget(),
     "swa_allocator": SWAAllocatorTarget(),
+    "swa_radix_cache": SWARadixTarget(),
 }
 
 

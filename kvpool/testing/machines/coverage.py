@@ -41,6 +41,12 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "free_swa:in-group", "translate_loc_from_full_to_swa:ok", "restore_state:ok", "clear:ok",
         "invalid:refused",
     ),
+    "swa_radix_cache": (
+        "insert:new", "insert:duplicate", "insert:window-slid", "insert:recovered",
+        "insert:recovered-locked", "insert_new:refused", "lock:hit", "lock:miss",
+        "lock:window-bounded", "release:leaf-tombstoned", "unlock:ok", "evict:freed",
+        "evict:tombstoned", "evict:nothing", "invalid:refused",
+    ),
     "manager": (
         "extend:ok", "extend:oom", "extend:chunked", "extend:evicted", "decode:ok", "decode:oom",
         "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok", "retract:ok",
