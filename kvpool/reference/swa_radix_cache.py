@@ -390,6 +390,16 @@ class SWARadixCache:
             parent = up
         return freed
 
+    @staticmethod
+    def _swa_evictable(node: SWATreeNode) -> bool:
+        """SWA eviction may take it: it holds SWA slots nobody's window reads."""
+        return not node.swa_tombstone and node.swa_lock_ref == 0
+
+    @staticmethod
+    def _keeps_full(node: SWATreeNode) -> bool:
+        """SWA eviction only tombstones it: its full part has children or a running request."""
+        return bool(node.children) or node.full_lock_ref > 0
+
     def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
         """Free at least ``num_tokens`` full and ``swa_num_tokens`` SWA tokens if the tree
         allows (module docstring); returns (full tokens freed, SWA tokens freed)."""
@@ -409,11 +419,11 @@ class SWARadixCache:
             self._delete_leaf(x)
             full += self._delete_tombstone_parents(parent)
         while swa < swa_num_tokens:
-            x = self._lru([n for n in self._nodes() if not n.swa_tombstone and n.swa_lock_ref == 0])
+            x = self._lru([n for n in self._nodes() if self._swa_evictable(n)])
             if x is None:
                 break
             swa += len(x.value)
-            if x.children or x.full_lock_ref > 0:
+            if self._keeps_full(x):
                 alloc.free_swa(x.value)  # the full part stays (children, or a running request)
                 x.swa_tombstone = True
                 self.swa_evictable_size_ -= len(x.value)

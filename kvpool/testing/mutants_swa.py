@@ -1,8 +1,9 @@
-"""Seeded SWA allocator bugs (the field bugs of sliding-window KV caches): :data:`SWA_MUTANTS`.
+"""Seeded SWA bugs (the field bugs of sliding-window KV caches): :data:`SWA_MUTANTS`.
 
 Each patch takes one built :class:`kvpool.optimized.swa_allocator.SWATokenToKVPoolAllocator`
-and re-creates, on that instance only, a bug seen in the field; the ``swa_allocator`` machine
-hunts it (:func:`kvpool.testing.mutant_component.hunt_component`).
+(or :class:`kvpool.optimized.swa_radix_cache.SWARadixCache`) and re-creates, on that instance
+only, a bug seen in the field; the ``swa_allocator`` (``swa_radix_cache``) machine hunts it
+(:func:`kvpool.testing.mutant_component.hunt_component`).
 """
 
 from __future__ import annotations
@@ -124,6 +125,20 @@ def decode_takes_full_before_swa(alloc: Any) -> None:
     alloc.alloc_decode = alloc_decode
 
 
+def window_evicted_under_lock(tree: Any) -> None:
+    """SWA eviction ignores the SWA lock: a running request's window is tombstoned under it."""
+    need(tree, "_swa_evictable")
+    tree._swa_evictable = lambda node: not node.swa_tombstone
+
+
+def locked_leaf_deleted(tree: Any) -> None:
+    """SWA eviction treats a leaf whose full part is still locked (a tombstone recovered from
+    another request while its own request runs) as unlocked: it deletes it, freeing full slots
+    the running request reads."""
+    need(tree, "_keeps_full")
+    tree._keeps_full = lambda node: bool(node.children)
+
+
 SWA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("swa-stale-mapping", "a recycled full slot keeps a stale SWA mapping",
                     ("INV-SWA-FREE-UNMAPPED",), stale_mapping_on_free),
@@ -139,15 +154,23 @@ SWA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("swa-decode-leaks-full", "a decode refused by the SWA pool keeps full pages",
                     ("unchanged-on-error", "INV-TOKEN-ACCOUNTING"), decode_takes_full_before_swa,
                     page_sizes=(2, 4)),
+    ComponentMutant("swa-window-evicted-locked", "a node's SWA part evicted inside a running "
+                    "request's window", ("INV-SWA-TREE-LOCKS",), window_evicted_under_lock,
+                    "swa_radix_cache"),
+    ComponentMutant("swa-locked-leaf-deleted", "SWA eviction deletes a leaf whose full part is "
+                    "still locked", ("INV-SWA-TREE-LOCKS", "lockstep-diff"), locked_leaf_deleted,
+                    "swa_radix_cache"),
 )  # fmt: skip
-"""The seeded SWA allocator bugs of the quality suite."""
+"""The seeded SWA bugs of the quality suite (allocator and radix cache)."""
 
 __all__ = [
     "SWA_MUTANTS",
     "decode_takes_full_before_swa",
     "lazy_group_resolution",
+    "locked_leaf_deleted",
     "sentinel_freed",
     "stale_mapping_on_free",
+    "window_evicted_under_lock",
     "window_slot_freed_twice",
     "window_slot_leaked",
 ]

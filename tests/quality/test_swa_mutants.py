@@ -1,17 +1,21 @@
-"""The SWA part of the quality suite: every seeded SWA allocator bug of
-:data:`kvpool.testing.mutants_swa.SWA_MUTANTS` is caught by the ``swa_allocator`` component
-machine, by one of the detectors it names, within a fixed budget (40 seeded runs of 40 steps),
-with a shrunk trace of at most 20 steps; the unmutated twin passes the same budget."""
+"""The SWA part of the quality suite: every seeded SWA bug of
+:data:`kvpool.testing.mutants_swa.SWA_MUTANTS` is caught by its component machine
+(``swa_allocator`` or ``swa_radix_cache``), by one of the detectors it names, within a fixed
+budget (40 seeded runs of 40 steps), with a shrunk trace of at most 20 steps; the unmutated twin
+passes the same budget on both machines."""
 
 from __future__ import annotations
+
+import pytest
 
 from kvpool.testing.mutant_component import ComponentMutant, hunt_component
 from kvpool.testing.mutant_hunt import format_table
 from kvpool.testing.mutants_swa import SWA_MUTANTS
 
-FIELD_BUGS = 5
-"""The issue's SWA allocator field bugs (stale mapping, freed sentinel, lazy group resolution,
-window slots leaked, window slots freed twice); the suite seeds at least these."""
+FIELD_BUGS = 6
+"""The issue's SWA field bugs (stale mapping, freed sentinel, lazy group resolution, window
+slots leaked, window slots freed twice, a tombstone evicted under a full lock); the suite seeds
+at least these."""
 
 
 def test_enough_distinct_seeded_swa_bugs() -> None:
@@ -20,10 +24,9 @@ def test_enough_distinct_seeded_swa_bugs() -> None:
     assert all(m.expected for m in SWA_MUTANTS)
 
 
-def test_unmutated_twin_passes_the_same_budget() -> None:
-    clean = ComponentMutant(
-        "no-bug", "control", ("none",), lambda alloc: None, page_sizes=(1, 2, 4, 16)
-    )
+@pytest.mark.parametrize("component", ["swa_allocator", "swa_radix_cache"])
+def test_unmutated_twin_passes_the_same_budget(component: str) -> None:
+    clean = ComponentMutant("no-bug", "control", ("none",), lambda obj: None, component)
     result = hunt_component(clean)
     assert not result.caught, result.report
 
