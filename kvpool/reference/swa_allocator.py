@@ -369,7 +369,7 @@ class SWATokenToKVPoolAllocator:
         probe.restore_state(state[1])
         self.full_attn_allocator.restore_state(state[0])
         self.swa_attn_allocator.restore_state(state[1])
-        self.full_to_swa_index_mapping = mapping
+        self.full_to_swa_index_mapping[:] = mapping  # in place: an SWAKVPool shares the list
 
     def merge_and_sort_free(self) -> None:
         """Merge and sort both pools' release pages into their free pages."""
