@@ -11,11 +11,32 @@ handed out: padded batches (CUDA-graph capture) write their dummy data there."""
 NO_LAST_LOC: Final[int] = -1
 """``last_loc`` of a request with an empty prefix: there is no slot of token ``P - 1``."""
 
-EVICTION_POLICIES: Final[tuple[str, ...]] = ("lru", "lfu", "fifo", "mru", "filo", "priority")
+EVICTION_POLICIES: Final[tuple[str, ...]] = (
+    "lru",
+    "lfu",
+    "fifo",
+    "mru",
+    "filo",
+    "priority",
+    "slru",
+)
 """Radix-cache eviction policies, by the names SGLang uses. ``lru`` is the default."""
 
 SUPPORTED_PAGE_SIZES_TESTED: Final[tuple[int, ...]] = (1, 2, 4, 16, 64)
 """The page sizes every stateful suite draws from."""
+
+KERNEL_OPS: Final[tuple[str, ...]] = (
+    "alloc_extend",
+    "alloc_decode",
+    "write_req_to_token",
+    "get_last_loc",
+    "create_flashinfer_kv_indices",
+    "create_flashmla_kv_indices",
+)
+"""The kernel ops the differential harness knows, by their :mod:`kvpool.kernels` names."""
+
+SHORT_FREE_LIST_MODES: Final[tuple[str, ...]] = ("off", "lenient", "strict")
+"""How the kernel harness draws too-few-free-pages inputs (:mod:`kvpool.testing.kernels`)."""
 
 
 def is_power_of_two(n: int) -> bool:

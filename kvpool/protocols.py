@@ -58,6 +58,12 @@ class ReqToTokenPoolProtocol(Protocol[IdxT]):
         Raises :class:`~kvpool.errors.RowReuseError` for an illegal reuse."""
         ...
 
+    def check_alloc(self, reqs: Sequence[ReqLike]) -> int:
+        """Validate a batch for :meth:`alloc` without changing anything (the reuse rule
+        above); returns the number of fresh rows it needs. The manager calls it before its
+        first change."""
+        ...
+
     def free(self, req: ReqLike) -> None:
         """Return the request's row and clear ``req.req_pool_idx``; table contents untouched.
         Raises :class:`~kvpool.errors.DoubleFreeError` if the row is already free."""

@@ -14,9 +14,11 @@ no second factory (``kvpool replay --twin-only``) only one implementation runs, 
 :class:`SoloStepper`: every invariant is still checked on its snapshot every ``check_every``
 steps, but nothing compares it with the reference (capacity planning at real sizes).
 
-Prompts come from :mod:`kvpool.traces` (block ids turned into tokens). ``block_tokens`` below
-512 keeps the first ``block_tokens`` tokens of every 512-token block: the same sharing structure
-at a smaller scale, for quick runs on small pools.
+Prompts come from :mod:`kvpool.traces` (block ids turned into tokens, each request's when it is
+admitted: a replay holds the tokens of its running requests only). ``block_tokens`` below 512
+keeps the first ``block_tokens`` tokens of every 512-token block: the same sharing structure at
+a smaller scale, for quick runs on small pools. Decoded tokens lie below
+:data:`~kvpool.traces.OUTPUT_TOKEN_LIMIT`, where no prompt token does.
 
 Reported (for implementation A): prefix-cache hit ratio (prompt tokens found in the cache when
 each request was admitted, over ALL prompt tokens of the replayed requests: a request the pool
@@ -40,7 +42,11 @@ from kvpool.invariants import check_all
 from kvpool.snapshot import PoolSnapshot
 from kvpool.testing.lockstep import Factory, Lockstep, LockstepFailure
 from kvpool.testing.swarm import Op
-from kvpool.traces import BLOCK_SIZE, TraceRecord, blocks_token_array
+from kvpool.traces import BLOCK_SIZE, OUTPUT_TOKEN_LIMIT, TraceRecord, blocks_token_array
+
+GC_EVERY_STEPS = 1024
+"""Decode steps between two cyclic garbage collections during a replay (the collector is
+paused otherwise; evicted tree nodes are cycles and must not pile up over a long trace)."""
 
 
 @dataclass(frozen=True)
@@ -111,10 +117,12 @@ class Stepper(Protocol):
 
 class SoloStepper:
     """One implementation alone: each op is called, and every ``check_every`` steps its snapshot
-    goes through every invariant (:func:`kvpool.invariants.check_all`, with the previous checked
-    snapshot). Returns the result or the :class:`~kvpool.errors.KVPoolError` instance, like
-    :meth:`Lockstep.run`; a violation raises :class:`~kvpool.testing.lockstep.LockstepFailure`
-    named by the invariant id; any other exception propagates."""
+    goes through every invariant (:func:`kvpool.invariants.check_all`, the transition ones
+    against a snapshot taken just before that step: states several steps apart would make them
+    report locks released and evicted in between). Returns the result or the
+    :class:`~kvpool.errors.KVPoolError` instance, like :meth:`Lockstep.run`; a violation raises
+    :class:`~kvpool.testing.lockstep.LockstepFailure` named by the invariant id; any other
+    exception propagates."""
 
     def __init__(self, factory: Factory, config: PoolConfig, label: str, check_every: int = 1):
         self.config, self.label = config, label
@@ -134,42 +142,69 @@ class SoloStepper:
 
     def run(self, op: Op) -> Any:
         self.steps += 1
+        due = self.steps % self.check_every == 0
+        if due and self.check_every > 1:  # transition invariants compare consecutive states
+            self.snap = self.a.snapshot()
         try:
             out: Any = op.call(self.a)
         except KVPoolError as exc:
             out = exc
-        if self.steps % self.check_every == 0:
+        if due:
             prev, self.snap = self.snap, self.a.snapshot()
             self._check(prev, op.name)
         return out
 
     def check_now(self) -> None:
-        """Check the current state if the last step was not checked (the end of a replay)."""
+        """Check the current state if the last step was not checked (the end of a replay; the
+        state invariants only: the previous snapshot is several steps old)."""
         if self.steps % self.check_every:
-            prev, self.snap = self.snap, self.a.snapshot()
-            self._check(prev, "end")
+            self.snap = self.a.snapshot()
+            self._check(None, "end")
+
+
+def scaled_length(record: TraceRecord, block_tokens: int) -> int:
+    """Length (tokens) of :func:`scaled_prompt` of ``record``, without synthesising it."""
+    if block_tokens >= BLOCK_SIZE:
+        return record.input_length
+    return max(-(-record.input_length * block_tokens // BLOCK_SIZE), 1)
 
 
 def scaled_prompt(record: TraceRecord, block_tokens: int) -> list[int]:
     """The record's prompt with every block cut to its first ``block_tokens`` tokens (all of
-    them when ``block_tokens >= 512``); equal block ids still give equal tokens."""
+    them when ``block_tokens >= 512``); equal block ids still give equal tokens, and different
+    ids differ from their first token on (:mod:`kvpool.traces`)."""
     full = blocks_token_array(record.hash_ids)
+    keep = scaled_length(record, block_tokens)
     if block_tokens >= BLOCK_SIZE:
-        tokens: list[int] = full[: record.input_length].tolist()
+        tokens: list[int] = full[:keep].tolist()
         return tokens
-    keep = max(-(-record.input_length * block_tokens // BLOCK_SIZE), 1)
     cut: list[int] = full.reshape(-1, BLOCK_SIZE)[:, :block_tokens].reshape(-1)[:keep].tolist()
     return cut
 
 
-def prepare_requests(
-    records: list[TraceRecord], settings: ReplaySettings
-) -> tuple[list[list[int]], list[int]]:
-    """Prompts (tokens, see :func:`scaled_prompt`) and output lengths (tokens, capped at
-    ``max_output``, at least 1) of ``records``: computed once, shared by every replay of a job."""
-    prompts = [scaled_prompt(r, settings.block_tokens) for r in records]
+@dataclass(frozen=True)
+class PreparedRequests:
+    """What a replay needs per request, computed once per job and shared by its runs: prompt
+    lengths and output lengths (tokens, outputs capped at ``max_output``, at least 1). The
+    prompts themselves are synthesised when a request is admitted (:meth:`prompt`) and dropped
+    when it finishes, so a replay holds the tokens of its running requests only, not the trace's
+    (145 million tokens for the full conversation trace)."""
+
+    records: list[TraceRecord]
+    block_tokens: int
+    prompt_lengths: list[int]
+    outputs: list[int]
+
+    def prompt(self, index: int) -> list[int]:
+        """Tokens of request ``index`` (see :func:`scaled_prompt`)."""
+        return scaled_prompt(self.records[index], self.block_tokens)
+
+
+def prepare_requests(records: list[TraceRecord], settings: ReplaySettings) -> PreparedRequests:
+    """The :class:`PreparedRequests` of ``records`` under ``settings``."""
+    lengths = [scaled_length(r, settings.block_tokens) for r in records]
     outputs = [max(min(r.output_length, settings.max_output), 1) for r in records]
-    return prompts, outputs
+    return PreparedRequests(records, settings.block_tokens, lengths, outputs)
 
 
 def cache_footprint_tokens(records: list[TraceRecord], block_tokens: int) -> int:
@@ -181,16 +216,21 @@ def cache_footprint_tokens(records: list[TraceRecord], block_tokens: int) -> int
 def replay_pool_sizes(
     records: list[TraceRecord], settings: ReplaySettings, points: int = 4
 ) -> list[int]:
-    """``points`` pool sizes (tokens, whole pages) for a hit-ratio curve, from the trace's peak
-    demand: the smallest pool that rejects nothing (the longest request, page-aligned, plus an
-    output page per running request) times 1, 2, 4, ... (``2**k`` for ``k < points``), none
-    above the cache footprint (:func:`cache_footprint_tokens`: past it nothing is evicted)."""
+    """Up to ``points`` pool sizes (tokens, whole pages) for a hit-ratio curve, spaced evenly on
+    a log scale from the trace's peak demand to its cache footprint. Peak demand: the smallest
+    pool that rejects nothing (the longest request, page-aligned, plus an output page per
+    running request). Footprint (:func:`cache_footprint_tokens`): past it nothing is evicted,
+    so the policies can no longer differ. One size when the footprint is below the demand."""
     ps = settings.page_size
-    prompts, outputs = prepare_requests(records, settings)
-    need = max((ceil_align(len(p) + o, ps) for p, o in zip(prompts, outputs, strict=True)),
-               default=ps) + settings.concurrency * ps  # fmt: skip
-    top = max(ceil_align(cache_footprint_tokens(records, settings.block_tokens), ps), need)
-    return sorted({min(need << k, top) for k in range(points)})
+    prepared = prepare_requests(records, settings)
+    pairs = zip(prepared.prompt_lengths, prepared.outputs, strict=True)
+    need = max((ceil_align(n + o, ps) for n, o in pairs), default=ps) + settings.concurrency * ps
+    top = ceil_align(cache_footprint_tokens(records, settings.block_tokens), ps)
+    if top <= need or points < 2:
+        return [need]
+    ratio = top / need
+    sizes = {ceil_align(round(need * ratio ** (k / (points - 1))), ps) for k in range(points)}
+    return sorted(min(max(size, need), top) for size in sizes)
 
 
 class _Driver:
@@ -260,7 +300,8 @@ class _Driver:
 
     def decode_all(self, step: int) -> None:
         rids = list(self.running)
-        out = self.call(Op("decode", (rids, [(step * 7 + i) % 997 + 1 for i in range(len(rids))])))
+        tokens = [(step * 7 + i) % (OUTPUT_TOKEN_LIMIT - 1) + 1 for i in range(len(rids))]
+        out = self.call(Op("decode", (rids, tokens)))
         if isinstance(out, OutOfMemoryError):
             victim = rids[-1]  # the youngest goes back to the queue
             self.call(Op("abort", (victim,)))
@@ -290,7 +331,7 @@ def replay_trace(
     factory_a: Factory,
     factory_b: Factory | None,
     labels: tuple[str, str] = ("reference", "optimized"),
-    requests: tuple[list[list[int]], list[int]] | None = None,
+    requests: PreparedRequests | None = None,
     on_request: Callable[[], None] | None = None,
 ) -> ReplayStats:
     """Replay ``records`` (in order) on A and B in lockstep; the statistics of A (equal to B's:
@@ -298,9 +339,9 @@ def replay_trace(
     ``factory_b`` None, A runs alone (:class:`SoloStepper`, labelled ``labels[0]``).
     ``requests``: :func:`prepare_requests` of ``records`` when already computed;
     ``on_request`` is called once per request finished or rejected (progress bars)."""
-    # Long prompts keep millions of token ints alive (prompts, rows, snapshots); the cyclic
-    # collector would rescan them over and over (~20% of a replay) while the replay itself makes
-    # few cycles (tree parent links): pause it for the run, collect once at the end.
+    # Long prompts keep millions of token ints alive (rows, snapshots); the cyclic collector
+    # would rescan them over and over (~20% of a replay) while the replay makes few cycles (tree
+    # parent links of evicted nodes): pause it, collect every GC_EVERY_STEPS steps and at the end.
     paused = gc.isenabled()
     gc.disable()
     try:
@@ -317,12 +358,13 @@ def _replay(
     factory_a: Factory,
     factory_b: Factory | None,
     labels: tuple[str, str],
-    requests: tuple[list[list[int]], list[int]] | None,
+    requests: PreparedRequests | None,
     on_request: Callable[[], None] | None,
 ) -> ReplayStats:
     start = time.monotonic()
-    prompts, outputs = requests or prepare_requests(records, settings)
-    longest = max((len(p) for p in prompts), default=1)
+    prepared = requests or prepare_requests(records, settings)
+    lengths, outputs = prepared.prompt_lengths, prepared.outputs
+    longest = max(lengths, default=1)
     config = settings.pool_config(longest)
     pair: Stepper
     if factory_b is None:
@@ -337,14 +379,14 @@ def _replay(
     while queue or driver.running:
         while queue and len(driver.running) < settings.concurrency and not driver.hold:
             rid, i = queue[0]
-            if ceil_align(len(prompts[i]) + outputs[i], settings.page_size) > pair.config.size:
+            if ceil_align(lengths[i] + outputs[i], settings.page_size) > pair.config.size:
                 queue.popleft()
                 stats.rejected += 1
                 driver.on_request()
                 continue
-            if driver.running and not driver.room_for(len(prompts[i]), outputs[i]):
+            if driver.running and not driver.room_for(lengths[i], outputs[i]):
                 break
-            admitted = driver.admit(rid, i, prompts[i], outputs[i])
+            admitted = driver.admit(rid, i, prepared.prompt(i), outputs[i])
             if admitted is False:
                 break
             queue.popleft()
@@ -354,6 +396,8 @@ def _replay(
         if not driver.running:
             continue
         step += 1
+        if step % GC_EVERY_STEPS == 0:
+            gc.collect()
         try:
             driver.decode_all(step)
         except _Requeue as back:
@@ -364,7 +408,7 @@ def _replay(
             driver.hold = bool(driver.running)
     if isinstance(pair, SoloStepper):
         pair.check_now()
-    stats.prompt_tokens = sum(len(p) for p in prompts)
+    stats.prompt_tokens = sum(lengths)
     stats.matched_tokens = sum(driver.matched.values())
     stats.invariant_checks = pair.checks
     stats.seconds = time.monotonic() - start

@@ -19,6 +19,9 @@ from kvpool.errors import ConfigError
 ROW_ORDERS = ("lifo", "fifo")
 UNALIGNED_ALLOC = ("error", "floor")
 GENERATION_ON_CLEAR = ("keep", "reset")
+RELEASE_ORDERS = ("prepend", "append")
+EVICTION_DEMANDS = ("exact", "bound")
+EVICTION_AMOUNTS = ("shortfall", "demand")
 SGLANG_RELEASES = ("0.5.16", "0.5.23")
 """SGLang releases with a preset (:meth:`Rules.for_sglang`); audited in specs/fidelity.md."""
 
@@ -27,21 +30,34 @@ SGLANG_RELEASES = ("0.5.16", "0.5.23")
 class Rules:
     """Behaviour knobs (see specs/fidelity.md for each one's SGLang rule and kvpool's).
 
-    - ``row_order``: ``"lifo"`` (kvpool; SGLang 0.5.18+): ``ReqToTokenPool`` hands out the row
-      freed last first. ``"fifo"`` (SGLang <= 0.5.17): rows come from the head of ``free_slots``
-      and freed rows go to its tail.
+    - ``row_order``: ``free_slots`` starts as ``[1, ..., size]`` and a freed row is appended.
+      ``"lifo"`` (kvpool; SGLang 0.5.18+): ``alloc`` takes the last ``n`` rows of the list, in
+      list order, so the row freed last is reused first (and a fresh pool hands out its highest
+      rows). ``"fifo"`` (SGLang <= 0.5.17): it takes the first ``n``.
     - ``refused_alloc_unchanged``: True (kvpool): an allocation that returns None leaves the
       allocator exactly as it was. False (SGLang): a ``need_sort`` merge made by the
       allocation's pre-test stays even when the allocation is then refused.
     - ``unaligned_paged_alloc``: ``"error"`` (kvpool): paged ``alloc(n)`` with ``n`` not a
       multiple of ``page_size`` raises AlignmentError. ``"floor"`` (SGLang): it hands out
       ``n // page_size`` whole pages.
-    - ``generation_on_clear``: ``"keep"`` (kvpool): ``ReqToTokenPool.clear`` keeps
-      ``req_generation`` (it never goes backwards). ``"reset"`` (SGLang): it zeroes it.
+    - ``generation_on_clear``: ``"keep"`` (kvpool; SGLang 0.5.23): ``ReqToTokenPool.clear``
+      keeps ``req_generation`` (it never goes backwards). ``"reset"`` (SGLang 0.5.16): it
+      zeroes it.
     - ``rejects_misuse``: True (kvpool): freeing a free, reserved or out-of-range slot, a
       nested free group and similar misuse raise a typed error and change nothing. False
       (SGLang): such calls silently corrupt the state, so a harness must not issue them to an
       implementation with these rules (the reference still refuses them).
+    - ``release_order``: where the paged allocator puts freed pages under ``need_sort``.
+      ``"prepend"`` (kvpool; SGLang 0.5.16): each free's sorted pages go in front of
+      ``release_pages``. ``"append"`` (SGLang 0.5.23): they go behind (SGLang's staged pages).
+      Only the order of ``release_pages`` differs: a merge sorts them either way.
+    - ``eviction_demand`` (read by the lifecycle helpers): the token count an extend or decode
+      step evicts for. ``"exact"`` (kvpool): the tokens of the new pages actually needed.
+      ``"bound"`` (SGLang): paged extend ``extend_num_tokens + batch_size * page_size``, paged
+      decode ``batch_size * page_size``; page size 1 the new tokens (the same as exact).
+    - ``eviction_amount`` (read by the lifecycle helpers): how much is evicted when the demand
+      exceeds ``available_size()``. ``"shortfall"`` (kvpool; SGLang 0.5.23): demand minus
+      available. ``"demand"`` (SGLang 0.5.16): the whole demand.
     """
 
     row_order: str = "lifo"
@@ -49,12 +65,18 @@ class Rules:
     unaligned_paged_alloc: str = "error"
     generation_on_clear: str = "keep"
     rejects_misuse: bool = True
+    release_order: str = "prepend"
+    eviction_demand: str = "exact"
+    eviction_amount: str = "shortfall"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
             ("row_order", self.row_order, ROW_ORDERS),
             ("unaligned_paged_alloc", self.unaligned_paged_alloc, UNALIGNED_ALLOC),
             ("generation_on_clear", self.generation_on_clear, GENERATION_ON_CLEAR),
+            ("release_order", self.release_order, RELEASE_ORDERS),
+            ("eviction_demand", self.eviction_demand, EVICTION_DEMANDS),
+            ("eviction_amount", self.eviction_amount, EVICTION_AMOUNTS),
         ):
             if value not in allowed:
                 raise ConfigError(f"Rules.{name} must be one of {allowed}, got {value!r}")
@@ -70,10 +92,20 @@ class Rules:
         lenient = cls(
             refused_alloc_unchanged=False,
             unaligned_paged_alloc="floor",
-            generation_on_clear="reset",
             rejects_misuse=False,
+            eviction_demand="bound",
         )
-        return replace(lenient, row_order="fifo" if parts < (0, 5, 18) else "lifo")
+        if parts < (0, 5, 18):
+            return replace(
+                lenient, row_order="fifo", generation_on_clear="reset", eviction_amount="demand"
+            )
+        # Rows pop from the tail from 0.5.18 on; the monotonic generation, the staged pages and
+        # the shortfall eviction are 0.5.23's (audited releases only: specs/fidelity.md).
+        if _version_tuple(known[-1]) < (0, 5, 23):
+            return replace(
+                lenient, row_order="lifo", generation_on_clear="reset", eviction_amount="demand"
+            )
+        return replace(lenient, row_order="lifo", release_order="append")
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

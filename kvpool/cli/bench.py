@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
+
+from kvpool.cli.args import add_parser, fail
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -29,8 +30,10 @@ def _run_all_module() -> Any:
 def _run(args: argparse.Namespace) -> int:
     module = _run_all_module()
     if module is None:
-        print(f"benchmarks not found in {BENCH_DIR} (needs a source checkout)", file=sys.stderr)
-        return 2
+        fail(f"bench: benchmarks not found in {BENCH_DIR} (needs a source checkout)")
+    if args.only is not None and not module.discover(args.only):
+        fail(f"bench: --only {args.only!r} matches no script; expected part of one of: "
+             f"{', '.join(module.discover())}")  # fmt: skip
     argv = (["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
     code: int = module.main(argv)
     return code
@@ -38,9 +41,17 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``bench`` subcommand."""
-    parser = subparsers.add_parser(
-        "bench", help="run the benchmarks (twin vs reference) and print one table"
+    parser = add_parser(
+        subparsers,
+        "bench",
+        description=__doc__,
+        help="run the benchmarks (twin vs reference) and print one table",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    parser.add_argument("--only", default=None, metavar="NAME", help="scripts whose name has NAME")
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="NAME",
+        help="only the scripts whose name contains NAME (default: all)",
+    )
     parser.set_defaults(func=_run)

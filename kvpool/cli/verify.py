@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import sys
-from pathlib import Path
 from typing import Any
+
+from kvpool.cli.args import (
+    add_parser,
+    callable_spec,
+    fail,
+    non_negative_int,
+    output_path,
+    positive_float,
+    positive_int,
+)
 
 COMPONENTS = (
     "manager",
@@ -29,62 +36,74 @@ COMPONENTS = (
     "swa_allocator",
     "swa_radix_cache",
 )
+BUILTIN_IMPLS = ("reference", "optimized", "sglang")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _count(low: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
-        return value
-
-    return parse
+def impl_spec(text: str) -> str:
+    """``reference``, ``optimized[BACKEND]``, ``sglang[:SOURCE]`` or a user's
+    ``MODULE:NAME`` / ``path/to/file.py:NAME``."""
+    if text.split("[")[0].split(":")[0] in BUILTIN_IMPLS:
+        return text
+    return callable_spec(text)
 
 
 def register(sub: Any) -> None:
     """Add the ``verify`` subcommand to ``sub`` (an argparse subparsers object)."""
-    p = sub.add_parser(
+    p = add_parser(
+        sub,
         "verify",
         help="lockstep campaign: the reference against a candidate",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__,
     )
-    p.add_argument("--seconds", type=_positive_float, default=60.0, help="time budget")
-    p.add_argument("--seed", type=_count(0), default=0, help="campaign seed")
-    p.add_argument("--component", choices=COMPONENTS, default="manager",
-                   help="the machine to run: the whole lifecycle or one component")  # fmt: skip
-    p.add_argument("--impl", default=None,
-                   help="candidate: optimized[BACKEND], sglang[:SOURCE], MODULE:NAME or "
-                   "path.py:NAME (default: the optimized twin with --backend)")  # fmt: skip
-    p.add_argument("--sglang", metavar="SOURCE", default=None,
-                   help="shorthand for --impl sglang:SOURCE (a release such as 0.5.16, a source "
-                   "path, or 'installed')")  # fmt: skip
-    p.add_argument("--naive", action="store_true",
-                   help="with SGLang: route alloc_extend through its naive (NPU) path")  # fmt: skip
-    p.add_argument("--backend", choices=("torch", "interpret"), default="torch",
-                   help="kernel backend of the optimized twin")  # fmt: skip
+    p.add_argument(
+        "--seconds",
+        type=positive_float,
+        default=60.0,
+        help="time budget of the campaign, in seconds",
+    )
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (any integer)")
+    p.add_argument(
+        "--component",
+        choices=COMPONENTS,
+        default="manager",
+        help="the machine to run: the whole lifecycle or one component",
+    )
+    p.add_argument(
+        "--impl",
+        type=impl_spec,
+        default=None,
+        metavar="SPEC",
+        help="candidate: optimized[BACKEND], sglang[:SOURCE], MODULE:NAME or "
+        "path/to/file.py:NAME (an Implementation, a function returning one, or a "
+        "factory of the component) (default: the optimized twin with --backend)",
+    )
+    p.add_argument(
+        "--sglang",
+        metavar="SOURCE",
+        default=None,
+        help="shorthand for --impl sglang:SOURCE (a release such as 0.5.16, a source "
+        "path, or 'installed')",
+    )
+    p.add_argument(
+        "--naive",
+        action="store_true",
+        help="with SGLang: route alloc_extend through its naive (NPU) path",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("torch", "interpret"),
+        default="torch",
+        help="kernel backend of the optimized twin",
+    )
     p.add_argument(
         "--workers",
-        type=_count(0),
+        type=non_negative_int,
         default=os.cpu_count() or 1,
         help="worker processes (0: run in this process, no crash protection)",
     )
     p.add_argument(
         "--step-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=60.0,
         help="seconds one step may take before the candidate counts as hung",
     )
@@ -98,8 +117,16 @@ def register(sub: Any) -> None:
         action="store_true",
         help="run them under kvpool's checked interpreter (implies --interpret)",
     )
-    p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
-    p.add_argument("--steps-per-run", type=_count(1), default=60, help="steps per configuration")
+    p.add_argument(
+        "--report",
+        type=output_path,
+        default=None,
+        metavar="FILE.json",
+        help="also write the JSON report here, always (default: none)",
+    )
+    p.add_argument(
+        "--steps-per-run", type=positive_int, default=60, help="lockstep steps per configuration"
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run)
 
@@ -123,31 +150,26 @@ def _env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return tuple(env)
 
 
-def _fail_usage(message: str) -> int:
-    print(f"kvpool verify: error: {message}", file=sys.stderr)
-    return 2
-
-
-def _check_report_path(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    parent = path.resolve().parent
-    if not parent.is_dir():
-        return f"--report {path}: directory {parent} does not exist"
-    if not os.access(parent, os.W_OK) or path.is_dir():
-        return f"--report {path}: cannot write there"
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     """Run both phases (see the module docstring)."""
-    problem = _check_report_path(args.report)
-    if problem:
-        return _fail_usage(problem)
+    if args.impl and args.sglang:
+        fail("verify: give --impl or --sglang, not both")
     candidate = _candidate(args)
     env = _env(args)
-    for key, value in env:  # before anything imports triton (the in-process case)
-        os.environ[key] = value
+    saved = {key: os.environ.get(key) for key, _ in env}
+    if args.workers == 0:  # in this process: before anything imports triton
+        os.environ.update(dict(env))
+    try:
+        return _verify(args, candidate, env)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _verify(args: argparse.Namespace, candidate: str, env: tuple[tuple[str, str], ...]) -> int:
     from kvpool.testing.verify_run import VerifyOptions, verify
 
     options = VerifyOptions(
@@ -163,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     )
     outcome = verify(options)
     if outcome.usage_error:
-        return _fail_usage(outcome.usage_error)
+        fail(f"verify: {outcome.usage_error}")
     print("\n".join(outcome.lines))
     if args.report is not None:
         args.report.write_text(json.dumps(outcome.payload, indent=2) + "\n")

@@ -1,6 +1,7 @@
 """alloc_decode: one slot per request for its new token (position ``S - 1``).
 
-Contract (SEMANTICS section 4): ``seq_lens`` counts the new token. A request whose new token
+Contract (specs/sglang_behaviour.md, section 4):
+``seq_lens`` counts the new token. A request whose new token
 opens a page (``(S - 1) % ps == 0``) takes the first slot of the next free page, pages handed
 out in batch order from the head of ``free_pages``; any other request gets ``last_loc + 1``::
 

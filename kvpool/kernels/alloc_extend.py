@@ -1,6 +1,7 @@
 """alloc_extend: the slots of tokens ``[P_i, S_i)`` of every request of a batch.
 
-Contract (SEMANTICS section 4): request ``i`` writes ``S_i - P_i`` slots into ``out_indices``
+Contract (specs/sglang_behaviour.md, section 4):
+request ``i`` writes ``S_i - P_i`` slots into ``out_indices``
 starting at ``sum_{j<i} (S_j - P_j)``; its new pages (``ceil(S_i/ps) - ceil(P_i/ps)`` of them)
 are read from ``free_pages`` starting at the sum of earlier requests' new pages. Three parts::
 

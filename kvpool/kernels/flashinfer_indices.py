@@ -1,6 +1,7 @@
 """create_flashinfer_kv_indices: FlashInfer's CSR list of KV slots for a batch.
 
-Contract (SEMANTICS section 6): for request ``b`` with row ``r_b``, length ``len_b`` (tokens) and
+Contract (specs/sglang_behaviour.md, section 6):
+for request ``b`` with row ``r_b``, length ``len_b`` (tokens) and
 start ``s_b = kv_start_idx[b]`` (0 when ``kv_start_idx`` is None)::
 
     kv_indices[kv_indptr[b] : kv_indptr[b] + len_b] = req_to_token[r_b, s_b : s_b + len_b]

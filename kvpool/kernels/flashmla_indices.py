@@ -1,6 +1,7 @@
 """create_flashmla_kv_indices: FlashMLA's dense 2-D block table (page ids) for a batch.
 
-Contract (SEMANTICS section 6): for request ``b`` with row ``r_b``, length ``len_b`` (tokens)
+Contract (specs/sglang_behaviour.md, section 6):
+for request ``b`` with row ``r_b``, length ``len_b`` (tokens)
 and start ``s_b = kv_start_idx[b]`` (0 when None), for each page ``j < ceil(len_b / ps)``::
 
     kv_indices[b, j] = req_to_token[r_b, s_b + j * ps] // ps

@@ -10,6 +10,9 @@ the batch operations run :func:`kvpool.kernels.alloc_extend` / ``alloc_decode``.
 device-to-host sync, unless ``checked`` (see :mod:`kvpool.optimized.checked`): then every misuse
 raises the reference's error before any change, using a device bool mask of free pages kept up to
 date incrementally.
+
+``need_sort`` merges and refusals follow the reference (SGLang's pre-tests on host lengths; see
+:mod:`kvpool.reference.allocator`) and ``rules`` (:class:`~kvpool.rules.Rules`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from kvpool.optimized.paged_ops import (
     extend_new_pages_host,
     pages_to_slots,
 )
+from kvpool.rules import Rules
 from kvpool.snapshot import AllocatorSnapshot
 
 FreeListState = tuple[torch.Tensor, torch.Tensor]
@@ -60,6 +64,7 @@ class BaseTokenToKVPoolAllocator:
         device: str | torch.device = "cpu",
         checked: bool | None = None,
         kernel_backend: str | None = None,
+        rules: Rules | None = None,
     ) -> None:
         if not isinstance(page_size, int) or not is_power_of_two(page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
@@ -70,6 +75,7 @@ class BaseTokenToKVPoolAllocator:
         self.size = size
         self.page_size = page_size
         self.need_sort = bool(need_sort)
+        self.rules = rules if rules is not None else Rules()
         self.num_pages = size // page_size
         self.device = torch.device(device)
         self.checked = resolve_checked(checked)
@@ -114,21 +120,30 @@ class BaseTokenToKVPoolAllocator:
         if self._free_mask is not None:
             self._free_mask[pages] = True
 
-    def _take_pages(self, num_pages: int) -> torch.Tensor | None:
-        """Remove ``num_pages`` from the head of ``free_pages`` (merging ``release_pages`` first
-        under ``need_sort`` when short). ``None`` and no change when they do not fit."""
-        if num_pages > self.free_pages.numel():
-            if (
-                not self.need_sort
-                or num_pages > self.free_pages.numel() + self.release_pages.numel()
-            ):
-                return None
+    def _merge_before_take(self, merge_test: bool, num_pages: int) -> None:
+        """SGLang's ``need_sort`` merge when its pre-test ``merge_test`` holds (see the
+        reference); skipped when the allocation would still be refused and
+        ``refused_alloc_unchanged`` holds. Lengths are tensor shapes: no sync."""
+        if not (self.need_sort and merge_test and self.release_pages.numel() > 0):
+            return
+        short = num_pages > self.free_pages.numel() + self.release_pages.numel()
+        if not (short and self.rules.refused_alloc_unchanged):
             self.merge_and_sort_free()
+
+    def _take_pages(self, num_pages: int) -> torch.Tensor | None:
+        """Remove ``num_pages`` from the head of ``free_pages``; ``None`` and no change when
+        they do not fit (call :meth:`_merge_before_take` first)."""
+        if num_pages > self.free_pages.numel():
+            return None
         taken = self.free_pages[:num_pages]
         self.free_pages = self.free_pages[num_pages:]
         if self._free_mask is not None:
             self._free_mask[taken] = False
         return taken
+
+    def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
+        """SGLang's ``alloc_extend`` pre-test bound in pages (see the reference)."""
+        return extend_num_tokens // self.page_size + batch_size + 1
 
     # ----------------------------------------------------------------- queries
     def available_size(self) -> int:
@@ -159,7 +174,9 @@ class BaseTokenToKVPoolAllocator:
         ``free_pages``, expanded page by page; ``None`` (no change) if they do not fit.
         InvalidArgumentError for a negative size."""
         self._check_need_size(need_size)
-        pages = self._take_pages(need_size // self.page_size)
+        num_pages = need_size // self.page_size
+        self._merge_before_take(num_pages > self.free_pages.numel(), num_pages)
+        pages = self._take_pages(num_pages)
         if pages is None or self.page_size == 1:
             return pages
         return pages_to_slots(pages, self._offsets)
@@ -225,7 +242,10 @@ class BaseTokenToKVPoolAllocator:
         )
 
     def merge_and_sort_free(self) -> None:
-        """``free_pages = sorted(free_pages + release_pages)``; ``release_pages`` empty."""
+        """``free_pages = sorted(free_pages + release_pages)``; ``release_pages`` empty. A no-op
+        when ``release_pages`` is empty."""
+        if self.release_pages.numel() == 0:
+            return
         merged = torch.cat((self.free_pages, self.release_pages))
         self.free_pages = torch.sort(merged).values
         self.release_pages = self._empty()
@@ -264,6 +284,8 @@ class BaseTokenToKVPoolAllocator:
             check_extend_args(p, s, loc, extend_num_tokens, self.page_size)
             check_prefix_pages_held(p, loc, self._free_mask, self.page_size)
         num_new = extend_new_pages_host(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        bound = self._extend_merge_bound(extend_num_tokens, len(seq_lens_cpu))
+        self._merge_before_take(bound > self.free_pages.numel(), num_new)
         pages = self._take_pages(num_new)
         if pages is None:
             return None
@@ -297,7 +319,9 @@ class BaseTokenToKVPoolAllocator:
                 )
             check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
             check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
-        pages = self._take_pages(decode_new_pages_host(seq_lens_cpu, self.page_size))
+        num_new = decode_new_pages_host(seq_lens_cpu, self.page_size)
+        self._merge_before_take(seq_lens.numel() > self.free_pages.numel(), num_new)
+        pages = self._take_pages(num_new)
         if pages is None:
             return None
         out = torch.empty(seq_lens.numel(), dtype=torch.int64, device=self.device)
@@ -328,10 +352,21 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         device: str | torch.device = "cpu",
         checked: bool | None = None,
         kernel_backend: str | None = None,
+        rules: Rules | None = None,
     ) -> None:
         super().__init__(
-            size, 1, need_sort, device=device, checked=checked, kernel_backend=kernel_backend
+            size,
+            1,
+            need_sort,
+            device=device,
+            checked=checked,
+            kernel_backend=kernel_backend,
+            rules=rules,
         )
+
+    def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
+        """Page size 1: ``alloc(extend_num_tokens)``'s pre-test (see the reference)."""
+        return extend_num_tokens
 
     def _return_pages(self, slots: torch.Tensor) -> None:
         self._mark_free(slots)

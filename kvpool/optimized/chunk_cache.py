@@ -14,6 +14,7 @@ import torch
 from kvpool.constants import EVICTION_POLICIES
 from kvpool.errors import ConfigError, InvalidArgumentError
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
+from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
 
@@ -27,6 +28,8 @@ class ChunkCache:
         token_to_kv_pool_allocator: Any,
         page_size: int,
         eviction_policy: str = "lru",
+        *,
+        rules: Rules | None = None,
     ) -> None:
         if page_size != token_to_kv_pool_allocator.page_size:
             raise ConfigError(
@@ -38,6 +41,7 @@ class ChunkCache:
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
+        self.rules = rules if rules is not None else Rules()
         self.disable = True
         self.eviction_policy = eviction_policy
         self.device = torch.device(getattr(token_to_kv_pool_allocator, "device", "cpu"))
@@ -49,7 +53,13 @@ class ChunkCache:
         """Never matches."""
         return MatchResult(torch.empty(0, dtype=torch.int64, device=self.device), None, None)
 
-    def insert(self, key: RadixKey, value: torch.Tensor | None = None, priority: int = 0) -> int:
+    def insert(
+        self,
+        key: RadixKey,
+        value: torch.Tensor | None = None,
+        priority: int = 0,
+        chunked: bool = False,
+    ) -> int:
         """Caches nothing; 0 tokens were already cached."""
         return 0
 

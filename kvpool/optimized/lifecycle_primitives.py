@@ -34,7 +34,8 @@ from kvpool.optimized.radix_cache import RadixCache
 from kvpool.optimized.req import Req
 from kvpool.optimized.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.session import SessionSlot
-from kvpool.reference.paged_ops import decode_new_pages, extend_new_pages
+from kvpool.reference.paged_ops import decode_new_pages, eviction_target, extend_new_pages
+from kvpool.rules import Rules
 
 
 def _slots(values: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -82,7 +83,11 @@ class LifecyclePrimitives:
             "req_to_token_pool",
             req_to_token_pool,
             lambda: ReqToTokenPool(
-                config.req_pool_size, config.max_context_len, device=dev, checked=checked
+                config.req_pool_size,
+                config.max_context_len,
+                device=dev,
+                checked=checked,
+                rules=config.rules,
             ),
             config,
         )
@@ -97,9 +102,11 @@ class LifecyclePrimitives:
             "tree_cache",
             tree_cache,
             lambda: (
-                ChunkCache(pool, alloc, ps, config.eviction_policy)
+                ChunkCache(pool, alloc, ps, config.eviction_policy, rules=config.rules)
                 if config.disable_radix_cache
-                else RadixCache(pool, alloc, ps, False, config.eviction_policy, clock)
+                else RadixCache(
+                    pool, alloc, ps, False, config.eviction_policy, clock, rules=config.rules
+                )
             ),
             config,
             pool,
@@ -126,6 +133,7 @@ class LifecyclePrimitives:
                 device=dev,
                 checked=checked,
                 kernel_backend=kernel_backend,
+                rules=config.rules,
             )
         return PagedTokenToKVPoolAllocator(
             config.size,
@@ -134,6 +142,7 @@ class LifecyclePrimitives:
             device=dev,
             checked=checked,
             kernel_backend=kernel_backend,
+            rules=config.rules,
         )
 
     def _default_kv_cache(
@@ -213,19 +222,25 @@ class LifecyclePrimitives:
                 f"need {needed} tokens; available {available}, evictable {evictable}"
             )
 
-    def _evict_for(self, needed: int) -> None:
-        """Check capacity, then evict exactly the shortfall (nothing changes on failure)."""
+    def _evict_for(self, needed: int, new_tokens: int = 0, batch_size: int = 0) -> None:
+        """Check capacity for ``needed`` tokens, then evict what ``config.rules`` asks for
+        (:func:`~kvpool.reference.paged_ops.eviction_target`: by default exactly the
+        shortfall); nothing changes on failure. ``new_tokens`` / ``batch_size`` describe the
+        step for SGLang's eviction bound (``batch_size`` 0: no bound, e.g. speculative)."""
         self._check_capacity(needed)
-        shortfall = needed - self.token_to_kv_pool_allocator.available_size()
-        if shortfall > 0:
-            self.tree_cache.evict(shortfall)
+        available = self.token_to_kv_pool_allocator.available_size()
+        rules = self.config.rules if batch_size else Rules()
+        amount = eviction_target(rules, needed, new_tokens, batch_size, self.page_size, available)
+        if amount > 0:
+            self.tree_cache.evict(amount)
 
     def _alloc_slots(
         self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int]
     ) -> torch.Tensor:
         """Slots for columns ``[P_i, S_i)`` of every request (batch order), evicting first;
         OutOfMemoryError (nothing changed) when they cannot be had."""
-        self._evict_for(self._tokens_needed(prefix_lens, seq_lens))
+        new_tokens = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
+        self._evict_for(self._tokens_needed(prefix_lens, seq_lens), new_tokens, len(seq_lens))
         alloc = self.token_to_kv_pool_allocator
         total = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
         if self.page_size == 1:
@@ -305,7 +320,7 @@ class LifecyclePrimitives:
         seq_lens = [c + 1 for c in cols]
         ps = self.page_size
         needed = len(reqs) if ps == 1 else decode_new_pages(seq_lens, ps) * ps
-        self._evict_for(needed)
+        self._evict_for(needed, 0, len(reqs))
         alloc = self.token_to_kv_pool_allocator
         if ps == 1:
             out = alloc.alloc(len(reqs))

@@ -3,7 +3,8 @@
 Units: ``size`` tokens in ``num_pages = size // page_size`` pages with ids ``1..num_pages``;
 page ``p`` owns slots ``[p * page_size, (p + 1) * page_size)``. Allocation takes whole pages from
 the head of ``free_pages``; ``free`` puts the sorted unique pages of the freed slots at the HEAD
-(LIFO by page), under ``need_sort`` at the head of ``release_pages``. ``alloc_extend`` /
+(LIFO by page), under ``need_sort`` at the head of ``release_pages`` (its tail when
+``rules.release_order`` is ``"append"``). ``alloc_extend`` /
 ``alloc_decode`` come from the shared base.
 """
 
@@ -13,6 +14,7 @@ import torch
 
 from kvpool.errors import AlignmentError
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator
+from kvpool.rules import Rules
 
 
 class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
@@ -31,6 +33,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         device: str | torch.device = "cpu",
         checked: bool | None = None,
         kernel_backend: str | None = None,
+        rules: Rules | None = None,
     ) -> None:
         super().__init__(
             size,
@@ -39,15 +42,17 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             device=device,
             checked=checked,
             kernel_backend=kernel_backend,
+            rules=rules,
         )
         self._page_shift = page_size.bit_length() - 1  # page_size is a power of two
         self._page_ids: torch.Tensor | None = None  # arange(num_pages + 1), made on first use
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size // page_size`` whole pages as int64 slots, or ``None`` (no change).
-        AlignmentError when ``need_size`` is not a multiple of ``page_size``."""
+        AlignmentError when ``need_size`` is not a multiple of ``page_size``, unless
+        ``rules.unaligned_paged_alloc`` is ``"floor"`` (then ``need_size // page_size`` pages)."""
         self._check_need_size(need_size)
-        if need_size % self.page_size:
+        if need_size % self.page_size and self.rules.unaligned_paged_alloc == "error":
             raise AlignmentError(
                 f"paged alloc needs a multiple of page_size={self.page_size} tokens, "
                 f"got {need_size}"
@@ -57,7 +62,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def _return_pages(self, slots: torch.Tensor) -> None:
         pages = self._sorted_unique_pages(slots)
         self._mark_free(pages)
-        if self.need_sort:
+        if self.need_sort and self.rules.release_order == "append":
+            self.release_pages = torch.cat((self.release_pages, pages))
+        elif self.need_sort:
             self.release_pages = torch.cat((pages, self.release_pages))
         else:
             self.free_pages = torch.cat((pages, self.free_pages))

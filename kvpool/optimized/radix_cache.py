@@ -40,6 +40,7 @@ from kvpool.optimized.radix_key import (
 )
 from kvpool.optimized.tree_view import pretty_print_tree, snapshot_tree
 from kvpool.reference.radix_cache import logical_clock  # one deterministic clock for both
+from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -59,6 +60,8 @@ class RadixCache:
         disable: bool = False,
         eviction_policy: str = "lru",
         clock: Callable[[], float] | None = None,
+        *,
+        rules: Rules | None = None,
     ) -> None:
         if not isinstance(page_size, int) or not is_power_of_two(page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
@@ -70,6 +73,7 @@ class RadixCache:
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
+        self.rules = rules if rules is not None else Rules()
         self.disable = disable
         self.eviction_policy = eviction_policy.lower()
         self.priority_fn = get_priority_fn(self.eviction_policy)
@@ -113,11 +117,12 @@ class RadixCache:
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         """Split ``child`` at token ``at`` (page-aligned, ``0 < at < len``): a new upper node with
         the next id takes ``child``'s place under its parent; ``child`` keeps its id and becomes
-        the lower half. Lock counts, times, hits and priority are copied to the upper node."""
+        the lower half. Lock count, hits and priority are copied to the upper node, which is
+        created at the walk's time (``child`` was just stamped with it)."""
         parent = child.parent
         assert parent is not None
-        upper = self._new_node(child.key[:at], child.value[:at], parent, child.creation_time)
-        upper.last_access_time = child.last_access_time
+        now = child.last_access_time
+        upper = self._new_node(child.key[:at], child.value[:at], parent, now)
         upper.hit_count = child.hit_count
         upper.priority = child.priority
         upper.lock_ref = child.lock_ref
@@ -133,10 +138,12 @@ class RadixCache:
         return upper
 
     def _walk(
-        self, key: RadixKey, n: int, now: float, count_hit: bool, priority: int
+        self, key: RadixKey, n: int, now: float, priority: int | None, hits: int
     ) -> tuple[list[Any], TreeNode, int, Any]:
         """Walk the first ``n`` tokens of ``key`` (``n`` page-aligned) from the root, splitting
-        where the match ends inside a node and stamping every node on the matched path. Returns
+        where the match ends inside a node and stamping every node on the matched path. An
+        insert (``priority`` not None) also raises each path node's priority to ``priority`` and
+        adds ``hits`` to its hit count; a match (None) changes neither. Returns
         the matched values, the deepest matched node, the matched length (tokens) and the child
         key looked up last (the dict key a new leaf below that node would take)."""
         ps = self.page_size
@@ -163,10 +170,10 @@ class RadixCache:
                 child = self._split(lower, matched)
                 if not lower.children and lower.lock_ref == 0:
                     self._push(lower)  # the lower half's access time changed
-            if count_hit:
-                child.hit_count += 1
-            elif priority > child.priority:
-                child.priority = priority
+            if priority is not None:
+                child.hit_count += hits
+                if priority > child.priority:
+                    child.priority = priority
             values.append(child.vnp if cpu else child.value)
             node = child
             pos += matched
@@ -190,14 +197,21 @@ class RadixCache:
         if self.disable or aligned == 0:
             return MatchResult(_EMPTY.to(self.device), self.root_node, self.root_node)
         now = self.clock()
-        values, node, _, _ = self._walk(key, aligned, now, True, 0)
+        values, node, _, _ = self._walk(key, aligned, now, None, 0)
         self._refresh(node)
         indices = node.value if len(values) == 1 else join_slots(values, self.device)
         return MatchResult(indices, node, node)
 
-    def insert(self, key: RadixKey, value: torch.Tensor | None = None, priority: int = 0) -> int:
+    def insert(
+        self,
+        key: RadixKey,
+        value: torch.Tensor | None = None,
+        priority: int = 0,
+        chunked: bool = False,
+    ) -> int:
         """Insert the page-aligned part of ``key`` with slots ``value``; returns the length (tokens)
-        already in the tree. Frees nothing.
+        already in the tree. Frees nothing. Counts a hit on the matched path and the new leaf
+        unless ``chunked``.
 
         Ownership: the new leaf keeps views of ``key``'s array and of ``value`` (no copy, as in
         SGLang); the caller must not modify them afterwards. ``cache_finished_req`` and
@@ -211,11 +225,13 @@ class RadixCache:
         if aligned == 0:
             return 0
         now = self.clock()
-        _, node, pos, ck = self._walk(key, aligned, now, False, priority)
+        hits = 0 if chunked else 1
+        _, node, pos, ck = self._walk(key, aligned, now, priority, hits)
         if pos < aligned:
             leaf_key = RadixKey.from_array(key.array[pos:aligned], key.extra_key)
             leaf = self._new_node(leaf_key, value[pos:aligned], node, now)
             leaf.priority = priority
+            leaf.hit_count = hits
             leaf.child_key = ck  # the key the walk looked up and did not find
             node.children[ck] = leaf
             self._num_nodes += 1
@@ -341,20 +357,25 @@ class RadixCache:
         """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
 
         ``kv = row[:committed]``. With insert: insert the page-aligned part, free the duplicates
-        ``kv[cache_protected_len:new_prefix_len]`` and the unaligned tail ``kv[aligned:committed]``
-        in one ``free``. Without: free ``kv[cache_protected_len:committed]``."""
+        ``kv[cache_protected_len:new_prefix_len]``, then the unaligned tail ``kv[aligned:
+        committed]`` (two frees, as the reference). Without: free ``kv[cache_protected_len:
+        aligned]``, then the tail. Disabled: one free of ``kv[cache_protected_len:committed]``."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         committed = req.kv_committed_len
         kv = self._read_row(req.req_pool_idx, committed)
         free = self.token_to_kv_pool_allocator.free
-        if self.disable or not is_insert:
+        if self.disable:
             free(kv[req.cache_protected_len : committed])
-        else:
-            aligned = floor_align(committed, self.page_size)
+            return
+        aligned = floor_align(committed, self.page_size)
+        if is_insert:
             key = req_key(req, aligned)
             new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority)
-            free(torch.cat((kv[req.cache_protected_len : new_prefix_len], kv[aligned:committed])))
+            free(kv[req.cache_protected_len : new_prefix_len])
+        else:
+            free(kv[req.cache_protected_len : aligned])
+        free(kv[aligned:committed])
         self.dec_lock_ref(req.last_node)
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
@@ -371,7 +392,7 @@ class RadixCache:
             return
         aligned = floor_align(num_tokens, self.page_size)
         key = req_key(req, aligned)
-        new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority)
+        new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority, chunked=chunked)
         self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : new_prefix_len])
         match = self.match_prefix(key)
         new_indices = match.device_indices

@@ -2,9 +2,10 @@
 
 Units: ``size`` rows ``1..size`` are allocatable (row 0 is reserved); each row has
 ``max_context_len`` columns; ``req_to_token[row, col]`` (int32, on ``device``) is the slot id of
-token ``col`` of the request holding ``row``. The free-row stack ``free_slots`` and the
+token ``col`` of the request holding ``row``. The free-row list ``free_slots`` and the
 per-row ``req_generation`` counters are plain host lists: row bookkeeping is scheduler work and
-never needs the device. Same API, results and errors as :mod:`kvpool.reference.req_to_token_pool`.
+never needs the device. Same API, results, errors and row order (``rules.row_order``) as
+:mod:`kvpool.reference.req_to_token_pool`.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from kvpool.errors import (
 )
 from kvpool.optimized.checked import resolve_checked
 from kvpool.protocols import ReqLike
+from kvpool.rules import Rules
 from kvpool.snapshot import ReqToTokenSnapshot
 
 
 class ReqToTokenPool:
-    """The table, the free-row stack (LIFO, like the reference) and ``req_generation`` (bumped
-    each time a row is handed out; never decreases, not even on :meth:`clear`).
+    """The table, the free-row list (ordered as in the reference) and ``req_generation``
+    (bumped each time a row is handed out; :meth:`clear` keeps or zeroes it per ``rules``).
 
-    ``checked`` (see :mod:`kvpool.optimized.checked`) adds the checks that scan the free stack:
+    ``checked`` (see :mod:`kvpool.optimized.checked`) adds the checks that scan the free list:
     freeing a free row (DoubleFreeError) and keeping a row that is free or named twice in a
     batch (RowReuseError). Checks on the row and column integers are always done."""
 
@@ -42,6 +44,8 @@ class ReqToTokenPool:
         max_context_len: int,
         device: str | torch.device = "cpu",
         checked: bool | None = None,
+        *,
+        rules: Rules | None = None,
     ) -> None:
         if not isinstance(size, int) or size <= 0:
             raise ConfigError(f"size must be a positive number of rows, got {size!r}")
@@ -51,6 +55,7 @@ class ReqToTokenPool:
         self.max_context_len = max_context_len
         self.device = torch.device(device)
         self.checked = resolve_checked(checked)
+        self.rules = rules if rules is not None else Rules()
         self.req_to_token = torch.zeros(
             (size + 1, max_context_len), dtype=torch.int32, device=self.device
         )
@@ -110,21 +115,34 @@ class ReqToTokenPool:
     def alloc(self, reqs: Sequence[ReqLike]) -> list[int] | None:
         """Every request's row, in batch order (see the reference). A request with
         ``req_pool_idx`` set keeps it (see :meth:`check_alloc`; misuse raises before any change);
-        the others pop fresh rows from the stack's tail in batch order, bumping each row's
-        generation. ``None`` (no change) when fewer rows are free than needed."""
-        if self.check_alloc(reqs) > len(self.free_slots):
+        the others take, in batch order, the block :meth:`_take_rows` removes, bumping each
+        row's generation. ``None`` (no change) when fewer rows are free than needed."""
+        fresh = self.check_alloc(reqs)
+        if fresh > len(self.free_slots):
             return None
+        taken = iter(self._take_rows(fresh))
         rows: list[int] = []
         for req in reqs:
             if req.req_pool_idx is None:
-                row = self.free_slots.pop()
+                row = next(taken)
                 self.req_generation[row] += 1
                 req.req_pool_idx = row
             rows.append(req.req_pool_idx)
         return rows
 
+    def _take_rows(self, n: int) -> list[int]:
+        """Remove ``n`` rows as one block: the last ``n`` (lifo) or first ``n`` (fifo) of
+        ``free_slots``, in list order. Precondition: ``n <= len(free_slots)``."""
+        if self.rules.row_order == "lifo":
+            cut = len(self.free_slots) - n
+            taken = self.free_slots[cut:]
+            del self.free_slots[cut:]  # O(n), like SGLang's pop from the tail
+        else:
+            taken, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        return taken
+
     def free(self, req: ReqLike) -> None:
-        """Push the request's row on the stack's tail and clear ``req.req_pool_idx``; the table
+        """Append the request's row to ``free_slots`` and clear ``req.req_pool_idx``; the table
         contents stay. InvalidArgumentError without a row; DoubleFreeError (checked mode) for a
         row that is already free."""
         if req.req_pool_idx is None:
@@ -136,8 +154,11 @@ class ReqToTokenPool:
         req.req_pool_idx = None
 
     def clear(self) -> None:
-        """Every row free, stack back to ``[size, ..., 2, 1]``; generations and contents kept."""
-        self.free_slots = list(range(self.size, RESERVED_INDEX, -1))
+        """Every row free, ``free_slots`` back to ``[1, ..., size]``; contents kept; generations
+        kept or zeroed (``rules.generation_on_clear``)."""
+        self.free_slots = list(range(RESERVED_INDEX + 1, self.size + 1))
+        if self.rules.generation_on_clear == "reset":
+            self.req_generation = [0] * (self.size + 1)
 
     # ----------------------------------------------------------------- table
     def write(self, index: tuple[int, slice], values: torch.Tensor | Sequence[int]) -> None:
@@ -165,7 +186,7 @@ class ReqToTokenPool:
         return self.req_to_token[row, start:stop].clone()
 
     def snapshot(self, rows: Sequence[tuple[int, int]] = ()) -> ReqToTokenSnapshot:
-        """Plain copy of the stack and generations; ``rows`` lists ``(row, length)`` pairs whose
+        """Plain copy of the free rows and generations; ``rows`` lists ``(row, length)`` pairs whose
         first ``length`` columns to include (one device-to-host copy per row)."""
         contents = tuple(
             (row, tuple(int(v) for v in self.read(row, 0, length).tolist())) for row, length in rows

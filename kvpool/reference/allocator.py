@@ -6,7 +6,14 @@ is a list of slot ids. With ``page_size == 1`` page ids and slot ids coincide.
 
 Checked always (the reference has no unchecked mode): every misuse raises a typed
 :class:`~kvpool.errors.KVPoolError` before any change, and an allocation that does not fit
-returns ``None`` and changes nothing (not even a ``need_sort`` merge).
+returns ``None`` and changes nothing (not even a ``need_sort`` merge), unless
+``rules.refused_alloc_unchanged`` is False (:class:`~kvpool.rules.Rules`).
+
+``need_sort`` merges follow SGLang's pre-tests, made on the lengths before anything is taken
+(specs/fidelity.md): ``alloc(n)`` merges when ``n // page_size > len(free_pages)``;
+``alloc_extend`` when ``extend_num_tokens // page_size + batch_size + 1 > len(free_pages)``
+(page size 1: ``extend_num_tokens > len(free_pages)``, as SGLang's ``alloc``); ``alloc_decode``
+when ``batch_size > len(free_pages)``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from kvpool.reference.paged_ops import (
     extend_new_pages,
     validate_extend_args,
 )
+from kvpool.rules import Rules
 from kvpool.snapshot import AllocatorSnapshot
 
 FreeListState = tuple[tuple[int, ...], tuple[int, ...]]
@@ -47,7 +55,9 @@ class BaseTokenToKVPoolAllocator:
     _dedup_pages: bool = True
     """True: freeing two slots of one page (in a call or a group) frees the page once."""
 
-    def __init__(self, size: int, page_size: int, need_sort: bool = False) -> None:
+    def __init__(
+        self, size: int, page_size: int, need_sort: bool = False, *, rules: Rules | None = None
+    ) -> None:
         if not isinstance(page_size, int) or not is_power_of_two(page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
         if not isinstance(size, int) or size <= 0 or size % page_size:
@@ -57,6 +67,7 @@ class BaseTokenToKVPoolAllocator:
         self.size = size
         self.page_size = page_size
         self.need_sort = bool(need_sort)
+        self.rules = rules if rules is not None else Rules()
         self.num_pages = size // page_size
         self.free_pages: list[int] = []
         self.release_pages: list[int] = []
@@ -76,16 +87,30 @@ class BaseTokenToKVPoolAllocator:
         """Put freed ``pages`` (already validated) back; subclasses fix the order."""
         raise NotImplementedError
 
-    def _take_pages(self, num_pages: int) -> list[int] | None:
-        """Remove ``num_pages`` from the head of ``free_pages`` (merging ``release_pages`` first
-        under ``need_sort`` when short). ``None`` and no change when they do not fit."""
-        if num_pages > len(self.free_pages):
-            if not self.need_sort or num_pages > len(self.free_pages) + len(self.release_pages):
-                return None
+    def _merge_before_take(self, merge_test: bool, num_pages: int) -> None:
+        """SGLang's ``need_sort`` merge: when ``merge_test`` (the caller's pre-test on the lengths
+        before anything is taken) holds, merge ``release_pages`` in. Skipped when the
+        ``num_pages`` would not fit even then and ``refused_alloc_unchanged`` holds, so that a
+        refused allocation changes nothing."""
+        if not (self.need_sort and merge_test and self.release_pages):
+            return
+        short = num_pages > len(self.free_pages) + len(self.release_pages)
+        if not (short and self.rules.refused_alloc_unchanged):
             self.merge_and_sort_free()
+
+    def _take_pages(self, num_pages: int) -> list[int] | None:
+        """Remove ``num_pages`` from the head of ``free_pages``; ``None`` and no change when
+        they do not fit (call :meth:`_merge_before_take` first)."""
+        if num_pages > len(self.free_pages):
+            return None
         taken = self.free_pages[:num_pages]
         self._set_free_lists(self.free_pages[num_pages:], self.release_pages)
         return taken
+
+    def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
+        """SGLang's ``alloc_extend`` pre-test bound (pages): ``need_sort`` merges when it
+        exceeds ``len(free_pages)``. Paged: ``extend_num_tokens // page_size + batch_size + 1``."""
+        return extend_num_tokens // self.page_size + batch_size + 1
 
     def _slots_of(self, pages: Sequence[int]) -> list[int]:
         ps = self.page_size
@@ -143,7 +168,9 @@ class BaseTokenToKVPoolAllocator:
         Raises InvalidArgumentError for a negative size and AlignmentError (paged) for a size
         that is not a multiple of ``page_size``."""
         self._check_need_size(need_size)
-        pages = self._take_pages(need_size // self.page_size)
+        num_pages = need_size // self.page_size
+        self._merge_before_take(num_pages > len(self.free_pages), num_pages)
+        pages = self._take_pages(num_pages)
         return None if pages is None else self._slots_of(pages)
 
     def _check_need_size(self, need_size: int) -> None:
@@ -205,8 +232,10 @@ class BaseTokenToKVPoolAllocator:
         self._set_free_lists(free_pages, release_pages)
 
     def merge_and_sort_free(self) -> None:
-        """``free_pages = sorted(free_pages + release_pages)``; ``release_pages = []``."""
-        self._set_free_lists(sorted(self.free_pages + self.release_pages), [])
+        """``free_pages = sorted(free_pages + release_pages)``; ``release_pages = []``. A no-op
+        when ``release_pages`` is empty (``free_pages`` keeps its order), as in SGLang."""
+        if self.release_pages:
+            self._set_free_lists(sorted(self.free_pages + self.release_pages), [])
 
     def clear(self) -> None:
         """Every page free (ids ascending), no release pages, no open free group."""
@@ -260,6 +289,8 @@ class BaseTokenToKVPoolAllocator:
         num_new = sum(
             extend_new_pages(p, s, self.page_size) for p, s in zip(prefix, seq, strict=True)
         )
+        merge_test = self._extend_merge_bound(extend_num_tokens, len(seq)) > len(self.free_pages)
+        self._merge_before_take(merge_test, num_new)
         pages = self._take_pages(num_new)
         if pages is None:
             return None
@@ -281,7 +312,9 @@ class BaseTokenToKVPoolAllocator:
         prefix = [s - 1 for s in seq]
         validate_extend_args(prefix, seq, locs, len(seq), self.page_size)
         self._check_prefix_pages_held(prefix, locs)
-        pages = self._take_pages(decode_new_pages(seq, self.page_size))
+        num_new = decode_new_pages(seq, self.page_size)
+        self._merge_before_take(len(seq) > len(self.free_pages), num_new)
+        pages = self._take_pages(num_new)
         if pages is None:
             return None
         return alloc_decode_slots(seq, locs, pages, self.page_size)
@@ -294,8 +327,13 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     _dedup_pages = False
 
-    def __init__(self, size: int, need_sort: bool = False) -> None:
-        super().__init__(size, 1, need_sort)
+    def __init__(self, size: int, need_sort: bool = False, *, rules: Rules | None = None) -> None:
+        super().__init__(size, 1, need_sort, rules=rules)
+
+    def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
+        """Page size 1: SGLang allocates an extend with ``alloc(extend_num_tokens)``, so the
+        pre-test is ``alloc``'s."""
+        return extend_num_tokens
 
     def _return_pages(self, pages: list[int]) -> None:
         if self.need_sort:

@@ -13,6 +13,7 @@ from kvpool.reference.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.reference.req import Req
 from kvpool.reference.req_to_token_pool import ReqToTokenPool
+from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
 
@@ -26,6 +27,8 @@ class ChunkCache:
         token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator,
         page_size: int,
         eviction_policy: str = "lru",
+        *,
+        rules: Rules | None = None,
     ) -> None:
         if page_size != token_to_kv_pool_allocator.page_size:
             raise ConfigError(
@@ -37,6 +40,7 @@ class ChunkCache:
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
+        self.rules = rules if rules is not None else Rules()
         self.disable = True
         self.eviction_policy = eviction_policy
 
@@ -47,7 +51,13 @@ class ChunkCache:
         """Never matches."""
         return MatchResult([], None, None)
 
-    def insert(self, key: RadixKey, value: list[int] | None = None, priority: int = 0) -> int:
+    def insert(
+        self,
+        key: RadixKey,
+        value: list[int] | None = None,
+        priority: int = 0,
+        chunked: bool = False,
+    ) -> int:
         """Caches nothing; 0 tokens were already cached."""
         return 0
 

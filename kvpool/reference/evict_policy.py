@@ -1,7 +1,11 @@
 """Eviction priority by policy name: the smallest key is evicted first.
 
-Every key ends with ``node_id`` so that ties are broken by node id ascending and the order is
-total (both twins must evict in exactly the same order).
+These are SGLang 0.5.16's strategies (``evict_policy.py``), made total: every key ends with the
+node id so that the order is total (both twins must evict in exactly the same order). kvpool's
+clock stamps a whole walk with one value where SGLang's reads a later time for every node it
+creates, and node ids grow in creation order; so a tie on a time ascending is broken by node id
+ascending, and a tie on a time descending (MRU, FILO) by node id descending, which is the order
+SGLang's clock gives.
 """
 
 from __future__ import annotations
@@ -48,18 +52,28 @@ def fifo_key(node: EvictableNode) -> PriorityKey:
 
 
 def mru_key(node: EvictableNode) -> PriorityKey:
-    """Most recently used first."""
-    return (-node.last_access_time, node.node_id)
+    """Most recently used first (on a tie, the newer node first)."""
+    return (-node.last_access_time, -node.node_id)
 
 
 def filo_key(node: EvictableNode) -> PriorityKey:
-    """Newest created first."""
-    return (-node.creation_time, node.node_id)
+    """Newest created first (on a tie, the newer node first)."""
+    return (-node.creation_time, -node.node_id)
 
 
 def priority_key(node: EvictableNode) -> PriorityKey:
     """Lowest request priority first, then least recently used."""
     return (node.priority, node.last_access_time, node.node_id)
+
+
+SLRU_PROTECTED_HITS = 2
+"""SLRU: a node with at least this many hits is in the protected segment (SGLang's default)."""
+
+
+def slru_key(node: EvictableNode) -> PriorityKey:
+    """Segmented LRU: nodes with fewer than :data:`SLRU_PROTECTED_HITS` hits (probationary)
+    before the others (protected), least recently used first within a segment."""
+    return (float(node.hit_count >= SLRU_PROTECTED_HITS), node.last_access_time, node.node_id)
 
 
 POLICY_KEYS: dict[str, Callable[[EvictableNode], PriorityKey]] = {
@@ -69,6 +83,7 @@ POLICY_KEYS: dict[str, Callable[[EvictableNode], PriorityKey]] = {
     "mru": mru_key,
     "filo": filo_key,
     "priority": priority_key,
+    "slru": slru_key,
 }
 assert tuple(POLICY_KEYS) == EVICTION_POLICIES
 

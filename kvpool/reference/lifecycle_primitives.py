@@ -31,11 +31,12 @@ from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPool
 from kvpool.reference.chunk_cache import ChunkCache
 from kvpool.reference.kv_cache import MHATokenToKVPool, MLATokenToKVPool, kv_cache_from_config
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
-from kvpool.reference.paged_ops import decode_new_pages, extend_new_pages
+from kvpool.reference.paged_ops import decode_new_pages, eviction_target, extend_new_pages
 from kvpool.reference.radix_cache import RadixCache
 from kvpool.reference.req import Req
 from kvpool.reference.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.session import SessionSlot
+from kvpool.rules import Rules
 from kvpool.tags import kv_tags
 
 
@@ -58,19 +59,20 @@ class LifecyclePrimitives:
         the reference's own."""
         self.config = config
         ps = self.page_size = config.page_size
+        rules = config.rules
         self.req_to_token_pool: ReqToTokenPool = resolve(
             "req_to_token_pool",
             req_to_token_pool,
-            lambda: ReqToTokenPool(config.req_pool_size, config.max_context_len),
+            lambda: ReqToTokenPool(config.req_pool_size, config.max_context_len, rules=rules),
             config,
         )
         self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = resolve(
             "token_to_kv_pool_allocator",
             token_to_kv_pool_allocator,
             lambda: (
-                TokenToKVPoolAllocator(config.size, config.need_sort)
+                TokenToKVPoolAllocator(config.size, config.need_sort, rules=rules)
                 if ps == 1
-                else PagedTokenToKVPoolAllocator(config.size, ps, config.need_sort)
+                else PagedTokenToKVPoolAllocator(config.size, ps, config.need_sort, rules=rules)
             ),
             config,
         )
@@ -79,9 +81,9 @@ class LifecyclePrimitives:
             "tree_cache",
             tree_cache,
             lambda: (
-                ChunkCache(pool, alloc, ps, config.eviction_policy)
+                ChunkCache(pool, alloc, ps, config.eviction_policy, rules=rules)
                 if config.disable_radix_cache
-                else RadixCache(pool, alloc, ps, False, config.eviction_policy, clock)
+                else RadixCache(pool, alloc, ps, False, config.eviction_policy, clock, rules=rules)
             ),
             config,
             pool,
@@ -147,19 +149,25 @@ class LifecyclePrimitives:
                 f"need {needed} tokens; available {available}, evictable {evictable}"
             )
 
-    def _evict_for(self, needed: int) -> None:
-        """Check capacity, then evict exactly the shortfall (nothing changes on failure)."""
+    def _evict_for(self, needed: int, new_tokens: int = 0, batch_size: int = 0) -> None:
+        """Check capacity for ``needed`` tokens, then evict what ``config.rules`` asks for
+        (:func:`~kvpool.reference.paged_ops.eviction_target`: by default exactly the
+        shortfall); nothing changes on failure. ``new_tokens`` / ``batch_size`` describe the
+        step for SGLang's eviction bound (``batch_size`` 0: no bound, e.g. speculative)."""
         self._check_capacity(needed)
-        shortfall = needed - self.token_to_kv_pool_allocator.available_size()
-        if shortfall > 0:
-            self.tree_cache.evict(shortfall)
+        available = self.token_to_kv_pool_allocator.available_size()
+        rules = self.config.rules if batch_size else Rules()
+        amount = eviction_target(rules, needed, new_tokens, batch_size, self.page_size, available)
+        if amount > 0:
+            self.tree_cache.evict(amount)
 
     def _alloc_slots(
         self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int]
     ) -> list[int]:
         """Slots for columns ``[P_i, S_i)`` of every request (batch order), evicting first;
         OutOfMemoryError (nothing changed) when they cannot be had."""
-        self._evict_for(self._tokens_needed(prefix_lens, seq_lens))
+        new_tokens = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
+        self._evict_for(self._tokens_needed(prefix_lens, seq_lens), new_tokens, len(seq_lens))
         alloc = self.token_to_kv_pool_allocator
         if self.page_size == 1:
             out = alloc.alloc(sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True)))
@@ -235,7 +243,7 @@ class LifecyclePrimitives:
             if self.page_size == 1
             else decode_new_pages(seq_lens, self.page_size) * self.page_size
         )
-        self._evict_for(needed)
+        self._evict_for(needed, 0, len(reqs))
         alloc = self.token_to_kv_pool_allocator
         if self.page_size == 1:
             out = alloc.alloc(len(reqs))

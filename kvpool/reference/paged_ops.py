@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, ceil_div, floor_align
 from kvpool.errors import AlignmentError, InvalidArgumentError
+from kvpool.rules import Rules
 
 
 def extend_new_pages(prefix_len: int, seq_len: int, page_size: int) -> int:
@@ -114,3 +115,25 @@ def alloc_decode_slots(
         else:
             out.append(loc + 1)
     return out
+
+
+def eviction_target(
+    rules: Rules,
+    needed: int,
+    new_tokens: int,
+    batch_size: int,
+    page_size: int,
+    available: int,
+) -> int:
+    """Tokens the lifecycle evicts before an extend (``new_tokens`` > 0) or a decode
+    (``new_tokens == 0``) of ``batch_size`` requests that needs ``needed`` tokens of new pages
+    with ``available`` free: the demand is ``needed`` (``rules.eviction_demand == "exact"``)
+    or SGLang's bound (paged extend ``new_tokens + batch_size * page_size``, paged decode
+    ``batch_size * page_size``); nothing is evicted while the demand fits, else the shortfall
+    (``eviction_amount == "shortfall"``) or the whole demand (``"demand"``)."""
+    demand = needed
+    if rules.eviction_demand == "bound" and page_size > 1:
+        demand = new_tokens + batch_size * page_size
+    if demand <= available:
+        return 0
+    return demand - available if rules.eviction_amount == "shortfall" else demand

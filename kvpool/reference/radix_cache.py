@@ -11,13 +11,18 @@ Decisions (both twins follow them exactly):
   read no clock. ``reset`` restarts node ids at 0 (root) and frees nothing.
 - Touching: every node entered on the walk (root excluded) gets ``last_access_time = now``; the
   node a walk ends inside is stamped *before* it is split, so both halves carry ``now``. Only
-  ``match_prefix`` counts hits: ``hit_count += 1`` on every matched node (the upper half of a
-  split, not the lower). ``insert`` raises ``priority`` to ``max(old, priority)`` on the nodes of
-  the matched path (upper half of a split, not the lower) and gives the new leaf ``priority``.
+  ``insert`` counts hits, as SGLang 0.5.16 does: ``hit_count += 1`` on every node of the matched
+  path (the upper half of a split, not the lower) and on the new leaf, unless ``chunked``.
+  ``insert`` raises ``priority`` to ``max(old, priority)`` on the same path nodes and gives the new
+  leaf ``priority``. ``match_prefix`` changes no count and no priority.
 - Split at ``k`` tokens: a new node (next id) takes ``key[:k]``/``value[:k]``, the lock count,
-  ``last_access_time``, ``creation_time``, ``hit_count`` and ``priority`` of the old node, and
-  replaces it in its parent's children under the same dict key (same insertion position); the old
-  node keeps its id and becomes the lower half, the only child of the new node.
+  ``hit_count`` and ``priority`` of the old node, ``creation_time = now`` (SGLang creates it
+  then) and ``last_access_time = now``, and replaces the old node in its parent's children under
+  the same dict key (same insertion position); the old node keeps its id and becomes the lower
+  half, the only child of the new node.
+- Ties: one clock value stamps a whole walk, where SGLang reads its clock again for each node it
+  creates; node ids grow in creation order, so the policies break ties by node id in the
+  direction of SGLang's clock (:mod:`~kvpool.reference.evict_policy`).
 - Locks on a node that is no longer in the tree raise LockError; ``inc_lock_ref`` /
   ``dec_lock_ref`` return the change in ``evictable_size`` (<= 0 / >= 0).
 - ``evict(n)``: heap of the unlocked leaves keyed by :mod:`~kvpool.reference.evict_policy`; pop,
@@ -38,6 +43,7 @@ from kvpool.reference.radix_key import ChildKey, MatchResult, RadixKey, TreeNode
 from kvpool.reference.req import Req
 from kvpool.reference.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.tree_view import pretty_print_tree, snapshot_tree
+from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
 
@@ -64,6 +70,8 @@ class RadixCache:
         disable: bool = False,
         eviction_policy: str = "lru",
         clock: Callable[[], float] | None = None,
+        *,
+        rules: Rules | None = None,
     ) -> None:
         if page_size != token_to_kv_pool_allocator.page_size:
             raise ConfigError(
@@ -73,6 +81,7 @@ class RadixCache:
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
+        self.rules = rules if rules is not None else Rules()
         self.disable = disable
         self.eviction_policy = eviction_policy.lower()
         self.priority_fn: Callable[[TreeNode], PriorityKey] = get_priority_fn(self.eviction_policy)
@@ -135,14 +144,13 @@ class RadixCache:
         return key[: floor_align(len(key), self.page_size)]
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
-        """Cut ``child`` after ``split_len`` tokens; returns the new upper node (next id)."""
+        """Cut ``child`` after ``split_len`` tokens; returns the new upper node (next id, created
+        at the walk's time, which ``child`` was just stamped with)."""
         parent = child.parent
         assert parent is not None
         dict_key = self._child_key(parent, child.key)
-        upper = self._new_node(
-            child.key[:split_len], child.value[:split_len], parent, child.creation_time
-        )
-        upper.last_access_time = child.last_access_time
+        now = child.last_access_time
+        upper = self._new_node(child.key[:split_len], child.value[:split_len], parent, now)
         upper.hit_count = child.hit_count
         upper.priority = child.priority
         upper.lock_ref = child.lock_ref
@@ -172,7 +180,6 @@ class RadixCache:
             split = n < len(child.key)
             if split:
                 child = self._split_node(child, n)
-            child.hit_count += 1
             values.extend(child.value)
             node = child
             if split:
@@ -180,10 +187,17 @@ class RadixCache:
             key = key[n:]
         return MatchResult(values, node, node)
 
-    def insert(self, key: RadixKey, value: list[int] | None = None, priority: int = 0) -> int:
+    def insert(
+        self,
+        key: RadixKey,
+        value: list[int] | None = None,
+        priority: int = 0,
+        chunked: bool = False,
+    ) -> int:
         """Insert the page-aligned part of ``key`` at ``value`` slots (default: the token ids, for
         tests). Returns the tokens already cached (a multiple of the page size). Frees nothing:
-        the caller frees its duplicate slots ``value[cache_protected_len:returned]``."""
+        the caller frees its duplicate slots ``value[cache_protected_len:returned]``. Counts a
+        hit on the matched path and the new leaf unless ``chunked`` (a chunk of a prefill)."""
         if value is None:
             value = list(key.token_ids)
         if len(value) < len(key):
@@ -206,11 +220,13 @@ class RadixCache:
             if n < len(child.key):
                 child = self._split_node(child, n)
             child.priority = max(child.priority, priority)
+            child.hit_count += 0 if chunked else 1
             total_prefix += n
             key, value = key[n:], value[n:]
             node = child
         if len(key) > 0:
             leaf = self._new_node(key, value, node, now, priority)
+            leaf.hit_count = 0 if chunked else 1
             node.children[self._child_key(node, key)] = leaf
             self.evictable_size_ += len(key)
         return total_prefix
@@ -299,27 +315,34 @@ class RadixCache:
         """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
 
         ``kv = row[:committed]``. With insert: insert the page-aligned part, free the duplicates
-        ``kv[cache_protected_len:new_prefix_len]`` and the unaligned tail ``kv[aligned:committed]``
-        (its whole page). Without: free ``kv[cache_protected_len:committed]``. Over-allocation past
-        ``ceil_align(committed)`` is the caller's (``release_kv_cache``)."""
+        ``kv[cache_protected_len:new_prefix_len]``, then (a second ``free``, as SGLang) the
+        unaligned tail ``kv[aligned:committed]`` (its whole page). Without: free
+        ``kv[cache_protected_len:aligned]``, then the tail. Disabled: one free of
+        ``kv[cache_protected_len:committed]``. Over-allocation past ``ceil_align(committed)`` is
+        the caller's (``release_kv_cache``)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         committed = req.kv_committed_len
         kv = self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
         free = self.token_to_kv_pool_allocator.free
-        if self.disable or not is_insert:
+        if self.disable:
             free(kv[req.cache_protected_len : committed])
-        else:
+            return
+        aligned = floor_align(committed, self.page_size)
+        if is_insert:
             tokens = req.all_token_ids[:committed]
-            aligned = floor_align(committed, self.page_size)
             new_prefix_len = self.insert(
                 RadixKey(tokens[:aligned], req.extra_key), kv[:aligned], priority=req.priority
             )
-            free(kv[req.cache_protected_len : new_prefix_len] + kv[aligned:committed])
+            free(kv[req.cache_protected_len : new_prefix_len])
+        else:
+            free(kv[req.cache_protected_len : aligned])
+        free(kv[aligned:committed])
         self.dec_lock_ref(req.last_node)
 
     def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
-        """Between prefill chunks: insert ``fill_ids`` (page-aligned), free the duplicates,
+        """Between prefill chunks: insert ``fill_ids`` (page-aligned; ``chunked`` counts no
+        hits), free the duplicates,
         re-match, rewrite ``row[cache_protected_len:len(new_indices)]`` with the tree's slots,
         move the lock to the new last node and set ``prefix_indices``/``cache_protected_len``.
         The row stays."""
@@ -333,7 +356,7 @@ class RadixCache:
             return
         aligned = floor_align(len(tokens), self.page_size)
         key = RadixKey(tokens[:aligned], req.extra_key)
-        new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority)
+        new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority, chunked=chunked)
         self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : new_prefix_len])
         match = self.match_prefix(key)
         new_indices = match.device_indices

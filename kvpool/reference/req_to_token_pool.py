@@ -1,9 +1,11 @@
-"""``ReqToTokenPool``: the request-to-token table (rows of token-slot ids) and its free-row stack.
+"""``ReqToTokenPool``: the request-to-token table (rows of token-slot ids) and its free-row list.
 
 Units: ``size`` rows ``1..size`` are allocatable (row 0 is reserved); each row has
 ``max_context_len`` columns; ``req_to_token[row][col]`` is the slot id of token ``col`` of the
-request holding ``row``. Free rows form a stack: ``alloc`` pops from the tail, ``free`` pushes on
-the tail (LIFO), and a fresh pool hands out rows 1, 2, 3, ...
+request holding ``row``. ``free_slots`` starts as ``[1, ..., size]`` and ``free`` appends the
+freed row. ``alloc`` takes its ``n`` fresh rows as one block, in list order, from the tail
+(``rules.row_order == "lifo"``, the default, SGLang 0.5.18+: the row freed last is reused first
+and a fresh pool hands out its highest rows) or from the head (``"fifo"``, SGLang 0.5.16).
 """
 
 from __future__ import annotations
@@ -21,20 +23,23 @@ from kvpool.errors import (
     RowReuseError,
 )
 from kvpool.protocols import ReqLike
+from kvpool.rules import Rules
 from kvpool.snapshot import ReqToTokenSnapshot
 
 
 class ReqToTokenPool:
-    """The table, the free-row stack ``free_slots`` and ``req_generation`` (per row, bumped each
-    time the row is handed out; never decreases, not even on :meth:`clear`)."""
+    """The table, the free-row list ``free_slots`` and ``req_generation`` (per row, bumped each
+    time the row is handed out; :meth:`clear` keeps it, or zeroes it when
+    ``rules.generation_on_clear`` is ``"reset"``)."""
 
-    def __init__(self, size: int, max_context_len: int) -> None:
+    def __init__(self, size: int, max_context_len: int, *, rules: Rules | None = None) -> None:
         if not isinstance(size, int) or size <= 0:
             raise ConfigError(f"size must be a positive number of rows, got {size!r}")
         if not isinstance(max_context_len, int) or max_context_len <= 0:
             raise ConfigError(f"max_context_len must be positive, got {max_context_len!r}")
         self.size = size
         self.max_context_len = max_context_len
+        self.rules = rules if rules is not None else Rules()
         self.req_to_token: list[list[int]] = [[0] * max_context_len for _ in range(size + 1)]
         self.req_generation: list[int] = [0] * (size + 1)
         self.free_slots: list[int] = []
@@ -92,22 +97,35 @@ class ReqToTokenPool:
     def alloc(self, reqs: Sequence[ReqLike]) -> list[int] | None:
         """Every request's row, in batch order. A request with ``req_pool_idx`` set keeps it (see
         :meth:`check_alloc` for when that is legal; misuse raises before any change). The others
-        pop fresh rows from the stack's tail in batch order, bumping each row's generation;
-        ``None`` (no change) when fewer rows are free than they need."""
-        if self.check_alloc(reqs) > len(self.free_slots):
+        take, in batch order, the block of fresh rows :meth:`_take_rows` removes, bumping each
+        row's generation; ``None`` (no change) when fewer rows are free than they need."""
+        fresh = self.check_alloc(reqs)
+        if fresh > len(self.free_slots):
             return None
+        taken = iter(self._take_rows(fresh))
         rows: list[int] = []
         for req in reqs:
             if req.req_pool_idx is None:
-                row = self.free_slots.pop()
-                self._free_set.discard(row)
+                row = next(taken)
                 self.req_generation[row] += 1
                 req.req_pool_idx = row
             rows.append(req.req_pool_idx)
         return rows
 
+    def _take_rows(self, n: int) -> list[int]:
+        """Remove ``n`` rows from ``free_slots`` as one block: its last ``n`` (lifo) or first
+        ``n`` (fifo), in list order. Precondition: ``n <= len(free_slots)``."""
+        if self.rules.row_order == "lifo":
+            cut = len(self.free_slots) - n
+            taken = self.free_slots[cut:]
+            del self.free_slots[cut:]  # O(n), like SGLang's pop from the tail
+        else:
+            taken, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        self._free_set.difference_update(taken)
+        return taken
+
     def free(self, req: ReqLike) -> None:
-        """Push the request's row on the stack's tail and clear ``req.req_pool_idx``; the table
+        """Append the request's row to ``free_slots`` and clear ``req.req_pool_idx``; the table
         contents stay. InvalidArgumentError without a row, DoubleFreeError for a free row."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError("request holds no row (req_pool_idx is None)")
@@ -119,9 +137,12 @@ class ReqToTokenPool:
         req.req_pool_idx = None
 
     def clear(self) -> None:
-        """Every row free, stack back to ``[size, ..., 2, 1]``; generations and contents kept."""
-        self.free_slots = list(range(self.size, RESERVED_INDEX, -1))
+        """Every row free, ``free_slots`` back to ``[1, ..., size]``; contents kept; generations
+        kept (``rules.generation_on_clear == "keep"``) or zeroed (``"reset"``)."""
+        self.free_slots = list(range(RESERVED_INDEX + 1, self.size + 1))
         self._free_set = set(self.free_slots)
+        if self.rules.generation_on_clear == "reset":
+            self.req_generation = [0] * (self.size + 1)
 
     # ----------------------------------------------------------------- table
     def write(self, index: tuple[int, slice], values: Sequence[int]) -> None:
@@ -147,7 +168,7 @@ class ReqToTokenPool:
         return self.req_to_token[row][start:stop]
 
     def snapshot(self, rows: Sequence[tuple[int, int]] = ()) -> ReqToTokenSnapshot:
-        """Plain copy of the stack and generations; ``rows`` lists ``(row, length)`` pairs whose
+        """Plain copy of the free rows and generations; ``rows`` lists ``(row, length)`` pairs whose
         first ``length`` columns to include."""
         contents = tuple((row, tuple(self.read(row, 0, length))) for row, length in rows)
         return ReqToTokenSnapshot(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 from array import array
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -201,7 +202,9 @@ class SGLangRadixCache:
                         tuple(int(t) for t in c.key.raw_token_ids()[: self.page_size])
                         for c in children
                     ),
-                    last_access_time=0.0 if node is root else float(node.last_access_time),
+                    last_access_time=0.0
+                    if node is root
+                    else float(math.floor(node.last_access_time)),
                     hit_count=int(node.hit_count),
                     priority=0 if node is root else int(node.priority),
                 )

@@ -80,6 +80,18 @@ class SGLangReqToTokenPool:
         self.size = size
         self.max_context_len = max_context_len
 
+    def check_alloc(self, reqs: Sequence[Any]) -> int:
+        """The rows ``alloc`` would hand out, after SGLang's own reuse rule (a request keeping
+        its row must be chunked or hold committed KV, else RowReuseError); changes nothing.
+        kvpool's manager calls it to validate a batch before its first change."""
+        fresh = 0
+        for i, req in enumerate(reqs):
+            if req.req_pool_idx is None:
+                fresh += 1
+            elif not (req.is_chunked > 0 or req.kv_committed_len > 0):
+                raise RowReuseError(f"request {i} keeps row {req.req_pool_idx} illegally")
+        return fresh
+
     def alloc(self, reqs: Sequence[Any]) -> list[int] | None:
         """SGLang's ``alloc``: every request's row in batch order, or None."""
         try:

@@ -68,6 +68,11 @@ class Implementation:
 
     def provides(self, component: str) -> bool:
         """Whether this implementation can be driven by the machine of ``component``."""
+        if component == "manager":  # else the twin's manager around the components it has
+            return any(
+                f is not None
+                for f in (self.manager, self.allocator, self.req_to_token_pool, self.radix_cache)
+            )
         if component == "radix_cache":
             return all(
                 f is not None

@@ -2,14 +2,17 @@
 
 :func:`reference_factory` builds the pure-Python reference; :func:`optimized_factory` returns a
 factory of the torch twin with a chosen kernel backend and checked mode; :func:`load_factory`
-imports a user's factory named ``MODULE:NAME`` (``kvpool verify --impl``).
+imports a user's factory named ``MODULE:NAME`` or ``file.py:NAME`` (``kvpool verify --impl``,
+``kvpool diff-kernel``).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -45,22 +48,36 @@ def optimized_factory(backend: str | None = "torch", checked: bool = True) -> Fa
 
 
 def import_user_module(name: str) -> ModuleType:
-    """Import module ``name``, searching the current directory first, as ``python -m`` does:
-    the installed ``kvpool`` script does not, and a user's module lives in their project."""
+    """Import module ``name``: a dotted module name, searched in the current directory first
+    (as ``python -m`` does: the installed ``kvpool`` script does not, and a user's module lives
+    in their project), or a path to a ``.py`` file (``./mine.py``, ``src/kernels.py``), loaded
+    under its stem. Raises ImportError when neither exists (or the module fails to import)."""
+    if name.endswith(".py"):
+        path = Path(name)
+        if not path.is_file():
+            raise ImportError(f"no such file: {name}")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {name} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     return importlib.import_module(name)
 
 
-def load_factory(spec: str) -> Factory:
-    """``MODULE:NAME`` -> that callable (a factory ``(PoolConfig) -> MemoryManagerProtocol``).
+def load_factory(spec: str, what: str = "FACTORY") -> Factory:
+    """``MODULE:NAME`` or ``path/to/file.py:NAME`` -> that callable (for ``kvpool verify
+    --impl`` a factory ``(PoolConfig) -> MemoryManagerProtocol``; ``kvpool diff-kernel`` loads
+    its kernel function here too, ``what`` naming the callable in messages).
 
     The module is found by :func:`import_user_module` (``tests.mine:factory`` from the project
     root). Raises ValueError for a malformed spec or a missing name, ImportError for a missing
     module, TypeError for a non-callable."""
-    module_name, sep, attr = spec.partition(":")
+    module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"expected MODULE:FACTORY, got {spec!r}")
+        raise ValueError(f"expected MODULE:{what} or path/to/file.py:{what}, got {spec!r}")
     module = import_user_module(module_name)
     factory = getattr(module, attr, None)
     if factory is None:

@@ -32,14 +32,18 @@ def reference_implementation() -> Implementation:
 
     def allocator(config: PoolConfig) -> Any:
         if config.page_size == 1:
-            return TokenToKVPoolAllocator(config.size, config.need_sort)
-        return PagedTokenToKVPoolAllocator(config.size, config.page_size, config.need_sort)
+            return TokenToKVPoolAllocator(config.size, config.need_sort, rules=config.rules)
+        return PagedTokenToKVPoolAllocator(
+            config.size, config.page_size, config.need_sort, rules=config.rules
+        )
 
     def table(config: PoolConfig) -> Any:
-        return ReqToTokenPool(config.req_pool_size, config.max_context_len)
+        return ReqToTokenPool(config.req_pool_size, config.max_context_len, rules=config.rules)
 
     def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        return RadixCache(pool, alloc, config.page_size, False, config.eviction_policy)
+        return RadixCache(
+            pool, alloc, config.page_size, False, config.eviction_policy, rules=config.rules
+        )
 
     return Implementation(
         "reference",
@@ -74,16 +78,24 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         torch.set_num_threads(1)
 
     def allocator(config: PoolConfig) -> Any:
-        opts: dict[str, Any] = {"checked": checked, "kernel_backend": backend}
+        opts: dict[str, Any] = {
+            "checked": checked,
+            "kernel_backend": backend,
+            "rules": config.rules,
+        }
         if config.page_size == 1:
             return TokenToKVPoolAllocator(config.size, config.need_sort, **opts)
         return PagedTokenToKVPoolAllocator(config.size, config.page_size, config.need_sort, **opts)
 
     def table(config: PoolConfig) -> Any:
-        return ReqToTokenPool(config.req_pool_size, config.max_context_len, checked=checked)
+        return ReqToTokenPool(
+            config.req_pool_size, config.max_context_len, checked=checked, rules=config.rules
+        )
 
     def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        return RadixCache(pool, alloc, config.page_size, False, config.eviction_policy)
+        return RadixCache(
+            pool, alloc, config.page_size, False, config.eviction_policy, rules=config.rules
+        )
 
     def manager(config: PoolConfig) -> Any:
         return MemoryManager(config, checked=checked, kernel_backend=backend)

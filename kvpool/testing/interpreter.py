@@ -180,6 +180,14 @@ class _Checker:
 _ACTIVE: list[_Checker] = []
 """Open ``checked_interpreter`` blocks, innermost last; the patches are installed while any is."""
 
+_LAUNCHES = [0]
+
+
+def checked_launch_count() -> int:
+    """Kernel launches the checked interpreter has run in this process so far (a caller compares
+    the count before and after a block to learn whether anything ran checked at all)."""
+    return _LAUNCHES[0]
+
 
 def _current_launch() -> _Launch:
     """The launch the innermost checker is running (the builder hooks run only inside one)."""
@@ -297,6 +305,7 @@ def _checked_launch(self: Any, *args_dev: Any, **kwargs: Any) -> None:
     and copies results back to the caller's tensors only when every check passed."""
     interp = _triton_interpreter()
     checker = _ACTIVE[-1]
+    _LAUNCHES[0] += 1
     spec = inspect.getfullargspec(self.fn)
     kwargs = {k: v for k, v in kwargs.items() if k in spec.args or k in spec.kwonlyargs}
     args_hst, kwargs_hst = self._init_args_hst(args_dev, kwargs)

@@ -18,17 +18,10 @@ import random
 
 from hypothesis import strategies as st
 
-from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, ceil_div
+from kvpool.constants import KERNEL_OPS, NO_LAST_LOC, RESERVED_INDEX, ceil_div
 from kvpool.reference.paged_ops import alloc_extend_slots, extend_new_pages
 
-OPS: tuple[str, ...] = (
-    "alloc_extend",
-    "alloc_decode",
-    "write_req_to_token",
-    "get_last_loc",
-    "create_flashinfer_kv_indices",
-    "create_flashmla_kv_indices",
-)
+OPS: tuple[str, ...] = KERNEL_OPS
 """The kernel ops the harness knows, by their :mod:`kvpool.kernels` function names."""
 
 ALLOC_OPS: tuple[str, ...] = ("alloc_extend", "alloc_decode")

@@ -37,14 +37,19 @@ from typing import Any
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis.reporting import with_reporter
 
-from kvpool.constants import SUPPORTED_PAGE_SIZES_TESTED, ceil_align, ceil_div
+from kvpool.constants import (
+    SHORT_FREE_LIST_MODES,
+    SUPPORTED_PAGE_SIZES_TESTED,
+    ceil_align,
+    ceil_div,
+)
 from kvpool.errors import InvalidArgumentError
 from kvpool.reference.paged_ops import extend_new_pages
 from kvpool.testing.interpreter import KernelCheckFailure, checked_interpreter
 from kvpool.testing.kernel_inputs import ALLOC_OPS, OPS, KernelCase, kernel_cases
 from kvpool.testing.kernel_ops import Candidate, Run, expected_outputs, run_candidate
 
-SHORT_MODES: tuple[str, ...] = ("off", "lenient", "strict")
+SHORT_MODES: tuple[str, ...] = SHORT_FREE_LIST_MODES
 """Values of ``short_free_lists`` (see the module docstring)."""
 
 _SHOWN = 16  # list elements printed before eliding

@@ -98,8 +98,9 @@ def verify(options: VerifyOptions) -> VerifyOutcome:
     try:
         impl_b = resolve_implementation(options.candidate, options.component)
         impl_a = resolve_implementation("reference")
-    except (ImportError, ValueError, TypeError, OSError) as exc:
-        out.usage_error = f"cannot load --impl {options.candidate}: {exc}"
+    except Exception as exc:  # whatever the user's module raises on import is bad input
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        out.usage_error = f"cannot load --impl {options.candidate}: {first}"
         return out
     if not impl_b.provides(options.component):
         out.usage_error = f"{options.candidate} provides no {options.component} component"

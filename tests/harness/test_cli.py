@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvpool.cli import main
+from kvpool.constants import EVICTION_POLICIES
+from kvpool.replay import ReplaySettings, ReplayStats
 from kvpool.testing.campaign import run_campaign
 from kvpool.testing.factories import reference_factory
 from kvpool.testing.lockstep import Lockstep
@@ -81,17 +83,19 @@ def test_replay_compare_policies_and_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plot, report = tmp_path / "hit.png", tmp_path / "rows.json"
-    code = main(["replay", "conversation_trace.jsonl", "--requests", "50", "--pool-tokens",
+    code = main(["replay", "conversation_sample.jsonl", "--requests", "50", "--pool-tokens",
                  "512", "--page-size", "4", "--block-tokens", "8", "--plot", str(plot),
                  "--plot-pools", "256", "1024", "--report", str(report)])  # fmt: skip
     captured = capsys.readouterr()
     out = captured.out
     assert code == 0
     assert "mode: twin only" in out.splitlines()[0]  # the many-run default
-    assert "run 12/12 priority pool=1024" in captured.err  # the progress bar names each run
+    runs = 2 * len(EVICTION_POLICIES)  # two pool sizes, every policy
+    last = f"run {runs}/{runs} {EVICTION_POLICIES[-1]} pool=1024"
+    assert last in captured.err  # the progress bar names each run
     rows = json.loads(report.read_text())
-    assert len(rows) == 2 * 6  # two pool sizes, every policy
-    assert {r["policy"] for r in rows} == {"lru", "lfu", "fifo", "mru", "filo", "priority"}
+    assert len(rows) == runs
+    assert {r["policy"] for r in rows} == set(EVICTION_POLICIES)
     assert all(r["requests"] == 50 and r["steps"] > 0 and r["invariant_checks"] > 0 for r in rows)
     assert any(r["matched_tokens"] > 0 for r in rows) and any(r["evicted_tokens"] > 0 for r in rows)
     assert all(0.0 <= r["hit_ratio"] <= 1.0 for r in rows)
@@ -100,7 +104,7 @@ def test_replay_compare_policies_and_plot(
 
 
 def test_replay_lockstep_explains_rejections(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["replay", "conversation_trace.jsonl", "--requests", "12", "--pool-tokens",
+    code = main(["replay", "conversation_sample.jsonl", "--requests", "12", "--pool-tokens",
                  "512", "--page-size", "4", "--block-tokens", "8", "--no-progress"])  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0
@@ -119,3 +123,37 @@ def test_verify_rejects_an_unloadable_impl_before_running(
     assert code == 2
     assert "cannot load --impl kvpool_no_such:f" in out.err
     assert "self-check" not in out.out  # failed fast, nothing ran
+
+
+def test_verify_impl_accepts_a_file_path(capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).with_name("buggy_impl.py")
+    code = main(["verify", "--seconds", "1", "--no-progress", "--impl", f"{path}:reference_copy"])
+    assert code == 0
+    assert f"reference vs {path}:reference_copy" in capsys.readouterr().out
+
+
+def test_replay_prints_each_row_when_its_run_ends(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import kvpool.replay
+
+    seen: list[str] = []  # stdout printed before each run starts
+
+    def fake(records: list[object], settings: ReplaySettings, *args: object) -> ReplayStats:
+        seen.append(capsys.readouterr().out)
+        return ReplayStats(settings.policy, settings.pool_tokens, settings.page_size, len(records))
+
+    monkeypatch.setattr(kvpool.replay, "replay_trace", fake)
+    code = main(["replay", "--requests", "5", "--compare-policies", "--no-progress"])
+    assert code == 0 and len(seen) == 6
+    assert "policy" in seen[0] and "lru" not in seen[0]  # the head, before the first run
+    assert [s.split()[0] for s in seen[1:]] == ["lru", "lfu", "fifo", "mru", "filo"]
+    assert capsys.readouterr().out.split()[0] == "priority"
+
+
+def test_replay_default_trace_is_the_shipped_sample(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["replay", "--requests", "3", "--pool-tokens", "4096", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("trace conversation_sample.jsonl: 3 requests, page size 16")
+    assert len(out.splitlines()) == 4  # header, head, rule, one row

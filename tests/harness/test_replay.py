@@ -3,6 +3,7 @@ twin-only runs agree with lockstep and still check invariants."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,17 @@ from kvpool.replay import (
 )
 from kvpool.testing.factories import optimized_factory, reference_factory
 from kvpool.testing.lockstep import LockstepFailure
-from kvpool.traces import TraceRecord
+from kvpool.traces import (
+    DATA_DIR,
+    OUTPUT_TOKEN_LIMIT,
+    SAMPLE_TRACE,
+    VOCAB_SIZE,
+    TraceError,
+    TraceRecord,
+    blocks_token_array,
+    load_trace,
+    trace_path,
+)
 
 
 def _record(hash_ids: tuple[int, ...], length: int, outputs: int = 3) -> TraceRecord:
@@ -92,7 +103,56 @@ def test_plot_pool_sizes_follow_the_trace() -> None:
     records = [_record((1, 2, 3 + i), 3 * 512) for i in range(8)]  # 10 distinct blocks
     settings = ReplaySettings(page_size=4, block_tokens=16, concurrency=2)
     # Peak demand: 48 prompt tokens + 3 outputs -> 52, plus a page per runner -> 60; the
-    # footprint, 10 blocks of 16 tokens, caps the doubling.
+    # footprint, 10 blocks of 16 tokens: 160. Four sizes evenly spaced on a log scale, in pages.
     assert cache_footprint_tokens(records, 16) == 160
-    assert replay_pool_sizes(records, settings) == [60, 120, 160]
-    assert replay_pool_sizes(records, settings, points=2) == [60, 120]
+    assert replay_pool_sizes(records, settings) == [60, 84, 116, 160]
+    assert replay_pool_sizes(records, settings, points=2) == [60, 160]
+    assert replay_pool_sizes(records[:1], settings) == [60]  # footprint 48 < demand
+
+
+@pytest.mark.parametrize("block_tokens", [16, 512])
+def test_page_sizes_report_only_the_reuse_the_block_ids_contain(block_tokens: int) -> None:
+    # Blocks 5 and 32005 (and 7 and 64007) spelled the same first token before: page size 1
+    # then matched one token more than the ids share. B shares block 1 with A; C shares A's
+    # blocks 1 and 2, whose end A cut 100 tokens into block 2 (A's outputs follow, and must not
+    # match C's next tokens).
+    bt = block_tokens
+    a = _record((1, 5, 7), 1024 + 100)
+    b = _record((1, 32005, 64007), 3 * 512)
+    c = _record((1, 5, 7, 9), 4 * 512)
+    cut = max(-(-(1024 + 100) * bt // 512), 1)  # A's scaled length
+    shared = {1: bt, 2: cut}  # by the ids: B shares block 1, C all of A's prompt
+    matched = {}
+    for ps in (1, 16):
+        settings = ReplaySettings(pool_tokens=4096, page_size=ps, block_tokens=bt, concurrency=1)
+        stats = replay_trace([a, b, c], settings, reference_factory, optimized_factory("torch"))
+        matched[ps] = stats.matched_tokens
+        assert stats.finished == 3
+    assert matched[1] == shared[1] + shared[2]
+    assert matched[16] == shared[1] // 16 * 16 + shared[2] // 16 * 16
+    assert matched[16] <= matched[1]
+
+
+def test_block_tokens_differ_from_the_first_token_and_outputs_never_match() -> None:
+    ids = (5, 32005, 64005, 7)
+    tokens = blocks_token_array(ids).reshape(len(ids), 512)
+    assert tokens[:, 0].tolist() == [VOCAB_SIZE + b for b in ids]  # markers: distinct ids
+    assert int(tokens[:, 1:].min()) >= OUTPUT_TOKEN_LIMIT and int(tokens.max()) < 2**31
+
+
+def test_trace_errors_name_the_path_as_typed(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match=r"trace 'nodir/x\.jsonl': no such file$"):
+        trace_path("nodir/x.jsonl")
+    with pytest.raises(TraceError, match="names are looked up in"):
+        trace_path("x.jsonl")
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [-1]}')
+    with pytest.raises(TraceError, match="line 1: negative output_length or a block id"):
+        load_trace(str(bad))
+
+
+def test_the_sample_ships_with_its_licence_notice() -> None:
+    path = trace_path(SAMPLE_TRACE)
+    assert path.parent == DATA_DIR and "Apache" in (DATA_DIR / "NOTICE").read_text()
+    records = load_trace(SAMPLE_TRACE)
+    assert len(records) == 400 and records[0].hash_ids[:2] == (0, 1)

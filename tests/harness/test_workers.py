@@ -61,3 +61,23 @@ def test_verify_writes_json_after_a_crash(tmp_path: Path) -> None:
     payload = json.loads(out.read_text())
     assert payload["failure"]["detector"] == "crash"
     assert "coverage" in payload and payload["workers"] == 1
+
+
+def test_interpret_lets_a_module_level_triton_kernel_run_on_the_cpu(tmp_path: Path) -> None:
+    args = ["verify", "--seconds", "3", "--component", "allocator", "--workers", "1",
+            "--impl", "tests.harness.triton_candidate:kernel_candidate", "--no-progress",
+            "--steps-per-run", "20"]  # fmt: skip
+    out = tmp_path / "r.json"
+    assert main([*args, "--interpret", "--report", str(out)]) == 0
+    assert json.loads(out.read_text())["steps"] > 0
+    # without the interpreter the compiled kernel cannot run on CPU tensors: a reported failure
+    assert main([*args, "--report", str(out)]) == 1
+    assert json.loads(out.read_text())["failure"]["detector"] == "crash"
+
+
+def test_checked_runs_the_candidate_kernels_under_the_checked_interpreter(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    code = main(["verify", "--seconds", "3", "--component", "allocator", "--workers", "1",
+                 "--impl", "tests.harness.triton_candidate:kernel_candidate", "--checked",
+                 "--no-progress", "--steps-per-run", "20", "--report", str(out)])  # fmt: skip
+    assert code == 0, out.read_text()

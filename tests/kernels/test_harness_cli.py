@@ -84,3 +84,20 @@ def test_bad_page_size_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     target = "tests.kernels.candidates:alloc_extend_ok"
     assert main(["diff-kernel", target, "--op", "alloc_extend", "--page-sizes", "3"]) == 2
     assert "powers of two" in capsys.readouterr().err
+
+
+def test_checked_on_a_plain_torch_function_does_not_claim_a_check(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = "kvpool.kernels:get_last_loc"
+    code = main(["diff-kernel", target, "--op", "get_last_loc", "--backend", "torch", "--checked",
+                 *FAST])  # fmt: skip
+    out = capsys.readouterr()
+    assert code == 2
+    assert "outputs compared only" in out.out and "(checked interpreter" not in out.out
+    assert out.err.count("\n") == 1 and "--checked/--shuffle did not apply" in out.err
+    code = main(["diff-kernel", target, "--op", "get_last_loc", "--backend", "interpret",
+                 "--checked", "--examples", "3", "--page-sizes", "4"])  # fmt: skip
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "(checked interpreter: " in out.out and " launches)" in out.out

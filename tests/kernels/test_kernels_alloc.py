@@ -95,7 +95,7 @@ def test_alloc_decode_interpreter(batch: DecodeBatch) -> None:
 
 @pytest.mark.parametrize("backend", [*FAST_BACKENDS, pytest.param("interpret", marks=needs_triton)])
 def test_alloc_extend_worked_example(backend: str) -> None:
-    # SEMANTICS section 4: ps 4, free_pages [9, 3, 7], P 6, last_loc 25, S 15.
+    # specs/sglang_behaviour.md, section 4: ps 4, free_pages [9, 3, 7], P 6, last_loc 25, S 15.
     batch = ExtendBatch(4, [6], [15], [25], [9, 3, 7])
     out = torch.zeros(9, dtype=torch.int64)
     alloc_extend(_t([6]), _t([15]), _t([25]), _t([9, 3, 7]), out, 4, backend=backend)

@@ -120,15 +120,15 @@ def test_stale_free_group_raises_at_end_and_stays_open() -> None:
 def test_request_table_misuse_is_refused() -> None:
     pool = ReqToTokenPool(2, 4, checked=True)
     a = Req()
-    assert pool.alloc([a]) == [1]
+    assert pool.alloc([a]) == [2]
     s = pool.snapshot
     refused(RowReuseError, lambda: pool.alloc([a]), s)  # holds a row, neither chunked nor committed
     a.is_chunked = 1
     refused(RowReuseError, lambda: pool.alloc([a, a]), s)
-    refused(RowReuseError, lambda: pool.alloc([Req(2, 1)]), s)  # row 2 is free
+    refused(RowReuseError, lambda: pool.alloc([Req(1, 1)]), s)  # row 1 is free
     refused(ReservedIndexError, lambda: pool.alloc([Req(0, 1)]), s)
     refused(IndexOutOfRangeError, lambda: pool.alloc([Req(3, 1)]), s)
-    refused(DoubleFreeError, lambda: pool.free(Req(2)), s)
+    refused(DoubleFreeError, lambda: pool.free(Req(1)), s)
     refused(InvalidArgumentError, lambda: pool.free(Req()), s)
     refused(ContextOverflowError, lambda: pool.write((1, slice(3, 5)), T([1, 2])), s)
     refused(ReservedIndexError, lambda: pool.write((0, slice(0, 1)), T([1])), s)
@@ -199,4 +199,4 @@ def test_unchecked_mode_skips_the_double_free_check() -> None:
     assert a.snapshot().free_pages == (1, 1, 2, 3, 4)
     pool = ReqToTokenPool(2, 2, checked=False)
     pool.free(Req(1))  # row 1 is already free
-    assert pool.free_slots == [2, 1, 1]
+    assert pool.free_slots == [1, 2, 1]

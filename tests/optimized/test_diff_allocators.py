@@ -24,6 +24,7 @@ from kvpool.optimized import allocator as opt_allocator
 from kvpool.optimized import paged_allocator as opt_paged
 from kvpool.optimized.paged_ops import decode_new_pages_host, extend_new_pages_host
 from kvpool.reference import paged_ops as ref_ops
+from kvpool.rules import RELEASE_ORDERS, UNALIGNED_ALLOC, Rules
 
 
 # --------------------------------------------------------------------------- lockstep helpers
@@ -111,16 +112,34 @@ class AllocatorLockstep(RuleBasedStateMachine):
         ps=st.sampled_from(SUPPORTED_PAGE_SIZES_TESTED),
         num_pages=st.integers(1, 6),
         need_sort=st.booleans(),
+        unchanged=st.booleans(),
+        unaligned=st.sampled_from(UNALIGNED_ALLOC),
+        release=st.sampled_from(RELEASE_ORDERS),
     )
-    def setup(self, ps: int, num_pages: int, need_sort: bool) -> None:
+    def setup(
+        self,
+        ps: int,
+        num_pages: int,
+        need_sort: bool,
+        unchanged: bool,
+        unaligned: str,
+        release: str,
+    ) -> None:
         self.ps = ps
+        rules = Rules(
+            refused_alloc_unchanged=unchanged,
+            unaligned_paged_alloc=unaligned,
+            release_order=release,
+        )
         if ps == 1:
-            self.ref = ref.TokenToKVPoolAllocator(num_pages, need_sort)
-            self.twin = opt_allocator.TokenToKVPoolAllocator(num_pages, need_sort, checked=True)
+            self.ref = ref.TokenToKVPoolAllocator(num_pages, need_sort, rules=rules)
+            self.twin = opt_allocator.TokenToKVPoolAllocator(
+                num_pages, need_sort, checked=True, rules=rules
+            )
         else:
-            self.ref = ref.PagedTokenToKVPoolAllocator(num_pages * ps, ps, need_sort)
+            self.ref = ref.PagedTokenToKVPoolAllocator(num_pages * ps, ps, need_sort, rules=rules)
             self.twin = opt_paged.PagedTokenToKVPoolAllocator(
-                num_pages * ps, ps, need_sort, checked=True
+                num_pages * ps, ps, need_sort, checked=True, rules=rules
             )
         assert self.ref.snapshot() == self.twin.snapshot()
 
@@ -403,8 +422,9 @@ def test_kernel_backends_agree_with_reference() -> None:
             run_fixed_batches(backend, ps)
 
 
-def test_semantics_worked_example() -> None:
-    """SEMANTICS section 4: ps 4, free pages [9, 3, 7], P 6, last_loc 25, S 15."""
+def test_alloc_extend_worked_example() -> None:
+    """specs/sglang_behaviour.md (paged allocator): ps 4, free pages [9, 3, 7], P 6, last_loc
+    25, S 15."""
     t = opt_paged.PagedTokenToKVPoolAllocator(40, 4, checked=True)
     assert t.alloc(4 * 10) is not None  # take every page, then hand back 6, 9, 3, 7 in order
     t.restore_state((torch.tensor([9, 3, 7]), torch.tensor([], dtype=torch.int64)))

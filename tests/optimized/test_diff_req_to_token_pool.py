@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from kvpool import reference as ref
 from kvpool.errors import ContextOverflowError
 from kvpool.optimized import req_to_token_pool as opt
+from kvpool.rules import GENERATION_ON_CLEAR, ROW_ORDERS, Rules
 from tests.optimized.test_diff_allocators import same_outcome
 
 
@@ -46,10 +47,16 @@ class ReqToTokenLockstep(RuleBasedStateMachine):
         self.twin = opt.ReqToTokenPool(1, 1, checked=True)
         self.holders: list[Pair] = []
 
-    @initialize(size=st.integers(1, 4), width=st.integers(1, 8))
-    def setup(self, size: int, width: int) -> None:
-        self.ref = ref.ReqToTokenPool(size, width)
-        self.twin = opt.ReqToTokenPool(size, width, checked=True)
+    @initialize(
+        size=st.integers(1, 4),
+        width=st.integers(1, 8),
+        row_order=st.sampled_from(ROW_ORDERS),
+        generation=st.sampled_from(GENERATION_ON_CLEAR),
+    )
+    def setup(self, size: int, width: int, row_order: str, generation: str) -> None:
+        rules = Rules(row_order=row_order, generation_on_clear=generation)
+        self.ref = ref.ReqToTokenPool(size, width, rules=rules)
+        self.twin = opt.ReqToTokenPool(size, width, checked=True, rules=rules)
 
     def snapshots(self) -> tuple[Any, Any]:
         rows = [(p.ref.req_pool_idx, len(p.tokens)) for p in self.holders if p.ref.req_pool_idx]
@@ -185,13 +192,13 @@ TestReqToTokenLockstep.settings = settings(max_examples=2 * settings().max_examp
 def test_rows_are_lifo_and_generations_monotonic() -> None:
     pool = opt.ReqToTokenPool(3, 4, checked=True)
     a, b = Req(), Req()
-    assert pool.alloc([a, b]) == [1, 2]
+    assert pool.alloc([a, b]) == [2, 3]  # the tail block of [1, 2, 3], in list order
     pool.free(a)
     c = Req()
-    assert pool.alloc([c]) == [1]  # the row freed last comes back first
-    assert pool.req_generation == [0, 2, 1, 0]
+    assert pool.alloc([c]) == [2]  # the row freed last comes back first
+    assert pool.req_generation == [0, 0, 2, 1]
     pool.clear()
-    assert pool.free_slots == [3, 2, 1] and pool.req_generation == [0, 2, 1, 0]
+    assert pool.free_slots == [1, 2, 3] and pool.req_generation == [0, 0, 2, 1]
     assert pool.req_to_token.dtype == torch.int32 and pool.req_to_token.shape == (4, 4)
     try:
         pool.write((1, slice(3, 5)), [1, 2])
@@ -199,3 +206,19 @@ def test_rows_are_lifo_and_generations_monotonic() -> None:
         pass
     else:
         raise AssertionError("a write past max_context_len was accepted")
+
+
+def test_row_order_and_generation_rules_agree_in_both_twins() -> None:
+    """SGLang 0.5.16 (fifo, generations zeroed by clear) and the default (lifo, kept), with the
+    very same calls on each twin."""
+    for rules, first, reused, after_clear in (
+        (Rules(row_order="fifo", generation_on_clear="reset"), [1, 2], [3], [0, 0, 0, 0]),
+        (Rules(), [2, 3], [2], [0, 0, 2, 1]),
+    ):
+        for pool in (ref.ReqToTokenPool(3, 2, rules=rules), opt.ReqToTokenPool(3, 2, rules=rules)):
+            a, b = Req(), Req()
+            assert pool.alloc([a, b]) == first
+            pool.free(a)
+            assert pool.alloc([Req()]) == reused
+            pool.clear()
+            assert pool.free_slots == [1, 2, 3] and pool.req_generation == after_clear

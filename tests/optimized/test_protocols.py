@@ -98,4 +98,4 @@ def test_both_twins_have_every_member_with_the_same_parameters(
 
 def test_request_like_is_runtime_checkable() -> None:
     assert isinstance(a_request, ReqLike)
-    assert twin_table.alloc([a_request]) == ref_table.alloc([Req()]) == [1]
+    assert twin_table.alloc([a_request]) == ref_table.alloc([Req()]) == [4]

@@ -20,7 +20,8 @@ from kvpool.testing.mutants import MUTANTS, Mutant, format_table, hunt
 from kvpool.testing.profiles import register_profiles
 
 SECTION_10_KINDS = 15
-"""SEMANTICS section 10 lists these bug kinds; the suite must seed at least as many bugs."""
+"""specs/sglang_behaviour.md, section 10, lists these bug kinds; the suite must seed at least
+as many bugs."""
 
 
 def _budget() -> settings:

@@ -60,11 +60,12 @@ def test_match_splits_and_numbers_nodes() -> None:
     assert m.device_indices == [1, 2]
     upper = m.last_device_node
     assert upper is not None and upper.node_id == 2
+    # Hits are counted by insert only (the one that created node 1), copied to the upper half.
     assert upper.key.token_ids == [1, 2] and upper.hit_count == 1
     (lower,) = upper.children.values()
-    assert lower.node_id == 1 and lower.key.token_ids == [3, 4, 5] and lower.hit_count == 0
+    assert lower.node_id == 1 and lower.key.token_ids == [3, 4, 5] and lower.hit_count == 1
     assert upper.last_access_time == lower.last_access_time == 2.0
-    assert upper.creation_time == lower.creation_time == 1.0
+    assert (upper.creation_time, lower.creation_time) == (2.0, 1.0)  # upper created by the split
     assert list(cache.root_node.children) == [(None, 1)]
     assert cache.evictable_size() == 5 == cache.total_size()
 
@@ -194,7 +195,7 @@ def test_disabled_radix_cache_matches_nothing() -> None:
     with pytest.raises(ConfigError):
         RadixCache(ReqToTokenPool(2, 8), alloc, 2)
     with pytest.raises(ConfigError):
-        RadixCache(ReqToTokenPool(2, 8), alloc, 1, eviction_policy="slru")
+        RadixCache(ReqToTokenPool(2, 8), alloc, 1, eviction_policy="arc")
 
 
 def _running_req(pool: ReqToTokenPool, alloc: BaseTokenToKVPoolAllocator, tokens: list[int]) -> Req:

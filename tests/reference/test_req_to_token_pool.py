@@ -19,6 +19,7 @@ from kvpool.errors import (
     RowReuseError,
 )
 from kvpool.reference import ReqToTokenPool
+from kvpool.rules import Rules
 
 
 @dataclass
@@ -38,15 +39,25 @@ def assert_refused(
     assert pool.snapshot([(r, pool.max_context_len) for r in range(1, pool.size + 1)]) == before
 
 
-def test_fresh_pool_hands_out_rows_in_order() -> None:
+def test_fresh_pool_hands_out_its_last_rows_as_one_block() -> None:
     pool = ReqToTokenPool(4, 8)
-    assert pool.free_slots == [4, 3, 2, 1]
+    assert pool.free_slots == [1, 2, 3, 4]
     assert pool.available_size() == 4
     reqs = [Req(), Req(), Req()]
-    assert pool.alloc(reqs) == [1, 2, 3]
-    assert [r.req_pool_idx for r in reqs] == [1, 2, 3]
+    assert pool.alloc(reqs) == [2, 3, 4]  # the tail block, in list order (SGLang 0.5.23)
+    assert [r.req_pool_idx for r in reqs] == [2, 3, 4]
+    assert pool.req_generation == [0, 0, 1, 1, 1]
+    assert pool.free_slots == [1]
+
+
+def test_fifo_rows_come_from_the_head() -> None:
+    pool = ReqToTokenPool(4, 8, rules=Rules(row_order="fifo"))
+    a, b, c = Req(), Req(), Req()
+    assert pool.alloc([a, b]) == [1, 2]  # SGLang 0.5.16
+    pool.free(a)
+    assert pool.free_slots == [3, 4, 1]
+    assert pool.alloc([c]) == [3]  # the freed row waits at the tail
     assert pool.req_generation == [0, 1, 1, 1, 0]
-    assert pool.available_size() == 1
 
 
 def test_free_is_lifo_and_generation_bumps_on_reuse() -> None:
@@ -55,10 +66,10 @@ def test_free_is_lifo_and_generation_bumps_on_reuse() -> None:
     pool.alloc([a, b])
     pool.free(a)
     assert a.req_pool_idx is None
-    assert pool.free_slots == [4, 3, 1]
+    assert pool.free_slots == [1, 2, 3]
     c = Req()
-    assert pool.alloc([c]) == [1]  # the row freed last comes back first
-    assert pool.req_generation[1] == 2
+    assert pool.alloc([c]) == [3]  # the row freed last comes back first
+    assert pool.req_generation[3] == 2
 
 
 def test_alloc_keeps_legal_reuse_and_mixes_batch_order() -> None:
@@ -68,8 +79,8 @@ def test_alloc_keeps_legal_reuse_and_mixes_batch_order() -> None:
     chunked.is_chunked = 1
     committed.kv_committed_len = 5
     new = Req()
-    assert pool.alloc([new, chunked, committed]) == [3, 1, 2]
-    assert pool.req_generation[1:] == [1, 1, 1, 0]  # kept rows are not bumped
+    assert pool.alloc([new, chunked, committed]) == [2, 3, 4]
+    assert pool.req_generation[1:] == [0, 1, 1, 1]  # kept rows are not bumped
 
 
 def test_batch_of_only_reusing_requests_takes_no_row() -> None:
@@ -101,7 +112,7 @@ def test_illegal_reuse_raises_row_reuse_error() -> None:
     twin = Req(req_pool_idx=r.req_pool_idx, is_chunked=1)
     r.is_chunked = 1
     assert_refused(pool, RowReuseError, lambda: pool.alloc([r, twin]))
-    assert_refused(pool, RowReuseError, lambda: pool.alloc([Req(req_pool_idx=3, is_chunked=1)]))
+    assert_refused(pool, RowReuseError, lambda: pool.alloc([Req(req_pool_idx=1, is_chunked=1)]))
     assert_refused(pool, ReservedIndexError, lambda: pool.alloc([Req(RESERVED_INDEX, 1)]))
     assert_refused(pool, IndexOutOfRangeError, lambda: pool.alloc([Req(9, 1)]))
 
@@ -116,7 +127,7 @@ def test_free_errors() -> None:
     assert_refused(pool, InvalidArgumentError, lambda: pool.free(Req()))
     assert_refused(pool, ReservedIndexError, lambda: pool.free(Req(RESERVED_INDEX)))
     assert_refused(pool, IndexOutOfRangeError, lambda: pool.free(Req(4)))
-    assert stale.req_pool_idx == 1
+    assert stale.req_pool_idx == 3
 
 
 def test_write_and_read() -> None:
@@ -166,13 +177,21 @@ def test_read_and_snapshot_errors() -> None:
 def test_clear_frees_every_row_and_keeps_generations() -> None:
     pool = ReqToTokenPool(3, 4)
     pool.alloc([Req(), Req()])
-    pool.write((1, slice(0, 2)), [5, 6])
+    pool.write((2, slice(0, 2)), [5, 6])
     pool.clear()
-    assert pool.free_slots == [3, 2, 1]
-    assert pool.req_generation == [0, 1, 1, 0]
-    assert pool.read(1, 0, 2) == [5, 6]
-    assert pool.alloc([Req()]) == [1]
-    assert pool.req_generation[1] == 2
+    assert pool.free_slots == [1, 2, 3]
+    assert pool.req_generation == [0, 0, 1, 1]
+    assert pool.read(2, 0, 2) == [5, 6]
+    assert pool.alloc([Req()]) == [3]
+    assert pool.req_generation[3] == 2
+
+
+def test_clear_resets_generations_under_sglang_0_5_16_rules() -> None:
+    pool = ReqToTokenPool(3, 4, rules=Rules(generation_on_clear="reset"))
+    pool.alloc([Req(), Req()])
+    pool.clear()
+    assert pool.req_generation == [0, 0, 0, 0]
+    assert pool.alloc([Req()]) == [3] and pool.req_generation[3] == 1
 
 
 @pytest.mark.parametrize(("size", "width"), [(0, 4), (-1, 4), (2, 0), (2, -3)])
@@ -187,6 +206,6 @@ def test_snapshot_fields() -> None:
     snap = pool.snapshot()
     assert snap.size == 2
     assert snap.max_context_len == 3
-    assert snap.free_slots == (2,)
-    assert snap.req_generation == (0, 1, 0)
+    assert snap.free_slots == (1,)
+    assert snap.req_generation == (0, 0, 1)
     assert snap.rows == ()

@@ -45,6 +45,8 @@ class TableModel:
     written: dict[int, int] = field(default_factory=dict)
     """Row -> columns written so far (what the snapshot shows)."""
     next_req: int = 0
+    just_cleared: bool = False
+    """The last step was a ``clear`` (which may reset generations under the rules)."""
 
 
 class TableTarget:
@@ -154,6 +156,7 @@ class TableTarget:
         return getattr(side.pool, op.name)(*op.args)
 
     def observe(self, model: TableModel, op: Op, out: Outcome) -> None:
+        model.just_cleared = op.name == "clear" and out.error is None
         if out.error is not None or op.expect_error:
             return
         if op.name == "alloc" and out.result is not None:
@@ -171,7 +174,9 @@ class TableTarget:
             model.written.clear()
 
     def check(self, model: TableModel, snap: Any, previous: Any) -> int:
-        return check_req_to_token(snap, set(model.rows.values()), previous)
+        # generations may restart at a clear (Rules.generation_on_clear == "reset")
+        reset = model.just_cleared and model.config.rules.generation_on_clear == "reset"
+        return check_req_to_token(snap, set(model.rows.values()), None if reset else previous)
 
     def refusal_must_not_change(self, config: PoolConfig, op: Op, out: Outcome) -> bool:
         return out.error is not None or (op.name == "alloc" and out.result is None)
