@@ -146,6 +146,9 @@ class ReqSnapshot:
     row: tuple[int, ...] = ()
     kv_tags: tuple[int, ...] = ()
     expected_tags: tuple[int, ...] = ()
+    swa_evicted_seqlen: int = 0
+    """Hybrid sliding-window managers only: leading tokens whose SWA slots the window released
+    (``row[:swa_evicted_seqlen]`` map to no SWA slot, the rest of the row does)."""
 
 
 @dataclass(frozen=True)
@@ -178,3 +181,6 @@ class PoolSnapshot:
     sessions: tuple[SessionSnapshot, ...] = ()
     max_total_num_tokens: int = 0
     extra: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+    swa: SWAAllocatorSnapshot | None = None
+    """Hybrid sliding-window managers only: both pools and the mapping (``allocator`` is then
+    the full pool's snapshot)."""

@@ -16,10 +16,10 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
+from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, ceil_align
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.registry import invariant, run_scope
-from kvpool.snapshot import AllocatorSnapshot, SWAAllocatorSnapshot, TreeSnapshot
+from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, SWAAllocatorSnapshot, TreeSnapshot
 
 
 @dataclass(frozen=True)
@@ -219,6 +219,32 @@ def check_tree_locks(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
             f"(full evictable, full protected, SWA evictable, SWA protected) kept {kept}, "
             f"summed over the tree {sums}",
         )
+
+
+@invariant(
+    "INV-SWA-WINDOW",
+    "hybrid SWA managers: a request's tokens before its swa_evicted_seqlen map to no SWA slot and "
+    "the rest of its row to one; the SWA pool holds exactly the requests' remaining window pages "
+    "(then every INV-SWA-* check on the pools)",
+    scope="pool",
+)
+def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    swa = snap.swa
+    if swa is None:
+        return
+    mapping = swa.full_to_swa
+    bad: list[int] = []
+    held = 0
+    for r in snap.reqs:
+        if r.req_pool_idx is None:
+            continue
+        cut = r.swa_evicted_seqlen
+        if any((mapping[s] != RESERVED_INDEX) != (i >= cut) for i, s in enumerate(r.row)):
+            bad.append(r.req_pool_idx)
+        held += ceil_align(r.kv_allocated_len, swa.swa.page_size) - cut
+    held += sum(ceil_align(s.kv_allocated_len, swa.swa.page_size) for s in snap.sessions)
+    _fail("INV-SWA-WINDOW", "rows whose SWA mapping disagrees with their window", bad)
+    run_scope("swa", swa, SWAContext(held, None))
 
 
 def check_swa_allocator(

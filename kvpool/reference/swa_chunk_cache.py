@@ -4,7 +4,8 @@ A :class:`~kvpool.reference.chunk_cache.ChunkCache` over an
 :class:`~kvpool.reference.swa_allocator.SWATokenToKVPoolAllocator`. A finished request frees
 ``row[cache_protected_len:kv_committed_len]`` through the SWA allocator's ``free``, which frees
 the full slots and only the SWA slots still mapped: those the window released earlier
-(``free_swa``) map to 0 and are not freed twice. Nothing is evictable, in either pool.
+(``free_swa``) map to 0 and are not freed twice. Nothing is evictable, in either pool
+(``evict`` is the chunk cache's: 0 tokens).
 """
 
 from __future__ import annotations
@@ -30,12 +31,6 @@ class SWAChunkCache(ChunkCache):
             raise InvalidArgumentError(f"sliding_window_size must be >= 1: {sliding_window_size}")
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size)  # type: ignore[arg-type]
         self.sliding_window_size = sliding_window_size
-
-    def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:  # type: ignore[override]
-        """Nothing is evictable: (0, 0) full and SWA tokens freed."""
-        if num_tokens < 0 or swa_num_tokens < 0:
-            raise InvalidArgumentError("eviction sizes must be >= 0")
-        return 0, 0
 
 
 __all__ = ["SWAChunkCache"]

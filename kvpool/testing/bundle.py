@@ -22,7 +22,9 @@ Factory shapes (every size comes from the :class:`~kvpool.config.PoolConfig`):
   ``SWATokenToKVPoolAllocator`` API) of ``config.size`` full tokens and ``config.swa_size`` SWA
   tokens, ``config.page_size`` and ``config.need_sort``;
 - ``swa_radix_cache(config, swa_allocator)``: a sliding-window prefix tree (SGLang's
-  ``SWARadixCache`` API) over the SWA allocator given, window ``config.sliding_window``.
+  ``SWARadixCache`` API) over the SWA allocator given, window ``config.sliding_window``;
+- ``swa_manager(config)``: a whole lifecycle on a hybrid sliding-window model (a
+  ``MemoryManagerProtocol`` whose snapshots carry ``swa``).
 
 A missing factory means the implementation does not provide that component; the harness says so
 rather than guessing a substitute.
@@ -44,6 +46,7 @@ COMPONENTS = (
     "manager",
     "swa_allocator",
     "swa_radix_cache",
+    "swa_manager",
 )
 """Component names, as ``kvpool verify --component`` spells them."""
 
@@ -60,6 +63,7 @@ class Implementation:
     manager: Callable[[PoolConfig], Any] | None = None
     swa_allocator: Callable[[PoolConfig], Any] | None = None
     swa_radix_cache: Callable[[PoolConfig, Any], Any] | None = None
+    swa_manager: Callable[[PoolConfig], Any] | None = None
     rules: Rules | None = None
     """The rules this implementation follows; None: kvpool's default :class:`Rules`."""
     index: Callable[[Sequence[int]], Any] = list

@@ -28,6 +28,7 @@ def reference_implementation() -> Implementation:
     from kvpool.reference.radix_cache import RadixCache
     from kvpool.reference.req_to_token_pool import ReqToTokenPool
     from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
+    from kvpool.reference.swa_memory_manager import SWAMemoryManager
     from kvpool.reference.swa_radix_cache import SWARadixCache
 
     def allocator(config: PoolConfig) -> Any:
@@ -58,6 +59,7 @@ def reference_implementation() -> Implementation:
         swa_radix_cache=lambda config, alloc: SWARadixCache(
             alloc, config.page_size, config.sliding_window or 1
         ),
+        swa_manager=SWAMemoryManager,
     )
 
 
@@ -72,6 +74,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     from kvpool.optimized.radix_cache import RadixCache
     from kvpool.optimized.req_to_token_pool import ReqToTokenPool
     from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
+    from kvpool.optimized.swa_memory_manager import SWAMemoryManager
     from kvpool.optimized.swa_radix_cache import SWARadixCache
 
     if torch.get_num_threads() != 1:  # tiny tensors: OpenMP workers only contend
@@ -123,6 +126,9 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         swa_allocator=swa_allocator,
         swa_radix_cache=lambda config, alloc: SWARadixCache(
             alloc, config.page_size, config.sliding_window or 1
+        ),
+        swa_manager=lambda config: SWAMemoryManager(
+            config, checked=checked, kernel_backend=backend
         ),
         index=index,
     )

@@ -125,3 +125,25 @@ def test_tree_locks_and_sizes() -> None:
     fires(
         "INV-SWA-TREE-LOCKS", (1,), snap, tree=dataclasses.replace(tree, nodes=(root, locked_tomb))
     )
+
+
+def test_window_of_a_pool_snapshot() -> None:
+    from kvpool.config import PoolConfig
+    from kvpool.invariants import check_all
+    from kvpool.reference.swa_memory_manager import SWAMemoryManager
+
+    mm = SWAMemoryManager(PoolConfig(size=32, disable_radix_cache=True, sliding_window=2))
+    mm.new_req("a", [1, 2, 3, 4])
+    mm.extend(["a"])
+    for tok in (5, 6, 7):
+        mm.decode(["a"], [tok])
+    snap = mm.snapshot()
+    assert snap.swa is not None and snap.reqs[0].swa_evicted_seqlen == 4
+    check_all(snap)
+    req = snap.reqs[0]
+    row = req.req_pool_idx
+    assert row is not None
+    wrong = dataclasses.replace(snap, reqs=(dataclasses.replace(req, swa_evicted_seqlen=3),))
+    with pytest.raises(InvariantViolation) as info:
+        check_all(wrong)
+    assert info.value.invariant_id == "INV-SWA-WINDOW" and info.value.indices == (row,)

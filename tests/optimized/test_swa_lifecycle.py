@@ -89,7 +89,7 @@ def run(twin: str, ps: int, window: int, finish: str) -> list[Any]:
     if chunk:
         cache = chunk_mod.SWAChunkCache(table, alloc, ps, window)
         cache.cache_finished_req(req)
-        assert cache.evict(5, 5) == (0, 0)
+        assert cache.evict(5) == 0
         trace.append(alloc.snapshot())
         assert alloc.full_available_size() == 64 and alloc.swa_available_size() == 32
         return trace

@@ -3,7 +3,8 @@
 :data:`TARGETS` maps each component name of ``kvpool verify --component`` to its machine:
 ``allocator`` (:mod:`.allocator`), ``req_to_token_pool`` (:mod:`.table`), ``radix_cache``
 (:mod:`.radix`), ``swa_allocator`` (:mod:`.swa_allocator`), ``swa_radix_cache``
-(:mod:`.swa_radix`) and ``manager`` (the whole lifecycle, :mod:`.lifecycle`). Each is driven by
+(:mod:`.swa_radix`), ``manager`` (the whole lifecycle, :mod:`.lifecycle`) and ``swa_manager``
+(the lifecycle of a hybrid sliding-window model, :mod:`.swa_manager`). Each is driven by
 :class:`~kvpool.testing.machines.base.ComponentPair` (or, for the lifecycle, the existing
 :class:`~kvpool.testing.lockstep_driver.Lockstep`) through the one campaign runner.
 """
@@ -22,6 +23,7 @@ from kvpool.testing.machines.base import Target as Target
 from kvpool.testing.machines.lifecycle import LifecycleTarget
 from kvpool.testing.machines.radix import RadixTarget
 from kvpool.testing.machines.swa_allocator import SWAAllocatorTarget
+from kvpool.testing.machines.swa_manager import SWALifecycleTarget
 from kvpool.testing.machines.swa_radix import SWARadixTarget
 from kvpool.testing.machines.table import TableTarget
 from kvpool.testing.swarm import Chooser, Op
@@ -33,6 +35,7 @@ TARGETS: dict[str, Target | LifecycleTarget] = {
     "manager": LifecycleTarget(),
     "swa_allocator": SWAAllocatorTarget(),
     "swa_radix_cache": SWARadixTarget(),
+    "swa_manager": SWALifecycleTarget(),
 }
 
 

@@ -47,6 +47,11 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "lock:window-bounded", "release:leaf-tombstoned", "unlock:ok", "evict:freed",
         "evict:tombstoned", "evict:nothing", "invalid:refused",
     ),
+    "swa_manager": (
+        "extend:ok", "extend:oom", "extend:chunked", "decode:ok", "decode:oom",
+        "decode:window-slid", "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok",
+        "retract:ok", "invalid:refused",
+    ),
     "manager": (
         "extend:ok", "extend:oom", "extend:chunked", "extend:evicted", "decode:ok", "decode:oom",
         "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok", "retract:ok",
