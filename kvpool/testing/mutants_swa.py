@@ -1,8 +1,9 @@
 """Seeded SWA bugs (the field bugs of sliding-window KV caches): :data:`SWA_MUTANTS`.
 
 Each patch takes one built :class:`kvpool.optimized.swa_allocator.SWATokenToKVPoolAllocator`
-(or :class:`kvpool.optimized.swa_radix_cache.SWARadixCache`) and re-creates, on that instance
-only, a bug seen in the field; the ``swa_allocator`` (``swa_radix_cache``) machine hunts it
+(or :class:`kvpool.optimized.swa_radix_cache.SWARadixCache`, or
+:class:`kvpool.optimized.swa_memory_manager.SWAMemoryManager`) and re-creates, on that instance
+only, a bug seen in the field; the component's machine hunts it
 (:func:`kvpool.testing.mutant_component.hunt_component`).
 """
 
@@ -139,6 +140,20 @@ def locked_leaf_deleted(tree: Any) -> None:
     tree._keeps_full = lambda node: bool(node.children)
 
 
+def window_never_released(mm: Any) -> None:
+    """The manager never moves a request's window: the SWA slots of tokens that slid out of it
+    stay held (leaked) until the request ends."""
+    need(mm, "sliding_window")
+    mm.sliding_window = 1 << 30
+
+
+def window_overshoot(mm: Any) -> None:
+    """The window release is off by one token: a page whose last token the next decode still
+    reads loses its SWA slots."""
+    need(mm, "sliding_window")
+    mm.sliding_window = max(mm.sliding_window - 1, 0)
+
+
 SWA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("swa-stale-mapping", "a recycled full slot keeps a stale SWA mapping",
                     ("INV-SWA-FREE-UNMAPPED",), stale_mapping_on_free),
@@ -160,8 +175,13 @@ SWA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("swa-locked-leaf-deleted", "SWA eviction deletes a leaf whose full part is "
                     "still locked", ("INV-SWA-TREE-LOCKS", "lockstep-diff"), locked_leaf_deleted,
                     "swa_radix_cache"),
+    ComponentMutant("swa-window-never-released", "SWA slots of tokens that left the window kept "
+                    "(leaked) by the lifecycle", ("lockstep-diff",), window_never_released,
+                    "swa_manager"),
+    ComponentMutant("swa-window-overshoot", "the lifecycle releases a page still inside the "
+                    "window", ("lockstep-diff",), window_overshoot, "swa_manager"),
 )  # fmt: skip
-"""The seeded SWA bugs of the quality suite (allocator and radix cache)."""
+"""The seeded SWA bugs of the quality suite (allocator, radix cache, lifecycle)."""
 
 __all__ = [
     "SWA_MUTANTS",
@@ -171,6 +191,8 @@ __all__ = [
     "sentinel_freed",
     "stale_mapping_on_free",
     "window_evicted_under_lock",
+    "window_never_released",
+    "window_overshoot",
     "window_slot_freed_twice",
     "window_slot_leaked",
 ]

@@ -1,8 +1,8 @@
 """The SWA part of the quality suite: every seeded SWA bug of
 :data:`kvpool.testing.mutants_swa.SWA_MUTANTS` is caught by its component machine
-(``swa_allocator`` or ``swa_radix_cache``), by one of the detectors it names, within a fixed
-budget (40 seeded runs of 40 steps), with a shrunk trace of at most 20 steps; the unmutated twin
-passes the same budget on both machines."""
+(``swa_allocator``, ``swa_radix_cache`` or ``swa_manager``), by one of the detectors it names,
+within a fixed budget (40 seeded runs of 40 steps), with a shrunk trace of at most 20 steps; the
+unmutated twin passes the same budget on each machine."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_enough_distinct_seeded_swa_bugs() -> None:
     assert all(m.expected for m in SWA_MUTANTS)
 
 
-@pytest.mark.parametrize("component", ["swa_allocator", "swa_radix_cache"])
+@pytest.mark.parametrize("component", ["swa_allocator", "swa_radix_cache", "swa_manager"])
 def test_unmutated_twin_passes_the_same_budget(component: str) -> None:
     clean = ComponentMutant("no-bug", "control", ("none",), lambda obj: None, component)
     result = hunt_component(clean)
