@@ -327,6 +327,12 @@ class SWAAllocatorTarget:
         assert snap is not None
         free = set(snap.full.free_pages) | set(snap.full.release_pages)
         model.seqs = [q for q in model.seqs if not any(s // ps in free for s in q.slots)]
+        # a token allocated after the backup in a page held before it is unmapped again: its
+        # sequence can no longer grow (it is only freed, as a blob)
+        mapping = snap.full_to_swa
+        stale = [q for q in model.seqs if any(not mapping[s] for s in q.slots[q.swa_from :])]
+        model.seqs = [q for q in model.seqs if all(q is not t for t in stale)]
+        model.blobs.extend(q.slots for q in stale)
         model.blobs = [b for b in model.blobs if not any(s // ps in free for s in b)]
         known = model.held_full_pages()
         lost = [p for p in range(1, snap.full.num_pages + 1) if p not in free | known]
