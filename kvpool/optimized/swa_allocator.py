@@ -33,6 +33,7 @@ from kvpool.optimized.paged_ops import (
     decode_new_pages_host,
     extend_new_pages_host,
 )
+from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
 
 IndexLike = torch.Tensor | Sequence[int]
@@ -62,9 +63,11 @@ class SWATokenToKVPoolAllocator:
         device: str | torch.device = "cpu",
         checked: bool | None = None,
         kernel_backend: str | None = None,
+        rules: Rules | None = None,
     ) -> None:
         self.checked = resolve_checked(checked)
-        opts = {"device": device, "checked": self.checked, "kernel_backend": kernel_backend}
+        opts = {"device": device, "checked": self.checked, "kernel_backend": kernel_backend,
+                "rules": rules}  # fmt: skip
         self.full_attn_allocator = _page_allocator(size, page_size, need_sort, opts)
         self.swa_attn_allocator = _page_allocator(size_swa, page_size, need_sort, opts)
         self._size_full, self._size_swa = size, size_swa
@@ -419,12 +422,18 @@ class PureSWATokenToKVPoolAllocator:
         device: str | torch.device = "cpu",
         checked: bool | None = None,
         kernel_backend: str | None = None,
+        rules: Rules | None = None,
     ) -> None:
         if page_size != 1:
             raise ConfigError(f"pure SWA supports page_size 1 only, got {page_size}")
         self.checked = resolve_checked(checked)
         self.swa_attn_allocator = TokenToKVPoolAllocator(
-            size_swa, need_sort, device=device, checked=self.checked, kernel_backend=kernel_backend
+            size_swa,
+            need_sort,
+            device=device,
+            checked=self.checked,
+            kernel_backend=kernel_backend,
+            rules=rules,
         )
         self.full_attn_allocator = self.swa_attn_allocator
         self.page_size = 1

@@ -53,7 +53,8 @@ class SWAMemoryManager(MemoryManager):
         ps = config.page_size
         alloc = SWATokenToKVPoolAllocator(config.size, config.swa_size, ps, config.need_sort,
                                           device=device, checked=checked,
-                                          kernel_backend=kernel_backend)  # fmt: skip
+                                          kernel_backend=kernel_backend,
+                                          rules=config.rules)  # fmt: skip
         layers = range(config.num_layers)
         kv = SWAKVPool(config.size, config.swa_size, ps, "float32", config.head_num,
                        config.head_dim, [i for i in layers if i % 2], [i for i in layers

@@ -36,16 +36,19 @@ from kvpool.errors import AlignmentError, ConfigError, IndexOutOfRangeError, Inv
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.paged_ops import decode_new_pages, extend_new_pages, validate_extend_args
+from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
 
 SWAState = tuple[Any, Any, tuple[int, ...]]
 """What :meth:`SWATokenToKVPoolAllocator.backup_state` returns: (full, SWA, mapping)."""
 
 
-def _page_allocator(size: int, page_size: int, need_sort: bool) -> BaseTokenToKVPoolAllocator:
+def _page_allocator(
+    size: int, page_size: int, need_sort: bool, rules: Rules | None = None
+) -> BaseTokenToKVPoolAllocator:
     if page_size == 1:
-        return TokenToKVPoolAllocator(size, need_sort)
-    return PagedTokenToKVPoolAllocator(size, page_size, need_sort)
+        return TokenToKVPoolAllocator(size, need_sort, rules=rules)
+    return PagedTokenToKVPoolAllocator(size, page_size, need_sort, rules=rules)
 
 
 class SWATokenToKVPoolAllocator:
@@ -53,11 +56,19 @@ class SWATokenToKVPoolAllocator:
     ``page_size``, joined by ``full_to_swa_index_mapping`` (see the module docstring).
 
     Raises PageSizeError / ConfigError for a bad page size or sizes that are not positive
-    multiples of it."""
+    multiples of it. ``rules`` go to both page allocators (kvpool's by default)."""
 
-    def __init__(self, size: int, size_swa: int, page_size: int, need_sort: bool = False) -> None:
-        self.full_attn_allocator = _page_allocator(size, page_size, need_sort)
-        self.swa_attn_allocator = _page_allocator(size_swa, page_size, need_sort)
+    def __init__(
+        self,
+        size: int,
+        size_swa: int,
+        page_size: int,
+        need_sort: bool = False,
+        *,
+        rules: Rules | None = None,
+    ) -> None:
+        self.full_attn_allocator = _page_allocator(size, page_size, need_sort, rules)
+        self.swa_attn_allocator = _page_allocator(size_swa, page_size, need_sort, rules)
         self._size_full, self._size_swa = size, size_swa
         self.page_size = page_size
         self.need_sort = bool(need_sort)
@@ -391,10 +402,17 @@ class PureSWATokenToKVPoolAllocator:
     ``free_swa`` both free the slots, dropping 0 entries (padding) as SGLang does.
     ConfigError for a page size other than 1."""
 
-    def __init__(self, size_swa: int, page_size: int = 1, need_sort: bool = False) -> None:
+    def __init__(
+        self,
+        size_swa: int,
+        page_size: int = 1,
+        need_sort: bool = False,
+        *,
+        rules: Rules | None = None,
+    ) -> None:
         if page_size != 1:
             raise ConfigError(f"pure SWA supports page_size 1 only, got {page_size}")
-        self.swa_attn_allocator = TokenToKVPoolAllocator(size_swa, need_sort)
+        self.swa_attn_allocator = TokenToKVPoolAllocator(size_swa, need_sort, rules=rules)
         self.full_attn_allocator = self.swa_attn_allocator
         self.page_size = 1
         self.need_sort = bool(need_sort)

@@ -51,7 +51,8 @@ class SWAMemoryManager(MemoryManager):
     def __init__(self, config: PoolConfig, clock: Callable[[], float] | None = None) -> None:
         window = check_swa_config(config)
         ps = config.page_size
-        alloc = SWATokenToKVPoolAllocator(config.size, config.swa_size, ps, config.need_sort)
+        alloc = SWATokenToKVPoolAllocator(config.size, config.swa_size, ps, config.need_sort,
+                                          rules=config.rules)  # fmt: skip
         layers = range(config.num_layers)
         kv = SWAKVPool(config.size, config.swa_size, ps, "float32", config.head_num,
                        config.head_dim, [i for i in layers if i % 2], [i for i in layers

@@ -54,7 +54,7 @@ def reference_implementation() -> Implementation:
         radix_key=radix_key.RadixKey,
         manager=MemoryManager,
         swa_allocator=lambda config: SWATokenToKVPoolAllocator(
-            config.size, config.swa_size, config.page_size, config.need_sort
+            config.size, config.swa_size, config.page_size, config.need_sort, rules=config.rules
         ),
         swa_radix_cache=lambda config, alloc: SWARadixCache(
             alloc, config.page_size, config.sliding_window or 1
@@ -111,6 +111,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
             config.need_sort,
             checked=checked,
             kernel_backend=backend,
+            rules=config.rules,
         )
 
     def index(values: Sequence[int]) -> Any:
