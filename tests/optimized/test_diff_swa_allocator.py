@@ -13,7 +13,8 @@ import torch
 
 from kvpool.cli import main
 from kvpool.errors import DoubleFreeError, InvalidArgumentError
-from kvpool.optimized.swa_allocator import PureSWATokenToKVPoolAllocator, SWATokenToKVPoolAllocator
+from kvpool.optimized.pure_swa_allocator import PureSWATokenToKVPoolAllocator
+from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines.coverage import CATALOGUE
