@@ -22,6 +22,7 @@ GENERATION_ON_CLEAR = ("keep", "reset")
 RELEASE_ORDERS = ("prepend", "append")
 EVICTION_DEMANDS = ("exact", "bound")
 EVICTION_AMOUNTS = ("shortfall", "demand")
+TREE_FREES = ("free", "segment")
 SGLANG_RELEASES = ("0.5.16", "0.5.23")
 """SGLang releases with a preset (:meth:`Rules.for_sglang`); audited in specs/fidelity.md."""
 
@@ -58,6 +59,10 @@ class Rules:
     - ``eviction_amount`` (read by the lifecycle helpers): how much is evicted when the demand
       exceeds ``available_size()``. ``"shortfall"`` (kvpool; SGLang 0.5.23): demand minus
       available. ``"demand"`` (SGLang 0.5.16): the whole demand.
+    - ``tree_free``: how the radix cache returns an evicted node's slots and a finished
+      request's duplicates. ``"free"`` (kvpool; SGLang 0.5.16): ``allocator.free`` (the sorted
+      unique pages). ``"segment"`` (SGLang 0.5.23): ``allocator.free_segment`` (one page per
+      ``page_size`` slots, in slot order, unsorted).
     """
 
     row_order: str = "lifo"
@@ -68,6 +73,7 @@ class Rules:
     release_order: str = "prepend"
     eviction_demand: str = "exact"
     eviction_amount: str = "shortfall"
+    tree_free: str = "free"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -77,6 +83,7 @@ class Rules:
             ("release_order", self.release_order, RELEASE_ORDERS),
             ("eviction_demand", self.eviction_demand, EVICTION_DEMANDS),
             ("eviction_amount", self.eviction_amount, EVICTION_AMOUNTS),
+            ("tree_free", self.tree_free, TREE_FREES),
         ):
             if value not in allowed:
                 raise ConfigError(f"Rules.{name} must be one of {allowed}, got {value!r}")
@@ -105,7 +112,7 @@ class Rules:
             return replace(
                 lenient, row_order="lifo", generation_on_clear="reset", eviction_amount="demand"
             )
-        return replace(lenient, row_order="lifo", release_order="append")
+        return replace(lenient, row_order="lifo", release_order="append", tree_free="segment")
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

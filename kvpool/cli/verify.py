@@ -84,7 +84,7 @@ def register(sub: Any) -> None:
         metavar="SOURCE",
         default=None,
         help="shorthand for --impl sglang:SOURCE (a release such as 0.5.16, a source "
-        "path, or 'installed')",
+        "path, or 'installed') (default: none)",
     )
     p.add_argument(
         "--naive",

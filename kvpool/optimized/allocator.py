@@ -37,6 +37,7 @@ from kvpool.optimized.paged_ops import (
     extend_new_pages_host,
     pages_to_slots,
 )
+from kvpool.optimized.segment_free import SegmentFrees
 from kvpool.rules import Rules
 from kvpool.snapshot import AllocatorSnapshot
 
@@ -46,7 +47,7 @@ FreeListState = tuple[torch.Tensor, torch.Tensor]
 IndexLike = torch.Tensor | Sequence[int]
 
 
-class BaseTokenToKVPoolAllocator:
+class BaseTokenToKVPoolAllocator(SegmentFrees):
     """Page allocator over ``size // page_size`` pages with ids ``1..num_pages`` (twin of
     :class:`kvpool.reference.allocator.BaseTokenToKVPoolAllocator`; same methods and results).
 
@@ -197,6 +198,10 @@ class BaseTokenToKVPoolAllocator:
                 self._pending_mask[slots] = True
             return
         self._return_pages(slots.to(torch.int64))
+
+    def _return_pages_in_order(self, pages: torch.Tensor) -> None:
+        """Put ``pages`` back in the given order (page size 1: as :meth:`_return_pages`)."""
+        self._return_pages(pages)
 
     def free_group_begin(self) -> None:
         """Start buffering frees. Not nestable: a second begin raises InvalidArgumentError."""

@@ -222,6 +222,12 @@ class LifecyclePrimitives:
                 f"need {needed} tokens; available {available}, evictable {evictable}"
             )
 
+    def _evict_for_alloc(self, prefix_lens: list[int], seq_lens: list[int]) -> None:
+        """The eviction :meth:`_alloc_slots` makes for columns ``[P_i, S_i)`` (the rules'
+        demand for an extend of this batch)."""
+        new_tokens = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
+        self._evict_for(self._tokens_needed(prefix_lens, seq_lens), new_tokens, len(seq_lens))
+
     def _evict_for(self, needed: int, new_tokens: int = 0, batch_size: int = 0) -> None:
         """Check capacity for ``needed`` tokens, then evict what ``config.rules`` asks for
         (:func:`~kvpool.reference.paged_ops.eviction_target`: by default exactly the
@@ -235,12 +241,17 @@ class LifecyclePrimitives:
             self.tree_cache.evict(amount)
 
     def _alloc_slots(
-        self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int]
+        self,
+        prefix_lens: list[int],
+        seq_lens: list[int],
+        last_locs: list[int],
+        evict: bool = True,
     ) -> torch.Tensor:
-        """Slots for columns ``[P_i, S_i)`` of every request (batch order), evicting first;
+        """Slots for columns ``[P_i, S_i)`` of every request (batch order), evicting first
+        (unless ``evict`` is False: the caller evicted already, see :meth:`_evict_for_alloc`);
         OutOfMemoryError (nothing changed) when they cannot be had."""
-        new_tokens = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
-        self._evict_for(self._tokens_needed(prefix_lens, seq_lens), new_tokens, len(seq_lens))
+        if evict:
+            self._evict_for_alloc(prefix_lens, seq_lens)
         alloc = self.token_to_kv_pool_allocator
         total = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
         if self.page_size == 1:

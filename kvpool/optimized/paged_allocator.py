@@ -59,8 +59,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             )
         return super().alloc(need_size)
 
-    def _return_pages(self, slots: torch.Tensor) -> None:
-        pages = self._sorted_unique_pages(slots)
+    def _return_pages_in_order(self, pages: torch.Tensor) -> None:
+        # SGLang 0.5.23's free_page_ids: the pages as given, no sort.
         self._mark_free(pages)
         if self.need_sort and self.rules.release_order == "append":
             self.release_pages = torch.cat((self.release_pages, pages))
@@ -68,6 +68,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self.release_pages = torch.cat((pages, self.release_pages))
         else:
             self.free_pages = torch.cat((pages, self.free_pages))
+
+    def _return_pages(self, slots: torch.Tensor) -> None:
+        self._return_pages_in_order(self._sorted_unique_pages(slots))
 
     def _sorted_unique_pages(self, slots: torch.Tensor) -> torch.Tensor:
         """The sorted unique pages of ``slots`` (valid slots, so >= 0: a shift divides)."""

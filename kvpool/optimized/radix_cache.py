@@ -336,7 +336,7 @@ class RadixCache:
             node = entry[1]
             parent = node.parent
             assert parent is not None
-            self.token_to_kv_pool_allocator.free(node.value)
+            self._free_tree_slots(node.value, 0)
             del parent.children[node.child_key]
             node.parent = None
             size = len(node)
@@ -352,6 +352,15 @@ class RadixCache:
         """``req_to_token[row, :stop]`` as int64 slots."""
         kv: torch.Tensor = self.req_to_token_pool.read(row, 0, stop)
         return kv.to(torch.int64)
+
+    def _free_tree_slots(self, slots: Any, start_pos: int) -> None:
+        """Return slots the tree owned (an evicted node's, a finished request's duplicates
+        starting at column ``start_pos``) as ``rules.tree_free`` says: ``free`` or SGLang
+        0.5.23's ``free_segment``."""
+        if self.rules.tree_free == "segment":
+            self.token_to_kv_pool_allocator.free_segment(slots, start_pos)
+        else:
+            self.token_to_kv_pool_allocator.free(slots)
 
     def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
         """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
@@ -372,7 +381,9 @@ class RadixCache:
         if is_insert:
             key = req_key(req, aligned)
             new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority)
-            free(kv[req.cache_protected_len : new_prefix_len])
+            self._free_tree_slots(
+                kv[req.cache_protected_len : new_prefix_len], req.cache_protected_len
+            )
         else:
             free(kv[req.cache_protected_len : aligned])
         free(kv[aligned:committed])

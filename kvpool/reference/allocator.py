@@ -37,6 +37,7 @@ from kvpool.reference.paged_ops import (
     extend_new_pages,
     validate_extend_args,
 )
+from kvpool.reference.segment_free import SegmentFrees
 from kvpool.rules import Rules
 from kvpool.snapshot import AllocatorSnapshot
 
@@ -44,7 +45,7 @@ FreeListState = tuple[tuple[int, ...], tuple[int, ...]]
 """What :meth:`BaseTokenToKVPoolAllocator.backup_state` returns: ``(free_pages, release_pages)``."""
 
 
-class BaseTokenToKVPoolAllocator:
+class BaseTokenToKVPoolAllocator(SegmentFrees):
     """Page allocator over ``size // page_size`` pages with ids ``1..num_pages``.
 
     Subclasses choose how freed pages re-enter the free list (:meth:`_return_pages`) and whether a
@@ -189,6 +190,10 @@ class BaseTokenToKVPoolAllocator:
         if self._in_free_group:
             self._pending_free.extend(slots)
             return
+        self._return_pages(pages)
+
+    def _return_pages_in_order(self, pages: list[int]) -> None:
+        """Put ``pages`` back in the given order (page size 1: as :meth:`_return_pages`)."""
         self._return_pages(pages)
 
     def free_group_begin(self) -> None:

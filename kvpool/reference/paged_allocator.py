@@ -41,17 +41,20 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             )
         return super().alloc(need_size)
 
+    def _return_pages_in_order(self, pages: list[int]) -> None:
+        # SGLang 0.5.23's free_page_ids: the pages as given, no sort.
+        if self.need_sort and self.rules.release_order == "append":
+            self._set_free_lists(self.free_pages, self.release_pages + pages)
+        elif self.need_sort:
+            self._set_free_lists(self.free_pages, pages + self.release_pages)
+        else:
+            self._set_free_lists(pages + self.free_pages, self.release_pages)
+
     def _return_pages(self, pages: list[int]) -> None:
         # The freed pages, sorted and unique, go in front of free_pages (or, under need_sort, in
         # front of release_pages as SGLang 0.5.16 does, behind them as 0.5.23's staged pages;
         # a merge sorts them anyway).
-        ordered = sorted(pages)
-        if self.need_sort and self.rules.release_order == "append":
-            self._set_free_lists(self.free_pages, self.release_pages + ordered)
-        elif self.need_sort:
-            self._set_free_lists(self.free_pages, ordered + self.release_pages)
-        else:
-            self._set_free_lists(ordered + self.free_pages, self.release_pages)
+        self._return_pages_in_order(sorted(pages))
 
 
 __all__ = ["PagedTokenToKVPoolAllocator"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import Any
 
 from kvpool.constants import floor_align
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError
@@ -301,7 +302,7 @@ class RadixCache:
             _, node = heapq.heappop(heap)
             parent = node.parent
             assert parent is not None
-            self.token_to_kv_pool_allocator.free(node.value)
+            self._free_tree_slots(node.value, 0)
             del parent.children[self._child_key(parent, node.key)]
             node.parent = None
             self.evictable_size_ -= len(node.key)
@@ -311,6 +312,15 @@ class RadixCache:
         return evicted
 
     # ----------------------------------------------------------------- requests
+    def _free_tree_slots(self, slots: Any, start_pos: int) -> None:
+        """Return slots the tree owned (an evicted node's, a finished request's duplicates
+        starting at column ``start_pos``) as ``rules.tree_free`` says: ``free`` or SGLang
+        0.5.23's ``free_segment``."""
+        if self.rules.tree_free == "segment":
+            self.token_to_kv_pool_allocator.free_segment(slots, start_pos)
+        else:
+            self.token_to_kv_pool_allocator.free(slots)
+
     def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
         """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
 
@@ -334,7 +344,9 @@ class RadixCache:
             new_prefix_len = self.insert(
                 RadixKey(tokens[:aligned], req.extra_key), kv[:aligned], priority=req.priority
             )
-            free(kv[req.cache_protected_len : new_prefix_len])
+            self._free_tree_slots(
+                kv[req.cache_protected_len : new_prefix_len], req.cache_protected_len
+            )
         else:
             free(kv[req.cache_protected_len : aligned])
         free(kv[aligned:committed])

@@ -82,10 +82,12 @@ def spec_draft_v1(mm: MemoryManager, rids: Sequence[str], num_draft: int) -> lis
     starts = [r.kv_allocated_len for r in reqs]
     ends = [s + num_draft for s in starts]
     last = [mm._last_loc(r, s) for r, s in zip(reqs, starts, strict=True)]
-    mm._evict_for(mm._tokens_needed(starts, ends))
+    # Evict once, before the backup: pages a tree eviction frees inside the backup window
+    # would be thrown away by the restore (a leak).
+    mm._evict_for_alloc(starts, ends)
     alloc = mm.token_to_kv_pool_allocator
     state = alloc.backup_state()
-    out = mm._alloc_slots(starts, ends, last)
+    out = mm._alloc_slots(starts, ends, last, evict=False)
     pos = 0
     for req, start, end in zip(reqs, starts, ends, strict=True):
         committed = req.kv_committed_len

@@ -13,15 +13,17 @@ Importing this package imports torch (not SGLang); loading imports triton.
 from __future__ import annotations
 
 from kvpool.sglang.allocators import SGLangAllocator
+from kvpool.sglang.cache_req import CacheReq
 from kvpool.sglang.implementation import implementation
 from kvpool.sglang.loader import PARTIAL_MODULES, REAL_MODULES, SGLangModules, load_sglang
-from kvpool.sglang.radix import SGLangMatch, SGLangRadixCache, make_radix_key
+from kvpool.sglang.radix import SGLangMatch, SGLangRadixCache, make_radix_key, to_sglang_key
 from kvpool.sglang.req_to_token import ReqProxy, SGLangReqToTokenPool
 from kvpool.sglang.source import SGLangSource, default_cache_dir, download_wheel, resolve_source
 
 __all__ = [
     "PARTIAL_MODULES",
     "REAL_MODULES",
+    "CacheReq",
     "ReqProxy",
     "SGLangAllocator",
     "SGLangMatch",
@@ -35,4 +37,5 @@ __all__ = [
     "load_sglang",
     "make_radix_key",
     "resolve_source",
+    "to_sglang_key",
 ]

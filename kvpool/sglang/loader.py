@@ -59,8 +59,15 @@ PARTIAL_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     # allocators and the radix cache call (``sglang.srt.utils`` re-exports them).
     "sglang.srt.utils": (_COMMON, _HELPERS),
     "sglang.srt.utils.common": (_COMMON, _HELPERS),
+    # mem_cache/common.py holds the scheduler's cache helpers; 0.5.23's RadixCache.free_kv_row
+    # calls two of them (absent in 0.5.16, hence optional).
+    "sglang.srt.mem_cache.common": (
+        "sglang/srt/mem_cache/common.py",
+        ("coalesce_ranges?", "free_kv_row_segments?"),
+    ),
 }
-"""Module -> (file, names): only those definitions are real; other attributes are stubs."""
+"""Module -> (file, names): only those definitions are real (a name ending in ``?`` when the
+release defines it); other attributes are stubs."""
 
 _LOADED: dict[str, SGLangModules] = {}
 

@@ -20,8 +20,34 @@ adapter does so that its snapshot can be compared with kvpool's reference:
 - **Match result.** 0.5.23's ``MatchResult`` carries ``device_prefix_len`` instead of
   ``device_indices``; the adapter rebuilds them with SGLang's ``path_device_indices``.
 
-``cache_finished_req`` / ``cache_unfinished_req`` are not adapted: SGLang's take its scheduler
-``Req`` (``kv_len_to_handle``, ``req.kv`` in 0.5.23), which kvpool's request does not mirror.
+- **Keys.** Every key argument may be SGLang's ``RadixKey`` or any key with token ids and an
+  ``extra_key`` (kvpool's reference or optimized ``RadixKey``): :func:`to_sglang_key` converts it
+  to SGLang's (an ``array('q')`` of the ids, as SGLang builds them; its ``match`` requires every
+  key of a tree to hold the same sequence type).
+- **Node ids.** SGLang's ``TreeNode`` keeps its id in ``id``; the private class gets a read-only
+  ``node_id`` alias, the name kvpool's snapshots read.
+
+**Requests.** ``cache_finished_req`` / ``cache_unfinished_req`` call SGLang's own code with a
+:class:`kvpool.sglang.cache_req.CacheReq` (the kvpool request with SGLang's field names):
+
+- 0.5.16: SGLang's ``cache_finished_req(req, is_insert, kv_len_to_handle=kv_committed_len)``
+  (kvpool releases the committed tokens; SGLang's ``release_kv_cache`` passes
+  ``effective_kv_committed_len``, the same without ``strip_thinking_cache``) and
+  ``cache_unfinished_req(req, chunked)``, which sets ``prefix_indices``, ``cache_protected_len``
+  and ``last_node`` itself;
+- 0.5.23 has neither: its ``release_kv_cache`` runs ``checkpoint(req, up_to=owned_kv_len)``
+  (with insert), then ``free_kv_row(req.kv, [(cache_protected_len, owned_kv_len)])`` and
+  ``unlock(req.lock)`` before it frees the over-allocation and the row, which is exactly what
+  kvpool's ``cache_finished_req`` is inside kvpool's ``release_kv_cache``; a chunk boundary runs
+  ``checkpoint(req, up_to=extend_end)``. The adapter makes those calls (``owned_kv_len`` and
+  ``extend_end`` are ``kv_committed_len`` and ``len(fill_ids)``). 0.5.23 keeps no
+  ``prefix_indices`` (it tracks ``prefix_len`` and reads the row); the adapter sets kvpool's
+  ``prefix_indices`` to the row's first ``len(fill_ids)`` slots after the checkpoint, which is
+  what 0.5.16 (and kvpool) set: the tree's slots followed by the request's partial page.
+
+SGLang's internal ``insert`` / ``match_prefix`` calls inside those methods go through the same
+per-walk clock as the adapter's own (the instance's two methods are wrapped), so every walk
+reads its own tick, as in kvpool's reference.
 """
 
 from __future__ import annotations
@@ -29,13 +55,15 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-from array import array
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvpool.errors import InvalidArgumentError
+from kvpool.optimized.radix_key import RadixKey as OptimizedRadixKey
 from kvpool.sglang.allocators import as_index_tensor
+from kvpool.sglang.cache_req import CacheReq, InsertedLen, row_prefix, token_array
 from kvpool.sglang.clock import frozen_at, install_clock
 from kvpool.sglang.loader import SGLangModules
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
@@ -57,7 +85,32 @@ class SGLangMatch:
 def make_radix_key(modules: SGLangModules, token_ids: Sequence[int], extra_key: str | None) -> Any:
     """SGLang's ``RadixKey`` of ``token_ids`` (an ``array('q')``, as SGLang builds them)."""
     cls = modules.attr(_RADIX, "RadixKey")
-    return cls(array("q", [int(t) for t in token_ids]), extra_key)
+    return cls(token_array(token_ids), extra_key)
+
+
+def to_sglang_key(modules: SGLangModules, key: Any) -> Any:
+    """``key`` as SGLang's ``RadixKey``: SGLang's own is returned as is; kvpool's optimized key
+    gives its cached numpy array (or its list), kvpool's reference key its ``token_ids``; any
+    other object its ``token_ids`` (else its iteration) and ``extra_key``."""
+    cls = modules.attr(_RADIX, "RadixKey")
+    if isinstance(key, cls):
+        return key
+    ids: Any
+    if isinstance(key, OptimizedRadixKey):
+        held = key._array  # the array the key already holds, if any
+        ids = held if held is not None else key.token_ids
+    else:
+        ids = getattr(key, "token_ids", None)
+        if ids is None:
+            ids = list(key)
+    return cls(token_array(ids), getattr(key, "extra_key", None))
+
+
+def _install_node_id(radix_module: Any) -> None:
+    """Give SGLang's loaded ``TreeNode`` a read-only ``node_id`` (its ``id``), idempotent."""
+    node_cls = radix_module.TreeNode
+    if "node_id" not in node_cls.__dict__:
+        node_cls.node_id = property(lambda node: int(node.id))
 
 
 def _impl(component: Any) -> Any:
@@ -81,8 +134,17 @@ class SGLangRadixCache:
         self.disable = disable
         self._radix = modules.module(_RADIX)
         install_clock(self._radix)
+        _install_node_id(self._radix)
         self._now = 0.0
         self._next_id = 0
+        self._inserted = InsertedLen()
+        tree_lock = modules.attr(_BASE, "TreeLock")
+        dec_params = modules.attr(_BASE, "DecLockRefParams")
+        self._tree_lock = (
+            None
+            if tree_lock is None or dec_params is None
+            else (lambda node: tree_lock(node, dec_params()))
+        )
         params_cls = modules.attr("sglang.srt.mem_cache.cache_init_params", "CacheInitParams")
         params = params_cls(
             disable=disable,
@@ -93,12 +155,12 @@ class SGLangRadixCache:
         )
         with self._call():
             self.impl: Any = self._radix.RadixCache(params)
+        for name in ("match_prefix", "insert"):
+            setattr(self.impl, name, self._ticking(getattr(self.impl, name)))
 
     @contextlib.contextmanager
-    def _call(self, walks: bool = False) -> Iterator[None]:
-        """Run one SGLang call with this cache's node counter and clock (one tick if it walks)."""
-        if walks:
-            self._now += 1.0
+    def _call(self) -> Iterator[None]:
+        """Run one SGLang call with this cache's node counter, at the current tick."""
         node_cls = self._radix.TreeNode
         node_cls.counter = self._next_id
         try:
@@ -107,14 +169,29 @@ class SGLangRadixCache:
         finally:
             self._next_id = node_cls.counter
 
+    def _ticking(self, method: Any) -> Any:
+        """``method`` (SGLang's bound ``match_prefix`` / ``insert``, taking a params object
+        with ``key``) advancing the clock by one tick when it walks the tree."""
+
+        def call(params: Any) -> Any:
+            if self._walks(params.key):
+                self._now += 1.0
+            with frozen_at(self._now):
+                return method(params)
+
+        return call
+
     def _walks(self, key: Any) -> bool:
         return not self.disable and len(key) // self.page_size > 0
 
+    def _key(self, key: Any) -> Any:
+        return to_sglang_key(self.modules, key)
+
     # ------------------------------------------------------------------ operations
     def match_prefix(self, key: Any) -> SGLangMatch:
-        """SGLang's ``match_prefix`` of ``key`` (a RadixKey, see :func:`make_radix_key`)."""
-        params = self.modules.attr(_BASE, "MatchPrefixParams")(key=key)
-        with self._call(self._walks(key)):
+        """SGLang's ``match_prefix`` of ``key`` (any key, see :func:`to_sglang_key`)."""
+        params = self.modules.attr(_BASE, "MatchPrefixParams")(key=self._key(key))
+        with self._call():
             result = self.impl.match_prefix(params)
         node = result.last_device_node
         indices = getattr(result, "device_indices", None)
@@ -125,20 +202,27 @@ class SGLangRadixCache:
     def insert(self, key: Any, value: Any = None, priority: int = 0) -> int:
         """SGLang's ``insert``: the length (tokens) that was already cached."""
         params = self.modules.attr(_BASE, "InsertParams")(
-            key=key,
+            key=self._key(key),
             value=None if value is None else as_index_tensor(value),
             priority=priority,
         )
-        with self._call(self._walks(key)):
+        with self._call():
             return int(self.impl.insert(params).prefix_len)
 
     def inc_lock_ref(self, node: Any) -> int:
-        """Change in ``evictable_size`` (<= 0)."""
+        """Change in ``evictable_size`` (<= 0). ``None`` (no node: kvpool's convention, e.g. a
+        session turn that matched nothing in the tree) changes nothing, as in kvpool's cache;
+        SGLang never passes None (its callers test ``last_node`` first)."""
+        if node is None:
+            return 0
         with self._call():
             return int(self.impl.inc_lock_ref(node).delta or 0)
 
     def dec_lock_ref(self, node: Any) -> int:
-        """Change in ``evictable_size`` (>= 0)."""
+        """Change in ``evictable_size`` (>= 0); ``None`` changes nothing (see
+        :meth:`inc_lock_ref`)."""
+        if node is None:
+            return 0
         with self._call():
             return int(self.impl.dec_lock_ref(node).delta or 0)
 
@@ -170,11 +254,45 @@ class SGLangRadixCache:
             self.impl.pretty_print()
         return out.getvalue()
 
+    # ------------------------------------------------------------------ requests
+    def request(self, req: Any) -> CacheReq:
+        """``req`` (a kvpool request) as SGLang's radix cache sees it."""
+        return CacheReq(req, self._inserted, self._tree_lock)
+
     def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
-        raise NotImplementedError("SGLang's cache_finished_req takes its scheduler Req")
+        """Hand a finished request's committed KV to SGLang's tree, or free it, and drop its
+        lock (see the module docstring). InvalidArgumentError (nothing changed) for a request
+        without a row, as kvpool's."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        proxy = self.request(req)
+        committed = int(req.kv_committed_len)
+        with self._call():
+            if hasattr(self.impl, "cache_finished_req"):
+                self.impl.cache_finished_req(proxy, is_insert, kv_len_to_handle=committed)
+            else:
+                if is_insert:
+                    self.impl.checkpoint(proxy, up_to=committed)
+                self.impl.free_kv_row(proxy.kv, [(proxy.kv.cache_protected_len, committed)])
+                self.impl.unlock(proxy.lock)
+                proxy.lock = None
+        self._inserted.forget(req)
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
-        raise NotImplementedError("SGLang's cache_unfinished_req takes its scheduler Req")
+        """Between prefill chunks: SGLang inserts ``fill_ids``, frees the duplicates, rewrites
+        the row, moves the lock and sets ``prefix_indices`` / ``cache_protected_len`` /
+        ``last_node`` (0.5.23: its ``checkpoint``; ``prefix_indices`` read from the row)."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        proxy = self.request(req)
+        with self._call():
+            if hasattr(self.impl, "cache_unfinished_req"):
+                self.impl.cache_unfinished_req(proxy, chunked=chunked)
+                return
+            filled = len(req.fill_ids)
+            self.impl.checkpoint(proxy, up_to=filled)
+        table = self.impl.req_to_token_pool.req_to_token
+        req.prefix_indices = row_prefix(table, req.req_pool_idx, filled, req.prefix_indices)
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self) -> TreeSnapshot:
@@ -219,4 +337,4 @@ class SGLangRadixCache:
         )
 
 
-__all__ = ["SGLangMatch", "SGLangRadixCache", "make_radix_key"]
+__all__ = ["SGLangMatch", "SGLangRadixCache", "make_radix_key", "to_sglang_key"]

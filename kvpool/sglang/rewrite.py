@@ -86,12 +86,15 @@ def _defined(node: ast.stmt) -> set[str]:
 def extract_definitions(tree: ast.Module, names: Iterable[str]) -> ast.Module:
     """The statements of ``tree`` that define ``names`` plus, transitively, the top-level
     statements defining every name they use, in source order (``from __future__`` first).
-    Raises KeyError naming any of ``names`` the module does not define at top level."""
-    wanted = set(names)
+    A name ending in ``?`` is optional (taken when the module defines it: a definition only
+    some releases have). Raises KeyError naming any other of ``names`` the module does not
+    define at top level."""
     by_name: dict[str, list[int]] = {}
     for i, node in enumerate(tree.body):
         for name in _defined(node):
             by_name.setdefault(name, []).append(i)
+    wanted = {n for n in names if not n.endswith("?")}
+    wanted |= {n[:-1] for n in names if n.endswith("?") and n[:-1] in by_name}
     missing = wanted - set(by_name)
     if missing:
         raise KeyError(sorted(missing))

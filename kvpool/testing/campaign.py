@@ -67,10 +67,10 @@ class CampaignResult:
     error: str | None = None
     """Why the campaign stopped early without a lockstep verdict (an internal error)."""
 
-    def add_run(self, config: PoolConfig, steps: int, checks: int, tags: dict[str, int]) -> None:
-        """Fold one run's totals in."""
+    def add_run(self, page_size: int, steps: int, checks: int, tags: dict[str, int]) -> None:
+        """Fold one run's totals in (its configuration's page size, steps, checks, tags)."""
         self.configurations += 1
-        key = f"page_size={config.page_size}"
+        key = f"page_size={page_size}"
         self.page_sizes[key] = self.page_sizes.get(key, 0) + 1
         self.steps += steps
         self.invariant_checks += checks
@@ -190,7 +190,7 @@ def run_machine(
             config = config_drawer(chooser)
         done = execute(component, impl_a, impl_b, config, chooser=chooser, steps=steps_per_run,
                        labels=labels)  # fmt: skip
-        result.add_run(config, done.steps, done.checks, dict(done.coverage))
+        result.add_run(config.page_size, done.steps, done.checks, dict(done.coverage))
         if done.failure is not None:
             result.failures = 1
             result.seconds = time.monotonic() - start

@@ -238,13 +238,7 @@ def run_parallel(
                     w.config = msg[2]
                 elif msg[0] == "done":
                     _, _, steps, checks, tags, failure, config = msg
-                    result.configurations += 1
-                    key = f"page_size={config['page_size']}"
-                    result.page_sizes[key] = result.page_sizes.get(key, 0) + 1
-                    result.steps += steps
-                    result.invariant_checks += checks
-                    for tag, n in tags.items():
-                        result.coverage[tag] = result.coverage.get(tag, 0) + n
+                    result.add_run(config["page_size"], steps, checks, tags)
                     if failure is not None:
                         failures[run] = (failure[0], failure[1], failure[2], list(w.ops), config)
                         stop_at = min(stop_at or run + 1, run + 1)

@@ -145,10 +145,10 @@ def test_replay_prints_each_row_when_its_run_ends(
 
     monkeypatch.setattr(kvpool.replay, "replay_trace", fake)
     code = main(["replay", "--requests", "5", "--compare-policies", "--no-progress"])
-    assert code == 0 and len(seen) == 6
+    assert code == 0 and len(seen) == len(EVICTION_POLICIES)
     assert "policy" in seen[0] and "lru" not in seen[0]  # the head, before the first run
-    assert [s.split()[0] for s in seen[1:]] == ["lru", "lfu", "fifo", "mru", "filo"]
-    assert capsys.readouterr().out.split()[0] == "priority"
+    assert [s.split()[0] for s in seen[1:]] == list(EVICTION_POLICIES[:-1])
+    assert capsys.readouterr().out.split()[0] == EVICTION_POLICIES[-1]
 
 
 def test_replay_default_trace_is_the_shipped_sample(capsys: pytest.CaptureFixture[str]) -> None:

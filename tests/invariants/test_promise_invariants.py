@@ -52,7 +52,7 @@ def test_spec_aligned_fires_on_a_mid_page_over_allocation() -> None:
 def test_session_held_fires_when_a_session_loses_kv() -> None:
     snap = spec_state().snapshot()
     (s,) = snap.sessions
-    shrunk = dataclasses.replace(s, kv_committed_len=s.kv_committed_len - 1, row=s.row[:-1])
+    shrunk = dataclasses.replace(s, kv_committed_len=s.kv_committed_len - 1)
     bad = dataclasses.replace(snap, sessions=(shrunk,))
     with pytest.raises(InvariantViolation) as info:
         pr.check_session_held(bad, snap)

@@ -74,3 +74,30 @@ def test_v1_borrows_slots_that_stay_free(ps: int) -> None:
         row = mm.reqs["a"].req_pool_idx
         assert row is not None
         assert draft[0] == mm.req_to_token_pool.read(row, 2, 3)[0] + 1  # finishes its page
+
+
+@pytest.mark.parametrize("twin", ["reference", "optimized"])
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.23"])
+def test_draft_borrow_evicts_before_its_backup_under_sglang_rules(twin: str, version: str) -> None:
+    # Found by the lifecycle campaign against SGLang's own classes: under SGLang's eviction
+    # bound, a second eviction inside the backup_state/restore_state window freed tree pages
+    # that the restore then threw away (INV-POOL-ACCOUNTING: a page leaked).
+    from kvpool.config import PoolConfig
+    from kvpool.invariants import check_all
+    from kvpool.rules import Rules
+    from kvpool.testing.implementations import resolve_implementation
+
+    config = PoolConfig(size=8, page_size=2, req_pool_size=4, max_context_len=16,
+                        eviction_policy="lru", rules=Rules.for_sglang(version))  # fmt: skip
+    manager = resolve_implementation(twin).manager
+    assert manager is not None
+    mm = manager(config)
+    mm.new_req("r1", [1, 2, 3])
+    mm.extend(["r1"])
+    mm.finish(["r1"])
+    mm.new_req("r2", [4, 5, 6])
+    mm.extend(["r2"])
+    before = mm.snapshot()
+    drafts = mm.spec_draft_v1(["r2"], 1)
+    assert len(list(drafts)) == 1
+    check_all(mm.snapshot(), before)

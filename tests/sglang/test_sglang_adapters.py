@@ -3,14 +3,11 @@ step with kvpool's reference on fixed scenarios (tests/sglang/scenarios.py), for
 with a rules preset. The wheels come from ``$KVPOOL_SGLANG_CACHE`` (or ``~/.cache/kvpool/sglang``),
 downloaded with ``pip download --no-deps`` when missing.
 
-Scenarios that depend on the reference following SGLang's need_sort rules
-(``Rules.refused_alloc_unchanged=False``, the release-page order) are marked xfail(strict=False)
-until the reference honours those knobs.
+Every scenario runs the reference under the release's ``Rules`` preset; nothing is set aside.
 """
 
 from __future__ import annotations
 
-import inspect
 import sys
 from typing import Any
 
@@ -32,18 +29,12 @@ from kvpool.sglang import (
     load_sglang,
     make_radix_key,
 )
-from kvpool.snapshot import TreeSnapshot
 from tests.sglang import scenarios
 from tests.sglang.scenarios import Recorder, build_reference
 
 pytestmark = pytest.mark.sglang_wheel
 
 VERSIONS = ("0.5.16", "0.5.23")
-NEEDS_REFERENCE_NEED_SORT = pytest.mark.xfail(
-    strict=False,
-    reason="depends on the reference following SGLang's need_sort rules (merge kept on a "
-    "refused allocation, release-page order); another change in flight",
-)
 
 
 @pytest.fixture(scope="module", params=VERSIONS)
@@ -63,7 +54,8 @@ def _assert_same(ours: Recorder, theirs: Recorder) -> None:
 def test_implementation_bundle(sgl: SGLangModules) -> None:
     impl = implementation(sgl.source.origin if sgl.source.wheel is None else str(sgl.source.wheel))
     assert impl.rules == Rules.for_sglang(sgl.version)
-    assert impl.provides("radix_cache") and not impl.provides("manager")
+    assert impl.manager is None  # the lifecycle runs kvpool's manager around the components
+    assert impl.provides("radix_cache") and impl.provides("manager")
     config = _config(sgl, size=64, page_size=4)
     alloc = impl.allocator(config)  # type: ignore[misc]
     assert isinstance(alloc, SGLangAllocator) and alloc.available_size() == 64
@@ -79,7 +71,6 @@ def test_token_allocator(sgl: SGLangModules, need_sort: bool) -> None:
     _assert_same(ref, ours)
 
 
-@NEEDS_REFERENCE_NEED_SORT
 def test_token_allocator_refusal_under_need_sort(sgl: SGLangModules) -> None:
     config = _config(sgl, size=16, need_sort=True)
     ref = Recorder(build_reference(TokenToKVPoolAllocator, config, 16, need_sort=True))
@@ -104,7 +95,6 @@ def test_paged_allocator(sgl: SGLangModules, naive: bool) -> None:
     _assert_same(ref, ours)
 
 
-@NEEDS_REFERENCE_NEED_SORT
 @pytest.mark.parametrize("naive", [False, True], ids=["triton-interpreter", "naive"])
 def test_paged_allocator_need_sort(sgl: SGLangModules, naive: bool) -> None:
     ref, ours = _paged(sgl, True, naive)
@@ -140,30 +130,19 @@ def test_req_to_token_pool_against_reference(sgl: SGLangModules) -> None:
     ours = Recorder(SGLangReqToTokenPool(sgl, 4, 8))
     scenarios.req_to_token_steps(ref)
     scenarios.req_to_token_steps(ours)
-    if not _reference_takes_rules(ReqToTokenPool):
-        pytest.skip("the reference ReqToTokenPool does not take Rules yet (row order)")
     _assert_same(ref, ours)
 
 
-def _reference_takes_rules(cls: type) -> bool:
-    return "rules" in inspect.signature(cls).parameters
-
-
-def _without_hits(snapshot: TreeSnapshot) -> TreeSnapshot:
-    nodes = tuple(n.__class__(**{**n.__dict__, "hit_count": 0}) for n in snapshot.nodes)
-    return TreeSnapshot(**{**snapshot.__dict__, "nodes": nodes})
-
-
 class _TreeRecorder(Recorder):
-    """Records tree snapshots without hit counts (SGLang counts hits on insert, kvpool on
-    match: compared separately in :func:`test_radix_cache_hit_counts`) plus the allocator."""
+    """Records tree snapshots (hit counts included: the reference counts them as SGLang does)
+    plus the allocator."""
 
     def __init__(self, component: Any, alloc: Any) -> None:
         super().__init__(component)
         self.alloc = alloc
 
     def snap(self) -> Any:
-        return (_without_hits(self.component.snapshot()), self.alloc.snapshot())
+        return (self.component.snapshot(), self.alloc.snapshot())
 
 
 def _radix_pair(
@@ -192,7 +171,7 @@ def test_radix_cache(sgl: SGLangModules, page_size: int, policy: str) -> None:
 
 def test_radix_cache_hit_counts(sgl: SGLangModules) -> None:
     """SGLang counts a hit on every node an insert walks or creates (0.5.23: only past the
-    request's ``inserted_len``); kvpool's reference counts them in match_prefix."""
+    request's ``inserted_len``), never in match_prefix; so does kvpool's reference."""
     cache = SGLangRadixCache(sgl, SGLangReqToTokenPool(sgl, 2, 8), SGLangAllocator(sgl, 32), 1)
     cache.insert(make_radix_key(sgl, [1, 2, 3], None), [1, 2, 3])
     cache.insert(make_radix_key(sgl, [1, 2, 3], None), [4, 5, 6])

@@ -53,6 +53,10 @@ class LifecyclePair:
     ) -> None:
         self.coverage: Counter[str] = Counter()
         self.lockstep = Lockstep(manager_factory(impl_a), manager_factory(impl_b), config, labels)
+        self.rejects_misuse = (impl_b.rules or config.rules).rejects_misuse
+        """False when the candidate's rules say its components accept misuse silently (SGLang):
+        then no invalid call that only a component would refuse is drawn (see
+        :func:`component_misuse`)."""
 
     @property
     def ops(self) -> list[Op]:
@@ -63,7 +67,11 @@ class LifecyclePair:
         return self.lockstep.checks
 
     def draw(self, c: Chooser) -> Op:
-        return draw_op(c, self.lockstep.view(), c.choice(KINDS))
+        view = self.lockstep.view()
+        op = draw_op(c, view, c.choice(KINDS))
+        while not self.rejects_misuse and component_misuse(op):
+            op = draw_op(c, view, c.choice(KINDS))
+        return op
 
     def run(self, op: Op) -> Any:
         before = self.lockstep.snap_a
@@ -71,6 +79,13 @@ class LifecyclePair:
         error = out if isinstance(out, BaseException) else None
         self.coverage.update(lifecycle_tags(op, out, error, before, self.lockstep.snap_a))
         return out
+
+
+def component_misuse(op: Op) -> bool:
+    """An invalid lifecycle call that the manager passes to a component unchecked, so that only
+    a component with ``Rules.rejects_misuse`` refuses it: ``evict`` of a negative count (the
+    manager's ``evict`` is the tree's)."""
+    return op.expect_error and op.name == "evict"
 
 
 def lifecycle_tags(
@@ -117,4 +132,10 @@ class LifecycleTarget:
         return LifecyclePair(impl_a, impl_b, config, labels)
 
 
-__all__ = ["LifecyclePair", "LifecycleTarget", "lifecycle_tags", "manager_factory"]
+__all__ = [
+    "LifecyclePair",
+    "LifecycleTarget",
+    "component_misuse",
+    "lifecycle_tags",
+    "manager_factory",
+]

@@ -1,0 +1,58 @@
+"""SGLang 0.5.23's segment frees: ``free_page_ids`` and ``free_segment`` (both allocators).
+
+Pages freed this way keep the order they are given (no sort, no de-duplication); the radix
+cache frees through them under ``Rules.tree_free == "segment"``. A mixin of
+:class:`~kvpool.optimized.allocator.BaseTokenToKVPoolAllocator`, which provides the free lists,
+the validation and ``_return_pages_in_order`` (one place per order rule).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvpool.errors import AlignmentError
+from kvpool.optimized.paged_ops import check_free_slots
+
+IndexLike = Any
+
+
+class SegmentFrees:
+    """``free_page_ids`` / ``free_segment`` over the host allocator's state."""
+
+    page_size: int
+    _in_free_group: bool
+    _free_mask: torch.Tensor | None
+    free: Any
+    _as_index: Any
+    _return_pages_in_order: Any
+
+    def free_page_ids(self, page_ids: IndexLike) -> None:
+        """Free exactly these pages, in the given order (see the reference); inside a free
+        group they are buffered with the slot frees."""
+        pages = self._as_index(page_ids).to(torch.int64)
+        if pages.numel() == 0:
+            return
+        firsts = pages * self.page_size
+        if self._in_free_group:
+            self.free(firsts)
+            return
+        if self._free_mask is not None:  # a page named twice is a double free
+            check_free_slots(firsts, self._free_mask, self.page_size, True, None)
+        self._return_pages_in_order(pages)
+
+    def free_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
+        """Free the pages of a segment starting at column ``start_pos`` (page-aligned, else
+        AlignmentError): one page per ``page_size`` slots, in order (see the reference)."""
+        slots = self._as_index(free_index).to(torch.int64)
+        if slots.numel() == 0:
+            return
+        if start_pos % self.page_size:
+            raise AlignmentError(f"segment start {start_pos} is not page-aligned")
+        if self._free_mask is not None:
+            check_free_slots(slots, self._free_mask, self.page_size, False, None)
+        self.free_page_ids(slots[:: self.page_size] // self.page_size)
+
+
+__all__ = ["SegmentFrees"]
