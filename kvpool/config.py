@@ -41,6 +41,10 @@ class PoolConfig:
     """Mamba layers whose conv and temporal state every Mamba slot holds."""
     mamba_track_buffers: int = 0
     """Speculative track buffers per request (SGLang's ping-pong buffer: 0 = off, 1 or 2)."""
+    sliding_window: int | None = None
+    """Hybrid sliding-window models (tokens): the window of the SWA layers; None: no SWA."""
+    swa_full_tokens_ratio: float = 0.8
+    """SWA pool size / full pool size (SGLang's ``swa_full_tokens_ratio``); see ``swa_size``."""
 
     def __post_init__(self) -> None:
         if not is_power_of_two(self.page_size):
@@ -71,6 +75,19 @@ class PoolConfig:
             raise ConfigError(f"mamba_layers must be positive, got {self.mamba_layers}")
         if self.mamba_track_buffers not in (0, 1, 2):
             raise ConfigError(f"mamba_track_buffers must be 0, 1 or 2: {self.mamba_track_buffers}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ConfigError(f"sliding_window must be >= 1 token, got {self.sliding_window}")
+        if not self.swa_full_tokens_ratio > 0:
+            raise ConfigError(
+                f"swa_full_tokens_ratio must be positive, got {self.swa_full_tokens_ratio}"
+            )
+
+    @property
+    def swa_size(self) -> int:
+        """SWA pool tokens: ``size * swa_full_tokens_ratio`` rounded down to whole pages, at
+        least one page."""
+        pages = int(self.size * self.swa_full_tokens_ratio) // self.page_size
+        return max(pages, 1) * self.page_size
 
     @property
     def num_pages(self) -> int:

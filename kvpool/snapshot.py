@@ -37,6 +37,28 @@ class AllocatorSnapshot:
 
 
 @dataclass(frozen=True)
+class SWAAllocatorSnapshot:
+    """State of a sliding-window (SWA) hybrid allocator: two page allocators and the mapping.
+
+    ``full`` allocates the slots of full-attention layers (``full.size`` tokens) and ``swa`` the
+    slots of sliding-window layers (``swa.size`` tokens, usually fewer). ``full_to_swa[f]`` is
+    the SWA slot holding full slot ``f``'s sliding-window KV, or 0 (the sentinel: none); it has
+    ``full.size + page_size + 1`` entries, the last one ``-1`` so that a ``last_loc`` of -1
+    translates to -1. ``pure``: a pure-SWA model (every layer sliding-window); then ``full`` is
+    ``swa`` and the mapping is the identity.
+    """
+
+    full: AllocatorSnapshot
+    swa: AllocatorSnapshot
+    full_to_swa: tuple[int, ...]
+    pure: bool = False
+
+    def available_size(self) -> int:
+        """Tokens allocatable in both pools: the smaller of the two free counts."""
+        return min(self.full.available_size(), self.swa.available_size())
+
+
+@dataclass(frozen=True)
 class ReqToTokenSnapshot:
     """State of the request-to-token table.
 
@@ -72,6 +94,10 @@ class NodeSnapshot:
     last_access_time: float
     hit_count: int = 0
     priority: int = 0
+    swa_tombstone: bool = False
+    """SWA radix cache only: the node's SWA slots were evicted (its full slots remain)."""
+    swa_lock_ref: int = 0
+    """SWA radix cache only: requests whose sliding window still reads this node."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +112,10 @@ class TreeSnapshot:
     evictable_size: int
     protected_size: int
     nodes: tuple[NodeSnapshot, ...] = ()
+    swa_evictable_size: int = 0
+    """SWA radix cache only: SWA tokens of unlocked, non-tombstoned nodes."""
+    swa_protected_size: int = 0
+    """SWA radix cache only: SWA tokens of SWA-locked, non-tombstoned nodes."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +146,9 @@ class ReqSnapshot:
     row: tuple[int, ...] = ()
     kv_tags: tuple[int, ...] = ()
     expected_tags: tuple[int, ...] = ()
+    swa_evicted_seqlen: int = 0
+    """Hybrid sliding-window managers only: leading tokens whose SWA slots the window released
+    (``row[:swa_evicted_seqlen]`` map to no SWA slot, the rest of the row does)."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +183,9 @@ class PoolSnapshot:
     extra: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
     mamba: HybridStateSnapshot | None = None
     """Hybrid (Mamba) models only: the Mamba slots and states."""
+    swa: SWAAllocatorSnapshot | None = None
+    """Hybrid sliding-window managers only: both pools and the mapping (``allocator`` is then
+    the full pool's snapshot)."""
 
 
 @dataclass(frozen=True)

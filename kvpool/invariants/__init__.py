@@ -24,7 +24,13 @@ from kvpool.invariants.registry import (
     invariant,
     run_scope,
 )
-from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, ReqToTokenSnapshot
+from kvpool.snapshot import (
+    AllocatorSnapshot,
+    PoolSnapshot,
+    ReqToTokenSnapshot,
+    SWAAllocatorSnapshot,
+    TreeSnapshot,
+)
 
 # Modules other parts of kvpool add (tree and lifecycle invariants); registered when present.
 _OPTIONAL_MODULES = (
@@ -33,6 +39,7 @@ _OPTIONAL_MODULES = (
     "kvpool.invariants.promises",
     "kvpool.invariants.mamba",
     "kvpool.invariants.mamba_tree",
+    "kvpool.invariants.swa",
 )
 for _name in _OPTIONAL_MODULES:
     try:
@@ -84,6 +91,19 @@ def check_all(snapshot: PoolSnapshot, previous: PoolSnapshot | None = None) -> i
     return count + run_scope("pool", snapshot, previous)
 
 
+def check_swa_allocator(
+    snap: SWAAllocatorSnapshot,
+    held_full_pages: Iterable[int] | None = None,
+    swa_held_tokens: int | None = None,
+    tree: TreeSnapshot | None = None,
+) -> int:
+    """Every ``"swa"`` invariant on ``snap``, then the allocator invariants of both pools (see
+    :func:`kvpool.invariants.swa.check_swa_allocator`). Returns the number of checks run."""
+    from kvpool.invariants import swa
+
+    return swa.check_swa_allocator(snap, held_full_pages, swa_held_tokens, tree)
+
+
 __all__ = [
     "INVARIANTS",
     "SCOPES",
@@ -92,6 +112,7 @@ __all__ = [
     "check_all",
     "check_allocator",
     "check_req_to_token",
+    "check_swa_allocator",
     "checks_for",
     "invariant",
 ]

@@ -13,6 +13,7 @@ Scopes and the signature of their check functions (each raises
 - ``"pool"``: ``(snap: PoolSnapshot, previous: PoolSnapshot | None)``
 - ``"mamba"``: ``(snap: HybridReqToTokenSnapshot, ctx: kvpool.invariants.mamba.MambaContext)``
 - ``"mamba_tree"``: ``(tree: MambaTreeSnapshot)``
+- ``"swa"``: ``(snap: SWAAllocatorSnapshot, ctx: kvpool.invariants.swa.SWAContext)``
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 
 from kvpool.snapshot import ReqToTokenSnapshot
 
-SCOPES: tuple[str, ...] = ("allocator", "req_to_token", "pool", "mamba", "mamba_tree")
+SCOPES: tuple[str, ...] = ("allocator", "req_to_token", "pool", "mamba", "mamba_tree", "swa")
 
 CheckFn = Callable[..., None]
 F = TypeVar("F", bound=CheckFn)

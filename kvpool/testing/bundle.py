@@ -26,6 +26,13 @@ Factory shapes (every size comes from the :class:`~kvpool.config.PoolConfig`):
   :mod:`kvpool.reference.mamba_lifecycle`);
 - ``mamba_radix_cache(config, hybrid_req_to_token_pool, allocator)``: a ``MambaRadixCache`` over
   the two objects given (page size 1), its keys made by ``radix_key``.
+- ``swa_allocator(config)``: a sliding-window hybrid allocator (SGLang's
+  ``SWATokenToKVPoolAllocator`` API) of ``config.size`` full tokens and ``config.swa_size`` SWA
+  tokens, ``config.page_size`` and ``config.need_sort``;
+- ``swa_radix_cache(config, swa_allocator)``: a sliding-window prefix tree (SGLang's
+  ``SWARadixCache`` API) over the SWA allocator given, window ``config.sliding_window``;
+- ``swa_manager(config)``: a whole lifecycle on a hybrid sliding-window model (a
+  ``MemoryManagerProtocol`` whose snapshots carry ``swa``).
 
 A missing factory means the implementation does not provide that component; the harness says so
 rather than guessing a substitute.
@@ -47,6 +54,9 @@ COMPONENTS = (
     "manager",
     "hybrid_req_to_token_pool",
     "mamba_radix_cache",
+    "swa_allocator",
+    "swa_radix_cache",
+    "swa_manager",
 )
 """Component names, as ``kvpool verify --component`` spells them."""
 
@@ -64,6 +74,9 @@ class Implementation:
     hybrid_req_to_token_pool: Callable[[PoolConfig], Any] | None = None
     mamba_steps: Any = None
     mamba_radix_cache: Callable[[PoolConfig, Any, Any], Any] | None = None
+    swa_allocator: Callable[[PoolConfig], Any] | None = None
+    swa_radix_cache: Callable[[PoolConfig, Any], Any] | None = None
+    swa_manager: Callable[[PoolConfig], Any] | None = None
     rules: Rules | None = None
     """The rules this implementation follows; None: kvpool's default :class:`Rules`."""
     index: Callable[[Sequence[int]], Any] = list
@@ -87,6 +100,9 @@ class Implementation:
         if component == "mamba_radix_cache":
             return all(f is not None for f in (self.mamba_radix_cache, self.mamba_steps,
                                                self.hybrid_req_to_token_pool, self.allocator,
+                                               self.radix_key))  # fmt: skip
+        if component == "swa_radix_cache":
+            return all(f is not None for f in (self.swa_radix_cache, self.swa_allocator,
                                                self.radix_key))  # fmt: skip
         return getattr(self, component) is not None
 

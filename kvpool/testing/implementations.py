@@ -29,6 +29,9 @@ def reference_implementation() -> Implementation:
     from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
     from kvpool.reference.radix_cache import RadixCache
     from kvpool.reference.req_to_token_pool import ReqToTokenPool
+    from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
+    from kvpool.reference.swa_memory_manager import SWAMemoryManager
+    from kvpool.reference.swa_radix_cache import SWARadixCache
 
     def allocator(config: PoolConfig) -> Any:
         if config.page_size == 1:
@@ -63,6 +66,13 @@ def reference_implementation() -> Implementation:
         hybrid_req_to_token_pool=hybrid,
         mamba_steps=mamba_lifecycle,
         mamba_radix_cache=mamba_tree,
+        swa_allocator=lambda config: SWATokenToKVPoolAllocator(
+            config.size, config.swa_size, config.page_size, config.need_sort, rules=config.rules
+        ),
+        swa_radix_cache=lambda config, alloc: SWARadixCache(
+            alloc, config.page_size, config.sliding_window or 1
+        ),
+        swa_manager=SWAMemoryManager,
     )
 
 
@@ -78,6 +88,9 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
     from kvpool.optimized.radix_cache import RadixCache
     from kvpool.optimized.req_to_token_pool import ReqToTokenPool
+    from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
+    from kvpool.optimized.swa_memory_manager import SWAMemoryManager
+    from kvpool.optimized.swa_radix_cache import SWARadixCache
 
     if torch.get_num_threads() != 1:  # tiny tensors: OpenMP workers only contend
         torch.set_num_threads(1)
@@ -114,6 +127,17 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
                                     config.mamba_track_buffers, checked=checked,
                                     rules=config.rules)  # fmt: skip
 
+    def swa_allocator(config: PoolConfig) -> Any:
+        return SWATokenToKVPoolAllocator(
+            config.size,
+            config.swa_size,
+            config.page_size,
+            config.need_sort,
+            checked=checked,
+            kernel_backend=backend,
+            rules=config.rules,
+        )
+
     def index(values: Sequence[int]) -> Any:
         return torch.tensor(list(values), dtype=torch.int64)
 
@@ -127,6 +151,13 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         hybrid_req_to_token_pool=hybrid,
         mamba_steps=mamba_lifecycle,
         mamba_radix_cache=mamba_tree,
+        swa_allocator=swa_allocator,
+        swa_radix_cache=lambda config, alloc: SWARadixCache(
+            alloc, config.page_size, config.sliding_window or 1
+        ),
+        swa_manager=lambda config: SWAMemoryManager(
+            config, checked=checked, kernel_backend=backend
+        ),
         index=index,
     )
 

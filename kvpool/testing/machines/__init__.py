@@ -6,6 +6,9 @@
 ``hybrid_req_to_token_pool`` (a hybrid model's table, Mamba slots and states, :mod:`.hybrid`)
 and ``mamba_radix_cache`` (the hybrid prefix tree with state checkpoints, :mod:`.mamba_tree`).
 Each is driven by
+(:mod:`.radix`), ``swa_allocator`` (:mod:`.swa_allocator`), ``swa_radix_cache``
+(:mod:`.swa_radix`), ``manager`` (the whole lifecycle, :mod:`.lifecycle`) and ``swa_manager``
+(the lifecycle of a hybrid sliding-window model, :mod:`.swa_manager`). Each is driven by
 :class:`~kvpool.testing.machines.base.ComponentPair` (or, for the lifecycle, the existing
 :class:`~kvpool.testing.lockstep_driver.Lockstep`) through the one campaign runner.
 """
@@ -25,6 +28,9 @@ from kvpool.testing.machines.hybrid import HybridTarget
 from kvpool.testing.machines.lifecycle import LifecycleTarget
 from kvpool.testing.machines.mamba_tree import MambaTreeTarget
 from kvpool.testing.machines.radix import RadixTarget
+from kvpool.testing.machines.swa_allocator import SWAAllocatorTarget
+from kvpool.testing.machines.swa_manager import SWALifecycleTarget
+from kvpool.testing.machines.swa_radix import SWARadixTarget
 from kvpool.testing.machines.table import TableTarget
 from kvpool.testing.swarm import Chooser, Op
 
@@ -35,6 +41,9 @@ TARGETS: dict[str, Target | LifecycleTarget] = {
     "manager": LifecycleTarget(),
     "hybrid_req_to_token_pool": HybridTarget(),
     "mamba_radix_cache": MambaTreeTarget(),
+    "swa_allocator": SWAAllocatorTarget(),
+    "swa_radix_cache": SWARadixTarget(),
+    "swa_manager": SWALifecycleTarget(),
 }
 
 

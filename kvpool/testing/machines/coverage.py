@@ -34,6 +34,24 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "insert:duplicate", "insert:extra-key", "evict:freed", "evict:nothing",
         "inc_lock_ref:ok", "dec_lock_ref:ok", "reset:ok", "invalid:refused",
     ),
+    "swa_allocator": (
+        "alloc:ok", "alloc:refused", "alloc_extend:ok", "alloc_extend:refused", "alloc_decode:ok",
+        "alloc_decode:refused", "alloc_extend_swa_tail:ok", "refused:full-short",
+        "refused:swa-short", "free:ok", "free:in-group", "free:unmapped-slots", "free_swa:slide",
+        "free_swa:in-group", "translate_loc_from_full_to_swa:ok", "restore_state:ok", "clear:ok",
+        "invalid:refused",
+    ),
+    "swa_radix_cache": (
+        "insert:new", "insert:duplicate", "insert:window-slid", "insert:recovered",
+        "insert:recovered-locked", "insert_new:refused", "lock:hit", "lock:miss",
+        "lock:window-bounded", "release:leaf-tombstoned", "unlock:ok", "evict:freed",
+        "evict:tombstoned", "evict:nothing", "invalid:refused",
+    ),
+    "swa_manager": (
+        "extend:ok", "extend:oom", "extend:chunked", "decode:ok", "decode:oom",
+        "decode:window-slid", "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok",
+        "retract:ok", "invalid:refused",
+    ),
     "manager": (
         "extend:ok", "extend:oom", "extend:chunked", "extend:evicted", "decode:ok", "decode:oom",
         "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok", "retract:ok",

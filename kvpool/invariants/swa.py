@@ -1,0 +1,269 @@
+"""Invariants of a sliding-window (SWA) hybrid allocator (scope ``"swa"``).
+
+A check gets an :class:`~kvpool.snapshot.SWAAllocatorSnapshot` and an :class:`SWAContext` (what
+the caller knows besides it). Units: ``full_to_swa`` is indexed by full slot and holds SWA slots
+(0: none, the sentinel; the last entry is the -1 tail); free lists hold page ids; a slot is
+*released* when its page is free-listed or pending in an open free group. The pools' own
+allocator invariants run on ``snap.full`` and ``snap.swa`` after these
+(:func:`check_swa_allocator`).
+
+A pure-SWA snapshot (``pure``: one pool, the identity mapping) only gets the allocator checks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, ceil_align
+from kvpool.errors import InvariantViolation
+from kvpool.invariants.registry import invariant, run_scope
+from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, SWAAllocatorSnapshot, TreeSnapshot
+
+
+@dataclass(frozen=True)
+class SWAContext:
+    """What an SWA check may know besides the snapshot: the SWA tokens held outside the free
+    lists by requests and the tree (None: unknown, the mapped pages stand in for them) and the
+    tree, for the tombstone check (None: no tree)."""
+
+    swa_held_tokens: int | None = None
+    tree: TreeSnapshot | None = None
+
+
+def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
+    bad = sorted(set(indices))
+    if bad:
+        raise InvariantViolation(invariant_id, message, bad)
+
+
+def _released_pages(snap: AllocatorSnapshot) -> set[int]:
+    pending = {s // snap.page_size for s in snap.pending_free}
+    return set(snap.free_pages) | set(snap.release_pages) | pending
+
+
+def _live_entries(snap: SWAAllocatorSnapshot) -> list[tuple[int, int]]:
+    """(full slot, SWA slot) of every non-sentinel entry (the tail excluded)."""
+    return [(f, s) for f, s in enumerate(snap.full_to_swa[:-1]) if s != RESERVED_INDEX]
+
+
+@invariant(
+    "INV-SWA-MAPPING-SHAPE",
+    "full_to_swa has size_full + page_size + 1 entries, the last -1, every other 0 or an SWA "
+    "slot of an allocatable SWA page; full slot 0 maps to 0",
+    scope="swa",
+)
+def check_mapping_shape(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
+    if snap.pure:
+        return
+    full, swa = snap.full, snap.swa
+    want = full.size + full.page_size + 1
+    if len(snap.full_to_swa) != want or snap.full_to_swa[-1] != NO_LAST_LOC:
+        raise InvariantViolation(
+            "INV-SWA-MAPPING-SHAPE",
+            f"mapping has {len(snap.full_to_swa)} entries (want {want}) ending in "
+            f"{snap.full_to_swa[-1] if snap.full_to_swa else None} (want -1)",
+        )
+    limit = (swa.num_pages + 1) * swa.page_size
+    _fail(
+        "INV-SWA-MAPPING-SHAPE",
+        f"entries outside {{0}} and [{swa.page_size}, {limit})",
+        [f for f, s in _live_entries(snap) if not swa.page_size <= s < limit],
+    )
+    _fail("INV-SWA-MAPPING-SHAPE", "full slot 0 is mapped", [0] if snap.full_to_swa[0] else [])
+
+
+@invariant(
+    "INV-SWA-FREE-UNMAPPED",
+    "the mapping of every released full slot (free or pending free) is 0: a recycled full slot "
+    "never carries a stale SWA slot",
+    scope="swa",
+)
+def check_free_unmapped(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
+    if snap.pure:
+        return
+    ps = snap.full.page_size
+    released = _released_pages(snap.full)
+    _fail(
+        "INV-SWA-FREE-UNMAPPED",
+        "released full slots still mapped",
+        [f for f, _ in _live_entries(snap) if f // ps in released],
+    )
+
+
+@invariant(
+    "INV-SWA-ONE-MAPPING",
+    "every held SWA slot is named by at most one live entry, every held SWA page by at least "
+    "one (at page size 1: each held slot by exactly one), and no entry names a released SWA page",
+    scope="swa",
+)
+def check_one_mapping(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
+    if snap.pure:
+        return
+    swa = snap.swa
+    entries = _live_entries(snap)
+    counts = Counter(s for _, s in entries)
+    _fail("INV-SWA-ONE-MAPPING", "SWA slots named twice", [s for s, n in counts.items() if n > 1])
+    released = _released_pages(swa)
+    _fail(
+        "INV-SWA-ONE-MAPPING",
+        "entries naming released SWA pages (use after free)",
+        [s for _, s in entries if s // swa.page_size in released],
+    )
+    mapped = {s // swa.page_size for s in counts}
+    every = set(range(RESERVED_INDEX + 1, swa.num_pages + 1))
+    _fail("INV-SWA-ONE-MAPPING", "held SWA pages nobody maps (leaked)", every - released - mapped)
+
+
+@invariant(
+    "INV-SWA-NO-DOUBLE-FREE",
+    "no SWA page twice in the SWA free lists, none pending that is already free, and (page size "
+    "1) no SWA slot pending twice",
+    scope="swa",
+)
+def check_no_double_free(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
+    swa = snap.swa
+    listed = Counter(list(swa.free_pages) + list(swa.release_pages))
+    _fail("INV-SWA-NO-DOUBLE-FREE", "SWA pages free twice", [p for p, n in listed.items() if n > 1])
+    pending = [s // swa.page_size for s in swa.pending_free]
+    _fail("INV-SWA-NO-DOUBLE-FREE", "pending SWA pages already free", set(pending) & set(listed))
+    if swa.page_size == 1:
+        twice = Counter(swa.pending_free)
+        _fail("INV-SWA-NO-DOUBLE-FREE", "SWA slots pending twice", [s for s, n in twice.items()
+                                                                      if n > 1])  # fmt: skip
+
+
+@invariant(
+    "INV-SWA-SENTINEL",
+    "the sentinel 0 is never freed: SWA page 0 is neither free-listed nor pending",
+    scope="swa",
+)
+def check_sentinel(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
+    swa = snap.swa
+    named = list(swa.free_pages) + list(swa.release_pages)
+    named += [s // swa.page_size for s in swa.pending_free]
+    _fail("INV-SWA-SENTINEL", "SWA page 0 freed", [p for p in named if p == RESERVED_INDEX])
+
+
+@invariant(
+    "INV-SWA-ACCOUNTING",
+    "SWA free + pending + held tokens == SWA size (held: requests + tree evictable + tree "
+    "protected when the caller knows them, else the pages the mapping names)",
+    scope="swa",
+)
+def check_accounting(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
+    swa = snap.swa
+    released = len(_released_pages(swa)) * swa.page_size
+    if ctx.swa_held_tokens is not None:
+        held = ctx.swa_held_tokens
+    elif snap.pure:
+        return
+    else:
+        held = len({s // swa.page_size for _, s in _live_entries(snap)}) * swa.page_size
+    if released + held != swa.size:
+        raise InvariantViolation(
+            "INV-SWA-ACCOUNTING",
+            f"SWA released {released} + held {held} tokens != size {swa.size}",
+        )
+
+
+@invariant(
+    "INV-SWA-TOMBSTONE",
+    "a tombstoned tree node holds no SWA slot: every full slot of its value maps to 0",
+    scope="swa",
+)
+def check_tombstone(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
+    if ctx.tree is None or snap.pure:
+        return
+    mapping = snap.full_to_swa
+    _fail(
+        "INV-SWA-TOMBSTONE",
+        "tombstoned nodes whose slots still map to SWA slots",
+        [
+            n.node_id
+            for n in ctx.tree.nodes
+            if n.swa_tombstone and any(mapping[f] != RESERVED_INDEX for f in n.value)
+        ],
+    )
+
+
+@invariant(
+    "INV-SWA-TREE-LOCKS",
+    "per node full_lock_ref >= swa_lock_ref >= 0 and a tombstone holds no SWA lock; the full and "
+    "SWA evictable/protected sizes equal their sums",
+    scope="swa",
+)
+def check_tree_locks(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
+    tree = ctx.tree
+    if tree is None:
+        return
+    nodes = [n for n in tree.nodes if n.parent_id is not None]
+    _fail("INV-SWA-TREE-LOCKS", "lock counts out of order (full >= swa >= 0)",
+          [n.node_id for n in nodes if not n.lock_ref >= n.swa_lock_ref >= 0])  # fmt: skip
+    # (a tombstone leaf may be unlocked: its request released its window, then its full lock;
+    # full eviction deletes it)
+    _fail("INV-SWA-TREE-LOCKS", "tombstones with an SWA lock",
+          [n.node_id for n in nodes if n.swa_tombstone and n.swa_lock_ref])  # fmt: skip
+    sums = (
+        sum(len(n.value) for n in nodes if not n.lock_ref),
+        sum(len(n.value) for n in nodes if n.lock_ref),
+        sum(len(n.value) for n in nodes if not n.swa_tombstone and not n.swa_lock_ref),
+        sum(len(n.value) for n in nodes if not n.swa_tombstone and n.swa_lock_ref),
+    )
+    kept = (tree.evictable_size, tree.protected_size, tree.swa_evictable_size,
+            tree.swa_protected_size)  # fmt: skip
+    if sums != kept:
+        raise InvariantViolation(
+            "INV-SWA-TREE-LOCKS",
+            f"(full evictable, full protected, SWA evictable, SWA protected) kept {kept}, "
+            f"summed over the tree {sums}",
+        )
+
+
+@invariant(
+    "INV-SWA-WINDOW",
+    "hybrid SWA managers: a request's tokens before its swa_evicted_seqlen map to no SWA slot and "
+    "the rest of its row to one; the SWA pool holds exactly the requests' remaining window pages "
+    "(then every INV-SWA-* check on the pools)",
+    scope="pool",
+)
+def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    swa = snap.swa
+    if swa is None:
+        return
+    mapping = swa.full_to_swa
+    bad: list[int] = []
+    held = 0
+    for r in snap.reqs:
+        if r.req_pool_idx is None:
+            continue
+        cut = r.swa_evicted_seqlen
+        if any((mapping[s] != RESERVED_INDEX) != (i >= cut) for i, s in enumerate(r.row)):
+            bad.append(r.req_pool_idx)
+        held += ceil_align(r.kv_allocated_len, swa.swa.page_size) - cut
+    held += sum(ceil_align(s.kv_allocated_len, swa.swa.page_size) for s in snap.sessions)
+    _fail("INV-SWA-WINDOW", "rows whose SWA mapping disagrees with their window", bad)
+    run_scope("swa", swa, SWAContext(held, None))
+
+
+def check_swa_allocator(
+    snap: SWAAllocatorSnapshot,
+    held_full_pages: Iterable[int] | None = None,
+    swa_held_tokens: int | None = None,
+    tree: TreeSnapshot | None = None,
+) -> int:
+    """The allocator invariants on both pools (``held_full_pages``: full pages owned by someone,
+    for the exact full accounting), then every ``"swa"`` invariant. Returns the checks run."""
+    from kvpool.invariants import check_allocator
+
+    # The SWA checks first: they name the SWA-specific cause (a freed sentinel is also a
+    # reserved-page violation of the SWA pool, but INV-SWA-SENTINEL says why).
+    count = run_scope("swa", snap, SWAContext(swa_held_tokens, tree))
+    count += check_allocator(snap.full, held_full_pages)
+    if not snap.pure:
+        count += check_allocator(snap.swa)
+    return count
+
+
+__all__ = ["SWAContext", "check_swa_allocator"]

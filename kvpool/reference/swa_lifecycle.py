@@ -1,0 +1,71 @@
+"""Lifecycle steps of a request on a hybrid sliding-window model (SGLang's SWA parts of
+``mem_cache/common.py``), as functions the lifecycle calls with its pools.
+
+Units: tokens. ``row`` is the request's row of the request table (its full slots, one per
+token). ``swa_evicted_seqlen`` counts the request's leading tokens whose SWA slots are gone
+(released by the window, or never its own to release): it only grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvpool.constants import ceil_align, floor_align
+from kvpool.errors import InvalidArgumentError
+
+
+def free_swa_out_of_window_slots(
+    row: Sequence[int],
+    swa_evicted_seqlen: int,
+    pre_len: int,
+    cache_protected_len: int,
+    sliding_window_size: int,
+    page_size: int,
+    allocator: Any,
+    is_chunk_cache: bool = False,
+    swa_evict_floor: int = 0,
+) -> int:
+    """Release the SWA slots of the request's tokens that left the window before it computes
+    token ``pre_len``; returns the new ``swa_evicted_seqlen``.
+
+    Tokens below ``max(cache_protected_len, swa_evict_floor)`` are never released here (the tree
+    owns the protected prefix; the floor shields a prompt); a floor above the protected prefix
+    is rounded up to a page. The window keeps ``sliding_window_size`` tokens (a chunk cache) or
+    ``max(sliding_window_size, page_size)`` (a radix cache: the last page a later insert makes a
+    leaf keeps its SWA slots); the frontier is rounded down to a page, so only whole pages go,
+    through ``allocator.free_swa``. InvalidArgumentError for a protected prefix that is not
+    page-aligned or a row shorter than ``pre_len``."""
+    if cache_protected_len % page_size:
+        raise InvalidArgumentError(f"cache_protected_len {cache_protected_len} is not aligned")
+    if len(row) < pre_len:
+        raise InvalidArgumentError(f"row of {len(row)} slots for pre_len {pre_len}")
+    floor = max(cache_protected_len, swa_evict_floor)
+    if page_size > 1 and floor > cache_protected_len:
+        floor = ceil_align(floor, page_size)
+    evicted = max(swa_evicted_seqlen, floor)
+    keep = sliding_window_size if is_chunk_cache else max(sliding_window_size, page_size)
+    frontier = floor_align(max(evicted, pre_len - keep), page_size)
+    if frontier <= evicted:
+        return evicted
+    allocator.free_swa(row[evicted:frontier])
+    return frontier
+
+
+def evict_for_swa_alloc(tree_cache: Any, allocator: Any, num_tokens: int) -> tuple[int, int]:
+    """Before allocating ``num_tokens`` tokens in both pools: evict the full and SWA deficits
+    (``num_tokens`` minus each pool's free tokens, at least 0) from ``tree_cache`` when either is
+    positive; returns (full, SWA) tokens freed. A chunk cache (``disable``) evicts nothing."""
+    if num_tokens < 0:
+        raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+    if getattr(tree_cache, "disable", False):
+        return 0, 0
+    full_short = max(0, num_tokens - allocator.full_available_size())
+    swa_short = max(0, num_tokens - allocator.swa_available_size())
+    if not full_short and not swa_short:
+        return 0, 0
+    freed: tuple[int, int] = tree_cache.evict(full_short, swa_short)
+    return freed
+
+
+__all__ = ["evict_for_swa_alloc", "free_swa_out_of_window_slots"]
