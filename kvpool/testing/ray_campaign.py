@@ -31,10 +31,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
+import os
 import socket
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +86,27 @@ def _reachable(address: str) -> None:
         raise RayUnavailable(f"cannot reach a Ray cluster at {address}: {why}") from None
 
 
+@contextlib.contextmanager
+def _stderr_kept_unless_failing() -> Iterator[None]:
+    """Hold what is written to file descriptor 2 (Ray's C++ client logs each retry there when
+    an address answers but is no Ray head); pass it on unless the block raises."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not failed:
+                held.seek(0)
+                sys.stderr.write(held.read().decode(errors="replace"))
+
+
 @dataclass
 class Connection:
     """A connection made by :func:`connect`; :meth:`close` undoes what it started."""
@@ -116,7 +140,8 @@ def connect(address: str, local_cpus: int | None = None) -> Connection:
                 _reachable(address)
             options["address"] = address
         try:
-            ray.init(**options)
+            with _stderr_kept_unless_failing():
+                ray.init(**options)
         except Exception as exc:  # ConnectionError, RuntimeError, ValueError, ...: one line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise RayUnavailable(f"cannot connect to Ray at {address}: {first}") from None

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kvpool.cli import main
+from kvpool.testing.campaign import CampaignFailure
 from kvpool.testing.workers import CampaignSpec, run_parallel
 
 ray: Any = pytest.importorskip("ray")
@@ -35,7 +36,17 @@ def cluster() -> Iterator[Connection]:
         ray.shutdown()
 
 
-def test_a_segfault_on_the_cluster_is_the_local_crash(cluster: Connection, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def local_crash() -> CampaignFailure:
+    """The failure the local campaign (one worker process) reports for ``crashy``."""
+    local = run_parallel(_spec("tests.harness.crashy_impl:crashy"), 10.0, 1, step_timeout=30.0)
+    assert local.failure is not None
+    return local.failure
+
+
+def test_a_segfault_on_the_cluster_is_the_local_crash(
+    cluster: Connection, local_crash: CampaignFailure, tmp_path: Path
+) -> None:
     out = tmp_path / "r.json"
     code = main(["verify", "--ray", "--seconds", "10", "--component", "allocator",
                  "--impl", "tests.harness.crashy_impl:crashy", "--steps-per-run", "30",
@@ -48,9 +59,7 @@ def test_a_segfault_on_the_cluster_is_the_local_crash(cluster: Connection, tmp_p
     assert failure["ops"] and any(op.startswith("alloc(") for op in failure["ops"])
     assert payload["ray"]["address"] == "auto" and payload["ray"]["tasks"] >= 1
     assert payload["failures"] == 1 and "coverage" in payload
-    local = run_parallel(_spec("tests.harness.crashy_impl:crashy"), 10.0, 1, step_timeout=30.0)
-    assert local.failure is not None
-    assert (local.failure.run, local.failure.ops) == (failure["run"], failure["ops"])
+    assert (local_crash.run, local_crash.ops) == (failure["run"], failure["ops"])
 
 
 def test_a_clean_candidate_merges_totals_equal_to_the_local_runs(cluster: Connection) -> None:
@@ -63,14 +72,14 @@ def test_a_clean_candidate_merges_totals_equal_to_the_local_runs(cluster: Connec
     assert remote.coverage == local.coverage and remote.page_sizes == local.page_sizes
 
 
-def test_a_dead_ray_worker_is_a_crash_with_its_run_and_ops(cluster: Connection) -> None:
-    crashy = run_parallel(_spec("tests.harness.crashy_impl:crashy"), 10.0, 1, step_timeout=30.0)
-    assert crashy.failure is not None
+def test_a_dead_ray_worker_is_a_crash_with_its_run_and_ops(
+    cluster: Connection, local_crash: CampaignFailure
+) -> None:
     result, _ = run_ray(_spec("tests.harness.crashy_impl:ray_killer"), 10.0, cluster,
                         shrink_budget=5.0)  # fmt: skip
     assert result.failure is not None and result.failure.detector == "crash"
-    assert result.failure.run == crashy.failure.run  # the first 3-page allocation
+    assert result.failure.run == local_crash.run  # the first 3-page allocation
     assert "Ray worker running it died" in result.failure.report
     assert "seed 0" in result.failure.report
     # the checkpoint holds every op announced before the worker died, the fatal one last
-    assert result.failure.ops and result.failure.ops[-1] == crashy.failure.ops[-1]
+    assert result.failure.ops and result.failure.ops[-1] == local_crash.ops[-1]
