@@ -11,7 +11,8 @@ pipe before executing it. A candidate that segfaults, aborts, is OOM-killed or h
 that child; the task returns the ``crash`` (detector, run, the ops so far) as plain data, like
 any other failure. Should the Ray worker itself die (Ray's memory monitor, a lost node: Ray
 reports the task's worker died), the driver still names the run and its ops: the task sends a
-checkpoint (run started, ops so far; at most :data:`CHECKPOINT_SECONDS` old) to a small actor.
+checkpoint (run started, ops so far; at most :data:`CHECKPOINT_SECONDS` old) to a small actor
+(the totals of the runs that task had passed are lost with it; they are not failures).
 
 Budget: each task gets what remains of ``seconds`` when it is submitted (its own start-up
 included) and starts no run after it. Block sizes grow to about :data:`TASK_SECONDS` of work
@@ -301,6 +302,8 @@ def run_ray(
     ray = _ray()
     task = ray.remote(num_cpus=1, max_retries=0)(run_task)
     checkpoints = ray.remote(num_cpus=0)(Checkpoints).remote()
+    ray.get(checkpoints.get.remote(-1))  # alive: calls to an actor not yet started are queued
+    # in the caller, and a Ray worker that dies would lose its checkpoints with them
     result = CampaignResult(seed=spec.seed, seconds=0.0, component=spec.component,
                             workers=connection.cpus)  # fmt: skip
     plan = _Plan()

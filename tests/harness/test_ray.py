@@ -77,9 +77,10 @@ def test_a_dead_ray_worker_is_a_crash_with_its_run_and_ops(
 ) -> None:
     result, _ = run_ray(_spec("tests.harness.crashy_impl:ray_killer"), 10.0, cluster,
                         shrink_budget=5.0)  # fmt: skip
-    assert result.failure is not None and result.failure.detector == "crash"
-    assert result.failure.run == local_crash.run  # the first 3-page allocation
-    assert "Ray worker running it died" in result.failure.report
-    assert "seed 0" in result.failure.report
+    failure = result.failure
+    assert failure is not None and failure.detector == "crash", result
+    assert failure.run == local_crash.run, failure  # the first 3-page allocation
+    assert "Ray worker running it died" in failure.report, failure.report
+    assert "seed 0" in failure.report
     # the checkpoint holds every op announced before the worker died, the fatal one last
-    assert result.failure.ops and result.failure.ops[-1] == local_crash.ops[-1]
+    assert failure.ops and failure.ops[-1] == local_crash.ops[-1], (failure.ops, local_crash)
