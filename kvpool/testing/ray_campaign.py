@@ -15,13 +15,16 @@ checkpoint (run started, ops so far; at most :data:`CHECKPOINT_SECONDS` old) to 
 (the totals of the runs that task had passed are lost with it; they are not failures).
 
 Budget: each task gets what remains of ``seconds`` when it is submitted (its own start-up
-included) and starts no run after it. Block sizes grow to about :data:`TASK_SECONDS` of work
-from the rates measured. Determinism: after a failure in run ``i`` no block at or past ``i``
-is handed out, and every run below ``i`` that a time-cut block skipped is run (without a time
-limit), so the lowest failing run is the one reported, as locally. That one failure is shrunk
+included) and starts no run after it; no block is handed out with less time left than the
+longest task start-up seen. Blocks are sized from the rates measured to about
+:data:`TASK_SECONDS` of work, or the time left if less.
+
+Determinism: after a failure in run ``i`` no block at or past ``i`` is handed out (those running are
+cancelled), and every run below ``i`` that a block cut by the deadline skipped is run (without a
+time limit), so the lowest failing run is the one reported, as locally. That one failure is shrunk
 once, on the driver, by replaying candidate traces in fresh local processes
-(:func:`kvpool.testing.workers.report_failure`); a crash that does not reproduce there keeps
-its original trace.
+(:func:`kvpool.testing.workers.report_failure`); a crash that does not reproduce there keeps its
+original trace.
 
 ``ray`` is imported only here, only when asked for: :func:`connect` turns a missing package or
 an unreachable address into :class:`RayUnavailable` (one line).
@@ -53,7 +56,7 @@ FIRST_BLOCK = 8
 """Runs in each of the first blocks (before any rate is measured)."""
 
 TASK_SECONDS = 30.0
-"""Work a block is sized for once rates are known (bounded by a tenth of the campaign)."""
+"""Work a block is sized for once rates are known (or what is left of the campaign)."""
 
 CHECKPOINT_SECONDS = 0.1
 """Most seconds between two checkpoints of a task's current run (its run number and ops)."""
@@ -215,6 +218,7 @@ def run_task(
 ) -> dict[str, Any]:
     """The body of one Ray task: runs ``first .. end - 1`` (until ``seconds`` have passed)
     in one worker process; the totals and the failures as plain data."""
+    entered = time.monotonic()
     checkpoint = _Checkpointer(checkpoints, block)
     try:
         result, failures, done = run_block(spec, seconds, 1, step_timeout, None, first, end,
@@ -226,6 +230,7 @@ def run_task(
         "first": first,
         "end": done,
         "seconds": result.seconds,
+        "start_up": time.monotonic() - entered - result.seconds,
         "totals": _totals(result),
         "failures": {run: _plain(run, found) for run, found in failures.items()},
     }
@@ -309,8 +314,7 @@ def run_ray(
     plan = _Plan()
     pending: dict[Any, tuple[int, int, int]] = {}  # ref -> (block, first, end)
     cancelled: set[Any] = set()
-    size, blocks = FIRST_BLOCK, 0
-    target = min(TASK_SECONDS, max(seconds / 10, 1.0))
+    rates, blocks = _Rates(), 0
     start = time.monotonic()
     deadline = start + seconds
     while True:
@@ -319,8 +323,8 @@ def run_ray(
             left = deadline - time.monotonic()
             if hole is not None:  # runs below a failure: always, without a time limit
                 first, end, budget = hole[0], hole[1], math.inf
-            elif left > 0 and (max_runs is None or plan.next_run < max_runs):
-                first, end, budget = plan.next_run, plan.next_run + size, left
+            elif left > rates.start_up and (max_runs is None or plan.next_run < max_runs):
+                first, end, budget = plan.next_run, plan.next_run + rates.block(left), left
                 if max_runs is not None:
                     end = min(end, max_runs)
                 if plan.stop_at is not None:
@@ -342,7 +346,7 @@ def run_ray(
                 with contextlib.suppress(Exception):
                     ray.get(ref)
                 continue
-            done = _collect(ray, ref, block, first, spec, checkpoints, result, plan)
+            done = _collect(ray, ref, block, first, checkpoints, result, plan, rates)
             if done < end:
                 plan.holes.append((done, end))
         stop = plan.stop_at
@@ -352,8 +356,6 @@ def run_ray(
                 cancelled.add(ref)
         if progress is not None:
             progress(time.monotonic() - start, result.steps)
-        if ready and plan.failures == {}:
-            size = _next_size(size, result, time.monotonic() - start, connection.cpus, target)
     result.seconds = time.monotonic() - start
     if plan.failures:
         run = min(plan.failures)
@@ -366,10 +368,10 @@ def _collect(
     ref: Any,
     block: int,
     first: int,
-    spec: CampaignSpec,
     checkpoints: Any,
     result: CampaignResult,
     plan: _Plan,
+    rates: _Rates,
 ) -> int:
     """Fold one finished task into ``result`` and ``plan``; the first run it did not run."""
     try:
@@ -385,18 +387,34 @@ def _collect(
         result.steps += len(ops)
         return run + 1
     _merge(result, out["totals"])
+    rates.add(out["totals"]["configurations"], out["seconds"], out["start_up"])
     for run, plain in out["failures"].items():
         plan.failures[int(run)] = _found(plain)
     end: int = out["end"]
     return end
 
 
-def _next_size(size: int, result: CampaignResult, elapsed: float, cpus: int, target: float) -> int:
-    """Runs per block for about ``target`` seconds of one task's work at the rate so far."""
-    if result.configurations == 0 or elapsed <= 0:
-        return size
-    per_task = result.configurations / elapsed / cpus
-    return max(FIRST_BLOCK, min(int(per_task * target), 100_000))
+@dataclass
+class _Rates:
+    """What finished tasks measured: runs per second of one task, and its start-up."""
+
+    runs: int = 0
+    seconds: float = 0.0
+    start_up: float = 0.0
+    """The longest start-up seen (a new block needs more time left than that)."""
+
+    def add(self, runs: int, seconds: float, start_up: float) -> None:
+        self.runs += runs
+        self.seconds += seconds
+        self.start_up = max(self.start_up, start_up)
+
+    def block(self, left: float) -> int:
+        """Runs for about :data:`TASK_SECONDS` of one task's work, or the ``left`` seconds
+        of the campaign if fewer (:data:`FIRST_BLOCK` until a rate is known)."""
+        if self.runs == 0 or self.seconds <= 0:
+            return FIRST_BLOCK
+        per_second = self.runs / self.seconds
+        return max(FIRST_BLOCK, min(math.ceil(per_second * min(TASK_SECONDS, left)), 100_000))
 
 
 __all__ = ["Checkpoints", "Connection", "RayUnavailable", "connect", "run_ray", "run_task"]
