@@ -143,8 +143,9 @@ def connect(address: str, local_cpus: int | None = None) -> Connection:
             if address != "auto":
                 _reachable(address)
             options["address"] = address
-        try:
-            with _stderr_kept_unless_failing():
+        held = contextlib.nullcontext() if address == "local" else _stderr_kept_unless_failing()
+        try:  # (a local start spawns Ray's processes: they keep the real stderr)
+            with held:
                 ray.init(**options)
         except Exception as exc:  # ConnectionError, RuntimeError, ValueError, ...: one line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -317,45 +318,51 @@ def run_ray(
     rates, blocks = _Rates(), 0
     start = time.monotonic()
     deadline = start + seconds
-    while True:
-        while len(pending) < connection.cpus:
-            hole = plan.take_hole()
-            left = deadline - time.monotonic()
-            if hole is not None:  # runs below a failure: always, without a time limit
-                first, end, budget = hole[0], hole[1], math.inf
-            elif left > rates.start_up and (max_runs is None or plan.next_run < max_runs):
-                first, end, budget = plan.next_run, plan.next_run + rates.block(left), left
-                if max_runs is not None:
-                    end = min(end, max_runs)
-                if plan.stop_at is not None:
-                    end = min(end, plan.stop_at)
-                if end <= first:
+    try:
+        while True:
+            while len(pending) < connection.cpus:
+                hole = plan.take_hole()
+                left = deadline - time.monotonic()
+                if hole is not None:  # runs below a failure: always, without a time limit
+                    first, end, budget = hole[0], hole[1], math.inf
+                elif left > rates.start_up and (max_runs is None or plan.next_run < max_runs):
+                    first, end, budget = plan.next_run, plan.next_run + rates.block(left), left
+                    if max_runs is not None:
+                        end = min(end, max_runs)
+                    if plan.stop_at is not None:
+                        end = min(end, plan.stop_at)
+                    if end <= first:
+                        break
+                    plan.next_run = end
+                else:
                     break
-                plan.next_run = end
-            else:
+                ref = task.remote(spec, blocks, first, end, budget, step_timeout, checkpoints)
+                pending[ref] = (blocks, first, end)
+                blocks += 1
+            if not pending:
                 break
-            ref = task.remote(spec, blocks, first, end, budget, step_timeout, checkpoints)
-            pending[ref] = (blocks, first, end)
-            blocks += 1
-        if not pending:
-            break
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-        for ref in ready:
-            block, first, end = pending.pop(ref)
-            if ref in cancelled:  # a block above a failure: its runs do not count
-                with contextlib.suppress(Exception):
-                    ray.get(ref)
-                continue
-            done = _collect(ray, ref, block, first, checkpoints, result, plan, rates)
-            if done < end:
-                plan.holes.append((done, end))
-        stop = plan.stop_at
-        for ref, (_, first, _) in pending.items():
-            if stop is not None and first > stop and ref not in cancelled:
-                ray.cancel(ref)  # KeyboardInterrupt in the task: its worker process stops
-                cancelled.add(ref)
-        if progress is not None:
-            progress(time.monotonic() - start, result.steps)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in ready:
+                block, first, end = pending.pop(ref)
+                if ref in cancelled:  # a block above a failure: its runs do not count
+                    with contextlib.suppress(Exception):
+                        ray.get(ref)
+                    continue
+                done = _collect(ray, ref, block, first, checkpoints, result, plan, rates)
+                if done < end:
+                    plan.holes.append((done, end))
+            stop = plan.stop_at
+            for ref, (_, first, _) in pending.items():
+                if stop is not None and first >= stop and ref not in cancelled:
+                    ray.cancel(ref)  # KeyboardInterrupt in the task: its worker process stops
+                    cancelled.add(ref)
+            if progress is not None:
+                progress(time.monotonic() - start, result.steps)
+    finally:  # an internal error: nothing of this campaign keeps running
+        for ref in pending:
+            if ref not in cancelled:
+                ray.cancel(ref)
+        ray.kill(checkpoints)
     result.seconds = time.monotonic() - start
     if plan.failures:
         run = min(plan.failures)
