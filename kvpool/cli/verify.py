@@ -8,7 +8,8 @@ alone: ``allocator`` / ``req_to_token_pool`` / ``radix_cache``, ``swa_allocator`
 ``mamba_radix_cache``), the reference against a candidate (``--impl``: the optimized twin by
 default, ``sglang[:SOURCE]`` for SGLang's own classes, or ``MODULE:NAME`` / ``path.py:NAME``),
 every invariant checked after every step, in ``--workers`` processes so that a candidate that
-crashes or hangs is a reported failure. Prints a summary with the coverage reached, and writes
+crashes or hangs is a reported failure, or fanned out over a Ray cluster with ``--ray
+[ADDRESS]`` (blocks of runs, one task per CPU). Prints a summary with the coverage reached, and writes
 it as JSON with ``--report`` (always, also after a failure or an internal error). Exit codes: 0
 clean, 1 a failure, 2 bad usage.
 """
@@ -50,6 +51,19 @@ def impl_spec(text: str) -> str:
     if text.split("[")[0].split(":")[0] in BUILTIN_IMPLS:
         return text
     return callable_spec(text)
+
+
+def ray_address(text: str) -> str:
+    """``local``, ``auto``, ``ray://HOST:PORT`` or ``HOST:PORT`` (checked without importing
+    ray; whether it answers is checked when the campaign connects, before any work)."""
+    if text in ("local", "auto"):
+        return text
+    host, sep, port = text.removeprefix("ray://").rpartition(":")
+    if not sep or not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected ray://HOST:PORT, HOST:PORT, auto or local"
+        )
+    return text
 
 
 def register(sub: Any) -> None:
@@ -133,6 +147,17 @@ def register(sub: Any) -> None:
         "--steps-per-run", type=positive_int, default=60, help="lockstep steps per configuration"
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        type=ray_address,
+        default=None,
+        metavar="ADDRESS",
+        help="run the campaign on a Ray cluster: ray://HOST:PORT, HOST:PORT, 'auto' (the "
+        "running cluster; the value when ADDRESS is left out) or 'local' (a private one of "
+        "--workers CPUs) (default: none, this machine)",
+    )
     p.set_defaults(func=run)
 
 
@@ -159,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     """Run both phases (see the module docstring)."""
     if args.impl and args.sglang:
         fail("verify: give --impl or --sglang, not both")
+    if args.ray is not None and args.workers == 0:
+        fail("verify: --workers 0 runs in this process; it cannot be combined with --ray")
     candidate = _candidate(args)
     env = _env(args)
     saved = {key: os.environ.get(key) for key, _ in env}
@@ -187,6 +214,7 @@ def _verify(args: argparse.Namespace, candidate: str, env: tuple[tuple[str, str]
         step_timeout=args.step_timeout,
         env=env,
         progress=not args.no_progress,
+        ray=args.ray,
     )
     outcome = verify(options)
     if outcome.usage_error:

@@ -12,11 +12,15 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpool.testing import selfcheck
 from kvpool.testing.campaign import CampaignResult, run_machine
 from kvpool.testing.machines.coverage import CATALOGUE
+
+if TYPE_CHECKING:
+    from kvpool.testing.bundle import Implementation
+    from kvpool.testing.ray_campaign import Connection
 
 SELF_CHECK_SECONDS = 0.5
 """Budget of phase 1 (it always runs every page size once)."""
@@ -35,6 +39,9 @@ class VerifyOptions:
     step_timeout: float = 60.0
     env: tuple[tuple[str, str], ...] = ()
     progress: bool = False
+    ray: str | None = None
+    """A Ray cluster's address (``local``, ``auto``, ``ray://HOST:PORT``, ``HOST:PORT``): run
+    the campaign there (:mod:`kvpool.testing.ray_campaign`); None: on this machine."""
 
 
 @dataclass
@@ -92,7 +99,6 @@ def _progress_bar(seconds: float) -> Any:
 def verify(options: VerifyOptions) -> VerifyOutcome:
     """Run ``kvpool verify`` (see the module docstring)."""
     from kvpool.testing.implementations import resolve_implementation
-    from kvpool.testing.workers import CampaignSpec, run_parallel
 
     out = VerifyOutcome()
     try:
@@ -106,6 +112,31 @@ def verify(options: VerifyOptions) -> VerifyOutcome:
         out.usage_error = f"{options.candidate} provides no {options.component} component"
         return out
     out.payload = {"candidate": options.candidate, "component": options.component}
+    cluster = None
+    if options.ray is not None:
+        from kvpool.testing.ray_campaign import RayUnavailable, connect
+
+        try:
+            cluster = connect(options.ray, options.workers or None)
+        except RayUnavailable as exc:
+            out.usage_error = f"--ray: {exc}"
+            return out
+    try:
+        return _verify(options, out, impl_a, impl_b, cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _verify(
+    options: VerifyOptions,
+    out: VerifyOutcome,
+    impl_a: Implementation,
+    impl_b: Implementation,
+    cluster: Connection | None,
+) -> VerifyOutcome:
+    from kvpool.testing.workers import CampaignSpec, run_parallel
+
     try:
         pools = selfcheck.run_campaign(SELF_CHECK_SECONDS, options.seed)
     except selfcheck.SelfCheckFailure as exc:
@@ -129,7 +160,15 @@ def verify(options: VerifyOptions) -> VerifyOutcome:
     started = time.monotonic()
     result = CampaignResult(seed=options.seed, seconds=0.0, component=options.component)
     try:
-        if options.workers == 0:
+        if cluster is not None:
+            from kvpool.testing.ray_campaign import run_ray
+
+            spec = CampaignSpec(options.component, "reference", options.candidate, options.seed,
+                                options.steps_per_run, labels, options.env)  # fmt: skip
+            out.payload["ray"] = {"address": cluster.address, "tasks": 0, "cpus": cluster.cpus}
+            result, out.payload["ray"] = run_ray(spec, options.seconds, cluster,
+                                                 options.step_timeout, progress)  # fmt: skip
+        elif options.workers == 0:
             result = run_machine(options.component, impl_a, impl_b, options.seconds,
                                  options.seed, options.steps_per_run, labels, progress)  # fmt: skip
         else:
@@ -148,6 +187,10 @@ def verify(options: VerifyOptions) -> VerifyOutcome:
     if result.error is not None:
         out.lines.append(f"kvpool verify: internal error (please report it):\n{result.error}")
     out.lines += summary_lines(result, options.candidate)
+    if "ray" in out.payload:
+        ray = out.payload["ray"]
+        out.lines.append(f"  ray              {ray['address']}: {ray['tasks']} tasks on "
+                         f"{ray['cpus']} CPUs")  # fmt: skip
     out.lines += coverage_lines(options.component, result.coverage)
     out.payload.update(result.to_json())
     out.exit_code = 1 if result.failures or result.error else 0

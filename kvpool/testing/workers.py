@@ -185,13 +185,49 @@ def run_parallel(
     shrink_budget: float = 60.0,
 ) -> CampaignResult:
     """The campaign of ``spec`` over ``workers`` processes (see the module docstring)."""
+    result, failures, _ = run_block(spec, seconds, workers, step_timeout, progress, 0, max_runs)
+    if failures:
+        run = min(failures)
+        report_failure(result, spec, run, failures[run], step_timeout, shrink_budget)
+    return result
+
+
+Found = tuple[str, int, str, list[Op], dict[str, Any]]
+"""A failure before shrinking: (detector, failing step, report text, ops so far, config)."""
+
+Observer = Callable[[int, "Op | None"], None]
+"""Sees ``(run, None)`` when a run starts and ``(run, op)`` for each op a worker announces."""
+
+
+def run_block(
+    spec: CampaignSpec,
+    seconds: float,
+    workers: int,
+    step_timeout: float = 60.0,
+    progress: Progress | None = None,
+    first_run: int = 0,
+    end_run: int | None = None,
+    observe: Observer | None = None,
+    budget_includes_start_up: bool = False,
+) -> tuple[CampaignResult, dict[int, Found], int]:
+    """Runs ``first_run``, ``first_run + 1``, ... (before ``end_run``; None: no bound) of
+    ``spec``'s campaign over ``workers`` processes until ``seconds`` have passed (counted once
+    every worker is ready) or a run fails: the totals, every failure found (by run number, NOT
+    shrunk) and the first run not started. Runs are handed out in order and every started run
+    ends (passes, fails or crashes), so exactly the runs ``first_run`` ... ``end - 1`` ran.
+    ``budget_includes_start_up``: ``seconds`` counts from this call, not from ready workers
+    (a slice of a larger campaign's budget, as in :mod:`kvpool.testing.ray_campaign`)."""
+    max_runs = end_run
     result = CampaignResult(seed=spec.seed, seconds=0.0, component=spec.component,
                             workers=workers)  # fmt: skip
+    called = time.monotonic()
     pool = [_start(spec) for _ in range(max(workers, 1))]
     _await_ready(pool, spec)
     start = time.monotonic()
-    next_run = 0
-    failures: dict[int, tuple[str, int, str, list[Op], dict[str, Any]]] = {}
+    if budget_includes_start_up:
+        seconds -= start - called
+    next_run = first_run
+    failures: dict[int, Found] = {}
     stop_at: int | None = None  # no run at or past this number starts
     try:
         while pool:
@@ -204,6 +240,8 @@ def run_parallel(
                     if in_time and allowed:
                         w.run, w.ops, w.last_seen = next_run, [], time.monotonic()
                         w.conn.send(("run", next_run))
+                        if observe is not None:
+                            observe(next_run, None)
                         next_run += 1
             busy = [w for w in pool if w.run is not None]
             if not busy:
@@ -234,6 +272,8 @@ def run_parallel(
                 w.last_seen = now
                 if msg[0] == "op":
                     w.ops.append(msg[1])
+                    if observe is not None:
+                        observe(run, msg[1])
                 elif msg[0] == "start":
                     w.config = msg[2]
                 elif msg[0] == "done":
@@ -251,10 +291,7 @@ def run_parallel(
         for w in pool:
             _stop(w)
     result.seconds = time.monotonic() - start
-    if failures:
-        run = min(failures)
-        _report(result, spec, run, failures[run], step_timeout, shrink_budget)
-    return result
+    return result, failures, next_run
 
 
 def _await_ready(pool: list[_Worker], spec: CampaignSpec, timeout: float = 300.0) -> None:
@@ -271,11 +308,11 @@ def _await_ready(pool: list[_Worker], spec: CampaignSpec, timeout: float = 300.0
                 w.conn.recv()
 
 
-def _report(
+def report_failure(
     result: CampaignResult,
     spec: CampaignSpec,
     run: int,
-    found: tuple[str, int, str, list[Op], dict[str, Any]],
+    found: Found,
     step_timeout: float,
     shrink_budget: float,
 ) -> None:
@@ -299,4 +336,5 @@ def _report(
                                      [op.render() for op in best], text)  # fmt: skip
 
 
-__all__ = ["CampaignSpec", "Replayer", "run_parallel"]
+__all__ = ["CampaignSpec", "Found", "Observer", "Replayer", "report_failure", "run_block",
+           "run_parallel"]  # fmt: skip

@@ -1,7 +1,9 @@
 """Candidates that break the process or start broken, for the worker-process tests
 (``--impl tests.harness.crashy_impl:NAME``): the reference allocator, except that an
 allocation of exactly 3 pages raises SIGSEGV (as a wild kernel pointer would) in ``crashy``,
-sleeps for an hour in ``hangy``, and ``born_broken`` lists the reserved page 0 as free."""
+sleeps for an hour in ``hangy``, kills the Ray worker that started its process in
+``ray_killer`` (outside Ray it never breaks), and ``born_broken`` lists the reserved page 0 as
+free."""
 
 from __future__ import annotations
 
@@ -27,10 +29,26 @@ class _Breaking:
 
     def alloc(self, need_size: int) -> Any:
         if need_size // self._inner.page_size == CRASH_PAGES:
+            if self._how == "kill-ray-worker":
+                if _parent_is_a_ray_worker():
+                    time.sleep(0.5)  # the task's checkpoint of the ops so far goes out
+                    os.kill(os.getppid(), signal.SIGKILL)
+                    time.sleep(0.5)
+                    os._exit(1)
+                return self._inner.alloc(need_size)
             if self._how == "segv":
                 os.kill(os.getpid(), signal.SIGSEGV)
             time.sleep(3600)
         return self._inner.alloc(need_size)
+
+
+def _parent_is_a_ray_worker() -> bool:
+    """Ray titles its worker processes ``ray::TASK``."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            return f.read().startswith(b"ray::")
+    except OSError:
+        return False
 
 
 def _wrapped(how: str) -> Implementation:
@@ -49,6 +67,10 @@ def crashy() -> Implementation:
 
 def hangy() -> Implementation:
     return _wrapped("hang")
+
+
+def ray_killer() -> Implementation:
+    return _wrapped("kill-ray-worker")
 
 
 def born_broken() -> Implementation:

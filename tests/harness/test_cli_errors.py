@@ -40,6 +40,10 @@ BAD: list[tuple[str, str]] = [
     ("verify --impl ./missing_impl.py:f", "missing_impl.py: no such file"),
     ("verify --impl kvpool_no_such_mod:f --seconds 1", "cannot load --impl kvpool_no_such_mod:f"),
     ("verify --backend cuda", "--backend: invalid choice: 'cuda'"),
+    ("verify --ray http://head:10001", "--ray: got 'http://head:10001', expected ray://HOST:PORT"),
+    ("verify --ray head", "got 'head', expected ray://HOST:PORT, HOST:PORT, auto or local"),
+    ("verify --ray local --workers 0", "--workers 0 runs in this process; it cannot be combined"),
+    ("verify --ray 127.0.0.1:1 --seconds 1", "cannot reach a Ray cluster at 127.0.0.1:1"),
     ("verify --unknown", "unrecognized arguments: --unknown"),
     ("verify extra", "unrecognized arguments: extra"),
     # diff-kernel
@@ -156,6 +160,7 @@ def _kvpool(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
         "replay {not_json}",
         "replay missing.jsonl",
         "verify --seconds nan",
+        "verify --ray 127.0.0.1:1 --impl reference",
         "diff-kernel ./missing_k.py:f --op alloc_extend",
     ],
 )
@@ -164,6 +169,19 @@ def test_a_real_process_shows_no_traceback(line: str, tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stdout == "" and "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("kvpool: error: ")
+
+
+def test_verify_ray_without_the_ray_package_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # ``import ray`` raises ImportError
+    assert main(["verify", "--ray", "local", "--seconds", "1", "--impl", "reference"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == (
+        "kvpool: error: verify: --ray: the ray package is not installed "
+        "(pip install 'kvpool[ray]')\n"
+    )
 
 
 def test_an_internal_error_is_one_line_exit_3_and_debug_shows_it(

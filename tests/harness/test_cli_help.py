@@ -14,7 +14,7 @@ import pytest
 from kvpool.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "triton", "numpy", "hypothesis", "matplotlib", "tqdm")
+HEAVY = ("torch", "triton", "numpy", "hypothesis", "matplotlib", "tqdm", "ray")
 HELP_SECONDS = 1.0
 """Bound on ``kvpool --help`` wall time: ~0.15 s measured; importing torch alone takes ~2 s."""
 

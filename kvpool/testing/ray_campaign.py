@@ -1,0 +1,427 @@
+"""Campaigns over a Ray cluster (``kvpool verify --ray [ADDRESS]``).
+
+The campaign is the local one (:mod:`kvpool.testing.workers`) cut into blocks of run numbers:
+the driver hands block ``[first, end)`` of the same campaign seed to a Ray task (one CPU), in
+order, keeping one task per cluster CPU in flight; run ``i`` is the same seeded run wherever it
+executes, so a block's results are those of the local campaign's runs ``first .. end - 1``.
+
+Inside its task a block runs through :func:`kvpool.testing.workers.run_block` with one worker
+process: the candidate runs in a child process of the Ray worker, which streams every op over a
+pipe before executing it. A candidate that segfaults, aborts, is OOM-killed or hangs kills only
+that child; the task returns the ``crash`` (detector, run, the ops so far) as plain data, like
+any other failure. Should the Ray worker itself die (Ray's memory monitor, a lost node: Ray
+reports the task's worker died), the driver still names the run and its ops: the task sends a
+checkpoint (run started, ops so far; at most :data:`CHECKPOINT_SECONDS` old) to a small actor
+(the totals of the runs that task had passed are lost with it; they are not failures).
+
+Budget: each task gets what remains of ``seconds`` when it is submitted (its own start-up
+included) and starts no run after it; no block is handed out with less time left than the
+longest task start-up seen. Blocks are sized from the rates measured to about
+:data:`TASK_SECONDS` of work, or the time left if less.
+
+Determinism: after a failure in run ``i`` no block at or past ``i`` is handed out (those running are
+cancelled), and every run below ``i`` that a block cut by the deadline skipped is run (without a
+time limit), so the lowest failing run is the one reported, as locally. That one failure is shrunk
+once, on the driver, by replaying candidate traces in fresh local processes
+(:func:`kvpool.testing.workers.report_failure`); a crash that does not reproduce there keeps its
+original trace.
+
+``ray`` is imported only here, only when asked for: :func:`connect` turns a missing package or
+an unreachable address into :class:`RayUnavailable` (one line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpool.errors import KVPoolError
+from kvpool.testing.campaign import CampaignResult
+from kvpool.testing.swarm import Op
+from kvpool.testing.workers import CampaignSpec, Found, report_failure, run_block
+
+Progress = Callable[[float, int], None]
+
+FIRST_BLOCK = 8
+"""Runs in each of the first blocks (before any rate is measured)."""
+
+TASK_SECONDS = 30.0
+"""Work a block is sized for once rates are known (or what is left of the campaign)."""
+
+CHECKPOINT_SECONDS = 0.1
+"""Most seconds between two checkpoints of a task's current run (its run number and ops)."""
+
+CONNECT_TIMEOUT = 5.0
+"""Seconds to wait for a TCP connection to a cluster's address before calling it unreachable."""
+
+INSTALL_HINT = "the ray package is not installed (pip install 'kvpool[ray]')"
+
+
+class RayUnavailable(KVPoolError):
+    """``ray`` is not installed, or the cluster cannot be reached (a one-line reason)."""
+
+
+def _ray() -> Any:
+    try:
+        return importlib.import_module("ray")
+    except ImportError:
+        raise RayUnavailable(INSTALL_HINT) from None
+
+
+def _reachable(address: str) -> None:
+    """Raise :class:`RayUnavailable` unless ``HOST:PORT`` (after ``ray://``) takes a TCP
+    connection within :data:`CONNECT_TIMEOUT` (Ray itself may retry for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT):
+            pass
+    except (OSError, ValueError) as exc:
+        why = exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
+        raise RayUnavailable(f"cannot reach a Ray cluster at {address}: {why}") from None
+
+
+@contextlib.contextmanager
+def _stderr_kept_unless_failing() -> Iterator[None]:
+    """Hold what is written to file descriptor 2 (Ray's C++ client logs each retry there when
+    an address answers but is no Ray head); pass it on unless the block raises."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not failed:
+                held.seek(0)
+                sys.stderr.write(held.read().decode(errors="replace"))
+
+
+@dataclass
+class Connection:
+    """A connection made by :func:`connect`; :meth:`close` undoes what it started."""
+
+    address: str
+    cpus: int
+    owned: bool = False
+
+    def close(self) -> None:
+        if self.owned:
+            _ray().shutdown()
+            self.owned = False
+
+
+def connect(address: str, local_cpus: int | None = None) -> Connection:
+    """Connect to ``address``: ``local`` starts a private cluster on this machine
+    (``local_cpus`` CPUs), ``auto`` joins the running one (``RAY_ADDRESS`` or this machine's),
+    ``ray://HOST:PORT`` (Ray client) or ``HOST:PORT`` (the head's GCS) join that one. Reuses a
+    connection this process already has (``ray.init`` called by the caller)."""
+    ray = _ray()
+    if not ray.is_initialized():
+        options: dict[str, Any] = {
+            "include_dashboard": False,
+            "logging_level": "ERROR",
+            "log_to_driver": False,
+        }
+        if address == "local":
+            options["num_cpus"] = local_cpus
+        else:
+            if address != "auto":
+                _reachable(address)
+            options["address"] = address
+        held = contextlib.nullcontext() if address == "local" else _stderr_kept_unless_failing()
+        try:  # (a local start spawns Ray's processes: they keep the real stderr)
+            with held:
+                ray.init(**options)
+        except Exception as exc:  # ConnectionError, RuntimeError, ValueError, ...: one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RayUnavailable(f"cannot connect to Ray at {address}: {first}") from None
+        owned = True
+    else:
+        owned = False
+    cpus = max(int(ray.cluster_resources().get("CPU", 1)), 1)
+    return Connection(address, cpus, owned)
+
+
+# ---------------------------------------------------------------------------- task side
+class Checkpoints:
+    """An actor (``num_cpus=0``): each block's last checkpoint ``(run, ops so far)``."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, tuple[int, list[Op]]] = {}
+
+    def note(self, block: int, run: int, ops: list[Op]) -> None:
+        self.last[block] = (run, ops)
+
+    def get(self, block: int) -> tuple[int, list[Op]] | None:
+        return self.last.get(block)
+
+
+class _Checkpointer:
+    """Keeps the current run's ops as the worker process announces them; a thread sends them
+    to the :class:`Checkpoints` actor when they changed, every :data:`CHECKPOINT_SECONDS` (so
+    the cost does not grow with the step rate, and ops announced that long before the Ray
+    worker died are in its checkpoint)."""
+
+    def __init__(self, checkpoints: Any, block: int) -> None:
+        self.actor, self.block = checkpoints, block
+        self.lock = threading.Lock()
+        self.run: int | None = None
+        self.ops: list[Op] = []
+        self.dirty = False
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._send_loop, daemon=True)
+        self.thread.start()
+
+    def observe(self, run: int, op: Op | None) -> None:
+        with self.lock:
+            if op is None:
+                self.run, self.ops = run, []
+            else:
+                self.ops.append(op)
+            self.dirty = True
+
+    def _send_loop(self) -> None:
+        while not self.done.wait(CHECKPOINT_SECONDS):
+            with self.lock:
+                if not self.dirty or self.run is None:
+                    continue
+                run, ops, self.dirty = self.run, list(self.ops), False
+            self.actor.note.remote(self.block, run, ops)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def run_task(
+    spec: CampaignSpec,
+    block: int,
+    first: int,
+    end: int,
+    seconds: float,
+    step_timeout: float,
+    checkpoints: Any,
+) -> dict[str, Any]:
+    """The body of one Ray task: runs ``first .. end - 1`` (until ``seconds`` have passed)
+    in one worker process; the totals and the failures as plain data."""
+    entered = time.monotonic()
+    checkpoint = _Checkpointer(checkpoints, block)
+    try:
+        result, failures, done = run_block(spec, seconds, 1, step_timeout, None, first, end,
+                                           checkpoint.observe,
+                                           budget_includes_start_up=True)  # fmt: skip
+    finally:
+        checkpoint.stop()
+    return {
+        "first": first,
+        "end": done,
+        "seconds": result.seconds,
+        "start_up": time.monotonic() - entered - result.seconds,
+        "totals": _totals(result),
+        "failures": {run: _plain(run, found) for run, found in failures.items()},
+    }
+
+
+def _totals(result: CampaignResult) -> dict[str, Any]:
+    return {
+        "configurations": result.configurations,
+        "steps": result.steps,
+        "invariant_checks": result.invariant_checks,
+        "page_sizes": dict(result.page_sizes),
+        "coverage": dict(result.coverage),
+    }
+
+
+def _plain(run: int, found: Found) -> dict[str, Any]:
+    """A failure as plain data: the detector, run, step, report text, config and the ops both
+    as :class:`~kvpool.testing.swarm.Op` values and rendered."""
+    detector, step, text, ops, config = found
+    return {"run": run, "detector": detector, "step": step, "text": text, "config": config,
+            "ops": list(ops), "rendered": [op.render() for op in ops]}  # fmt: skip
+
+
+def _found(plain: dict[str, Any]) -> Found:
+    return (plain["detector"], plain["step"], plain["text"], list(plain["ops"]), plain["config"])
+
+
+# ---------------------------------------------------------------------------- driver side
+@dataclass
+class _Plan:
+    """Which runs the driver handed out, ran, and must still run."""
+
+    next_run: int = 0
+    holes: list[tuple[int, int]] = field(default_factory=list)
+    failures: dict[int, Found] = field(default_factory=dict)
+
+    @property
+    def stop_at(self) -> int | None:
+        return min(self.failures) if self.failures else None
+
+    def take_hole(self) -> tuple[int, int] | None:
+        """A skipped range below the lowest failure (clamped to it), if any."""
+        stop = self.stop_at
+        if stop is None:
+            return None
+        while self.holes:
+            first, end = self.holes.pop()
+            if first < stop:
+                return first, min(end, stop)
+        return None
+
+
+def _merge(result: CampaignResult, totals: dict[str, Any]) -> None:
+    result.configurations += totals["configurations"]
+    result.steps += totals["steps"]
+    result.invariant_checks += totals["invariant_checks"]
+    for name in ("page_sizes", "coverage"):
+        mine = getattr(result, name)
+        for key, n in totals[name].items():
+            mine[key] = mine.get(key, 0) + n
+
+
+def run_ray(
+    spec: CampaignSpec,
+    seconds: float,
+    connection: Connection,
+    step_timeout: float = 60.0,
+    progress: Progress | None = None,
+    max_runs: int | None = None,
+    shrink_budget: float = 60.0,
+) -> tuple[CampaignResult, dict[str, Any]]:
+    """The campaign of ``spec`` over the cluster of ``connection`` (see the module docstring):
+    the merged result (its failure shrunk) and the report's ``ray`` section."""
+    ray = _ray()
+    task = ray.remote(num_cpus=1, max_retries=0)(run_task)
+    checkpoints = ray.remote(num_cpus=0)(Checkpoints).remote()
+    ray.get(checkpoints.get.remote(-1))  # alive: calls to an actor not yet started are queued
+    # in the caller, and a Ray worker that dies would lose its checkpoints with them
+    result = CampaignResult(seed=spec.seed, seconds=0.0, component=spec.component,
+                            workers=connection.cpus)  # fmt: skip
+    plan = _Plan()
+    pending: dict[Any, tuple[int, int, int]] = {}  # ref -> (block, first, end)
+    cancelled: set[Any] = set()
+    rates, blocks = _Rates(), 0
+    start = time.monotonic()
+    deadline = start + seconds
+    try:
+        while True:
+            while len(pending) < connection.cpus:
+                hole = plan.take_hole()
+                left = deadline - time.monotonic()
+                if hole is not None:  # runs below a failure: always, without a time limit
+                    first, end, budget = hole[0], hole[1], math.inf
+                elif left > rates.start_up and (max_runs is None or plan.next_run < max_runs):
+                    first, end, budget = plan.next_run, plan.next_run + rates.block(left), left
+                    if max_runs is not None:
+                        end = min(end, max_runs)
+                    if plan.stop_at is not None:
+                        end = min(end, plan.stop_at)
+                    if end <= first:
+                        break
+                    plan.next_run = end
+                else:
+                    break
+                ref = task.remote(spec, blocks, first, end, budget, step_timeout, checkpoints)
+                pending[ref] = (blocks, first, end)
+                blocks += 1
+            if not pending:
+                break
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in ready:
+                block, first, end = pending.pop(ref)
+                if ref in cancelled:  # a block above a failure: its runs do not count
+                    with contextlib.suppress(Exception):
+                        ray.get(ref)
+                    continue
+                done = _collect(ray, ref, block, first, checkpoints, result, plan, rates)
+                if done < end:
+                    plan.holes.append((done, end))
+            stop = plan.stop_at
+            for ref, (_, first, _) in pending.items():
+                if stop is not None and first >= stop and ref not in cancelled:
+                    ray.cancel(ref)  # KeyboardInterrupt in the task: its worker process stops
+                    cancelled.add(ref)
+            if progress is not None:
+                progress(time.monotonic() - start, result.steps)
+    finally:  # an internal error: nothing of this campaign keeps running
+        for ref in pending:
+            if ref not in cancelled:
+                ray.cancel(ref)
+        ray.kill(checkpoints)
+    result.seconds = time.monotonic() - start
+    if plan.failures:
+        run = min(plan.failures)
+        report_failure(result, spec, run, plan.failures[run], step_timeout, shrink_budget)
+    return result, {"address": connection.address, "tasks": blocks, "cpus": connection.cpus}
+
+
+def _collect(
+    ray: Any,
+    ref: Any,
+    block: int,
+    first: int,
+    checkpoints: Any,
+    result: CampaignResult,
+    plan: _Plan,
+    rates: _Rates,
+) -> int:
+    """Fold one finished task into ``result`` and ``plan``; the first run it did not run."""
+    try:
+        out = ray.get(ref)
+    except ray.exceptions.RayTaskError:
+        raise  # an exception in kvpool's task code (kvpool missing on a node...): internal
+    except ray.exceptions.RayError as exc:  # the task's worker died: its last checkpoint
+        last: tuple[int, list[Op]] | None = ray.get(checkpoints.get.remote(block))
+        run, ops = last if last is not None else (first, [])
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        why = f"the Ray worker running it died ({type(exc).__name__}: {first_line})"
+        plan.failures[run] = ("crash", len(ops), why, ops, {})
+        result.steps += len(ops)
+        return run + 1
+    _merge(result, out["totals"])
+    rates.add(out["totals"]["configurations"], out["seconds"], out["start_up"])
+    for run, plain in out["failures"].items():
+        plan.failures[int(run)] = _found(plain)
+    end: int = out["end"]
+    return end
+
+
+@dataclass
+class _Rates:
+    """What finished tasks measured: runs per second of one task, and its start-up."""
+
+    runs: int = 0
+    seconds: float = 0.0
+    start_up: float = 0.0
+    """The longest start-up seen (a new block needs more time left than that)."""
+
+    def add(self, runs: int, seconds: float, start_up: float) -> None:
+        self.runs += runs
+        self.seconds += seconds
+        self.start_up = max(self.start_up, start_up)
+
+    def block(self, left: float) -> int:
+        """Runs for about :data:`TASK_SECONDS` of one task's work, or the ``left`` seconds
+        of the campaign if fewer (:data:`FIRST_BLOCK` until a rate is known)."""
+        if self.runs == 0 or self.seconds <= 0:
+            return FIRST_BLOCK
+        per_second = self.runs / self.seconds
+        return max(FIRST_BLOCK, min(math.ceil(per_second * min(TASK_SECONDS, left)), 100_000))
+
+
+__all__ = ["Checkpoints", "Connection", "RayUnavailable", "connect", "run_ray", "run_task"]
