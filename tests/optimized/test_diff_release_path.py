@@ -108,6 +108,24 @@ def test_release_frees_row_segments_in_row_order(make: Any, path: str) -> None:
 
 
 @pytest.mark.parametrize("make", TWINS)
+@pytest.mark.parametrize("path", ["finished_req", "checkpoint"])
+def test_session_close_frees_row_segments_in_row_order(make: Any, path: str) -> None:
+    mm = _manager(make, replace(OLD, release_path=path), size=64, page_size=4, req_pool_size=4)
+    for rid in "abc":
+        mm.new_req(rid, [7, 7, 7, 7])
+    mm.extend(["a", "b", "c"], [None, None, None])  # pages 1, 2, 3
+    mm.finish(["a"], is_insert=False)
+    mm.finish(["c"], is_insert=False)  # free list 3, 1, 4, ...
+    mm.open_session("s")
+    mm.new_req("d", [1, 2, 3, 4, 5, 6, 7, 8], session_id="s")
+    mm.extend(["d"], [None])  # row: page 3 then page 1
+    mm.finish(["d"])  # the session keeps the row
+    mm.close_session("s")
+    head = tuple(mm.snapshot().allocator.free_pages[:3])
+    assert head == ((3, 1, 4) if path == "checkpoint" else (1, 3, 4))
+
+
+@pytest.mark.parametrize("make", TWINS)
 def test_free_page_ids_in_a_group_follow_the_slot_frees(make: Any) -> None:
     """Paged: pages freed by ``free_page_ids`` inside a group go back after the group's slot
     frees, in their given order; a page buffered both ways is a double free at the end."""
