@@ -23,6 +23,8 @@ RELEASE_ORDERS = ("prepend", "append")
 EVICTION_DEMANDS = ("exact", "bound")
 EVICTION_AMOUNTS = ("shortfall", "demand")
 TREE_FREES = ("free", "segment")
+HIT_COUNTS = ("chunked", "inserted_len")
+RELEASE_PATHS = ("finished_req", "checkpoint")
 SGLANG_RELEASES = ("0.5.16", "0.5.23")
 """SGLang releases with a preset (:meth:`Rules.for_sglang`); audited in specs/fidelity.md."""
 
@@ -63,6 +65,22 @@ class Rules:
       request's duplicates. ``"free"`` (kvpool; SGLang 0.5.16): ``allocator.free`` (the sorted
       unique pages). ``"segment"`` (SGLang 0.5.23): ``allocator.free_segment`` (one page per
       ``page_size`` slots, in slot order, unsorted).
+    - ``hit_count``: which nodes a request's insert counts a hit on. ``"chunked"`` (kvpool;
+      SGLang 0.5.16): every node of the matched path and the new leaf, unless the insert is a
+      prefill chunk's (``chunked``). ``"inserted_len"`` (SGLang 0.5.23): only the nodes that
+      end past the request's ``cache_inserted_len`` (the tokens it inserted before), whatever
+      ``chunked`` says; each insert raises ``cache_inserted_len`` to its key length.
+    - ``release_path``: how a finished request's KV reaches the tree and the allocator.
+      ``"finished_req"`` (kvpool; SGLang 0.5.16): ``cache_finished_req`` inserts the committed
+      tokens and frees the duplicates, then (two frees) the rest of ``[cache_protected_len,
+      committed)``; the over-allocation is one ``free``. ``"checkpoint"`` (SGLang 0.5.23):
+      ``checkpoint`` inserts them, inserts the page-aligned prompt again when it is shorter
+      (the leaf splits at the prompt boundary; the prompt part gets ``priority + 1``), frees
+      the duplicates, matches again (one more clock read), rewrites the row and moves
+      ``cache_protected_len`` and the lock; then ``free_kv_row`` frees ``[cache_protected_len,
+      committed)`` and the over-allocation with ``free_segment`` (row order, unsorted). A chunk
+      boundary runs the same ``checkpoint``; a disabled cache and ``ChunkCache`` free their row
+      with ``free_segment``.
     """
 
     row_order: str = "lifo"
@@ -74,6 +92,8 @@ class Rules:
     eviction_demand: str = "exact"
     eviction_amount: str = "shortfall"
     tree_free: str = "free"
+    hit_count: str = "chunked"
+    release_path: str = "finished_req"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -84,6 +104,8 @@ class Rules:
             ("eviction_demand", self.eviction_demand, EVICTION_DEMANDS),
             ("eviction_amount", self.eviction_amount, EVICTION_AMOUNTS),
             ("tree_free", self.tree_free, TREE_FREES),
+            ("hit_count", self.hit_count, HIT_COUNTS),
+            ("release_path", self.release_path, RELEASE_PATHS),
         ):
             if value not in allowed:
                 raise ConfigError(f"Rules.{name} must be one of {allowed}, got {value!r}")
@@ -112,7 +134,14 @@ class Rules:
             return replace(
                 lenient, row_order="lifo", generation_on_clear="reset", eviction_amount="demand"
             )
-        return replace(lenient, row_order="lifo", release_order="append", tree_free="segment")
+        return replace(
+            lenient,
+            row_order="lifo",
+            release_order="append",
+            tree_free="segment",
+            hit_count="inserted_len",
+            release_path="checkpoint",
+        )
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -94,6 +94,7 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
                 self._pending_mask = torch.zeros_like(self._free_mask)
         self._in_free_group = False
         self._pending_free: list[torch.Tensor] = []
+        self._pending_pages: list[torch.Tensor] = []  # paged free_page_ids inside a group
         self.clear()
 
     # ----------------------------------------------------------------- state helpers
@@ -209,22 +210,33 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
             raise InvalidArgumentError("free_group_begin inside an open free group")
         self._in_free_group = True
         self._pending_free = []
+        self._pending_pages = []
 
     def free_group_end(self) -> None:
         """Close the group and perform its buffered frees as ONE :meth:`free` of their
-        concatenation. InvalidArgumentError without an open group; in checked mode, buffered
-        frees that are no longer valid raise their error and leave the group open."""
+        concatenation, then return the pages a paged ``free_page_ids`` buffered, in order (see
+        the reference). InvalidArgumentError without an open group; in checked mode, buffered
+        frees that are no longer valid (or a page buffered both ways) raise their error and
+        leave the group open."""
         if not self._in_free_group:
             raise InvalidArgumentError("free_group_end without free_group_begin")
+        ps = self.page_size
         slots = torch.cat(self._pending_free) if self._pending_free else self._empty()
+        staged = torch.cat(self._pending_pages) if self._pending_pages else self._empty()
         if self._free_mask is not None and slots.numel():
-            check_free_slots(slots, self._free_mask, self.page_size, not self._dedup_pages)
+            check_free_slots(slots, self._free_mask, ps, not self._dedup_pages)
+        if self._free_mask is not None and staged.numel():
+            firsts = torch.cat((torch.unique(slots // ps), staged)) * ps
+            check_free_slots(firsts, self._free_mask, ps, True)
         self._in_free_group = False
         self._pending_free = []
+        self._pending_pages = []
         if self._pending_mask is not None:
             self._pending_mask.zero_()
         if slots.numel():
             self._return_pages(slots)
+        if staged.numel():
+            self._return_pages_in_order(staged)
 
     # ----------------------------------------------------------------- free-list state
     def backup_state(self) -> FreeListState:
@@ -263,6 +275,7 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         self._set_free_lists(every, self._empty())
         self._in_free_group = False
         self._pending_free = []
+        self._pending_pages = []
         if self._pending_mask is not None:
             self._pending_mask.zero_()
 

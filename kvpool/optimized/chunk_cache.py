@@ -59,6 +59,7 @@ class ChunkCache:
         value: torch.Tensor | None = None,
         priority: int = 0,
         chunked: bool = False,
+        inserted_len: int | None = None,
     ) -> int:
         """Caches nothing; 0 tokens were already cached."""
         return 0
@@ -85,11 +86,17 @@ class ChunkCache:
         return 0
 
     def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
-        """Free ``row[cache_protected_len:kv_committed_len]`` (``is_insert`` is ignored)."""
+        """Free ``row[cache_protected_len:kv_committed_len]`` (``is_insert`` is ignored): one
+        ``free``, or under ``rules.release_path == "checkpoint"`` one ``free_segment`` (SGLang
+        0.5.23's ``free_kv_row``)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         kv = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_committed_len)
-        self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len :].to(torch.int64))
+        own = kv[req.cache_protected_len :].to(torch.int64)
+        if self.rules.release_path == "checkpoint":
+            self.token_to_kv_pool_allocator.free_segment(own, req.cache_protected_len)
+        else:
+            self.token_to_kv_pool_allocator.free(own)
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
         """``req.prefix_indices = row[:len(fill_ids)]``; nothing else changes."""

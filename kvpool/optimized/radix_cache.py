@@ -39,7 +39,7 @@ from kvpool.optimized.radix_key import (
     req_key,
 )
 from kvpool.optimized.tree_view import pretty_print_tree, snapshot_tree
-from kvpool.reference.radix_cache import logical_clock  # one deterministic clock for both
+from kvpool.reference.radix_cache import hit_floor, logical_clock  # pure helpers, shared
 from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
@@ -138,12 +138,13 @@ class RadixCache:
         return upper
 
     def _walk(
-        self, key: RadixKey, n: int, now: float, priority: int | None, hits: int
+        self, key: RadixKey, n: int, now: float, priority: int | None, floor: float
     ) -> tuple[list[Any], TreeNode, int, Any]:
         """Walk the first ``n`` tokens of ``key`` (``n`` page-aligned) from the root, splitting
         where the match ends inside a node and stamping every node on the matched path. An
         insert (``priority`` not None) also raises each path node's priority to ``priority`` and
-        adds ``hits`` to its hit count; a match (None) changes neither. Returns
+        counts a hit on each path node that ends past ``floor`` tokens (:func:`hit_floor`); a
+        match (None) changes neither. Returns
         the matched values, the deepest matched node, the matched length (tokens) and the child
         key looked up last (the dict key a new leaf below that node would take)."""
         ps = self.page_size
@@ -171,7 +172,8 @@ class RadixCache:
                 if not lower.children and lower.lock_ref == 0:
                     self._push(lower)  # the lower half's access time changed
             if priority is not None:
-                child.hit_count += hits
+                if pos + matched > floor:
+                    child.hit_count += 1
                 if priority > child.priority:
                     child.priority = priority
             values.append(child.vnp if cpu else child.value)
@@ -197,7 +199,7 @@ class RadixCache:
         if self.disable or aligned == 0:
             return MatchResult(_EMPTY.to(self.device), self.root_node, self.root_node)
         now = self.clock()
-        values, node, _, _ = self._walk(key, aligned, now, None, 0)
+        values, node, _, _ = self._walk(key, aligned, now, None, 0.0)
         self._refresh(node)
         indices = node.value if len(values) == 1 else join_slots(values, self.device)
         return MatchResult(indices, node, node)
@@ -208,10 +210,11 @@ class RadixCache:
         value: torch.Tensor | None = None,
         priority: int = 0,
         chunked: bool = False,
+        inserted_len: int | None = None,
     ) -> int:
         """Insert the page-aligned part of ``key`` with slots ``value``; returns the length (tokens)
         already in the tree. Frees nothing. Counts a hit on the matched path and the new leaf
-        unless ``chunked``.
+        unless ``chunked``; given ``inserted_len``, only on the nodes ending past it.
 
         Ownership: the new leaf keeps views of ``key``'s array and of ``value`` (no copy, as in
         SGLang); the caller must not modify them afterwards. ``cache_finished_req`` and
@@ -225,13 +228,13 @@ class RadixCache:
         if aligned == 0:
             return 0
         now = self.clock()
-        hits = 0 if chunked else 1
-        _, node, pos, ck = self._walk(key, aligned, now, priority, hits)
+        floor = hit_floor(chunked, inserted_len)
+        _, node, pos, ck = self._walk(key, aligned, now, priority, floor)
         if pos < aligned:
             leaf_key = RadixKey.from_array(key.array[pos:aligned], key.extra_key)
             leaf = self._new_node(leaf_key, value[pos:aligned], node, now)
             leaf.priority = priority
-            leaf.hit_count = hits
+            leaf.hit_count = 1 if aligned > floor else 0
             leaf.child_key = ck  # the key the walk looked up and did not find
             node.children[ck] = leaf
             self._num_nodes += 1
@@ -362,16 +365,64 @@ class RadixCache:
         else:
             self.token_to_kv_pool_allocator.free(slots)
 
+    def _insert_req(self, req: Any, key: RadixKey, value: torch.Tensor, chunked: bool) -> int:
+        """Insert ``key`` for ``req``, counting hits as ``rules.hit_count`` says (``chunked``, or
+        past ``req.cache_inserted_len``, which then rises to the key's length)."""
+        if self.rules.hit_count == "chunked":
+            return self.insert(key, value, priority=req.priority, chunked=chunked)
+        done = self.insert(key, value, priority=req.priority, inserted_len=req.cache_inserted_len)
+        req.cache_inserted_len = max(req.cache_inserted_len, len(key))
+        return done
+
+    def checkpoint(self, req: Any, up_to: int, chunked: bool = False) -> torch.Tensor:
+        """SGLang 0.5.23's ``checkpoint`` (see the reference): insert, re-insert a shorter
+        page-aligned prompt with ``priority + 1`` and no hit, free the duplicates, match again,
+        rewrite the row, move ``cache_protected_len`` and the lock. Returns ``row[:up_to]``
+        as it is afterwards (int64)."""
+        assert req.req_pool_idx is not None
+        row = req.req_pool_idx
+        kv = self._read_row(row, up_to)
+        aligned = floor_align(up_to, self.page_size)
+        key = req_key(req, aligned)
+        new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked)
+        prompt = floor_align(min(up_to, len(req.origin_input_ids)), self.page_size)
+        if 0 < prompt < aligned:
+            self.insert(
+                req_key(req, prompt), kv[:prompt], priority=req.priority + 1, inserted_len=prompt
+            )
+        protected = req.cache_protected_len
+        self._free_tree_slots(kv[protected:new_prefix_len], protected)
+        match = self.match_prefix(key)
+        new_indices = match.device_indices
+        num_new = len(new_indices)
+        self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_device_node)
+        req.cache_protected_len = num_new
+        req.last_node = match.last_device_node
+        return torch.cat((new_indices, kv[num_new:]))
+
     def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
         """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
 
-        ``kv = row[:committed]``. With insert: insert the page-aligned part, free the duplicates
-        ``kv[cache_protected_len:new_prefix_len]``, then the unaligned tail ``kv[aligned:
-        committed]`` (two frees, as the reference). Without: free ``kv[cache_protected_len:
-        aligned]``, then the tail. Disabled: one free of ``kv[cache_protected_len:committed]``."""
+        ``kv = row[:committed]``. ``rules.release_path == "finished_req"``: with insert, insert
+        the page-aligned part, free the duplicates ``kv[cache_protected_len:new_prefix_len]``,
+        then the unaligned tail ``kv[aligned:committed]`` (two frees, as the reference); without,
+        free ``kv[cache_protected_len:aligned]``, then the tail; disabled, one free of
+        ``kv[cache_protected_len:committed]``. ``"checkpoint"``: with insert, :meth:`checkpoint`
+        up to ``committed``; then one ``free_segment`` of ``row[cache_protected_len:
+        committed]``, disabled or not."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         committed = req.kv_committed_len
+        if self.rules.release_path == "checkpoint":
+            if is_insert and not self.disable:
+                self.checkpoint(req, committed)
+            protected = req.cache_protected_len
+            kv = self._read_row(req.req_pool_idx, committed)[protected:]
+            self.token_to_kv_pool_allocator.free_segment(kv, protected)
+            self.dec_lock_ref(req.last_node)
+            return
         kv = self._read_row(req.req_pool_idx, committed)
         free = self.token_to_kv_pool_allocator.free
         if self.disable:
@@ -380,7 +431,7 @@ class RadixCache:
         aligned = floor_align(committed, self.page_size)
         if is_insert:
             key = req_key(req, aligned)
-            new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority)
+            new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked=False)
             self._free_tree_slots(
                 kv[req.cache_protected_len : new_prefix_len], req.cache_protected_len
             )
@@ -390,20 +441,25 @@ class RadixCache:
         self.dec_lock_ref(req.last_node)
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
-        """Between prefill chunks: insert ``fill_ids`` (page-aligned), free the duplicates,
-        re-match, rewrite ``row[cache_protected_len:len(new_indices)]`` with the tree's slots,
-        move the lock to the new last node and set ``prefix_indices``/``cache_protected_len``."""
+        """Between prefill chunks: insert ``fill_ids`` (page-aligned; hits by
+        ``rules.hit_count``), free the duplicates, re-match, rewrite
+        ``row[cache_protected_len:len(new_indices)]`` with the tree's slots, move the lock to
+        the new last node and set ``prefix_indices``/``cache_protected_len``
+        (``rules.release_path == "checkpoint"``: through :meth:`checkpoint`)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
         num_tokens = len(req.fill_ids)
+        if self.rules.release_path == "checkpoint" and not self.disable:
+            req.prefix_indices = self.checkpoint(req, num_tokens, chunked)
+            return
         kv = self._read_row(row, num_tokens)
         if self.disable:
             req.prefix_indices = kv
             return
         aligned = floor_align(num_tokens, self.page_size)
         key = req_key(req, aligned)
-        new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority, chunked=chunked)
+        new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked=chunked)
         self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : new_prefix_len])
         match = self.match_prefix(key)
         new_indices = match.device_indices

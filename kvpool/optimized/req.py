@@ -86,6 +86,7 @@ class Req:
         self.kv_committed_len = 0
         self.kv_allocated_len = 0
         self.cache_protected_len = 0
+        self.cache_inserted_len = 0
         self.is_chunked = 0
         self.matched = False
         self._reset_mamba_fields()
@@ -149,6 +150,7 @@ class Req:
         self.kv_committed_len = 0
         self.kv_allocated_len = 0
         self.cache_protected_len = 0
+        self.cache_inserted_len = 0
         self.is_chunked = 0
         self.matched = False
         self._reset_mamba_fields()

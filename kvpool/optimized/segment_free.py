@@ -23,6 +23,7 @@ class SegmentFrees:
 
     page_size: int
     _in_free_group: bool
+    _pending_pages: list[torch.Tensor]
     _free_mask: torch.Tensor | None
     free: Any
     _as_index: Any
@@ -30,16 +31,21 @@ class SegmentFrees:
 
     def free_page_ids(self, page_ids: IndexLike) -> None:
         """Free exactly these pages, in the given order (see the reference); inside a free
-        group they are buffered with the slot frees."""
+        group a paged allocator buffers them apart (returned after the group's slot frees),
+        page size 1 with the slot frees."""
         pages = self._as_index(page_ids).to(torch.int64)
         if pages.numel() == 0:
             return
         firsts = pages * self.page_size
-        if self._in_free_group:
+        if self._in_free_group and self.page_size == 1:
             self.free(firsts)
             return
         if self._free_mask is not None:  # a page named twice is a double free
-            check_free_slots(firsts, self._free_mask, self.page_size, True, None)
+            named = torch.cat((pages, *self._pending_pages)) if self._in_free_group else pages
+            check_free_slots(named * self.page_size, self._free_mask, self.page_size, True, None)
+        if self._in_free_group:
+            self._pending_pages.append(pages)
+            return
         self._return_pages_in_order(pages)
 
     def free_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:

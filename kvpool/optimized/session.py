@@ -67,16 +67,25 @@ class SessionSlot:
         return max(0, self.kv_allocated_len - ceil_align(self.kv_committed_len, page_size))
 
     def restore_into(
-        self, req: Req, req_to_token_pool: Any, allocator: Any, page_size: int
+        self,
+        req: Req,
+        req_to_token_pool: Any,
+        allocator: Any,
+        page_size: int,
+        segments: bool = False,
     ) -> None:
-        """Hand the row, KV and lock to the next turn ``req``; free the orphan tail. Afterwards
+        """Hand the row, KV and lock to the next turn ``req``; free the orphan tail (``free``, or
+        with ``segments`` ``free_segment``). Afterwards
         ``req.kv_allocated_len == req.kv_committed_len``."""
         assert self.req_pool_idx is not None
         row = self.req_pool_idx
         start = ceil_align(self.kv_committed_len, page_size)
         if self.kv_allocated_len > start:
-            tail = req_to_token_pool.read(row, start, self.kv_allocated_len)
-            allocator.free(tail.to(torch.int64))
+            tail = req_to_token_pool.read(row, start, self.kv_allocated_len).to(torch.int64)
+            if segments:
+                allocator.free_segment(tail, start)
+            else:
+                allocator.free(tail)
         req.req_pool_idx = row
         req.kv_committed_len = self.kv_committed_len
         req.kv_allocated_len = self.kv_committed_len
@@ -85,14 +94,18 @@ class SessionSlot:
         req.prefix_indices = req_to_token_pool.read(row, 0, self.kv_committed_len).to(torch.int64)
         self.forget()
 
-    def close(self, req_to_token_pool: Any, allocator: Any) -> None:
-        """Free ``[cache_protected_len, kv_allocated_len)`` and the row (the caller drops the
-        lock, see :meth:`MemoryManager.close_session`)."""
+    def close(self, req_to_token_pool: Any, allocator: Any, segments: bool = False) -> None:
+        """Free ``[cache_protected_len, kv_allocated_len)`` (``free``, or with ``segments``
+        ``free_segment``) and the row (the caller drops the lock, see
+        :meth:`MemoryManager.close_session`)."""
         if self.req_pool_idx is None:
             return
         row = self.req_pool_idx
         held = req_to_token_pool.read(row, self.cache_protected_len, self.kv_allocated_len)
-        allocator.free(held.to(torch.int64))
+        if segments:
+            allocator.free_segment(held.to(torch.int64), self.cache_protected_len)
+        else:
+            allocator.free(held.to(torch.int64))
         req_to_token_pool.free(self)
         self.forget()
 

@@ -75,6 +75,7 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         self._free_set: set[int] = set()
         self._in_free_group = False
         self._pending_free: list[int] = []
+        self._pending_pages: list[int] = []  # paged free_page_ids inside a group (segment_free)
         self.clear()
 
     # ----------------------------------------------------------------- state helpers
@@ -202,20 +203,31 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
             raise InvalidArgumentError("free_group_begin inside an open free group")
         self._in_free_group = True
         self._pending_free = []
+        self._pending_pages = []
 
     def free_group_end(self) -> None:
         """Close the group and perform its buffered frees as ONE :meth:`free` of their
-        concatenation (so the paged allocator de-duplicates pages across the whole group).
+        concatenation (so the paged allocator de-duplicates pages across the whole group), then
+        return the pages buffered by a paged ``free_page_ids`` in their order (SGLang 0.5.23).
         Raises InvalidArgumentError without an open group; if the buffered frees are no longer
-        valid (a ``restore_state`` in between), raises their error and leaves the group open."""
+        valid (a ``restore_state`` in between, or a page buffered both ways: DoubleFreeError),
+        raises their error and leaves the group open."""
         if not self._in_free_group:
             raise InvalidArgumentError("free_group_end without free_group_begin")
-        pending = self._pending_free
+        pending, staged = self._pending_free, self._pending_pages
         pages = self._validate_free(pending, []) if pending else []
+        if staged:
+            self._validate_free(self._slots_of(staged)[:: self.page_size], [])
+            twice = sorted(set(pages) & set(staged))
+            if twice:
+                raise DoubleFreeError("pages freed twice in one free group", twice)
         self._in_free_group = False
         self._pending_free = []
+        self._pending_pages = []
         if pages:
             self._return_pages(pages)
+        if staged:
+            self._return_pages_in_order(staged)
 
     # ----------------------------------------------------------------- free-list state
     def backup_state(self) -> FreeListState:
@@ -247,6 +259,7 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         self._set_free_lists(list(range(RESERVED_INDEX + 1, self.num_pages + 1)), [])
         self._in_free_group = False
         self._pending_free = []
+        self._pending_pages = []
 
     # ----------------------------------------------------------------- batch operations
     def _check_batch(

@@ -284,8 +284,9 @@ class LifecyclePrimitives:
 
     def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
         """``cache_finished_req``; free the over-allocation ``[ceil_align(committed),
-        allocated)``; free the row; forget the request's pool fields. InvalidArgumentError
-        (nothing changed) for a request without a row."""
+        allocated)`` (``free``, or ``free_segment`` under ``rules.release_path ==
+        "checkpoint"``: SGLang 0.5.23's ``free_kv_row``); free the row; forget the request's
+        pool fields. InvalidArgumentError (nothing changed) for a request without a row."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
@@ -293,7 +294,10 @@ class LifecyclePrimitives:
         start = ceil_align(req.kv_committed_len, self.page_size)
         if req.kv_allocated_len > start:
             over = self.req_to_token_pool.read(row, start, req.kv_allocated_len)
-            self.token_to_kv_pool_allocator.free(over)
+            if self.config.rules.release_path == "checkpoint":
+                self.token_to_kv_pool_allocator.free_segment(over, start)
+            else:
+                self.token_to_kv_pool_allocator.free(over)
         if self.mamba_hooks is not None:
             self.mamba_hooks.before_release(req)
         self.req_to_token_pool.free(req)

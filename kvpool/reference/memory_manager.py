@@ -155,7 +155,11 @@ class MemoryManager(LifecyclePrimitives):
         for req, session in zip(reqs, restoring, strict=True):
             if session is not None:
                 session.restore_into(
-                    req, self.req_to_token_pool, self.token_to_kv_pool_allocator, self.page_size
+                    req,
+                    self.req_to_token_pool,
+                    self.token_to_kv_pool_allocator,
+                    self.page_size,
+                    segments=self.config.rules.release_path == "checkpoint",
                 )
             elif req.state == "waiting":
                 req.cache_protected_len = len(req.prefix_indices)
@@ -264,7 +268,11 @@ class MemoryManager(LifecyclePrimitives):
             raise RequestStateError(f"session {session_id!r} is busy with {session.busy_with}")
         if session.holds_kv():
             self.tree_cache.dec_lock_ref(session.last_node)
-            session.close(self.req_to_token_pool, self.token_to_kv_pool_allocator)
+            session.close(
+                self.req_to_token_pool,
+                self.token_to_kv_pool_allocator,
+                segments=self.config.rules.release_path == "checkpoint",
+            )
         del self.sessions[session_id]
 
     def evict(self, num_tokens: int) -> int:

@@ -12,7 +12,8 @@ Decisions (both twins follow them exactly):
 - Touching: every node entered on the walk (root excluded) gets ``last_access_time = now``; the
   node a walk ends inside is stamped *before* it is split, so both halves carry ``now``. Only
   ``insert`` counts hits, as SGLang 0.5.16 does: ``hit_count += 1`` on every node of the matched
-  path (the upper half of a split, not the lower) and on the new leaf, unless ``chunked``.
+  path (the upper half of a split, not the lower) and on the new leaf, unless ``chunked``; given
+  ``inserted_len`` (SGLang 0.5.23), only on those nodes that end past ``inserted_len`` tokens.
   ``insert`` raises ``priority`` to ``max(old, priority)`` on the same path nodes and gives the new
   leaf ``priority``. ``match_prefix`` changes no count and no priority.
 - Split at ``k`` tokens: a new node (next id) takes ``key[:k]``/``value[:k]``, the lock count,
@@ -46,6 +47,15 @@ from kvpool.reference.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.tree_view import pretty_print_tree, snapshot_tree
 from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
+
+
+def hit_floor(chunked: bool, inserted_len: int | None) -> float:
+    """An insert counts a hit on a node (path node or new leaf) iff the node ends past this many
+    tokens: ``inserted_len`` when given (SGLang 0.5.23), else 0 (every node) or, for a
+    ``chunked`` insert, infinity (none; SGLang 0.5.16)."""
+    if inserted_len is not None:
+        return float(inserted_len)
+    return float("inf") if chunked else 0.0
 
 
 def logical_clock() -> Callable[[], float]:
@@ -194,11 +204,13 @@ class RadixCache:
         value: list[int] | None = None,
         priority: int = 0,
         chunked: bool = False,
+        inserted_len: int | None = None,
     ) -> int:
         """Insert the page-aligned part of ``key`` at ``value`` slots (default: the token ids, for
         tests). Returns the tokens already cached (a multiple of the page size). Frees nothing:
         the caller frees its duplicate slots ``value[cache_protected_len:returned]``. Counts a
-        hit on the matched path and the new leaf unless ``chunked`` (a chunk of a prefill)."""
+        hit on the matched path and the new leaf unless ``chunked`` (a chunk of a prefill);
+        given ``inserted_len`` (tokens), only on the nodes ending past it (:func:`hit_floor`)."""
         if value is None:
             value = list(key.token_ids)
         if len(value) < len(key):
@@ -210,6 +222,7 @@ class RadixCache:
         if len(key) == 0:
             return 0
         now = self.clock()
+        floor = hit_floor(chunked, inserted_len)
         node = self.root_node
         total_prefix = 0
         while len(key) > 0:
@@ -221,13 +234,13 @@ class RadixCache:
             if n < len(child.key):
                 child = self._split_node(child, n)
             child.priority = max(child.priority, priority)
-            child.hit_count += 0 if chunked else 1
             total_prefix += n
+            child.hit_count += 1 if total_prefix > floor else 0
             key, value = key[n:], value[n:]
             node = child
         if len(key) > 0:
             leaf = self._new_node(key, value, node, now, priority)
-            leaf.hit_count = 0 if chunked else 1
+            leaf.hit_count = 1 if total_prefix + len(key) > floor else 0
             node.children[self._child_key(node, key)] = leaf
             self.evictable_size_ += len(key)
         return total_prefix
@@ -321,18 +334,69 @@ class RadixCache:
         else:
             self.token_to_kv_pool_allocator.free(slots)
 
+    def _insert_req(self, req: Req, key: RadixKey, value: list[int], chunked: bool) -> int:
+        """Insert ``key`` for ``req``, counting hits as ``rules.hit_count`` says (``chunked``, or
+        past ``req.cache_inserted_len``, which then rises to the key's length)."""
+        if self.rules.hit_count == "chunked":
+            return self.insert(key, value, priority=req.priority, chunked=chunked)
+        done = self.insert(key, value, priority=req.priority, inserted_len=req.cache_inserted_len)
+        req.cache_inserted_len = max(req.cache_inserted_len, len(key))
+        return done
+
+    def checkpoint(self, req: Req, up_to: int, chunked: bool = False) -> list[int]:
+        """SGLang 0.5.23's ``checkpoint``: insert the page-aligned part of the first ``up_to``
+        tokens (the row's slots; hits by ``rules.hit_count`` and ``chunked``); when the
+        page-aligned prompt is shorter but not empty, insert it again with ``priority + 1`` and
+        no hit (the leaf splits at the prompt boundary); free the duplicates
+        ``row[cache_protected_len:already cached]`` (``rules.tree_free``); match the key again,
+        rewrite ``row[cache_protected_len:matched]`` with the tree's slots, and move
+        ``cache_protected_len`` (to the key's length) and the lock to the matched node. Returns
+        ``row[:up_to]`` as it is afterwards."""
+        assert req.req_pool_idx is not None
+        row = req.req_pool_idx
+        kv = self.req_to_token_pool.read(row, 0, up_to)
+        tokens = req.all_token_ids[:up_to]
+        aligned = floor_align(up_to, self.page_size)
+        key = RadixKey(tokens[:aligned], req.extra_key)
+        new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked)
+        prompt = floor_align(min(up_to, len(req.origin_input_ids)), self.page_size)
+        if 0 < prompt < aligned:
+            self.insert(key[:prompt], kv[:prompt], priority=req.priority + 1, inserted_len=prompt)
+        protected = req.cache_protected_len
+        self._free_tree_slots(kv[protected:new_prefix_len], protected)
+        match = self.match_prefix(key)
+        new_indices = match.device_indices
+        self.req_to_token_pool.write(
+            (row, slice(protected, len(new_indices))), new_indices[protected:]
+        )
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_device_node)
+        req.cache_protected_len = len(new_indices)
+        req.last_node = match.last_device_node
+        return new_indices + kv[len(new_indices) :]
+
     def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
         """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
 
-        ``kv = row[:committed]``. With insert: insert the page-aligned part, free the duplicates
+        ``kv = row[:committed]``. ``rules.release_path == "finished_req"`` (SGLang 0.5.16): with
+        insert, insert the page-aligned part, free the duplicates
         ``kv[cache_protected_len:new_prefix_len]``, then (a second ``free``, as SGLang) the
-        unaligned tail ``kv[aligned:committed]`` (its whole page). Without: free
-        ``kv[cache_protected_len:aligned]``, then the tail. Disabled: one free of
-        ``kv[cache_protected_len:committed]``. Over-allocation past ``ceil_align(committed)`` is
-        the caller's (``release_kv_cache``)."""
+        unaligned tail ``kv[aligned:committed]`` (its whole page); without, free
+        ``kv[cache_protected_len:aligned]``, then the tail; disabled, one free of
+        ``kv[cache_protected_len:committed]``. ``"checkpoint"`` (SGLang 0.5.23): with insert,
+        :meth:`checkpoint` up to ``committed``; then (``free_kv_row``) one ``free_segment`` of
+        ``row[cache_protected_len:committed]``, disabled or not. Over-allocation past
+        ``ceil_align(committed)`` is the caller's (``release_kv_cache``)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         committed = req.kv_committed_len
+        if self.rules.release_path == "checkpoint":
+            if is_insert and not self.disable:
+                self.checkpoint(req, committed)
+            kv = self.req_to_token_pool.read(req.req_pool_idx, req.cache_protected_len, committed)
+            self.token_to_kv_pool_allocator.free_segment(kv, req.cache_protected_len)
+            self.dec_lock_ref(req.last_node)
+            return
         kv = self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
         free = self.token_to_kv_pool_allocator.free
         if self.disable:
@@ -341,8 +405,8 @@ class RadixCache:
         aligned = floor_align(committed, self.page_size)
         if is_insert:
             tokens = req.all_token_ids[:committed]
-            new_prefix_len = self.insert(
-                RadixKey(tokens[:aligned], req.extra_key), kv[:aligned], priority=req.priority
+            new_prefix_len = self._insert_req(
+                req, RadixKey(tokens[:aligned], req.extra_key), kv[:aligned], chunked=False
             )
             self._free_tree_slots(
                 kv[req.cache_protected_len : new_prefix_len], req.cache_protected_len
@@ -353,22 +417,28 @@ class RadixCache:
         self.dec_lock_ref(req.last_node)
 
     def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
-        """Between prefill chunks: insert ``fill_ids`` (page-aligned; ``chunked`` counts no
-        hits), free the duplicates,
-        re-match, rewrite ``row[cache_protected_len:len(new_indices)]`` with the tree's slots,
-        move the lock to the new last node and set ``prefix_indices``/``cache_protected_len``.
-        The row stays."""
+        """Between prefill chunks: insert ``fill_ids`` (page-aligned; hits by
+        ``rules.hit_count``: a ``chunked`` insert counts none, or only past
+        ``cache_inserted_len``), free the duplicates, re-match, rewrite
+        ``row[cache_protected_len:len(new_indices)]`` with the tree's slots, move the lock to
+        the new last node and set ``prefix_indices``/``cache_protected_len``. The row stays.
+        ``rules.release_path == "checkpoint"``: the same through :meth:`checkpoint` (its
+        duplicate free follows ``rules.tree_free``; the prompt re-insert never applies, a chunk
+        being part of the prompt)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
         tokens = list(req.fill_ids)
+        if self.rules.release_path == "checkpoint" and not self.disable:
+            req.prefix_indices = self.checkpoint(req, len(tokens), chunked)
+            return
         kv = self.req_to_token_pool.read(row, 0, len(tokens))
         if self.disable:
             req.prefix_indices = kv
             return
         aligned = floor_align(len(tokens), self.page_size)
         key = RadixKey(tokens[:aligned], req.extra_key)
-        new_prefix_len = self.insert(key, kv[:aligned], priority=req.priority, chunked=chunked)
+        new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked=chunked)
         self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : new_prefix_len])
         match = self.match_prefix(key)
         new_indices = match.device_indices

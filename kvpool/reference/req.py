@@ -12,6 +12,9 @@ Lengths (``cache_protected_len <= kv_committed_len <= kv_allocated_len <= max_co
 - ``cache_protected_len``: leading tokens whose slots belong to the radix tree (locked through
   ``last_node``); always page-aligned. The request privately owns
   ``[cache_protected_len, ceil_align(kv_allocated_len, page_size))``.
+- ``cache_inserted_len``: tokens this request has inserted into the tree so far (SGLang 0.5.23's
+  ``kv.cache_inserted_len``; read under ``Rules.hit_count == "inserted_len"``); 0 again once its
+  KV is released.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class Req:
         self.kv_committed_len = 0
         self.kv_allocated_len = 0
         self.cache_protected_len = 0
+        self.cache_inserted_len = 0
         self.is_chunked = 0
         self.matched = False
         self._reset_mamba_fields()
@@ -83,6 +87,7 @@ class Req:
         self.kv_committed_len = 0
         self.kv_allocated_len = 0
         self.cache_protected_len = 0
+        self.cache_inserted_len = 0
         self.is_chunked = 0
         self.matched = False
         self._reset_mamba_fields()

@@ -19,6 +19,7 @@ class SegmentFrees:
 
     page_size: int
     _in_free_group: bool
+    _pending_pages: list[int]
     free: Any
     _slots_of: Any
     _validate_free: Any
@@ -27,18 +28,23 @@ class SegmentFrees:
     def free_page_ids(self, page_ids: Sequence[int]) -> None:
         """Free exactly these pages, in the given order (SGLang 0.5.23): no sort and no
         de-duplication (a page named twice is a double free). Paged: they go in front of
-        ``free_pages`` as given. Inside a free group they are buffered with the slot frees
-        (0.5.23 releases them after the group's slot frees: specs/fidelity.md)."""
+        ``free_pages`` as given. Inside a free group a paged allocator buffers them apart and
+        returns them, in order, after the group's slot frees (as 0.5.23); page size 1 buffers
+        them with the slot frees (0.5.23's token allocator frees segments with ``free``)."""
         pages = [int(p) for p in page_ids]
         if not pages:
             return
-        if self._in_free_group:
-            self.free(self._slots_of(pages)[:: self.page_size])
+        if self._in_free_group and self.page_size == 1:
+            self.free(self._slots_of(pages))
             return
         self._validate_free([p * self.page_size for p in pages], [])
-        twice = sorted({p for p in pages if pages.count(p) > 1})
+        named = pages + self._pending_pages if self._in_free_group else pages
+        twice = sorted({p for p in named if named.count(p) > 1})
         if twice:
-            raise DoubleFreeError("pages named twice in one free_page_ids", twice)
+            raise DoubleFreeError("pages named twice in one free_page_ids or free group", twice)
+        if self._in_free_group:
+            self._pending_pages.extend(pages)
+            return
         self._return_pages_in_order(pages)
 
     def free_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:

@@ -80,14 +80,20 @@ class SessionSlot:
         req_to_token_pool: ReqToTokenPool,
         allocator: BaseTokenToKVPoolAllocator,
         page_size: int,
+        segments: bool = False,
     ) -> None:
-        """Hand the row, KV and lock to the next turn ``req``; free the orphan tail. Afterwards
+        """Hand the row, KV and lock to the next turn ``req``; free the orphan tail (``free``, or
+        with ``segments`` ``free_segment``: SGLang 0.5.23's ``free_kv_row``). Afterwards
         ``req.kv_allocated_len == req.kv_committed_len`` (its last partial page stays its own)."""
         assert self.req_pool_idx is not None
         row = self.req_pool_idx
         start = ceil_align(self.kv_committed_len, page_size)
         if self.kv_allocated_len > start:
-            allocator.free(req_to_token_pool.read(row, start, self.kv_allocated_len))
+            tail = req_to_token_pool.read(row, start, self.kv_allocated_len)
+            if segments:
+                allocator.free_segment(tail, start)
+            else:
+                allocator.free(tail)
         req.req_pool_idx = row
         req.kv_committed_len = self.kv_committed_len
         req.kv_allocated_len = self.kv_committed_len
@@ -97,14 +103,22 @@ class SessionSlot:
         self.forget()
 
     def close(
-        self, req_to_token_pool: ReqToTokenPool, allocator: BaseTokenToKVPoolAllocator
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        allocator: BaseTokenToKVPoolAllocator,
+        segments: bool = False,
     ) -> None:
-        """Free ``[cache_protected_len, kv_allocated_len)`` and the row (the lock is dropped by the
-        caller, see :meth:`MemoryManager.close_session`)."""
+        """Free ``[cache_protected_len, kv_allocated_len)`` (``free``, or with ``segments``
+        ``free_segment``) and the row (the lock is dropped by the caller, see
+        :meth:`MemoryManager.close_session`)."""
         if self.req_pool_idx is None:
             return
         row = self.req_pool_idx
-        allocator.free(req_to_token_pool.read(row, self.cache_protected_len, self.kv_allocated_len))
+        held = req_to_token_pool.read(row, self.cache_protected_len, self.kv_allocated_len)
+        if segments:
+            allocator.free_segment(held, self.cache_protected_len)
+        else:
+            allocator.free(held)
         req_to_token_pool.free(self)
         self.forget()
 

@@ -118,6 +118,14 @@ class SGLangAllocator:
     def free(self, free_index: Any) -> None:
         self.impl.free(as_index_tensor(free_index))
 
+    def free_segment(self, free_index: Any, start_pos: int = 0) -> None:
+        """SGLang's ``free_segment`` (0.5.23 on; AttributeError on a release without it)."""
+        self.impl.free_segment(as_index_tensor(free_index), start_pos=start_pos)
+
+    def free_page_ids(self, page_ids: Any) -> None:
+        """SGLang's ``free_page_ids`` (paged, 0.5.23 on)."""
+        self.impl.free_page_ids(as_index_tensor(page_ids))
+
     def free_group_begin(self) -> None:
         self.impl.free_group_begin()
 

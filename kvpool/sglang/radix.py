@@ -38,7 +38,8 @@ adapter does so that its snapshot can be compared with kvpool's reference:
 - 0.5.23 has neither: its ``release_kv_cache`` runs ``checkpoint(req, up_to=owned_kv_len)``
   (with insert), then ``free_kv_row(req.kv, [(cache_protected_len, owned_kv_len)])`` and
   ``unlock(req.lock)`` before it frees the over-allocation and the row, which is exactly what
-  kvpool's ``cache_finished_req`` is inside kvpool's ``release_kv_cache``; a chunk boundary runs
+  kvpool's ``cache_finished_req`` is inside kvpool's ``release_kv_cache`` (under
+  ``Rules.release_path="checkpoint"`` kvpool's own follows the same steps); a chunk boundary runs
   ``checkpoint(req, up_to=extend_end)``. The adapter makes those calls (``owned_kv_len`` and
   ``extend_end`` are ``kv_committed_len`` and ``len(fill_ids)``). 0.5.23 keeps no
   ``prefix_indices`` (it tracks ``prefix_len`` and reads the row); the adapter sets kvpool's

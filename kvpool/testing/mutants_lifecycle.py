@@ -124,8 +124,8 @@ def session_extra_lock(mm: Any) -> None:
             slot = mm.sessions[session_id]
 
             def make_restore(restore: Any) -> Callable[..., None]:
-                def restore_into(req: Any, *args: Any) -> None:
-                    restore(req, *args)
+                def restore_into(req: Any, *args: Any, **kwargs: Any) -> None:
+                    restore(req, *args, **kwargs)
                     if req.last_node is not None and req.last_node is not mm.tree_cache.root_node:
                         mm.tree_cache.inc_lock_ref(req.last_node)  # nobody releases this one
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from kvpool.cli import main
 from kvpool.testing.workers import CampaignSpec, run_parallel
 
@@ -63,7 +65,11 @@ def test_verify_writes_json_after_a_crash(tmp_path: Path) -> None:
     assert "coverage" in payload and payload["workers"] == 1
 
 
-def test_interpret_lets_a_module_level_triton_kernel_run_on_the_cpu(tmp_path: Path) -> None:
+def test_interpret_lets_a_module_level_triton_kernel_run_on_the_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # workers inherit the environment: another test in this process may have left the switch on
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     args = ["verify", "--seconds", "3", "--component", "allocator", "--workers", "1",
             "--impl", "tests.harness.triton_candidate:kernel_candidate", "--no-progress",
             "--steps-per-run", "20"]  # fmt: skip

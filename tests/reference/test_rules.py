@@ -17,6 +17,7 @@ def test_default_rules_are_kvpools_strict_ones() -> None:
         "exact",
         "shortfall",
     )
+    assert (r.tree_free, r.hit_count, r.release_path) == ("free", "chunked", "finished_req")
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,10 @@ def test_sglang_presets(version: str, row: str, generation: str, release: str, a
     )
     assert not r.refused_alloc_unchanged and not r.rejects_misuse
     assert r.unaligned_paged_alloc == "floor" and r.eviction_demand == "bound"
+    new = version in ("0.5.23", "0.5.30")
+    assert (r.tree_free, r.hit_count, r.release_path) == (
+        ("segment", "inserted_len", "checkpoint") if new else ("free", "chunked", "finished_req")
+    )
 
 
 @pytest.mark.parametrize("version", ["0.5.15", "0.4.9", "1.0.0", "latest"])
@@ -56,6 +61,9 @@ def test_unknown_releases_are_refused(version: str) -> None:
         "release_order",
         "eviction_demand",
         "eviction_amount",
+        "tree_free",
+        "hit_count",
+        "release_path",
     ],
 )
 def test_unknown_knob_values_are_refused(field: str) -> None:

@@ -4,9 +4,11 @@
 
 - 0.5.16: a short lifecycle campaign and fixed traces (chunked prefill, release with and
   without insert, retraction, sessions) agree with the reference step by step;
-- 0.5.23: its restructured release (``checkpoint``) differs from the reference where
-  specs/fidelity.md says it is not modelled yet; the tests pin each of those differences on a
-  minimal trace, so that a change on either side shows;
+- 0.5.23: the same, under its preset's release rules (``Rules.release_path="checkpoint"``,
+  ``Rules.hit_count="inserted_len"``); each 0.5.23 release-path change (hits past
+  ``cache_inserted_len``, the second match at release, the leaf split at the prompt, row
+  segments freed in row order) has a minimal trace on which SGLang and the reference agree
+  step by step and which asserts the effect;
 - a kvpool finding (reported, not fixed here): EAGLE v1's draft borrow leaks the pages an
   eviction frees between ``backup_state`` and ``restore_state``, which SGLang's eviction bound
   (``Rules.eviction_demand="bound"``) makes happen.
@@ -30,7 +32,7 @@ from kvpool.sglang import SGLangModules, SGLangRadixCache, implementation, load_
 from kvpool.sglang.radix import to_sglang_key
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import reference_implementation
-from kvpool.testing.lockstep_driver import Lockstep, LockstepFailure
+from kvpool.testing.lockstep_driver import Lockstep
 from kvpool.testing.machines.lifecycle import manager_factory
 from kvpool.testing.swarm import Op
 
@@ -125,20 +127,20 @@ def test_walks_inside_request_methods_read_their_own_ticks(sgl: SGLangModules) -
     node = mm.snapshot().tree.nodes[1]
     assert node.last_access_time == 3.0  # inserted at tick 2, matched again at tick 3
     assert mm.tree_cache.snapshot().protected_size == 8
-    if sgl.version == "0.5.16":
-        assert mm.snapshot() == twin.snapshot()
+    assert mm.snapshot() == twin.snapshot()
 
 
-# ---------------------------------------------------------------------------- 0.5.16
-def test_lifecycle_campaign_0_5_16() -> None:
+# ---------------------------------------------------------------------------- campaigns
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.23"])
+def test_lifecycle_campaign(version: str) -> None:
     result = run_machine(
         "manager",
         reference_implementation(),
-        implementation("0.5.16"),
+        implementation(version),
         seconds=120.0,
         seed=0,
         max_runs=25,
-        labels=("reference", "sglang-0.5.16"),
+        labels=("reference", f"sglang-{version}"),
     )
     assert result.failure is None, result.failure.report if result.failure else ""
     assert result.configurations == 25 and result.steps > 1000
@@ -179,71 +181,69 @@ SESSION_TURNS = [
 ]
 
 
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.23"])
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("calls", [CHUNKED_RELEASE, SESSION_TURNS], ids=["chunked", "session"])
-def test_fixed_traces_0_5_16(calls: Any, page_size: int) -> None:
-    pair = _pair("0.5.16", size=64, page_size=page_size, req_pool_size=4, max_context_len=32)
+def test_fixed_traces(calls: Any, page_size: int, version: str) -> None:
+    pair = _pair(version, size=64, page_size=page_size, req_pool_size=4, max_context_len=32)
     _run(pair, _ops([c for c in calls if c[0] != "decode" or c[1][0]]))
     assert pair.snap_a == pair.snap_b
 
 
 # ---------------------------------------------------------------------------- 0.5.23
-def _diff_at(version: str, calls: Any, **config: Any) -> str:
-    pair = _pair(version, **config)
-    with pytest.raises(LockstepFailure) as failure:
-        _run(pair, _ops(calls))
-    return str(failure.value).split("failed after", 1)[1].splitlines()[0]
+def _agree(calls: Any, **config: Any) -> Any:
+    """Run ``calls`` on SGLang 0.5.23 and the reference in lockstep (every step's snapshots
+    equal); returns the reference's last snapshot."""
+    pair = _pair("0.5.23", **config)
+    _run(pair, _ops(calls))
+    assert pair.snap_a == pair.snap_b
+    return pair.snap_a
+
+
+def _tree(snap: Any) -> dict[tuple[int, ...], Any]:
+    return {n.key: n for n in snap.tree.nodes}
 
 
 def test_0_5_23_checkpoint_reads_the_clock_again_at_release() -> None:
     """0.5.23's release inserts and then matches again (``checkpoint``): the leaf is stamped by
-    the second walk. kvpool follows 0.5.16 (insert only). specs/fidelity.md: not modelled."""
+    the second walk (``Rules.release_path="checkpoint"``)."""
     calls = [
         ("new_req", ("r1", [1]), {"extra_key": "a"}),
         ("extend", (["r1"],), {"chunk_sizes": [1]}),
         ("finish", (["r1"],), {"is_insert": True}),
     ]
-    where = _diff_at("0.5.23", calls, size=20, page_size=1, req_pool_size=3, max_context_len=48)
-    assert "last_access_time: reference=1.0 sglang-0.5.23=2.0" in where
+    snap = _agree(calls, size=20, page_size=1, req_pool_size=3, max_context_len=48)
+    assert _tree(snap)[(1,)].last_access_time == 2.0
 
 
 def test_0_5_23_splits_the_finished_leaf_at_the_prompt() -> None:
     """0.5.23 inserts the prompt again at release, splitting the leaf at the prompt boundary
-    (the prompt part with priority + 1). specs/fidelity.md: not modelled."""
-    impl = implementation("0.5.23")
-    rules = Rules.for_sglang("0.5.23")
-    config = PoolConfig(size=20, page_size=1, req_pool_size=3, max_context_len=48, rules=rules)
-    mm = manager_factory(impl)(config)
-    mm.new_req("r1", [1], extra_key="a")
-    mm.extend(["r1"], [1])
-    mm.decode(["r1"], [2])
-    mm.finish(["r1"])
-    nodes = {n.key: n for n in mm.snapshot().tree.nodes}
+    (the prompt part with priority + 1)."""
+    calls = [
+        ("new_req", ("r1", [1]), {"extra_key": "a"}),
+        ("extend", (["r1"],), {"chunk_sizes": [1]}),
+        ("decode", (["r1"], [2]), {}),
+        ("finish", (["r1"],), {"is_insert": True}),
+    ]
+    nodes = _tree(_agree(calls, size=20, page_size=1, req_pool_size=3, max_context_len=48))
     assert set(nodes) == {(), (1,), (2,)}
     assert nodes[(1,)].priority == 1 and nodes[(2,)].priority == 0
-    ref = manager_factory(reference_implementation())(config)
-    ref.new_req("r1", [1], extra_key="a")
-    ref.extend(["r1"], [1])
-    ref.decode(["r1"], [2])
-    ref.finish(["r1"])
-    assert [n.key for n in ref.snapshot().tree.nodes] == [(), (1, 2)]
 
 
 def test_0_5_23_counts_hits_past_inserted_len() -> None:
     """0.5.23 counts a hit only past the request's ``cache_inserted_len``: a chunk boundary
-    counts one (kvpool, like 0.5.16, counts none for a chunked insert). Not modelled."""
+    counts one (``Rules.hit_count="inserted_len"``; 0.5.16 counts none for a chunked insert)."""
     calls = [
         ("new_req", ("r1", [3, 1, 1, 1, 2, 2, 2, 3, 3, 3]), {"extra_key": "a"}),
         ("extend", (["r1"],), {"chunk_sizes": [9]}),
     ]
-    where = _diff_at("0.5.23", calls, size=64, page_size=4, req_pool_size=4, max_context_len=32)
-    assert "hit_count: reference=0 sglang-0.5.23=1" in where
+    snap = _agree(calls, size=64, page_size=4, req_pool_size=4, max_context_len=32)
+    assert _tree(snap)[(3, 1, 1, 1, 2, 2, 2, 3)].hit_count == 1
 
 
 def test_0_5_23_frees_row_segments_in_row_order() -> None:
-    """0.5.23 frees a released row's pages with ``free_segment`` (in row order; kvpool, like
-    0.5.16's ``free``, frees them sorted), so they enter the free list in another order.
-    specs/fidelity.md: not modelled."""
+    """0.5.23 frees a released row's pages with ``free_segment`` (in row order; 0.5.16's
+    ``free`` sorts them), so they enter the free list in row order."""
     calls = [
         ("new_req", ("a", [7, 7, 7, 7]), {}),
         ("new_req", ("b", [7, 7, 7, 7]), {}),
@@ -255,5 +255,5 @@ def test_0_5_23_frees_row_segments_in_row_order() -> None:
         ("extend", (["d"],), {}),  # row: page 3 then page 1
         ("finish", (["d"],), {"is_insert": False}),
     ]
-    where = _diff_at("0.5.23", calls, size=64, page_size=4, req_pool_size=4, max_context_len=32)
-    assert "free_pages: reference=(1, 3, 4," in where and "sglang-0.5.23=(3, 1, 4," in where
+    snap = _agree(calls, size=64, page_size=4, req_pool_size=4, max_context_len=32)
+    assert snap.allocator.free_pages[:3] == (3, 1, 4)
