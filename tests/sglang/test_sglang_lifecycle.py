@@ -9,9 +9,10 @@
   ``cache_inserted_len``, the second match at release, the leaf split at the prompt, row
   segments freed in row order) has a minimal trace on which SGLang and the reference agree
   step by step and which asserts the effect;
-- a kvpool finding (reported, not fixed here): EAGLE v1's draft borrow leaks the pages an
-  eviction frees between ``backup_state`` and ``restore_state``, which SGLang's eviction bound
-  (``Rules.eviction_demand="bound"``) makes happen.
+- a kvpool finding, fixed: EAGLE v1's draft borrow leaked the pages an eviction freed between
+  ``backup_state`` and ``restore_state``, which SGLang's eviction bound
+  (``Rules.eviction_demand="bound"``) made happen (regression test in
+  tests/reference/test_spec_decode.py).
 """
 
 from __future__ import annotations
