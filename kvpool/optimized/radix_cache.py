@@ -36,8 +36,8 @@ from kvpool.optimized.radix_key import (
     TreeNode,
     as_slots,
     join_slots,
-    req_key,
 )
+from kvpool.optimized.radix_release import RadixRelease
 from kvpool.optimized.tree_view import pretty_print_tree, snapshot_tree
 from kvpool.reference.radix_cache import hit_floor, logical_clock  # pure helpers, shared
 from kvpool.rules import Rules
@@ -46,7 +46,7 @@ from kvpool.snapshot import TreeSnapshot
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
-class RadixCache:
+class RadixCache(RadixRelease):
     """Prefix cache over ``token_to_kv_pool_allocator``'s slots (``disable=True``: no tree).
 
     ``clock`` is read exactly once by each ``match_prefix`` / ``insert``; every node the operation
@@ -356,123 +356,6 @@ class RadixCache:
         kv: torch.Tensor = self.req_to_token_pool.read(row, 0, stop)
         return kv.to(torch.int64)
 
-    def _free_tree_slots(self, slots: Any, start_pos: int) -> None:
-        """Return slots the tree owned (an evicted node's, a finished request's duplicates
-        starting at column ``start_pos``) as ``rules.tree_free`` says: ``free`` or SGLang
-        0.5.23's ``free_segment``."""
-        if self.rules.tree_free == "segment":
-            self.token_to_kv_pool_allocator.free_segment(slots, start_pos)
-        else:
-            self.token_to_kv_pool_allocator.free(slots)
-
-    def _insert_req(self, req: Any, key: RadixKey, value: torch.Tensor, chunked: bool) -> int:
-        """Insert ``key`` for ``req``, counting hits as ``rules.hit_count`` says (``chunked``, or
-        past ``req.cache_inserted_len``, which then rises to the key's length)."""
-        if self.rules.hit_count == "chunked":
-            return self.insert(key, value, priority=req.priority, chunked=chunked)
-        done = self.insert(key, value, priority=req.priority, inserted_len=req.cache_inserted_len)
-        req.cache_inserted_len = max(req.cache_inserted_len, len(key))
-        return done
-
-    def checkpoint(self, req: Any, up_to: int, chunked: bool = False) -> torch.Tensor:
-        """SGLang 0.5.23's ``checkpoint`` (see the reference): insert, re-insert a shorter
-        page-aligned prompt with ``priority + 1`` and no hit, free the duplicates, match again,
-        rewrite the row, move ``cache_protected_len`` and the lock. Returns ``row[:up_to]``
-        as it is afterwards (int64)."""
-        assert req.req_pool_idx is not None
-        row = req.req_pool_idx
-        kv = self._read_row(row, up_to)
-        aligned = floor_align(up_to, self.page_size)
-        key = req_key(req, aligned)
-        new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked)
-        prompt = floor_align(min(up_to, len(req.origin_input_ids)), self.page_size)
-        if 0 < prompt < aligned:
-            self.insert(
-                req_key(req, prompt), kv[:prompt], priority=req.priority + 1, inserted_len=prompt
-            )
-        protected = req.cache_protected_len
-        self._free_tree_slots(kv[protected:new_prefix_len], protected)
-        match = self.match_prefix(key)
-        new_indices = match.device_indices
-        num_new = len(new_indices)
-        self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
-        self.dec_lock_ref(req.last_node)
-        self.inc_lock_ref(match.last_device_node)
-        req.cache_protected_len = num_new
-        req.last_node = match.last_device_node
-        return torch.cat((new_indices, kv[num_new:]))
-
-    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
-        """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
-
-        ``kv = row[:committed]``. ``rules.release_path == "finished_req"``: with insert, insert
-        the page-aligned part, free the duplicates ``kv[cache_protected_len:new_prefix_len]``,
-        then the unaligned tail ``kv[aligned:committed]`` (two frees, as the reference); without,
-        free ``kv[cache_protected_len:aligned]``, then the tail; disabled, one free of
-        ``kv[cache_protected_len:committed]``. ``"checkpoint"``: with insert, :meth:`checkpoint`
-        up to ``committed``; then one ``free_segment`` of ``row[cache_protected_len:
-        committed]``, disabled or not."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
-        committed = req.kv_committed_len
-        if self.rules.release_path == "checkpoint":
-            if is_insert and not self.disable:
-                self.checkpoint(req, committed)
-            protected = req.cache_protected_len
-            kv = self._read_row(req.req_pool_idx, committed)[protected:]
-            self.token_to_kv_pool_allocator.free_segment(kv, protected)
-            self.dec_lock_ref(req.last_node)
-            return
-        kv = self._read_row(req.req_pool_idx, committed)
-        free = self.token_to_kv_pool_allocator.free
-        if self.disable:
-            free(kv[req.cache_protected_len : committed])
-            return
-        aligned = floor_align(committed, self.page_size)
-        if is_insert:
-            key = req_key(req, aligned)
-            new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked=False)
-            self._free_tree_slots(
-                kv[req.cache_protected_len : new_prefix_len], req.cache_protected_len
-            )
-        else:
-            free(kv[req.cache_protected_len : aligned])
-        free(kv[aligned:committed])
-        self.dec_lock_ref(req.last_node)
-
-    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
-        """Between prefill chunks: insert ``fill_ids`` (page-aligned; hits by
-        ``rules.hit_count``), free the duplicates, re-match, rewrite
-        ``row[cache_protected_len:len(new_indices)]`` with the tree's slots, move the lock to
-        the new last node and set ``prefix_indices``/``cache_protected_len``
-        (``rules.release_path == "checkpoint"``: through :meth:`checkpoint`)."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
-        row = req.req_pool_idx
-        num_tokens = len(req.fill_ids)
-        if self.rules.release_path == "checkpoint" and not self.disable:
-            req.prefix_indices = self.checkpoint(req, num_tokens, chunked)
-            return
-        kv = self._read_row(row, num_tokens)
-        if self.disable:
-            req.prefix_indices = kv
-            return
-        aligned = floor_align(num_tokens, self.page_size)
-        key = req_key(req, aligned)
-        new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked=chunked)
-        self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : new_prefix_len])
-        match = self.match_prefix(key)
-        new_indices = match.device_indices
-        protected = req.cache_protected_len
-        num_new = len(new_indices)
-        self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
-        self.dec_lock_ref(req.last_node)
-        self.inc_lock_ref(match.last_device_node)
-        req.prefix_indices = torch.cat((new_indices, kv[num_new:]))
-        req.cache_protected_len = num_new
-        req.last_node = match.last_device_node
-
-    # ------------------------------------------------------------------ views
     def pretty_print(self) -> str:
         """The tree, one node a line (id, key/value preview, lock_ref, access time)."""
         return pretty_print_tree(self)

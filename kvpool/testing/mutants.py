@@ -1,4 +1,4 @@
-"""The seeded bugs of the quality suite (SEMANTICS section 10's kinds): :data:`MUTANTS`.
+"""The seeded bugs of the quality suite (specs/sglang_behaviour.md, section 10): :data:`MUTANTS`.
 
 Each entry is a :class:`~kvpool.testing.mutant_base.Mutant`: a name, the bug kind, the detectors
 expected to catch it, its patch (from :mod:`kvpool.testing.mutants_allocator`,
