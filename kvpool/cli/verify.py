@@ -184,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     """Run both phases (see the module docstring)."""
     if args.impl and args.sglang:
         fail("verify: give --impl or --sglang, not both")
+    if args.naive and not (args.sglang or str(args.impl or "").startswith("sglang")):
+        fail("verify: --naive selects SGLang's naive extend path: give it with --sglang")
     if args.ray is not None and args.workers == 0:
         fail("verify: --workers 0 runs in this process; it cannot be combined with --ray")
     candidate = _candidate(args)

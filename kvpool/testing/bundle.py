@@ -83,6 +83,10 @@ class Implementation:
     """Converts a list of slot ids (or lengths) into the implementation's index container
     (``list`` for the reference, an int64 tensor for torch implementations)."""
 
+    def rules_or_default(self) -> Rules:
+        """The rules this implementation follows (kvpool's default when it names none)."""
+        return self.rules if self.rules is not None else Rules()
+
     def provides(self, component: str) -> bool:
         """Whether this implementation can be driven by the machine of ``component``."""
         if component == "manager":  # else the twin's manager around the components it has

@@ -40,6 +40,7 @@ BAD: list[tuple[str, str]] = [
     ("verify --impl ./missing_impl.py:f", "missing_impl.py: no such file"),
     ("verify --impl kvpool_no_such_mod:f --seconds 1", "cannot load --impl kvpool_no_such_mod:f"),
     ("verify --backend cuda", "--backend: invalid choice: 'cuda'"),
+    ("verify --naive", "--naive selects SGLang's naive extend path"),
     ("verify --ray http://head:10001", "--ray: got 'http://head:10001', expected ray://HOST:PORT"),
     ("verify --ray head", "got 'head', expected ray://HOST:PORT, HOST:PORT, auto or local"),
     ("verify --ray local --workers 0", "--workers 0 runs in this process; it cannot be combined"),

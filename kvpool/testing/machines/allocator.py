@@ -63,7 +63,7 @@ class AllocatorTarget:
         ps = c.choice(SUPPORTED_PAGE_SIZES_TESTED)
         small = c.integer(0, 3) > 0
         pages = c.integer(3, 24) if small else c.integer(4200 // ps + 2, 9000 // ps + 2)
-        rules = impl.rules or PoolConfig().rules
+        rules = impl.rules_or_default()
         return PoolConfig(size=pages * ps, page_size=ps, need_sort=c.choice((False, True)),
                           rules=rules)  # fmt: skip
 

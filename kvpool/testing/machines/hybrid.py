@@ -80,7 +80,7 @@ class HybridTarget:
     name = "hybrid_req_to_token_pool"
 
     def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
-        rules = impl.rules or PoolConfig().rules
+        rules = impl.rules_or_default()
         return PoolConfig(req_pool_size=c.integer(1, 6), max_context_len=16,
                           mamba_slots=c.integer(1, 9), mamba_layers=c.integer(1, 2),
                           mamba_track_buffers=c.choice((0, 0, 1, 2)), rules=rules)  # fmt: skip

@@ -121,7 +121,7 @@ class LifecycleTarget:
 
     def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
         hybrid = impl.hybrid_req_to_token_pool is not None
-        return draw_config(c, hybrid=hybrid, rules=impl.rules or PoolConfig().rules)
+        return draw_config(c, hybrid=hybrid, rules=impl.rules_or_default())
 
     def pair(
         self,

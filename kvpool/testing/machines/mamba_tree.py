@@ -71,7 +71,7 @@ class MambaTreeTarget:
     name = "mamba_radix_cache"
 
     def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
-        rules = impl.rules or PoolConfig().rules
+        rules = impl.rules_or_default()
         return PoolConfig(size=c.integer(8, 40), req_pool_size=4, max_context_len=16,
                           mamba_slots=c.integer(2, 8), rules=rules)  # fmt: skip
 

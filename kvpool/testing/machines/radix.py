@@ -79,7 +79,7 @@ class RadixTarget:
     def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
         ps = c.choice(SUPPORTED_PAGE_SIZES_TESTED)
         pages = c.integer(4, 24) if ps <= 4 else c.integer(3, 10)
-        rules = impl.rules or PoolConfig().rules
+        rules = impl.rules_or_default()
         return PoolConfig(size=pages * ps, page_size=ps, eviction_policy=c.choice(
             EVICTION_POLICIES), need_sort=c.choice((False, True)), rules=rules)  # fmt: skip
 

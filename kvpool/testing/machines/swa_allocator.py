@@ -72,7 +72,7 @@ class SWAAllocatorTarget:
         pages = c.integer(3, 24)
         window = c.choice((1, max(ps // 2, 1), ps, ps + 1, 2 * ps + 3, c.integer(1, 4 * ps)))
         ratio = c.choice((0.25, 0.5, 0.8, 1.0, 1.5))
-        rules = impl.rules or PoolConfig().rules
+        rules = impl.rules_or_default()
         return PoolConfig(size=pages * ps, page_size=ps, need_sort=c.choice((False, True)),
                           sliding_window=window, swa_full_tokens_ratio=ratio,
                           rules=rules)  # fmt: skip

@@ -71,7 +71,7 @@ class SWARadixTarget:
     def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
         ps = c.choice(PAGE_SIZES)
         window = c.choice((1, ps, ps + 1, 2 * ps, 3 * ps + 1))
-        rules = impl.rules or PoolConfig().rules
+        rules = impl.rules_or_default()
         return PoolConfig(size=c.integer(12, 40) * ps, page_size=ps, sliding_window=window,
                           swa_full_tokens_ratio=c.choice((0.5, 0.8, 1.0)),
                           need_sort=c.choice((False, True)), rules=rules)  # fmt: skip

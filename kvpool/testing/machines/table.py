@@ -55,7 +55,7 @@ class TableTarget:
     name = "req_to_token_pool"
 
     def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
-        rules = impl.rules or PoolConfig().rules
+        rules = impl.rules_or_default()
         return PoolConfig(req_pool_size=c.integer(1, 8), max_context_len=c.choice((4, 16, 64)),
                           rules=rules)  # fmt: skip
 
