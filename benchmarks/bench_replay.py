@@ -71,7 +71,7 @@ def replay_tree(twin: str, records: list[TraceRecord]) -> float:
     alloc = StubAllocator(PAGE_SIZE)
     total = 0.0
     if twin == "optimized":
-        cache: Any = OptRadixCache(None, alloc, PAGE_SIZE)
+        cache: Any = OptRadixCache(None, alloc, PAGE_SIZE)  # type: ignore[arg-type]
         for rec in records:
             key = OptKey(request_token_array(rec))
             t0 = time.thread_time()
