@@ -1,4 +1,4 @@
-"""Replay benchmark on Mooncake's conversation trace (``../shared/traces``, see kvpool.traces).
+"""Replay benchmark on Mooncake's conversation trace (in ``$KVPOOL_TRACES``, see kvpool.traces).
 
 (a) ``tree``: every request of ``conversation_trace.jsonl`` (12,031) does ``match_prefix`` then
     ``insert`` of its whole prompt on the twin's RadixCache at page size 16 (stub allocator:
