@@ -10,14 +10,15 @@ tree owned go back through ``Rules.tree_free``. A mixin of
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.radix_key import (
+    MatchResult,
     RadixKey,
+    TreeNode,
     req_key,
 )
 from kvpool.optimized.req import Req
@@ -36,10 +37,10 @@ class RadixRelease:
     req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor]
     token_to_kv_pool_allocator: SegmentAllocatorProtocol[torch.Tensor]
     insert: Callable[..., int]
-    match_prefix: Callable[..., Any]
-    inc_lock_ref: Any
-    dec_lock_ref: Any
-    _read_row: Callable[..., Any]
+    match_prefix: Callable[[RadixKey], MatchResult]
+    inc_lock_ref: Callable[[TreeNode | None], int]
+    dec_lock_ref: Callable[[TreeNode | None], int]
+    _read_row: Callable[[int, int], torch.Tensor]
 
     def _free_tree_slots(self, slots: torch.Tensor, start_pos: int) -> None:
         """Return slots the tree owned (an evicted node's, a finished request's duplicates

@@ -10,12 +10,11 @@ tree owned go back through ``Rules.tree_free``. A mixin of
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator
-from kvpool.reference.radix_key import RadixKey
+from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.reference.req import Req
 from kvpool.reference.req_to_token_pool import ReqToTokenPool
 from kvpool.rules import Rules
@@ -30,9 +29,9 @@ class RadixRelease:
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator
     insert: Callable[..., int]
-    match_prefix: Callable[..., Any]
-    inc_lock_ref: Any
-    dec_lock_ref: Any
+    match_prefix: Callable[[RadixKey], MatchResult]
+    inc_lock_ref: Callable[[TreeNode | None], int]
+    dec_lock_ref: Callable[[TreeNode | None], int]
 
     def _free_tree_slots(self, slots: list[int], start_pos: int) -> None:
         """Return slots the tree owned (an evicted node's, a finished request's duplicates
