@@ -136,10 +136,13 @@ def interpreted(kernel: Any) -> Any:
     """An interpreter-launchable version of ``kernel`` (a ``triton.jit`` object, an
     ``InterpretedFunction`` or the plain function), independent of ``TRITON_INTERPRET``; it may
     call ``triton.jit`` library functions."""
-    interp = _triton_interpreter()
-    if isinstance(kernel, interp.InterpretedFunction):
+    cls = _interpreted_class()
+    if isinstance(kernel, cls):
         return kernel
-    return _interpreted_class()(getattr(kernel, "fn", kernel))
+    # A plain InterpretedFunction (its module was decorated under TRITON_INTERPRET=1) is
+    # unwrapped too: triton's library functions may still be compiled-mode objects that only
+    # our launch lets it call.
+    return cls(getattr(kernel, "fn", kernel))
 
 
 @functools.lru_cache(maxsize=1)
