@@ -29,7 +29,7 @@ from typing import Any
 from kvpool.snapshot import HostTransferSnapshot
 
 
-@dataclass
+@dataclass(eq=False)
 class HiCacheAck:
     """A transfer in flight: ``kind`` ``"write"`` (device -> host) or ``"load"`` (host ->
     device), slot for slot, for the nodes ``node_ids`` (the ids the acknowledgement carries)."""
@@ -44,7 +44,7 @@ class HiCacheAck:
                                     tuple(self.device_indices))  # fmt: skip
 
 
-@dataclass
+@dataclass(eq=False)
 class PrefetchOperation:
     """A prefetch of ``len(tags)`` tokens from storage. ``tags``: the content storage holds for
     them. ``host_indices`` is None until the storage hit is known and host slots are reserved
@@ -191,7 +191,7 @@ class HiCacheController:
                 self.mem_pool_host.tags[int(h)] = tag
             op.increment(got)
         if op.terminated or op.completed_tokens >= op.storage_hit_count:
-            self.prefetch_buffer.remove(op)
+            self.prefetch_buffer = [o for o in self.prefetch_buffer if o is not op]
             self.append_host_mem_release(op.host_indices[op.completed_tokens :])
         return got
 

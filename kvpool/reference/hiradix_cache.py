@@ -307,13 +307,13 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
             n for n in nodes if n.lock_ref == 0 and all(_hi(c).evicted for c in n.children.values())
         ]
 
-    def _heap(self, nodes: list[HiTreeNode]) -> list[tuple[Any, HiTreeNode]]:
+    def _make_heap(self, nodes: list[HiTreeNode]) -> list[tuple[Any, HiTreeNode]]:
         heap = [(self.priority_fn(n), n) for n in nodes]
         heapq.heapify(heap)
         return heap
 
-    def _promote_parent(self, node: HiTreeNode, heap: list[tuple[Any, HiTreeNode]]) -> None:
-        p = _hi(node.parent)
+    def _promote_from(self, p: HiTreeNode, heap: list[tuple[Any, HiTreeNode]]) -> None:
+        """``p`` lost a device child: push it once every child is host-only."""
         if p is not self.root_node and all(_hi(c).evicted for c in p.children.values()):
             heapq.heappush(heap, (self.priority_fn(p), p))
 
@@ -326,18 +326,19 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
             return 0
         if self.write_policy == "write_back":
             return self._evict_write_back(num_tokens)
-        heap = self._heap(self._device_leaves())
+        heap = self._make_heap(self._device_leaves())
         evicted = 0
         while evicted < num_tokens and heap:
             _, x = heapq.heappop(heap)
             if x.lock_ref > 0 or x.evicted or x.parent is None:
                 continue
+            parent = _hi(x.parent)
             evicted += self._evict_backuped(x) if x.backuped else self._evict_regular(x)
-            self._promote_parent(x, heap)
+            self._promote_from(parent, heap)
         return evicted
 
     def _evict_write_back(self, num_tokens: int) -> int:
-        heap = self._heap(self._device_leaves())
+        heap = self._make_heap(self._device_leaves())
         evicted = 0
         staged: list[tuple[HiTreeNode, list[int]]] = []
 
@@ -354,6 +355,7 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
             _, x = heapq.heappop(heap)
             if x.lock_ref > 0 or x.evicted or x.parent is None:
                 continue
+            parent = _hi(x.parent)
             if x.backuped:
                 evicted += self._evict_backuped(x)
             elif self.write_backup(x, write_back=True) > 0:
@@ -363,7 +365,7 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
             else:
                 flush_staged()
                 evicted += self._drop_subtree_no_host(x)
-            self._promote_parent(x, heap)
+            self._promote_from(parent, heap)
         flush_staged()
         return evicted
 
@@ -423,7 +425,7 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
         leaves = [_hi(n) for n in bfs_nodes(self.root_node)[1:]]
         leaves = [n for n in leaves if n.evicted and not any(
             _hi(c).backuped for c in n.children.values())]  # fmt: skip
-        heap = self._heap(leaves)
+        heap = self._make_heap(leaves)
         evicted = 0
         while evicted < num_tokens and heap:
             _, x = heapq.heappop(heap)
