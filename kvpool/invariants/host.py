@@ -50,7 +50,8 @@ def host_holders(snap: HostTierSnapshot) -> Counter[int]:
 @invariant(
     "INV-HOST-DOUBLE-FREE",
     "no host slot is free twice: none twice in free_slots + release_slots + the release queue, "
-    "and none queued for release while already free",
+    "none queued for release while already free, none queued while a prefetch worker still "
+    "holds it (it releases its slots itself)",
     scope="host",
 )
 def check_host_double_free(snap: HostTierSnapshot, previous: HostTierSnapshot | None) -> None:
@@ -61,6 +62,11 @@ def check_host_double_free(snap: HostTierSnapshot, previous: HostTierSnapshot | 
         "INV-HOST-DOUBLE-FREE",
         "host slots queued for release twice, or queued while free",
         [s for s, c in queued.items() if c > 1 or s in free],
+    )
+    _fail(
+        "INV-HOST-DOUBLE-FREE",
+        "host slots queued for release while a prefetch worker will release them too",
+        set(queued) & set(snap.worker_held),
     )
 
 
@@ -151,11 +157,14 @@ def check_backup_done(snap: HostTierSnapshot, previous: HostTierSnapshot | None)
         if not n.evicted:
             continue
         host = n.host_value
-        if host is None or len(host) != len(n.key) or n.write_pending or set(host) & w_host:
-            bad.append(n.node_id)
-        elif n.lock_ref != 0 or n.value:
-            bad.append(n.node_id)
-        elif any(c in by_id and not by_id[c].evicted for c in n.child_ids):
+        incomplete = host is None or len(host) != len(n.key) or bool(set(host) & w_host)
+        if (
+            incomplete
+            or n.write_pending
+            or n.lock_ref != 0
+            or n.value
+            or any(c in by_id and not by_id[c].evicted for c in n.child_ids)
+        ):
             bad.append(n.node_id)
     _fail("INV-HOST-BACKUP-DONE", "host-only nodes whose backup is not complete", bad)
 
@@ -218,12 +227,12 @@ def check_host_kv_integrity(snap: HostTierSnapshot, previous: HostTierSnapshot |
     bad = []
     for n in _nodes(snap.tree):
         want = expected[n.node_id]
-        if n.host_value is not None and not n.write_pending:
-            if [snap.host.tags[h] for h in n.host_value] != want:
-                bad.append(n.node_id)
-        if snap.device_tags and not n.evicted and not set(n.value) & l_dev:
-            if [snap.device_tags[s] for s in n.value] != want:
-                bad.append(n.node_id)
+        hosts = n.host_value
+        if hosts is not None and not n.write_pending and [snap.host.tags[h] for h in hosts] != want:
+            bad.append(n.node_id)
+        device_read = snap.device_tags and not n.evicted and not set(n.value) & l_dev
+        if device_read and [snap.device_tags[s] for s in n.value] != want:
+            bad.append(n.node_id)
     _fail("INV-HOST-KV-INTEGRITY", "nodes whose host or device copy holds other tokens' KV", bad)
 
 

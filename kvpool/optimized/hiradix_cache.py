@@ -293,8 +293,15 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
     def _device_leaves(self) -> list[HiTreeNode]:
         nodes = self._device_nodes()
         return [
-            n for n in nodes if n.lock_ref == 0 and all(_hi(c).evicted for c in n.children.values())
+            n
+            for n in nodes
+            if self._device_evictable(n) and all(_hi(c).evicted for c in n.children.values())
         ]
+
+    def _device_evictable(self, node: HiTreeNode) -> bool:
+        """Whether ``node``'s device copy may be evicted: no lock (a write-through in flight
+        locks its node until its acknowledgement)."""
+        return node.lock_ref == 0
 
     def _make_heap(self, nodes: list[HiTreeNode]) -> list[tuple[Any, HiTreeNode]]:
         heap = [(self.priority_fn(n), n) for n in nodes]
@@ -315,7 +322,7 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
         evicted = 0
         while evicted < num_tokens and heap:
             _, x = heapq.heappop(heap)
-            if x.lock_ref > 0 or x.evicted or x.parent is None:
+            if not self._device_evictable(x) or x.evicted or x.parent is None:
                 continue
             parent = _hi(x.parent)
             evicted += self._evict_backuped(x) if x.backuped else self._evict_regular(x)
@@ -331,18 +338,9 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
         evicted = 0
         staged: list[tuple[HiTreeNode, torch.Tensor]] = []
 
-        def flush_staged() -> None:
-            if not staged:
-                return
-            self.writing_check(write_back=True)
-            for node, device_indices in staged:
-                self.cache_controller.evict_device(device_indices)
-                node.release_host()
-            staged.clear()
-
         while evicted < num_tokens and heap:
             _, x = heapq.heappop(heap)
-            if x.lock_ref > 0 or x.evicted or x.parent is None:
+            if not self._device_evictable(x) or x.evicted or x.parent is None:
                 continue
             parent = _hi(x.parent)
             if x.backuped:
@@ -352,11 +350,22 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
                 staged.append((x, x.value))
                 evicted += self._detach_backuped(x)
             else:
-                flush_staged()
+                self._flush_staged(staged)
                 evicted += self._drop_subtree_no_host(x)
             self._promote_from(parent, heap)
-        flush_staged()
+        self._flush_staged(staged)
         return evicted
+
+    def _flush_staged(self, staged: list[tuple[HiTreeNode, torch.Tensor]]) -> None:
+        """Write-back eviction: wait for every write in flight (their acknowledgements are
+        delivered now), then free the staged nodes' device slots and drop their host pins."""
+        if not staged:
+            return
+        self.writing_check(write_back=True)
+        for node, device_indices in staged:
+            self.cache_controller.evict_device(device_indices)
+            node.release_host()
+        staged.clear()
 
     def _detach_backuped(self, node: HiTreeNode) -> int:
         n = int(node.value.numel())

@@ -132,27 +132,30 @@ class HiRadixTarget:
                 f"{render_tree(snap.tree)}")  # fmt: skip
 
     # ---------------------------------------------------------------- drawing
-    def _key(self, c: Chooser, model: HiModel) -> tuple[list[int], str | None]:
+    def _key(self, c: Chooser, model: HiModel, reuse: bool | None) -> tuple[list[int], str | None]:
         ps = model.config.page_size
-        if model.keys and c.integer(0, 1):
+        if model.keys and reuse is not None and (reuse or c.integer(0, 1)):
             tokens, extra = model.keys[c.integer(0, len(model.keys) - 1)]
             cut = c.choice((len(tokens), len(tokens), max(ps, len(tokens) // 2)))
             return list(tokens[:cut]) + [c.choice(ALPHABET) for _ in range(c.integer(0, ps))], extra
-        n = draw_length(c, ps, 4 * ps + 3)
+        n = draw_length(c, ps, 4 * ps + 3) if reuse is not None else c.integer(2, 5) * ps
         head = shared_prefix(c.integer(0, 2), c.integer(0, n))
         return head + [c.choice(ALPHABET) for _ in range(n - len(head))], c.choice((None, "a"))
 
     def draw_op(self, c: Chooser, model: HiModel, rejects_misuse: bool) -> Op:
         cfg = model.config
-        kinds = ["insert"] * 3 + ["match", "lock", "unlock", "evict", "evict", "evict_host",
-                 "load_back", "load_back", "wcheck", "wcheck", "lcheck", "lcheck", "reset",
-                 "invalid"]  # fmt: skip
+        kinds = ["insert"] * 4 + ["match", "lock", "unlock", "evict", "evict", "evict_host",
+                 "load_back", "load_back", "load_back", "wcheck", "wcheck", "lcheck", "lcheck",
+                 "reset", "invalid"]  # fmt: skip
         if cfg.hicache_storage:
-            kinds += ["prefetch", "prefetch", "hit", "hit", "io", "io", "progress", "abort",
-                      "drain"]  # fmt: skip
+            kinds += ["prefetch", "prefetch", "hit", "hit", "io", "io", "io", "progress",
+                      "progress", "abort", "drain"]  # fmt: skip
         kind = c.choice(kinds)
+        if kind == "reset" and c.integer(0, 3):
+            kind = "evict"  # a flush is rare: most runs keep their tree
         if kind in ("insert", "match", "load_back", "prefetch"):
-            tokens, extra = self._key(c, model)
+            reuse = None if kind == "prefetch" else kind == "load_back"
+            tokens, extra = self._key(c, model, reuse)
             name = {"match": "match_prefix"}.get(kind, kind)
             rid = (c.integer(0, len(RIDS) - 1),) if kind == "prefetch" else ()
             return Op(name, (*rid, tokens), (("extra_key", extra),))
@@ -164,9 +167,9 @@ class HiRadixTarget:
             name = "writing_check" if kind == "wcheck" else "loading_check"
             return Op(name, (c.choice((0, 1, 1, 2, 8)),))
         if kind == "hit":
-            return Op("storage_hit", (c.integer(0, 2), c.integer(0, 5) * cfg.page_size))
+            return Op("storage_hit", (c.integer(0, 2), c.choice((0, 1, 2, 3, 5)) * cfg.page_size))
         if kind == "io":
-            return Op("prefetch_io", (c.integer(0, 2), c.integer(0, 3)))
+            return Op("prefetch_io", (c.integer(0, 8), c.integer(0, 3)))
         if kind in ("progress", "abort"):
             name = "check_prefetch_progress" if kind == "progress" else "release_aborted_request"
             return Op(name, (c.integer(0, 2),))
@@ -189,11 +192,21 @@ class HiRadixTarget:
             return Op("dec_lock_ref", (locked[op.args[0] % len(locked)],)) if locked else None
         if op.name == "reset":
             return None if any(model.locks.values()) else op
+        ongoing = [] if snap is None else [p.rid for p in snap.prefetches]
         if op.name == "prefetch":
-            return Op("prefetch", (RIDS[op.args[0] % len(RIDS)], op.args[1]), op.kwargs)
-        if op.name in ("storage_hit", "prefetch_io", "check_prefetch_progress",
-                       "release_aborted_request"):  # fmt: skip
-            return Op(op.name, (RIDS[op.args[0] % len(RIDS)], *op.args[1:]))
+            idle = [r for r in RIDS if r not in ongoing]
+            return (
+                Op("prefetch", (idle[op.args[0] % len(idle)], op.args[1]), op.kwargs)
+                if idle
+                else None
+            )
+        if op.name in ("storage_hit", "check_prefetch_progress", "release_aborted_request"):
+            # an ongoing prefetch when there is one (else a request that has none)
+            rids = ongoing or list(RIDS)
+            return Op(op.name, (rids[op.args[0] % len(rids)], *op.args[1:]))
+        if op.name == "prefetch_io":  # workers outlive their prefetch: any request
+            rids = ongoing * 2 + list(RIDS)
+            return Op(op.name, (rids[op.args[0] % len(rids)], *op.args[1:]))
         if op.name == "invalid":
             unlocked = [h for h in handles if snap is not None and _unlocked(snap.tree, h)]
             if unlocked and op.args[0] % 3 == 1:
@@ -255,7 +268,7 @@ class HiRadixTarget:
         if op.name == "insert" and out.result is not None:
             key = (tuple(op.args[0]), kw["extra_key"])
             if key not in model.keys:
-                model.keys = (model.keys + [key])[-8:]
+                model.keys = [*model.keys, key][-8:]
         if op.name == "match_prefix":
             n = len(out.result[0])
             model.matched[(tuple(op.args[0][:n]), kw["extra_key"])] = n
@@ -276,8 +289,12 @@ class HiRadixTarget:
         held = {s // ps for n in snap.tree.nodes if not n.evicted for s in n.value}
         count += check_allocator(snap.device, held)
         view = device_view(snap.tree)
-        holders = [node for h, times in sorted(model.locks.items(), key=repr)
-                   for node in [_node_at(view, h[0], h[1])] * times if node is not None]
+        holders = [
+            node
+            for h, times in sorted(model.locks.items(), key=repr)
+            for node in [_node_at(view, h[0], h[1])] * times
+            if node is not None
+        ]
         holders += [i for t in snap.transfers for i in t.node_ids
                     if t.kind == "load" or snap.write_policy != "write_back"]  # fmt: skip
         reqs = tuple(ReqSnapshot(f"lock{i}", "waiting", None, 0, 0, 0, 0, 0, 0, 0, node, None,
@@ -311,7 +328,8 @@ class HiRadixTarget:
             return [f"{op.name}:{'acked' if out.result else 'nothing'}"]
         if op.name == "evict":
             host_only = sum(n.evicted for n in after.tree.nodes) > sum(
-                n.evicted for n in before.tree.nodes)
+                n.evicted for n in before.tree.nodes
+            )
             return ["evict:to-host" if host_only else "evict:freed" if out.result else
                     "evict:nothing"]  # fmt: skip
         if op.name == "evict_host":
