@@ -144,7 +144,8 @@ class HiRadixTarget:
 
     def draw_op(self, c: Chooser, model: HiModel, rejects_misuse: bool) -> Op:
         cfg = model.config
-        kinds = ["insert"] * 4 + ["match", "lock", "unlock", "evict", "evict", "evict_host",
+        kinds = ["insert"] * 4 + ["match", "match", "lock", "lock", "unlock", "unlock", "evict",
+                 "evict", "evict_host",
                  "load_back", "load_back", "load_back", "wcheck", "wcheck", "lcheck", "lcheck",
                  "reset", "invalid"]  # fmt: skip
         if cfg.hicache_storage:
