@@ -8,9 +8,9 @@ alone: ``allocator`` / ``req_to_token_pool`` / ``radix_cache``, ``swa_allocator`
 ``mamba_radix_cache``, or the host tier's ``hiradix_cache``), the reference against a
 candidate (``--impl``: the optimized twin by default, ``sglang[:SOURCE]`` for SGLang's own
 classes, or ``MODULE:NAME`` / ``path.py:NAME``), every invariant checked after every step, in
-``--workers`` processes so that a candidate that crashes or hangs is a reported failure, or fanned out over a Ray cluster with ``--ray
-[ADDRESS]`` (blocks of runs, one task per CPU). Prints a summary with the coverage reached, and
-writes it as JSON with ``--report`` (always, also after a failure or an internal error). Exit
+``--workers`` processes so that a candidate that crashes or hangs is a reported failure, or
+fanned out over a Ray cluster with ``--ray [ADDRESS]`` (blocks of runs, one task per CPU).
+Prints a summary with the coverage reached, and writes it as JSON with ``--report`` (always, also after a failure or an internal error). Exit
 codes: 0 clean, 1 a failure, 2 bad usage.
 """
 
