@@ -10,8 +10,8 @@ candidate (``--impl``: the optimized twin by default, ``sglang[:SOURCE]`` for SG
 classes, or ``MODULE:NAME`` / ``path.py:NAME``), every invariant checked after every step, in
 ``--workers`` processes so that a candidate that crashes or hangs is a reported failure, or
 fanned out over a Ray cluster with ``--ray [ADDRESS]`` (blocks of runs, one task per CPU).
-Prints a summary with the coverage reached, and writes it as JSON with ``--report`` (always, also after a failure or an internal error). Exit
-codes: 0 clean, 1 a failure, 2 bad usage.
+Prints a summary with the coverage reached, and writes it as JSON with ``--report`` (always,
+also after a failure or an internal error). Exit codes: 0 clean, 1 a failure, 2 bad usage.
 """
 
 from __future__ import annotations
