@@ -435,10 +435,10 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
         return evicted
 
     # ----------------------------------------------------------------- load back
-    def load_back(self, node: HiTreeNode, mem_quota: int | None = None) -> torch.Tensor | None:
+    def load_back(self, node: TreeNode, mem_quota: int | None = None) -> torch.Tensor | None:
         """Restore the host-only nodes from ``node`` up to the first device node; see the
         reference."""
-        last_hit_node = node
+        node = last_hit_node = _hi(node)
         nodes_to_load: list[HiTreeNode] = []
         while node.evicted:
             assert node.host_value is not None, f"node {node.node_id} is evicted without backup"
@@ -478,9 +478,10 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
         return device_indices
 
     def init_load_back(
-        self, last_node: HiTreeNode, mem_quota: int | None = None
+        self, node: TreeNode, mem_quota: int | None = None
     ) -> tuple[torch.Tensor, HiTreeNode]:
         """Load back ``last_node`` if it is host-only; see the reference."""
+        last_node = _hi(node)
         if last_node.evicted:
             loaded = self.load_back(last_node, mem_quota)
             if loaded is not None:

@@ -448,12 +448,12 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
         return evicted
 
     # ----------------------------------------------------------------- load back
-    def load_back(self, node: HiTreeNode, mem_quota: int | None = None) -> list[int] | None:
+    def load_back(self, node: TreeNode, mem_quota: int | None = None) -> list[int] | None:
         """Restore the host-only nodes from ``node`` up to the first device node into new
         device slots; returns them (None: below the threshold, over the quota, or no room even
         after one eviction; nothing changed then). The restored path is locked until the load's
         acknowledgement."""
-        last_hit_node = node
+        node = last_hit_node = _hi(node)
         nodes_to_load: list[HiTreeNode] = []
         while node.evicted:
             assert node.host_value is not None, f"node {node.node_id} is evicted without backup"
@@ -491,10 +491,11 @@ class HiRadixCache(HiRadixPrefetch, RadixCache):
         return device_indices
 
     def init_load_back(
-        self, last_node: HiTreeNode, mem_quota: int | None = None
+        self, node: TreeNode, mem_quota: int | None = None
     ) -> tuple[list[int], HiTreeNode]:
         """Load back ``last_node`` if it is host-only; returns the restored device slots (empty
         if none) and the node the request should lock (the deepest one on device)."""
+        last_node = _hi(node)
         if last_node.evicted:
             loaded = self.load_back(last_node, mem_quota)
             if loaded is not None:

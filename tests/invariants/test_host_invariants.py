@@ -5,6 +5,7 @@ naming the offending indices, and stays quiet on a good one taken from the refer
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -50,6 +51,7 @@ def good() -> HostTierSnapshot:
     insert([5, 6])
     match = tree.match_prefix(RadixKey([1, 2, 3, 4]))
     assert match.host_hit_length == 4
+    assert match.last_host_node is not None
     loaded, _ = tree.init_load_back(match.last_host_node)
     assert len(loaded) == 4 and tree.ready_to_load_host_cache() == 0
     assert tree.prefetch_from_storage("r0", tree.root_node, [7, 8, 9])
@@ -63,7 +65,7 @@ def node(snap: HostTierSnapshot, key: tuple[int, ...]) -> NodeSnapshot:
     return next(n for n in snap.tree.nodes if n.key == key)
 
 
-def with_node(snap: HostTierSnapshot, key: tuple[int, ...], **fields: object) -> HostTierSnapshot:
+def with_node(snap: HostTierSnapshot, key: tuple[int, ...], **fields: Any) -> HostTierSnapshot:
     nodes = tuple(dataclasses.replace(n, **fields) if n.key == key else n for n in snap.tree.nodes)
     return dataclasses.replace(snap, tree=dataclasses.replace(snap.tree, nodes=nodes))
 

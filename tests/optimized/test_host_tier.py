@@ -4,6 +4,7 @@ must give the same slots; the lockstep machine compares them at scale)."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,25 +52,22 @@ class Rig:
 
 
 def rig(twin: str, policy: str = "write_through", page_size: int = 1, **kw: Any) -> Rig:
-    if twin == "reference":
-        from kvpool.reference import RadixKey, ReqToTokenPool, TokenToKVPoolAllocator
-        from kvpool.reference.hiradix_cache import HiRadixCache
-        from kvpool.reference.kv_cache import MHATokenToKVPool
-        from kvpool.reference.memory_pool_host import MHATokenToKVPoolHost
-        from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
+    """A 16-slot device pool (MHA, 2 layers), its allocator and a host pool of ``ratio`` times
+    its size, under a ``HiRadixCache`` of ``twin``."""
+    mod = {name: importlib.import_module(f"kvpool.{twin}.{name}") for name in (
+        "radix_key", "req_to_token_pool", "allocator", "paged_allocator", "kv_cache",
+        "memory_pool_host", "hiradix_cache")}  # fmt: skip
+    dev = mod["kv_cache"].MHATokenToKVPool(16, page_size, "float32", 1, 2, 2)
+    if page_size == 1:
+        alloc = mod["allocator"].TokenToKVPoolAllocator(16)
     else:
-        from kvpool.optimized import RadixKey, ReqToTokenPool, TokenToKVPoolAllocator
-        from kvpool.optimized.hiradix_cache import HiRadixCache
-        from kvpool.optimized.kv_cache import MHATokenToKVPool
-        from kvpool.optimized.memory_pool_host import MHATokenToKVPoolHost
-        from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
-    dev = MHATokenToKVPool(16, page_size, "float32", 1, 2, 2)
-    alloc = (TokenToKVPoolAllocator(16) if page_size == 1
-             else PagedTokenToKVPoolAllocator(16, page_size))  # fmt: skip
-    host = MHATokenToKVPoolHost(dev, kw.pop("ratio", 1.0), 0, page_size)
+        alloc = mod["paged_allocator"].PagedTokenToKVPoolAllocator(16, page_size)
+    host = mod["memory_pool_host"].MHATokenToKVPoolHost(dev, kw.pop("ratio", 1.0), 0, page_size)
     kw.setdefault("load_back_threshold", 1)
-    tree = HiRadixCache(ReqToTokenPool(4, 32), alloc, page_size, host, write_policy=policy, **kw)
-    return Rig(dev, alloc, host, tree, RadixKey)
+    pool = mod["req_to_token_pool"].ReqToTokenPool(4, 32)
+    tree = mod["hiradix_cache"].HiRadixCache(pool, alloc, page_size, host, write_policy=policy,
+                                             **kw)  # fmt: skip
+    return Rig(dev, alloc, host, tree, mod["radix_key"].RadixKey)
 
 
 @pytest.mark.parametrize("twin", TWINS)
