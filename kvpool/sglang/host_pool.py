@@ -34,7 +34,7 @@ _HOST = "sglang.srt.mem_cache.pool_host.base"
 def _concrete(cls: type) -> type:
     """A subclass of SGLang's abstract ``HostKVCache`` whose abstract (buffer) methods are
     empty: the allocator under test never calls them."""
-    names = getattr(cls, "__abstractmethods__", frozenset())
+    names: frozenset[str] = getattr(cls, "__abstractmethods__", frozenset())
     return type(f"Kvpool{cls.__name__}", (cls,), {n: lambda *a, **k: None for n in names})
 
 
