@@ -97,24 +97,28 @@ class HostKVCache:
         return out
 
     def free(self, indices: Any) -> int:
-        """Release held slots (one chunk); DoubleFreeError (nothing changed) if one is free or
-        listed twice; InvalidArgumentError for a slot outside the pool."""
+        """Release held slots (one chunk, kept as given: the caller must not modify it, as in
+        SGLang); DoubleFreeError (nothing changed) if one is free or listed twice;
+        InvalidArgumentError for a slot outside the pool."""
         slots = torch.as_tensor(indices, dtype=torch.int64).reshape(-1).cpu()
-        if slots.numel() == 0:
+        n = int(slots.numel())
+        if n == 0:
             return 0
-        outside = (slots < 0) | (slots >= self.size)
-        if bool(outside.any()):
+        if int(slots.min()) < 0 or int(slots.max()) >= self.size:
+            outside = (slots < 0) | (slots >= self.size)
             raise InvalidArgumentError(
                 f"host slots {slots[outside].tolist()} outside 0..{self.size - 1}"
             )
-        unique, counts = torch.unique(slots, return_counts=True)
-        bad = unique[(counts > 1) | ~self.slot_used[unique]]
-        if bad.numel():
+        used = self.slot_used[slots]
+        repeated = n > 1 and bool((slots.sort().values.diff() == 0).any())
+        if repeated or not bool(used.all()):
+            unique, counts = torch.unique(slots, return_counts=True)
+            bad = unique[(counts > 1) | ~self.slot_used[unique]]
             raise DoubleFreeError(f"host slots {bad.tolist()} are not currently allocated")
         self.slot_used[slots] = False
-        self.release_slots.append(slots.clone())
-        self.num_release_slots += int(slots.numel())
-        return int(slots.numel())
+        self.release_slots.append(slots)
+        self.num_release_slots += n
+        return n
 
     def backup_from_device_all_layer(
         self, device_pool: Any, host_indices: torch.Tensor, device_indices: torch.Tensor
