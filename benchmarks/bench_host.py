@@ -11,7 +11,8 @@ tags, so buffer width does not matter), a host pool of twice that, write-through
 - ``match_prefix`` + ``init_load_back`` of the 64 sequences, then ``ready_to_load_host_cache``:
   64 host hits restored into device slots (one merged load);
 - ``loading_check``: the load acknowledgement (tags copied host -> device, nodes unlocked);
-- the host pool alone: ``alloc`` of 4,096 slots, then ``free`` of them in 256 chunks.
+- the host pool alone: ``alloc`` of 4,096 slots, then ``free`` of them one page a call (256
+  calls), and ``free`` of 4,096 slots in one call.
 
 Each round starts from freshly built pools (untimed); every phase is timed as a whole with
 ``time.perf_counter``; the figures are medians over the rounds. Both twins' tree snapshots are
@@ -97,6 +98,8 @@ def _round(twin: str) -> tuple[dict[str, float], Any]:
     got = timed("host_alloc", lambda: host.alloc(4096))
     chunks = [got[i : i + PAGE] for i in range(0, 4096, PAGE)]
     timed("host_free", lambda: [host.free(c) for c in chunks])
+    got = host.alloc(4096)
+    timed("host_free_one", lambda: host.free(got))
     return times, tree.snapshot()
 
 
@@ -107,14 +110,15 @@ ROWS = (
     ("load_back", f"`match_prefix` + `init_load_back` of {SEQS} host hits, one load"),
     ("loading_check", "`loading_check`, the merged load acknowledgement"),
     ("host_alloc", "host pool `alloc` of 4,096 slots"),
-    ("host_free", "host pool `free` of 4,096 slots in 256 pages"),
+    ("host_free", "host pool `free` of 4,096 slots, one page a call (256 calls)"),
+    ("host_free_one", "host pool `free` of 4,096 slots in one call"),
 )
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
     """One row per phase (see the module docstring)."""
     torch.set_num_threads(1)
-    rounds = 2 if quick else 7
+    rounds = 2 if quick else 5
     ref_t: dict[str, list[float]] = {name: [] for name, _ in ROWS}
     twin_t: dict[str, list[float]] = {name: [] for name, _ in ROWS}
     for _ in range(rounds):

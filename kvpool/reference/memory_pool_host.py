@@ -21,6 +21,7 @@ tokens it should hold.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -122,7 +123,8 @@ class HostKVCache:
         bad = [s for s in slots if not 0 <= s < self.size]
         if bad:
             raise InvalidArgumentError(f"host slots {bad} outside 0..{self.size - 1}")
-        twice = sorted({s for s in slots if not self.slot_used[s] or slots.count(s) > 1})
+        counts = Counter(slots)
+        twice = sorted(s for s, c in counts.items() if not self.slot_used[s] or c > 1)
         if twice:
             raise DoubleFreeError(f"host slots {twice} are not currently allocated")
         for slot in slots:
