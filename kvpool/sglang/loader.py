@@ -43,6 +43,7 @@ REAL_MODULES = (
     "sglang.srt.mem_cache.utils",
     "sglang.srt.mem_cache.events",
     "sglang.srt.mem_cache.session_radix_cache",
+    "sglang.srt.mem_cache.hiradix_cache",
 )
 """SGLang modules executed from SGLang's own source (the behaviour under test lives here)."""
 

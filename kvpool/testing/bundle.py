@@ -88,6 +88,9 @@ class Implementation:
     """Converts a list of slot ids (or lengths) into the implementation's index container
     (``list`` for the reference, an int64 tensor for torch implementations)."""
     hiradix_cache: Callable[[PoolConfig, Any, Any], Any] | None = None
+    hiradix_storage: bool = True
+    """Whether its ``hiradix_cache`` runs storage prefetches (the machine draws storage
+    configurations only then)."""
 
     def rules_or_default(self) -> Rules:
         """The rules this implementation follows (kvpool's default when it names none)."""

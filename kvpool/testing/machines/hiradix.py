@@ -108,7 +108,7 @@ class HiRadixTarget:
             hicache_write_policy=policy,
             hicache_load_back_threshold=c.choice((0, ps, 3 * ps)),
             hicache_prefetch_threshold=c.choice((ps, 2 * ps)),
-            hicache_storage=c.choice((False, True, True)),
+            hicache_storage=impl.hiradix_storage and c.choice((False, True, True)),
         )
 
     def build(self, impl: Implementation, config: PoolConfig) -> HiSide:
