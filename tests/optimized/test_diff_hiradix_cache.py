@@ -1,7 +1,8 @@
 """Differential test: the reference ``HiRadixCache`` (with its host pool) and the optimized twin
 (checked mode), driven in lockstep by the ``hiradix_cache`` component machine (every
 ``INV-HOST-*`` invariant, the device allocator's invariants, tree shape and locks on the
-on-device part, after every step), and ``kvpool verify --component hiradix_cache`` end to end."""
+on-device part, after every step), as a campaign and as a hypothesis TestCase, and ``kvpool
+verify --component hiradix_cache`` end to end."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ import pytest
 
 from kvpool.cli import main
 from kvpool.testing.campaign import run_machine
+from kvpool.testing.component_machine import make_component_test
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines.coverage import CATALOGUE
+
+TestHiRadixTwin = make_component_test("hiradix_cache", optimized_implementation())
+"""The same machine as a hypothesis TestCase (the ``ci`` profile: deterministic)."""
 
 RARE = {"dec_lock_ref:ok", "inc_lock_ref:ok"}
 """Tags a 40-run campaign may miss (a lock needs a match of a node still on device)."""
