@@ -45,6 +45,16 @@ class PoolConfig:
     """Hybrid sliding-window models (tokens): the window of the SWA layers; None: no SWA."""
     swa_full_tokens_ratio: float = 0.8
     """SWA pool size / full pool size (SGLang's ``swa_full_tokens_ratio``); see ``swa_size``."""
+    hicache_ratio: float = 2.0
+    """Host tier: host pool tokens per device pool token (SGLang's ``hicache_ratio``)."""
+    hicache_write_policy: str = "write_through"
+    """Host tier: ``write_through``, ``write_through_selective`` or ``write_back``."""
+    hicache_load_back_threshold: int = 10
+    """Host tier: fewer host tokens than this (tokens) are not loaded back (SGLang's 10)."""
+    hicache_prefetch_threshold: int = 256
+    """Host tier: storage prefetches shorter than this (tokens) are not started (SGLang's 256)."""
+    hicache_storage: bool = False
+    """Host tier: a storage backend is attached (prefetches can run)."""
 
     def __post_init__(self) -> None:
         if not is_power_of_two(self.page_size):
@@ -81,6 +91,16 @@ class PoolConfig:
             raise ConfigError(
                 f"swa_full_tokens_ratio must be positive, got {self.swa_full_tokens_ratio}"
             )
+        if not self.hicache_ratio > 0:
+            raise ConfigError(f"hicache_ratio must be positive, got {self.hicache_ratio}")
+        if self.hicache_write_policy not in (
+            "write_through",
+            "write_through_selective",
+            "write_back",
+        ):
+            raise ConfigError(f"unknown hicache_write_policy {self.hicache_write_policy!r}")
+        if self.hicache_load_back_threshold < 0 or self.hicache_prefetch_threshold < 0:
+            raise ConfigError("hicache thresholds must be >= 0 tokens")
 
     @property
     def swa_size(self) -> int:

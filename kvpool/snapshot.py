@@ -98,6 +98,14 @@ class NodeSnapshot:
     """SWA radix cache only: the node's SWA slots were evicted (its full slots remain)."""
     swa_lock_ref: int = 0
     """SWA radix cache only: requests whose sliding window still reads this node."""
+    evicted: bool = False
+    """HiRadixCache only: the node has no device copy (``value`` is empty) and lives on host."""
+    host_value: tuple[int, ...] | None = None
+    """HiRadixCache only: the host slots of the node's backup (None: not backed up)."""
+    host_ref_counter: int = 0
+    """HiRadixCache only: pins on the host copy (a load, a write-back or a prefetch using it)."""
+    write_pending: bool = False
+    """HiRadixCache only: a write of this node to host was issued and is not acknowledged yet."""
 
 
 @dataclass(frozen=True)
@@ -285,3 +293,66 @@ class HybridStateSnapshot:
 
     pool: HybridReqToTokenSnapshot
     reqs: tuple[MambaReqSnapshot, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostPoolSnapshot:
+    """A host KV pool (``HostKVCache``): ``size`` slots ``0..size-1`` (none reserved), handed out
+    in pages of ``page_size`` tokens. ``free_slots`` in hand-out order, then ``release_slots``:
+    the freed chunks not merged yet (flattened, in order). ``tags[h]`` is host slot ``h``'s
+    content tag (0: never written)."""
+
+    size: int
+    page_size: int
+    free_slots: tuple[int, ...]
+    release_slots: tuple[int, ...] = ()
+    tags: tuple[int, ...] = ()
+
+    def available_size(self) -> int:
+        """Free host slots (tokens)."""
+        return len(self.free_slots) + len(self.release_slots)
+
+
+@dataclass(frozen=True)
+class HostTransferSnapshot:
+    """A host transfer issued and not acknowledged yet: a write (device -> host) or a load
+    (host -> device) of ``host_indices`` <-> ``device_indices`` (same length, slot for slot),
+    for the nodes named by ``node_ids`` (the ids the acknowledgement will carry)."""
+
+    kind: str
+    node_ids: tuple[int, ...]
+    host_indices: tuple[int, ...]
+    device_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PrefetchSnapshot:
+    """A prefetch from storage into host memory still owned by the cache: the request, the node
+    it hangs below (whose host copy it pins), the tokens asked for, the host slots reserved
+    (empty until the storage hit is known) and the tokens fetched so far."""
+
+    rid: str
+    last_host_node_id: int
+    num_tokens: int
+    host_indices: tuple[int, ...] = ()
+    completed_tokens: int = 0
+    terminated: bool = False
+
+
+@dataclass(frozen=True)
+class HostTierSnapshot:
+    """A hierarchical cache (``HiRadixCache``): the device allocator and the tree (nodes carry
+    the host fields), the host pool, the transfers in flight, the prefetches, and the host slots
+    queued for release (``release_queue``: freed by the next drain, in order). Slots a finished
+    prefetch transfer left to its worker and the worker has not released yet are in
+    ``worker_held``. ``device_tags[s]`` is device slot ``s``'s content tag."""
+
+    write_policy: str
+    device: AllocatorSnapshot
+    tree: TreeSnapshot
+    host: HostPoolSnapshot
+    transfers: tuple[HostTransferSnapshot, ...] = ()
+    prefetches: tuple[PrefetchSnapshot, ...] = ()
+    release_queue: tuple[int, ...] = ()
+    worker_held: tuple[int, ...] = ()
+    device_tags: tuple[int, ...] = ()

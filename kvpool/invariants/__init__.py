@@ -40,6 +40,7 @@ _OPTIONAL_MODULES = (
     "kvpool.invariants.mamba",
     "kvpool.invariants.mamba_tree",
     "kvpool.invariants.swa",
+    "kvpool.invariants.host",
 )
 for _name in _OPTIONAL_MODULES:
     try:

@@ -14,6 +14,7 @@ Scopes and the signature of their check functions (each raises
 - ``"mamba"``: ``(snap: HybridReqToTokenSnapshot, ctx: kvpool.invariants.mamba.MambaContext)``
 - ``"mamba_tree"``: ``(tree: MambaTreeSnapshot)``
 - ``"swa"``: ``(snap: SWAAllocatorSnapshot, ctx: kvpool.invariants.swa.SWAContext)``
+- ``"host"``: ``(snap: HostTierSnapshot, previous: HostTierSnapshot | None)``
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from typing import Any, TypeVar
 
 from kvpool.snapshot import ReqToTokenSnapshot
 
-SCOPES: tuple[str, ...] = ("allocator", "req_to_token", "pool", "mamba", "mamba_tree", "swa")
+SCOPES: tuple[str, ...] = (
+    "allocator",
+    "req_to_token",
+    "pool",
+    "mamba",
+    "mamba_tree",
+    "swa",
+    "host",
+)
 
 CheckFn = Callable[..., None]
 F = TypeVar("F", bound=CheckFn)

@@ -44,3 +44,13 @@ __all__ += [
     "TreeNode",
 ]
 __all__ += ["HybridReqToTokenPool", "MambaPool", "MambaSlotAllocator"]
+
+# The host tier (hierarchical cache).
+from kvpool.optimized.hiradix_cache import HiRadixCache  # noqa: E402
+from kvpool.optimized.memory_pool_host import (  # noqa: E402
+    HostKVCache,
+    MHATokenToKVPoolHost,
+    MLATokenToKVPoolHost,
+)
+
+__all__ += ["HiRadixCache", "HostKVCache", "MHATokenToKVPoolHost", "MLATokenToKVPoolHost"]

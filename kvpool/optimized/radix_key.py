@@ -251,11 +251,13 @@ class MatchResult:
     """``device_indices``: the slots of the matched prefix (int64 tensor, concatenation of the
     matched nodes' values); ``last_device_node``: the deepest matched node (the root when nothing
     matched; ``None`` from a chunk cache, which has no tree); ``last_host_node``: the same node
-    (no host tier in kvpool)."""
+    in a plain radix cache, the deepest matched node with a host copy in a ``HiRadixCache``
+    (whose ``host_hit_length`` counts the tokens matched in host-only nodes)."""
 
     device_indices: torch.Tensor
     last_device_node: TreeNode | None
     last_host_node: TreeNode | None
+    host_hit_length: int = 0
 
 
 __all__ = [

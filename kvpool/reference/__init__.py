@@ -46,3 +46,13 @@ __all__ += [
     "logical_clock",
 ]
 __all__ += ["HybridReqToTokenPool", "MambaPool", "MambaSlotAllocator"]
+
+# The host tier (hierarchical cache).
+from kvpool.reference.hiradix_cache import HiRadixCache  # noqa: E402
+from kvpool.reference.memory_pool_host import (  # noqa: E402
+    HostKVCache,
+    MHATokenToKVPoolHost,
+    MLATokenToKVPoolHost,
+)
+
+__all__ += ["HiRadixCache", "HostKVCache", "MHATokenToKVPoolHost", "MLATokenToKVPoolHost"]

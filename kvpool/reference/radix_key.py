@@ -115,11 +115,14 @@ class MatchResult:
     """What ``match_prefix`` returns. ``device_indices``: the matched slots (one per matched
     token, concatenated node values along the path). ``last_device_node``: the deepest matched
     node (the root when nothing matched; ``None`` from a chunk cache, which has no tree).
-    ``last_host_node`` equals ``last_device_node`` (no host tier in kvpool)."""
+    ``last_host_node`` equals ``last_device_node`` in a plain radix cache; a ``HiRadixCache``
+    reports there the deepest matched node with a host copy, and in ``host_hit_length`` the
+    tokens matched in host-only nodes below ``last_device_node``."""
 
     device_indices: list[int]
     last_device_node: TreeNode | None
     last_host_node: TreeNode | None
+    host_hit_length: int = 0
 
 
 __all__ = ["ChildKey", "MatchResult", "RadixKey", "TreeNode"]

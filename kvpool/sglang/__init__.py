@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from kvpool.sglang.allocators import SGLangAllocator
 from kvpool.sglang.cache_req import CacheReq
+from kvpool.sglang.host_pool import SGLangHostPool
 from kvpool.sglang.implementation import implementation
 from kvpool.sglang.loader import PARTIAL_MODULES, REAL_MODULES, SGLangModules, load_sglang
 from kvpool.sglang.radix import SGLangMatch, SGLangRadixCache, make_radix_key, to_sglang_key
@@ -26,6 +27,7 @@ __all__ = [
     "CacheReq",
     "ReqProxy",
     "SGLangAllocator",
+    "SGLangHostPool",
     "SGLangMatch",
     "SGLangModules",
     "SGLangRadixCache",

@@ -58,6 +58,15 @@ def implementation(
 
         return torch.tensor(list(values), dtype=torch.int64)
 
+    def hiradix_cache(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        from kvpool.optimized.kv_cache import kv_cache_from_config
+        from kvpool.sglang.hiradix import SGLangHiRadixCache
+
+        return SGLangHiRadixCache(modules, pool, alloc, config.page_size,
+                                  kv_cache_from_config(config), config.hicache_ratio,
+                                  config.eviction_policy, config.hicache_write_policy,
+                                  config.hicache_load_back_threshold)  # fmt: skip
+
     return Implementation(
         label=f"sglang-{modules.version}{'-naive-extend' if naive_extend else ''}",
         allocator=allocator,
@@ -66,7 +75,17 @@ def implementation(
         radix_key=radix_key,
         rules=rules,
         index=index,
+        hiradix_cache=hiradix_cache if _has_hiradix(modules) else None,
+        hiradix_storage=False,
     )
+
+
+def _has_hiradix(modules: Any) -> bool:
+    """Whether the release has ``mem_cache/hiradix_cache.py``'s ``HiRadixCache`` (0.5.16)."""
+    try:
+        return "HiRadixCache" in modules.module("sglang.srt.mem_cache.hiradix_cache").__dict__
+    except Exception:  # a release without the file (0.5.23 moved the host tier)
+        return False
 
 
 __all__ = ["implementation"]

@@ -43,6 +43,7 @@ REAL_MODULES = (
     "sglang.srt.mem_cache.utils",
     "sglang.srt.mem_cache.events",
     "sglang.srt.mem_cache.session_radix_cache",
+    "sglang.srt.mem_cache.hiradix_cache",
 )
 """SGLang modules executed from SGLang's own source (the behaviour under test lives here)."""
 
@@ -64,6 +65,12 @@ PARTIAL_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "sglang.srt.mem_cache.common": (
         "sglang/srt/mem_cache/common.py",
         ("coalesce_ranges?", "free_kv_row_segments?"),
+    ),
+    # pool_host/base.py: the host KV pool; its allocator (clear / alloc / free) runs on the CPU,
+    # its constructor needs psutil and the host buffers (the adapter does without it).
+    "sglang.srt.mem_cache.pool_host.base": (
+        "sglang/srt/mem_cache/pool_host/base.py",
+        ("HostKVCache",),
     ),
 }
 """Module -> (file, names): only those definitions are real (a name ending in ``?`` when the

@@ -33,6 +33,10 @@ Factory shapes (every size comes from the :class:`~kvpool.config.PoolConfig`):
   ``SWARadixCache`` API) over the SWA allocator given, window ``config.sliding_window``;
 - ``swa_manager(config)``: a whole lifecycle on a hybrid sliding-window model (a
   ``MemoryManagerProtocol`` whose snapshots carry ``swa``).
+- ``hiradix_cache(config, req_to_token_pool, allocator)``: a hierarchical cache (SGLang's
+  ``HiRadixCache`` API) over the allocator given, with its own device KV buffers and a host pool
+  of ``config.hicache_ratio`` times the device size, ``config.hicache_write_policy``, the
+  ``hicache_*`` thresholds and storage; its ``host_snapshot()`` is a ``HostTierSnapshot``.
 
 A missing factory means the implementation does not provide that component; the harness says so
 rather than guessing a substitute.
@@ -57,6 +61,7 @@ COMPONENTS = (
     "swa_allocator",
     "swa_radix_cache",
     "swa_manager",
+    "hiradix_cache",
 )
 """Component names, as ``kvpool verify --component`` spells them."""
 
@@ -82,6 +87,10 @@ class Implementation:
     index: Callable[[Sequence[int]], Any] = list
     """Converts a list of slot ids (or lengths) into the implementation's index container
     (``list`` for the reference, an int64 tensor for torch implementations)."""
+    hiradix_cache: Callable[[PoolConfig, Any, Any], Any] | None = None
+    hiradix_storage: bool = True
+    """Whether its ``hiradix_cache`` runs storage prefetches (the machine draws storage
+    configurations only then)."""
 
     def rules_or_default(self) -> Rules:
         """The rules this implementation follows (kvpool's default when it names none)."""
@@ -105,6 +114,9 @@ class Implementation:
             return all(f is not None for f in (self.mamba_radix_cache, self.mamba_steps,
                                                self.hybrid_req_to_token_pool, self.allocator,
                                                self.radix_key))  # fmt: skip
+        if component == "hiradix_cache":
+            return all(f is not None for f in (self.hiradix_cache, self.allocator,
+                                               self.req_to_token_pool, self.radix_key))  # fmt: skip
         if component == "swa_radix_cache":
             return all(f is not None for f in (self.swa_radix_cache, self.swa_allocator,
                                                self.radix_key))  # fmt: skip

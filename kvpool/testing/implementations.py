@@ -73,7 +73,34 @@ def reference_implementation() -> Implementation:
             alloc, config.page_size, config.sliding_window or 1
         ),
         swa_manager=SWAMemoryManager,
+        hiradix_cache=_reference_hiradix,
     )
+
+
+def _reference_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+    """The reference ``HiRadixCache`` with its own KV buffers and host pool (``config``)."""
+    from kvpool.reference.hiradix_cache import HiRadixCache
+    from kvpool.reference.kv_cache import kv_cache_from_config
+    from kvpool.reference.memory_pool_host import host_pool_for
+
+    host = host_pool_for(kv_cache_from_config(config), config.hicache_ratio)
+    return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
+                        None, config.hicache_write_policy, config.hicache_load_back_threshold,
+                        config.hicache_prefetch_threshold, config.hicache_storage,
+                        rules=config.rules)  # fmt: skip
+
+
+def _optimized_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+    """The twin's ``HiRadixCache`` with its own KV buffers and host pool (``config``)."""
+    from kvpool.optimized.hiradix_cache import HiRadixCache
+    from kvpool.optimized.kv_cache import kv_cache_from_config
+    from kvpool.optimized.memory_pool_host import host_pool_for
+
+    host = host_pool_for(kv_cache_from_config(config), config.hicache_ratio)
+    return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
+                        None, config.hicache_write_policy, config.hicache_load_back_threshold,
+                        config.hicache_prefetch_threshold, config.hicache_storage,
+                        rules=config.rules)  # fmt: skip
 
 
 def optimized_implementation(backend: str | None = "torch", checked: bool = True) -> Implementation:
@@ -159,6 +186,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
             config, checked=checked, kernel_backend=backend
         ),
         index=index,
+        hiradix_cache=_optimized_hiradix,
     )
 
 

@@ -71,6 +71,14 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "match:cow-evicted", "copy:copied", "forward:ok", "release:ok", "evict:leaf",
         "evict:tombstone", "invalid:refused",
     ),
+    "hiradix_cache": (
+        "insert:ok", "insert:write-issued", "match_prefix:hit", "match_prefix:host-hit",
+        "match_prefix:miss", "load_back:loaded", "load_back:skipped", "writing_check:acked",
+        "loading_check:acked", "evict:to-host", "evict:freed", "evict_host:freed",
+        "inc_lock_ref:ok", "dec_lock_ref:ok", "prefetch:ok", "storage_hit:ok", "prefetch_io:ok",
+        "prefetch:inserted", "release_aborted_request:ok", "drain_storage_control_queues:ok",
+        "reset:ok", "invalid:refused",
+    ),
 }  # fmt: skip
 """Tags each machine is expected to reach."""
 

@@ -60,8 +60,8 @@ class ComponentMutant:
             return obj
 
         rules = Rules(rejects_misuse=False)
-        return dataclasses.replace(base, label=self.name, rules=rules,
-                                   **{self.component: mutated})  # fmt: skip
+        patched: dict[str, Any] = {self.component: mutated}
+        return dataclasses.replace(base, label=self.name, rules=rules, **patched)
 
 
 def hunt_component(

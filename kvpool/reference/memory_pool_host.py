@@ -1,0 +1,187 @@
+"""The host (CPU) KV pool behind the hierarchical cache: ``HostKVCache`` and its MHA / MLA kinds.
+
+Units: sizes are tokens; host indices are host *slots* (one per token), handed out in whole
+pages. Unlike the device pool, no host slot is reserved: slots ``0..size-1`` are all usable.
+
+Sizing (SGLang 0.5.16): ``host_size`` > 0 is a budget in GB, ``host_size * 1e9 //
+size_per_token`` tokens; otherwise ``device size * host_to_device_ratio`` tokens. Either is then
+rounded to ``(size // page_size + 1)`` whole pages, so the pool always has at least one page.
+
+Allocator (SGLang's): ``free_slots`` is handed out from the front; ``free`` appends the freed
+slots to ``release_slots`` (a list of chunks), merged behind ``free_slots`` only when an
+allocation needs more than ``free_slots`` holds. ``available_size`` counts both. Where SGLang
+asserts on a double free, kvpool raises :class:`~kvpool.errors.DoubleFreeError` and changes
+nothing.
+
+Content: the model of the host buffers is one KV tag per host slot (:mod:`kvpool.tags`), copied
+from the device pool's tags by :meth:`HostKVCache.backup_from_device_all_layer` and back by
+:meth:`HostKVCache.load_to_device_all_layer`, so a restored slot can be checked against the
+tokens it should hold.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from kvpool.errors import AlignmentError, ConfigError, DoubleFreeError, InvalidArgumentError
+from kvpool.snapshot import HostPoolSnapshot
+
+ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
+"""Bytes per element of a device pool's ``store_dtype``."""
+
+
+def host_pool_size(
+    device_size: int, size_per_token: int, ratio: float, host_size: float, page_size: int
+) -> int:
+    """Host pool tokens (see the module docstring): always a positive page multiple."""
+    if host_size > 0:
+        size = int(host_size * 1e9 // size_per_token)
+    else:
+        size = int(device_size * ratio)
+    return (size // page_size + 1) * page_size
+
+
+class HostKVCache:
+    """A host KV pool sized from ``device_pool`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        device_pool: Any,
+        host_to_device_ratio: float,
+        host_size: float = 0,
+        page_size: int = 1,
+        layout: str = "layer_first",
+    ) -> None:
+        if host_to_device_ratio <= 0 and host_size <= 0:
+            raise ConfigError("host_to_device_ratio or host_size must be positive")
+        if page_size != device_pool.page_size:
+            raise ConfigError(f"page_size {page_size} != device pool's {device_pool.page_size}")
+        if layout not in ("layer_first", "page_first", "page_first_direct"):
+            raise ConfigError(f"unknown host layout {layout!r}")
+        self.device_pool = device_pool
+        self.page_size = page_size
+        self.layout = layout
+        self.dtype = device_pool.store_dtype
+        self.layer_num = device_pool.layer_num
+        self.size_per_token = self.get_size_per_token()
+        self.size = host_pool_size(
+            device_pool.size, self.size_per_token, host_to_device_ratio, host_size, page_size
+        )
+        self.page_num = self.size // page_size
+        self.clear()
+
+    def get_size_per_token(self) -> int:
+        """Bytes one token takes on the host, all layers (the kind decides)."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- allocator
+    def clear(self) -> None:
+        """Every slot free (in order), no release chunk, every tag 0."""
+        self.free_slots: list[int] = list(range(self.size))
+        self.release_slots: list[list[int]] = []
+        self.num_release_slots = 0
+        self.slot_used = [False] * self.size
+        self.tags = [0] * self.size
+
+    def available_size(self) -> int:
+        """Free slots (tokens): ``free_slots`` plus the released chunks."""
+        return len(self.free_slots) + self.num_release_slots
+
+    def _merge_release_slots(self) -> None:
+        for chunk in self.release_slots:
+            self.free_slots.extend(chunk)
+        self.release_slots = []
+        self.num_release_slots = 0
+
+    def alloc(self, need_size: int) -> list[int] | None:
+        """``need_size`` slots (a page multiple) from the front of the free list, merging the
+        released chunks first when the free list alone is too short; None (nothing changed)
+        when fewer are available."""
+        if need_size < 0:
+            raise InvalidArgumentError(f"need_size must be >= 0, got {need_size}")
+        if need_size % self.page_size:
+            raise AlignmentError(f"{need_size} is not a multiple of page size {self.page_size}")
+        if need_size > self.available_size():
+            return None
+        if need_size > len(self.free_slots):
+            self._merge_release_slots()
+        out = self.free_slots[:need_size]
+        self.free_slots = self.free_slots[need_size:]
+        for slot in out:
+            self.slot_used[slot] = True
+        return out
+
+    def free(self, indices: Sequence[int]) -> int:
+        """Release held slots (appended as one chunk); returns how many. DoubleFreeError
+        (nothing changed) if one is free already or listed twice; InvalidArgumentError for a
+        slot outside the pool."""
+        slots = [int(s) for s in indices]
+        if not slots:
+            return 0
+        bad = [s for s in slots if not 0 <= s < self.size]
+        if bad:
+            raise InvalidArgumentError(f"host slots {bad} outside 0..{self.size - 1}")
+        counts = Counter(slots)
+        twice = sorted(s for s, c in counts.items() if not self.slot_used[s] or c > 1)
+        if twice:
+            raise DoubleFreeError(f"host slots {twice} are not currently allocated")
+        for slot in slots:
+            self.slot_used[slot] = False
+        self.release_slots.append(slots)
+        self.num_release_slots += len(slots)
+        return len(slots)
+
+    # ----------------------------------------------------------------- content
+    def backup_from_device_all_layer(
+        self, device_pool: Any, host_indices: Sequence[int], device_indices: Sequence[int]
+    ) -> None:
+        """Copy the device slots' content (their tags) into the host slots, all layers."""
+        tags = device_pool.read_tags(device_indices)
+        for h, tag in zip(host_indices, tags, strict=True):
+            self.tags[int(h)] = tag
+
+    def load_to_device_all_layer(
+        self, device_pool: Any, host_indices: Sequence[int], device_indices: Sequence[int]
+    ) -> None:
+        """Copy the host slots' content (their tags) into the device slots, all layers."""
+        device_pool.write_tags(device_indices, [self.tags[int(h)] for h in host_indices])
+
+    def snapshot(self) -> HostPoolSnapshot:
+        """Plain snapshot: free list, released chunks (flattened, in order) and tags."""
+        released = tuple(s for chunk in self.release_slots for s in chunk)
+        return HostPoolSnapshot(self.size, self.page_size, tuple(self.free_slots), released,
+                                tuple(self.tags))  # fmt: skip
+
+
+class MHATokenToKVPoolHost(HostKVCache):
+    """Host pool of an MHA device pool: K and V of ``head_num * head_dim`` per layer."""
+
+    def get_size_per_token(self) -> int:
+        pool = self.device_pool
+        return int(pool.head_dim * pool.head_num * pool.layer_num * ITEMSIZE[self.dtype] * 2)
+
+
+class MLATokenToKVPoolHost(HostKVCache):
+    """Host pool of an MLA device pool: one ``kv_lora_rank + qk_rope_head_dim`` row per layer."""
+
+    def get_size_per_token(self) -> int:
+        pool = self.device_pool
+        dim = pool.kv_lora_rank + pool.qk_rope_head_dim
+        return int(dim * pool.layer_num * ITEMSIZE[self.dtype])
+
+
+def host_pool_for(device_pool: Any, ratio: float, host_size: float = 0) -> HostKVCache:
+    """The host pool kind matching ``device_pool`` (MLA when it has ``kv_lora_rank``)."""
+    kind = MLATokenToKVPoolHost if hasattr(device_pool, "kv_lora_rank") else MHATokenToKVPoolHost
+    return kind(device_pool, ratio, host_size, device_pool.page_size)
+
+
+__all__ = [
+    "HostKVCache",
+    "MHATokenToKVPoolHost",
+    "MLATokenToKVPoolHost",
+    "host_pool_for",
+    "host_pool_size",
+]
