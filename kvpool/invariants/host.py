@@ -15,18 +15,12 @@ not filled, ``worker_held``), or the release queue; every other slot is free (``
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 
 from kvpool.errors import InvariantViolation
+from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant, run_scope
 from kvpool.snapshot import HostTierSnapshot, NodeSnapshot, TreeSnapshot
 from kvpool.tags import kv_tags
-
-
-def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
-    bad = sorted(set(indices))
-    if bad:
-        raise InvariantViolation(invariant_id, message, bad)
 
 
 def _nodes(tree: TreeSnapshot) -> list[NodeSnapshot]:
@@ -56,14 +50,14 @@ def host_holders(snap: HostTierSnapshot) -> Counter[int]:
 )
 def check_host_double_free(snap: HostTierSnapshot, previous: HostTierSnapshot | None) -> None:
     free = Counter(snap.host.free_slots) + Counter(snap.host.release_slots)
-    _fail("INV-HOST-DOUBLE-FREE", "host slots free twice", [s for s, c in free.items() if c > 1])
+    fail("INV-HOST-DOUBLE-FREE", "host slots free twice", [s for s, c in free.items() if c > 1])
     queued = Counter(snap.release_queue)
-    _fail(
+    fail(
         "INV-HOST-DOUBLE-FREE",
         "host slots queued for release twice, or queued while free",
         [s for s, c in queued.items() if c > 1 or s in free],
     )
-    _fail(
+    fail(
         "INV-HOST-DOUBLE-FREE",
         "host slots queued for release while a prefetch worker will release them too",
         set(queued) & set(snap.worker_held),
@@ -83,11 +77,11 @@ def check_host_accounting(snap: HostTierSnapshot, previous: HostTierSnapshot | N
     free = Counter(host.free_slots) + Counter(host.release_slots)
     held = host_holders(snap)
     everything = free + held
-    _fail("INV-HOST-ACCOUNTING", "host slots out of range",
+    fail("INV-HOST-ACCOUNTING", "host slots out of range",
           [s for s in everything if not 0 <= s < host.size])  # fmt: skip
-    _fail("INV-HOST-ACCOUNTING", "host slots held twice, or held and free",
+    fail("INV-HOST-ACCOUNTING", "host slots held twice, or held and free",
           [s for s, c in everything.items() if c > 1])  # fmt: skip
-    _fail("INV-HOST-ACCOUNTING", "host slots neither free nor held (leaked)",
+    fail("INV-HOST-ACCOUNTING", "host slots neither free nor held (leaked)",
           [s for s in range(host.size) if s not in everything])  # fmt: skip
 
 
@@ -113,7 +107,7 @@ def check_host_pinned(snap: HostTierSnapshot, previous: HostTierSnapshot | None)
     nodes = _nodes(snap.tree)
     w_host, _ = _in_flight(snap, "write")
     l_host, l_dev = _in_flight(snap, "load")
-    _fail(
+    fail(
         "INV-HOST-PINNED",
         "nodes written or loaded while neither locked nor pinned",
         [
@@ -125,14 +119,14 @@ def check_host_pinned(snap: HostTierSnapshot, previous: HostTierSnapshot | None)
         ],
     )
     tree_hosts = {h for n in nodes for h in n.host_value or ()}
-    _fail(
+    fail(
         "INV-HOST-PINNED",
         "host slots of a transfer in flight held by no tree node",
         (w_host | l_host) - tree_hosts,
     )
     by_id = {n.node_id: n for n in snap.tree.nodes}
     pins = Counter(p.last_host_node_id for p in snap.prefetches)
-    _fail(
+    fail(
         "INV-HOST-PINNED",
         "prefetch nodes missing or pinned fewer times than prefetches name them",
         [
@@ -166,7 +160,7 @@ def check_backup_done(snap: HostTierSnapshot, previous: HostTierSnapshot | None)
             or any(c in by_id and not by_id[c].evicted for c in n.child_ids)
         ):
             bad.append(n.node_id)
-    _fail("INV-HOST-BACKUP-DONE", "host-only nodes whose backup is not complete", bad)
+    fail("INV-HOST-BACKUP-DONE", "host-only nodes whose backup is not complete", bad)
 
 
 @invariant(
@@ -182,11 +176,11 @@ def check_device_accounting(snap: HostTierSnapshot, previous: HostTierSnapshot |
     on_device = [n for n in _nodes(snap.tree) if not n.evicted]
     held = Counter(s // ps for n in on_device for s in n.value)
     pages = set(range(1, alloc.num_pages + 1))
-    _fail("INV-HOST-DEVICE-ACCOUNTING", "device pages of nodes that are free",
+    fail("INV-HOST-DEVICE-ACCOUNTING", "device pages of nodes that are free",
           [p for p in held if p in free])  # fmt: skip
-    _fail("INV-HOST-DEVICE-ACCOUNTING", "device pages neither free nor in the tree (leaked)",
+    fail("INV-HOST-DEVICE-ACCOUNTING", "device pages neither free nor in the tree (leaked)",
           [p for p in pages if p not in free and p not in held])  # fmt: skip
-    _fail("INV-HOST-DEVICE-ACCOUNTING", "host-only nodes holding device slots",
+    fail("INV-HOST-DEVICE-ACCOUNTING", "host-only nodes holding device slots",
           [n.node_id for n in _nodes(snap.tree) if n.evicted and n.value])  # fmt: skip
     evictable = sum(len(n.key) for n in on_device if n.lock_ref == 0)
     protected = sum(len(n.key) for n in on_device if n.lock_ref > 0)
@@ -233,7 +227,7 @@ def check_host_kv_integrity(snap: HostTierSnapshot, previous: HostTierSnapshot |
         device_read = snap.device_tags and not n.evicted and not set(n.value) & l_dev
         if device_read and [snap.device_tags[s] for s in n.value] != want:
             bad.append(n.node_id)
-    _fail("INV-HOST-KV-INTEGRITY", "nodes whose host or device copy holds other tokens' KV", bad)
+    fail("INV-HOST-KV-INTEGRITY", "nodes whose host or device copy holds other tokens' KV", bad)
 
 
 def check_host_tier(snap: HostTierSnapshot, previous: HostTierSnapshot | None = None) -> int:

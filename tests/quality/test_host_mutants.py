@@ -1,13 +1,12 @@
 """The host-tier part of the quality suite: every seeded bug of
-:data:`kvpool.testing.mutants_host.HOST_MUTANTS` is caught by the ``hiradix_cache`` machine, by
+:data:`tests.quality.mutants_host.HOST_MUTANTS` is caught by the ``hiradix_cache`` machine, by
 the detector it names, within a fixed budget (40 seeded runs of 40 steps), with a shrunk trace of
 at most 20 steps; the unmutated twin passes the same budget."""
 
 from __future__ import annotations
 
-from kvpool.testing.mutant_component import ComponentMutant, hunt_component
-from kvpool.testing.mutant_hunt import format_table
-from kvpool.testing.mutants_host import HOST_MUTANTS
+from kvpool.testing.quality import ComponentMutant, format_table, hunt_component
+from tests.quality.mutants_host import HOST_MUTANTS
 
 FIELD_BUGS = 4
 """The host tier's field bugs: host pages released twice after a partial prefetch, device pages

@@ -2,7 +2,7 @@
 
 Each patch takes one built :class:`kvpool.optimized.hiradix_cache.HiRadixCache` and re-creates,
 on that instance only, a bug seen in the field; the ``hiradix_cache`` machine hunts it
-(:func:`kvpool.testing.mutant_component.hunt_component`).
+(:func:`kvpool.testing.quality.hunt_component`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from typing import Any
 
 import torch
 
-from kvpool.testing.mutant_base import need, wrap
-from kvpool.testing.mutant_component import ComponentMutant
+from kvpool.testing.quality import ComponentMutant, need, wrap
 
 
 def prefetch_released_twice(tree: Any) -> None:
