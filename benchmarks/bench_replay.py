@@ -103,7 +103,7 @@ def replay_lifecycle(twin: str, records: list[TraceRecord]) -> float:
         head_num=1,
         head_dim=1,
     )
-    mm: Any = OptMM(config) if twin == "optimized" else RefMM(config)
+    mm: Any = OptMM(config, checked=False) if twin == "optimized" else RefMM(config)
     prompts = [request_token_array(r).tolist() for r in records]
     t0 = time.thread_time()
     for start in range(0, len(records), BATCH):

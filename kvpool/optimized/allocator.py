@@ -25,7 +25,7 @@ import torch
 from kvpool import kernels
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, PageSizeError
-from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_ops import (
     HostLens,
     check_extend_args,
@@ -51,7 +51,9 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
     """Page allocator over ``size // page_size`` pages with ids ``1..num_pages`` (twin of
     :class:`kvpool.reference.allocator.BaseTokenToKVPoolAllocator`; same methods and results).
 
-    ``kernel_backend`` is passed to the kernels (``None``: triton on CUDA, else torch)."""
+    ``options`` (:class:`~kvpool.optimized.options.TwinOptions`; or the shorthand ``device`` /
+    ``checked`` / ``kernel_backend``) place the free lists, set checked mode and the kernels'
+    backend."""
 
     _dedup_pages: bool = True
     """True: freeing two slots of one page (in a call or a group) frees the page once."""
@@ -62,10 +64,11 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         page_size: int,
         need_sort: bool = False,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if not isinstance(page_size, int) or not is_power_of_two(page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
@@ -78,9 +81,10 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         self.need_sort = bool(need_sort)
         self.rules = rules if rules is not None else Rules()
         self.num_pages = size // page_size
-        self.device = torch.device(device)
-        self.checked = resolve_checked(checked)
-        self.kernel_backend = kernel_backend
+        self.options = opts = twin_options(options, device, checked, kernel_backend)
+        self.device = opts.device
+        self.checked = opts.checked
+        self.kernel_backend = opts.backend
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         self.free_pages = self._empty()
         self.release_pages = self._empty()
@@ -367,19 +371,18 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         size: int,
         need_sort: bool = False,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         super().__init__(
             size,
             1,
             need_sort,
-            device=device,
-            checked=checked,
-            kernel_backend=kernel_backend,
             rules=rules,
+            options=twin_options(options, device, checked, kernel_backend),
         )
 
     def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:

@@ -17,6 +17,7 @@ import torch
 from kvpool.errors import ConfigError, DoubleFreeError, InvalidArgumentError
 from kvpool.optimized.mamba_allocator import MambaSlotAllocator
 from kvpool.optimized.mamba_pool import MambaPool
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.req_to_token_pool import ReqToTokenPool
 from kvpool.protocols import MambaReqLike
 from kvpool.rules import Rules
@@ -36,16 +37,18 @@ class HybridReqToTokenPool(ReqToTokenPool):
         mamba_size: int,
         num_mamba_layers: int = 1,
         track_buffers: int = 0,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         *,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if track_buffers not in (0, 1, 2):
             raise ConfigError(f"track_buffers must be 0, 1 or 2, got {track_buffers!r}")
-        super().__init__(size, max_context_len, device=device, checked=checked, rules=rules)
-        self.mamba_pool = MambaPool(mamba_size, num_mamba_layers, device=device, checked=checked)
-        self.mamba_allocator = MambaSlotAllocator(mamba_size, checked=checked)
+        opts = twin_options(options, device, checked)
+        super().__init__(size, max_context_len, rules=rules, options=opts)
+        self.mamba_pool = MambaPool(mamba_size, num_mamba_layers, options=opts)
+        self.mamba_allocator = MambaSlotAllocator(mamba_size, options=opts)
         self.track_buffers = track_buffers
         self.req_index_to_mamba_index_mapping = torch.zeros(
             size + 1, dtype=torch.int32, device=self.device

@@ -26,7 +26,7 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.reference.kv_cache import LayerTransferCounter
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
@@ -66,8 +66,10 @@ class KVCache:
         dtype: str | torch.dtype,
         layer_num: int,
         start_layer: int = 0,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         if size <= 0 or page_size <= 0 or layer_num <= 0 or start_layer < 0:
             raise ConfigError("size, page_size and layer_num must be positive, start_layer >= 0")
@@ -78,8 +80,9 @@ class KVCache:
         self.layer_num = layer_num
         self.start_layer = start_layer
         self.end_layer = start_layer + layer_num - 1
-        self.device = torch.device(device)
-        self.checked = resolve_checked(checked)
+        self.options = opts = twin_options(options, device, checked)
+        self.device = opts.device
+        self.checked = opts.checked
         self.layer_transfer_counter: LayerTransferCounter | None = None
 
     @property
@@ -180,10 +183,13 @@ class MHATokenToKVPool(KVCache):
         layer_num: int,
         start_layer: int = 0,
         v_head_dim: int | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
-        super().__init__(size, page_size, dtype, layer_num, start_layer, device, checked)
+        opts = twin_options(options, device, checked)
+        super().__init__(size, page_size, dtype, layer_num, start_layer, options=opts)
         if head_num <= 0 or head_dim <= 0 or (v_head_dim is not None and v_head_dim <= 0):
             raise ConfigError("head_num, head_dim and v_head_dim must be positive")
         self.head_num = head_num
@@ -253,10 +259,13 @@ class MLATokenToKVPool(KVCache):
         layer_num: int,
         start_layer: int = 0,
         dtype: str | torch.dtype = "float32",
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
-        super().__init__(size, page_size, dtype, layer_num, start_layer, device, checked)
+        opts = twin_options(options, device, checked)
+        super().__init__(size, page_size, dtype, layer_num, start_layer, options=opts)
         if kv_lora_rank <= 0 or qk_rope_head_dim < 0:
             raise ConfigError("kv_lora_rank must be positive and qk_rope_head_dim >= 0")
         self.head_num = 1
@@ -309,9 +318,10 @@ class MLATokenToKVPool(KVCache):
 
 
 def kv_cache_from_config(
-    config: PoolConfig, device: str | torch.device = "cpu", checked: bool | None = None
-) -> KVCache:
+    config: PoolConfig, options: TwinOptions | None = None
+) -> MHATokenToKVPool | MLATokenToKVPool:
     """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes."""
+    options = twin_options(options)
     if config.kv_layout == "mha":
         return MHATokenToKVPool(
             config.size,
@@ -322,8 +332,7 @@ def kv_cache_from_config(
             config.num_layers,
             config.start_layer,
             config.v_head_dim,
-            device=device,
-            checked=checked,
+            options=options,
         )
     return MLATokenToKVPool(
         config.size,
@@ -333,8 +342,7 @@ def kv_cache_from_config(
         config.num_layers,
         config.start_layer,
         torch.float32,
-        device=device,
-        checked=checked,
+        options=options,
     )
 
 

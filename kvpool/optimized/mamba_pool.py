@@ -23,7 +23,7 @@ from kvpool.errors import (
     InvalidArgumentError,
     ReservedIndexError,
 )
-from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.snapshot import MambaPoolSnapshot
 
 IndexLike = torch.Tensor | Sequence[int]
@@ -39,8 +39,10 @@ class MambaPool:
         num_layers: int = 1,
         conv_width: int = 3,
         state_dim: int = 4,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ConfigError(f"size must be a positive number of Mamba slots, got {size!r}")
@@ -48,8 +50,9 @@ class MambaPool:
             raise ConfigError(f"num_layers must be positive, got {num_layers!r}")
         self.size = size
         self.num_layers = num_layers
-        self.device = torch.device(device)
-        self.checked = resolve_checked(checked)
+        self.options = opts = twin_options(options, device, checked)
+        self.device = opts.device
+        self.checked = opts.checked
         shape = (num_layers, size + 1)
         self.conv: list[torch.Tensor] = [
             torch.zeros((*shape, conv_width), dtype=torch.float32, device=self.device)

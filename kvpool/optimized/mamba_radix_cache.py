@@ -18,6 +18,7 @@ from kvpool.errors import ConfigError, InvalidArgumentError, LockError
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator
 from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.optimized.mamba_tree_node import LRUList, MambaTreeNode
+from kvpool.optimized.options import TwinOptions, options_of
 from kvpool.optimized.radix_key import RadixKey
 from kvpool.protocols import MambaReqLike
 from kvpool.reference.radix_key import ChildKey
@@ -43,13 +44,16 @@ class MambaRadixCache:
         req_to_token_pool: HybridReqToTokenPool,
         token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator,
         page_size: int = 1,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         if page_size != 1 or token_to_kv_pool_allocator.page_size != 1:
             raise ConfigError(f"the Mamba radix cache needs page size 1, got {page_size}")
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
-        self.device = token_to_kv_pool_allocator.device
+        self.options = options if options is not None else options_of(token_to_kv_pool_allocator)
+        self.device = self.options.device
         self.reset()
 
     def reset(self) -> None:

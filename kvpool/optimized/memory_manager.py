@@ -36,7 +36,8 @@ from kvpool.snapshot import PoolSnapshot
 class MemoryManager(LifecyclePrimitives):
     """The request lifecycle (``kvpool.protocols.MemoryManagerProtocol``) over the pools of
     :class:`~kvpool.optimized.lifecycle_primitives.LifecyclePrimitives`; built with
-    ``MemoryManager(config, clock=None, device="cpu", checked=None, kernel_backend=None)``."""
+    ``MemoryManager(config, clock=None, options=TwinOptions(...))`` (or the shorthand
+    ``device=``, ``checked=``, ``kernel_backend=``; see :mod:`kvpool.optimized.options`)."""
 
     # ----------------------------------------------------------------- request API
     def new_req(

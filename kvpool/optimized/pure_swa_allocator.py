@@ -15,7 +15,7 @@ import torch
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError
 from kvpool.optimized.allocator import TokenToKVPoolAllocator
-from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.swa_allocator import IndexLike
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
@@ -31,26 +31,23 @@ class PureSWATokenToKVPoolAllocator:
         page_size: int = 1,
         need_sort: bool = False,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if page_size != 1:
             raise ConfigError(f"pure SWA supports page_size 1 only, got {page_size}")
-        self.checked = resolve_checked(checked)
+        self.options = twin_options(options, device, checked, kernel_backend)
+        self.checked = self.options.checked
         self.swa_attn_allocator = TokenToKVPoolAllocator(
-            size_swa,
-            need_sort,
-            device=device,
-            checked=self.checked,
-            kernel_backend=kernel_backend,
-            rules=rules,
+            size_swa, need_sort, rules=rules, options=self.options
         )
         self.full_attn_allocator = self.swa_attn_allocator
         self.page_size = 1
         self.need_sort = bool(need_sort)
-        self.device = torch.device(device)
+        self.device = self.options.device
         self._size_swa = size_swa
         self.full_to_swa_index_mapping = torch.arange(
             size_swa + 2, dtype=torch.int64, device=self.device

@@ -30,6 +30,7 @@ from kvpool.constants import floor_align, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError, PageSizeError
 from kvpool.optimized.evict_policy import PriorityKey, get_priority_fn
 from kvpool.optimized.key_match import child_key, matched_tokens
+from kvpool.optimized.options import TwinOptions, options_of
 from kvpool.optimized.radix_key import (
     MatchResult,
     RadixKey,
@@ -62,6 +63,7 @@ class RadixCache(RadixRelease):
         clock: Callable[[], float] | None = None,
         *,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if not isinstance(page_size, int) or not is_power_of_two(page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
@@ -78,7 +80,8 @@ class RadixCache(RadixRelease):
         self.eviction_policy = eviction_policy.lower()
         self.priority_fn = get_priority_fn(self.eviction_policy)
         self.clock: Callable[[], float] = clock if clock is not None else logical_clock()
-        self.device = torch.device(getattr(token_to_kv_pool_allocator, "device", "cpu"))
+        self.options = options if options is not None else options_of(token_to_kv_pool_allocator)
+        self.device = self.options.device
         self._cpu = self.device.type == "cpu"
         self.reset()
 

@@ -24,7 +24,7 @@ from kvpool.errors import (
     ReservedIndexError,
     RowReuseError,
 )
-from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.protocols import ReqLike
 from kvpool.rules import Rules
 from kvpool.snapshot import ReqToTokenSnapshot
@@ -42,10 +42,11 @@ class ReqToTokenPool:
         self,
         size: int,
         max_context_len: int,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         *,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if not isinstance(size, int) or size <= 0:
             raise ConfigError(f"size must be a positive number of rows, got {size!r}")
@@ -53,8 +54,9 @@ class ReqToTokenPool:
             raise ConfigError(f"max_context_len must be positive, got {max_context_len!r}")
         self.size = size
         self.max_context_len = max_context_len
-        self.device = torch.device(device)
-        self.checked = resolve_checked(checked)
+        self.options = opts = twin_options(options, device, checked)
+        self.device = opts.device
+        self.checked = opts.checked
         self.rules = rules if rules is not None else Rules()
         self.req_to_token = torch.zeros(
             (size + 1, max_context_len), dtype=torch.int32, device=self.device

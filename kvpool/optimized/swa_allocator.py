@@ -21,7 +21,7 @@ import torch
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import AlignmentError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.paged_ops import (
     HostLens,
@@ -42,11 +42,11 @@ SWAState = tuple[Any, Any, torch.Tensor]
 
 
 def _page_allocator(
-    size: int, page_size: int, need_sort: bool, opts: dict[str, Any]
+    size: int, page_size: int, need_sort: bool, rules: Rules | None, options: TwinOptions
 ) -> BaseTokenToKVPoolAllocator:
     if page_size == 1:
-        return TokenToKVPoolAllocator(size, need_sort, **opts)
-    return PagedTokenToKVPoolAllocator(size, page_size, need_sort, **opts)
+        return TokenToKVPoolAllocator(size, need_sort, rules=rules, options=options)
+    return PagedTokenToKVPoolAllocator(size, page_size, need_sort, rules=rules, options=options)
 
 
 class SWATokenToKVPoolAllocator:
@@ -60,20 +60,21 @@ class SWATokenToKVPoolAllocator:
         page_size: int,
         need_sort: bool = False,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
-        self.checked = resolve_checked(checked)
-        opts = {"device": device, "checked": self.checked, "kernel_backend": kernel_backend,
-                "rules": rules}  # fmt: skip
-        self.full_attn_allocator = _page_allocator(size, page_size, need_sort, opts)
-        self.swa_attn_allocator = _page_allocator(size_swa, page_size, need_sort, opts)
+        self.options = twin_options(options, device, checked, kernel_backend)
+        self.checked = self.options.checked
+        opts = self.options
+        self.full_attn_allocator = _page_allocator(size, page_size, need_sort, rules, opts)
+        self.swa_attn_allocator = _page_allocator(size_swa, page_size, need_sort, rules, opts)
         self._size_full, self._size_swa = size, size_swa
         self.page_size = page_size
         self.need_sort = bool(need_sort)
-        self.device = torch.device(device)
+        self.device = self.options.device
         self.full_to_swa_index_mapping = torch.zeros(
             size + page_size + 1, dtype=torch.int64, device=self.device
         )

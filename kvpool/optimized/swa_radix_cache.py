@@ -16,6 +16,7 @@ import torch
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.optimized.options import TwinOptions, options_of
 from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.radix_cache import logical_clock
@@ -60,6 +61,8 @@ class SWARadixCache:
         page_size: int,
         sliding_window_size: int,
         clock: Callable[[], float] | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         if sliding_window_size < 1:
             raise InvalidArgumentError(f"sliding_window_size must be >= 1: {sliding_window_size}")
@@ -67,7 +70,8 @@ class SWARadixCache:
         self.page_size = page_size
         self.sliding_window_size = sliding_window_size
         self.clock = clock if clock is not None else logical_clock()
-        self.device = token_to_kv_pool_allocator.device
+        self.options = options if options is not None else options_of(token_to_kv_pool_allocator)
+        self.device = self.options.device
         self.reset()
 
     def reset(self) -> None:
