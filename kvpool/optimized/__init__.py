@@ -20,8 +20,8 @@ __all__ = [
     "PagedTokenToKVPoolAllocator",
     "ReqToTokenPool",
     "TokenToKVPoolAllocator",
-    "resolve_checked",
     "TwinOptions",
+    "resolve_checked",
 ]
 
 # Radix cache and lifecycle (tree, chunk cache, requests, sessions, memory manager).

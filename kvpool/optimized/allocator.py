@@ -24,17 +24,21 @@ import torch
 
 from kvpool import kernels
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
-from kvpool.errors import ConfigError, InvalidArgumentError, PageSizeError
+from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError, PageSizeError
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_ops import (
     HostLens,
+    check_decode_host,
     check_extend_args,
+    check_extend_host,
     check_free_list_state,
     check_free_slots,
     check_host_copy,
+    check_integer_tensors,
     check_prefix_pages_held,
     decode_new_pages_host,
     extend_new_pages_host,
+    is_integer_dtype,
     pages_to_slots,
 )
 from kvpool.optimized.segment_free import SegmentFrees
@@ -193,6 +197,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         slots = self._as_index(free_index)
         if slots.numel() == 0:
             return
+        if not is_integer_dtype(slots.dtype):  # metadata: checked in both modes
+            raise IndexOutOfRangeError(f"slots must be integers, got dtype {slots.dtype}")
         if self._free_mask is not None:
             check_free_slots(
                 slots, self._free_mask, self.page_size, not self._dedup_pages, self._pending_mask
@@ -299,13 +305,17 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         Checked mode raises the reference's errors for a bad batch."""
         prefix_lens, seq_lens = self._as_index(prefix_lens), self._as_index(seq_lens)
         last_loc = self._as_index(last_loc)
-        if self._free_mask is not None:
+        if self._free_mask is not None:  # device reads first: the reference's order of checks
+            check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
             p = check_host_copy("prefix_lens", prefix_lens, prefix_lens_cpu)
             s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
             loc = last_loc.to(torch.int64)
             check_extend_args(p, s, loc, extend_num_tokens, self.page_size)
             check_prefix_pages_held(p, loc, self._free_mask, self.page_size)
-        num_new = extend_new_pages_host(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        host_p, host_s = check_extend_host(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        )
+        num_new = extend_new_pages_host(host_p, host_s, self.page_size)
         bound = self._extend_merge_bound(extend_num_tokens, len(seq_lens_cpu))
         self._merge_before_take(bound > self.free_pages.numel(), num_new)
         pages = self._take_pages(num_new)
@@ -332,7 +342,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         page when ``(S_i - 1) % page_size == 0``, else ``last_loc_i + 1``; ``None`` (no change)
         if the new pages do not fit. Checked mode raises the reference's errors."""
         seq_lens, last_loc = self._as_index(seq_lens), self._as_index(last_loc)
-        if self._free_mask is not None:
+        if self._free_mask is not None:  # device reads first: the reference's order of checks
+            check_integer_tensors(seq_lens=seq_lens, last_loc=last_loc)
             s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
             loc = last_loc.to(torch.int64)
             if bool((s < 1).any()):
@@ -341,7 +352,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
                 )
             check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
             check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
-        num_new = decode_new_pages_host(seq_lens_cpu, self.page_size)
+        host_s = check_decode_host(seq_lens, seq_lens_cpu, last_loc)
+        num_new = decode_new_pages_host(host_s, self.page_size)
         self._merge_before_take(seq_lens.numel() > self.free_pages.numel(), num_new)
         pages = self._take_pages(num_new)
         if pages is None:

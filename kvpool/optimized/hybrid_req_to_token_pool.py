@@ -5,7 +5,7 @@ host work (:mod:`kvpool.optimized.mamba_allocator`): a request's ``mamba_pool_id
 and its track buffer a list of ints, as in the reference. What the kernels read lives on the
 device: the row-to-slot mappings (written with one indexed store per batch from one host-to-device
 copy) and the state buffers (:mod:`kvpool.optimized.mamba_pool`). No device-to-host sync.
-``checked`` adds the scan of kept slots (free, or named twice) that the reference always does.
+Kept slots (free, or named twice) are checked on the host, in both modes.
 """
 
 from __future__ import annotations
@@ -67,15 +67,16 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return need
 
     def _check_kept_slots(self, reqs: Sequence[MambaReqLike]) -> None:
-        """Checked mode: a kept slot must be held and named by one request only."""
+        """A kept slot must be held and named by one request only (host values: both modes)."""
         alloc = self.mamba_allocator
-        free = set(alloc.free_slots[alloc._head :]) | set(alloc._group or ())
+        group = set(alloc._group or ())
         kept: set[int] = set()
         for i, req in enumerate(reqs):
             held = [] if req.mamba_pool_idx is None else [req.mamba_pool_idx]
             held += [s for s in req.mamba_ping_pong_track_buffer or () if s != NO_TRACK_SLOT]
             for slot in held:
-                if slot in free or slot in kept:
+                free = 0 < slot <= alloc.size and alloc._is_free[slot]
+                if free or slot in group or slot in kept:
                     raise InvalidArgumentError(
                         f"request {i} keeps Mamba slot {slot}, free or shared"
                     )
@@ -86,8 +87,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         out in batch order (see the reference); None and no change when rows or Mamba slots
         are short. The mappings of the batch's rows are written with one store each."""
         fresh_rows = self.check_alloc(reqs)
-        if self.checked:
-            self._check_kept_slots(reqs)
+        self._check_kept_slots(reqs)
         if fresh_rows > len(self.free_slots):
             return None
         need = self.mamba_slots_needed(reqs)

@@ -27,6 +27,7 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.paged_ops import is_integer_dtype
 from kvpool.reference.kv_cache import LayerTransferCounter
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
@@ -110,7 +111,10 @@ class KVCache:
 
     def _slots(self, loc: TensorLike) -> torch.Tensor:
         """``loc`` as a 1-D int64 tensor on the device (range-checked in checked mode)."""
-        slots = torch.as_tensor(loc, device=self.device).reshape(-1).to(torch.int64)
+        slots = torch.as_tensor(loc, device=self.device).reshape(-1)
+        if slots.numel() and not is_integer_dtype(slots.dtype):  # metadata: both modes
+            raise InvalidArgumentError(f"slots must be integers, got dtype {slots.dtype}")
+        slots = slots.to(torch.int64)
         if self.checked and slots.numel():
             bad = (slots < 0) | (slots >= self.num_rows)
             if bool(bad.any()):

@@ -23,18 +23,25 @@ from kvpool.errors import (
     ReservedIndexError,
 )
 from kvpool.kernels.alloc_extend import HostLens, host_array
+from kvpool.kernels.host import Int64Array
 
 
-def extend_new_pages_host(prefix_lens_cpu: HostLens, seq_lens_cpu: HostLens, page_size: int) -> int:
+def _host(values: HostLens | Int64Array) -> Int64Array:
+    return values if isinstance(values, np.ndarray) else host_array(values)
+
+
+def extend_new_pages_host(
+    prefix_lens_cpu: HostLens | Int64Array, seq_lens_cpu: HostLens | Int64Array, page_size: int
+) -> int:
     """``sum(ceil(S/ps) - ceil(P/ps))`` from host copies (pages); no device work."""
     shift, mask = page_size.bit_length() - 1, page_size - 1  # page_size is a power of two
-    s, p = host_array(seq_lens_cpu), host_array(prefix_lens_cpu)
+    s, p = _host(seq_lens_cpu), _host(prefix_lens_cpu)
     return int(((s + mask) >> shift).sum() - ((p + mask) >> shift).sum())
 
 
-def decode_new_pages_host(seq_lens_cpu: HostLens, page_size: int) -> int:
+def decode_new_pages_host(seq_lens_cpu: HostLens | Int64Array, page_size: int) -> int:
     """Requests whose new token (position ``S - 1``) opens a page, from host copies (pages)."""
-    return int(np.count_nonzero(((host_array(seq_lens_cpu) - 1) & (page_size - 1)) == 0))
+    return int(np.count_nonzero(((_host(seq_lens_cpu) - 1) & (page_size - 1)) == 0))
 
 
 def pages_to_slots(pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -43,16 +50,86 @@ def pages_to_slots(pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return (pages.unsqueeze(1) * offsets.numel() + offsets).reshape(-1)
 
 
+# --------------------------------------------------------------------------- always on
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """True for torch's integer dtypes (bool excluded): tensor metadata, no device read."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def check_integer_tensors(**tensors: torch.Tensor) -> None:
+    """InvalidArgumentError unless every tensor has an integer dtype (metadata only)."""
+    for name, t in tensors.items():
+        if not is_integer_dtype(t.dtype):
+            raise InvalidArgumentError(f"{name} must hold integers, got dtype {t.dtype}")
+
+
+def host_ints(name: str, values: HostLens) -> Int64Array:
+    """A host copy of lengths as a 1-D int64 array; InvalidArgumentError unless it holds
+    integers (a float list or tensor is refused, never truncated)."""
+    if isinstance(values, torch.Tensor):
+        check_integer_tensors(**{name: values})
+        return host_array(values)
+    arr = np.asarray(values)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{name} must hold integers, got {list(values)!r}")
+    return arr.astype(np.int64, copy=False).reshape(-1)
+
+
+def check_extend_host(
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: HostLens,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: HostLens,
+    last_loc: torch.Tensor,
+    extend_num_tokens: object,
+) -> tuple[Int64Array, Int64Array]:
+    """The preconditions of ``alloc_extend`` that need no device read, done in both modes:
+    integer dtypes, one length for the five arrays, ``0 <= P <= S`` and
+    ``extend_num_tokens == sum(S - P)`` on the host copies (InvalidArgumentError, as the
+    reference). Returns the host copies as int64 arrays."""
+    check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
+    p, s = host_ints("prefix_lens_cpu", prefix_lens_cpu), host_ints("seq_lens_cpu", seq_lens_cpu)
+    sizes = (prefix_lens.numel(), p.size, seq_lens.numel(), s.size, last_loc.numel())
+    if len(set(sizes)) != 1:
+        raise InvalidArgumentError(
+            f"batch arrays differ in length (prefix_lens, prefix_lens_cpu, seq_lens, "
+            f"seq_lens_cpu, last_loc): {sizes}"
+        )
+    if p.size and bool(((p < 0) | (s < p)).any()):
+        raise InvalidArgumentError(
+            f"need 0 <= prefix_len <= seq_len, got {p.tolist()}, {s.tolist()}"
+        )
+    expected = int(s.sum() - p.sum())
+    if not isinstance(extend_num_tokens, int) or extend_num_tokens != expected:
+        raise InvalidArgumentError(
+            f"extend_num_tokens={extend_num_tokens!r} but sum(seq_lens - prefix_lens)={expected}"
+        )
+    return p, s
+
+
+def check_decode_host(
+    seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
+) -> Int64Array:
+    """``alloc_decode``'s preconditions that need no device read, done in both modes: integer
+    dtypes, one length for the three arrays, every host ``S >= 1`` (InvalidArgumentError)."""
+    check_integer_tensors(seq_lens=seq_lens, last_loc=last_loc)
+    s = host_ints("seq_lens_cpu", seq_lens_cpu)
+    sizes = (seq_lens.numel(), s.size, last_loc.numel())
+    if len(set(sizes)) != 1:
+        raise InvalidArgumentError(
+            f"batch arrays differ in length (seq_lens, seq_lens_cpu, last_loc): {sizes}"
+        )
+    if s.size and bool((s < 1).any()):
+        raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1, got {s.tolist()}")
+    return s
+
+
 # --------------------------------------------------------------------------- checked mode
-def _as_int64(values: HostLens, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(values, device=device).to(torch.int64).reshape(-1)
-
-
 def check_host_copy(name: str, device_lens: torch.Tensor, host_lens: HostLens) -> torch.Tensor:
     """The device lengths as int64, after checking they equal their host copy
     (InvalidArgumentError otherwise, as the reference)."""
     dev = device_lens.to(torch.int64).reshape(-1)
-    host = _as_int64(host_lens, dev.device)
+    host = torch.from_numpy(host_ints(f"{name}_cpu", host_lens)).to(dev.device)
     if dev.shape != host.shape or not torch.equal(dev, host):
         raise InvalidArgumentError(
             f"{name} and {name}_cpu differ: {dev.tolist()} vs {host.tolist()}"
@@ -186,12 +263,17 @@ def check_free_list_state(state: object, num_pages: int) -> tuple[torch.Tensor, 
 
 __all__ = [
     "HostLens",
+    "check_decode_host",
     "check_extend_args",
+    "check_extend_host",
     "check_free_list_state",
     "check_free_slots",
     "check_host_copy",
+    "check_integer_tensors",
     "check_prefix_pages_held",
     "decode_new_pages_host",
     "extend_new_pages_host",
+    "host_ints",
+    "is_integer_dtype",
     "pages_to_slots",
 ]

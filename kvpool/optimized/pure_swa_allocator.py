@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
-from kvpool.errors import ConfigError, IndexOutOfRangeError
+from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.allocator import TokenToKVPoolAllocator
 from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.paged_ops import is_integer_dtype
 from kvpool.optimized.swa_allocator import IndexLike
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
@@ -71,7 +72,10 @@ class PureSWATokenToKVPoolAllocator:
         return SWAAllocatorSnapshot(snap, snap, mapping, pure=True)
 
     def translate_loc_from_full_to_swa(self, kv_indices: IndexLike) -> torch.Tensor:
-        locs = torch.as_tensor(kv_indices, device=self.device).reshape(-1).to(torch.int64)
+        locs = torch.as_tensor(kv_indices, device=self.device).reshape(-1)
+        if not is_integer_dtype(locs.dtype) and locs.numel():  # metadata: both modes
+            raise InvalidArgumentError(f"slots must be integers, got dtype {locs.dtype}")
+        locs = locs.to(torch.int64)
         if self.checked:
             bad = (locs < NO_LAST_LOC) | (locs > self._size_swa)
             if bool(bad.any()):

@@ -19,19 +19,28 @@ from typing import Any
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
-from kvpool.errors import AlignmentError, IndexOutOfRangeError, InvalidArgumentError
+from kvpool.errors import (
+    AlignmentError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    KVPoolError,
+)
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.paged_ops import (
     HostLens,
+    check_decode_host,
     check_extend_args,
+    check_extend_host,
     check_free_list_state,
     check_free_slots,
     check_host_copy,
+    check_integer_tensors,
     check_prefix_pages_held,
     decode_new_pages_host,
     extend_new_pages_host,
+    is_integer_dtype,
 )
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
@@ -116,8 +125,15 @@ class SWATokenToKVPoolAllocator:
         )
 
     # ----------------------------------------------------------------- mapping
-    def _as_index(self, values: IndexLike) -> torch.Tensor:
-        return torch.as_tensor(values, device=self.device).reshape(-1).to(torch.int64)
+    def _as_index(
+        self, values: IndexLike, error: type[KVPoolError] = InvalidArgumentError
+    ) -> torch.Tensor:
+        """``values`` as 1-D int64 on the device; ``error`` for a non-integer dtype (metadata:
+        checked in both modes; frees raise IndexOutOfRangeError, as the reference)."""
+        t = torch.as_tensor(values, device=self.device).reshape(-1)
+        if not is_integer_dtype(t.dtype) and t.numel():
+            raise error(f"slots and lengths must be integers, got dtype {t.dtype}")
+        return t.to(torch.int64)
 
     def _check_range(self, slots: torch.Tensor, low: int) -> None:
         limit = self._size_full + self.page_size
@@ -137,9 +153,9 @@ class SWATokenToKVPoolAllocator:
         """``mapping[full_indices[i]] = swa_indices[i]`` (0 unmaps). Checked mode:
         InvalidArgumentError for different lengths, IndexOutOfRangeError out of range."""
         full, swa = self._as_index(full_indices), self._as_index(swa_indices)
+        if full.numel() != swa.numel():  # metadata: checked in both modes
+            raise InvalidArgumentError(f"{full.numel()} full slots but {swa.numel()} SWA slots")
         if self.checked:
-            if full.numel() != swa.numel():
-                raise InvalidArgumentError(f"{full.numel()} full slots but {swa.numel()} SWA slots")
             self._check_range(full, 0)
             swa_limit = self._size_swa + self.page_size
             bad = (swa < 0) | (swa >= swa_limit)
@@ -195,7 +211,8 @@ class SWATokenToKVPoolAllocator:
         last_loc: torch.Tensor,
         n: int,
     ) -> torch.Tensor:
-        """The translated ``last_loc``; checked mode first runs both sides' extend checks."""
+        """The translated ``last_loc``; checked mode first runs both sides' extend checks.
+        Unchecked, the caller has run the host checks (the translation indexes a tensor)."""
         if not self.checked:
             return self.full_to_swa_index_mapping[last_loc]
         full_mask = self.full_attn_allocator._free_mask
@@ -234,11 +251,17 @@ class SWATokenToKVPoolAllocator:
         the translated ``last_loc``; ``None`` (no change) unless both pools fit. Page size > 1."""
         if self.page_size == 1:
             raise InvalidArgumentError("SWA alloc_extend needs page_size > 1; use alloc")
-        prefix = self._host_checked("prefix_lens", self._as_index(prefix_lens), prefix_lens_cpu)
-        seq = self._host_checked("seq_lens", self._as_index(seq_lens), seq_lens_cpu)
+        prefix, seq = self._as_index(prefix_lens), self._as_index(seq_lens)
         loc = self._as_index(last_loc)
-        swa_loc = self._check_batch(prefix, seq, loc, extend_num_tokens)
-        pages = extend_new_pages_host(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        check_integer_tensors(prefix_lens=prefix, seq_lens=seq, last_loc=loc)
+        if self.checked:  # device reads first: the reference's order of checks
+            prefix = check_host_copy("prefix_lens", prefix, prefix_lens_cpu)
+            seq = check_host_copy("seq_lens", seq, seq_lens_cpu)
+            swa_loc = self._check_batch(prefix, seq, loc, extend_num_tokens)
+        host = check_extend_host(prefix, prefix_lens_cpu, seq, seq_lens_cpu, loc, extend_num_tokens)
+        if not self.checked:
+            swa_loc = self._check_batch(prefix, seq, loc, extend_num_tokens)
+        pages = extend_new_pages_host(*host, self.page_size)
         if not self._pages_fit(pages, pages):
             return None
         args = (prefix, prefix_lens_cpu, seq, seq_lens_cpu)
@@ -265,6 +288,8 @@ class SWATokenToKVPoolAllocator:
             raise InvalidArgumentError("SWA alloc_extend_swa_tail needs page_size > 1")
         prefix = self._host_checked("prefix_lens", self._as_index(prefix_lens), prefix_lens_cpu)
         seq = self._host_checked("seq_lens", self._as_index(seq_lens), seq_lens_cpu)
+        loc = self._as_index(last_loc)
+        check_extend_host(prefix, prefix_lens_cpu, seq, seq_lens_cpu, loc, extend_num_tokens)
         if len(prefix_lens_cpu) != 1 or len(seq_lens_cpu) != 1:
             raise InvalidArgumentError("alloc_extend_swa_tail takes a batch of one request")
         if not isinstance(swa_tail_len, int) or not 0 <= swa_tail_len <= extend_num_tokens:
@@ -305,12 +330,17 @@ class SWATokenToKVPoolAllocator:
         the translated ``last_loc``; ``None`` (no change) unless both pools fit. Page size > 1."""
         if self.page_size == 1:
             raise InvalidArgumentError("SWA alloc_decode needs page_size > 1; use alloc")
-        seq = self._host_checked("seq_lens", self._as_index(seq_lens), seq_lens_cpu)
-        loc = self._as_index(last_loc)
-        if self.checked and bool((seq < 1).any()):
-            raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1, got {seq.tolist()}")
-        swa_loc = self._check_batch(seq - 1, seq, loc, seq.numel())
-        pages = decode_new_pages_host(seq_lens_cpu, self.page_size)
+        seq, loc = self._as_index(seq_lens), self._as_index(last_loc)
+        check_integer_tensors(seq_lens=seq, last_loc=loc)
+        if self.checked:  # device reads first: the reference's order of checks
+            seq = check_host_copy("seq_lens", seq, seq_lens_cpu)
+            if bool((seq < 1).any()):
+                raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1: {seq.tolist()}")
+            swa_loc = self._check_batch(seq - 1, seq, loc, seq.numel())
+        host_s = check_decode_host(seq, seq_lens_cpu, loc)
+        if not self.checked:
+            swa_loc = self._check_batch(seq - 1, seq, loc, seq.numel())
+        pages = decode_new_pages_host(host_s, self.page_size)
         if not self._pages_fit(pages, pages):
             return None
         full = self.full_attn_allocator.alloc_decode(seq, seq_lens_cpu, loc)
@@ -323,7 +353,7 @@ class SWATokenToKVPoolAllocator:
     def free(self, free_index: IndexLike) -> None:
         """Free full slots and the SWA slots their mapping names, zeroing those entries, both
         resolved now (also inside a free group). Checked mode validates both sides first."""
-        slots = self._as_index(free_index)
+        slots = self._as_index(free_index, IndexOutOfRangeError)
         if slots.numel() == 0:
             return
         full_alloc = self.full_attn_allocator
@@ -343,7 +373,7 @@ class SWATokenToKVPoolAllocator:
         """Free only the SWA slots of full slots (tokens that slid out of the window), zeroing
         their entries; slots mapped to 0 are skipped. Checked mode: IndexOutOfRangeError for a
         slot outside the full pool, the SWA allocator's errors for a corrupt mapping."""
-        slots = self._as_index(free_index)
+        slots = self._as_index(free_index, IndexOutOfRangeError)
         if slots.numel() == 0:
             return
         if self.checked:

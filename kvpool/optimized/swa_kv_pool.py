@@ -16,6 +16,7 @@ from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.kv_cache import MHATokenToKVPool, TensorLike
 from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.paged_ops import is_integer_dtype
 
 
 class SWAKVPool:
@@ -65,7 +66,10 @@ class SWAKVPool:
         mapping = self.full_to_swa_index_mapping
         if mapping is None:
             raise InvalidArgumentError("no full_to_swa_index_mapping registered")
-        locs = torch.as_tensor(kv_indices, device=self.device).reshape(-1).to(torch.int64)
+        locs = torch.as_tensor(kv_indices, device=self.device).reshape(-1)
+        if locs.numel() and not is_integer_dtype(locs.dtype):  # metadata: both modes
+            raise InvalidArgumentError(f"slots must be integers, got dtype {locs.dtype}")
+        locs = locs.to(torch.int64)
         if self.checked:
             bad = (locs < -1) | (locs >= mapping.numel() - 1)
             if bool(bad.any()):

@@ -24,10 +24,10 @@ from kvpool.errors import (
 )
 from kvpool.optimized import (
     CHECKED_ENV_VAR,
-    MHATokenToKVPool,
-    PagedTokenToKVPoolAllocator,
     HybridReqToTokenPool,
     MemoryManager,
+    MHATokenToKVPool,
+    PagedTokenToKVPoolAllocator,
     ReqToTokenPool,
     TokenToKVPoolAllocator,
     TwinOptions,
@@ -74,7 +74,9 @@ def test_one_options_object_goes_down_the_twin() -> None:
     assert pool.mamba_pool.options is opts and pool.mamba_allocator.options is opts
     swa_config = PoolConfig(size=16, page_size=4, sliding_window=4, disable_radix_cache=True)
     swa = SWAMemoryManager(swa_config, options=opts)
-    sides = (swa.token_to_kv_pool_allocator.full_attn_allocator, swa.kv_cache.swa_kv_pool)
+    alloc: Any = swa.token_to_kv_pool_allocator  # the SWA allocator and pools
+    kv: Any = swa.kv_cache
+    sides = (alloc, alloc.full_attn_allocator, alloc.swa_attn_allocator, kv, kv.swa_kv_pool)
     assert all(p.options is opts for p in sides)
     with pytest.raises(ConfigError):  # options or the shorthand keywords, never both
         MemoryManager(PoolConfig(), options=opts, checked=True)
@@ -234,6 +236,7 @@ def test_unchecked_mode_skips_the_double_free_check() -> None:
     a = PagedTokenToKVPoolAllocator(16, 4, checked=False)
     a.free(T([4]))  # page 1 is already free
     assert a.snapshot().free_pages == (1, 1, 2, 3, 4)
-    pool = ReqToTokenPool(2, 2, checked=False)
-    pool.free(Req(1))  # row 1 is already free
-    assert pool.free_slots == [1, 2, 1]
+    pool = ReqToTokenPool(2, 2, checked=False)  # rows are host ints: checked in both modes
+    with pytest.raises(DoubleFreeError):
+        pool.free(Req(1))  # row 1 is already free
+    assert pool.free_slots == [1, 2]
