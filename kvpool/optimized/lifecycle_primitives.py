@@ -25,6 +25,7 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
+from kvpool.host_checks import int_list
 from kvpool.injection import check_shared, resolve
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.chunk_cache import ChunkCache
@@ -45,14 +46,11 @@ def _slots(values: Sequence[int], device: torch.device) -> torch.Tensor:
 
 
 def as_token_list(input_ids: Sequence[int]) -> list[int]:
-    """Token ids as a list of ints (arrays and tensors through ``tolist``; a list is trusted)."""
-    if isinstance(input_ids, list):
-        return input_ids
+    """Token ids as a list of ints (arrays and tensors through ``tolist``); InvalidArgumentError
+    for anything that is not an integer (a float tensor included), before any change."""
     tolist = getattr(input_ids, "tolist", None)
-    if tolist is not None:
-        out: list[int] = tolist()
-        return out
-    return [int(t) for t in input_ids]
+    values = tolist() if tolist is not None else input_ids
+    return int_list("input_ids", values)
 
 
 class LifecyclePrimitives:

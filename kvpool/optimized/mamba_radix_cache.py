@@ -19,9 +19,9 @@ from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator
 from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.optimized.mamba_tree_node import LRUList, MambaTreeNode
 from kvpool.optimized.options import TwinOptions, options_of
-from kvpool.optimized.radix_key import RadixKey
+from kvpool.optimized.radix_key import RadixKey, check_tree_range, tree_value
 from kvpool.protocols import MambaReqLike
-from kvpool.reference.radix_key import ChildKey
+from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
 
 
@@ -193,7 +193,9 @@ class MambaRadixCache:
         had, ``mamba_value`` was not taken and the caller still owns it."""
         if len(value) != len(key):
             raise InvalidArgumentError(f"{len(value)} slots for {len(key)} tokens")
-        node, value, total = self.root_node, value.to(self.device, torch.int64), 0
+        node, value, total = self.root_node, tree_value(value, self.device), 0
+        if self.options.checked:
+            check_tree_range(value, tree_slot_limit(self.token_to_kv_pool_allocator))
         if not len(key):
             return 0, True
         while len(key) and self._child_key(node, key) in node.children:

@@ -57,9 +57,10 @@ def is_integer_dtype(dtype: torch.dtype) -> bool:
 
 
 def check_integer_tensors(**tensors: torch.Tensor) -> None:
-    """InvalidArgumentError unless every tensor has an integer dtype (metadata only)."""
+    """InvalidArgumentError unless every non-empty tensor has an integer dtype (metadata only;
+    ``torch.tensor([])`` is float32 and holds nothing to misread)."""
     for name, t in tensors.items():
-        if not is_integer_dtype(t.dtype):
+        if t.numel() and not is_integer_dtype(t.dtype):
             raise InvalidArgumentError(f"{name} must hold integers, got dtype {t.dtype}")
 
 

@@ -36,11 +36,14 @@ from kvpool.optimized.radix_key import (
     RadixKey,
     TreeNode,
     as_slots,
+    check_tree_range,
     join_slots,
+    tree_value,
 )
 from kvpool.optimized.radix_release import RadixRelease
 from kvpool.optimized.tree_view import pretty_print_tree, snapshot_tree
 from kvpool.reference.radix_cache import hit_floor, logical_clock  # pure helpers, shared
+from kvpool.reference.radix_key import tree_slot_limit
 from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
@@ -222,9 +225,12 @@ class RadixCache(RadixRelease):
         Ownership: the new leaf keeps views of ``key``'s array and of ``value`` (no copy, as in
         SGLang); the caller must not modify them afterwards. ``cache_finished_req`` and
         ``cache_unfinished_req`` pass fresh copies read from the table."""
-        value = as_slots(key.array if value is None else value, self.device)
+        explicit = value is not None
+        value = tree_value(value, self.device) if explicit else as_slots(key.array, self.device)
         if value.shape[0] < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        if explicit and self.options.checked:  # the token ids stand in for slots in tests only
+            check_tree_range(value[: len(key)], tree_slot_limit(self.token_to_kv_pool_allocator))
         if self.disable:
             return 0
         aligned = floor_align(len(key), self.page_size)

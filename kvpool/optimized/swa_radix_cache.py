@@ -17,10 +17,10 @@ import torch
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.optimized.options import TwinOptions, options_of
-from kvpool.optimized.radix_key import RadixKey
+from kvpool.optimized.radix_key import RadixKey, check_tree_range, tree_value
 from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.radix_cache import logical_clock
-from kvpool.reference.radix_key import ChildKey
+from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
 
@@ -193,8 +193,11 @@ class SWARadixCache:
         tokens or an ``swa_evicted_seqlen`` that is not a page multiple in ``[0, len(key)]``."""
         if len(value) < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        value = tree_value(value, self.device).reshape(-1)
+        if self.options.checked:
+            check_tree_range(value[: len(key)], tree_slot_limit(self.token_to_kv_pool_allocator))
         key = key[: floor_align(len(key), self.page_size)]
-        value = self._slots(value)[: len(key)]
+        value = value[: len(key)]
         ps = self.page_size
         if not 0 <= swa_evicted_seqlen <= len(key) or swa_evicted_seqlen % ps:
             raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")

@@ -118,7 +118,10 @@ class Case:
 
 
 def state(target: Any) -> Any:
-    """The component's whole state as plain values, comparable across twins."""
+    """The component's whole state as plain values, comparable across twins (a tuple of
+    components: each one's state)."""
+    if isinstance(target, tuple):
+        return tuple(state(t) for t in target)
     if hasattr(target, "hybrid_snapshot"):
         rows = [(r, target.max_context_len) for r in range(1, target.size + 1)]
         return target.hybrid_snapshot(rows)
