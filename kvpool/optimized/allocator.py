@@ -31,6 +31,7 @@ from kvpool.optimized.paged_ops import (
     check_decode_host,
     check_extend_args,
     check_extend_host,
+    check_free_list_shape,
     check_free_list_state,
     check_free_slots,
     check_host_copy,
@@ -259,10 +260,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         ``1..num_pages``."""
         if self.checked:
             free_pages, release_pages = check_free_list_state(state, self.num_pages)
-        elif isinstance(state, tuple) and len(state) == 2:
-            free_pages, release_pages = state
-        else:
-            raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
+        else:  # the shape of the state (host metadata), not its page ids
+            free_pages, release_pages = check_free_list_shape(state)
         self._set_free_lists(
             self._as_index(free_pages).to(torch.int64),
             self._as_index(release_pages).to(torch.int64),

@@ -156,8 +156,11 @@ class KVCache:
     def _tag_rows(
         tags: TensorLike, n: int, heads: int, dim: int, device: torch.device
     ) -> torch.Tensor:
+        values = torch.as_tensor(tags, dtype=torch.float64, device=device).reshape(-1, 1)
+        if values.shape[0] != n:  # metadata: one tag per slot, never broadcast
+            raise InvalidArgumentError(f"{values.shape[0]} tags for {n} slots")
         rows = torch.zeros((n, heads, dim), dtype=torch.float64, device=device)
-        rows[:, :, 0] = torch.as_tensor(tags, dtype=torch.float64, device=device).reshape(-1, 1)
+        rows[:, :, 0] = values
         return rows
 
     def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:

@@ -11,6 +11,8 @@ only. Units: lengths are tokens, pages are page ids, slots are slot ids.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -22,6 +24,7 @@ from kvpool.errors import (
     InvalidArgumentError,
     ReservedIndexError,
 )
+from kvpool.host_checks import int_list
 from kvpool.kernels.alloc_extend import HostLens, host_array
 from kvpool.kernels.host import Int64Array
 
@@ -242,6 +245,20 @@ def check_free_slots(
         raise DoubleFreeError("slots freed twice in one call or free group")
 
 
+def check_free_list_shape(state: object) -> tuple[Any, Any]:
+    """Always on (no device read): a pair whose tensors are 1-D and integer (a list of pages is
+    checked for integers); InvalidArgumentError otherwise. Returns the pair."""
+    if not (isinstance(state, tuple) and len(state) == 2):
+        raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
+    for part in state:
+        if isinstance(part, torch.Tensor):
+            if part.dim() != 1 or (part.numel() and not is_integer_dtype(part.dtype)):
+                raise InvalidArgumentError("state must hold two 1-D integer tensors of page ids")
+        else:
+            int_list("page ids", part)
+    return state[0], state[1]
+
+
 def check_free_list_state(state: object, num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``backup_state`` value: two 1-D integer tensors of distinct page ids in
     ``1..num_pages`` (InvalidArgumentError otherwise, as the reference)."""
@@ -267,6 +284,7 @@ __all__ = [
     "check_decode_host",
     "check_extend_args",
     "check_extend_host",
+    "check_free_list_shape",
     "check_free_list_state",
     "check_free_slots",
     "check_host_copy",

@@ -33,6 +33,7 @@ from kvpool.optimized.paged_ops import (
     check_decode_host,
     check_extend_args,
     check_extend_host,
+    check_free_list_shape,
     check_free_list_state,
     check_free_slots,
     check_host_copy,
@@ -415,12 +416,16 @@ class SWATokenToKVPoolAllocator:
         if not isinstance(state, tuple) or len(state) != 3:
             raise InvalidArgumentError("state must be the (full, swa, mapping) tuple")
         mapping = state[2]
+        shape_ok = isinstance(mapping, torch.Tensor) and mapping.shape == (
+            self.full_to_swa_index_mapping.shape
+        )
+        if not shape_ok:  # metadata, like both free lists' shapes: checked in both modes
+            raise InvalidArgumentError("state holds a mapping of the wrong shape")
+        check_free_list_shape(state[0])
+        check_free_list_shape(state[1])
         if self.checked:
-            shape_ok = isinstance(mapping, torch.Tensor) and mapping.shape == (
-                self.full_to_swa_index_mapping.shape
-            )
-            if not shape_ok or int(mapping[-1]) != NO_LAST_LOC:
-                raise InvalidArgumentError("state holds a mapping of the wrong shape")
+            if int(mapping[-1]) != NO_LAST_LOC:
+                raise InvalidArgumentError("state holds a mapping without its -1 sentinel")
             check_free_list_state(state[0], self.full_attn_allocator.num_pages)
             check_free_list_state(state[1], self.swa_attn_allocator.num_pages)
         self.full_attn_allocator.restore_state(state[0])

@@ -183,6 +183,12 @@ def token_allocator_cases(name: str, build: Any, held: int, free_slot: int, ps: 
         Case("decode-last-loc-missing", build, decode([2], [-1]), InvalidArgumentError, host=False),
         # restore_state: not a state, repeated pages
         Case(
+            "restore-float-pages",
+            build,
+            lambda tw, fx: fx.target.restore_state((tw.floats([1]), tw.idx([]))),
+            InvalidArgumentError,
+        ),
+        Case(
             "restore-not-a-state",
             build,
             lambda tw, fx: fx.target.restore_state([1, 2]),
@@ -311,6 +317,14 @@ OTHER = [
         lambda tw, fx: fx.target.translate_loc_from_full_to_swa(tw.idx([40])),
         IndexOutOfRangeError,
         host=False,
+    ),
+    Case(
+        "swa-restore-bad-swa-side",
+        swa,
+        lambda tw, fx: fx.target.restore_state(
+            (fx.target.backup_state()[0], (tw.floats([1]), tw.idx([])), fx.target.backup_state()[2])
+        ),
+        InvalidArgumentError,
     ),
     Case(
         "swa-restore-not-a-state",

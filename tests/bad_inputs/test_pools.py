@@ -177,6 +177,12 @@ KV = [
         InvalidArgumentError,
     ),
     Case(
+        "mha-write-tags-count",
+        mha,
+        lambda tw, fx: fx.target.write_tags(tw.idx([6, 7]), tw.idx([3])),
+        InvalidArgumentError,
+    ),
+    Case(
         "mha-write-tags-at-minus-1",
         mha,
         lambda tw, fx: fx.target.write_tags(tw.idx([-1]), tw.idx([3])),
