@@ -9,7 +9,8 @@ Hot paths launch tensor work only: page counts come from host copies of the leng
 the batch operations run :func:`kvpool.kernels.alloc_extend` / ``alloc_decode``. No
 device-to-host sync, unless ``checked`` (see :mod:`kvpool.optimized.checked`): then every misuse
 raises the reference's error before any change, using a device bool mask of free pages kept up to
-date incrementally.
+date incrementally. Checks that need no device read (dtypes, array lengths, the host copies of the
+lengths: :func:`~kvpool.optimized.paged_ops.check_extend_host`) run in both modes.
 
 ``need_sort`` merges and refusals follow the reference (SGLang's pre-tests on host lengths; see
 :mod:`kvpool.reference.allocator`) and ``rules`` (:class:`~kvpool.rules.Rules`).

@@ -6,7 +6,9 @@ vectorised form of the reference's precondition checks (:mod:`kvpool.reference.p
 the reference allocator): a handful of tensor operations and one device-to-host read, raising
 the error type the reference raises for the same input (the first offending request decides, and
 for that request the first failing check, in the reference's order). They run in checked mode
-only. Units: lengths are tokens, pages are page ids, slots are slot ids.
+only; the "always on" helpers (``check_extend_host``, ``check_decode_host``, dtypes, the shape of
+a free-list state) read no device value and run in both modes. Units: lengths are tokens, pages
+are page ids, slots are slot ids.
 """
 
 from __future__ import annotations
