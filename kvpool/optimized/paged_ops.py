@@ -56,16 +56,24 @@ def pages_to_slots(pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- always on
+_INTEGER_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+    if hasattr(torch, name)
+)
+"""torch's plain integer dtypes (one set lookup on a hot path)."""
+
+
 def is_integer_dtype(dtype: torch.dtype) -> bool:
     """True for torch's integer dtypes (bool excluded): tensor metadata, no device read."""
-    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    return dtype in _INTEGER_DTYPES
 
 
 def check_integer_tensors(**tensors: torch.Tensor) -> None:
     """InvalidArgumentError unless every non-empty tensor has an integer dtype (metadata only;
     ``torch.tensor([])`` is float32 and holds nothing to misread)."""
     for name, t in tensors.items():
-        if t.numel() and not is_integer_dtype(t.dtype):
+        if t.dtype not in _INTEGER_DTYPES and t.numel():
             raise InvalidArgumentError(f"{name} must hold integers, got dtype {t.dtype}")
 
 
@@ -101,11 +109,12 @@ def check_extend_host(
             f"batch arrays differ in length (prefix_lens, prefix_lens_cpu, seq_lens, "
             f"seq_lens_cpu, last_loc): {sizes}"
         )
-    if p.size and bool(((p < 0) | (s < p)).any()):
+    new = s - p  # tokens to allocate per request
+    if p.size and (p.min() < 0 or new.min() < 0):
         raise InvalidArgumentError(
             f"need 0 <= prefix_len <= seq_len, got {p.tolist()}, {s.tolist()}"
         )
-    expected = int(s.sum() - p.sum())
+    expected = int(new.sum())
     if not isinstance(extend_num_tokens, int) or extend_num_tokens != expected:
         raise InvalidArgumentError(
             f"extend_num_tokens={extend_num_tokens!r} but sum(seq_lens - prefix_lens)={expected}"
@@ -125,7 +134,7 @@ def check_decode_host(
         raise InvalidArgumentError(
             f"batch arrays differ in length (seq_lens, seq_lens_cpu, last_loc): {sizes}"
         )
-    if s.size and bool((s < 1).any()):
+    if s.size and s.min() < 1:
         raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1, got {s.tolist()}")
     return s
 
