@@ -38,6 +38,7 @@ MODULES = (
     "radix_cache",
     "radix_key",
     "chunk_cache",
+    "swa_chunk_cache",
     "swa_radix_cache",
     "mamba_radix_cache",
     "memory_manager",

@@ -35,6 +35,15 @@ def mm(tw: Twin) -> SimpleNamespace:
     return fixture(m)
 
 
+def in_session(tw: Twin) -> SimpleNamespace:
+    """Session ``s`` busy with its turn ``t`` (running)."""
+    m = tw.new("MemoryManager", PoolConfig(size=32, page_size=4, max_context_len=16))
+    m.open_session("s")
+    m.new_req("t", [1, 2, 3], None, "s")
+    m.extend(["t"])
+    return fixture(m)
+
+
 def full_row(tw: Twin) -> SimpleNamespace:
     """``f`` running with all 16 columns of its row used."""
     m = tw.new("MemoryManager", PoolConfig(size=32, page_size=4, max_context_len=16))
@@ -93,6 +102,13 @@ LIFECYCLE = [
     Case("abort-unknown-request", mm, call("abort", "zz"), UnknownRequestError),
     Case("retract-waiting-request", mm, call("retract", "w"), RequestStateError),
     Case("open-session-twice", mm, call("open_session", "s"), InvalidArgumentError),
+    Case(
+        "new-req-busy-session",
+        in_session,
+        call("new_req", "u", [4], None, "s"),
+        RequestStateError,
+    ),
+    Case("close-busy-session", in_session, call("close_session", "s"), RequestStateError),
     Case("close-unknown-session", mm, call("close_session", "zz"), UnknownRequestError),
     Case("evict-negative", mm, call("evict", -1), InvalidArgumentError),
     Case(

@@ -36,6 +36,19 @@ def chunk(tw: Twin) -> SimpleNamespace:
     return fixture(cache, cache=cache)
 
 
+def swa_chunk(tw: Twin) -> SimpleNamespace:
+    """The SWA chunk cache (window 4) over SWA pools of page size 4."""
+    alloc = tw.new("SWATokenToKVPoolAllocator", 16, 8, 4)
+    cache = tw.ns.SWAChunkCache(None, alloc, 4, 4)  # the twin's takes its options from alloc
+    return fixture((cache, alloc), cache=cache)
+
+
+def swa_chunk_new(page_size: int, window: int) -> Any:
+    return lambda tw, fx: tw.ns.SWAChunkCache(
+        None, tw.new("SWATokenToKVPoolAllocator", 16, 8, 4), page_size, window
+    )
+
+
 def swa_radix(tw: Twin) -> SimpleNamespace:
     """SWA pools (full 16, SWA 8, page size 4), window 4; 8 tokens cached at full slots 4..11."""
     alloc = tw.new("SWATokenToKVPoolAllocator", 16, 8, 4)
@@ -82,6 +95,9 @@ def new(cls: str, *args: Any) -> Any:
 
 
 CASES = [
+    Case("swa-chunk-evict-negative", swa_chunk, evict(-1), InvalidArgumentError),
+    Case("swa-chunk-ctor-window-0", swa_chunk, swa_chunk_new(4, 0), InvalidArgumentError),
+    Case("swa-chunk-ctor-page-size-mismatch", swa_chunk, swa_chunk_new(2, 4), ConfigError),
     Case("radix-insert-slot-0", radix, insert([5, 6], [5, 0]), ReservedIndexError, host=False),
     Case(
         "radix-insert-slot-minus-1",
