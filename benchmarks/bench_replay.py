@@ -30,6 +30,7 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.optimized.memory_manager import MemoryManager as OptMM
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.radix_cache import RadixCache as OptRadixCache
 from kvpool.optimized.radix_key import RadixKey as OptKey
 from kvpool.reference.memory_manager import MemoryManager as RefMM
@@ -51,6 +52,9 @@ CHUNK = 4096
 DECODE_CAP = 4
 POOL_TOKENS = 1 << 18
 
+UNCHECKED = TwinOptions.make("cpu", checked=False)
+"""The twin as an engine runs it: checks that need a device read off."""
+
 
 class StubAllocator:
     """Only what the tree needs of an allocator (nothing is evicted in the tree replay)."""
@@ -71,7 +75,7 @@ def replay_tree(twin: str, records: list[TraceRecord]) -> float:
     alloc = StubAllocator(PAGE_SIZE)
     total = 0.0
     if twin == "optimized":
-        cache: Any = OptRadixCache(None, alloc, PAGE_SIZE)  # type: ignore[arg-type]
+        cache: Any = OptRadixCache(None, alloc, PAGE_SIZE, options=UNCHECKED)  # type: ignore[arg-type]
         for rec in records:
             key = OptKey(request_token_array(rec))
             t0 = time.thread_time()
@@ -103,7 +107,7 @@ def replay_lifecycle(twin: str, records: list[TraceRecord]) -> float:
         head_num=1,
         head_dim=1,
     )
-    mm: Any = OptMM(config) if twin == "optimized" else RefMM(config)
+    mm: Any = OptMM(config, checked=False) if twin == "optimized" else RefMM(config)
     prompts = [request_token_array(r).tolist() for r in records]
     t0 = time.thread_time()
     for start in range(0, len(records), BATCH):

@@ -7,6 +7,7 @@ Mirrors the reference file by file. (Being built: see the optimized-twin issue.)
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.checked import CHECKED_ENV_VAR, resolve_checked
 from kvpool.optimized.kv_cache import KVCache, MHATokenToKVPool, MLATokenToKVPool
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.req_to_token_pool import ReqToTokenPool
 
@@ -19,6 +20,7 @@ __all__ = [
     "PagedTokenToKVPoolAllocator",
     "ReqToTokenPool",
     "TokenToKVPoolAllocator",
+    "TwinOptions",
     "resolve_checked",
 ]
 

@@ -9,7 +9,8 @@ Hot paths launch tensor work only: page counts come from host copies of the leng
 the batch operations run :func:`kvpool.kernels.alloc_extend` / ``alloc_decode``. No
 device-to-host sync, unless ``checked`` (see :mod:`kvpool.optimized.checked`): then every misuse
 raises the reference's error before any change, using a device bool mask of free pages kept up to
-date incrementally.
+date incrementally. Checks that need no device read (dtypes, array lengths, the host copies of the
+lengths: :func:`~kvpool.optimized.paged_ops.check_extend_host`) run in both modes.
 
 ``need_sort`` merges and refusals follow the reference (SGLang's pre-tests on host lengths; see
 :mod:`kvpool.reference.allocator`) and ``rules`` (:class:`~kvpool.rules.Rules`).
@@ -24,17 +25,22 @@ import torch
 
 from kvpool import kernels
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
-from kvpool.errors import ConfigError, InvalidArgumentError, PageSizeError
-from kvpool.optimized.checked import resolve_checked
+from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError, PageSizeError
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_ops import (
     HostLens,
+    check_decode_host,
     check_extend_args,
+    check_extend_host,
+    check_free_list_shape,
     check_free_list_state,
     check_free_slots,
     check_host_copy,
+    check_integer_tensors,
     check_prefix_pages_held,
     decode_new_pages_host,
     extend_new_pages_host,
+    is_integer_dtype,
     pages_to_slots,
 )
 from kvpool.optimized.segment_free import SegmentFrees
@@ -51,7 +57,9 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
     """Page allocator over ``size // page_size`` pages with ids ``1..num_pages`` (twin of
     :class:`kvpool.reference.allocator.BaseTokenToKVPoolAllocator`; same methods and results).
 
-    ``kernel_backend`` is passed to the kernels (``None``: triton on CUDA, else torch)."""
+    ``options`` (:class:`~kvpool.optimized.options.TwinOptions`; or the shorthand ``device`` /
+    ``checked`` / ``kernel_backend``) place the free lists, set checked mode and the kernels'
+    backend."""
 
     _dedup_pages: bool = True
     """True: freeing two slots of one page (in a call or a group) frees the page once."""
@@ -62,10 +70,11 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         page_size: int,
         need_sort: bool = False,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if not isinstance(page_size, int) or not is_power_of_two(page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
@@ -78,9 +87,10 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         self.need_sort = bool(need_sort)
         self.rules = rules if rules is not None else Rules()
         self.num_pages = size // page_size
-        self.device = torch.device(device)
-        self.checked = resolve_checked(checked)
-        self.kernel_backend = kernel_backend
+        self.options = opts = twin_options(options, device, checked, kernel_backend)
+        self.device = opts.device
+        self.checked = opts.checked
+        self.kernel_backend = opts.backend
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         self.free_pages = self._empty()
         self.release_pages = self._empty()
@@ -189,6 +199,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         slots = self._as_index(free_index)
         if slots.numel() == 0:
             return
+        if not is_integer_dtype(slots.dtype):  # metadata: checked in both modes
+            raise IndexOutOfRangeError(f"slots must be integers, got dtype {slots.dtype}")
         if self._free_mask is not None:
             check_free_slots(
                 slots, self._free_mask, self.page_size, not self._dedup_pages, self._pending_mask
@@ -249,10 +261,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         ``1..num_pages``."""
         if self.checked:
             free_pages, release_pages = check_free_list_state(state, self.num_pages)
-        elif isinstance(state, tuple) and len(state) == 2:
-            free_pages, release_pages = state
-        else:
-            raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
+        else:  # the shape of the state (host metadata), not its page ids
+            free_pages, release_pages = check_free_list_shape(state)
         self._set_free_lists(
             self._as_index(free_pages).to(torch.int64),
             self._as_index(release_pages).to(torch.int64),
@@ -295,13 +305,17 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         Checked mode raises the reference's errors for a bad batch."""
         prefix_lens, seq_lens = self._as_index(prefix_lens), self._as_index(seq_lens)
         last_loc = self._as_index(last_loc)
-        if self._free_mask is not None:
+        if self._free_mask is not None:  # device reads first: the reference's order of checks
+            check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
             p = check_host_copy("prefix_lens", prefix_lens, prefix_lens_cpu)
             s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
             loc = last_loc.to(torch.int64)
             check_extend_args(p, s, loc, extend_num_tokens, self.page_size)
             check_prefix_pages_held(p, loc, self._free_mask, self.page_size)
-        num_new = extend_new_pages_host(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        host_p, host_s = check_extend_host(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        )
+        num_new = extend_new_pages_host(host_p, host_s, self.page_size)
         bound = self._extend_merge_bound(extend_num_tokens, len(seq_lens_cpu))
         self._merge_before_take(bound > self.free_pages.numel(), num_new)
         pages = self._take_pages(num_new)
@@ -328,7 +342,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         page when ``(S_i - 1) % page_size == 0``, else ``last_loc_i + 1``; ``None`` (no change)
         if the new pages do not fit. Checked mode raises the reference's errors."""
         seq_lens, last_loc = self._as_index(seq_lens), self._as_index(last_loc)
-        if self._free_mask is not None:
+        if self._free_mask is not None:  # device reads first: the reference's order of checks
+            check_integer_tensors(seq_lens=seq_lens, last_loc=last_loc)
             s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
             loc = last_loc.to(torch.int64)
             if bool((s < 1).any()):
@@ -337,7 +352,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
                 )
             check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
             check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
-        num_new = decode_new_pages_host(seq_lens_cpu, self.page_size)
+        host_s = check_decode_host(seq_lens, seq_lens_cpu, last_loc)
+        num_new = decode_new_pages_host(host_s, self.page_size)
         self._merge_before_take(seq_lens.numel() > self.free_pages.numel(), num_new)
         pages = self._take_pages(num_new)
         if pages is None:
@@ -367,19 +383,18 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         size: int,
         need_sort: bool = False,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         super().__init__(
             size,
             1,
             need_sort,
-            device=device,
-            checked=checked,
-            kernel_backend=kernel_backend,
             rules=rules,
+            options=twin_options(options, device, checked, kernel_backend),
         )
 
     def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:

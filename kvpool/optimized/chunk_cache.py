@@ -11,6 +11,7 @@ import torch
 
 from kvpool.constants import EVICTION_POLICIES
 from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.optimized.options import TwinOptions, options_of
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.optimized.req import Req
 from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
@@ -30,6 +31,7 @@ class ChunkCache:
         eviction_policy: str = "lru",
         *,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if page_size != token_to_kv_pool_allocator.page_size:
             raise ConfigError(
@@ -44,7 +46,8 @@ class ChunkCache:
         self.rules = rules if rules is not None else Rules()
         self.disable = True
         self.eviction_policy = eviction_policy
-        self.device = torch.device(getattr(token_to_kv_pool_allocator, "device", "cpu"))
+        self.options = options if options is not None else options_of(token_to_kv_pool_allocator)
+        self.device = self.options.device
 
     def reset(self) -> None:
         """Nothing to forget."""

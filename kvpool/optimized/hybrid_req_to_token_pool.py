@@ -5,7 +5,7 @@ host work (:mod:`kvpool.optimized.mamba_allocator`): a request's ``mamba_pool_id
 and its track buffer a list of ints, as in the reference. What the kernels read lives on the
 device: the row-to-slot mappings (written with one indexed store per batch from one host-to-device
 copy) and the state buffers (:mod:`kvpool.optimized.mamba_pool`). No device-to-host sync.
-``checked`` adds the scan of kept slots (free, or named twice) that the reference always does.
+Kept slots (free, or named twice) are checked on the host, in both modes.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 from kvpool.errors import ConfigError, DoubleFreeError, InvalidArgumentError
 from kvpool.optimized.mamba_allocator import MambaSlotAllocator
 from kvpool.optimized.mamba_pool import MambaPool
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.req_to_token_pool import ReqToTokenPool
 from kvpool.protocols import MambaReqLike
 from kvpool.rules import Rules
@@ -36,16 +37,18 @@ class HybridReqToTokenPool(ReqToTokenPool):
         mamba_size: int,
         num_mamba_layers: int = 1,
         track_buffers: int = 0,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         *,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if track_buffers not in (0, 1, 2):
             raise ConfigError(f"track_buffers must be 0, 1 or 2, got {track_buffers!r}")
-        super().__init__(size, max_context_len, device=device, checked=checked, rules=rules)
-        self.mamba_pool = MambaPool(mamba_size, num_mamba_layers, device=device, checked=checked)
-        self.mamba_allocator = MambaSlotAllocator(mamba_size, checked=checked)
+        opts = twin_options(options, device, checked)
+        super().__init__(size, max_context_len, rules=rules, options=opts)
+        self.mamba_pool = MambaPool(mamba_size, num_mamba_layers, options=opts)
+        self.mamba_allocator = MambaSlotAllocator(mamba_size, options=opts)
         self.track_buffers = track_buffers
         self.req_index_to_mamba_index_mapping = torch.zeros(
             size + 1, dtype=torch.int32, device=self.device
@@ -64,15 +67,16 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return need
 
     def _check_kept_slots(self, reqs: Sequence[MambaReqLike]) -> None:
-        """Checked mode: a kept slot must be held and named by one request only."""
+        """A kept slot must be held and named by one request only (host values: both modes)."""
         alloc = self.mamba_allocator
-        free = set(alloc.free_slots[alloc._head :]) | set(alloc._group or ())
+        group = set(alloc._group or ())
         kept: set[int] = set()
         for i, req in enumerate(reqs):
             held = [] if req.mamba_pool_idx is None else [req.mamba_pool_idx]
             held += [s for s in req.mamba_ping_pong_track_buffer or () if s != NO_TRACK_SLOT]
             for slot in held:
-                if slot in free or slot in kept:
+                free = 0 < slot <= alloc.size and alloc._is_free[slot]
+                if free or slot in group or slot in kept:
                     raise InvalidArgumentError(
                         f"request {i} keeps Mamba slot {slot}, free or shared"
                     )
@@ -83,8 +87,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         out in batch order (see the reference); None and no change when rows or Mamba slots
         are short. The mappings of the batch's rows are written with one store each."""
         fresh_rows = self.check_alloc(reqs)
-        if self.checked:
-            self._check_kept_slots(reqs)
+        self._check_kept_slots(reqs)
         if fresh_rows > len(self.free_slots):
             return None
         need = self.mamba_slots_needed(reqs)

@@ -26,7 +26,8 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.paged_ops import is_integer_dtype
 from kvpool.reference.kv_cache import LayerTransferCounter
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
@@ -66,8 +67,10 @@ class KVCache:
         dtype: str | torch.dtype,
         layer_num: int,
         start_layer: int = 0,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         if size <= 0 or page_size <= 0 or layer_num <= 0 or start_layer < 0:
             raise ConfigError("size, page_size and layer_num must be positive, start_layer >= 0")
@@ -78,8 +81,9 @@ class KVCache:
         self.layer_num = layer_num
         self.start_layer = start_layer
         self.end_layer = start_layer + layer_num - 1
-        self.device = torch.device(device)
-        self.checked = resolve_checked(checked)
+        self.options = opts = twin_options(options, device, checked)
+        self.device = opts.device
+        self.checked = opts.checked
         self.layer_transfer_counter: LayerTransferCounter | None = None
 
     @property
@@ -107,7 +111,10 @@ class KVCache:
 
     def _slots(self, loc: TensorLike) -> torch.Tensor:
         """``loc`` as a 1-D int64 tensor on the device (range-checked in checked mode)."""
-        slots = torch.as_tensor(loc, device=self.device).reshape(-1).to(torch.int64)
+        slots = torch.as_tensor(loc, device=self.device).reshape(-1)
+        if slots.numel() and not is_integer_dtype(slots.dtype):  # metadata: both modes
+            raise InvalidArgumentError(f"slots must be integers, got dtype {slots.dtype}")
+        slots = slots.to(torch.int64)
         if self.checked and slots.numel():
             bad = (slots < 0) | (slots >= self.num_rows)
             if bool(bad.any()):
@@ -149,8 +156,11 @@ class KVCache:
     def _tag_rows(
         tags: TensorLike, n: int, heads: int, dim: int, device: torch.device
     ) -> torch.Tensor:
+        values = torch.as_tensor(tags, dtype=torch.float64, device=device).reshape(-1, 1)
+        if values.shape[0] != n:  # metadata: one tag per slot, never broadcast
+            raise InvalidArgumentError(f"{values.shape[0]} tags for {n} slots")
         rows = torch.zeros((n, heads, dim), dtype=torch.float64, device=device)
-        rows[:, :, 0] = torch.as_tensor(tags, dtype=torch.float64, device=device).reshape(-1, 1)
+        rows[:, :, 0] = values
         return rows
 
     def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
@@ -180,10 +190,13 @@ class MHATokenToKVPool(KVCache):
         layer_num: int,
         start_layer: int = 0,
         v_head_dim: int | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
-        super().__init__(size, page_size, dtype, layer_num, start_layer, device, checked)
+        opts = twin_options(options, device, checked)
+        super().__init__(size, page_size, dtype, layer_num, start_layer, options=opts)
         if head_num <= 0 or head_dim <= 0 or (v_head_dim is not None and v_head_dim <= 0):
             raise ConfigError("head_num, head_dim and v_head_dim must be positive")
         self.head_num = head_num
@@ -253,10 +266,13 @@ class MLATokenToKVPool(KVCache):
         layer_num: int,
         start_layer: int = 0,
         dtype: str | torch.dtype = "float32",
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
-        super().__init__(size, page_size, dtype, layer_num, start_layer, device, checked)
+        opts = twin_options(options, device, checked)
+        super().__init__(size, page_size, dtype, layer_num, start_layer, options=opts)
         if kv_lora_rank <= 0 or qk_rope_head_dim < 0:
             raise ConfigError("kv_lora_rank must be positive and qk_rope_head_dim >= 0")
         self.head_num = 1
@@ -309,9 +325,10 @@ class MLATokenToKVPool(KVCache):
 
 
 def kv_cache_from_config(
-    config: PoolConfig, device: str | torch.device = "cpu", checked: bool | None = None
-) -> KVCache:
+    config: PoolConfig, options: TwinOptions | None = None
+) -> MHATokenToKVPool | MLATokenToKVPool:
     """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes."""
+    options = twin_options(options)
     if config.kv_layout == "mha":
         return MHATokenToKVPool(
             config.size,
@@ -322,8 +339,7 @@ def kv_cache_from_config(
             config.num_layers,
             config.start_layer,
             config.v_head_dim,
-            device=device,
-            checked=checked,
+            options=options,
         )
     return MLATokenToKVPool(
         config.size,
@@ -333,8 +349,7 @@ def kv_cache_from_config(
         config.num_layers,
         config.start_layer,
         torch.float32,
-        device=device,
-        checked=checked,
+        options=options,
     )
 
 

@@ -25,11 +25,13 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
+from kvpool.host_checks import int_list
 from kvpool.injection import check_shared, resolve
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.chunk_cache import ChunkCache
-from kvpool.optimized.kv_cache import MHATokenToKVPool, MLATokenToKVPool
+from kvpool.optimized.kv_cache import MHATokenToKVPool, MLATokenToKVPool, kv_cache_from_config
 from kvpool.optimized.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.radix_cache import RadixCache
 from kvpool.optimized.req import Req
@@ -44,28 +46,25 @@ def _slots(values: Sequence[int], device: torch.device) -> torch.Tensor:
 
 
 def as_token_list(input_ids: Sequence[int]) -> list[int]:
-    """Token ids as a list of ints (arrays and tensors through ``tolist``; a list is trusted)."""
-    if isinstance(input_ids, list):
-        return input_ids
+    """Token ids as a list of ints (arrays and tensors through ``tolist``); InvalidArgumentError
+    for anything that is not an integer (a float tensor included), before any change."""
     tolist = getattr(input_ids, "tolist", None)
-    if tolist is not None:
-        out: list[int] = tolist()
-        return out
-    return [int(t) for t in input_ids]
+    values = tolist() if tolist is not None else input_ids
+    return int_list("input_ids", values)
 
 
 class LifecyclePrimitives:
     """The pools (``req_to_token_pool``, ``token_to_kv_pool_allocator``, ``tree_cache``,
     ``kv_cache``), the request and session tables, and the SGLang-named primitives.
-    ``device`` places every pool; ``checked`` turns on the pools' misuse checks;
-    ``kernel_backend`` goes to the token allocator, which runs the allocation kernels (``None``:
-    triton on CUDA, else the torch fallbacks)."""
+    ``options`` (:class:`~kvpool.optimized.options.TwinOptions`, or the shorthand ``device`` /
+    ``checked`` / ``kernel_backend``) go down unchanged to every pool it builds: one device, one
+    checked mode, one kernel backend for the whole twin."""
 
     def __init__(
         self,
         config: PoolConfig,
         clock: Callable[[], float] | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
         *,
@@ -73,12 +72,14 @@ class LifecyclePrimitives:
         token_to_kv_pool_allocator: Any = None,
         tree_cache: Any = None,
         kv_cache: Any = None,
+        options: TwinOptions | None = None,
     ) -> None:
         """Each component may be injected (see :mod:`kvpool.injection`): an object, a factory
         (``(config)``; the tree cache's ``(config, req_to_token_pool, allocator)``) or None for
         the twin's own."""
         self.config = config
-        self.device = dev = torch.device(device)
+        self.options = opts = twin_options(options, device, checked, kernel_backend)
+        self.device = dev = opts.device
         ps = self.page_size = config.page_size
         check_hybrid_config(config)
         self.req_to_token_pool: ReqToTokenPool = resolve(
@@ -86,21 +87,17 @@ class LifecyclePrimitives:
             req_to_token_pool,
             lambda: (
                 ReqToTokenPool(
-                    config.req_pool_size,
-                    config.max_context_len,
-                    device=dev,
-                    checked=checked,
-                    rules=config.rules,
+                    config.req_pool_size, config.max_context_len, rules=config.rules, options=opts
                 )
                 if config.mamba_slots is None
-                else hybrid_pool(config, dev, checked)
+                else hybrid_pool(config, opts)
             ),
             config,
         )
         self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = resolve(
             "token_to_kv_pool_allocator",
             token_to_kv_pool_allocator,
-            lambda: self._default_allocator(dev, checked, kernel_backend),
+            lambda: self._default_allocator(opts),
             config,
         )
         pool, alloc = self.req_to_token_pool, self.token_to_kv_pool_allocator
@@ -120,7 +117,7 @@ class LifecyclePrimitives:
         )
         check_shared(self.tree_cache, pool, alloc)
         self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = resolve(
-            "kv_cache", kv_cache, lambda: self._default_kv_cache(dev, checked), config
+            "kv_cache", kv_cache, lambda: kv_cache_from_config(config, opts), config
         )
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
         """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
@@ -130,55 +127,14 @@ class LifecyclePrimitives:
         self.sessions: dict[str, SessionSlot] = {}
         self._empty = torch.empty(0, dtype=torch.int64, device=dev)
 
-    def _default_allocator(
-        self, dev: torch.device, checked: bool | None, kernel_backend: str | None
-    ) -> BaseTokenToKVPoolAllocator:
+    def _default_allocator(self, opts: TwinOptions) -> BaseTokenToKVPoolAllocator:
         config = self.config
         if config.page_size == 1:
             return TokenToKVPoolAllocator(
-                config.size,
-                config.need_sort,
-                device=dev,
-                checked=checked,
-                kernel_backend=kernel_backend,
-                rules=config.rules,
+                config.size, config.need_sort, rules=config.rules, options=opts
             )
         return PagedTokenToKVPoolAllocator(
-            config.size,
-            config.page_size,
-            config.need_sort,
-            device=dev,
-            checked=checked,
-            kernel_backend=kernel_backend,
-            rules=config.rules,
-        )
-
-    def _default_kv_cache(
-        self, dev: torch.device, checked: bool | None
-    ) -> MHATokenToKVPool | MLATokenToKVPool:
-        config = self.config
-        if config.kv_layout == "mha":
-            return MHATokenToKVPool(
-                config.size,
-                config.page_size,
-                "float32",
-                config.head_num,
-                config.head_dim,
-                config.num_layers,
-                config.start_layer,
-                config.v_head_dim,
-                device=dev,
-                checked=checked,
-            )
-        return MLATokenToKVPool(
-            config.size,
-            config.page_size,
-            config.kv_lora_rank,
-            config.qk_rope_head_dim,
-            config.num_layers,
-            config.start_layer,
-            device=dev,
-            checked=checked,
+            config.size, config.page_size, config.need_sort, rules=config.rules, options=opts
         )
 
     # ----------------------------------------------------------------- lookups

@@ -5,8 +5,8 @@ Units: slots ``1..size`` (slot 0 reserved). Same queue order, results and errors
 (:mod:`kvpool.optimized.req_to_token_pool`), slot bookkeeping is scheduler work: the free list is
 a host list of ints (SGLang keeps it as a device tensor), so handing out and taking back slots
 never touches the device, and the pool writes the slots to the device once per batch.
-``checked`` (see :mod:`kvpool.optimized.checked`) adds the scan that refuses to free a slot that
-is already free; range checks on the ints are always done.
+Every check is on host ints, so every check is always done (checked mode changes nothing here):
+range, reserved slot, and a slot already free (a host byte per slot, O(1) per freed slot).
 """
 
 from __future__ import annotations
@@ -21,21 +21,26 @@ from kvpool.errors import (
     InvalidArgumentError,
     ReservedIndexError,
 )
-from kvpool.optimized.checked import resolve_checked
+from kvpool.host_checks import int_list
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.snapshot import MambaAllocatorSnapshot
 
 
 class MambaSlotAllocator:
     """Free list ``free_slots`` (hand-out order) and the open group's prefetched slots."""
 
-    def __init__(self, size: int, checked: bool | None = None) -> None:
+    def __init__(
+        self, size: int, checked: bool | None = None, *, options: TwinOptions | None = None
+    ) -> None:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ConfigError(f"size must be a positive number of Mamba slots, got {size!r}")
         self.size = size
-        self.checked = resolve_checked(checked)
+        self.options = twin_options(options, None, checked)
+        self.checked = self.options.checked
         self.free_slots: list[int] = []
         self._head = 0  # free_slots[:_head] were handed out; compacted when half is dead
         self._group: list[int] | None = None
+        self._is_free = bytearray(size + 1)  # 1 while the slot is in free_slots[_head:]
         self.clear()
 
     def available_size(self) -> int:
@@ -51,6 +56,8 @@ class MambaSlotAllocator:
         if need_size > self.available_size():
             return None
         taken = self.free_slots[self._head : self._head + need_size]
+        for s in taken:
+            self._is_free[s] = 0
         self._head += need_size
         if self._head * 2 > len(self.free_slots):
             del self.free_slots[: self._head]
@@ -77,35 +84,40 @@ class MambaSlotAllocator:
         """Close the group: unused prefetched slots go back to the tail, in order."""
         if self._group is not None:
             leftover, self._group = self._group, None
-            self.free_slots.extend(leftover)
+            self._put(leftover)
+
+    def _put(self, slots: list[int]) -> None:
+        self.free_slots.extend(slots)
+        for s in slots:
+            self._is_free[s] = 1
 
     def free(self, indices: Sequence[int]) -> None:
         """Append ``indices`` to the tail of the free list, in order. Slot 0 and slots outside
-        ``1..size`` always raise; a free, prefetched or repeated slot raises DoubleFreeError in
-        checked mode. Nothing changes on an error."""
-        slots = [int(s) for s in indices]
+        ``1..size`` raise, a free, prefetched or repeated slot raises DoubleFreeError, a
+        non-integer InvalidArgumentError. Nothing changes on an error."""
+        slots = int_list("Mamba slots", indices)
         for s in slots:
             if s == RESERVED_INDEX:
                 raise ReservedIndexError(f"Mamba slot {RESERVED_INDEX} is reserved")
             if not RESERVED_INDEX < s <= self.size:
                 raise IndexOutOfRangeError(f"Mamba slot {s} outside 1..{self.size}")
-        if self.checked:
-            known = set(self.free_slots[self._head :]) | set(self._group or ())
-            seen: set[int] = set()
-            bad: list[int] = []
-            for s in slots:
-                if s in known or s in seen:
-                    bad.append(s)
-                seen.add(s)
-            if bad:
-                raise DoubleFreeError("Mamba slots already free (or freed twice in one call)", bad)
-        self.free_slots.extend(slots)
+        group = set(self._group or ())
+        seen: set[int] = set()
+        bad: list[int] = []
+        for s in slots:
+            if self._is_free[s] or s in group or s in seen:
+                bad.append(s)
+            seen.add(s)
+        if bad:
+            raise DoubleFreeError("Mamba slots already free (or freed twice in one call)", bad)
+        self._put(slots)
 
     def clear(self) -> None:
         """Every slot free, in order ``1..size``; an open group is dropped."""
         self._group = None
         self.free_slots = list(range(RESERVED_INDEX + 1, self.size + 1))
         self._head = 0
+        self._is_free = bytearray(b"\x00" + b"\x01" * self.size)
 
     def snapshot(self) -> MambaAllocatorSnapshot:
         """Plain copy of the free list and the group's prefetched slots."""

@@ -10,26 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import torch
-
 from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
 from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.optimized.mamba_lifecycle import forward_state, prepare_forward
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.req import Req
 from kvpool.reference.mamba_hooks import check_hybrid_config
 from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot
 from kvpool.tags import mamba_state_tag
 
 
-def hybrid_pool(
-    config: PoolConfig, device: str | torch.device = "cpu", checked: bool | None = None
-) -> HybridReqToTokenPool:
+def hybrid_pool(config: PoolConfig, options: TwinOptions | None = None) -> HybridReqToTokenPool:
     """The request table of a hybrid configuration."""
     assert config.mamba_slots is not None
     return HybridReqToTokenPool(config.req_pool_size, config.max_context_len, config.mamba_slots,
-                                config.mamba_layers, config.mamba_track_buffers, device=device,
-                                checked=checked, rules=config.rules)  # fmt: skip
+                                config.mamba_layers, config.mamba_track_buffers,
+                                rules=config.rules, options=twin_options(options))  # fmt: skip
 
 
 def mamba_hooks_for(pool: object) -> MambaHooks | None:

@@ -129,7 +129,7 @@ def release_running(
     if donate and keep is not None:
         raise InvalidArgumentError("donate the running slot or keep a track buffer, not both")
     row = pool._check_row(req.req_pool_idx)
-    if pool.checked and row in pool.free_slots:  # before the Mamba slots go back
+    if pool._free_set[row]:  # checked before the Mamba slots go back, so nothing changes
         raise DoubleFreeError("row is already free", [row])
     slot, track = req.mamba_pool_idx, list(req.mamba_ping_pong_track_buffer or ())
     if not donate:

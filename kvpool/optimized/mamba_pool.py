@@ -23,7 +23,9 @@ from kvpool.errors import (
     InvalidArgumentError,
     ReservedIndexError,
 )
-from kvpool.optimized.checked import resolve_checked
+from kvpool.host_checks import int_list
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.paged_ops import is_integer_dtype
 from kvpool.snapshot import MambaPoolSnapshot
 
 IndexLike = torch.Tensor | Sequence[int]
@@ -39,8 +41,10 @@ class MambaPool:
         num_layers: int = 1,
         conv_width: int = 3,
         state_dim: int = 4,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ConfigError(f"size must be a positive number of Mamba slots, got {size!r}")
@@ -48,8 +52,9 @@ class MambaPool:
             raise ConfigError(f"num_layers must be positive, got {num_layers!r}")
         self.size = size
         self.num_layers = num_layers
-        self.device = torch.device(device)
-        self.checked = resolve_checked(checked)
+        self.options = opts = twin_options(options, device, checked)
+        self.device = opts.device
+        self.checked = opts.checked
         shape = (num_layers, size + 1)
         self.conv: list[torch.Tensor] = [
             torch.zeros((*shape, conv_width), dtype=torch.float32, device=self.device)
@@ -61,7 +66,7 @@ class MambaPool:
 
     def check_slots_host(self, slots: Sequence[int]) -> list[int]:
         """Host ints: ReservedIndexError for slot 0, IndexOutOfRangeError outside ``1..size``."""
-        out = [int(s) for s in slots]
+        out = int_list("Mamba slots", slots)
         for s in out:
             if s == RESERVED_INDEX:
                 raise ReservedIndexError(f"Mamba slot {RESERVED_INDEX} is reserved")
@@ -74,6 +79,8 @@ class MambaPool:
         :meth:`check_slots_host`, a tensor only in checked mode (that syncs)."""
         if not isinstance(indices, torch.Tensor):
             return torch.tensor(self.check_slots_host(indices), dtype=torch.int64).to(self.device)
+        if indices.numel() and not is_integer_dtype(indices.dtype):  # metadata: both modes
+            raise InvalidArgumentError(f"Mamba slots must be integers, got dtype {indices.dtype}")
         slots = indices.to(device=self.device, dtype=torch.int64).reshape(-1)
         if self.checked:
             self.check_slots_host(slots.tolist())
@@ -106,6 +113,8 @@ class MambaPool:
         """The forward pass: every element of the state of ``indices[i]`` becomes ``tags[i]``."""
         host = not isinstance(indices, torch.Tensor)
         slots = self.check_slots(indices)
+        if not isinstance(tags, torch.Tensor):
+            tags = int_list("tags", tags)
         values = torch.as_tensor(tags, dtype=torch.float32, device=self.device).reshape(-1)
         if values.numel() != slots.numel():
             raise InvalidArgumentError(f"{values.numel()} tags for {slots.numel()} slots")

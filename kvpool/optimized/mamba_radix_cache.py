@@ -18,9 +18,10 @@ from kvpool.errors import ConfigError, InvalidArgumentError, LockError
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator
 from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.optimized.mamba_tree_node import LRUList, MambaTreeNode
-from kvpool.optimized.radix_key import RadixKey
+from kvpool.optimized.options import TwinOptions, options_of
+from kvpool.optimized.radix_key import RadixKey, check_tree_range, tree_value
 from kvpool.protocols import MambaReqLike
-from kvpool.reference.radix_key import ChildKey
+from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
 
 
@@ -43,13 +44,16 @@ class MambaRadixCache:
         req_to_token_pool: HybridReqToTokenPool,
         token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator,
         page_size: int = 1,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         if page_size != 1 or token_to_kv_pool_allocator.page_size != 1:
             raise ConfigError(f"the Mamba radix cache needs page size 1, got {page_size}")
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
-        self.device = token_to_kv_pool_allocator.device
+        self.options = options if options is not None else options_of(token_to_kv_pool_allocator)
+        self.device = self.options.device
         self.reset()
 
     def reset(self) -> None:
@@ -189,7 +193,9 @@ class MambaRadixCache:
         had, ``mamba_value`` was not taken and the caller still owns it."""
         if len(value) != len(key):
             raise InvalidArgumentError(f"{len(value)} slots for {len(key)} tokens")
-        node, value, total = self.root_node, value.to(self.device, torch.int64), 0
+        node, value, total = self.root_node, tree_value(value, self.device), 0
+        if self.options.checked:
+            check_tree_range(value, tree_slot_limit(self.token_to_kv_pool_allocator))
         if not len(key):
             return 0, True
         while len(key) and self._child_key(node, key) in node.children:

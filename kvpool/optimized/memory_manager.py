@@ -24,6 +24,7 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
+from kvpool.host_checks import int_list
 from kvpool.optimized.lifecycle_primitives import LifecyclePrimitives, as_token_list
 from kvpool.optimized.pool_snapshot import build_pool_snapshot
 from kvpool.optimized.radix_key import RadixKey
@@ -36,7 +37,8 @@ from kvpool.snapshot import PoolSnapshot
 class MemoryManager(LifecyclePrimitives):
     """The request lifecycle (``kvpool.protocols.MemoryManagerProtocol``) over the pools of
     :class:`~kvpool.optimized.lifecycle_primitives.LifecyclePrimitives`; built with
-    ``MemoryManager(config, clock=None, device="cpu", checked=None, kernel_backend=None)``."""
+    ``MemoryManager(config, clock=None, options=TwinOptions(...))`` (or the shorthand
+    ``device=``, ``checked=``, ``kernel_backend=``; see :mod:`kvpool.optimized.options`)."""
 
     # ----------------------------------------------------------------- request API
     def new_req(
@@ -174,14 +176,15 @@ class MemoryManager(LifecyclePrimitives):
         reqs = self._running_full(rids)
         if len(token_ids) != len(reqs):
             raise InvalidArgumentError(f"{len(token_ids)} tokens for {len(reqs)} requests")
+        tokens = int_list("token_ids", token_ids)  # before anything changes
         over = [r.rid for r in reqs if r.kv_committed_len + 1 > self.config.max_context_len]
         if over:
             raise ContextOverflowError(f"requests {over} would pass max_context_len")
         self.alloc_for_decode([r for r in reqs if r.kv_allocated_len == r.kv_committed_len])
         slots: list[torch.Tensor] = []
-        for req, tok in zip(reqs, token_ids, strict=True):
+        for req, tok in zip(reqs, tokens, strict=True):
             col = req.kv_committed_len
-            req.output_ids.append(int(tok))
+            req.output_ids.append(tok)
             self.write_kv(req, col, col + 1)
             req.kv_committed_len = col + 1
             assert req.req_pool_idx is not None

@@ -14,6 +14,7 @@ import torch
 
 from kvpool.errors import AlignmentError
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.rules import Rules
 
 
@@ -30,19 +31,18 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         page_size: int,
         need_sort: bool = False,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         super().__init__(
             size,
             page_size,
             need_sort,
-            device=device,
-            checked=checked,
-            kernel_backend=kernel_backend,
             rules=rules,
+            options=twin_options(options, device, checked, kernel_backend),
         )
         self._page_shift = page_size.bit_length() - 1  # page_size is a power of two
         self._page_ids: torch.Tensor | None = None  # arange(num_pages + 1), made on first use

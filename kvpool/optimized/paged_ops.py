@@ -6,10 +6,14 @@ vectorised form of the reference's precondition checks (:mod:`kvpool.reference.p
 the reference allocator): a handful of tensor operations and one device-to-host read, raising
 the error type the reference raises for the same input (the first offending request decides, and
 for that request the first failing check, in the reference's order). They run in checked mode
-only. Units: lengths are tokens, pages are page ids, slots are slot ids.
+only; the "always on" helpers (``check_extend_host``, ``check_decode_host``, dtypes, the shape of
+a free-list state) read no device value and run in both modes. Units: lengths are tokens, pages
+are page ids, slots are slot ids.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,19 +26,27 @@ from kvpool.errors import (
     InvalidArgumentError,
     ReservedIndexError,
 )
+from kvpool.host_checks import int_list
 from kvpool.kernels.alloc_extend import HostLens, host_array
+from kvpool.kernels.host import Int64Array
 
 
-def extend_new_pages_host(prefix_lens_cpu: HostLens, seq_lens_cpu: HostLens, page_size: int) -> int:
+def _host(values: HostLens | Int64Array) -> Int64Array:
+    return values if isinstance(values, np.ndarray) else host_array(values)
+
+
+def extend_new_pages_host(
+    prefix_lens_cpu: HostLens | Int64Array, seq_lens_cpu: HostLens | Int64Array, page_size: int
+) -> int:
     """``sum(ceil(S/ps) - ceil(P/ps))`` from host copies (pages); no device work."""
     shift, mask = page_size.bit_length() - 1, page_size - 1  # page_size is a power of two
-    s, p = host_array(seq_lens_cpu), host_array(prefix_lens_cpu)
+    s, p = _host(seq_lens_cpu), _host(prefix_lens_cpu)
     return int(((s + mask) >> shift).sum() - ((p + mask) >> shift).sum())
 
 
-def decode_new_pages_host(seq_lens_cpu: HostLens, page_size: int) -> int:
+def decode_new_pages_host(seq_lens_cpu: HostLens | Int64Array, page_size: int) -> int:
     """Requests whose new token (position ``S - 1``) opens a page, from host copies (pages)."""
-    return int(np.count_nonzero(((host_array(seq_lens_cpu) - 1) & (page_size - 1)) == 0))
+    return int(np.count_nonzero(((_host(seq_lens_cpu) - 1) & (page_size - 1)) == 0))
 
 
 def pages_to_slots(pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -43,16 +55,96 @@ def pages_to_slots(pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return (pages.unsqueeze(1) * offsets.numel() + offsets).reshape(-1)
 
 
+# --------------------------------------------------------------------------- always on
+_INTEGER_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+    if hasattr(torch, name)
+)
+"""torch's plain integer dtypes (one set lookup on a hot path)."""
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """True for torch's integer dtypes (bool excluded): tensor metadata, no device read."""
+    return dtype in _INTEGER_DTYPES
+
+
+def check_integer_tensors(**tensors: torch.Tensor) -> None:
+    """InvalidArgumentError unless every non-empty tensor has an integer dtype (metadata only;
+    ``torch.tensor([])`` is float32 and holds nothing to misread)."""
+    for name, t in tensors.items():
+        if t.dtype not in _INTEGER_DTYPES and t.numel():
+            raise InvalidArgumentError(f"{name} must hold integers, got dtype {t.dtype}")
+
+
+def host_ints(name: str, values: HostLens) -> Int64Array:
+    """A host copy of lengths as a 1-D int64 array; InvalidArgumentError unless it holds
+    integers (a float list or tensor is refused, never truncated)."""
+    if isinstance(values, torch.Tensor):
+        check_integer_tensors(**{name: values})
+        return host_array(values)
+    arr = np.asarray(values)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{name} must hold integers, got {list(values)!r}")
+    return arr.astype(np.int64, copy=False).reshape(-1)
+
+
+def check_extend_host(
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: HostLens,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: HostLens,
+    last_loc: torch.Tensor,
+    extend_num_tokens: object,
+) -> tuple[Int64Array, Int64Array]:
+    """The preconditions of ``alloc_extend`` that need no device read, done in both modes:
+    integer dtypes, one length for the five arrays, ``0 <= P <= S`` and
+    ``extend_num_tokens == sum(S - P)`` on the host copies (InvalidArgumentError, as the
+    reference). Returns the host copies as int64 arrays."""
+    check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
+    p, s = host_ints("prefix_lens_cpu", prefix_lens_cpu), host_ints("seq_lens_cpu", seq_lens_cpu)
+    sizes = (prefix_lens.numel(), p.size, seq_lens.numel(), s.size, last_loc.numel())
+    if len(set(sizes)) != 1:
+        raise InvalidArgumentError(
+            f"batch arrays differ in length (prefix_lens, prefix_lens_cpu, seq_lens, "
+            f"seq_lens_cpu, last_loc): {sizes}"
+        )
+    new = s - p  # tokens to allocate per request
+    if p.size and (p.min() < 0 or new.min() < 0):
+        raise InvalidArgumentError(
+            f"need 0 <= prefix_len <= seq_len, got {p.tolist()}, {s.tolist()}"
+        )
+    expected = int(new.sum())
+    if not isinstance(extend_num_tokens, int) or extend_num_tokens != expected:
+        raise InvalidArgumentError(
+            f"extend_num_tokens={extend_num_tokens!r} but sum(seq_lens - prefix_lens)={expected}"
+        )
+    return p, s
+
+
+def check_decode_host(
+    seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
+) -> Int64Array:
+    """``alloc_decode``'s preconditions that need no device read, done in both modes: integer
+    dtypes, one length for the three arrays, every host ``S >= 1`` (InvalidArgumentError)."""
+    check_integer_tensors(seq_lens=seq_lens, last_loc=last_loc)
+    s = host_ints("seq_lens_cpu", seq_lens_cpu)
+    sizes = (seq_lens.numel(), s.size, last_loc.numel())
+    if len(set(sizes)) != 1:
+        raise InvalidArgumentError(
+            f"batch arrays differ in length (seq_lens, seq_lens_cpu, last_loc): {sizes}"
+        )
+    if s.size and s.min() < 1:
+        raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1, got {s.tolist()}")
+    return s
+
+
 # --------------------------------------------------------------------------- checked mode
-def _as_int64(values: HostLens, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(values, device=device).to(torch.int64).reshape(-1)
-
-
 def check_host_copy(name: str, device_lens: torch.Tensor, host_lens: HostLens) -> torch.Tensor:
     """The device lengths as int64, after checking they equal their host copy
     (InvalidArgumentError otherwise, as the reference)."""
     dev = device_lens.to(torch.int64).reshape(-1)
-    host = _as_int64(host_lens, dev.device)
+    host = torch.from_numpy(host_ints(f"{name}_cpu", host_lens)).to(dev.device)
     if dev.shape != host.shape or not torch.equal(dev, host):
         raise InvalidArgumentError(
             f"{name} and {name}_cpu differ: {dev.tolist()} vs {host.tolist()}"
@@ -164,6 +256,20 @@ def check_free_slots(
         raise DoubleFreeError("slots freed twice in one call or free group")
 
 
+def check_free_list_shape(state: object) -> tuple[Any, Any]:
+    """Always on (no device read): a pair whose tensors are 1-D and integer (a list of pages is
+    checked for integers); InvalidArgumentError otherwise. Returns the pair."""
+    if not (isinstance(state, tuple) and len(state) == 2):
+        raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
+    for part in state:
+        if isinstance(part, torch.Tensor):
+            if part.dim() != 1 or (part.numel() and not is_integer_dtype(part.dtype)):
+                raise InvalidArgumentError("state must hold two 1-D integer tensors of page ids")
+        else:
+            int_list("page ids", part)
+    return state[0], state[1]
+
+
 def check_free_list_state(state: object, num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``backup_state`` value: two 1-D integer tensors of distinct page ids in
     ``1..num_pages`` (InvalidArgumentError otherwise, as the reference)."""
@@ -186,12 +292,18 @@ def check_free_list_state(state: object, num_pages: int) -> tuple[torch.Tensor, 
 
 __all__ = [
     "HostLens",
+    "check_decode_host",
     "check_extend_args",
+    "check_extend_host",
+    "check_free_list_shape",
     "check_free_list_state",
     "check_free_slots",
     "check_host_copy",
+    "check_integer_tensors",
     "check_prefix_pages_held",
     "decode_new_pages_host",
     "extend_new_pages_host",
+    "host_ints",
+    "is_integer_dtype",
     "pages_to_slots",
 ]

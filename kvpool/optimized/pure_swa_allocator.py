@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
-from kvpool.errors import ConfigError, IndexOutOfRangeError
+from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.allocator import TokenToKVPoolAllocator
-from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.paged_ops import is_integer_dtype
 from kvpool.optimized.swa_allocator import IndexLike
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
@@ -31,26 +32,23 @@ class PureSWATokenToKVPoolAllocator:
         page_size: int = 1,
         need_sort: bool = False,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if page_size != 1:
             raise ConfigError(f"pure SWA supports page_size 1 only, got {page_size}")
-        self.checked = resolve_checked(checked)
+        self.options = twin_options(options, device, checked, kernel_backend)
+        self.checked = self.options.checked
         self.swa_attn_allocator = TokenToKVPoolAllocator(
-            size_swa,
-            need_sort,
-            device=device,
-            checked=self.checked,
-            kernel_backend=kernel_backend,
-            rules=rules,
+            size_swa, need_sort, rules=rules, options=self.options
         )
         self.full_attn_allocator = self.swa_attn_allocator
         self.page_size = 1
         self.need_sort = bool(need_sort)
-        self.device = torch.device(device)
+        self.device = self.options.device
         self._size_swa = size_swa
         self.full_to_swa_index_mapping = torch.arange(
             size_swa + 2, dtype=torch.int64, device=self.device
@@ -74,7 +72,10 @@ class PureSWATokenToKVPoolAllocator:
         return SWAAllocatorSnapshot(snap, snap, mapping, pure=True)
 
     def translate_loc_from_full_to_swa(self, kv_indices: IndexLike) -> torch.Tensor:
-        locs = torch.as_tensor(kv_indices, device=self.device).reshape(-1).to(torch.int64)
+        locs = torch.as_tensor(kv_indices, device=self.device).reshape(-1)
+        if not is_integer_dtype(locs.dtype) and locs.numel():  # metadata: both modes
+            raise InvalidArgumentError(f"slots must be integers, got dtype {locs.dtype}")
+        locs = locs.to(torch.int64)
         if self.checked:
             bad = (locs < NO_LAST_LOC) | (locs > self._size_swa)
             if bool(bad.any()):

@@ -30,17 +30,21 @@ from kvpool.constants import floor_align, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError, PageSizeError
 from kvpool.optimized.evict_policy import PriorityKey, get_priority_fn
 from kvpool.optimized.key_match import child_key, matched_tokens
+from kvpool.optimized.options import TwinOptions, options_of
 from kvpool.optimized.radix_key import (
     MatchResult,
     RadixKey,
     TreeNode,
     as_slots,
+    check_tree_range,
     join_slots,
+    tree_value,
 )
 from kvpool.optimized.radix_release import RadixRelease
 from kvpool.optimized.tree_view import pretty_print_tree, snapshot_tree
 from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 from kvpool.reference.radix_cache import hit_floor, logical_clock  # pure helpers, shared
+from kvpool.reference.radix_key import tree_slot_limit
 from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
@@ -63,6 +67,7 @@ class RadixCache(RadixRelease):
         clock: Callable[[], float] | None = None,
         *,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if not isinstance(page_size, int) or not is_power_of_two(page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
@@ -79,7 +84,8 @@ class RadixCache(RadixRelease):
         self.eviction_policy = eviction_policy.lower()
         self.priority_fn = get_priority_fn(self.eviction_policy)
         self.clock: Callable[[], float] = clock if clock is not None else logical_clock()
-        self.device = torch.device(getattr(token_to_kv_pool_allocator, "device", "cpu"))
+        self.options = options if options is not None else options_of(token_to_kv_pool_allocator)
+        self.device = self.options.device
         self._cpu = self.device.type == "cpu"
         self.reset()
 
@@ -220,9 +226,12 @@ class RadixCache(RadixRelease):
         Ownership: the new leaf keeps views of ``key``'s array and of ``value`` (no copy, as in
         SGLang); the caller must not modify them afterwards. ``cache_finished_req`` and
         ``cache_unfinished_req`` pass fresh copies read from the table."""
-        value = as_slots(key.array if value is None else value, self.device)
+        explicit = value is not None
+        value = tree_value(value, self.device) if explicit else as_slots(key.array, self.device)
         if value.shape[0] < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        if explicit and self.options.checked:  # the token ids stand in for slots in tests only
+            check_tree_range(value[: len(key)], tree_slot_limit(self.token_to_kv_pool_allocator))
         if self.disable:
             return 0
         aligned = floor_align(len(key), self.page_size)

@@ -24,7 +24,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from kvpool.constants import RESERVED_INDEX
+from kvpool.errors import IndexOutOfRangeError, InvalidArgumentError, ReservedIndexError
 from kvpool.optimized.key_match import TokenArray, as_token_array, child_key, compact_tokens
+from kvpool.optimized.paged_ops import is_integer_dtype
 
 
 class RadixKey:
@@ -216,6 +219,28 @@ def as_slots(value: Any, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(value, dtype=torch.int64, device=device)
 
 
+def tree_value(value: Any, device: torch.device) -> torch.Tensor:
+    """Slots a tree node will own, as :func:`as_slots`, after checking their dtype
+    (InvalidArgumentError for non-integers: metadata, checked in both modes)."""
+    t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if t.numel() and not is_integer_dtype(t.dtype):
+        raise InvalidArgumentError(f"slots must be integers, got dtype {t.dtype}")
+    return as_slots(t, device)
+
+
+def check_tree_range(slots: torch.Tensor, limit: int | None) -> None:
+    """Checked mode (a device read): every slot in ``[0, limit)`` (IndexOutOfRangeError), none
+    is slot 0 (ReservedIndexError), as :func:`kvpool.reference.radix_key.check_tree_slots`."""
+    if not slots.numel():
+        return
+    low, high = int(slots.min()), int(slots.max())
+    if low < 0 or (limit is not None and high >= limit):
+        bad = slots[(slots < 0) | (slots >= (high + 1 if limit is None else limit))]
+        raise IndexOutOfRangeError(f"tree slots out of range [0, {limit}): {bad[:8].tolist()}")
+    if low == RESERVED_INDEX:
+        raise ReservedIndexError(f"slot {RESERVED_INDEX} is reserved and cannot be cached")
+
+
 def join_slots(values: list[Any], device: torch.device) -> torch.Tensor:
     """The slots of a matched path as one int64 tensor. ``values`` holds each node's slots in
     path order: numpy views (``TreeNode.vnp``) on the CPU, joined by one ``np.concatenate`` (a
@@ -267,7 +292,9 @@ __all__ = [
     "TreeNode",
     "as_slots",
     "as_token_array",
+    "check_tree_range",
     "compact_tokens",
     "join_slots",
     "req_key",
+    "tree_value",
 ]

@@ -24,7 +24,8 @@ from kvpool.errors import (
     ReservedIndexError,
     RowReuseError,
 )
-from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.paged_ops import is_integer_dtype
 from kvpool.protocols import ReqLike
 from kvpool.rules import Rules
 from kvpool.snapshot import ReqToTokenSnapshot
@@ -34,18 +35,20 @@ class ReqToTokenPool:
     """The table, the free-row list (ordered as in the reference) and ``req_generation``
     (bumped each time a row is handed out; :meth:`clear` keeps or zeroes it per ``rules``).
 
-    ``checked`` (see :mod:`kvpool.optimized.checked`) adds the checks that scan the free list:
-    freeing a free row (DoubleFreeError) and keeping a row that is free or named twice in a
-    batch (RowReuseError). Checks on the row and column integers are always done."""
+    Every check here is on host values (rows, columns, a host byte per row for membership), so
+    all are done in both modes: freeing a free row (DoubleFreeError), keeping a row that is free
+    or named twice in a batch (RowReuseError), rows and columns out of range, non-integer
+    values. ``options`` only place the table."""
 
     def __init__(
         self,
         size: int,
         max_context_len: int,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         *,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if not isinstance(size, int) or size <= 0:
             raise ConfigError(f"size must be a positive number of rows, got {size!r}")
@@ -53,14 +56,16 @@ class ReqToTokenPool:
             raise ConfigError(f"max_context_len must be positive, got {max_context_len!r}")
         self.size = size
         self.max_context_len = max_context_len
-        self.device = torch.device(device)
-        self.checked = resolve_checked(checked)
+        self.options = opts = twin_options(options, device, checked)
+        self.device = opts.device
+        self.checked = opts.checked
         self.rules = rules if rules is not None else Rules()
         self.req_to_token = torch.zeros(
             (size + 1, max_context_len), dtype=torch.int32, device=self.device
         )
         self.req_generation: list[int] = [0] * (size + 1)
         self.free_slots: list[int] = []
+        self._free_set = bytearray(size + 1)  # 1 while the row is in free_slots (host, O(1))
         self.clear()
 
     # ----------------------------------------------------------------- checks
@@ -92,9 +97,8 @@ class ReqToTokenPool:
     def check_alloc(self, reqs: Sequence[ReqLike]) -> int:
         """Validate a batch for :meth:`alloc` without changing anything; returns the number of
         fresh rows it needs. A request with ``req_pool_idx`` set may keep it only when
-        ``is_chunked > 0`` or ``kv_committed_len > 0`` (else RowReuseError); checked mode also
-        refuses a kept row that is free or named twice."""
-        free_rows = set(self.free_slots) if self.checked else None
+        ``is_chunked > 0`` or ``kv_committed_len > 0`` (else RowReuseError), and a kept row must
+        be neither free nor named twice (RowReuseError)."""
         kept: set[int] = set()
         fresh = 0
         for i, req in enumerate(reqs):
@@ -106,10 +110,9 @@ class ReqToTokenPool:
                 raise RowReuseError(
                     f"request {i} holds row {row} but is neither chunked nor has committed KV"
                 )
-            if free_rows is not None:
-                if row in free_rows or row in kept:
-                    raise RowReuseError(f"request {i} keeps row {row}, which is free or shared")
-                kept.add(row)
+            if self._free_set[row] or row in kept:
+                raise RowReuseError(f"request {i} keeps row {row}, which is free or shared")
+            kept.add(row)
         return fresh
 
     def alloc(self, reqs: Sequence[ReqLike]) -> list[int] | None:
@@ -139,24 +142,28 @@ class ReqToTokenPool:
             del self.free_slots[cut:]  # O(n), like SGLang's pop from the tail
         else:
             taken, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        for row in taken:
+            self._free_set[row] = 0
         return taken
 
     def free(self, req: ReqLike) -> None:
         """Append the request's row to ``free_slots`` and clear ``req.req_pool_idx``; the table
-        contents stay. InvalidArgumentError without a row; DoubleFreeError (checked mode) for a
-        row that is already free."""
+        contents stay. InvalidArgumentError without a row; DoubleFreeError for a row that is
+        already free (a host byte per row: checked in both modes)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError("request holds no row (req_pool_idx is None)")
         row = self._check_row(req.req_pool_idx)
-        if self.checked and row in self.free_slots:
+        if self._free_set[row]:
             raise DoubleFreeError("row is already free", [row])
         self.free_slots.append(row)
+        self._free_set[row] = 1
         req.req_pool_idx = None
 
     def clear(self) -> None:
         """Every row free, ``free_slots`` back to ``[1, ..., size]``; contents kept; generations
         kept or zeroed (``rules.generation_on_clear``)."""
         self.free_slots = list(range(RESERVED_INDEX + 1, self.size + 1))
+        self._free_set = bytearray(b"\x00" + b"\x01" * self.size)
         if self.rules.generation_on_clear == "reset":
             self.req_generation = [0] * (self.size + 1)
 
@@ -173,7 +180,10 @@ class ReqToTokenPool:
         if cols.step not in (None, 1):
             raise InvalidArgumentError(f"slice step must be 1, got {cols.step}")
         start, stop = self._check_columns(cols.start, cols.stop)
-        new = torch.as_tensor(values, dtype=torch.int32, device=self.device)
+        new = torch.as_tensor(values, device=self.device)
+        if new.numel() and not is_integer_dtype(new.dtype):  # metadata: never truncate
+            raise InvalidArgumentError(f"slots must be integers, got dtype {new.dtype}")
+        new = new.to(torch.int32)
         if new.dim() != 1 or new.numel() != stop - start:
             raise InvalidArgumentError(f"{new.numel()} values for {stop - start} columns")
         self.req_to_token[row, start:stop] = new

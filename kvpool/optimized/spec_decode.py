@@ -14,6 +14,7 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.errors import ContextOverflowError, InvalidArgumentError
+from kvpool.host_checks import as_int, int_list
 from kvpool.optimized.req import Req
 from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.tags import kv_tags
@@ -57,10 +58,12 @@ def spec_step(
     ``accepted[i]``. Returns the newly allocated slots (batch order). OutOfMemoryError /
     ContextOverflowError / InvalidArgumentError leave everything unchanged."""
     reqs = mm._running_full(rids)
+    reserve = as_int("reserve", reserve)
     if reserve < 0:
         raise InvalidArgumentError(f"reserve must be >= 0, got {reserve}")
     if len(accepted) != len(reqs):
         raise InvalidArgumentError(f"{len(accepted)} accepted lists for {len(reqs)} requests")
+    accepted = [int_list("accepted token ids", acc) for acc in accepted]
     too_many = [r.rid for r, acc in zip(reqs, accepted, strict=True) if len(acc) > 2 * reserve]
     if too_many:
         raise InvalidArgumentError(f"requests {too_many} accept more than 2 * reserve tokens")
@@ -88,7 +91,7 @@ def spec_step(
         if not acc:
             continue
         start = req.kv_committed_len
-        req.output_ids.extend(int(t) for t in acc)
+        req.output_ids.extend(acc)
         mm.write_kv(req, start, start + len(acc))
         req.kv_committed_len = start + len(acc)
     return out
@@ -98,6 +101,7 @@ def spec_draft_v1(mm: SpecDecodeHost, rids: Sequence[str], num_draft: int) -> to
     """Borrow ``num_draft`` slots per request (see the reference); returns them in batch order.
     Only the eviction of the shortfall (if any) changes the pools."""
     reqs = mm._running_full(rids)
+    num_draft = as_int("num_draft", num_draft)
     if num_draft < 0:
         raise InvalidArgumentError(f"num_draft must be >= 0, got {num_draft}")
     if num_draft == 0 or not reqs:

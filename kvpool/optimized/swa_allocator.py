@@ -19,19 +19,29 @@ from typing import Any
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
-from kvpool.errors import AlignmentError, IndexOutOfRangeError, InvalidArgumentError
+from kvpool.errors import (
+    AlignmentError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    KVPoolError,
+)
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvpool.optimized.checked import resolve_checked
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.paged_ops import (
     HostLens,
+    check_decode_host,
     check_extend_args,
+    check_extend_host,
+    check_free_list_shape,
     check_free_list_state,
     check_free_slots,
     check_host_copy,
+    check_integer_tensors,
     check_prefix_pages_held,
     decode_new_pages_host,
     extend_new_pages_host,
+    is_integer_dtype,
 )
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
@@ -42,11 +52,11 @@ SWAState = tuple[Any, Any, torch.Tensor]
 
 
 def _page_allocator(
-    size: int, page_size: int, need_sort: bool, opts: dict[str, Any]
+    size: int, page_size: int, need_sort: bool, rules: Rules | None, options: TwinOptions
 ) -> BaseTokenToKVPoolAllocator:
     if page_size == 1:
-        return TokenToKVPoolAllocator(size, need_sort, **opts)
-    return PagedTokenToKVPoolAllocator(size, page_size, need_sort, **opts)
+        return TokenToKVPoolAllocator(size, need_sort, rules=rules, options=options)
+    return PagedTokenToKVPoolAllocator(size, page_size, need_sort, rules=rules, options=options)
 
 
 class SWATokenToKVPoolAllocator:
@@ -60,20 +70,21 @@ class SWATokenToKVPoolAllocator:
         page_size: int,
         need_sort: bool = False,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
-        self.checked = resolve_checked(checked)
-        opts = {"device": device, "checked": self.checked, "kernel_backend": kernel_backend,
-                "rules": rules}  # fmt: skip
-        self.full_attn_allocator = _page_allocator(size, page_size, need_sort, opts)
-        self.swa_attn_allocator = _page_allocator(size_swa, page_size, need_sort, opts)
+        self.options = twin_options(options, device, checked, kernel_backend)
+        self.checked = self.options.checked
+        opts = self.options
+        self.full_attn_allocator = _page_allocator(size, page_size, need_sort, rules, opts)
+        self.swa_attn_allocator = _page_allocator(size_swa, page_size, need_sort, rules, opts)
         self._size_full, self._size_swa = size, size_swa
         self.page_size = page_size
         self.need_sort = bool(need_sort)
-        self.device = torch.device(device)
+        self.device = self.options.device
         self.full_to_swa_index_mapping = torch.zeros(
             size + page_size + 1, dtype=torch.int64, device=self.device
         )
@@ -115,8 +126,15 @@ class SWATokenToKVPoolAllocator:
         )
 
     # ----------------------------------------------------------------- mapping
-    def _as_index(self, values: IndexLike) -> torch.Tensor:
-        return torch.as_tensor(values, device=self.device).reshape(-1).to(torch.int64)
+    def _as_index(
+        self, values: IndexLike, error: type[KVPoolError] = InvalidArgumentError
+    ) -> torch.Tensor:
+        """``values`` as 1-D int64 on the device; ``error`` for a non-integer dtype (metadata:
+        checked in both modes; frees raise IndexOutOfRangeError, as the reference)."""
+        t = torch.as_tensor(values, device=self.device).reshape(-1)
+        if not is_integer_dtype(t.dtype) and t.numel():
+            raise error(f"slots and lengths must be integers, got dtype {t.dtype}")
+        return t.to(torch.int64)
 
     def _check_range(self, slots: torch.Tensor, low: int) -> None:
         limit = self._size_full + self.page_size
@@ -136,9 +154,9 @@ class SWATokenToKVPoolAllocator:
         """``mapping[full_indices[i]] = swa_indices[i]`` (0 unmaps). Checked mode:
         InvalidArgumentError for different lengths, IndexOutOfRangeError out of range."""
         full, swa = self._as_index(full_indices), self._as_index(swa_indices)
+        if full.numel() != swa.numel():  # metadata: checked in both modes
+            raise InvalidArgumentError(f"{full.numel()} full slots but {swa.numel()} SWA slots")
         if self.checked:
-            if full.numel() != swa.numel():
-                raise InvalidArgumentError(f"{full.numel()} full slots but {swa.numel()} SWA slots")
             self._check_range(full, 0)
             swa_limit = self._size_swa + self.page_size
             bad = (swa < 0) | (swa >= swa_limit)
@@ -194,7 +212,8 @@ class SWATokenToKVPoolAllocator:
         last_loc: torch.Tensor,
         n: int,
     ) -> torch.Tensor:
-        """The translated ``last_loc``; checked mode first runs both sides' extend checks."""
+        """The translated ``last_loc``; checked mode first runs both sides' extend checks.
+        Unchecked, the caller has run the host checks (the translation indexes a tensor)."""
         if not self.checked:
             return self.full_to_swa_index_mapping[last_loc]
         full_mask = self.full_attn_allocator._free_mask
@@ -233,11 +252,17 @@ class SWATokenToKVPoolAllocator:
         the translated ``last_loc``; ``None`` (no change) unless both pools fit. Page size > 1."""
         if self.page_size == 1:
             raise InvalidArgumentError("SWA alloc_extend needs page_size > 1; use alloc")
-        prefix = self._host_checked("prefix_lens", self._as_index(prefix_lens), prefix_lens_cpu)
-        seq = self._host_checked("seq_lens", self._as_index(seq_lens), seq_lens_cpu)
+        prefix, seq = self._as_index(prefix_lens), self._as_index(seq_lens)
         loc = self._as_index(last_loc)
-        swa_loc = self._check_batch(prefix, seq, loc, extend_num_tokens)
-        pages = extend_new_pages_host(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        check_integer_tensors(prefix_lens=prefix, seq_lens=seq, last_loc=loc)
+        if self.checked:  # device reads first: the reference's order of checks
+            prefix = check_host_copy("prefix_lens", prefix, prefix_lens_cpu)
+            seq = check_host_copy("seq_lens", seq, seq_lens_cpu)
+            swa_loc = self._check_batch(prefix, seq, loc, extend_num_tokens)
+        host = check_extend_host(prefix, prefix_lens_cpu, seq, seq_lens_cpu, loc, extend_num_tokens)
+        if not self.checked:
+            swa_loc = self._check_batch(prefix, seq, loc, extend_num_tokens)
+        pages = extend_new_pages_host(*host, self.page_size)
         if not self._pages_fit(pages, pages):
             return None
         args = (prefix, prefix_lens_cpu, seq, seq_lens_cpu)
@@ -264,6 +289,8 @@ class SWATokenToKVPoolAllocator:
             raise InvalidArgumentError("SWA alloc_extend_swa_tail needs page_size > 1")
         prefix = self._host_checked("prefix_lens", self._as_index(prefix_lens), prefix_lens_cpu)
         seq = self._host_checked("seq_lens", self._as_index(seq_lens), seq_lens_cpu)
+        loc = self._as_index(last_loc)
+        check_extend_host(prefix, prefix_lens_cpu, seq, seq_lens_cpu, loc, extend_num_tokens)
         if len(prefix_lens_cpu) != 1 or len(seq_lens_cpu) != 1:
             raise InvalidArgumentError("alloc_extend_swa_tail takes a batch of one request")
         if not isinstance(swa_tail_len, int) or not 0 <= swa_tail_len <= extend_num_tokens:
@@ -304,12 +331,17 @@ class SWATokenToKVPoolAllocator:
         the translated ``last_loc``; ``None`` (no change) unless both pools fit. Page size > 1."""
         if self.page_size == 1:
             raise InvalidArgumentError("SWA alloc_decode needs page_size > 1; use alloc")
-        seq = self._host_checked("seq_lens", self._as_index(seq_lens), seq_lens_cpu)
-        loc = self._as_index(last_loc)
-        if self.checked and bool((seq < 1).any()):
-            raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1, got {seq.tolist()}")
-        swa_loc = self._check_batch(seq - 1, seq, loc, seq.numel())
-        pages = decode_new_pages_host(seq_lens_cpu, self.page_size)
+        seq, loc = self._as_index(seq_lens), self._as_index(last_loc)
+        check_integer_tensors(seq_lens=seq, last_loc=loc)
+        if self.checked:  # device reads first: the reference's order of checks
+            seq = check_host_copy("seq_lens", seq, seq_lens_cpu)
+            if bool((seq < 1).any()):
+                raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1: {seq.tolist()}")
+            swa_loc = self._check_batch(seq - 1, seq, loc, seq.numel())
+        host_s = check_decode_host(seq, seq_lens_cpu, loc)
+        if not self.checked:
+            swa_loc = self._check_batch(seq - 1, seq, loc, seq.numel())
+        pages = decode_new_pages_host(host_s, self.page_size)
         if not self._pages_fit(pages, pages):
             return None
         full = self.full_attn_allocator.alloc_decode(seq, seq_lens_cpu, loc)
@@ -322,7 +354,7 @@ class SWATokenToKVPoolAllocator:
     def free(self, free_index: IndexLike) -> None:
         """Free full slots and the SWA slots their mapping names, zeroing those entries, both
         resolved now (also inside a free group). Checked mode validates both sides first."""
-        slots = self._as_index(free_index)
+        slots = self._as_index(free_index, IndexOutOfRangeError)
         if slots.numel() == 0:
             return
         full_alloc = self.full_attn_allocator
@@ -342,7 +374,7 @@ class SWATokenToKVPoolAllocator:
         """Free only the SWA slots of full slots (tokens that slid out of the window), zeroing
         their entries; slots mapped to 0 are skipped. Checked mode: IndexOutOfRangeError for a
         slot outside the full pool, the SWA allocator's errors for a corrupt mapping."""
-        slots = self._as_index(free_index)
+        slots = self._as_index(free_index, IndexOutOfRangeError)
         if slots.numel() == 0:
             return
         if self.checked:
@@ -384,12 +416,16 @@ class SWATokenToKVPoolAllocator:
         if not isinstance(state, tuple) or len(state) != 3:
             raise InvalidArgumentError("state must be the (full, swa, mapping) tuple")
         mapping = state[2]
+        shape_ok = isinstance(mapping, torch.Tensor) and mapping.shape == (
+            self.full_to_swa_index_mapping.shape
+        )
+        if not shape_ok:  # metadata, like both free lists' shapes: checked in both modes
+            raise InvalidArgumentError("state holds a mapping of the wrong shape")
+        check_free_list_shape(state[0])
+        check_free_list_shape(state[1])
         if self.checked:
-            shape_ok = isinstance(mapping, torch.Tensor) and mapping.shape == (
-                self.full_to_swa_index_mapping.shape
-            )
-            if not shape_ok or int(mapping[-1]) != NO_LAST_LOC:
-                raise InvalidArgumentError("state holds a mapping of the wrong shape")
+            if int(mapping[-1]) != NO_LAST_LOC:
+                raise InvalidArgumentError("state holds a mapping without its -1 sentinel")
             check_free_list_state(state[0], self.full_attn_allocator.num_pages)
             check_free_list_state(state[1], self.swa_attn_allocator.num_pages)
         self.full_attn_allocator.restore_state(state[0])

@@ -14,8 +14,9 @@ import torch
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.optimized.checked import resolve_checked
 from kvpool.optimized.kv_cache import MHATokenToKVPool, TensorLike
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.paged_ops import is_integer_dtype
 
 
 class SWAKVPool:
@@ -32,20 +33,23 @@ class SWAKVPool:
         swa_attention_layer_ids: Sequence[int],
         full_attention_layer_ids: Sequence[int],
         v_head_dim: int | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         swa_ids, full_ids = list(swa_attention_layer_ids), list(full_attention_layer_ids)
         if set(swa_ids) & set(full_ids) or not swa_ids or not full_ids:
             raise ConfigError("need disjoint, non-empty full and SWA layer id lists")
         self.size, self.size_swa, self.page_size = size, size_swa, page_size
-        self.device = torch.device(device)
-        self.checked = resolve_checked(checked)
+        self.options = opts = twin_options(options, device, checked)
+        self.device = opts.device
+        self.checked = opts.checked
         shape = (head_num, head_dim)
         self.swa_kv_pool = MHATokenToKVPool(size_swa, page_size, dtype, *shape, len(swa_ids), 0,
-                                            v_head_dim, device, self.checked)  # fmt: skip
+                                            v_head_dim, options=opts)  # fmt: skip
         self.full_kv_pool = MHATokenToKVPool(size, page_size, dtype, *shape, len(full_ids), 0,
-                                             v_head_dim, device, self.checked)  # fmt: skip
+                                             v_head_dim, options=opts)  # fmt: skip
         self.layers_mapping: dict[int, tuple[int, bool]] = {}
         for local, layer in enumerate(full_ids):
             self.layers_mapping[layer] = (local, False)
@@ -62,7 +66,10 @@ class SWAKVPool:
         mapping = self.full_to_swa_index_mapping
         if mapping is None:
             raise InvalidArgumentError("no full_to_swa_index_mapping registered")
-        locs = torch.as_tensor(kv_indices, device=self.device).reshape(-1).to(torch.int64)
+        locs = torch.as_tensor(kv_indices, device=self.device).reshape(-1)
+        if locs.numel() and not is_integer_dtype(locs.dtype):  # metadata: both modes
+            raise InvalidArgumentError(f"slots must be integers, got dtype {locs.dtype}")
+        locs = locs.to(torch.int64)
         if self.checked:
             bad = (locs < -1) | (locs >= mapping.numel() - 1)
             if bool(bad.any()):

@@ -30,6 +30,7 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.optimized.memory_manager import MemoryManager
+from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa_chunk_cache import SWAChunkCache
 from kvpool.optimized.swa_kv_pool import SWAKVPool
@@ -45,30 +46,29 @@ class SWAMemoryManager(MemoryManager):
         self,
         config: PoolConfig,
         clock: Callable[[], float] | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         checked: bool | None = None,
         kernel_backend: str | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         window = check_swa_config(config)
+        opts = twin_options(options, device, checked, kernel_backend)
         ps = config.page_size
         alloc = SWATokenToKVPoolAllocator(config.size, config.swa_size, ps, config.need_sort,
-                                          device=device, checked=checked,
-                                          kernel_backend=kernel_backend,
-                                          rules=config.rules)  # fmt: skip
+                                          rules=config.rules, options=opts)  # fmt: skip
         layers = range(config.num_layers)
         kv = SWAKVPool(config.size, config.swa_size, ps, "float32", config.head_num,
                        config.head_dim, [i for i in layers if i % 2], [i for i in layers
-                       if not i % 2], config.v_head_dim, device, checked)  # fmt: skip
+                       if not i % 2], config.v_head_dim, options=opts)  # fmt: skip
         kv.register_mapping(alloc.full_to_swa_index_mapping)
         super().__init__(
             config,
             clock,
-            device,
-            checked,
-            kernel_backend,
             token_to_kv_pool_allocator=alloc,
             tree_cache=lambda cfg, pool, a: SWAChunkCache(pool, a, ps, window),
             kv_cache=kv,
+            options=opts,
         )
         self.sliding_window = window
         self._swa_evicted: dict[str, tuple[int, int, int]] = {}

@@ -16,10 +16,11 @@ import torch
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
-from kvpool.optimized.radix_key import RadixKey
+from kvpool.optimized.options import TwinOptions, options_of
+from kvpool.optimized.radix_key import RadixKey, check_tree_range, tree_value
 from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.radix_cache import logical_clock
-from kvpool.reference.radix_key import ChildKey
+from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
 
@@ -60,6 +61,8 @@ class SWARadixCache:
         page_size: int,
         sliding_window_size: int,
         clock: Callable[[], float] | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         if sliding_window_size < 1:
             raise InvalidArgumentError(f"sliding_window_size must be >= 1: {sliding_window_size}")
@@ -67,7 +70,8 @@ class SWARadixCache:
         self.page_size = page_size
         self.sliding_window_size = sliding_window_size
         self.clock = clock if clock is not None else logical_clock()
-        self.device = token_to_kv_pool_allocator.device
+        self.options = options if options is not None else options_of(token_to_kv_pool_allocator)
+        self.device = self.options.device
         self.reset()
 
     def reset(self) -> None:
@@ -189,8 +193,11 @@ class SWARadixCache:
         tokens or an ``swa_evicted_seqlen`` that is not a page multiple in ``[0, len(key)]``."""
         if len(value) < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        value = tree_value(value, self.device).reshape(-1)
+        if self.options.checked:
+            check_tree_range(value[: len(key)], tree_slot_limit(self.token_to_kv_pool_allocator))
         key = key[: floor_align(len(key), self.page_size)]
-        value = self._slots(value)[: len(key)]
+        value = value[: len(key)]
         ps = self.page_size
         if not 0 <= swa_evicted_seqlen <= len(key) or swa_evicted_seqlen % ps:
             raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")

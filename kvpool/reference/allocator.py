@@ -30,6 +30,7 @@ from kvpool.errors import (
     PageSizeError,
     ReservedIndexError,
 )
+from kvpool.host_checks import int_list
 from kvpool.reference.paged_ops import (
     alloc_decode_slots,
     alloc_extend_slots,
@@ -265,7 +266,7 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
     def _check_batch(
         self, name: str, device: Sequence[int], host: Sequence[int]
     ) -> tuple[list[int], list[int]]:
-        dev, cpu = [int(x) for x in device], [int(x) for x in host]
+        dev, cpu = int_list(name, device), int_list(f"{name}_cpu", host)
         if dev != cpu:
             raise InvalidArgumentError(f"{name} and {name}_cpu differ: {dev} vs {cpu}")
         return dev, cpu
@@ -301,7 +302,7 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         device lists and a prefix ending mid-page must end in an allocated page)."""
         prefix, _ = self._check_batch("prefix_lens", prefix_lens, prefix_lens_cpu)
         seq, _ = self._check_batch("seq_lens", seq_lens, seq_lens_cpu)
-        locs = [int(x) for x in last_loc]
+        locs = int_list("last_loc", last_loc)
         validate_extend_args(prefix, seq, locs, extend_num_tokens, self.page_size)
         self._check_prefix_pages_held(prefix, locs)
         num_new = sum(
@@ -324,7 +325,7 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         ``S_i == 1``, and mid-page ``last_loc_i`` sits at offset ``(S_i - 2) % ps`` of an
         allocated page."""
         seq, _ = self._check_batch("seq_lens", seq_lens, seq_lens_cpu)
-        locs = [int(x) for x in last_loc]
+        locs = int_list("last_loc", last_loc)
         if any(s < 1 for s in seq):
             raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1, got {seq}")
         prefix = [s - 1 for s in seq]

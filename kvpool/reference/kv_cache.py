@@ -24,6 +24,7 @@ from typing import Protocol
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
+from kvpool.host_checks import int_list
 
 Row = list[list[float]]
 """One slot's data on one layer: ``[head][channel]``."""
@@ -86,7 +87,7 @@ class KVCache:
         return local
 
     def _slots(self, loc: Sequence[int]) -> list[int]:
-        slots = [int(x) for x in loc]
+        slots = int_list("slots", loc)
         bad = [s for s in slots if not 0 <= s < self.num_rows]
         if bad:
             raise IndexOutOfRangeError(f"slots {bad} outside 0..{self.num_rows - 1}")

@@ -22,6 +22,7 @@ from kvpool.errors import (
     InvalidArgumentError,
     ReservedIndexError,
 )
+from kvpool.host_checks import int_list
 from kvpool.snapshot import MambaAllocatorSnapshot
 
 
@@ -78,7 +79,7 @@ class MambaSlotAllocator:
             self._put(leftover)
 
     def _check(self, indices: Sequence[int]) -> list[int]:
-        slots = [int(s) for s in indices]
+        slots = int_list("Mamba slots", indices)
         for s in slots:
             if s == RESERVED_INDEX:
                 raise ReservedIndexError(f"Mamba slot {RESERVED_INDEX} is reserved")

@@ -19,6 +19,7 @@ from kvpool.errors import (
     InvalidArgumentError,
     ReservedIndexError,
 )
+from kvpool.host_checks import int_list
 from kvpool.snapshot import MambaPoolSnapshot
 
 
@@ -38,7 +39,7 @@ class MambaPool:
     def check_slots(self, indices: Sequence[int]) -> list[int]:
         """``indices`` as ints; ReservedIndexError for slot 0, IndexOutOfRangeError outside
         ``1..size``."""
-        slots = [int(s) for s in indices]
+        slots = int_list("Mamba slots", indices)
         for s in slots:
             if s == RESERVED_INDEX:
                 raise ReservedIndexError(f"Mamba slot {RESERVED_INDEX} is reserved")
@@ -73,7 +74,7 @@ class MambaPool:
         """The forward pass: every layer's state of ``indices[i]`` becomes ``tags[i]``
         (InvalidArgumentError on a length mismatch or a slot named twice)."""
         slots = self.check_slots(indices)
-        values = [int(t) for t in tags]
+        values = int_list("tags", tags)
         if len(values) != len(slots) or len(set(slots)) != len(slots):
             raise InvalidArgumentError(f"{len(values)} tags for {len(slots)} distinct slots")
         for buf in (self.conv, self.temporal):

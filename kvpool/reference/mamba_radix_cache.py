@@ -36,7 +36,7 @@ from kvpool.protocols import MambaReqLike
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.mamba_tree_node import LRUList, MambaTreeNode
-from kvpool.reference.radix_key import ChildKey, RadixKey
+from kvpool.reference.radix_key import ChildKey, RadixKey, check_tree_slots, tree_slot_limit
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
 
 
@@ -201,7 +201,8 @@ class MambaRadixCache:
         had, ``mamba_value`` was not taken and the caller still owns it."""
         if len(value) != len(key):
             raise InvalidArgumentError(f"{len(value)} slots for {len(key)} tokens")
-        node, value, total = self.root_node, list(value), 0
+        limit = tree_slot_limit(self.token_to_kv_pool_allocator)
+        node, value, total = self.root_node, check_tree_slots(value, limit), 0
         if not len(key):
             return 0, True
         while len(key) and self._child_key(node, key) in node.children:

@@ -33,6 +33,7 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
+from kvpool.host_checks import int_list
 from kvpool.reference.lifecycle_primitives import LifecyclePrimitives
 from kvpool.reference.pool_snapshot import build_pool_snapshot
 from kvpool.reference.radix_key import RadixKey
@@ -76,7 +77,7 @@ class MemoryManager(LifecyclePrimitives):
                     )
                 extra_key = session.extra_key
             history = list(session.tokens)
-        tokens = history + [int(t) for t in input_ids]
+        tokens = history + int_list("input_ids", input_ids)
         if len(tokens) > self.config.max_context_len:
             raise ContextOverflowError(
                 f"{len(tokens)} tokens past max_context_len={self.config.max_context_len}"
@@ -183,14 +184,15 @@ class MemoryManager(LifecyclePrimitives):
         reqs = self._running_full(rids)
         if len(token_ids) != len(reqs):
             raise InvalidArgumentError(f"{len(token_ids)} tokens for {len(reqs)} requests")
+        tokens = int_list("token_ids", token_ids)  # before anything changes
         over = [r.rid for r in reqs if r.kv_committed_len + 1 > self.config.max_context_len]
         if over:
             raise ContextOverflowError(f"requests {over} would pass max_context_len")
         self.alloc_for_decode([r for r in reqs if r.kv_allocated_len == r.kv_committed_len])
         slots: list[int] = []
-        for req, tok in zip(reqs, token_ids, strict=True):
+        for req, tok in zip(reqs, tokens, strict=True):
             col = req.kv_committed_len
-            req.output_ids.append(int(tok))
+            req.output_ids.append(tok)
             self.write_kv(req, col, col + 1)
             req.kv_committed_len = col + 1
             assert req.req_pool_idx is not None

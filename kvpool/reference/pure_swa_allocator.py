@@ -14,6 +14,7 @@ from typing import Any
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError
+from kvpool.host_checks import int_list
 from kvpool.reference.allocator import TokenToKVPoolAllocator
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
@@ -59,7 +60,7 @@ class PureSWATokenToKVPoolAllocator:
 
     def translate_loc_from_full_to_swa(self, kv_indices: Sequence[int]) -> list[int]:
         """The identity (IndexOutOfRangeError outside ``[-1, size + 1)``)."""
-        locs = [int(x) for x in kv_indices]
+        locs = int_list("slots", kv_indices)
         bad = [x for x in locs if not NO_LAST_LOC <= x <= self._size_swa]
         if bad:
             raise IndexOutOfRangeError(f"slots out of range: {bad}")

@@ -36,11 +36,18 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from kvpool.constants import floor_align
-from kvpool.errors import ConfigError, InvalidArgumentError, LockError
+from kvpool.constants import floor_align, is_power_of_two
+from kvpool.errors import ConfigError, InvalidArgumentError, LockError, PageSizeError
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.evict_policy import PriorityKey, get_priority_fn
-from kvpool.reference.radix_key import ChildKey, MatchResult, RadixKey, TreeNode
+from kvpool.reference.radix_key import (
+    ChildKey,
+    MatchResult,
+    RadixKey,
+    TreeNode,
+    check_tree_slots,
+    tree_slot_limit,
+)
 from kvpool.reference.radix_release import RadixRelease
 from kvpool.reference.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.tree_view import pretty_print_tree, snapshot_tree
@@ -83,6 +90,8 @@ class RadixCache(RadixRelease):
         *,
         rules: Rules | None = None,
     ) -> None:
+        if not isinstance(page_size, int) or not is_power_of_two(page_size):
+            raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
         if page_size != token_to_kv_pool_allocator.page_size:
             raise ConfigError(
                 f"page_size {page_size} differs from the allocator's "
@@ -210,10 +219,15 @@ class RadixCache(RadixRelease):
         the caller frees its duplicate slots ``value[cache_protected_len:returned]``. Counts a
         hit on the matched path and the new leaf unless ``chunked`` (a chunk of a prefill);
         given ``inserted_len`` (tokens), only on the nodes ending past it (:func:`hit_floor`)."""
+        explicit = value is not None
         if value is None:
             value = list(key.token_ids)
         if len(value) < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        if explicit:  # the token ids stand in for slots in tests only
+            value = check_tree_slots(
+                value[: len(key)], tree_slot_limit(self.token_to_kv_pool_allocator)
+            )
         if self.disable:
             return 0
         key = self._align(key)

@@ -10,6 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import overload
 
+from kvpool.constants import RESERVED_INDEX
+from kvpool.errors import IndexOutOfRangeError, ReservedIndexError
+from kvpool.host_checks import int_list
+
 ChildKey = int | tuple[int, ...] | tuple[str | None, int | tuple[int, ...]]
 """A ``children`` dict key: the first token id (page size 1) or the tuple of the first page of
 token ids (page size > 1); at the root the pair ``(extra_key, that key)`` so that namespaces never
@@ -125,4 +129,34 @@ class MatchResult:
     host_hit_length: int = 0
 
 
-__all__ = ["ChildKey", "MatchResult", "RadixKey", "TreeNode"]
+def tree_slot_limit(allocator: object) -> int | None:
+    """One past the last slot a tree over ``allocator`` may own: ``size + page_size`` (the full
+    pool's size for SWA pools); None for an allocator that states no size (a test stub)."""
+    size = getattr(allocator, "size_full", getattr(allocator, "size", None))
+    page_size = getattr(allocator, "page_size", None)
+    if isinstance(size, int) and isinstance(page_size, int):
+        return size + page_size
+    return None
+
+
+def check_tree_slots(values: Sequence[object], limit: int | None) -> list[int]:
+    """The slots a tree node will own, checked before the tree changes: integers
+    (InvalidArgumentError), then every slot >= 0 and below ``limit`` when known
+    (IndexOutOfRangeError), then no reserved slot 0 (ReservedIndexError)."""
+    slots = int_list("slots", values)
+    bad = [s for s in slots if s < 0 or (limit is not None and s >= limit)]
+    if bad:
+        raise IndexOutOfRangeError(f"tree slots out of range [0, {limit}): {bad[:8]}")
+    if RESERVED_INDEX in slots:
+        raise ReservedIndexError(f"slot {RESERVED_INDEX} is reserved and cannot be cached")
+    return slots
+
+
+__all__ = [
+    "ChildKey",
+    "MatchResult",
+    "RadixKey",
+    "TreeNode",
+    "check_tree_slots",
+    "tree_slot_limit",
+]

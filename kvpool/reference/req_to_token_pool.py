@@ -22,6 +22,7 @@ from kvpool.errors import (
     ReservedIndexError,
     RowReuseError,
 )
+from kvpool.host_checks import int_list
 from kvpool.protocols import ReqLike
 from kvpool.rules import Rules
 from kvpool.snapshot import ReqToTokenSnapshot
@@ -156,7 +157,7 @@ class ReqToTokenPool:
         if cols.step not in (None, 1):
             raise InvalidArgumentError(f"slice step must be 1, got {cols.step}")
         start, stop = self._check_columns(cols.start, cols.stop)
-        new = [int(v) for v in values]
+        new = int_list("slots", values)
         if len(new) != stop - start:
             raise InvalidArgumentError(f"{len(new)} values for {stop - start} columns")
         self.req_to_token[row][start:stop] = new

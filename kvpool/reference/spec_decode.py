@@ -22,6 +22,7 @@ from typing import Protocol
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.errors import ContextOverflowError, InvalidArgumentError
+from kvpool.host_checks import as_int, int_list
 from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.reference.req import Req
 from kvpool.tags import kv_tags
@@ -63,10 +64,12 @@ def spec_step(
     ``accepted[i]``. Returns the newly allocated slots (batch order). OutOfMemoryError /
     ContextOverflowError / InvalidArgumentError leave everything unchanged."""
     reqs = mm._running_full(rids)
+    reserve = as_int("reserve", reserve)
     if reserve < 0:
         raise InvalidArgumentError(f"reserve must be >= 0, got {reserve}")
     if len(accepted) != len(reqs):
         raise InvalidArgumentError(f"{len(accepted)} accepted lists for {len(reqs)} requests")
+    accepted = [int_list("accepted token ids", acc) for acc in accepted]
     too_many = [r.rid for r, acc in zip(reqs, accepted, strict=True) if len(acc) > 2 * reserve]
     if too_many:
         raise InvalidArgumentError(f"requests {too_many} accept more than 2 * reserve tokens")
@@ -94,7 +97,7 @@ def spec_step(
         if not acc:
             continue
         start = req.kv_committed_len
-        req.output_ids.extend(int(t) for t in acc)
+        req.output_ids.extend(acc)
         mm.write_kv(req, start, start + len(acc))
         req.kv_committed_len = start + len(acc)
     return out
@@ -104,6 +107,7 @@ def spec_draft_v1(mm: SpecDecodeHost, rids: Sequence[str], num_draft: int) -> li
     """Borrow ``num_draft`` slots per request (see the module docstring); returns them in batch
     order. Only the eviction of the shortfall (if any) changes the pools."""
     reqs = mm._running_full(rids)
+    num_draft = as_int("num_draft", num_draft)
     if num_draft < 0:
         raise InvalidArgumentError(f"num_draft must be >= 0, got {num_draft}")
     if num_draft == 0 or not reqs:

@@ -33,6 +33,7 @@ from typing import Any
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import AlignmentError, IndexOutOfRangeError, InvalidArgumentError
+from kvpool.host_checks import int_list
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.paged_ops import decode_new_pages, extend_new_pages, validate_extend_args
@@ -115,7 +116,7 @@ class SWATokenToKVPoolAllocator:
     def translate_loc_from_full_to_swa(self, kv_indices: Sequence[int]) -> list[int]:
         """SWA slot of each full slot (0 where it has none; -1 stays -1). Raises
         IndexOutOfRangeError for an index outside ``[-1, size + page_size)``."""
-        locs = [int(x) for x in kv_indices]
+        locs = int_list("slots", kv_indices)
         bad = [x for x in locs if not NO_LAST_LOC <= x < self._slot_limit()]
         if bad:
             raise IndexOutOfRangeError(f"full slots out of range: {bad}")
@@ -127,7 +128,7 @@ class SWATokenToKVPoolAllocator:
         """``mapping[full_indices[i]] = swa_indices[i]`` (0 unmaps): the SWA radix cache moves a
         request's SWA slots onto a tree node's full slots with it. Raises InvalidArgumentError
         for lists of different lengths, IndexOutOfRangeError for a slot outside its pool."""
-        full, swa = [int(x) for x in full_indices], [int(x) for x in swa_indices]
+        full, swa = int_list("full slots", full_indices), int_list("SWA slots", swa_indices)
         if len(full) != len(swa):
             raise InvalidArgumentError(f"{len(full)} full slots but {len(swa)} SWA slots")
         self._check_full_range(full)
@@ -192,7 +193,7 @@ class SWATokenToKVPoolAllocator:
         """Both sides' checks of an extend (full ``last_loc`` and its SWA translation), before
         any change; returns (full last_loc, SWA last_loc)."""
         full_alloc, swa_alloc = self.full_attn_allocator, self.swa_attn_allocator
-        locs = [int(x) for x in last_loc]
+        locs = int_list("last_loc", last_loc)
         validate_extend_args(prefix, seq, locs, n, self.page_size)
         full_alloc._check_prefix_pages_held(prefix, locs)
         swa_locs = self.translate_loc_from_full_to_swa(locs)
@@ -268,7 +269,7 @@ class SWATokenToKVPoolAllocator:
         if swa_tail_len and (seq[0] - swa_tail_len) % self.page_size:
             # the tail must start on a page boundary so that its SWA pages pair with full pages
             raise AlignmentError(f"the SWA tail of {swa_tail_len} tokens starts mid-page")
-        locs = [int(x) for x in last_loc]
+        locs = int_list("last_loc", last_loc)
         validate_extend_args(prefix, seq, locs, extend_num_tokens, self.page_size)
         full_alloc._check_prefix_pages_held(prefix, locs)
         ps = self.page_size

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
+from kvpool.host_checks import int_list
 from kvpool.reference.kv_cache import LayerBuffer, MHATokenToKVPool
 
 
@@ -59,7 +60,7 @@ class SWAKVPool:
         mapping = self.full_to_swa_index_mapping
         if mapping is None:
             raise InvalidArgumentError("no full_to_swa_index_mapping registered")
-        locs = [int(x) for x in kv_indices]
+        locs = int_list("slots", kv_indices)
         bad = [x for x in locs if not -1 <= x < len(mapping) - 1]
         if bad:
             raise IndexOutOfRangeError(f"full slots out of range: {bad}")

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.reference.radix_cache import logical_clock
-from kvpool.reference.radix_key import ChildKey, RadixKey
+from kvpool.reference.radix_key import ChildKey, RadixKey, check_tree_slots, tree_slot_limit
 from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
@@ -205,8 +205,10 @@ class SWARadixCache:
         tokens or an ``swa_evicted_seqlen`` that is not a page multiple in ``[0, len(key)]``."""
         if len(value) < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        limit = tree_slot_limit(self.token_to_kv_pool_allocator)
+        value = check_tree_slots(value[: len(key)], limit)
         key = key[: floor_align(len(key), self.page_size)]
-        value = list(value[: len(key)])
+        value = value[: len(key)]
         ps = self.page_size
         if not 0 <= swa_evicted_seqlen <= len(key) or swa_evicted_seqlen % ps:
             raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")

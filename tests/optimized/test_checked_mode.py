@@ -10,8 +10,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from kvpool.config import PoolConfig
 from kvpool.errors import (
     AlignmentError,
+    ConfigError,
     ContextOverflowError,
     DoubleFreeError,
     IndexOutOfRangeError,
@@ -22,27 +24,64 @@ from kvpool.errors import (
 )
 from kvpool.optimized import (
     CHECKED_ENV_VAR,
+    HybridReqToTokenPool,
+    MemoryManager,
     MHATokenToKVPool,
     PagedTokenToKVPoolAllocator,
     ReqToTokenPool,
     TokenToKVPoolAllocator,
+    TwinOptions,
     resolve_checked,
 )
+from kvpool.optimized.swa_memory_manager import SWAMemoryManager
 from tests.optimized.test_diff_req_to_token_pool import Req
 
 T = torch.tensor
 
 
-def test_switch_reads_argument_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_switch_reads_argument_then_environment_then_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv(CHECKED_ENV_VAR, raising=False)
-    assert resolve_checked(None) is False
-    assert resolve_checked(True) is True
+    assert resolve_checked(None) is True  # CPU tensors: on by default
+    assert resolve_checked(None, "cuda") is False  # other devices: off by default
+    assert resolve_checked(None, torch.device("meta")) is False
+    assert resolve_checked(True, "cuda") is True
+    assert PagedTokenToKVPoolAllocator(8, 2).checked is True
     monkeypatch.setenv(CHECKED_ENV_VAR, "1")
     assert resolve_checked(None) is True
     assert resolve_checked(False) is False
     assert PagedTokenToKVPoolAllocator(8, 2).checked is True
+    assert resolve_checked(None, "cuda") is True
     monkeypatch.setenv(CHECKED_ENV_VAR, "0")
     assert ReqToTokenPool(2, 2).checked is False
+    monkeypatch.setenv(CHECKED_ENV_VAR, "yes")
+    with pytest.raises(ConfigError):
+        resolve_checked(None)
+
+
+def test_one_options_object_goes_down_the_twin() -> None:
+    """A memory manager's options reach every pool it builds, unchanged (one object)."""
+    opts = TwinOptions.make("cpu", checked=False, backend="python")
+    mm = MemoryManager(PoolConfig(size=16, page_size=4), options=opts)
+    parts = (mm.req_to_token_pool, mm.token_to_kv_pool_allocator, mm.tree_cache, mm.kv_cache)
+    assert all(p.options is opts for p in parts)
+    assert mm.token_to_kv_pool_allocator.kernel_backend == "python"
+    assert not mm.token_to_kv_pool_allocator.checked
+    hybrid = MemoryManager(PoolConfig(mamba_slots=2, disable_radix_cache=True), options=opts)
+    pool = hybrid.req_to_token_pool
+    assert isinstance(pool, HybridReqToTokenPool)
+    assert pool.mamba_pool.options is opts and pool.mamba_allocator.options is opts
+    swa_config = PoolConfig(size=16, page_size=4, sliding_window=4, disable_radix_cache=True)
+    swa = SWAMemoryManager(swa_config, options=opts)
+    alloc: Any = swa.token_to_kv_pool_allocator  # the SWA allocator and pools
+    kv: Any = swa.kv_cache
+    sides = (alloc, alloc.full_attn_allocator, alloc.swa_attn_allocator, kv, kv.swa_kv_pool)
+    assert all(p.options is opts for p in sides)
+    with pytest.raises(ConfigError):  # options or the shorthand keywords, never both
+        MemoryManager(PoolConfig(), options=opts, checked=True)
+    with pytest.raises(ConfigError):
+        TwinOptions.make("no-such-device")
 
 
 def refused(error: type[KVPoolError], call: Callable[[], Any], snapshot: Callable[[], Any]) -> None:
@@ -192,11 +231,13 @@ def test_unchecked_hot_paths_do_no_checking_work() -> None:
     assert len(off) < len(on)
 
 
-def test_unchecked_mode_skips_the_double_free_check() -> None:
-    """Off, a double free goes through silently (like SGLang), which is what checked mode is for."""
+def test_unchecked_mode_skips_only_the_checks_that_read_the_device() -> None:
+    """Off, a double free of a slot (a device read) goes through silently, like SGLang; a row is
+    a host int, so its double free is refused in both modes."""
     a = PagedTokenToKVPoolAllocator(16, 4, checked=False)
     a.free(T([4]))  # page 1 is already free
     assert a.snapshot().free_pages == (1, 1, 2, 3, 4)
-    pool = ReqToTokenPool(2, 2, checked=False)
-    pool.free(Req(1))  # row 1 is already free
-    assert pool.free_slots == [1, 2, 1]
+    pool = ReqToTokenPool(2, 2, checked=False)  # rows are host ints: checked in both modes
+    with pytest.raises(DoubleFreeError):
+        pool.free(Req(1))  # row 1 is already free
+    assert pool.free_slots == [1, 2]

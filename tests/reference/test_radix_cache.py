@@ -46,10 +46,10 @@ def test_insert_returns_cached_length_and_frees_nothing() -> None:
     assert slots == [1, 2, 3, 4, 5]
     assert cache.insert(RadixKey([1, 2, 3, 4, 5]), slots) == 0
     before = alloc.available_size()
-    dup = alloc.alloc(3)
+    dup = alloc.alloc(4)
     assert dup is not None
-    assert cache.insert(RadixKey([1, 2, 3, 9]), [*dup, 99]) == 3
-    assert alloc.available_size() == before - 3  # insert freed nothing
+    assert cache.insert(RadixKey([1, 2, 3, 9]), dup) == 3
+    assert alloc.available_size() == before - 4  # insert freed nothing
     assert cache.total_size() == 6 and cache.evictable_size() == 6
 
 

@@ -35,7 +35,7 @@ def manager_factory(impl: Implementation) -> Factory:
             parts["req_to_token_pool"] = impl.req_to_token_pool
         if impl.radix_cache is not None and not config.disable_radix_cache:
             parts["tree_cache"] = impl.radix_cache
-        return MemoryManager(config, **parts)
+        return MemoryManager(config, checked=True, **parts)  # a kvpool tool: checked on
 
     return build
 
