@@ -88,7 +88,7 @@ class KVCache:
         return self.size + self.page_size
 
     def register_layer_transfer_counter(self, counter: LayerTransferCounter) -> None:
-        """Reads of a layer will first call ``counter.wait_until(layer_id)``."""
+        """Reads of a layer will first call ``counter.wait_until(layer_id - start_layer)``."""
         self.layer_transfer_counter = counter
 
     def _layer(self, layer_id: int) -> int:
@@ -102,7 +102,7 @@ class KVCache:
     def _wait(self, layer_id: int) -> int:
         local = self._layer(layer_id)
         if self.layer_transfer_counter is not None:
-            self.layer_transfer_counter.wait_until(layer_id)
+            self.layer_transfer_counter.wait_until(local)  # SGLang passes the local index
         return local
 
     def _slots(self, loc: TensorLike) -> torch.Tensor:

@@ -37,7 +37,8 @@ DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", *FP8_DTYPES)
 class LayerTransferCounter(Protocol):
     """Optional hook (pipeline/disaggregation): reads of a layer wait until it has loaded."""
 
-    def wait_until(self, layer_id: int) -> None: ...
+    def wait_until(self, threshold: int) -> None:
+        """Return once local layer ``threshold`` (``layer_id - start_layer``) has loaded."""
 
 
 class KVCache:
@@ -68,7 +69,8 @@ class KVCache:
         return self.size + self.page_size
 
     def register_layer_transfer_counter(self, counter: LayerTransferCounter) -> None:
-        """Make every later buffer read wait on ``counter.wait_until(global layer id)``."""
+        """Make every later buffer read first call ``counter.wait_until(layer_id - start_layer)``
+        (the local layer index, as SGLang)."""
         self.layer_transfer_counter = counter
 
     def _layer(self, layer_id: int) -> int:
@@ -82,7 +84,7 @@ class KVCache:
     def _wait(self, layer_id: int) -> int:
         local = self._layer(layer_id)
         if self.layer_transfer_counter is not None:
-            self.layer_transfer_counter.wait_until(layer_id)
+            self.layer_transfer_counter.wait_until(local)  # SGLang passes the local index
         return local
 
     def _slots(self, loc: Sequence[int]) -> list[int]:
