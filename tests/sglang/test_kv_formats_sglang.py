@@ -24,9 +24,8 @@ import triton
 import triton.language as tl
 
 import kvpool.optimized.kv_fp4 as opt_fp4
-import kvpool.reference.kv_fp4 as ref_fp4
 from kvpool.optimized.kv_quant import fp4_dequantize, fp4_quantize, mxfp8_quantize
-from kvpool.reference.kv_quant import f32
+from kvpool.reference.kv_quant import f32, fp4_quantize_row
 from kvpool.reference.kv_tag_codec import fp4_tag_row, mxfp8_tag_head
 from kvpool.sglang.source import resolve_source
 from kvpool.testing.interpreter import interpreted
@@ -81,7 +80,7 @@ def test_fp4_bytes_and_values_equal_sglang(fp4_util: Any, seed: int) -> None:
     theirs = fp4_util.batched_dequantize(packed, scales, dtype=torch.float32)
     assert torch.equal(theirs, fp4_dequantize(ours_packed, ours_scales))
     ref_packed, ref_scales = zip(
-        *(ref_fp4.fp4_quantize_row(row) for row in x.reshape(6, -1).tolist()), strict=True
+        *(fp4_quantize_row(row) for row in x.reshape(6, -1).tolist()), strict=True
     )
     assert [list(p) for p in ref_packed] == packed.reshape(6, -1).tolist()
     assert [list(s) for s in ref_scales] == scales.tolist()
