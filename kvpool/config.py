@@ -8,6 +8,9 @@ from kvpool.constants import EVICTION_POLICIES, is_power_of_two
 from kvpool.errors import ConfigError, PageSizeError
 from kvpool.rules import Rules
 
+KV_STORAGES: tuple[str, ...] = ("plain", "fp4", "mxfp8", "page_major", "noop")
+"""Values of :attr:`PoolConfig.kv_storage`."""
+
 
 @dataclass(frozen=True)
 class PoolConfig:
@@ -45,8 +48,15 @@ class PoolConfig:
     """Hybrid sliding-window models (tokens): the window of the SWA layers; None: no SWA."""
     swa_full_tokens_ratio: float = 0.8
     """SWA pool size / full pool size (SGLang's ``swa_full_tokens_ratio``); see ``swa_size``."""
+    kv_storage: str = "plain"
+    """How the lifecycle's KV buffers store values (specs/kv_variants.md): ``"plain"`` (float32
+    MHA / MLA pools), ``"fp4"`` (MHA or MLA FP4), ``"mxfp8"``, ``"page_major"`` or ``"noop"``
+    (MHA only). The quantised formats need a geometry they can block: FP4 an even ``head_dim``
+    and ``head_num * head_dim`` (MLA: ``kv_lora_rank + qk_rope_head_dim``) a multiple of 16,
+    MXFP8 ``head_dim`` and ``v_head_dim`` multiples of 32."""
 
     def __post_init__(self) -> None:
+        self._check_kv_storage()
         if not is_power_of_two(self.page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {self.page_size}")
         if self.size <= 0 or self.size % self.page_size:
@@ -81,6 +91,23 @@ class PoolConfig:
             raise ConfigError(
                 f"swa_full_tokens_ratio must be positive, got {self.swa_full_tokens_ratio}"
             )
+
+    def _check_kv_storage(self) -> None:
+        storage, mla = self.kv_storage, self.kv_layout == "mla"
+        if storage not in KV_STORAGES:
+            raise ConfigError(f"unknown kv_storage {storage!r}; known: {KV_STORAGES}")
+        if mla and storage not in ("plain", "fp4"):
+            raise ConfigError(f"kv_storage {storage!r} has no MLA pool (plain or fp4 only)")
+        width = self.kv_lora_rank + self.qk_rope_head_dim if mla else self.head_num * self.head_dim
+        v_dim = self.head_dim if self.v_head_dim is None else self.v_head_dim
+        if storage == "fp4" and (
+            width % 16 or (not mla and (self.head_dim % 2 or v_dim != self.head_dim))
+        ):
+            raise ConfigError(
+                "kv_storage 'fp4' needs rows of a multiple of 16 values, even head_dim"
+            )
+        if storage == "mxfp8" and (self.head_dim % 32 or v_dim % 32):
+            raise ConfigError("kv_storage 'mxfp8' needs head_dim and v_head_dim multiples of 32")
 
     @property
     def swa_size(self) -> int:

@@ -311,7 +311,12 @@ class MLATokenToKVPool(KVCache):
 def kv_cache_from_config(
     config: PoolConfig, device: str | torch.device = "cpu", checked: bool | None = None
 ) -> KVCache:
-    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes."""
+    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes, or the
+    storage variant its ``kv_storage`` names (:mod:`kvpool.optimized.kv_storage`)."""
+    if config.kv_storage != "plain":
+        from kvpool.optimized.kv_storage import storage_variant_from_config  # imports this module
+
+        return storage_variant_from_config(config, device, checked)
     if config.kv_layout == "mha":
         return MHATokenToKVPool(
             config.size,

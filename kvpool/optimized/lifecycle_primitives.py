@@ -28,7 +28,7 @@ from kvpool.errors import (
 from kvpool.injection import check_shared, resolve
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.chunk_cache import ChunkCache
-from kvpool.optimized.kv_cache import MHATokenToKVPool, MLATokenToKVPool
+from kvpool.optimized.kv_cache import KVCache, kv_cache_from_config
 from kvpool.optimized.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.radix_cache import RadixCache
@@ -119,7 +119,7 @@ class LifecyclePrimitives:
             alloc,
         )
         check_shared(self.tree_cache, pool, alloc)
-        self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = resolve(
+        self.kv_cache: KVCache = resolve(
             "kv_cache", kv_cache, lambda: self._default_kv_cache(dev, checked), config
         )
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
@@ -153,33 +153,8 @@ class LifecyclePrimitives:
             rules=config.rules,
         )
 
-    def _default_kv_cache(
-        self, dev: torch.device, checked: bool | None
-    ) -> MHATokenToKVPool | MLATokenToKVPool:
-        config = self.config
-        if config.kv_layout == "mha":
-            return MHATokenToKVPool(
-                config.size,
-                config.page_size,
-                "float32",
-                config.head_num,
-                config.head_dim,
-                config.num_layers,
-                config.start_layer,
-                config.v_head_dim,
-                device=dev,
-                checked=checked,
-            )
-        return MLATokenToKVPool(
-            config.size,
-            config.page_size,
-            config.kv_lora_rank,
-            config.qk_rope_head_dim,
-            config.num_layers,
-            config.start_layer,
-            device=dev,
-            checked=checked,
-        )
+    def _default_kv_cache(self, dev: torch.device, checked: bool | None) -> KVCache:
+        return kv_cache_from_config(self.config, dev, checked)
 
     # ----------------------------------------------------------------- lookups
     def get_req(self, rid: str, *states: str) -> Req:

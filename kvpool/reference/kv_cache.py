@@ -278,8 +278,13 @@ class MLATokenToKVPool(KVCache):
         return [int(buf[s][0][0]) for s in self._slots(loc)]
 
 
-def kv_cache_from_config(config: PoolConfig) -> MHATokenToKVPool | MLATokenToKVPool:
-    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes."""
+def kv_cache_from_config(config: PoolConfig) -> KVCache:
+    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes, or the
+    storage variant its ``kv_storage`` names (:mod:`kvpool.reference.kv_storage`)."""
+    if config.kv_storage != "plain":
+        from kvpool.reference.kv_storage import storage_variant_from_config  # imports this module
+
+        return storage_variant_from_config(config)
     if config.kv_layout == "mha":
         return MHATokenToKVPool(
             config.size,
