@@ -4,11 +4,12 @@ Phase 1 (half a second): the reference pools' seeded self-check (:mod:`kvpool.te
 Phase 2 (``--seconds``): a lockstep campaign of one machine (``--component``: the lifecycle
 ``manager``, ``swa_manager`` (the lifecycle of a hybrid sliding-window model) or one component
 alone: ``allocator`` / ``req_to_token_pool`` / ``radix_cache``, ``swa_allocator`` /
-``swa_radix_cache``, or a hybrid Mamba model's ``hybrid_req_to_token_pool`` /
-``mamba_radix_cache``), the reference against a candidate (``--impl``: the optimized twin by
-default, ``sglang[:SOURCE]`` for SGLang's own classes, or ``MODULE:NAME`` / ``path.py:NAME``),
-every invariant checked after every step, in ``--workers`` processes so that a candidate that
-crashes or hangs is a reported failure, or fanned out over a Ray cluster with ``--ray
+``swa_radix_cache``, a hybrid Mamba model's ``hybrid_req_to_token_pool`` /
+``mamba_radix_cache``, or ``kv_pool``: a KV storage variant and layer-wise loading), the
+reference against a candidate (``--impl``: the optimized twin by default, ``sglang[:SOURCE]``
+for SGLang's own classes, or ``MODULE:NAME`` / ``path.py:NAME``), every invariant checked
+after every step, in ``--workers`` processes so that a candidate that crashes or hangs is a
+reported failure, or fanned out over a Ray cluster with ``--ray
 [ADDRESS]`` (blocks of runs, one task per CPU). Prints a summary with the coverage reached, and
 writes it as JSON with ``--report`` (always, also after a failure or an internal error). Exit
 codes: 0 clean, 1 a failure, 2 bad usage.
@@ -41,6 +42,7 @@ COMPONENTS = (
     "swa_allocator",
     "swa_radix_cache",
     "swa_manager",
+    "kv_pool",
 )
 BUILTIN_IMPLS = ("reference", "optimized", "sglang")
 

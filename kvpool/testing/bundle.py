@@ -57,6 +57,7 @@ COMPONENTS = (
     "swa_allocator",
     "swa_radix_cache",
     "swa_manager",
+    "kv_pool",
 )
 """Component names, as ``kvpool verify --component`` spells them."""
 
@@ -82,6 +83,10 @@ class Implementation:
     index: Callable[[Sequence[int]], Any] = list
     """Converts a list of slot ids (or lengths) into the implementation's index container
     (``list`` for the reference, an int64 tensor for torch implementations)."""
+    kv_cache: Callable[[PoolConfig], Any] | None = None
+    """The KV pool ``PoolConfig.kv_storage`` names (the ``kv_pool`` machine)."""
+    layer_done_counter: Callable[[int], Any] | None = None
+    """A ``LayerDoneCounter`` for a number of layers (the ``kv_pool`` machine)."""
 
     def rules_or_default(self) -> Rules:
         """The rules this implementation follows (kvpool's default when it names none)."""
@@ -108,6 +113,8 @@ class Implementation:
         if component == "swa_radix_cache":
             return all(f is not None for f in (self.swa_radix_cache, self.swa_allocator,
                                                self.radix_key))  # fmt: skip
+        if component == "kv_pool":
+            return self.kv_cache is not None and self.layer_done_counter is not None
         return getattr(self, component) is not None
 
 
