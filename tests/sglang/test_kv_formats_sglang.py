@@ -1,5 +1,6 @@
 """Opt-in (``--run-sglang-wheel``): kvpool's FP4 and MXFP8 KV formats against SGLang 0.5.16's own
-quantise / dequantise functions, on CPU.
+quantise / dequantise functions, and its page-major pool against SGLang's view builder
+(``layout/page_major.py``), on CPU.
 
 SGLang's files are read from its wheel (``$KVPOOL_SGLANG_CACHE`` or a ``pip download``) and
 executed in a private namespace: ``kvfp4_tensor.py`` with its ``@torch.compile`` decorators
@@ -24,6 +25,7 @@ import triton
 import triton.language as tl
 
 import kvpool.optimized.kv_fp4 as opt_fp4
+import kvpool.optimized.kv_page_major as opt_pm
 from kvpool.optimized.kv_quant import fp4_dequantize, fp4_quantize, mxfp8_quantize
 from kvpool.reference.kv_quant import f32, fp4_quantize_row
 from kvpool.reference.kv_tag_codec import fp4_tag_row, mxfp8_tag_head
@@ -132,3 +134,31 @@ def test_tag_heads_survive_sglang_mxfp8(mxfp8: dict[str, Any]) -> None:
     heads = torch.tensor([[mxfp8_tag_head(t, 32)] for t in (1, 77, 16_777_213)])
     back = mxfp8["from_mxfp8"](to_mxfp8_float_output(mxfp8, heads), out_dtype=torch.float32)
     assert torch.equal(back, heads)
+
+
+def test_page_major_views_match_sglang_layout() -> None:
+    namespace = _exec("sglang/srt/mem_cache/layout/page_major.py", "")
+    ps, layers, heads, dim, v_dim, size = 4, 3, 2, 3, 5, 12
+    pages = (size + ps) // ps
+    entry = namespace["mha_entry_bytes"](
+        layer_num=layers, head_num=heads, head_dim=dim, v_head_dim=v_dim, itemsize=4
+    )
+    raw = torch.zeros(pages * ps * entry, dtype=torch.uint8)
+    k_views, v_views = namespace["build_page_major_mha_views"](
+        raw, layer_num=layers, head_num=heads, head_dim=dim, v_head_dim=v_dim,
+        store_dtype=torch.float32, page_size=ps, num_pages=pages,
+    )  # fmt: skip
+    ours = opt_pm.PageMajorMHATokenToKVPool(size, ps, "float32", heads, dim, layers, 0, v_dim)
+    rng = random.Random(5)
+    for _ in range(10):
+        layer, token = rng.randrange(layers), rng.randrange(size + ps)
+        k, v = (
+            samples(rng.randrange(99), 1, heads, dim),
+            samples(rng.randrange(99), 1, heads, v_dim),
+        )
+        k_views[layer][token // ps, token % ps] = k[0]
+        v_views[layer][token // ps, token % ps] = v[0]
+        ours.set_kv_buffer(layer, torch.tensor([token]), k, v)
+    assert bytes(raw.numpy().tobytes()) == ours.raw_bytes()
+    for theirs, mine in zip((*k_views, *v_views), (*ours.k_buffer, *ours.v_buffer), strict=True):
+        assert theirs.stride() == mine.stride() and theirs.shape == mine.shape
