@@ -153,6 +153,35 @@ class KVCache:
         rows[:, :, 0] = torch.as_tensor(tags, dtype=torch.float64, device=device).reshape(-1, 1)
         return rows
 
+    # --------------------------------------------------------- the buffer interface
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: Any,
+        cache_k: Any,
+        cache_v: Any,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Store ``cache_k / k_scale`` and ``cache_v / v_scale`` at ``loc`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_key_buffer(self, layer_id: int) -> Any:
+        """K of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_value_buffer(self, layer_id: int) -> Any:
+        """V of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[Any, Any]:
+        """``(K, V)`` of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def move_kv_cache(self, tgt_loc: Any, src_loc: Any) -> None:
+        """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (subclasses)."""
+        raise NotImplementedError
+
     def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
         """Store ``tags[i]`` at slot ``loc[i]`` on every layer (subclasses)."""
         raise NotImplementedError

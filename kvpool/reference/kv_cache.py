@@ -20,7 +20,7 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
@@ -103,6 +103,35 @@ class KVCache:
     # ----------------------------------------------------------------- tags
     def _tag_rows(self, tags: Sequence[int], heads: int, dim: int) -> list[Row]:
         return [[[float(t)] + [0.0] * (dim - 1) for _ in range(heads)] for t in tags]
+
+    # --------------------------------------------------------- the buffer interface
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: Any,
+        cache_k: Any,
+        cache_v: Any,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Store ``cache_k / k_scale`` and ``cache_v / v_scale`` at ``loc`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_key_buffer(self, layer_id: int) -> Any:
+        """K of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_value_buffer(self, layer_id: int) -> Any:
+        """V of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[Any, Any]:
+        """``(K, V)`` of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def move_kv_cache(self, tgt_loc: Any, src_loc: Any) -> None:
+        """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (subclasses)."""
+        raise NotImplementedError
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
         """Store ``tags[i]`` at slot ``loc[i]`` on every layer (channel 0 of every head of K and
