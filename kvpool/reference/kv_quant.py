@@ -45,8 +45,12 @@ SCALE_BIAS: Final[int] = 127
 
 
 def f32(x: float) -> float:
-    """``x`` rounded to the nearest float32 (ties to even), as a Python float."""
-    return float(struct.unpack("<f", struct.pack("<f", x))[0])
+    """``x`` rounded to the nearest float32 (ties to even), as a Python float; beyond float32's
+    range, infinity of its sign (as a cast to float32 gives)."""
+    try:
+        return float(struct.unpack("<f", struct.pack("<f", x))[0])
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 def div32(x: float, scale: float | None) -> float:

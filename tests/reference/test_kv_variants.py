@@ -129,6 +129,8 @@ def test_bad_writes_change_nothing(index: int) -> None:
     if index < 3:  # the quantised formats have no NaN or infinity
         with pytest.raises(InvalidArgumentError):
             kv.set_kv_buffer(layer, [2], [[[float("nan")] * dim] * heads], good_v)
+        with pytest.raises(InvalidArgumentError):  # overflows float32
+            kv.set_kv_buffer(layer, [2], [[[1e39] * dim] * heads], good_v)
     assert kv.get_key_buffer(layer)[2] == before
 
 
