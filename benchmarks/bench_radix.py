@@ -102,7 +102,7 @@ def _build(twin: str, shape: TreeShape, page_size: int) -> tuple[Any, float]:
     values = torch.arange(1, 8001, dtype=torch.int64)
     t0 = time.perf_counter()
     if twin == "optimized":
-        cache: Any = OptRadixCache(None, alloc, page_size)
+        cache: Any = OptRadixCache(None, alloc, page_size)  # type: ignore[arg-type]
         for seq in shape.sequences():
             cache.insert(OptKey(seq), values)
     else:

@@ -1,4 +1,4 @@
-"""Replay benchmark on Mooncake's conversation trace (``../shared/traces``, see kvpool.traces).
+"""Replay benchmark on Mooncake's conversation trace (in ``$KVPOOL_TRACES``, see kvpool.traces).
 
 (a) ``tree``: every request of ``conversation_trace.jsonl`` (12,031) does ``match_prefix`` then
     ``insert`` of its whole prompt on the twin's RadixCache at page size 16 (stub allocator:
@@ -71,7 +71,7 @@ def replay_tree(twin: str, records: list[TraceRecord]) -> float:
     alloc = StubAllocator(PAGE_SIZE)
     total = 0.0
     if twin == "optimized":
-        cache: Any = OptRadixCache(None, alloc, PAGE_SIZE)
+        cache: Any = OptRadixCache(None, alloc, PAGE_SIZE)  # type: ignore[arg-type]
         for rec in records:
             key = OptKey(request_token_array(rec))
             t0 = time.thread_time()

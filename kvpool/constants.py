@@ -37,7 +37,8 @@ KERNEL_OPS: Final[tuple[str, ...]] = (
 """The kernel ops the differential harness knows, by their :mod:`kvpool.kernels` names."""
 
 SHORT_FREE_LIST_MODES: Final[tuple[str, ...]] = ("off", "lenient", "strict")
-"""How the kernel harness draws too-few-free-pages inputs (:mod:`kvpool.testing.kernels`)."""
+"""How the kernel harness draws too-few-free-pages inputs
+(:mod:`kvpool.testing.kernel_harness.differential`)."""
 
 
 def is_power_of_two(n: int) -> bool:

@@ -366,3 +366,17 @@ class MemoryManagerProtocol(Protocol[IdxT_co]):
     def snapshot(self) -> PoolSnapshot:
         """The whole state for :mod:`kvpool.invariants`."""
         ...
+
+
+class SegmentAllocatorProtocol(TokenAllocatorProtocol[IdxT], Protocol[IdxT]):
+    """A token allocator that also frees SGLang 0.5.23's way (``Rules.tree_free == "segment"``,
+    :mod:`kvpool.reference.segment_free`): what the radix cache and the sessions hand slots to."""
+
+    def free_page_ids(self, page_ids: IdxT) -> None:
+        """Free exactly these pages (page ids, not slots), in the given order."""
+        ...
+
+    def free_segment(self, free_index: IdxT, start_pos: int = 0) -> None:
+        """Free the pages of a row segment starting at column ``start_pos`` (a multiple of
+        ``page_size`` tokens): one page per ``page_size`` slots, in order."""
+        ...

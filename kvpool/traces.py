@@ -18,8 +18,8 @@ included, so tokens are synthesised from the ids:
 
 Where traces are found (:func:`trace_path`): a path to an existing file; else a name in the
 package's own ``kvpool/data`` (:data:`SAMPLE_TRACE`, the first 400 requests of the conversation
-trace, always there); else a name in ``$KVPOOL_TRACES`` when set, or in ``../shared/traces`` next
-to the repository root (the full Mooncake files, not shipped).
+trace, always there); else a name in the folder ``$KVPOOL_TRACES`` names, when set (the full
+Mooncake files, not shipped: nothing outside the repository is looked up by default).
 """
 
 from __future__ import annotations
@@ -77,29 +77,30 @@ class TraceRecord:
     hash_ids: tuple[int, ...]
 
 
-def traces_dir() -> Path:
-    """``$KVPOOL_TRACES`` if set, else ``<repository root>/../shared/traces``."""
+def traces_dir() -> Path | None:
+    """The folder ``$KVPOOL_TRACES`` names, or None when it is unset or empty."""
     env = os.environ.get(TRACES_ENV_VAR)
-    if env:
-        return Path(env)
-    repo_root = Path(__file__).resolve().parent.parent
-    return repo_root.parent / "shared" / "traces"
+    return Path(env) if env else None
 
 
 def trace_path(name: str = CONVERSATION_TRACE) -> Path:
     """Path of trace ``name``: itself when it is an existing file, else the file of that name in
-    :data:`DATA_DIR`, else in :func:`traces_dir`. Raises :class:`TraceError` naming ``name`` as
-    typed (and where names are looked up) when none exists."""
+    :data:`DATA_DIR`, else in :func:`traces_dir` (when set). Raises :class:`TraceError` naming
+    ``name`` as typed (and where names are looked up) when none exists."""
     direct = Path(name)
     if direct.is_file():
         return direct
-    if direct.name == name:  # a bare name: look in the two trace folders
-        for folder in (DATA_DIR, traces_dir()):
+    extra = traces_dir()
+    folders = [DATA_DIR] if extra is None else [DATA_DIR, extra]
+    if direct.name == name:  # a bare name: look in the trace folders
+        for folder in folders:
             if (folder / name).is_file():
                 return folder / name
     if direct.exists():
         raise TraceError(f"trace {name!r} is not a file")
-    hint = f"; names are looked up in {DATA_DIR} and {traces_dir()}" if direct.name == name else ""
+    where = " and ".join(str(f) for f in folders)
+    unset = f" (${TRACES_ENV_VAR} unset)" if extra is None else ""
+    hint = f"; names are looked up in {where}{unset}" if direct.name == name else ""
     raise TraceError(f"trace {name!r}: no such file{hint}")
 
 

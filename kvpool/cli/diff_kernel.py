@@ -112,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
         fail(f"diff-kernel: {exc}")
     if args.backend is not None:
         fn = functools.partial(fn, backend=args.backend)
-    from kvpool.testing.interpreter import checked_launch_count
-    from kvpool.testing.kernels import check_kernel
+    from kvpool.testing.kernel_harness.differential import check_kernel
+    from kvpool.testing.kernel_harness.interpreter import checked_launch_count
 
     checked = bool(args.checked or args.shuffle)
     launches = checked_launch_count()

@@ -3,7 +3,7 @@
 Replays the first ``--requests`` requests of a Mooncake trace and prints, per run, the
 prefix-cache hit ratio, tokens evicted and peak pages in use, one row as each run ends. Without
 TRACE it replays ``conversation_sample.jsonl``, the 400-request sample shipped in ``kvpool/data``;
-a name is looked up there, then in ``$KVPOOL_TRACES`` or ``../shared/traces`` (the full traces).
+a name is looked up there, then in the folder ``$KVPOOL_TRACES`` names (the full traces).
 
 Modes: ``lockstep`` (the default for one run) drives the reference and the optimized twin
 together, compared at every step, every invariant checked; ``twin-only`` (``--twin-only``, and
@@ -54,7 +54,7 @@ expected time (2 shared CPU cores, the default sample, 400 requests, --block-tok
   --compare-policies (6 runs, twin only)      ~2.5 min
   --plot (24 runs, twin only)                 ~10 min
 --block-tokens 512 replays the full prompts (~12,000 tokens each, 30x slower); the full traces
-are not shipped: pass a path, or put them in $KVPOOL_TRACES or ../shared/traces.
+are not shipped: pass a path, or put them in a folder named by $KVPOOL_TRACES.
 """
 
 MANY_RUNS_EVERY = 8
@@ -74,8 +74,7 @@ def register(sub: Any) -> None:
     p = add_parser(sub, "replay", help="replay a real trace through the pool; report cache hits",
                    description=__doc__, epilog=_EPILOG)  # fmt: skip
     p.add_argument("trace", nargs="?", default=DEFAULT_TRACE,
-                   help="trace file path, or a name in kvpool/data, $KVPOOL_TRACES or "
-                   "../shared/traces")  # fmt: skip
+                   help="trace file path, or a name in kvpool/data or $KVPOOL_TRACES")  # fmt: skip
     p.add_argument(
         "--requests",
         type=positive_int,

@@ -8,10 +8,10 @@ the tree, a test's model); pages named by ``pending_free`` count as still held.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import InvariantViolation
+from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant
 from kvpool.snapshot import AllocatorSnapshot
 
@@ -22,12 +22,6 @@ def _free_listed(snap: AllocatorSnapshot) -> list[int]:
 
 def _pending_pages(snap: AllocatorSnapshot) -> list[int]:
     return [slot // snap.page_size for slot in snap.pending_free]
-
-
-def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
-    bad = sorted(set(indices))
-    if bad:
-        raise InvariantViolation(invariant_id, message, bad)
 
 
 @invariant(
@@ -54,7 +48,7 @@ def check_shape(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> N
 )
 def check_reserved_page(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
     named = _free_listed(snap) + _pending_pages(snap) + list(held_pages or ())
-    _fail(
+    fail(
         "INV-RESERVED-ZERO",
         "reserved page is free-listed, pending or held",
         [p for p in named if p == RESERVED_INDEX],
@@ -68,7 +62,7 @@ def check_reserved_page(snap: AllocatorSnapshot, held_pages: frozenset[int] | No
 )
 def check_page_range(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
     named = _free_listed(snap) + _pending_pages(snap) + list(held_pages or ())
-    _fail(
+    fail(
         "INV-PAGE-RANGE",
         f"page ids outside 1..{snap.num_pages}",
         [p for p in named if not RESERVED_INDEX < p <= snap.num_pages],
@@ -83,15 +77,15 @@ def check_page_range(snap: AllocatorSnapshot, held_pages: frozenset[int] | None)
 )
 def check_no_double_free(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
     counts = Counter(_free_listed(snap))
-    _fail("INV-NO-DOUBLE-FREE", "pages free-listed twice", [p for p, n in counts.items() if n > 1])
-    _fail(
+    fail("INV-NO-DOUBLE-FREE", "pages free-listed twice", [p for p, n in counts.items() if n > 1])
+    fail(
         "INV-NO-DOUBLE-FREE",
         "pages pending free in the open group are already free",
         [p for p in _pending_pages(snap) if p in counts],
     )
     if snap.page_size == 1:
         pending = Counter(snap.pending_free)
-        _fail(
+        fail(
             "INV-NO-DOUBLE-FREE",
             "slots pending free twice",
             [s for s, n in pending.items() if n > 1],
@@ -105,7 +99,7 @@ def check_no_double_free(snap: AllocatorSnapshot, held_pages: frozenset[int] | N
 )
 def check_free_group(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
     if not snap.in_free_group:
-        _fail("INV-FREE-GROUP", "slots pending free with no open group", snap.pending_free)
+        fail("INV-FREE-GROUP", "slots pending free with no open group", snap.pending_free)
 
 
 @invariant(
@@ -123,13 +117,13 @@ def check_token_accounting(snap: AllocatorSnapshot, held_pages: frozenset[int] |
     if held_pages is None:
         return
     free = set(_free_listed(snap))
-    _fail(
+    fail(
         "INV-TOKEN-ACCOUNTING",
         "pages both free and held (use after free)",
         free & held_pages,
     )
     every = set(range(RESERVED_INDEX + 1, snap.num_pages + 1))
-    _fail(
+    fail(
         "INV-TOKEN-ACCOUNTING",
         "pages leaked (neither free nor held)",
         every - free - held_pages,

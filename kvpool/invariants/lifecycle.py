@@ -10,22 +10,17 @@ for pages, slot ids for slots.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from kvpool.constants import RESERVED_INDEX, ceil_align
 from kvpool.errors import InvariantViolation
+from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant
 from kvpool.invariants.tree import lock_holders, nodes_by_id, path_values, tree_pages
 from kvpool.snapshot import PoolSnapshot
 
 RowOwner = tuple[str, int | None, int, int, int, tuple[int, ...], int | None]
 """``(name, row, protected, committed, allocated, row contents, last_node_id)``."""
-
-
-def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
-    bad = sorted(set(indices))
-    if bad:
-        raise InvariantViolation(invariant_id, message, bad)
 
 
 def row_owners(snap: PoolSnapshot) -> list[RowOwner]:
@@ -118,8 +113,8 @@ def check_row_owners(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     table = snap.req_to_token
     held = [row for _, row, *_ in row_owners(snap) if row is not None]
     counts = Counter(held)
-    _fail("INV-ROW-OWNERS", "rows held twice", [r for r, c in counts.items() if c > 1])
-    _fail("INV-ROW-OWNERS", "rows held and free", set(held) & set(table.free_slots))
+    fail("INV-ROW-OWNERS", "rows held twice", [r for r, c in counts.items() if c > 1])
+    fail("INV-ROW-OWNERS", "rows held and free", set(held) & set(table.free_slots))
     if len(table.free_slots) + len(held) != table.size:
         missing = set(range(RESERVED_INDEX + 1, table.size + 1)) - set(held) - set(table.free_slots)
         raise InvariantViolation(
@@ -136,7 +131,7 @@ def check_row_owners(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     scope="pool",
 )
 def check_one_owner(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
-    _fail("INV-ONE-OWNER", "pages with no owner or several", _ownership_errors(snap))
+    fail("INV-ONE-OWNER", "pages with no owner or several", _ownership_errors(snap))
 
 
 @invariant(
@@ -150,12 +145,12 @@ def check_row_slots(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     free = set(alloc.free_pages) | set(alloc.release_pages) | _pages(alloc.pending_free, ps)
     by_id = nodes_by_id(snap.tree)
     for name, _, protected, _, _, row, last in row_owners(snap):
-        _fail(
+        fail(
             "INV-ROW-SLOTS",
             f"{name} names free or out-of-range slots",
             [s for s in row if s // ps in free or not RESERVED_INDEX < s // ps <= alloc.num_pages],
         )
-        _fail(
+        fail(
             "INV-ROW-SLOTS",
             f"{name}'s row is not page-contiguous (columns listed)",
             [
@@ -187,7 +182,7 @@ def check_lengths(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         ordered = 0 <= protected <= committed <= allocated <= width
         if not ordered or protected % ps or len(contents) != allocated or row is None:
             bad.append(i)
-    _fail("INV-LENGTHS", "owners (index in row_owners order) with bad lengths", bad)
+    fail("INV-LENGTHS", "owners (index in row_owners order) with bad lengths", bad)
     bad = []
     for i, r in enumerate(snap.reqs):
         if r.req_pool_idx is None and (r.kv_allocated_len or r.kv_committed_len):
@@ -196,7 +191,7 @@ def check_lengths(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
             bad.append(i)
         if r.is_chunked and r.state != "running":
             bad.append(i)
-    _fail("INV-LENGTHS", "requests (index in snapshot order) with bad lengths or state", bad)
+    fail("INV-LENGTHS", "requests (index in snapshot order) with bad lengths or state", bad)
 
 
 @invariant(
@@ -210,7 +205,7 @@ def check_idle(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         return
     session_rows = {s.req_pool_idx for s in snap.sessions if s.req_pool_idx is not None}
     table = snap.req_to_token
-    _fail(
+    fail(
         "INV-IDLE",
         "idle, yet rows neither free nor held by a session",
         set(range(RESERVED_INDEX + 1, table.size + 1)) - set(table.free_slots) - session_rows,
@@ -222,7 +217,7 @@ def check_idle(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         while cur is not None and cur.parent_id is not None:
             on_session_paths.add(cur.node_id)
             cur = by_id.get(cur.parent_id)
-    _fail(
+    fail(
         "INV-IDLE",
         "idle, yet nodes locked off every session path",
         [
@@ -244,7 +239,7 @@ def check_kv_integrity(snap: PoolSnapshot, previous: PoolSnapshot | None) -> Non
             raise InvariantViolation(
                 "INV-KV-INTEGRITY", f"req {r.rid}: tag lists do not cover the committed tokens"
             )
-        _fail(
+        fail(
             "INV-KV-INTEGRITY",
             f"req {r.rid}: slots hold another token's KV",
             [

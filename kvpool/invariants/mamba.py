@@ -10,11 +10,11 @@ exact accounting off; the other checks still run.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpool.constants import RESERVED_INDEX
-from kvpool.errors import InvariantViolation
+from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import INVARIANTS, invariant, run_scope
 from kvpool.snapshot import HybridReqToTokenSnapshot, PoolSnapshot
 
@@ -43,12 +43,6 @@ class MambaContext:
     owners_known: bool = True
 
 
-def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
-    bad = sorted(set(indices))
-    if bad:
-        raise InvariantViolation(invariant_id, message, bad)
-
-
 def _held(ctx: MambaContext) -> list[int]:
     """Every slot named by an owner, once per owner naming it."""
     slots = [s for r in ctx.reqs for s in ((r.slot,) if r.slot is not None else ()) + r.track]
@@ -65,13 +59,13 @@ def check_one_owner(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
     alloc = snap.mamba_allocator
     free = list(alloc.free_slots) + list(alloc.group_slots)
     counts = Counter(free)
-    _fail("INV-MAMBA-ONE-OWNER", "Mamba slots free twice", [s for s, n in counts.items() if n > 1])
+    fail("INV-MAMBA-ONE-OWNER", "Mamba slots free twice", [s for s, n in counts.items() if n > 1])
     held = Counter(_held(ctx))
-    _fail("INV-MAMBA-ONE-OWNER", "Mamba slots held by two owners",
-          [s for s, n in held.items() if n > 1])  # fmt: skip
-    _fail("INV-MAMBA-ONE-OWNER", "Mamba slots both free and held", set(counts) & set(held))
-    _fail("INV-MAMBA-ONE-OWNER", "reserved Mamba slot free-listed or held",
-          [s for s in list(counts) + list(held) if s == RESERVED_INDEX])  # fmt: skip
+    fail("INV-MAMBA-ONE-OWNER", "Mamba slots held by two owners",
+         [s for s, n in held.items() if n > 1])  # fmt: skip
+    fail("INV-MAMBA-ONE-OWNER", "Mamba slots both free and held", set(counts) & set(held))
+    fail("INV-MAMBA-ONE-OWNER", "reserved Mamba slot free-listed or held",
+         [s for s in list(counts) + list(held) if s == RESERVED_INDEX])  # fmt: skip
 
 
 @invariant(
@@ -83,12 +77,12 @@ def check_one_owner(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
 def check_accounting(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
     alloc = snap.mamba_allocator
     named = list(alloc.free_slots) + list(alloc.group_slots) + _held(ctx)
-    _fail("INV-MAMBA-ACCOUNTING", f"Mamba slots outside 1..{alloc.size}",
-          [s for s in named if not RESERVED_INDEX < s <= alloc.size])  # fmt: skip
+    fail("INV-MAMBA-ACCOUNTING", f"Mamba slots outside 1..{alloc.size}",
+         [s for s in named if not RESERVED_INDEX < s <= alloc.size])  # fmt: skip
     if not ctx.owners_known:
         return
     every = set(range(RESERVED_INDEX + 1, alloc.size + 1))
-    _fail("INV-MAMBA-ACCOUNTING", "Mamba slots leaked (neither free nor held)", every - set(named))
+    fail("INV-MAMBA-ACCOUNTING", "Mamba slots leaked (neither free nor held)", every - set(named))
 
 
 @invariant(
@@ -99,18 +93,18 @@ def check_accounting(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
 )
 def check_req_slot(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
     rows = [r.row for r in ctx.reqs if r.row is not None]
-    _fail("INV-MAMBA-REQ-SLOT", "running requests without a Mamba slot",
-          [r.row for r in ctx.reqs if r.row is not None and r.slot is None])  # fmt: skip
+    fail("INV-MAMBA-REQ-SLOT", "running requests without a Mamba slot",
+         [r.row for r in ctx.reqs if r.row is not None and r.slot is None])  # fmt: skip
     mapping = snap.mamba_mapping
-    _fail("INV-MAMBA-REQ-SLOT", "rows mapped to another Mamba slot than their request's",
-          [r.row for r in ctx.reqs if r.row is not None and r.slot is not None
-           and (r.row >= len(mapping) or mapping[r.row] != r.slot)])  # fmt: skip
+    fail("INV-MAMBA-REQ-SLOT", "rows mapped to another Mamba slot than their request's",
+         [r.row for r in ctx.reqs if r.row is not None and r.slot is not None
+          and (r.row >= len(mapping) or mapping[r.row] != r.slot)])  # fmt: skip
     if snap.track_mapping and any(snap.track_mapping):
-        _fail("INV-MAMBA-REQ-SLOT", "rows mapped to other track buffers than their request's",
-              [r.row for r in ctx.reqs if r.row is not None and r.track
-               and snap.track_mapping[r.row] != r.track])  # fmt: skip
-    _fail("INV-MAMBA-REQ-SLOT", "rows held by two requests",
-          [r for r, n in Counter(rows).items() if n > 1])  # fmt: skip
+        fail("INV-MAMBA-REQ-SLOT", "rows mapped to other track buffers than their request's",
+             [r.row for r in ctx.reqs if r.row is not None and r.track
+              and snap.track_mapping[r.row] != r.track])  # fmt: skip
+    fail("INV-MAMBA-REQ-SLOT", "rows held by two requests",
+         [r for r, n in Counter(rows).items() if n > 1])  # fmt: skip
 
 
 @invariant(
@@ -122,7 +116,7 @@ def check_req_slot(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
 def check_checkpoint(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
     pool = snap.mamba_pool
     bad = [s for s, tag in ctx.checkpoints if 0 < s <= pool.size and pool.state_tag(s) != tag]
-    _fail("INV-MAMBA-CHECKPOINT", "cached Mamba states overwritten", bad)
+    fail("INV-MAMBA-CHECKPOINT", "cached Mamba states overwritten", bad)
 
 
 @invariant(
@@ -133,9 +127,9 @@ def check_checkpoint(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
 )
 def check_state_integrity(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
     pool = snap.mamba_pool
-    _fail("INV-MAMBA-STATE-INTEGRITY", "Mamba slots whose state is not their request's",
-          [r.slot for r in ctx.reqs if r.slot is not None and r.expected_tag is not None
-           and 0 < r.slot <= pool.size and pool.state_tag(r.slot) != r.expected_tag])  # fmt: skip
+    fail("INV-MAMBA-STATE-INTEGRITY", "Mamba slots whose state is not their request's",
+         [r.slot for r in ctx.reqs if r.slot is not None and r.expected_tag is not None
+          and 0 < r.slot <= pool.size and pool.state_tag(r.slot) != r.expected_tag])  # fmt: skip
 
 
 def _pool_scope(check: Callable[[HybridReqToTokenSnapshot, MambaContext], None]) -> Callable[

@@ -9,17 +9,11 @@ checkpoints).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 
 from kvpool.errors import InvariantViolation
+from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant, run_scope
 from kvpool.snapshot import MambaTreeSnapshot
-
-
-def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
-    bad = sorted(set(indices))
-    if bad:
-        raise InvariantViolation(invariant_id, message, bad)
 
 
 @invariant(
@@ -31,23 +25,23 @@ def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
 def check_tree_shape(tree: MambaTreeSnapshot) -> None:
     by_id = {n.node_id: n for n in tree.nodes}
     root = tree.nodes[0] if tree.nodes else None
-    _fail("INV-MAMBA-TREE-SHAPE", "children whose parent link points elsewhere",
-          [c for n in tree.nodes for c in n.child_ids
-           if c not in by_id or by_id[c].parent_id != n.node_id])  # fmt: skip
+    fail("INV-MAMBA-TREE-SHAPE", "children whose parent link points elsewhere",
+         [c for n in tree.nodes for c in n.child_ids
+          if c not in by_id or by_id[c].parent_id != n.node_id])  # fmt: skip
     tombstone_leaves = [n.node_id for n in tree.nodes[1:]
                         if not n.child_ids and n.mamba_value is None]  # fmt: skip
-    _fail("INV-MAMBA-TREE-SHAPE", "leaves without a state (tombstone leaves)", tombstone_leaves)
-    _fail("INV-MAMBA-TREE-SHAPE", "nodes whose KV and key lengths differ",
-          [n.node_id for n in tree.nodes if len(n.key) != len(n.value)])  # fmt: skip
+    fail("INV-MAMBA-TREE-SHAPE", "leaves without a state (tombstone leaves)", tombstone_leaves)
+    fail("INV-MAMBA-TREE-SHAPE", "nodes whose KV and key lengths differ",
+         [n.node_id for n in tree.nodes if len(n.key) != len(n.value)])  # fmt: skip
     non_root = [n.node_id for n in tree.nodes if n is not root]
     with_state = [n.node_id for n in tree.nodes if n is not root and n.mamba_value is not None]
     for order, expected, what in ((tree.full_lru, non_root, "KV"),
                                   (tree.mamba_lru, with_state, "state")):  # fmt: skip
         counts = Counter(order)
-        _fail("INV-MAMBA-TREE-SHAPE", f"nodes listed twice in the {what} LRU order",
-              [i for i, k in counts.items() if k > 1])  # fmt: skip
-        _fail("INV-MAMBA-TREE-SHAPE", f"nodes missing from or stray in the {what} LRU order",
-              set(counts) ^ set(expected))  # fmt: skip
+        fail("INV-MAMBA-TREE-SHAPE", f"nodes listed twice in the {what} LRU order",
+             [i for i, k in counts.items() if k > 1])  # fmt: skip
+        fail("INV-MAMBA-TREE-SHAPE", f"nodes missing from or stray in the {what} LRU order",
+             set(counts) ^ set(expected))  # fmt: skip
 
 
 @invariant(
@@ -61,13 +55,13 @@ def check_tree_locks(tree: MambaTreeSnapshot) -> None:
         return
     by_id = {n.node_id: n for n in tree.nodes}
     rest = tree.nodes[1:]
-    _fail("INV-MAMBA-TREE-LOCKS", "nodes whose state lock exceeds their KV lock (or is < 0)",
-          [n.node_id for n in rest if not n.full_lock_ref >= n.mamba_lock_ref >= 0])  # fmt: skip
-    _fail("INV-MAMBA-TREE-LOCKS", "tombstones with a state lock",
-          [n.node_id for n in rest if n.mamba_value is None and n.mamba_lock_ref])  # fmt: skip
-    _fail("INV-MAMBA-TREE-LOCKS", "nodes whose KV lock is below their children's",
-          [n.node_id for n in rest
-           if n.full_lock_ref < sum(by_id[c].full_lock_ref for c in n.child_ids)])  # fmt: skip
+    fail("INV-MAMBA-TREE-LOCKS", "nodes whose state lock exceeds their KV lock (or is < 0)",
+         [n.node_id for n in rest if not n.full_lock_ref >= n.mamba_lock_ref >= 0])  # fmt: skip
+    fail("INV-MAMBA-TREE-LOCKS", "tombstones with a state lock",
+         [n.node_id for n in rest if n.mamba_value is None and n.mamba_lock_ref])  # fmt: skip
+    fail("INV-MAMBA-TREE-LOCKS", "nodes whose KV lock is below their children's",
+         [n.node_id for n in rest
+          if n.full_lock_ref < sum(by_id[c].full_lock_ref for c in n.child_ids)])  # fmt: skip
     sizes = (
         sum(len(n.value) for n in rest if n.full_lock_ref == 0),
         sum(1 for n in rest if n.mamba_value is not None and n.mamba_lock_ref == 0),

@@ -8,18 +8,13 @@ snapshot and the allocator's page size in tokens.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import InvariantViolation
+from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import RowContext, invariant
 from kvpool.snapshot import ReqToTokenSnapshot
-
-
-def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
-    bad = sorted(set(indices))
-    if bad:
-        raise InvariantViolation(invariant_id, message, bad)
 
 
 @invariant(
@@ -29,7 +24,7 @@ def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
 )
 def check_reserved_row(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
     named = list(snap.free_slots) + list(ctx.held_rows or ())
-    _fail(
+    fail(
         "INV-RESERVED-ZERO",
         "reserved row is free-listed or held",
         [r for r in named if r == RESERVED_INDEX],
@@ -37,7 +32,7 @@ def check_reserved_row(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
     # A held row never maps a token to the reserved page (slots [0, page_size)).
     first_real_slot = ctx.page_size if ctx.page_size is not None else RESERVED_INDEX + 1
     for row, slots in snap.rows:
-        _fail(
+        fail(
             "INV-RESERVED-ZERO",
             f"row {row} maps columns to slots of the reserved page",
             [col for col, slot in enumerate(slots) if 0 <= slot < first_real_slot],
@@ -51,7 +46,7 @@ def check_reserved_row(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
 )
 def check_row_range(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
     named = list(snap.free_slots) + list(ctx.held_rows or ()) + [r for r, _ in snap.rows]
-    _fail(
+    fail(
         "INV-ROW-RANGE",
         f"rows outside 1..{snap.size}",
         [r for r in named if not RESERVED_INDEX < r <= snap.size],
@@ -71,13 +66,13 @@ def check_row_range(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
 )
 def check_row_accounting(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
     counts = Counter(snap.free_slots)
-    _fail("INV-ROW-ACCOUNTING", "rows free twice", [r for r, n in counts.items() if n > 1])
+    fail("INV-ROW-ACCOUNTING", "rows free twice", [r for r, n in counts.items() if n > 1])
     if ctx.held_rows is None:
         return
     free = set(counts)
-    _fail("INV-ROW-ACCOUNTING", "rows both free and held", free & ctx.held_rows)
+    fail("INV-ROW-ACCOUNTING", "rows both free and held", free & ctx.held_rows)
     every = set(range(RESERVED_INDEX + 1, snap.size + 1))
-    _fail("INV-ROW-ACCOUNTING", "rows leaked (neither free nor held)", every - free - ctx.held_rows)
+    fail("INV-ROW-ACCOUNTING", "rows leaked (neither free nor held)", every - free - ctx.held_rows)
 
 
 @invariant(
@@ -88,7 +83,7 @@ def check_row_accounting(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
 def check_generation(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
     gens = snap.req_generation
     if ctx.held_rows is not None:
-        _fail(
+        fail(
             "INV-GENERATION-MONOTONIC",
             "held rows never handed out (generation 0)",
             [r for r in ctx.held_rows if 0 <= r < len(gens) and gens[r] < 1],
@@ -96,7 +91,7 @@ def check_generation(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
     prev = ctx.previous
     if prev is None or len(prev.req_generation) != len(gens):
         return
-    _fail(
+    fail(
         "INV-GENERATION-MONOTONIC",
         "rows whose generation went backwards",
         [
@@ -134,7 +129,7 @@ def check_page_contiguity(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
     if ctx.page_size is None or ctx.page_size == 1:
         return  # unknown page size, or every slot is its own page
     for row, slots in snap.rows:
-        _fail(
+        fail(
             "INV-PAGE-CONTIGUITY",
             f"row {row} breaks the paged layout (page_size={ctx.page_size}) at columns",
             contiguity_violations(slots, ctx.page_size),

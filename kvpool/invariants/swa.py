@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, ceil_align
 from kvpool.errors import InvariantViolation
+from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant, run_scope
 from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, SWAAllocatorSnapshot, TreeSnapshot
 
@@ -30,12 +31,6 @@ class SWAContext:
 
     swa_held_tokens: int | None = None
     tree: TreeSnapshot | None = None
-
-
-def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
-    bad = sorted(set(indices))
-    if bad:
-        raise InvariantViolation(invariant_id, message, bad)
 
 
 def _released_pages(snap: AllocatorSnapshot) -> set[int]:
@@ -66,12 +61,12 @@ def check_mapping_shape(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
             f"{snap.full_to_swa[-1] if snap.full_to_swa else None} (want -1)",
         )
     limit = (swa.num_pages + 1) * swa.page_size
-    _fail(
+    fail(
         "INV-SWA-MAPPING-SHAPE",
         f"entries outside {{0}} and [{swa.page_size}, {limit})",
         [f for f, s in _live_entries(snap) if not swa.page_size <= s < limit],
     )
-    _fail("INV-SWA-MAPPING-SHAPE", "full slot 0 is mapped", [0] if snap.full_to_swa[0] else [])
+    fail("INV-SWA-MAPPING-SHAPE", "full slot 0 is mapped", [0] if snap.full_to_swa[0] else [])
 
 
 @invariant(
@@ -85,7 +80,7 @@ def check_free_unmapped(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
         return
     ps = snap.full.page_size
     released = _released_pages(snap.full)
-    _fail(
+    fail(
         "INV-SWA-FREE-UNMAPPED",
         "released full slots still mapped",
         [f for f, _ in _live_entries(snap) if f // ps in released],
@@ -104,16 +99,16 @@ def check_one_mapping(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     swa = snap.swa
     entries = _live_entries(snap)
     counts = Counter(s for _, s in entries)
-    _fail("INV-SWA-ONE-MAPPING", "SWA slots named twice", [s for s, n in counts.items() if n > 1])
+    fail("INV-SWA-ONE-MAPPING", "SWA slots named twice", [s for s, n in counts.items() if n > 1])
     released = _released_pages(swa)
-    _fail(
+    fail(
         "INV-SWA-ONE-MAPPING",
         "entries naming released SWA pages (use after free)",
         [s for _, s in entries if s // swa.page_size in released],
     )
     mapped = {s // swa.page_size for s in counts}
     every = set(range(RESERVED_INDEX + 1, swa.num_pages + 1))
-    _fail("INV-SWA-ONE-MAPPING", "held SWA pages nobody maps (leaked)", every - released - mapped)
+    fail("INV-SWA-ONE-MAPPING", "held SWA pages nobody maps (leaked)", every - released - mapped)
 
 
 @invariant(
@@ -125,13 +120,13 @@ def check_one_mapping(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
 def check_no_double_free(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     swa = snap.swa
     listed = Counter(list(swa.free_pages) + list(swa.release_pages))
-    _fail("INV-SWA-NO-DOUBLE-FREE", "SWA pages free twice", [p for p, n in listed.items() if n > 1])
+    fail("INV-SWA-NO-DOUBLE-FREE", "SWA pages free twice", [p for p, n in listed.items() if n > 1])
     pending = [s // swa.page_size for s in swa.pending_free]
-    _fail("INV-SWA-NO-DOUBLE-FREE", "pending SWA pages already free", set(pending) & set(listed))
+    fail("INV-SWA-NO-DOUBLE-FREE", "pending SWA pages already free", set(pending) & set(listed))
     if swa.page_size == 1:
         twice = Counter(swa.pending_free)
-        _fail("INV-SWA-NO-DOUBLE-FREE", "SWA slots pending twice", [s for s, n in twice.items()
-                                                                      if n > 1])  # fmt: skip
+        fail("INV-SWA-NO-DOUBLE-FREE", "SWA slots pending twice", [s for s, n in twice.items()
+                                                                     if n > 1])  # fmt: skip
 
 
 @invariant(
@@ -143,7 +138,7 @@ def check_sentinel(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     swa = snap.swa
     named = list(swa.free_pages) + list(swa.release_pages)
     named += [s // swa.page_size for s in swa.pending_free]
-    _fail("INV-SWA-SENTINEL", "SWA page 0 freed", [p for p in named if p == RESERVED_INDEX])
+    fail("INV-SWA-SENTINEL", "SWA page 0 freed", [p for p in named if p == RESERVED_INDEX])
 
 
 @invariant(
@@ -177,7 +172,7 @@ def check_tombstone(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     if ctx.tree is None or snap.pure:
         return
     mapping = snap.full_to_swa
-    _fail(
+    fail(
         "INV-SWA-TOMBSTONE",
         "tombstoned nodes whose slots still map to SWA slots",
         [
@@ -199,12 +194,12 @@ def check_tree_locks(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     if tree is None:
         return
     nodes = [n for n in tree.nodes if n.parent_id is not None]
-    _fail("INV-SWA-TREE-LOCKS", "lock counts out of order (full >= swa >= 0)",
-          [n.node_id for n in nodes if not n.lock_ref >= n.swa_lock_ref >= 0])  # fmt: skip
+    fail("INV-SWA-TREE-LOCKS", "lock counts out of order (full >= swa >= 0)",
+         [n.node_id for n in nodes if not n.lock_ref >= n.swa_lock_ref >= 0])  # fmt: skip
     # (a tombstone leaf may be unlocked: its request released its window, then its full lock;
     # full eviction deletes it)
-    _fail("INV-SWA-TREE-LOCKS", "tombstones with an SWA lock",
-          [n.node_id for n in nodes if n.swa_tombstone and n.swa_lock_ref])  # fmt: skip
+    fail("INV-SWA-TREE-LOCKS", "tombstones with an SWA lock",
+         [n.node_id for n in nodes if n.swa_tombstone and n.swa_lock_ref])  # fmt: skip
     sums = (
         sum(len(n.value) for n in nodes if not n.lock_ref),
         sum(len(n.value) for n in nodes if n.lock_ref),
@@ -243,7 +238,7 @@ def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
             bad.append(r.req_pool_idx)
         held += ceil_align(r.kv_allocated_len, swa.swa.page_size) - cut
     held += sum(ceil_align(s.kv_allocated_len, swa.swa.page_size) for s in snap.sessions)
-    _fail("INV-SWA-WINDOW", "rows whose SWA mapping disagrees with their window", bad)
+    fail("INV-SWA-WINDOW", "rows whose SWA mapping disagrees with their window", bad)
     run_scope("swa", swa, SWAContext(held, None))
 
 

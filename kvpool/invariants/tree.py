@@ -12,18 +12,12 @@ lock walked from the wrong node, lost on a split, or never released).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import InvariantViolation
+from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant
 from kvpool.snapshot import NodeSnapshot, PoolSnapshot, TreeSnapshot
-
-
-def _fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
-    bad = sorted(set(indices))
-    if bad:
-        raise InvariantViolation(invariant_id, message, bad)
 
 
 def nodes_by_id(tree: TreeSnapshot) -> dict[int, NodeSnapshot]:
@@ -72,7 +66,7 @@ def lock_holders(snap: PoolSnapshot) -> list[int]:
 def check_tree_shape(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     tree, ps = snap.tree, snap.tree.page_size
     if tree.disabled or not tree.nodes:
-        _fail("INV-TREE-SHAPE", "a disabled tree lists nodes", [n.node_id for n in tree.nodes])
+        fail("INV-TREE-SHAPE", "a disabled tree lists nodes", [n.node_id for n in tree.nodes])
         if tree.evictable_size or tree.protected_size:
             raise InvariantViolation("INV-TREE-SHAPE", "a disabled tree has non-zero sizes")
         return
@@ -106,15 +100,15 @@ def check_tree_shape(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
             first = node.value[k]
             if first % ps or list(node.value[k : k + ps]) != list(range(first, first + ps)):
                 bad.append(node.node_id)
-    _fail("INV-TREE-SHAPE", "malformed nodes", bad)
+    fail("INV-TREE-SHAPE", "malformed nodes", bad)
     if len(by_id) != len(tree.nodes):
         raise InvariantViolation("INV-TREE-SHAPE", "node ids repeat")
     slots = Counter(s for n in tree.nodes for s in n.value)
-    _fail("INV-TREE-SHAPE", "slots in two nodes", [s for s, c in slots.items() if c > 1])
+    fail("INV-TREE-SHAPE", "slots in two nodes", [s for s, c in slots.items() if c > 1])
     alloc = snap.allocator
     free = set(alloc.free_pages) | set(alloc.release_pages)
     free |= {s // alloc.page_size for s in alloc.pending_free}
-    _fail(
+    fail(
         "INV-TREE-SHAPE",
         "tree slots not allocated (free, pending or out of range)",
         [s for s in slots if s // ps in free or not RESERVED_INDEX < s // ps <= alloc.num_pages],
@@ -131,14 +125,14 @@ def check_tree_shape(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
 def check_locks(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     tree = snap.tree
     if tree.disabled:
-        _fail("INV-LOCKS", "holders name nodes of a disabled tree", lock_holders(snap))
+        fail("INV-LOCKS", "holders name nodes of a disabled tree", lock_holders(snap))
         return
     by_id = nodes_by_id(tree)
     root = tree.nodes[0]
     if root.lock_ref != 1:
         raise InvariantViolation("INV-LOCKS", f"root lock_ref {root.lock_ref} != 1", [0])
-    _fail("INV-LOCKS", "negative lock_ref", [n.node_id for n in tree.nodes if n.lock_ref < 0])
-    _fail(
+    fail("INV-LOCKS", "negative lock_ref", [n.node_id for n in tree.nodes if n.lock_ref < 0])
+    fail(
         "INV-LOCKS",
         "child locked more than its parent",
         [
@@ -151,14 +145,14 @@ def check_locks(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         ],
     )
     holders = lock_holders(snap)
-    _fail("INV-LOCKS", "holders name nodes not in the tree", [h for h in holders if h not in by_id])
+    fail("INV-LOCKS", "holders name nodes not in the tree", [h for h in holders if h not in by_id])
     expected: Counter[int] = Counter()
     for h in holders:
         cur = by_id.get(h)
         while cur is not None and cur.parent_id is not None:
             expected[cur.node_id] += 1
             cur = by_id.get(cur.parent_id)
-    _fail(
+    fail(
         "INV-LOCKS",
         "lock_ref differs from the number of holders below (leaked or lost lock)",
         [n.node_id for n in tree.nodes[1:] if n.lock_ref != expected[n.node_id]],
@@ -172,7 +166,7 @@ def check_locks(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
             f"over the tree ({evictable}, {protected})",
         )
     if previous is not None and not previous.tree.disabled:
-        _fail(
+        fail(
             "INV-LOCKS",
             "nodes locked in the previous snapshot were evicted",
             [n.node_id for n in previous.tree.nodes if n.lock_ref > 0 and n.node_id not in by_id],

@@ -7,13 +7,13 @@ only ``req.prefix_indices`` is refreshed (an int64 tensor here). Locks are no-op
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from kvpool.constants import EVICTION_POLICIES
 from kvpool.errors import ConfigError, InvalidArgumentError
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
+from kvpool.optimized.req import Req
+from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
@@ -24,8 +24,8 @@ class ChunkCache:
 
     def __init__(
         self,
-        req_to_token_pool: Any,
-        token_to_kv_pool_allocator: Any,
+        req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+        token_to_kv_pool_allocator: SegmentAllocatorProtocol[torch.Tensor],
         page_size: int,
         eviction_policy: str = "lru",
         *,
@@ -85,7 +85,7 @@ class ChunkCache:
     def total_size(self) -> int:
         return 0
 
-    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
+    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
         """Free ``row[cache_protected_len:kv_committed_len]`` (``is_insert`` is ignored): one
         ``free``, or under ``rules.release_path == "checkpoint"`` one ``free_segment`` (SGLang
         0.5.23's ``free_kv_row``)."""
@@ -98,7 +98,7 @@ class ChunkCache:
         else:
             self.token_to_kv_pool_allocator.free(own)
 
-    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
+    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
         """``req.prefix_indices = row[:len(fill_ids)]``; nothing else changes."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")

@@ -39,6 +39,7 @@ from kvpool.optimized.radix_key import (
 )
 from kvpool.optimized.radix_release import RadixRelease
 from kvpool.optimized.tree_view import pretty_print_tree, snapshot_tree
+from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 from kvpool.reference.radix_cache import hit_floor, logical_clock  # pure helpers, shared
 from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
@@ -54,8 +55,8 @@ class RadixCache(RadixRelease):
 
     def __init__(
         self,
-        req_to_token_pool: Any,
-        token_to_kv_pool_allocator: Any,
+        req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+        token_to_kv_pool_allocator: SegmentAllocatorProtocol[torch.Tensor],
         page_size: int,
         disable: bool = False,
         eviction_policy: str = "lru",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -227,7 +227,17 @@ def join_slots(values: list[Any], device: torch.device) -> torch.Tensor:
     return torch.cat(values)
 
 
-def req_key(req: Any, stop: int) -> RadixKey:
+class KeySource(Protocol):
+    """What :func:`req_key` reads of a request (the twin's ``Req`` also offers ``token_array``,
+    its cached token array, which is used when present)."""
+
+    @property
+    def extra_key(self) -> str | None: ...
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+
+
+def req_key(req: KeySource, stop: int) -> RadixKey:
     """Key of the request's first ``stop`` tokens (``fill_ids`` is always a prefix of the full
     token list); uses the twin Req's cached token array when there is one."""
     token_array = getattr(req, "token_array", None)

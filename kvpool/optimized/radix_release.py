@@ -10,16 +10,20 @@ tree owned go back through ``Rules.tree_free``. A mixin of
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.radix_key import (
+    MatchResult,
     RadixKey,
+    TreeNode,
     req_key,
 )
+from kvpool.optimized.req import Req
+from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.rules import Rules
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -29,16 +33,16 @@ class RadixRelease:
 
     page_size: int
     disable: bool
-    rules: Any
-    req_to_token_pool: Any
-    token_to_kv_pool_allocator: Any
+    rules: Rules
+    req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor]
+    token_to_kv_pool_allocator: SegmentAllocatorProtocol[torch.Tensor]
     insert: Callable[..., int]
-    match_prefix: Callable[..., Any]
-    inc_lock_ref: Any
-    dec_lock_ref: Any
-    _read_row: Callable[..., Any]
+    match_prefix: Callable[[RadixKey], MatchResult]
+    inc_lock_ref: Callable[[TreeNode | None], int]
+    dec_lock_ref: Callable[[TreeNode | None], int]
+    _read_row: Callable[[int, int], torch.Tensor]
 
-    def _free_tree_slots(self, slots: Any, start_pos: int) -> None:
+    def _free_tree_slots(self, slots: torch.Tensor, start_pos: int) -> None:
         """Return slots the tree owned (an evicted node's, a finished request's duplicates
         starting at column ``start_pos``) as ``rules.tree_free`` says: ``free`` or SGLang
         0.5.23's ``free_segment``."""
@@ -47,7 +51,7 @@ class RadixRelease:
         else:
             self.token_to_kv_pool_allocator.free(slots)
 
-    def _insert_req(self, req: Any, key: RadixKey, value: torch.Tensor, chunked: bool) -> int:
+    def _insert_req(self, req: Req, key: RadixKey, value: torch.Tensor, chunked: bool) -> int:
         """Insert ``key`` for ``req``, counting hits as ``rules.hit_count`` says (``chunked``, or
         past ``req.cache_inserted_len``, which then rises to the key's length)."""
         if self.rules.hit_count == "chunked":
@@ -56,7 +60,7 @@ class RadixRelease:
         req.cache_inserted_len = max(req.cache_inserted_len, len(key))
         return done
 
-    def checkpoint(self, req: Any, up_to: int, chunked: bool = False) -> torch.Tensor:
+    def checkpoint(self, req: Req, up_to: int, chunked: bool = False) -> torch.Tensor:
         """SGLang 0.5.23's ``checkpoint`` (see the reference): insert, re-insert a shorter
         page-aligned prompt with ``priority + 1`` and no hit, free the duplicates, match again,
         rewrite the row, move ``cache_protected_len`` and the lock. Returns ``row[:up_to]``
@@ -84,7 +88,7 @@ class RadixRelease:
         req.last_node = match.last_device_node
         return torch.cat((new_indices, kv[num_new:]))
 
-    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
+    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
         """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
 
         ``kv = row[:committed]``. ``rules.release_path == "finished_req"``: with insert, insert
@@ -122,7 +126,7 @@ class RadixRelease:
         free(kv[aligned:committed])
         self.dec_lock_ref(req.last_node)
 
-    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
+    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
         """Between prefill chunks: insert ``fill_ids`` (page-aligned; hits by
         ``rules.hit_count``), free the duplicates, re-match, rewrite
         ``row[cache_protected_len:len(new_indices)]`` with the tree's slots, move the lock to

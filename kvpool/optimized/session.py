@@ -11,13 +11,12 @@ Units: lengths are tokens, ``req_pool_idx`` a row, the rest slots (int64 tensors
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from kvpool.constants import ceil_align
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.optimized.req import Req
+from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 
 
 class SessionSlot:
@@ -69,8 +68,8 @@ class SessionSlot:
     def restore_into(
         self,
         req: Req,
-        req_to_token_pool: Any,
-        allocator: Any,
+        req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+        allocator: SegmentAllocatorProtocol[torch.Tensor],
         page_size: int,
         segments: bool = False,
     ) -> None:
@@ -94,7 +93,12 @@ class SessionSlot:
         req.prefix_indices = req_to_token_pool.read(row, 0, self.kv_committed_len).to(torch.int64)
         self.forget()
 
-    def close(self, req_to_token_pool: Any, allocator: Any, segments: bool = False) -> None:
+    def close(
+        self,
+        req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+        allocator: SegmentAllocatorProtocol[torch.Tensor],
+        segments: bool = False,
+    ) -> None:
         """Free ``[cache_protected_len, kv_allocated_len)`` (``free``, or with ``segments``
         ``free_segment``) and the row (the caller drops the lock, see
         :meth:`MemoryManager.close_session`)."""

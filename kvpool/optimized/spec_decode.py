@@ -7,20 +7,51 @@ slot tensors. Units: tokens for lengths, slots for results.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.errors import ContextOverflowError, InvalidArgumentError
+from kvpool.optimized.req import Req
+from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.tags import kv_tags
 
-if TYPE_CHECKING:
-    from kvpool.optimized.memory_manager import MemoryManager
+
+class TagWriter(Protocol):
+    """The KV cache as the draft step uses it: write the tags of draft tokens into slots."""
+
+    def write_tags(self, loc: torch.Tensor, tags: Sequence[int]) -> None: ...
+
+
+class SpecDecodeHost(Protocol):
+    """What the speculative steps use of the memory manager that runs them (its pools and
+    lifecycle helpers; see :class:`kvpool.optimized.lifecycle_primitives.LifecyclePrimitives`)."""
+
+    @property
+    def config(self) -> PoolConfig: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def req_to_token_pool(self) -> ReqToTokenPoolProtocol[torch.Tensor]: ...
+    @property
+    def token_to_kv_pool_allocator(self) -> TokenAllocatorProtocol[torch.Tensor]: ...
+    @property
+    def kv_cache(self) -> TagWriter: ...
+    @property
+    def _empty(self) -> torch.Tensor: ...
+    def _running_full(self, rids: Sequence[str]) -> list[Req]: ...
+    def _last_loc(self, req: Req, col: int) -> int: ...
+    def _evict_for_alloc(self, prefix_lens: list[int], seq_lens: list[int]) -> None: ...
+    def _alloc_slots(
+        self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int], evict: bool = True
+    ) -> torch.Tensor: ...
+    def write_kv(self, req: Req, start: int, stop: int) -> None: ...
 
 
 def spec_step(
-    mm: MemoryManager, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
+    mm: SpecDecodeHost, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
 ) -> torch.Tensor:
     """Grow each allocation to ``ceil_align(committed + 2 * reserve)``, then commit
     ``accepted[i]``. Returns the newly allocated slots (batch order). OutOfMemoryError /
@@ -63,7 +94,7 @@ def spec_step(
     return out
 
 
-def spec_draft_v1(mm: MemoryManager, rids: Sequence[str], num_draft: int) -> torch.Tensor:
+def spec_draft_v1(mm: SpecDecodeHost, rids: Sequence[str], num_draft: int) -> torch.Tensor:
     """Borrow ``num_draft`` slots per request (see the reference); returns them in batch order.
     Only the eviction of the shortfall (if any) changes the pools."""
     reqs = mm._running_full(rids)
@@ -91,4 +122,4 @@ def spec_draft_v1(mm: MemoryManager, rids: Sequence[str], num_draft: int) -> tor
     return out
 
 
-__all__ = ["spec_draft_v1", "spec_step"]
+__all__ = ["SpecDecodeHost", "TagWriter", "spec_draft_v1", "spec_step"]

@@ -30,7 +30,7 @@ class SWAChunkCache(ChunkCache):
     ) -> None:
         if sliding_window_size < 1:
             raise InvalidArgumentError(f"sliding_window_size must be >= 1: {sliding_window_size}")
-        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size)
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size)  # type: ignore[arg-type]
         self.sliding_window_size = sliding_window_size
 
 

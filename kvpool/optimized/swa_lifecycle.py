@@ -10,12 +10,34 @@ grows.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import torch
 
 from kvpool.constants import ceil_align, floor_align
 from kvpool.errors import InvalidArgumentError
+
+
+class WindowAllocator(Protocol):
+    """What the window release uses of an SWA allocator: free the SWA slots mapped from these
+    full slots."""
+
+    def free_swa(self, free_index: torch.Tensor) -> None: ...
+
+
+class DeficitAllocator(Protocol):
+    """What the eviction before an allocation reads of an SWA allocator (tokens)."""
+
+    def full_available_size(self) -> int: ...
+
+    def swa_available_size(self) -> int: ...
+
+
+class SWAEvictor(Protocol):
+    """What the eviction before an allocation uses of an SWA tree cache: evict full and SWA
+    tokens, returning (full, SWA) tokens freed."""
+
+    def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]: ...
 
 
 def free_swa_out_of_window_slots(
@@ -25,7 +47,7 @@ def free_swa_out_of_window_slots(
     cache_protected_len: int,
     sliding_window_size: int,
     page_size: int,
-    allocator: Any,
+    allocator: WindowAllocator,
     is_chunk_cache: bool = False,
     swa_evict_floor: int = 0,
 ) -> int:
@@ -55,7 +77,9 @@ def free_swa_out_of_window_slots(
     return frontier
 
 
-def evict_for_swa_alloc(tree_cache: Any, allocator: Any, num_tokens: int) -> tuple[int, int]:
+def evict_for_swa_alloc(
+    tree_cache: SWAEvictor, allocator: DeficitAllocator, num_tokens: int
+) -> tuple[int, int]:
     """Before allocating ``num_tokens`` tokens in both pools: evict the full and SWA deficits
     (``num_tokens`` minus each pool's free tokens, at least 0) from ``tree_cache`` when either is
     positive; returns (full, SWA) tokens freed. A chunk cache (``disable``) evicts nothing."""
@@ -71,4 +95,10 @@ def evict_for_swa_alloc(tree_cache: Any, allocator: Any, num_tokens: int) -> tup
     return freed
 
 
-__all__ = ["evict_for_swa_alloc", "free_swa_out_of_window_slots"]
+__all__ = [
+    "DeficitAllocator",
+    "SWAEvictor",
+    "WindowAllocator",
+    "evict_for_swa_alloc",
+    "free_swa_out_of_window_slots",
+]

@@ -8,16 +8,51 @@ must be (``expected_tags``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
-from kvpool.snapshot import PoolSnapshot, ReqSnapshot, SessionSnapshot
+from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
+from kvpool.reference.mamba_hooks import MambaHooks
+from kvpool.reference.req import Req
+from kvpool.reference.session import SessionSlot
+from kvpool.snapshot import PoolSnapshot, ReqSnapshot, SessionSnapshot, TreeSnapshot
 from kvpool.tags import kv_tags
 
-if TYPE_CHECKING:
-    from kvpool.reference.memory_manager import MemoryManager
+
+class _Snapshots(Protocol):
+    """A component that snapshots itself (the tree cache, radix or chunk)."""
+
+    def snapshot(self) -> TreeSnapshot: ...
 
 
-def build_pool_snapshot(mm: MemoryManager) -> PoolSnapshot:
+class _TagReader(Protocol):
+    """The KV cache as the snapshot reads it: the tag stored at each slot."""
+
+    def read_tags(self, loc: Sequence[int]) -> list[int]: ...
+
+
+class SnapshotHost(Protocol):
+    """What :func:`build_pool_snapshot` reads of a memory manager (nothing is written)."""
+
+    @property
+    def req_to_token_pool(self) -> ReqToTokenPoolProtocol[list[int]]: ...
+    @property
+    def token_to_kv_pool_allocator(self) -> TokenAllocatorProtocol[list[int]]: ...
+    @property
+    def tree_cache(self) -> _Snapshots: ...
+    @property
+    def kv_cache(self) -> _TagReader: ...
+    @property
+    def mamba_hooks(self) -> MambaHooks | None: ...
+    @property
+    def reqs(self) -> Mapping[str, Req]: ...
+    @property
+    def sessions(self) -> Mapping[str, SessionSlot]: ...
+    @property
+    def capacity_refusals(self) -> int: ...
+
+
+def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
     """Snapshot every pool, request and session of ``mm``."""
     pool = mm.req_to_token_pool
     held_rows: list[tuple[int, int]] = []
@@ -82,4 +117,4 @@ def build_pool_snapshot(mm: MemoryManager) -> PoolSnapshot:
     )
 
 
-__all__ = ["build_pool_snapshot"]
+__all__ = ["SnapshotHost", "build_pool_snapshot"]

@@ -10,12 +10,14 @@ tree owned go back through ``Rules.tree_free``. A mixin of
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
-from kvpool.reference.radix_key import RadixKey
+from kvpool.reference.allocator import BaseTokenToKVPoolAllocator
+from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.reference.req import Req
+from kvpool.reference.req_to_token_pool import ReqToTokenPool
+from kvpool.rules import Rules
 
 
 class RadixRelease:
@@ -23,15 +25,15 @@ class RadixRelease:
 
     page_size: int
     disable: bool
-    rules: Any
-    req_to_token_pool: Any
-    token_to_kv_pool_allocator: Any
+    rules: Rules
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator
     insert: Callable[..., int]
-    match_prefix: Callable[..., Any]
-    inc_lock_ref: Any
-    dec_lock_ref: Any
+    match_prefix: Callable[[RadixKey], MatchResult]
+    inc_lock_ref: Callable[[TreeNode | None], int]
+    dec_lock_ref: Callable[[TreeNode | None], int]
 
-    def _free_tree_slots(self, slots: Any, start_pos: int) -> None:
+    def _free_tree_slots(self, slots: list[int], start_pos: int) -> None:
         """Return slots the tree owned (an evicted node's, a finished request's duplicates
         starting at column ``start_pos``) as ``rules.tree_free`` says: ``free`` or SGLang
         0.5.23's ``free_segment``."""

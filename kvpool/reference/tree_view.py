@@ -7,13 +7,29 @@ twins (and two runs of one twin) list nodes identically.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvpool.reference.radix_key import TreeNode
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
-if TYPE_CHECKING:
-    from kvpool.reference.radix_cache import RadixCache
+
+class TreeViewHost(Protocol):
+    """What the views read of a radix cache (sizes in tokens); nothing is written."""
+
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def disable(self) -> bool: ...
+    @property
+    def eviction_policy(self) -> str: ...
+    @property
+    def root_node(self) -> TreeNode: ...
+    @property
+    def evictable_size_(self) -> int: ...
+    @property
+    def protected_size_(self) -> int: ...
+    def total_size(self) -> int: ...
+
 
 _PREVIEW = 8
 """Tokens/slots shown per node by :func:`pretty_print_tree` before eliding."""
@@ -35,7 +51,7 @@ def _plain_key(node: TreeNode, page_size: int) -> tuple[int, ...]:
     return tuple(node.key.token_ids[:page_size])
 
 
-def snapshot_tree(cache: RadixCache) -> TreeSnapshot:
+def snapshot_tree(cache: TreeViewHost) -> TreeSnapshot:
     """:class:`~kvpool.snapshot.TreeSnapshot` of ``cache``; a disabled cache lists no nodes."""
     nodes: list[NodeSnapshot] = []
     if not cache.disable:
@@ -71,7 +87,7 @@ def _preview(items: list[int]) -> str:
     return f"[{shown}{',...' if len(items) > _PREVIEW else ''}]({len(items)})"
 
 
-def pretty_print_tree(cache: RadixCache) -> str:
+def pretty_print_tree(cache: TreeViewHost) -> str:
     """One line per node, indented by depth: id, extra_key, key and value previews, lock_ref,
     last access time, hits; then a line with the sizes."""
     lines: list[str] = []
@@ -97,4 +113,4 @@ def pretty_print_tree(cache: RadixCache) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["bfs_nodes", "pretty_print_tree", "snapshot_tree"]
+__all__ = ["TreeViewHost", "bfs_nodes", "pretty_print_tree", "snapshot_tree"]

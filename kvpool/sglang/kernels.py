@@ -3,11 +3,11 @@
 SGLang's ``paged.py`` launches ``alloc_extend_kernel[(bs,)](...)`` and
 ``alloc_decode_kernel[(bs,)](...)``, module globals of the loaded (private) module. The loader
 replaces each with a :class:`KernelSwitch`: launched the same way, it runs the kernel through
-Triton's interpreter (:func:`kvpool.testing.interpreter.interpreted`: independent of
-``TRITON_INTERPRET`` and of whether triton was imported first), or, inside :func:`naive_extend`,
-SGLang's own ``alloc_extend_naive`` with the same arguments (the path SGLang's NPU allocator and,
-from 0.5.23, ``use_triton_kernels=False`` take). Everything around the launch (the need_sort
-merge, the page count, the refusal) stays SGLang's code.
+Triton's interpreter (:func:`kvpool.testing.kernel_harness.interpreter.interpreted`:
+independent of ``TRITON_INTERPRET`` and of whether triton was imported first), or, inside
+:func:`naive_extend`, SGLang's own ``alloc_extend_naive`` with the same arguments (the path
+SGLang's NPU allocator and, from 0.5.23, ``use_triton_kernels=False`` take). Everything around
+the launch (the need_sort merge, the page count, the refusal) stays SGLang's code.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class KernelSwitch:
 
 def install_kernel_switches(paged: Any) -> None:
     """Replace the kernels of SGLang's loaded ``paged`` module by switches (idempotent)."""
-    from kvpool.testing.interpreter import interpreted
+    from kvpool.testing.kernel_harness.interpreter import interpreted
 
     naive = paged.__dict__.get("alloc_extend_naive")
     for name, free_arg, fallback in (

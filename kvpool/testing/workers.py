@@ -52,7 +52,7 @@ def _worker_main(conn: Connection, spec: CampaignSpec) -> None:
     for key, value in spec.env:
         os.environ[key] = value
     if os.environ.get("KVPOOL_CHECKED_INTERPRETER") == "1":
-        from kvpool.testing.interpreter import checked_interpreter
+        from kvpool.testing.kernel_harness.interpreter import checked_interpreter
 
         with checked_interpreter():
             _serve(conn, spec)

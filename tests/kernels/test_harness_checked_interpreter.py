@@ -14,7 +14,9 @@ import triton.runtime.interpreter as interp
 
 from kvpool import kernels
 from kvpool.errors import KernelError
-from kvpool.testing.interpreter import (
+from kvpool.testing.kernel_harness.differential import check_kernel
+from kvpool.testing.kernel_harness.inputs import OPS
+from kvpool.testing.kernel_harness.interpreter import (
     DeviceAssertFailure,
     OrderDependence,
     OutOfBoundsAccess,
@@ -23,8 +25,6 @@ from kvpool.testing.interpreter import (
     interpreted,
     run_checked,
 )
-from kvpool.testing.kernel_inputs import OPS
-from kvpool.testing.kernels import check_kernel
 from tests.kernels import candidates as C
 
 

@@ -11,8 +11,12 @@ import pytest
 
 from kvpool import kernels
 from kvpool.errors import InvalidArgumentError
-from kvpool.testing.kernel_inputs import OPS
-from kvpool.testing.kernels import KernelReport, assert_kernel_matches, check_kernel
+from kvpool.testing.kernel_harness.differential import (
+    KernelReport,
+    assert_kernel_matches,
+    check_kernel,
+)
+from kvpool.testing.kernel_harness.inputs import OPS
 from tests.kernels import candidates as C
 
 FAST: dict[str, Any] = {"max_examples": 40, "max_tokens": 256, "max_batch": 8}

@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from kvpool.sglang.source import download_wheel
-from kvpool.testing.interpreter import allow_access, interpreted
-from kvpool.testing.kernels import KernelReport, check_kernel
+from kvpool.testing.kernel_harness.differential import KernelReport, check_kernel
+from kvpool.testing.kernel_harness.interpreter import allow_access, interpreted
 
 pytestmark = pytest.mark.sglang_wheel
 Tensor = torch.Tensor

@@ -48,7 +48,7 @@ class Pair:
         self.ref_alloc = RecordingAllocator(page_size)
         self.opt_alloc = RecordingAllocator(page_size)
         self.ref = RefRadixCache(None, self.ref_alloc, page_size, eviction_policy=policy)  # type: ignore[arg-type]
-        self.opt = OptRadixCache(None, self.opt_alloc, page_size, eviction_policy=policy)
+        self.opt = OptRadixCache(None, self.opt_alloc, page_size, eviction_policy=policy)  # type: ignore[arg-type]
         self.ref_nodes: list[Any] = []
         self.opt_nodes: list[Any] = []
         self.next_slot = 1
@@ -163,8 +163,8 @@ def test_misuse_raises_same_errors() -> None:
 
 
 def test_array_and_list_keys_agree() -> None:
-    a = OptRadixCache(None, RecordingAllocator(4), 4)
-    b = OptRadixCache(None, RecordingAllocator(4), 4)
+    a = OptRadixCache(None, RecordingAllocator(4), 4)  # type: ignore[arg-type]
+    b = OptRadixCache(None, RecordingAllocator(4), 4)  # type: ignore[arg-type]
     toks = [7, 7, 7, 7, 1, 2, 3, 4, 9]
     assert a.insert(OptKey(toks), torch.arange(1, 10)) == 0
     import numpy as np
@@ -181,8 +181,8 @@ def test_twins_satisfy_the_protocols() -> None:
     from kvpool.optimized.memory_manager import MemoryManager
     from kvpool.protocols import MemoryManagerProtocol, RadixCacheProtocol
 
-    tree: RadixCacheProtocol[torch.Tensor] = OptRadixCache(None, RecordingAllocator(2), 2)
-    chunk: RadixCacheProtocol[torch.Tensor] = ChunkCache(None, RecordingAllocator(2), 2)
+    tree: RadixCacheProtocol[torch.Tensor] = OptRadixCache(None, RecordingAllocator(2), 2)  # type: ignore[arg-type]
+    chunk: RadixCacheProtocol[torch.Tensor] = ChunkCache(None, RecordingAllocator(2), 2)  # type: ignore[arg-type]
     mm: MemoryManagerProtocol[torch.Tensor] = MemoryManager(PoolConfig(size=16, page_size=2))
     assert tree.page_size == chunk.page_size == 2
     assert not tree.disable and chunk.disable
@@ -195,7 +195,7 @@ def test_wide_token_ids_and_mixed_widths() -> None:
 
     big = [2**40, 2**40 + 1, 5, 6]
     ref = RefRadixCache(None, RecordingAllocator(2), 2)  # type: ignore[arg-type]
-    opt = OptRadixCache(None, RecordingAllocator(2), 2)
+    opt = OptRadixCache(None, RecordingAllocator(2), 2)  # type: ignore[arg-type]
     assert OptKey(big).array.dtype == np.int64
     assert OptKey([1, 2]).array.dtype == np.int32
     ref.insert(RefKey(big), [1, 2, 3, 4])

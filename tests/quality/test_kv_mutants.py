@@ -1,5 +1,5 @@
 """The KV storage and layer-loading part of the quality suite: each seeded bug of
-:mod:`kvpool.testing.mutants_kv` is caught by a detector it names, within the ``mutants``
+:mod:`tests.quality.mutants_kv` is caught by a detector it names, within the ``mutants``
 budget (storage bugs: the lifecycle machine) or eight seeds (layer loading); the unmutated twin
 passes the same budgets."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 
-from kvpool.testing.mutant_base import Mutant
-from kvpool.testing.mutant_hunt import format_table, hunt
-from kvpool.testing.mutants_kv import (
+from kvpool.testing.profiles import register_profiles
+from kvpool.testing.quality import Mutant, format_table, hunt
+from tests.quality.mutants_kv import (
     FP4_MHA,
     KV_STORAGE_MUTANTS,
     LAYER_LOADING_MUTANTS,
@@ -18,7 +18,6 @@ from kvpool.testing.mutants_kv import (
     LayerLoadingMutant,
     hunt_layer_loading,
 )
-from kvpool.testing.profiles import register_profiles
 
 
 def _budget() -> settings:

@@ -1,4 +1,4 @@
-"""The Mamba seeded bugs (:data:`kvpool.testing.mutants_mamba.MAMBA_MUTANTS`: the four field bugs
+"""The Mamba seeded bugs (:data:`tests.quality.mutants_mamba.MAMBA_MUTANTS`: the four field bugs
 and two of the Mamba radix cache) are each caught by a detector they name, within a fixed,
 seeded budget of component-machine runs; the unmutated unchecked twin passes the same budget on
 both machines."""
@@ -8,16 +8,15 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 
-from kvpool.testing.mutant_base import Mutant
-from kvpool.testing.mutant_hunt import format_table, hunt
-from kvpool.testing.mutants_mamba import (
-    HYBRID_LIFECYCLE,
-    MAMBA_LIFECYCLE_MUTANTS,
-    MAMBA_MUTANTS,
-    ComponentMutant,
-    hunt_component,
-)
 from kvpool.testing.profiles import register_profiles
+from kvpool.testing.quality import (
+    ImplementationMutant,
+    Mutant,
+    format_table,
+    hunt,
+    hunt_implementation,
+)
+from tests.quality.mutants_mamba import HYBRID_LIFECYCLE, MAMBA_LIFECYCLE_MUTANTS, MAMBA_MUTANTS
 
 FIELD_BUGS = {
     "mamba-waiting-abort-leaks",
@@ -35,14 +34,14 @@ def test_every_field_bug_is_seeded() -> None:
 
 @pytest.mark.parametrize("component", ["hybrid_req_to_token_pool", "mamba_radix_cache"])
 def test_unmutated_twin_passes_the_same_budget(component: str) -> None:
-    clean = ComponentMutant("no-bug", "control", ("none",), lambda impl: impl, component)
-    result = hunt_component(clean)
+    clean = ImplementationMutant("no-bug", "control", ("none",), lambda impl: impl, component)
+    result = hunt_implementation(clean)
     assert not result.caught, result.report
 
 
 @pytest.mark.parametrize("mutant", MAMBA_MUTANTS, ids=lambda m: m.name)
-def test_field_bug_is_caught_by_its_detector(mutant: ComponentMutant) -> None:
-    result = hunt_component(mutant)
+def test_field_bug_is_caught_by_its_detector(mutant: ImplementationMutant) -> None:
+    result = hunt_implementation(mutant)
     table = format_table([result])
     assert result.caught, f"not caught\n{table}"
     assert result.as_expected, f"caught by {result.detector}, expected {mutant.expected}\n{table}"

@@ -1,4 +1,4 @@
-"""The quality suite: every seeded bug of :data:`kvpool.testing.mutants.MUTANTS` must be caught,
+"""The quality suite: every seeded bug of :data:`tests.quality.mutants.MUTANTS` must be caught,
 by one of the detectors it names, within the ``ci`` budget (the ``mutants`` profile: the same
 examples and steps, deterministic, no hypothesis shrinking; the trace is shrunk by the harness).
 
@@ -16,8 +16,9 @@ from pathlib import Path
 
 from hypothesis import settings
 
-from kvpool.testing.mutants import MUTANTS, Mutant, format_table, hunt
 from kvpool.testing.profiles import register_profiles
+from kvpool.testing.quality import Mutant, format_table, hunt
+from tests.quality.mutants import MUTANTS
 
 SECTION_10_KINDS = 15
 """specs/sglang_behaviour.md, section 10, lists these bug kinds; the suite must seed at least

@@ -1,5 +1,5 @@
 """The SWA part of the quality suite: every seeded SWA bug of
-:data:`kvpool.testing.mutants_swa.SWA_MUTANTS` is caught by its component machine
+:data:`tests.quality.mutants_swa.SWA_MUTANTS` is caught by its component machine
 (``swa_allocator``, ``swa_radix_cache`` or ``swa_manager``), by one of the detectors it names,
 within a fixed budget (40 seeded runs of 40 steps), with a shrunk trace of at most 20 steps; the
 unmutated twin passes the same budget on each machine."""
@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpool.testing.mutant_component import ComponentMutant, hunt_component
-from kvpool.testing.mutant_hunt import format_table
-from kvpool.testing.mutants_swa import SWA_MUTANTS
+from kvpool.testing.quality import ComponentMutant, format_table, hunt_component
+from tests.quality.mutants_swa import SWA_MUTANTS
 
 FIELD_BUGS = 6
 """The issue's SWA field bugs (stale mapping, freed sentinel, lazy group resolution, window

@@ -30,7 +30,7 @@ from kvpool.optimized.kv_quant import fp4_dequantize, fp4_quantize, mxfp8_quanti
 from kvpool.reference.kv_quant import f32, fp4_quantize_row
 from kvpool.reference.kv_tag_codec import fp4_tag_row, mxfp8_tag_head
 from kvpool.sglang.source import resolve_source
-from kvpool.testing.interpreter import interpreted
+from kvpool.testing.kernel_harness.interpreter import interpreted
 
 pytestmark = pytest.mark.sglang_wheel
 VERSION = "0.5.16"

@@ -25,8 +25,8 @@ from kvpool.kernels.flashmla_indices import flashmla_kv_indices_ref
 from kvpool.kernels.last_loc import get_last_loc_ref
 from kvpool.kernels.write_req_to_token import write_req_to_token_ref
 from kvpool.reference.paged_ops import alloc_decode_slots, alloc_extend_slots
-from kvpool.testing.interpreter import allow_access
-from kvpool.testing.kernel_inputs import KernelCase
+from kvpool.testing.kernel_harness.inputs import KernelCase
+from kvpool.testing.kernel_harness.interpreter import allow_access
 
 POISON = -7
 """Fill value of output buffers and unheld table cells: never a valid slot, page or -1."""

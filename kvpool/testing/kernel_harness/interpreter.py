@@ -10,7 +10,8 @@ triton's own grid loop:
   through must lie inside the element span of a tensor argument (or of a tensor passed to
   :func:`allow_access`); otherwise :class:`OutOfBoundsAccess` is raised naming the kernel, the
   program, the tensor the address is closest to and the element offset. The access never
-  happens, so the process does not crash on a wild pointer. (:mod:`kvpool.testing.guarded_memory`)
+  happens, so the process does not crash on a wild pointer.
+  (:mod:`kvpool.testing.kernel_harness.guarded_memory`)
 - **Device asserts.** ``tl.device_assert`` is live (as with ``TRITON_DEBUG=1``) and a failure
   raises :class:`DeviceAssertFailure` with the program id.
 - **Program order.** With ``shuffle_seeds``, a launch first runs its programs in grid order, then
@@ -19,7 +20,7 @@ triton's own grid loop:
   which program stored or loaded it without atomics: two programs storing different values to one
   element, or one program reading what another stored, is a GPU race even when every sequential
   order happens to agree (a read-modify-write of a counter, say), and raises
-  :class:`OrderDependence` too. (:mod:`kvpool.testing.program_order`)
+  :class:`OrderDependence` too. (:mod:`kvpool.testing.kernel_harness.program_order`)
 
 This replaces private parts of ``triton.runtime.interpreter`` (``GridExecutor.__call__`` and the
 builder's load/store/assert hooks); it is written against triton 3.9.x and raises
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 
 from kvpool.errors import KernelError
-from kvpool.testing.guarded_memory import (
+from kvpool.testing.kernel_harness.guarded_memory import (
     GUARD_BYTES,
     GuardedArgs,
     Region,
@@ -49,7 +50,7 @@ from kvpool.testing.guarded_memory import (
     out_of_bounds,
     region_of,
 )
-from kvpool.testing.program_order import (
+from kvpool.testing.kernel_harness.program_order import (
     Program,
     RaceDetector,
     first_order_dependence,
@@ -135,10 +136,13 @@ def interpreted(kernel: Any) -> Any:
     """An interpreter-launchable version of ``kernel`` (a ``triton.jit`` object, an
     ``InterpretedFunction`` or the plain function), independent of ``TRITON_INTERPRET``; it may
     call ``triton.jit`` library functions."""
-    interp = _triton_interpreter()
-    if isinstance(kernel, interp.InterpretedFunction):
+    cls = _interpreted_class()
+    if isinstance(kernel, cls):
         return kernel
-    return _interpreted_class()(getattr(kernel, "fn", kernel))
+    # A plain InterpretedFunction (its module was decorated under TRITON_INTERPRET=1) is
+    # unwrapped too: triton's library functions may still be compiled-mode objects that only
+    # our launch lets it call.
+    return cls(getattr(kernel, "fn", kernel))
 
 
 @functools.lru_cache(maxsize=1)

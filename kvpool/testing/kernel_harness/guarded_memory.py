@@ -1,11 +1,12 @@
 """Guard-byte copies of a kernel launch's tensor arguments, and the bounds check on addresses.
 
-The checked interpreter (:mod:`kvpool.testing.interpreter`) runs a launch on host copies of its
-tensor arguments, each storage placed between :data:`GUARD_BYTES` of poison so that no two
-arguments are adjacent and a stray address lands in a guard zone rather than in a neighbour.
+The checked interpreter (:mod:`kvpool.testing.kernel_harness.interpreter`) runs a launch on host
+copies of its tensor arguments, each storage placed between :data:`GUARD_BYTES` of poison so
+that no two arguments are adjacent and a stray address lands in a guard zone rather than in a
+neighbour.
 Addresses are byte addresses; a :class:`Region` is the byte span of one tensor's elements.
 Nothing here raises: :func:`out_of_bounds` reports the first bad lane and the interpreter turns it
-into :class:`kvpool.testing.interpreter.OutOfBoundsAccess`.
+into :class:`kvpool.testing.kernel_harness.interpreter.OutOfBoundsAccess`.
 """
 
 from __future__ import annotations

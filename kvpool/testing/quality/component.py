@@ -1,7 +1,7 @@
 """Seeded bugs in one component, hunted by that component's machine.
 
 A :class:`ComponentMutant` patches one freshly built component of the optimized twin (instance
-attributes only, as :class:`~kvpool.testing.mutant_base.Mutant` does for a whole manager) and
+attributes only, as :class:`~kvpool.testing.quality.Mutant` does for a whole manager) and
 names the detectors expected to catch it. :func:`hunt_component` runs the component machine
 (reference against the mutated twin, checked mode OFF and misuse rules off, as in production, so
 that the invariants and the lockstep comparison, not the twin's own checks, find the damage)
@@ -23,7 +23,7 @@ from kvpool.testing.bundle import Implementation
 from kvpool.testing.campaign import shrink_run
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines import TARGETS
-from kvpool.testing.mutant_hunt import SHRINK_REPLAYS, HuntResult
+from kvpool.testing.quality.hunt import SHRINK_REPLAYS, HuntResult
 from kvpool.testing.runs import execute
 from kvpool.testing.swarm import RandomChooser
 
@@ -47,11 +47,12 @@ class ComponentMutant:
     component: str = "swa_allocator"
     page_sizes: tuple[int, ...] = (1, 2, 4)
 
-    def implementation(self) -> Implementation:
-        """The unchecked torch twin with this bug in every ``component`` it builds."""
-        base = optimized_implementation("torch", checked=False)
+    def implementation(self, base: Implementation | None = None) -> Implementation:
+        """``base`` (default: the unchecked torch twin) with this bug in every ``component`` it
+        builds, misuse rules off."""
+        base = base or optimized_implementation("torch", checked=False)
         build = getattr(base, self.component)
-        assert build is not None, f"the twin provides no {self.component}"
+        assert build is not None, f"{base.label} provides no {self.component}"
 
         def mutated(*args: Any) -> Any:
             obj = build(*args)
@@ -68,10 +69,12 @@ def hunt_component(
     runs: int = HUNT_RUNS,
     steps: int = HUNT_STEPS,
     seed: int = 0,
+    base: Implementation | None = None,
 ) -> HuntResult:
-    """Run reference vs ``mutant`` for ``runs`` seeded runs of ``steps`` steps (page sizes
-    from ``mutant.page_sizes``); stop at the first failure and shrink it."""
-    impl_a, impl_b = reference_implementation(), mutant.implementation()
+    """Run reference vs ``mutant`` (built on ``base``, default the unchecked torch twin) for
+    ``runs`` seeded runs of ``steps`` steps (page sizes from ``mutant.page_sizes``); stop at the
+    first failure and shrink it."""
+    impl_a, impl_b = reference_implementation(), mutant.implementation(base)
     target = TARGETS[mutant.component]
     labels = ("reference", mutant.name)
     start = time.monotonic()

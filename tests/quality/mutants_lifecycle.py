@@ -1,7 +1,7 @@
 """Seeded lifecycle bugs: finish and release paths, request rows, sessions.
 
-Each function patches one optimized twin in place (see :mod:`kvpool.testing.mutant_base`);
-:mod:`kvpool.testing.mutants` registers them with the detectors that must catch them.
+Each function patches one optimized twin in place (see :mod:`kvpool.testing.quality.mutant`);
+:mod:`tests.quality.mutants` registers them with the detectors that must catch them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from kvpool.constants import ceil_align, floor_align
-from kvpool.testing.mutant_base import during, wrap
+from kvpool.testing.quality import during, wrap
 
 
 def finish_frees_twice(mm: Any) -> None:

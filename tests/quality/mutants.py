@@ -1,20 +1,18 @@
 """The seeded bugs of the quality suite (specs/sglang_behaviour.md, section 10): :data:`MUTANTS`.
 
-Each entry is a :class:`~kvpool.testing.mutant_base.Mutant`: a name, the bug kind, the detectors
-expected to catch it, its patch (from :mod:`kvpool.testing.mutants_allocator`,
-:mod:`kvpool.testing.mutants_lifecycle` or :mod:`kvpool.testing.mutants_tree`) and the focus of
-its runs. :func:`hunt` and :func:`format_table` (:mod:`kvpool.testing.mutant_hunt`) run them.
+Each entry is a :class:`~kvpool.testing.quality.Mutant`: a name, the bug kind, the detectors
+expected to catch it, its patch (from :mod:`tests.quality.mutants_allocator`,
+:mod:`tests.quality.mutants_lifecycle` or :mod:`tests.quality.mutants_tree`) and the focus of
+its runs. :func:`kvpool.testing.quality.hunt` and :func:`kvpool.testing.quality.format_table`
+run them.
 """
 
 from __future__ import annotations
 
-from kvpool.testing import mutants_allocator as alloc
-from kvpool.testing import mutants_lifecycle as life
-from kvpool.testing import mutants_tree as tree
-from kvpool.testing.mutant_base import Mutant as Mutant
-from kvpool.testing.mutant_hunt import HuntResult as HuntResult
-from kvpool.testing.mutant_hunt import format_table as format_table
-from kvpool.testing.mutant_hunt import hunt as hunt
+from kvpool.testing.quality import Mutant
+from tests.quality import mutants_allocator as alloc
+from tests.quality import mutants_lifecycle as life
+from tests.quality import mutants_tree as tree
 
 _RADIX = {"disable_radix_cache": False}
 _ROOMY = {"disable_radix_cache": False, "size": 48, "req_pool_size": 6}

@@ -15,8 +15,8 @@ from kvpool.testing.campaign import shrink
 from kvpool.testing.factories import reference_factory
 from kvpool.testing.lockstep_driver import Factory, LockstepFailure
 from kvpool.testing.lockstep_machine import make_lockstep_machine
-from kvpool.testing.mutant_base import Mutant
 from kvpool.testing.profiles import CI_STEPS
+from kvpool.testing.quality.mutant import Mutant
 
 
 @dataclass

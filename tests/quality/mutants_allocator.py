@@ -1,7 +1,7 @@
 """Seeded allocator bugs: page free lists, free groups, reserved slot 0, allocation kernels.
 
-Each function patches one optimized twin in place (see :mod:`kvpool.testing.mutant_base`);
-:mod:`kvpool.testing.mutants` registers them with the detectors that must catch them.
+Each function patches one optimized twin in place (see :mod:`kvpool.testing.quality.mutant`);
+:mod:`tests.quality.mutants` registers them with the detectors that must catch them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from kvpool.constants import RESERVED_INDEX
-from kvpool.testing.mutant_base import need, wrap
+from kvpool.testing.quality import need, wrap
 
 
 def paged_free_no_dedup(mm: Any) -> None:

@@ -1,13 +1,13 @@
 """The kernel differential harness: check any candidate kernel against kvpool's reference.
 
 ``check_kernel(candidate, "alloc_extend")`` draws valid inputs with hypothesis
-(:mod:`kvpool.testing.kernel_inputs`), runs the candidate on tensors
-(:mod:`kvpool.testing.kernel_ops`), compares every output with the pure-Python reference, and
-returns a :class:`KernelReport`. On a difference hypothesis shrinks the input, so the report shows
-the SMALLEST failing input it found, printed per request (row, P, S, last_loc, the free pages),
-with the first differing position, expected against got, and for the allocation ops the free-list
-effect (which free-list positions the candidate's pages came from, and pages that are not the
-request's own). ``assert_kernel_matches`` is the pytest form.
+(:mod:`~kvpool.testing.kernel_harness.inputs`), runs the candidate on tensors
+(:mod:`~kvpool.testing.kernel_harness.ops`), compares every output with the pure-Python
+reference, and returns a :class:`KernelReport`. On a difference hypothesis shrinks the input,
+so the report shows the SMALLEST failing input it found, printed per request (row, P, S,
+last_loc, the free pages), with the first differing position, expected against got, and for the
+allocation ops the free-list effect (which free-list positions the candidate's pages came from,
+and pages that are not the request's own). ``assert_kernel_matches`` is the pytest form.
 
 Contract checked per input:
 
@@ -20,8 +20,9 @@ Contract checked per input:
   poison padding, so reading past its end is tolerated; ``"strict"`` passes the exact tensor
   (an empty one has a null pointer) so that, with ``checked=True``, such a read is an
   out-of-bounds access, as it would be on a GPU;
-- ``checked=True``: every call runs inside :func:`kvpool.testing.interpreter.checked_interpreter`
-  (with ``shuffle_seeds`` to test program order), so out-of-bounds accesses, failed device asserts
+- ``checked=True``: every call runs inside
+  :func:`~kvpool.testing.kernel_harness.interpreter.checked_interpreter` (with
+  ``shuffle_seeds`` to test program order), so out-of-bounds accesses, failed device asserts
   and order dependence are failures too. The candidate must launch its Triton kernels through
   the interpreter (``backend="interpret"`` for kvpool's own kernels).
 """
@@ -45,9 +46,15 @@ from kvpool.constants import (
 )
 from kvpool.errors import InvalidArgumentError
 from kvpool.reference.paged_ops import extend_new_pages
-from kvpool.testing.interpreter import KernelCheckFailure, checked_interpreter
-from kvpool.testing.kernel_inputs import ALLOC_OPS, INDEX_OPS, OPS, KernelCase, kernel_cases
-from kvpool.testing.kernel_ops import Candidate, Run, expected_outputs, run_candidate
+from kvpool.testing.kernel_harness.inputs import (
+    ALLOC_OPS,
+    INDEX_OPS,
+    OPS,
+    KernelCase,
+    kernel_cases,
+)
+from kvpool.testing.kernel_harness.interpreter import KernelCheckFailure, checked_interpreter
+from kvpool.testing.kernel_harness.ops import Candidate, Run, expected_outputs, run_candidate
 
 SHORT_MODES: tuple[str, ...] = SHORT_FREE_LIST_MODES
 """Values of ``short_free_lists`` (see the module docstring)."""

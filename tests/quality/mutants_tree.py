@@ -1,7 +1,7 @@
 """Seeded radix-tree bugs: lock counts, node splits, size bookkeeping, eviction.
 
-Each function patches one optimized twin in place (see :mod:`kvpool.testing.mutant_base`);
-:mod:`kvpool.testing.mutants` registers them with the detectors that must catch them.
+Each function patches one optimized twin in place (see :mod:`kvpool.testing.quality.mutant`);
+:mod:`tests.quality.mutants` registers them with the detectors that must catch them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvpool.testing.mutant_base import need, wrap
+from kvpool.testing.quality import need, wrap
 
 
 def lock_wrong_node(mm: Any) -> None:

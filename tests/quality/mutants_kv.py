@@ -19,7 +19,7 @@ import torch
 from kvpool.optimized.kv_cache import MHATokenToKVPool
 from kvpool.optimized.layer_transfer import LayerDoneCounter
 from kvpool.testing.layer_loading import run_twin
-from kvpool.testing.mutant_base import Mutant, need, wrap
+from kvpool.testing.quality import Mutant, need, wrap
 
 FP4_MHA = {"kv_storage": "fp4", "kv_layout": "mha", "head_num": 2, "head_dim": 16}
 """FP4 with two scale blocks per token row (so a shifted scale lands on a different block)."""
@@ -89,7 +89,7 @@ KV_STORAGE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("kv-page-major-stride", "page-major page stride of one layer's block",
            ("INV-KV-INTEGRITY", "lockstep-diff"), page_major_page_stride, (1, 2, 4), PAGE_MAJOR),
 )  # fmt: skip
-"""Storage-variant bugs hunted by the lifecycle machine (:func:`kvpool.testing.mutants.hunt`)."""
+"""Storage-variant bugs hunted by the lifecycle machine (:func:`kvpool.testing.quality.hunt`)."""
 
 
 @dataclass(frozen=True)

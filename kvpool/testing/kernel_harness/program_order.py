@@ -4,8 +4,8 @@ A GPU runs a launch's programs in no fixed order and concurrently, so a correct 
 may not depend on their order. :func:`first_order_dependence` replays a launch in permuted
 orders and compares the memory; :class:`RaceDetector` watches one grid-order run for
 non-atomic cross-program conflicts that every sequential order would happen to hide. Both return
-descriptions instead of raising; :mod:`kvpool.testing.interpreter` raises
-:class:`kvpool.testing.interpreter.OrderDependence` with them.
+descriptions instead of raising; :mod:`kvpool.testing.kernel_harness.interpreter` raises
+:class:`kvpool.testing.kernel_harness.interpreter.OrderDependence` with them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpool.testing.guarded_memory import GuardedArgs, Region, describe
+from kvpool.testing.kernel_harness.guarded_memory import GuardedArgs, Region, describe
 
 Program = tuple[int, int, int]
 """A program id ``(pid0, pid1, pid2)``."""

@@ -1,52 +1,25 @@
-"""Seeded Mamba bugs (the field bugs of hybrid models) and the hunt of a component machine.
+"""Seeded Mamba bugs (the field bugs of hybrid models): :data:`MAMBA_MUTANTS` and
+:data:`MAMBA_LIFECYCLE_MUTANTS`.
 
-Each :class:`ComponentMutant` turns the unchecked torch twin's
+Each :class:`~kvpool.testing.quality.ImplementationMutant` turns the unchecked torch twin's
 :class:`~kvpool.testing.bundle.Implementation` into a buggy one (a patched step of
 :mod:`kvpool.optimized.mamba_lifecycle`, or a patched pool method on each pool built) and names
-the detectors that must catch it. :func:`hunt_component` runs the component machine, reference
-against the mutant, for a fixed number of seeded runs (deterministic), and reports as
-:func:`kvpool.testing.mutant_hunt.hunt` does. The mutant follows ``rejects_misuse=False``: with
-checked mode off the twin does not police misuse, so only the invariants and the lockstep
-comparison can find the damage.
+the detectors that must catch it; :func:`kvpool.testing.quality.hunt_implementation` hunts it
+with the component machine. The lifecycle form is a manager patch
+(:class:`~kvpool.testing.quality.Mutant`) hunted by :func:`kvpool.testing.quality.hunt`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kvpool.rules import Rules
 from kvpool.testing.bundle import Implementation
-from kvpool.testing.campaign import run_machine
-from kvpool.testing.implementations import optimized_implementation, reference_implementation
-from kvpool.testing.mutant_base import Mutant, need
-from kvpool.testing.mutant_hunt import HuntResult
-
-ImplPatch = Callable[[Implementation], Implementation]
-
-
-@dataclass(frozen=True)
-class ComponentMutant:
-    """A seeded bug of one component machine: ``patch(impl)`` returns the buggy implementation;
-    one of ``expected`` (invariant ids, ``lockstep-diff``, ``crash``...) must catch it."""
-
-    name: str
-    kind: str
-    expected: tuple[str, ...]
-    patch: ImplPatch
-    component: str = "hybrid_req_to_token_pool"
-
-    def implementation(self) -> Implementation:
-        base = optimized_implementation("torch", checked=False)
-        return self.patch(
-            dataclasses.replace(base, label=self.name, rules=Rules(rejects_misuse=False))
-        )
+from kvpool.testing.quality import ImplementationMutant, Mutant, need
 
 
 def _with_step(
@@ -200,29 +173,35 @@ def tombstone_leaf_kept(impl: Implementation) -> Implementation:
     return _with_tree(impl, patch)
 
 
-MAMBA_MUTANTS: tuple[ComponentMutant, ...] = (
-    ComponentMutant("mamba-waiting-abort-leaks", "Mamba slot of an aborted waiting request leaked",
-                    ("INV-MAMBA-ACCOUNTING",), waiting_abort_leaks),
-    ComponentMutant("mamba-prefill-finish-keeps", "request finishing inside prefill keeps its slot",
-                    ("INV-MAMBA-ACCOUNTING",), prefill_finish_keeps_slot),
-    ComponentMutant("mamba-admit-asserts", "admission with too few Mamba slots, then an assert",
-                    ("crash", "unchanged-on-error"), admit_asserts),
-    ComponentMutant("mamba-cow-shares-checkpoint", "cached state shared and overwritten in place",
-                    ("INV-MAMBA-ONE-OWNER", "INV-MAMBA-CHECKPOINT", "lockstep-diff"),
-                    cow_shares_checkpoint),
-    ComponentMutant("mamba-evict-locked-state", "eviction of a state a request still copies",
-                    ("INV-MAMBA-ONE-OWNER", "INV-MAMBA-ACCOUNTING", "lockstep-diff"),
-                    evict_ignores_state_lock, "mamba_radix_cache"),
-    ComponentMutant("mamba-tombstone-leaf-kept", "tombstone parents left behind as leaves",
-                    ("INV-MAMBA-TREE-SHAPE",), tombstone_leaf_kept, "mamba_radix_cache"),
+MAMBA_MUTANTS: tuple[ImplementationMutant, ...] = (
+    ImplementationMutant("mamba-waiting-abort-leaks",
+                         "Mamba slot of an aborted waiting request leaked",
+                         ("INV-MAMBA-ACCOUNTING",), waiting_abort_leaks),
+    ImplementationMutant("mamba-prefill-finish-keeps",
+                         "request finishing inside prefill keeps its slot",
+                         ("INV-MAMBA-ACCOUNTING",), prefill_finish_keeps_slot),
+    ImplementationMutant("mamba-admit-asserts",
+                         "admission with too few Mamba slots, then an assert",
+                         ("crash", "unchanged-on-error"), admit_asserts),
+    ImplementationMutant("mamba-cow-shares-checkpoint",
+                         "cached state shared and overwritten in place",
+                         ("INV-MAMBA-ONE-OWNER", "INV-MAMBA-CHECKPOINT", "lockstep-diff"),
+                         cow_shares_checkpoint),
+    ImplementationMutant("mamba-evict-locked-state",
+                         "eviction of a state a request still copies",
+                         ("INV-MAMBA-ONE-OWNER", "INV-MAMBA-ACCOUNTING", "lockstep-diff"),
+                         evict_ignores_state_lock, "mamba_radix_cache"),
+    ImplementationMutant("mamba-tombstone-leaf-kept",
+                         "tombstone parents left behind as leaves",
+                         ("INV-MAMBA-TREE-SHAPE",), tombstone_leaf_kept, "mamba_radix_cache"),
 )  # fmt: skip
 """The Mamba field bugs of the quality suite."""
 
 
 def lifecycle_prefill_release_keeps_slot(mm: Any) -> None:
     """Lifecycle form of the prefill field bug (a manager patch, see
-    :mod:`kvpool.testing.mutant_base`): a request released between prefill chunks (aborted or
-    retracted) keeps its Mamba slot."""
+    :class:`~kvpool.testing.quality.Mutant`): a request released between prefill chunks (aborted
+    or retracted) keeps its Mamba slot."""
     hooks = mm.mamba_hooks
     need(hooks, "before_release")
     original = hooks.before_release
@@ -242,33 +221,12 @@ MAMBA_LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
            ("INV-MAMBA-ACCOUNTING",), lifecycle_prefill_release_keeps_slot, (1, 2),
            HYBRID_LIFECYCLE, ("new_req", "extend", "extend", "abort", "retract")),
 )  # fmt: skip
-"""Mamba bugs hunted by the lifecycle machine (:func:`kvpool.testing.mutant_hunt.hunt`)."""
-
-
-def hunt_component(
-    mutant: ComponentMutant, runs: int = 40, steps: int = 40, seed: int = 0
-) -> HuntResult:
-    """Run ``runs`` seeded runs of ``steps`` steps of the mutant's machine, reference against
-    the mutant; the first failure is shrunk (by the campaign) and reported."""
-    start = time.monotonic()
-    ref = dataclasses.replace(reference_implementation(), rules=Rules(rejects_misuse=False))
-    labels = ("reference", mutant.name)
-    result = run_machine(mutant.component, ref, mutant.implementation(), seconds=600.0,
-                         seed=seed, steps_per_run=steps, labels=labels, max_runs=runs)  # fmt: skip
-    failure = result.failure
-    return HuntResult(
-        mutant.name, mutant.kind, mutant.expected, failure is not None,
-        failure.detector if failure else None, result.configurations, result.steps,
-        len(failure.ops) if failure else None, time.monotonic() - start,
-        failure.report if failure else "",
-    )  # fmt: skip
+"""Mamba bugs hunted by the lifecycle machine (:func:`kvpool.testing.quality.hunt`)."""
 
 
 __all__ = [
     "HYBRID_LIFECYCLE",
     "MAMBA_LIFECYCLE_MUTANTS",
     "MAMBA_MUTANTS",
-    "ComponentMutant",
-    "hunt_component",
     "lifecycle_prefill_release_keeps_slot",
 ]

@@ -58,7 +58,7 @@ def need(obj: Any, *names: str) -> None:
     missing = [n for n in names if not hasattr(obj, n)]
     if missing:
         raise AttributeError(
-            f"{type(obj).__name__} has no {missing}: update the kvpool.testing.mutants_* patch"
+            f"{type(obj).__name__} has no {missing}: update the seeded bug's patch"
         )
 
 

@@ -4,7 +4,7 @@ Each patch takes one built :class:`kvpool.optimized.swa_allocator.SWATokenToKVPo
 (or :class:`kvpool.optimized.swa_radix_cache.SWARadixCache`, or
 :class:`kvpool.optimized.swa_memory_manager.SWAMemoryManager`) and re-creates, on that instance
 only, a bug seen in the field; the component's machine hunts it
-(:func:`kvpool.testing.mutant_component.hunt_component`).
+(:func:`kvpool.testing.quality.hunt_component`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from kvpool.constants import RESERVED_INDEX
-from kvpool.testing.mutant_base import need, wrap
-from kvpool.testing.mutant_component import ComponentMutant
+from kvpool.testing.quality import ComponentMutant, need, wrap
 
 
 def stale_mapping_on_free(alloc: Any) -> None:

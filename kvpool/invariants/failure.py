@@ -1,0 +1,24 @@
+"""The one failure helper of the invariant modules.
+
+A check collects the offending indices (slots, pages, rows, node ids or Mamba slots, as its
+message says) and calls :func:`fail` with them: no offender, no failure; otherwise one
+:class:`~kvpool.errors.InvariantViolation` naming the invariant and each offender once, in
+ascending order, so that two runs that break an invariant the same way report it the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvpool.errors import InvariantViolation
+
+
+def fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
+    """Raise :class:`InvariantViolation` (``invariant_id``, ``message``, the distinct
+    ``indices`` sorted) when ``indices`` names anything; return None otherwise."""
+    bad = sorted(set(indices))
+    if bad:
+        raise InvariantViolation(invariant_id, message, bad)
+
+
+__all__ = ["fail"]
