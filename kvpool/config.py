@@ -8,6 +8,9 @@ from kvpool.constants import EVICTION_POLICIES, is_power_of_two
 from kvpool.errors import ConfigError, PageSizeError
 from kvpool.rules import Rules
 
+KV_STORAGES: tuple[str, ...] = ("plain", "fp4", "mxfp8", "page_major", "noop")
+"""Values of :attr:`PoolConfig.kv_storage`."""
+
 
 @dataclass(frozen=True)
 class PoolConfig:
@@ -55,8 +58,15 @@ class PoolConfig:
     """Host tier: storage prefetches shorter than this (tokens) are not started (SGLang's 256)."""
     hicache_storage: bool = False
     """Host tier: a storage backend is attached (prefetches can run)."""
+    kv_storage: str = "plain"
+    """How the lifecycle's KV buffers store values (specs/kv_variants.md): ``"plain"`` (float32
+    MHA / MLA pools), ``"fp4"`` (MHA or MLA FP4), ``"mxfp8"``, ``"page_major"`` or ``"noop"``
+    (MHA only). The quantised formats need a geometry they can block: FP4 an even ``head_dim``
+    and ``head_num * head_dim`` (MLA: ``kv_lora_rank + qk_rope_head_dim``) a multiple of 16,
+    MXFP8 ``head_dim`` and ``v_head_dim`` multiples of 32."""
 
     def __post_init__(self) -> None:
+        self._check_kv_storage()
         if not is_power_of_two(self.page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {self.page_size}")
         if self.size <= 0 or self.size % self.page_size:
@@ -101,6 +111,23 @@ class PoolConfig:
             raise ConfigError(f"unknown hicache_write_policy {self.hicache_write_policy!r}")
         if self.hicache_load_back_threshold < 0 or self.hicache_prefetch_threshold < 0:
             raise ConfigError("hicache thresholds must be >= 0 tokens")
+
+    def _check_kv_storage(self) -> None:
+        storage, mla = self.kv_storage, self.kv_layout == "mla"
+        if storage not in KV_STORAGES:
+            raise ConfigError(f"unknown kv_storage {storage!r}; known: {KV_STORAGES}")
+        if mla and storage not in ("plain", "fp4"):
+            raise ConfigError(f"kv_storage {storage!r} has no MLA pool (plain or fp4 only)")
+        width = self.kv_lora_rank + self.qk_rope_head_dim if mla else self.head_num * self.head_dim
+        v_dim = self.head_dim if self.v_head_dim is None else self.v_head_dim
+        if storage == "fp4" and (
+            width % 16 or (not mla and (self.head_dim % 2 or v_dim != self.head_dim))
+        ):
+            raise ConfigError(
+                "kv_storage 'fp4' needs rows of a multiple of 16 values, even head_dim"
+            )
+        if storage == "mxfp8" and (self.head_dim % 32 or v_dim % 32):
+            raise ConfigError("kv_storage 'mxfp8' needs head_dim and v_head_dim multiples of 32")
 
     @property
     def swa_size(self) -> int:

@@ -32,6 +32,7 @@ KERNEL_OPS: Final[tuple[str, ...]] = (
     "get_last_loc",
     "create_flashinfer_kv_indices",
     "create_flashmla_kv_indices",
+    "create_flashmla_kv_indices_v2p",
 )
 """The kernel ops the differential harness knows, by their :mod:`kvpool.kernels` names."""
 

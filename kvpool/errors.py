@@ -98,3 +98,13 @@ class SGLangLoadError(KVPoolError, RuntimeError):
     """SGLang's source could not be found or loaded: a path without an ``sglang`` package, a
     version ``pip download`` cannot fetch, no installed ``sglang``, or a module the loader needs
     missing from the source."""
+
+
+class KVStorageError(KVPoolError, RuntimeError):
+    """A KV buffer operation the pool's storage cannot do: a write to a pool that stores no KV
+    (the no-op pool), as SGLang raises there."""
+
+
+class LayerNotLoadedError(KVPoolError, RuntimeError):
+    """A KV layer was read before its layer-wise load completed (the layer-transfer counter's
+    event for that layer has not fired)."""

@@ -5,9 +5,10 @@ Phase 2 (``--seconds``): a lockstep campaign of one machine (``--component``: th
 ``manager``, ``swa_manager`` (the lifecycle of a hybrid sliding-window model) or one component
 alone: ``allocator`` / ``req_to_token_pool`` / ``radix_cache``, ``swa_allocator`` /
 ``swa_radix_cache``, a hybrid Mamba model's ``hybrid_req_to_token_pool`` /
-``mamba_radix_cache``, or the host tier's ``hiradix_cache``), the reference against a
-candidate (``--impl``: the optimized twin by default, ``sglang[:SOURCE]`` for SGLang's own
-classes, or ``MODULE:NAME`` / ``path.py:NAME``), every invariant checked after every step, in
+``mamba_radix_cache``, the host tier's ``hiradix_cache``, or ``kv_pool``: a KV storage
+variant and layer-wise loading), the reference against a candidate (``--impl``: the
+optimized twin by default, ``sglang[:SOURCE]`` for SGLang's own classes, or
+``MODULE:NAME`` / ``path.py:NAME``), every invariant checked after every step, in
 ``--workers`` processes so that a candidate that crashes or hangs is a reported failure, or
 fanned out over a Ray cluster with ``--ray [ADDRESS]`` (blocks of runs, one task per CPU).
 Prints a summary with the coverage reached, and writes it as JSON with ``--report`` (always,
@@ -42,6 +43,7 @@ COMPONENTS = (
     "swa_radix_cache",
     "swa_manager",
     "hiradix_cache",
+    "kv_pool",
 )
 BUILTIN_IMPLS = ("reference", "optimized", "sglang")
 

@@ -34,7 +34,11 @@ from kvpool.kernels.flashinfer_indices import (
     _flashinfer_kv_indices_kernel,
     create_flashinfer_kv_indices,
 )
-from kvpool.kernels.flashmla_indices import _flashmla_kv_indices_kernel, create_flashmla_kv_indices
+from kvpool.kernels.flashmla_indices import (
+    _flashmla_kv_indices_kernel,
+    create_flashmla_kv_indices,
+    create_flashmla_kv_indices_v2p,
+)
 from kvpool.kernels.last_loc import _get_last_loc_kernel, get_last_loc
 from kvpool.kernels.write_req_to_token import _write_req_to_token_kernel, write_req_to_token
 
@@ -45,6 +49,7 @@ KERNEL_FUNCTIONS: dict[str, Callable[..., None]] = {
     "get_last_loc": _get_last_loc_kernel,
     "create_flashinfer_kv_indices": _flashinfer_kv_indices_kernel,
     "create_flashmla_kv_indices": _flashmla_kv_indices_kernel,
+    "create_flashmla_kv_indices_v2p": _flashmla_kv_indices_kernel,
 }
 """Public kernel name -> its plain (undecorated) Triton kernel function."""
 
@@ -56,6 +61,7 @@ __all__ = [
     "available_backends",
     "create_flashinfer_kv_indices",
     "create_flashmla_kv_indices",
+    "create_flashmla_kv_indices_v2p",
     "get_last_loc",
     "register_kernel_backend",
     "resolve_backend",

@@ -12,6 +12,16 @@ and start ``s_b = kv_start_idx[b]`` (0 when None), for each page ``j < ceil(len_
 Only the first slot of each page is read: the pages of a request are contiguous and aligned.
 ``kv_indices`` is int32 ``(bs, max_pages)``; entries past a request's pages are untouched.
 Any power-of-two page size, 1 included (then the table is the row itself).
+
+**Virtual-to-physical pages** (SGLang 0.5.23's unified memory pool): with ``v2p`` (int64, one
+entry per virtual page id) the table's slots are virtual and each entry is translated::
+
+    v = req_to_token[r_b, s_b + j * ps];  page = 0 if v < 0 else v // ps
+    kv_indices[b, j] = max(v2p[page], 0)
+
+so a ``-1`` slot and a freed (``-1``) v2p entry both land on entry 0 (the reserved padding
+page), as 0.5.23's FlashMLA / DCP block-table kernel does (specs/sglang_behaviour.md).
+``v2p`` must cover every virtual page the windows reach.
 """
 
 from __future__ import annotations
@@ -36,7 +46,9 @@ def _flashmla_kv_indices_kernel(  # type: ignore[no-untyped-def]
     kv_start_idx_ptr,
     kv_indices_ptr,
     kv_indices_stride,
+    v2p_ptr,
     HAS_START: tl.constexpr,
+    HAS_V2P: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK: tl.constexpr,  # pages per loop iteration
 ):
@@ -55,7 +67,12 @@ def _flashmla_kv_indices_kernel(  # type: ignore[no-untyped-def]
         j = first + offs
         mask = j < num_pages
         slot = tl.load(src + j * PAGE_SIZE, mask=mask, other=0)
-        tl.store(dst + j, (slot // PAGE_SIZE).to(tl.int32), mask=mask)
+        page = slot // PAGE_SIZE
+        if HAS_V2P:
+            # Triton's // truncates toward zero: a negative slot is sent to entry 0 explicitly.
+            page = tl.where(slot < 0, 0, page)
+            page = tl.maximum(tl.load(v2p_ptr + page, mask=mask, other=0), 0)
+        tl.store(dst + j, page.to(tl.int32), mask=mask)
 
 
 def flashmla_kv_indices_kernel_launch(
@@ -66,6 +83,7 @@ def flashmla_kv_indices_kernel_launch(
     kv_start_idx: torch.Tensor | None,
     kv_indices: torch.Tensor,
     page_size: int,
+    v2p: torch.Tensor | None = None,
 ) -> None:
     """Launch ``kernel``: grid = batch size."""
     launch(
@@ -79,7 +97,9 @@ def flashmla_kv_indices_kernel_launch(
         page_kernel_lens if kv_start_idx is None else kv_start_idx,  # unread without HAS_START
         nonempty(kv_indices),
         kv_indices.stride(0),
+        page_kernel_lens if v2p is None else v2p,  # unread without HAS_V2P
         HAS_START=kv_start_idx is not None,
+        HAS_V2P=v2p is not None,
         PAGE_SIZE=page_size,
         BLOCK=_PAGES_PER_ITERATION,
     )
@@ -92,9 +112,11 @@ def flashmla_kv_indices_torch(
     kv_start_idx: torch.Tensor | None,
     kv_indices: torch.Tensor,
     page_size: int,
+    v2p: torch.Tensor | None = None,
 ) -> None:
     """Vectorised fallback over the dense ``(bs, max_pages)`` block: gather the first slot of
-    every page, keep the old entry where the request has no such page. No host sync."""
+    every page (translated through ``v2p`` when given), keep the old entry where the request
+    has no such page. No host sync."""
     bs = req_pool_indices.numel()
     max_pages = kv_indices.shape[1]
     if bs == 0 or max_pages == 0:
@@ -107,7 +129,12 @@ def flashmla_kv_indices_torch(
     j = torch.arange(max_pages, device=device)
     has_page = j[None, :] < ((lens + page_size - 1) // page_size)[:, None]
     cols = (start[:, None] + j[None, :] * page_size).clamp(max=req_to_token.shape[1] - 1)
-    pages = req_to_token[rows[:, None], cols] // page_size
+    slots = req_to_token[rows[:, None], cols]
+    pages = slots // page_size
+    if v2p is not None:
+        # Entries without a page are masked below; send them (and -1 slots) to entry 0 first.
+        virtual = torch.where(has_page & (slots >= 0), pages, torch.zeros_like(pages))
+        pages = v2p.to(device)[virtual.long()].clamp(min=0)
     block.copy_(torch.where(has_page, pages.to(block.dtype), block))
 
 
@@ -118,12 +145,18 @@ def flashmla_kv_indices_ref(
     kv_start_idx: Sequence[int] | None,
     kv_indices: list[list[int]],
     page_size: int,
+    v2p: Sequence[int] | None = None,
 ) -> None:
-    """Pure reference over lists: writes into ``kv_indices`` (one list per request) in place."""
+    """Pure reference over lists: writes into ``kv_indices`` (one list per request) in place;
+    with ``v2p`` each virtual page is translated (module docstring)."""
     for b, (row, length) in enumerate(zip(req_pool_indices, page_kernel_lens, strict=True)):
         start = 0 if kv_start_idx is None else kv_start_idx[b]
         for j in range(ceil_div(length, page_size)):
-            kv_indices[b][j] = table[row][start + j * page_size] // page_size
+            slot = table[row][start + j * page_size]
+            if v2p is None:
+                kv_indices[b][j] = slot // page_size
+            else:
+                kv_indices[b][j] = max(v2p[0 if slot < 0 else slot // page_size], 0)
 
 
 def flashmla_kv_indices_python(
@@ -133,6 +166,7 @@ def flashmla_kv_indices_python(
     kv_start_idx: torch.Tensor | None,
     kv_indices: torch.Tensor,
     page_size: int,
+    v2p: torch.Tensor | None = None,
 ) -> None:
     """Run :func:`flashmla_kv_indices_ref` over lists (the batch's rows only), write back."""
     rows = req_pool_indices.tolist()
@@ -144,6 +178,7 @@ def flashmla_kv_indices_python(
         optional_list(kv_start_idx),
         out,
         page_size,
+        optional_list(v2p),
     )
     copy_back(kv_indices, out)
 
@@ -156,15 +191,44 @@ def create_flashmla_kv_indices(
     kv_indices: torch.Tensor,
     page_size: int,
     backend: str | None = None,
+    *,
+    v2p: torch.Tensor | None = None,
 ) -> None:
-    """Fill row ``b`` of the int32 block table ``kv_indices`` with request ``b``'s page ids.
+    """Fill row ``b`` of the int32 block table ``kv_indices`` with request ``b``'s page ids
+    (physical ids through ``v2p`` when given: virtual page -> physical page, int64).
     Units: rows, tokens (``page_kernel_lens``, ``kv_start_idx``), page ids (output)."""
     check_page_size(page_size)
     run_backend(
         backend,
-        (req_to_token, req_pool_indices, page_kernel_lens, kv_start_idx, kv_indices, page_size),
+        (
+            req_to_token,
+            req_pool_indices,
+            page_kernel_lens,
+            kv_start_idx,
+            kv_indices,
+            page_size,
+            v2p,
+        ),
         kernel=_flashmla_kv_indices_kernel,
         launch=flashmla_kv_indices_kernel_launch,
         torch_impl=flashmla_kv_indices_torch,
         python_impl=flashmla_kv_indices_python,
     )
+
+
+def create_flashmla_kv_indices_v2p(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    page_kernel_lens: torch.Tensor,
+    kv_start_idx: torch.Tensor | None,
+    kv_indices: torch.Tensor,
+    page_size: int,
+    v2p: torch.Tensor,
+    backend: str | None = None,
+) -> None:
+    """:func:`create_flashmla_kv_indices` with a virtual-to-physical page map (positional, so
+    the kernel harness can check it as its own op)."""
+    create_flashmla_kv_indices(
+        req_to_token, req_pool_indices, page_kernel_lens, kv_start_idx, kv_indices, page_size,
+        backend, v2p=v2p,
+    )  # fmt: skip

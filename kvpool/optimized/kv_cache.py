@@ -92,7 +92,7 @@ class KVCache:
         return self.size + self.page_size
 
     def register_layer_transfer_counter(self, counter: LayerTransferCounter) -> None:
-        """Reads of a layer will first call ``counter.wait_until(layer_id)``."""
+        """Reads of a layer will first call ``counter.wait_until(layer_id - start_layer)``."""
         self.layer_transfer_counter = counter
 
     def _layer(self, layer_id: int) -> int:
@@ -106,7 +106,7 @@ class KVCache:
     def _wait(self, layer_id: int) -> int:
         local = self._layer(layer_id)
         if self.layer_transfer_counter is not None:
-            self.layer_transfer_counter.wait_until(layer_id)
+            self.layer_transfer_counter.wait_until(local)  # SGLang passes the local index
         return local
 
     def _slots(self, loc: TensorLike) -> torch.Tensor:
@@ -162,6 +162,35 @@ class KVCache:
         rows = torch.zeros((n, heads, dim), dtype=torch.float64, device=device)
         rows[:, :, 0] = values
         return rows
+
+    # --------------------------------------------------------- the buffer interface
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: Any,
+        cache_k: Any,
+        cache_v: Any,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Store ``cache_k / k_scale`` and ``cache_v / v_scale`` at ``loc`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_key_buffer(self, layer_id: int) -> Any:
+        """K of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_value_buffer(self, layer_id: int) -> Any:
+        """V of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[Any, Any]:
+        """``(K, V)`` of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def move_kv_cache(self, tgt_loc: Any, src_loc: Any) -> None:
+        """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (subclasses)."""
+        raise NotImplementedError
 
     def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
         """Store ``tags[i]`` at slot ``loc[i]`` on every layer (subclasses)."""
@@ -324,11 +353,14 @@ class MLATokenToKVPool(KVCache):
         return self._read_tags(self.kv_buffer[0], loc)
 
 
-def kv_cache_from_config(
-    config: PoolConfig, options: TwinOptions | None = None
-) -> MHATokenToKVPool | MLATokenToKVPool:
-    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes."""
+def kv_cache_from_config(config: PoolConfig, options: TwinOptions | None = None) -> KVCache:
+    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes, or the
+    storage variant its ``kv_storage`` names (:mod:`kvpool.optimized.kv_storage`)."""
     options = twin_options(options)
+    if config.kv_storage != "plain":
+        from kvpool.optimized.kv_storage import storage_variant_from_config  # imports this module
+
+        return storage_variant_from_config(config, options)
     if config.kv_layout == "mha":
         return MHATokenToKVPool(
             config.size,

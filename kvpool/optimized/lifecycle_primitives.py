@@ -29,7 +29,7 @@ from kvpool.host_checks import int_list
 from kvpool.injection import check_shared, resolve
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.chunk_cache import ChunkCache
-from kvpool.optimized.kv_cache import MHATokenToKVPool, MLATokenToKVPool, kv_cache_from_config
+from kvpool.optimized.kv_cache import KVCache, kv_cache_from_config
 from kvpool.optimized.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
@@ -116,7 +116,7 @@ class LifecyclePrimitives:
             alloc,
         )
         check_shared(self.tree_cache, pool, alloc)
-        self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = resolve(
+        self.kv_cache: KVCache = resolve(
             "kv_cache", kv_cache, lambda: kv_cache_from_config(config, opts), config
         )
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)

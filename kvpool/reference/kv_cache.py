@@ -20,7 +20,7 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
@@ -38,7 +38,8 @@ DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", *FP8_DTYPES)
 class LayerTransferCounter(Protocol):
     """Optional hook (pipeline/disaggregation): reads of a layer wait until it has loaded."""
 
-    def wait_until(self, layer_id: int) -> None: ...
+    def wait_until(self, threshold: int) -> None:
+        """Return once local layer ``threshold`` (``layer_id - start_layer``) has loaded."""
 
 
 class KVCache:
@@ -69,7 +70,8 @@ class KVCache:
         return self.size + self.page_size
 
     def register_layer_transfer_counter(self, counter: LayerTransferCounter) -> None:
-        """Make every later buffer read wait on ``counter.wait_until(global layer id)``."""
+        """Make every later buffer read first call ``counter.wait_until(layer_id - start_layer)``
+        (the local layer index, as SGLang)."""
         self.layer_transfer_counter = counter
 
     def _layer(self, layer_id: int) -> int:
@@ -83,7 +85,7 @@ class KVCache:
     def _wait(self, layer_id: int) -> int:
         local = self._layer(layer_id)
         if self.layer_transfer_counter is not None:
-            self.layer_transfer_counter.wait_until(layer_id)
+            self.layer_transfer_counter.wait_until(local)  # SGLang passes the local index
         return local
 
     def _slots(self, loc: Sequence[int]) -> list[int]:
@@ -102,6 +104,35 @@ class KVCache:
     # ----------------------------------------------------------------- tags
     def _tag_rows(self, tags: Sequence[int], heads: int, dim: int) -> list[Row]:
         return [[[float(t)] + [0.0] * (dim - 1) for _ in range(heads)] for t in tags]
+
+    # --------------------------------------------------------- the buffer interface
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: Any,
+        cache_k: Any,
+        cache_v: Any,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Store ``cache_k / k_scale`` and ``cache_v / v_scale`` at ``loc`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_key_buffer(self, layer_id: int) -> Any:
+        """K of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_value_buffer(self, layer_id: int) -> Any:
+        """V of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[Any, Any]:
+        """``(K, V)`` of global layer ``layer_id`` (subclasses)."""
+        raise NotImplementedError
+
+    def move_kv_cache(self, tgt_loc: Any, src_loc: Any) -> None:
+        """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (subclasses)."""
+        raise NotImplementedError
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
         """Store ``tags[i]`` at slot ``loc[i]`` on every layer (channel 0 of every head of K and
@@ -277,8 +308,13 @@ class MLATokenToKVPool(KVCache):
         return [int(buf[s][0][0]) for s in self._slots(loc)]
 
 
-def kv_cache_from_config(config: PoolConfig) -> MHATokenToKVPool | MLATokenToKVPool:
-    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes."""
+def kv_cache_from_config(config: PoolConfig) -> KVCache:
+    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes, or the
+    storage variant its ``kv_storage`` names (:mod:`kvpool.reference.kv_storage`)."""
+    if config.kv_storage != "plain":
+        from kvpool.reference.kv_storage import storage_variant_from_config  # imports this module
+
+        return storage_variant_from_config(config)
     if config.kv_layout == "mha":
         return MHATokenToKVPool(
             config.size,

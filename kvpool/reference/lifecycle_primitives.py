@@ -29,7 +29,7 @@ from kvpool.errors import (
 from kvpool.injection import check_shared, resolve
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.reference.chunk_cache import ChunkCache
-from kvpool.reference.kv_cache import MHATokenToKVPool, MLATokenToKVPool, kv_cache_from_config
+from kvpool.reference.kv_cache import KVCache, kv_cache_from_config
 from kvpool.reference.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.paged_ops import decode_new_pages, eviction_target, extend_new_pages
@@ -96,7 +96,7 @@ class LifecyclePrimitives:
             alloc,
         )
         check_shared(self.tree_cache, pool, alloc)
-        self.kv_cache: MHATokenToKVPool | MLATokenToKVPool = resolve(
+        self.kv_cache: KVCache = resolve(
             "kv_cache", kv_cache, lambda: kv_cache_from_config(config), config
         )
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)

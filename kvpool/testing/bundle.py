@@ -62,6 +62,7 @@ COMPONENTS = (
     "swa_radix_cache",
     "swa_manager",
     "hiradix_cache",
+    "kv_pool",
 )
 """Component names, as ``kvpool verify --component`` spells them."""
 
@@ -91,6 +92,10 @@ class Implementation:
     hiradix_storage: bool = True
     """Whether its ``hiradix_cache`` runs storage prefetches (the machine draws storage
     configurations only then)."""
+    kv_cache: Callable[[PoolConfig], Any] | None = None
+    """The KV pool ``PoolConfig.kv_storage`` names (the ``kv_pool`` machine)."""
+    layer_done_counter: Callable[[int], Any] | None = None
+    """A ``LayerDoneCounter`` for a number of layers (the ``kv_pool`` machine)."""
 
     def rules_or_default(self) -> Rules:
         """The rules this implementation follows (kvpool's default when it names none)."""
@@ -120,6 +125,8 @@ class Implementation:
         if component == "swa_radix_cache":
             return all(f is not None for f in (self.swa_radix_cache, self.swa_allocator,
                                                self.radix_key))  # fmt: skip
+        if component == "kv_pool":
+            return self.kv_cache is not None and self.layer_done_counter is not None
         return getattr(self, component) is not None
 
 

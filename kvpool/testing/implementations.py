@@ -24,6 +24,8 @@ def reference_implementation() -> Implementation:
     from kvpool.reference import mamba_lifecycle, radix_key
     from kvpool.reference.allocator import TokenToKVPoolAllocator
     from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool
+    from kvpool.reference.kv_cache import kv_cache_from_config
+    from kvpool.reference.layer_transfer import LayerDoneCounter
     from kvpool.reference.mamba_radix_cache import MambaRadixCache
     from kvpool.reference.memory_manager import MemoryManager
     from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
@@ -74,6 +76,8 @@ def reference_implementation() -> Implementation:
         ),
         swa_manager=SWAMemoryManager,
         hiradix_cache=_reference_hiradix,
+        kv_cache=kv_cache_from_config,
+        layer_done_counter=LayerDoneCounter,
     )
 
 
@@ -110,8 +114,11 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     from kvpool.optimized import mamba_lifecycle, radix_key
     from kvpool.optimized.allocator import TokenToKVPoolAllocator
     from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
+    from kvpool.optimized.kv_cache import kv_cache_from_config
+    from kvpool.optimized.layer_transfer import LayerDoneCounter
     from kvpool.optimized.mamba_radix_cache import MambaRadixCache
     from kvpool.optimized.memory_manager import MemoryManager
+    from kvpool.optimized.options import twin_options
     from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
     from kvpool.optimized.radix_cache import RadixCache
     from kvpool.optimized.req_to_token_pool import ReqToTokenPool
@@ -187,6 +194,10 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         ),
         index=index,
         hiradix_cache=_optimized_hiradix,
+        kv_cache=lambda config: kv_cache_from_config(config, twin_options(checked=checked)),
+        # Single-threaded machines: nothing else can complete a layer, so a short wait
+        # turns an early read into the reference's LayerNotLoadedError.
+        layer_done_counter=lambda layers: LayerDoneCounter(layers, timeout=0.002),
     )
 
 

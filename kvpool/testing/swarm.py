@@ -99,6 +99,7 @@ def draw_config(
         "kv_layout": c.choice(("mha", "mla")),
     }
     fields.update(overrides)
+    fields.update(storage_fields(fields, pages, overrides))
     if (
         hybrid
         and fields["disable_radix_cache"]
@@ -109,6 +110,29 @@ def draw_config(
         fields["mamba_track_buffers"] = pages % 3
         fields["mamba_layers"] = 1 + pages % 2
     return PoolConfig(**fields)
+
+
+STORAGE_GEOMETRY: dict[str, dict[str, int]] = {
+    "fp4": {"head_num": 1, "head_dim": 16},
+    "mxfp8": {"head_num": 1, "head_dim": 32},
+    "page_major": {},
+    "noop": {},
+}
+"""Head geometry each MHA storage variant is drawn with (the smallest its blocks allow)."""
+
+
+def storage_fields(fields: dict[str, Any], pages: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """One configuration in three stores its KV in a variant pool (specs/kv_variants.md): MHA
+    cycles through FP4, MXFP8, page-major and no-op by page count, MLA uses MLA FP4. Derived
+    from fields already drawn (no extra draw, so every seed's operations stay as they were);
+    nothing when the overrides pin the storage or the head geometry."""
+    pinned = {"kv_storage", "head_num", "head_dim", "v_head_dim", "kv_lora_rank"}
+    if pinned & set(overrides) or (pages + fields["req_pool_size"]) % 3:
+        return {}
+    if fields["kv_layout"] == "mla":
+        return {"kv_storage": "fp4", "kv_lora_rank": 12, "qk_rope_head_dim": 4}
+    storage = tuple(STORAGE_GEOMETRY)[pages % len(STORAGE_GEOMETRY)]
+    return {"kv_storage": storage, **STORAGE_GEOMETRY[storage]}
 
 
 def shared_prefix(index: int, length: int) -> list[int]:

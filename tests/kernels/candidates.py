@@ -194,6 +194,43 @@ def flashmla_last_page_dropped(
             kv_indices[b, j] = req_to_token[row, start + j * page_size] // page_size
 
 
+def flashmla_v2p_ignored(
+    req_to_token: Tensor,
+    req_pool_indices: Tensor,
+    page_kernel_lens: Tensor,
+    kv_start_idx: Tensor | None,
+    kv_indices: Tensor,
+    page_size: int,
+    v2p: Tensor,
+) -> None:
+    """Bug: writes the virtual page ids (never translates through ``v2p``)."""
+    from kvpool.kernels import create_flashmla_kv_indices
+
+    create_flashmla_kv_indices(
+        req_to_token, req_pool_indices, page_kernel_lens, kv_start_idx, kv_indices, page_size,
+        backend="torch",
+    )  # fmt: skip
+
+
+def flashmla_v2p_freed_unclamped(
+    req_to_token: Tensor,
+    req_pool_indices: Tensor,
+    page_kernel_lens: Tensor,
+    kv_start_idx: Tensor | None,
+    kv_indices: Tensor,
+    page_size: int,
+    v2p: Tensor,
+) -> None:
+    """Bug: a freed (-1) v2p entry is written as -1 instead of the padding page 0."""
+    for b, (row, n) in enumerate(
+        zip(req_pool_indices.tolist(), page_kernel_lens.tolist(), strict=True)
+    ):
+        start = 0 if kv_start_idx is None else int(kv_start_idx[b])
+        for j in range(-(-n // page_size)):
+            slot = int(req_to_token[row, start + j * page_size])
+            kv_indices[b, j] = int(v2p[0 if slot < 0 else slot // page_size])
+
+
 def _decode_kernel(  # type: ignore[no-untyped-def]
     seq_lens, last_loc, free_pages, rank, out, PAGE_SIZE: tl.constexpr
 ):

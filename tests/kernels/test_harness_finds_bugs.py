@@ -92,6 +92,8 @@ def test_store_past_the_output_is_reported() -> None:
         (C.get_last_loc_off_by_one, "get_last_loc"),
         (C.flashinfer_ignores_start, "create_flashinfer_kv_indices"),
         (C.flashmla_last_page_dropped, "create_flashmla_kv_indices"),
+        (C.flashmla_v2p_ignored, "create_flashmla_kv_indices_v2p"),
+        (C.flashmla_v2p_freed_unclamped, "create_flashmla_kv_indices_v2p"),
     ],
 )
 def test_each_op_bug_is_found_on_one_request(candidate: Callable[..., Any], op: str) -> None:

@@ -10,7 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.constants import ceil_div
-from kvpool.kernels import create_flashinfer_kv_indices, create_flashmla_kv_indices
+from kvpool.kernels import (
+    create_flashinfer_kv_indices,
+    create_flashmla_kv_indices,
+    create_flashmla_kv_indices_v2p,
+)
 from kvpool.kernels.dispatch import triton_installed
 from kvpool.kernels.flashinfer_indices import flashinfer_kv_indices_ref
 from kvpool.kernels.flashmla_indices import flashmla_kv_indices_ref
@@ -119,3 +123,19 @@ def test_flashmla_worked_example(backend: str) -> None:
     out = torch.full((1, 4), SENTINEL, dtype=torch.int32)
     create_flashmla_kv_indices(table, _t([2]), _t([3]), _t([4]), out, 1, backend=backend)
     assert out.tolist() == [[12, 13, 14, SENTINEL]]
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_flashmla_v2p_worked_example(backend: str) -> None:
+    table = _example_table()  # row 2: slots 36..39 (virtual page 9), 12..14 (virtual page 3)
+    v2p = torch.full((16,), -1, dtype=torch.int64)
+    v2p[0], v2p[9] = 0, 5  # virtual page 9 lives in physical page 5; page 3 is freed
+    out = torch.full((2, 3), SENTINEL, dtype=torch.int32)
+    create_flashmla_kv_indices(
+        table, _t([2, 2]), _t([7, 4]), None, out, 4, backend=backend, v2p=v2p
+    )
+    assert out.tolist() == [[5, 0, SENTINEL], [5, SENTINEL, SENTINEL]]  # freed -> padding 0
+    table[2, 0] = -1  # a -1 slot reads entry 0 (the reserved page), not v2p[-1]
+    v2p[0] = 0
+    create_flashmla_kv_indices_v2p(table, _t([2]), _t([1]), None, out, 4, v2p, backend)
+    assert out.tolist()[0][0] == 0

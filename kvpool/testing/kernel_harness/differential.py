@@ -46,7 +46,13 @@ from kvpool.constants import (
 )
 from kvpool.errors import InvalidArgumentError
 from kvpool.reference.paged_ops import extend_new_pages
-from kvpool.testing.kernel_harness.inputs import ALLOC_OPS, OPS, KernelCase, kernel_cases
+from kvpool.testing.kernel_harness.inputs import (
+    ALLOC_OPS,
+    INDEX_OPS,
+    OPS,
+    KernelCase,
+    kernel_cases,
+)
 from kvpool.testing.kernel_harness.interpreter import KernelCheckFailure, checked_interpreter
 from kvpool.testing.kernel_harness.ops import Candidate, Run, expected_outputs, run_candidate
 
@@ -84,8 +90,10 @@ def describe_case(case: KernelCase) -> str:
             start = 0 if case.kv_start is None else case.kv_start[b]
             parts.append(f"kv_start={start} len={case.kv_lens[b]}")
         lines.append(" ".join(parts) + f" (pages {_short(sorted({s // ps for s in held}))})")
-    if case.op in ("create_flashinfer_kv_indices", "create_flashmla_kv_indices"):
+    if case.op in INDEX_OPS:
         lines.append(f"kv_start_idx={'None' if case.kv_start is None else 'given'}")
+    if case.v2p is not None:
+        lines.append(f"v2p ({len(case.v2p)} virtual pages): {_short(case.v2p)}")
     return "\n".join(lines)
 
 

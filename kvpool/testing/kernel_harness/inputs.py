@@ -25,6 +25,8 @@ OPS: tuple[str, ...] = KERNEL_OPS
 """The kernel ops the harness knows, by their :mod:`kvpool.kernels` function names."""
 
 ALLOC_OPS: tuple[str, ...] = ("alloc_extend", "alloc_decode")
+MLA_OPS: tuple[str, ...] = ("create_flashmla_kv_indices", "create_flashmla_kv_indices_v2p")
+INDEX_OPS: tuple[str, ...] = ("create_flashinfer_kv_indices", *MLA_OPS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +46,7 @@ class KernelCase:
     width: int = 1  # request-table columns (max_context_len)
     num_rows: int = 2  # request-table rows, row 0 reserved
     mla_width: int = 1  # FlashMLA block-table columns (pages)
+    v2p: tuple[int, ...] | None = None  # FlashMLA v2p op: virtual page -> physical page (or -1)
 
     @property
     def batch_size(self) -> int:
@@ -115,6 +118,11 @@ class KernelCase:
                 found.add("window ends mid-page")
             if self.kv_start is not None and any(self.kv_start):
                 found.add("kv_start_idx past 0")
+        if self.v2p is not None:
+            if -1 in self.v2p[1:]:
+                found.add("freed v2p entry")
+            if any(s < 0 for h in self.held for s in h):
+                found.add("-1 slot translated")
         return found
 
 
@@ -236,15 +244,36 @@ def kernel_cases(
         op, ps, num_pages, rows, tuple(held), free_pages, tuple(prefix_lens), tuple(seq_lens),
         width=longest + draw(st.integers(0, 3)), num_rows=num_rows,
     )  # fmt: skip
-    if op in ("create_flashinfer_kv_indices", "create_flashmla_kv_indices"):
+    if op in INDEX_OPS:
         case = _with_index_window(draw, case, held_lens)
+    if op == "create_flashmla_kv_indices_v2p":
+        case = _with_v2p(draw, case)
     return case
+
+
+def _with_v2p(draw: st.DrawFn, case: KernelCase) -> KernelCase:
+    """Draw a virtual-to-physical page map (entry 0 stays 0, some entries freed to -1, the rest
+    a shuffled set of physical pages) and mark a few held pages' first slot -1."""
+    ps = case.page_size
+    size = case.num_pages + 1 + draw(st.integers(0, 3))
+    physical = list(range(1, size + draw(st.integers(0, 8))))
+    random.Random(draw(st.integers(0, 2**16))).shuffle(physical)
+    freed = draw(st.sampled_from((0.0, 0.1, 0.5)))
+    rng = random.Random(draw(st.integers(0, 2**16)))
+    v2p = [0] + [-1 if rng.random() < freed else physical[v] for v in range(size - 1)]
+    held = case.held
+    if draw(st.booleans()):
+        held = tuple(
+            tuple(-1 if t % ps == 0 and rng.random() < 0.2 else s for t, s in enumerate(h))
+            for h in case.held
+        )
+    return dataclasses.replace(case, v2p=tuple(v2p), held=held)
 
 
 def _with_index_window(draw: st.DrawFn, case: KernelCase, held_lens: list[int]) -> KernelCase:
     """Draw ``kv_start`` (None, or per request; page-aligned for FlashMLA) and ``kv_lens``."""
     ps = case.page_size
-    mla = case.op == "create_flashmla_kv_indices"
+    mla = case.op in MLA_OPS
     starts: list[int] = []
     lens: list[int] = []
     use_start = draw(st.booleans())

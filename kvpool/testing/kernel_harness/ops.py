@@ -195,7 +195,11 @@ def _run(candidate: Candidate, case: KernelCase, device: str, free: torch.Tensor
         else:
             shape = (case.batch_size, case.mla_width)
             out = b.out("kv_indices", torch.full(shape, POISON, dtype=i32, device=device))
-            candidate(*common, start, out, case.page_size)
+            if case.v2p is None:
+                candidate(*common, start, out, case.page_size)
+            else:
+                v2p = b.inp("v2p", _t(case.v2p, i64, device))
+                candidate(*common, start, out, case.page_size, v2p)
     return b.read()
 
 
@@ -235,5 +239,5 @@ def expected_outputs(case: KernelCase) -> dict[str, list[int]]:
         flashinfer_kv_indices_ref(table, case.rows, case.kv_lens, indptr, case.kv_start, flat)
         return {"kv_indices": flat}
     block = [[POISON] * case.mla_width for _ in range(case.batch_size)]
-    flashmla_kv_indices_ref(table, case.rows, case.kv_lens, case.kv_start, block, ps)
+    flashmla_kv_indices_ref(table, case.rows, case.kv_lens, case.kv_start, block, ps, case.v2p)
     return {"kv_indices": [v for row in block for v in row]}

@@ -8,8 +8,9 @@ and ``mamba_radix_cache`` (the hybrid prefix tree with state checkpoints, :mod:`
 Each is driven by
 (:mod:`.radix`), ``swa_allocator`` (:mod:`.swa_allocator`), ``swa_radix_cache``
 (:mod:`.swa_radix`), ``manager`` (the whole lifecycle, :mod:`.lifecycle`) and ``swa_manager``
-(the lifecycle of a hybrid sliding-window model, :mod:`.swa_manager`) and ``hiradix_cache``
-(the hierarchical cache with its host tier, :mod:`.hiradix`). Each is driven by
+(the lifecycle of a hybrid sliding-window model, :mod:`.swa_manager`), ``hiradix_cache``
+(the hierarchical cache with its host tier, :mod:`.hiradix`) and ``kv_pool`` (a KV storage
+variant and layer-wise loading, :mod:`.kv_pool`). Each is driven by
 :class:`~kvpool.testing.machines.base.ComponentPair` (or, for the lifecycle, the existing
 :class:`~kvpool.testing.lockstep_driver.Lockstep`) through the one campaign runner.
 """
@@ -27,6 +28,7 @@ from kvpool.testing.machines.base import Outcome as Outcome
 from kvpool.testing.machines.base import Target as Target
 from kvpool.testing.machines.hiradix import HiRadixTarget
 from kvpool.testing.machines.hybrid import HybridTarget
+from kvpool.testing.machines.kv_pool import KVPoolTarget
 from kvpool.testing.machines.lifecycle import LifecycleTarget
 from kvpool.testing.machines.mamba_tree import MambaTreeTarget
 from kvpool.testing.machines.radix import RadixTarget
@@ -47,6 +49,7 @@ TARGETS: dict[str, Target | LifecycleTarget] = {
     "swa_radix_cache": SWARadixTarget(),
     "swa_manager": SWALifecycleTarget(),
     "hiradix_cache": HiRadixTarget(),
+    "kv_pool": KVPoolTarget(),
 }
 
 

@@ -79,6 +79,13 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "prefetch:inserted", "release_aborted_request:ok", "drain_storage_control_queues:ok",
         "reset:ok", "invalid:refused",
     ),
+    "kv_pool": (
+        "set_kv:ok", "set_kv:KVStorageError", "write_tags:ok", "move:ok", "read_tags:ok",
+        "load_start:ok", "load_start:LockError", "load_layer:ok", "read_layer:ok",
+        "read_layer:LayerNotLoadedError", "load_reset:ok", "storage:mha-plain", "storage:mha-fp4",
+        "storage:mha-mxfp8", "storage:mha-page_major", "storage:mha-noop", "storage:mla-plain",
+        "storage:mla-fp4",
+    ),
 }  # fmt: skip
 """Tags each machine is expected to reach."""
 
