@@ -19,6 +19,7 @@ from kvpool.optimized.mamba_allocator import MambaSlotAllocator
 from kvpool.optimized.mamba_pool import MambaPool
 from kvpool.optimized.req_to_token_pool import ReqToTokenPool
 from kvpool.protocols import MambaReqLike
+from kvpool.reference.hybrid_req_to_token_pool import mamba_calls, mamba_calls_fit
 from kvpool.rules import Rules
 from kvpool.snapshot import HybridReqToTokenSnapshot
 
@@ -87,13 +88,17 @@ class HybridReqToTokenPool(ReqToTokenPool):
             self._check_kept_slots(reqs)
         if fresh_rows > len(self.free_slots):
             return None
-        need = self.mamba_slots_needed(reqs)
-        if need > self.mamba_allocator.available_size():
+        calls = mamba_calls(reqs, self.track_buffers)
+        group = self.mamba_allocator._group or []
+        if not mamba_calls_fit(calls, len(group), self.mamba_allocator.available_size()):
             return None
         rows = super().alloc(reqs)
         assert rows is not None  # checked above
-        slots = self.mamba_allocator.alloc(need)
-        assert slots is not None  # counted above
+        slots: list[int] = []
+        for n in calls if group else [sum(calls)]:  # see the reference: SGLang's calls
+            got = self.mamba_allocator.alloc(n)
+            assert got is not None  # counted above
+            slots += got
         at, t = 0, self.track_buffers
         for req in reqs:
             if req.mamba_pool_idx is None:

@@ -9,8 +9,11 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.rules import Rules
+from kvpool.reference import mamba_lifecycle
 from kvpool.sglang.allocators import SGLangAllocator
+from kvpool.sglang.hybrid import MEMORY_POOL, SGLangHybridReqToTokenPool
 from kvpool.sglang.loader import load_sglang
+from kvpool.sglang.mamba_radix import SGLangMambaRadixCache
 from kvpool.sglang.radix import SGLangRadixCache, make_radix_key
 from kvpool.sglang.req_to_token import SGLangReqToTokenPool
 from kvpool.testing.bundle import Implementation
@@ -23,7 +26,8 @@ def implementation(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Implementation:
     """SGLang from ``source`` (see :func:`kvpool.sglang.load_sglang`) with factories for the
-    allocator, ``ReqToTokenPool`` and ``RadixCache`` (no ``manager``) and
+    allocator, ``ReqToTokenPool``, ``RadixCache`` and, where the release has them, the hybrid
+    pool, its Mamba steps and ``MambaRadixCache`` (no ``manager``) and
     ``rules=Rules.for_sglang(version)``, the version read from the source. ``naive_extend``
     routes ``alloc_extend`` through SGLang's ``alloc_extend_naive`` (see
     :class:`~kvpool.sglang.allocators.SGLangAllocator`). Raises
@@ -53,6 +57,17 @@ def implementation(
     def radix_key(token_ids: Sequence[int], extra_key: str | None) -> Any:
         return make_radix_key(modules, token_ids, extra_key)
 
+    def hybrid(config: PoolConfig) -> SGLangHybridReqToTokenPool:
+        slots = config.mamba_slots if config.mamba_slots is not None else config.req_pool_size
+        return SGLangHybridReqToTokenPool(modules, config.req_pool_size, config.max_context_len,
+                                          slots, config.mamba_layers,
+                                          config.mamba_track_buffers)  # fmt: skip
+
+    def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> SGLangMambaRadixCache:
+        return SGLangMambaRadixCache(modules, pool, alloc, config.page_size)
+
+    has_hybrid = modules.attr(MEMORY_POOL, "HybridReqToTokenPool") is not None
+
     def index(values: Sequence[int]) -> Any:
         import torch
 
@@ -64,6 +79,9 @@ def implementation(
         req_to_token_pool=req_to_token_pool,
         radix_cache=radix_cache,
         radix_key=radix_key,
+        hybrid_req_to_token_pool=hybrid if has_hybrid else None,
+        mamba_steps=mamba_lifecycle if has_hybrid else None,
+        mamba_radix_cache=mamba_tree if has_hybrid else None,
         rules=rules,
         index=index,
     )
