@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvpool.config import PoolConfig
-from kvpool.rules import Rules
 from kvpool.reference import mamba_lifecycle
+from kvpool.rules import Rules
 from kvpool.sglang.allocators import SGLangAllocator
 from kvpool.sglang.hybrid import MEMORY_POOL, SGLangHybridReqToTokenPool
 from kvpool.sglang.loader import load_sglang

@@ -56,6 +56,11 @@ class SGLangMambaMatch:
     result: Any
 
 
+def _ints(value: Any) -> tuple[int, ...]:
+    """A node's KV slots (SGLang's root holds a list, every other node a tensor)."""
+    return tuple(int(v) for v in (value.tolist() if hasattr(value, "tolist") else value))
+
+
 def _impl(component: Any) -> Any:
     return getattr(component, "impl", component)
 
@@ -107,9 +112,7 @@ class SGLangMambaRadixCache:
         return to_sglang_key(self.modules, key)
 
     # ------------------------------------------------------------------ operations
-    def match_prefix(
-        self, key: Any, req: Any = None, cow_mamba: bool = False
-    ) -> SGLangMambaMatch:
+    def match_prefix(self, key: Any, req: Any = None, cow_mamba: bool = False) -> SGLangMambaMatch:
         """SGLang's ``match_prefix`` (with ``req`` and ``cow_mamba``)."""
         proxy = None if req is None else MambaReqProxy(req)
         params = self.modules.attr(_BASE, "MatchPrefixParams")(
@@ -209,8 +212,7 @@ class SGLangMambaRadixCache:
                 parent_id=None if n.parent is None else int(n.parent.id),
                 key=tuple(int(t) for t in n.key.token_ids),
                 extra_key=n.key.extra_key,
-                value=tuple(int(v) for v in (n.value.tolist() if hasattr(n.value, "tolist")
-                                             else n.value)),  # fmt: skip
+                value=_ints(n.value),
                 mamba_value=None if n.mamba_value is None else int(n.mamba_value.reshape(-1)[0]),
                 full_lock_ref=int(n.full_lock_ref),
                 mamba_lock_ref=int(n.mamba_lock_ref),
