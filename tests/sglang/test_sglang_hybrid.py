@@ -87,3 +87,24 @@ def test_sglang_clear_inside_an_alloc_group_hands_a_slot_out_twice() -> None:
     second = alloc.alloc(2)  # from the free list: 1, 2
     assert first == [1] and second == [1, 2]
     assert isinstance(alloc.impl.free_slots, torch.Tensor)
+
+
+def test_sglang_cow_match_asserts_when_no_slot_is_left_after_eviction() -> None:
+    """Rules.mamba_slot_shortage="assert" for the tree: kvpool's match leaves the request
+    without a slot; SGLang's asserts (after the eviction, its lock released)."""
+    impl = implementation("0.5.16")
+    assert impl.mamba_radix_cache is not None and impl.allocator is not None
+    assert impl.radix_key is not None and impl.hybrid_req_to_token_pool is not None
+    config = PoolConfig(size=16, req_pool_size=2, max_context_len=16, mamba_slots=2,
+                        rules=impl.rules_or_default())  # fmt: skip
+    pool, kv = impl.hybrid_req_to_token_pool(config), impl.allocator(config)
+    tree = impl.mamba_radix_cache(config, pool, kv)
+    state = pool.mamba_allocator.alloc(1)
+    assert tree.insert(impl.radix_key([1, 2], None), kv.alloc(2), state[0]) == (0, False)
+    assert pool.mamba_allocator.alloc(1) is not None  # the last slot, held elsewhere
+    with pytest.raises(AssertionError, match="Can not alloc mamba cache"):
+        tree.match_prefix(impl.radix_key([1, 2, 3], None), Req(), True)
+    snap = tree.snapshot()
+    assert [(n.mamba_value, n.full_lock_ref, n.mamba_lock_ref) for n in snap.nodes[1:]] == [
+        (state[0], 0, 0)
+    ]
