@@ -63,11 +63,12 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def mamba_slots_needed(self, reqs: Sequence[MambaReqLike]) -> int:
         """Mamba slots :meth:`alloc` would take (see the reference)."""
-        need = sum(1 for r in reqs if r.mamba_pool_idx is None)
-        if self.track_buffers:
-            need += self.track_buffers * sum(
-                1 for r in reqs if r.mamba_ping_pong_track_buffer is None
-            )
+        need, t = 0, self.track_buffers
+        for req in reqs:  # one pass
+            if req.mamba_pool_idx is None:
+                need += 1
+            if t and req.mamba_ping_pong_track_buffer is None:
+                need += t
         return need
 
     def _check_kept_slots(self, reqs: Sequence[MambaReqLike]) -> None:

@@ -156,6 +156,32 @@ def cow_shares_checkpoint(impl: Implementation) -> Implementation:
     return _with_step(impl, "stage_cow", make)
 
 
+def alloc_skips_group(impl: Implementation) -> Implementation:
+    """The pool takes a batch's Mamba slots in one call from the free list even inside an open
+    alloc group, where SGLang's per-request single-slot calls take the group's prefetched slots
+    (kvpool's own bug, found against SGLang 0.5.16)."""
+    assert impl.hybrid_req_to_token_pool is not None
+    build = impl.hybrid_req_to_token_pool
+
+    def make_pool(config: Any) -> Any:
+        pool = build(config)
+        need(pool, "alloc", "mamba_allocator")
+        need(pool.mamba_allocator, "_group")
+        original = pool.alloc
+
+        def alloc(reqs: Any) -> Any:
+            group, pool.mamba_allocator._group = pool.mamba_allocator._group, None
+            try:
+                return original(reqs)
+            finally:
+                pool.mamba_allocator._group = group
+
+        pool.alloc = alloc
+        return pool
+
+    return dataclasses.replace(impl, hybrid_req_to_token_pool=make_pool)
+
+
 def _with_tree(impl: Implementation, patch: Callable[[Any], None]) -> Implementation:
     """``impl`` whose every Mamba radix cache is patched in place after it is built."""
     assert impl.mamba_radix_cache is not None
@@ -215,6 +241,9 @@ MAMBA_MUTANTS: tuple[ComponentMutant, ...] = (
                     evict_ignores_state_lock, "mamba_radix_cache"),
     ComponentMutant("mamba-tombstone-leaf-kept", "tombstone parents left behind as leaves",
                     ("INV-MAMBA-TREE-SHAPE",), tombstone_leaf_kept, "mamba_radix_cache"),
+    ComponentMutant("mamba-alloc-skips-group", "batch slots taken past an open alloc group",
+                    ("lockstep-diff", "INV-MAMBA-ONE-OWNER", "INV-ROW-ACCOUNTING"),
+                    alloc_skips_group),
 )  # fmt: skip
 """The Mamba field bugs of the quality suite."""
 
