@@ -14,8 +14,9 @@ layers, two track buffers per request (speculative decoding):
   ``evict`` of every state.
 
 Medians of calls timed one by one, each from the same starting state built outside the timed
-region; the reference's and the twin's calls alternate, so that the load of a shared machine
-weighs on both alike. The twin runs on the CPU with one torch thread, checked mode off
+region; the reference's and the twin's calls alternate in blocks of five, so that the load of a
+shared machine weighs on both alike, and the garbage collector is off inside a timed call (as
+in ``timeit``). The twin runs on the CPU with one torch thread, checked mode off
 (production); its state buffers are the twin's default tiny shapes (conv 3, state 4 floats per
 layer and slot), so the figures measure bookkeeping, not memory bandwidth. ``--quick`` makes
 fewer calls.
@@ -24,6 +25,7 @@ fewer calls.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -54,16 +56,22 @@ def _median_us(setup: Setup, calls: int) -> float:
     return _medians_us([setup], calls)[0]
 
 
-def _medians_us(setups: list[Setup], calls: int) -> list[float]:
-    """Median wall time (us) of each setup's callable, the setups' calls interleaved (so that
-    the load of a shared machine weighs on the reference and the twin alike)."""
+def _medians_us(setups: list[Setup], calls: int, block: int = 5) -> list[float]:
+    """Median wall time (us) of each setup's callable over ``calls`` calls, taken in
+    alternating blocks of ``block`` calls per setup (so that the load of a shared machine
+    weighs on the reference and the twin alike, while each block runs warm code)."""
     times: list[list[float]] = [[] for _ in setups]
-    for _ in range(calls):
+    for _ in range(-(-calls // block)):
         for setup, out in zip(setups, times, strict=True):
-            call = setup()
-            t0 = time.perf_counter()
-            call()
-            out.append(time.perf_counter() - t0)
+            for _ in range(block):
+                call = setup()
+                gc.disable()  # as timeit does: no collection inside a timed call
+                try:
+                    t0 = time.perf_counter()
+                    call()
+                    out.append(time.perf_counter() - t0)
+                finally:
+                    gc.enable()
     return [statistics.median(t) * 1e6 for t in times]
 
 

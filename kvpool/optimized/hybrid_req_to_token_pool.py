@@ -57,9 +57,14 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self.req_index_to_mamba_index_mapping = torch.zeros(
             size + 1, dtype=torch.int32, device=self.device
         )
+        self._on_host = self.req_index_to_mamba_index_mapping.device.type == "cpu"
         self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros(
             (size + 1, track_buffers), dtype=torch.int64, device=self.device
         )
+
+    def _device(self, host: torch.Tensor) -> torch.Tensor:
+        """``host`` on the pool's device (one asynchronous copy; none on the CPU)."""
+        return host if self._on_host else host.to(self.device, non_blocking=True)
 
     def mamba_slots_needed(self, reqs: Sequence[MambaReqLike]) -> int:
         """Mamba slots :meth:`alloc` would take (see the reference)."""
@@ -135,15 +140,13 @@ class HybridReqToTokenPool(ReqToTokenPool):
                 tracks += req.mamba_ping_pong_track_buffer
         if reqs:
             # array -> frombuffer: a list of ints reaches torch several times faster this way
-            # than through torch.tensor(list).
-            index = _host(array("q", rows), torch.int64).to(self.device, non_blocking=True)
-            mapped = _host(array("i", running), torch.int32).to(self.device, non_blocking=True)
-            self.req_index_to_mamba_index_mapping[index] = mapped
+            # than through torch.tensor(list); index_copy_ is the cheapest indexed store.
+            index = self._device(_host(array("q", rows), torch.int64))
+            mapped = self._device(_host(array("i", running), torch.int32))
+            self.req_index_to_mamba_index_mapping.index_copy_(0, index, mapped)
             if t:
-                track = _host(array("q", tracks), torch.int64).view(len(rows), t)
-                self.req_index_to_mamba_ping_pong_track_buffer_mapping[index] = track.to(
-                    self.device, non_blocking=True
-                )
+                track = self._device(_host(array("q", tracks), torch.int64).view(len(rows), t))
+                self.req_index_to_mamba_ping_pong_track_buffer_mapping.index_copy_(0, index, track)
         return rows
 
     def get_mamba_indices(self, rows: torch.Tensor | Sequence[int]) -> torch.Tensor:
