@@ -263,6 +263,22 @@ def lifecycle_prefill_release_keeps_slot(mm: Any) -> None:
     hooks.before_release = before_release
 
 
+def lifecycle_session_close_leaks_state(mm: Any) -> None:
+    """A hybrid session closed frees its row and KV but not the Mamba slot and track buffers
+    its last turn left with it."""
+    need(mm, "close_session", "sessions")
+    original = mm.close_session
+
+    def close_session(session_id: str) -> None:
+        session = mm.sessions.get(session_id)
+        if session is not None and session.busy_with is None:
+            session.mamba_pool_idx = None  # forgotten, never given back
+            session.mamba_ping_pong_track_buffer = None
+        original(session_id)
+
+    mm.close_session = close_session
+
+
 HYBRID_LIFECYCLE = {"disable_radix_cache": True, "mamba_slots": 3, "mamba_track_buffers": 1}
 """Config overrides of the lifecycle hunts of Mamba bugs: a hybrid model, few slots."""
 
@@ -270,6 +286,10 @@ MAMBA_LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("mamba-chunked-release-keeps", "a request released inside prefill keeps its slot",
            ("INV-MAMBA-ACCOUNTING",), lifecycle_prefill_release_keeps_slot, (1, 2),
            HYBRID_LIFECYCLE, ("new_req", "extend", "extend", "abort", "retract")),
+    Mutant("mamba-session-close-leaks", "a closed session keeps its Mamba slot",
+           ("INV-MAMBA-ACCOUNTING",), lifecycle_session_close_leaks_state, (1, 2),
+           HYBRID_LIFECYCLE, ("open_session", "session_turn", "extend", "finish",
+                              "close_session")),
 )  # fmt: skip
 """Mamba bugs hunted by the lifecycle machine (:func:`kvpool.testing.mutant_hunt.hunt`)."""
 
@@ -300,4 +320,5 @@ __all__ = [
     "ComponentMutant",
     "hunt_component",
     "lifecycle_prefill_release_keeps_slot",
+    "lifecycle_session_close_leaks_state",
 ]
