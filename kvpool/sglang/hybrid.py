@@ -49,6 +49,10 @@ from kvpool.snapshot import (
 )
 
 MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
+HYBRID_RELEASES = ("0.5.16",)
+"""Releases whose hybrid classes the adapters are audited against (specs/sglang.md); 0.5.23
+restructured them (its Mamba pool reads other state parameters, and the Mamba radix cache left
+``mamba_radix_cache.py``), so :func:`kvpool.sglang.implementation` offers them for these only."""
 _STATE_DTYPE = torch.float32
 
 
@@ -347,6 +351,7 @@ class SGLangHybridReqToTokenPool:
 
 
 __all__ = [
+    "HYBRID_RELEASES",
     "MambaReqProxy",
     "SGLangHybridReqToTokenPool",
     "SGLangMambaAllocator",

@@ -11,7 +11,7 @@ from kvpool.config import PoolConfig
 from kvpool.reference import mamba_lifecycle
 from kvpool.rules import Rules
 from kvpool.sglang.allocators import SGLangAllocator
-from kvpool.sglang.hybrid import MEMORY_POOL, SGLangHybridReqToTokenPool
+from kvpool.sglang.hybrid import HYBRID_RELEASES, SGLangHybridReqToTokenPool
 from kvpool.sglang.loader import load_sglang
 from kvpool.sglang.mamba_radix import SGLangMambaRadixCache
 from kvpool.sglang.radix import SGLangRadixCache, make_radix_key
@@ -26,8 +26,9 @@ def implementation(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Implementation:
     """SGLang from ``source`` (see :func:`kvpool.sglang.load_sglang`) with factories for the
-    allocator, ``ReqToTokenPool``, ``RadixCache`` and, where the release has them, the hybrid
-    pool, its Mamba steps and ``MambaRadixCache`` (no ``manager``) and
+    allocator, ``ReqToTokenPool``, ``RadixCache`` and, for the audited releases
+    (:data:`~kvpool.sglang.hybrid.HYBRID_RELEASES`), the hybrid pool, its Mamba steps and
+    ``MambaRadixCache`` (no ``manager``) and
     ``rules=Rules.for_sglang(version)``, the version read from the source. ``naive_extend``
     routes ``alloc_extend`` through SGLang's ``alloc_extend_naive`` (see
     :class:`~kvpool.sglang.allocators.SGLangAllocator`). Raises
@@ -66,7 +67,7 @@ def implementation(
     def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> SGLangMambaRadixCache:
         return SGLangMambaRadixCache(modules, pool, alloc, config.page_size)
 
-    has_hybrid = modules.attr(MEMORY_POOL, "HybridReqToTokenPool") is not None
+    has_hybrid = modules.version in HYBRID_RELEASES
 
     def index(values: Sequence[int]) -> Any:
         import torch
