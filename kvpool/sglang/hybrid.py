@@ -9,7 +9,9 @@ mappings, frees, copies and clears) is SGLang's code; the adapter only converts:
 
 - **Requests.** :class:`MambaReqProxy` shows a kvpool request to SGLang: ``mamba_pool_idx`` as a
   0-d int64 tensor (SGLang stacks and unsqueezes it), the track buffer as an int64 tensor, and
-  what SGLang stores back (a tensor element, a tensor) as kvpool's int and list.
+  what SGLang stores back (a tensor element, a tensor) as kvpool's int and list. The track
+  buffer is a fresh tensor at every read: SGLang's in-place writes into it (the extra buffer's
+  donation and lazy mode, which the adapted calls do not reach) would be lost.
 - **Track buffers.** kvpool's ``track_buffers`` 0, 1, 2 are SGLang's extra buffer off, on with
   the overlap scheduler off (one ping-pong slot), on with it (two). The lazy mode is off.
 - **Results.** Slots come back as lists of ints, as the reference's; the Mamba steps of
