@@ -25,6 +25,7 @@ EVICTION_AMOUNTS = ("shortfall", "demand")
 TREE_FREES = ("free", "segment")
 HIT_COUNTS = ("chunked", "inserted_len")
 RELEASE_PATHS = ("finished_req", "checkpoint")
+MAMBA_SLOT_SHORTAGES = ("refuse", "assert")
 SGLANG_RELEASES = ("0.5.16", "0.5.23")
 """SGLang releases with a preset (:meth:`Rules.for_sglang`); audited in specs/fidelity.md."""
 
@@ -81,6 +82,13 @@ class Rules:
       committed)`` and the over-allocation with ``free_segment`` (row order, unsorted). A chunk
       boundary runs the same ``checkpoint``; a disabled cache and ``ChunkCache`` free their row
       with ``free_segment``.
+    - ``mamba_slot_shortage``: what a hybrid model's pool does when a batch needs more Mamba
+      slots than are free. ``"refuse"`` (kvpool): ``HybridReqToTokenPool.alloc`` checks them
+      before it takes any row and returns None, nothing changed; a copy-on-write match that
+      finds no slot even after evicting a state leaves the request without one. ``"assert"``
+      (SGLang): ``alloc`` takes the rows, then asserts; the match asserts. Like
+      ``rejects_misuse``, kvpool still refuses; a harness does not drive an implementation
+      with these rules into the shortage.
     """
 
     row_order: str = "lifo"
@@ -94,6 +102,7 @@ class Rules:
     tree_free: str = "free"
     hit_count: str = "chunked"
     release_path: str = "finished_req"
+    mamba_slot_shortage: str = "refuse"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -106,6 +115,7 @@ class Rules:
             ("tree_free", self.tree_free, TREE_FREES),
             ("hit_count", self.hit_count, HIT_COUNTS),
             ("release_path", self.release_path, RELEASE_PATHS),
+            ("mamba_slot_shortage", self.mamba_slot_shortage, MAMBA_SLOT_SHORTAGES),
         ):
             if value not in allowed:
                 raise ConfigError(f"Rules.{name} must be one of {allowed}, got {value!r}")
@@ -123,6 +133,7 @@ class Rules:
             unaligned_paged_alloc="floor",
             rejects_misuse=False,
             eviction_demand="bound",
+            mamba_slot_shortage="assert",
         )
         if parts < (0, 5, 18):
             return replace(

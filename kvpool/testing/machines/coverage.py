@@ -56,6 +56,7 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "extend:ok", "extend:oom", "extend:chunked", "extend:evicted", "decode:ok", "decode:oom",
         "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok", "retract:ok",
         "session:restore", "close_session:ok", "evict:ok", "merge:by-alloc", "invalid:refused",
+        "session:hybrid-restore",
     ),
     "hybrid_req_to_token_pool": (
         "admit:ok", "admit:refused", "admit:evicted", "admit:chunk-keeps-slot", "admit:after-cow",
