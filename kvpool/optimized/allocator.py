@@ -25,6 +25,7 @@ import torch
 from kvpool import kernels
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, PageSizeError
+from kvpool.kernels.host import page_opening_requests
 from kvpool.optimized.checked import resolve_checked
 from kvpool.optimized.paged_ops import (
     HostLens,
@@ -33,7 +34,6 @@ from kvpool.optimized.paged_ops import (
     check_free_slots,
     check_host_copy,
     check_prefix_pages_held,
-    decode_new_pages_host,
     extend_new_pages_host,
     pages_to_slots,
 )
@@ -103,6 +103,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
 
     def _as_index(self, values: IndexLike) -> torch.Tensor:
         """Slots/lengths as a 1-D tensor on the device (no copy when already there)."""
+        if type(values) is torch.Tensor and values.dim() == 1 and values.device == self.device:
+            return values  # the common case, without as_tensor's and reshape's per-call cost
         return torch.as_tensor(values, device=self.device).reshape(-1)
 
     def _set_free_lists(self, free_pages: torch.Tensor, release_pages: torch.Tensor) -> None:
@@ -185,7 +187,22 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
 
     def free(self, free_index: IndexLike) -> None:
         """Return slots. Empty input is a no-op. Inside a free group the slots are only buffered
-        until :meth:`free_group_end`. Checked mode validates first, as the reference."""
+        until :meth:`free_group_end`. Checked mode validates first, as the reference.
+
+        Unchecked, inside a group, a 1-D int64 tensor already on the device is buffered as it
+        is (no conversion, no tensor operation: the lifecycle frees one tensor per request
+        there); anything else is converted first, exactly as outside a group."""
+        if (
+            self._in_free_group
+            and self._free_mask is None
+            and type(free_index) is torch.Tensor
+            and free_index.dtype is torch.int64
+            and free_index.dim() == 1
+            and free_index.device == self.device
+        ):
+            if free_index.numel():
+                self._pending_free.append(free_index)
+            return
         slots = self._as_index(free_index)
         if slots.numel() == 0:
             return
@@ -337,7 +354,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
                 )
             check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
             check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
-        num_new = decode_new_pages_host(seq_lens_cpu, self.page_size)
+        opens = page_opening_requests(seq_lens_cpu, self.page_size)
+        num_new = int(opens.size)
         self._merge_before_take(seq_lens.numel() > self.free_pages.numel(), num_new)
         pages = self._take_pages(num_new)
         if pages is None:
@@ -351,6 +369,7 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
             self.page_size,
             self.kernel_backend,
             seq_lens_cpu=seq_lens_cpu,
+            opens_cpu=opens,
         )
         return out
 
