@@ -155,8 +155,8 @@ class MemoryManager(LifecyclePrimitives):
             elif req.state == "waiting":
                 req.cache_protected_len = len(req.prefix_indices)
         out = self.alloc_for_extend(reqs, seq_lens)
-        for req, p, s in zip(reqs, prefix_lens, seq_lens, strict=True):
-            self.write_kv(req, p, s)
+        self.write_kv_batch(reqs, prefix_lens, seq_lens, out)  # the new slots, in batch order
+        for req, s in zip(reqs, seq_lens, strict=True):
             req.state = "running"
             req.matched = False
             req.fill_ids = req.all_token_ids[:s]
@@ -178,15 +178,15 @@ class MemoryManager(LifecyclePrimitives):
         if over:
             raise ContextOverflowError(f"requests {over} would pass max_context_len")
         self.alloc_for_decode([r for r in reqs if r.kv_allocated_len == r.kv_committed_len])
-        slots: list[torch.Tensor] = []
-        for req, tok in zip(reqs, token_ids, strict=True):
-            col = req.kv_committed_len
+        if not reqs:
+            return self._empty
+        cols = [r.kv_committed_len for r in reqs]
+        for req, tok in zip(reqs, as_token_list(token_ids), strict=True):
             req.output_ids.append(int(tok))
-            self.write_kv(req, col, col + 1)
+        slots = self.write_kv_batch(reqs, cols, [c + 1 for c in cols])
+        for req, col in zip(reqs, cols, strict=True):
             req.kv_committed_len = col + 1
-            assert req.req_pool_idx is not None
-            slots.append(self.req_to_token_pool.read(req.req_pool_idx, col, col + 1))
-        return torch.cat(slots).to(torch.int64) if slots else self._empty
+        return slots
 
     def spec_step(
         self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
@@ -204,6 +204,7 @@ class MemoryManager(LifecyclePrimitives):
         alloc = self.token_to_kv_pool_allocator
         alloc.free_group_begin()
         try:
+            self._read_over_allocations([r for r in reqs if self._session_of(r) is None])
             for req in reqs:
                 session = self._session_of(req)
                 if session is not None:
@@ -211,6 +212,7 @@ class MemoryManager(LifecyclePrimitives):
                 else:
                     self.release_kv_cache(req, is_insert)
         finally:
+            self._over_read = {}
             alloc.free_group_end()
         for req in reqs:
             req.state = "finished"

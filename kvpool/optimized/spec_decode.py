@@ -13,6 +13,7 @@ import torch
 
 from kvpool.constants import ceil_align
 from kvpool.errors import ContextOverflowError, InvalidArgumentError
+from kvpool.optimized.batch_table import device_ints, scatter_columns
 from kvpool.tags import kv_tags
 
 if TYPE_CHECKING:
@@ -43,23 +44,22 @@ def spec_step(
     grow = [(r, t) for r, t in zip(reqs, targets, strict=True) if t > r.kv_allocated_len]
     starts = [r.kv_allocated_len for r, _ in grow]
     ends = [t for _, t in grow]
-    last = [mm._last_loc(r, s) for (r, _), s in zip(grow, starts, strict=True)]
-    out = mm._alloc_slots(starts, ends, last) if grow else mm._empty
-    pos = 0
-    for (req, end), start in zip(grow, starts, strict=True):
-        assert req.req_pool_idx is not None
-        mm.req_to_token_pool.write(
-            (req.req_pool_idx, slice(start, end)), out[pos : pos + end - start]
-        )
-        pos += end - start
+    grown = [r for r, _ in grow]
+    out = mm._alloc_slots(starts, ends, mm._row_last_locs(grown, starts)) if grow else mm._empty
+    if grow:
+        rows = [r.req_pool_idx for r in grown]
+        scatter_columns(mm.req_to_token_pool, rows, starts, ends, out)
+    for req, end in grow:
         req.kv_allocated_len = end
-    for req, acc in zip(reqs, accepted, strict=True):
-        if not acc:
-            continue
-        start = req.kv_committed_len
+    taking = [(r, acc) for r, acc in zip(reqs, accepted, strict=True) if acc]
+    commits = [r.kv_committed_len for r, _ in taking]
+    for req, acc in taking:
         req.output_ids.extend(int(t) for t in acc)
-        mm.write_kv(req, start, start + len(acc))
-        req.kv_committed_len = start + len(acc)
+    if taking:
+        stops = [c + len(acc) for (_, acc), c in zip(taking, commits, strict=True)]
+        mm.write_kv_batch([r for r, _ in taking], commits, stops)
+        for (req, _), stop in zip(taking, stops, strict=True):
+            req.kv_committed_len = stop
     return out
 
 
@@ -73,20 +73,19 @@ def spec_draft_v1(mm: MemoryManager, rids: Sequence[str], num_draft: int) -> tor
         return mm._empty
     starts = [r.kv_allocated_len for r in reqs]
     ends = [s + num_draft for s in starts]
-    last = [mm._last_loc(r, s) for r, s in zip(reqs, starts, strict=True)]
+    last = mm._row_last_locs(reqs, starts)
     # Evict once, before the backup: pages a tree eviction frees inside the backup window
     # would be thrown away by the restore (a leak).
     mm._evict_for_alloc(starts, ends)
     alloc = mm.token_to_kv_pool_allocator
     state = alloc.backup_state()
     out = mm._alloc_slots(starts, ends, last, evict=False)
-    pos = 0
+    tags: list[int] = []
     for req, start, end in zip(reqs, starts, ends, strict=True):
         committed = req.kv_committed_len
         padded = req.all_token_ids[:committed] + [0] * (end - committed)
-        tags = kv_tags(padded, req.extra_key)[start:end]
-        mm.kv_cache.write_tags(out[pos : pos + num_draft], tags)
-        pos += num_draft
+        tags += kv_tags(padded, req.extra_key)[start:end]
+    mm.kv_cache.write_tags(out, device_ints(tags, mm.device))
     alloc.restore_state(state)
     return out
 
