@@ -143,6 +143,8 @@ class MemoryManager(LifecyclePrimitives):
             for req in reversed(matched_here):
                 self._unmatch(req)
             raise
+        held = [s for s in restoring if s is not None]
+        reads = iter(SessionSlot.read_rows(held, self.req_to_token_pool, self.device))
         for req, session in zip(reqs, restoring, strict=True):
             if session is not None:
                 session.restore_into(
@@ -151,6 +153,7 @@ class MemoryManager(LifecyclePrimitives):
                     self.token_to_kv_pool_allocator,
                     self.page_size,
                     segments=self.config.rules.release_path == "checkpoint",
+                    row_read=next(reads),
                 )
             elif req.state == "waiting":
                 req.cache_protected_len = len(req.prefix_indices)
