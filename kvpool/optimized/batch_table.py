@@ -33,13 +33,20 @@ from kvpool.kernels.host import to_device
 Ints = Sequence[int] | npt.NDArray[np.int64]
 
 
+def rows_of(holders: Sequence[Any]) -> list[int]:
+    """The rows (``req_pool_idx``) of requests or sessions that hold one."""
+    rows = [h.req_pool_idx for h in holders]
+    assert None not in rows, "every request of the batch holds a row"
+    return rows
+
+
 def table_of(pool: Any) -> torch.Tensor | None:
     """The pool's ``req_to_token`` tensor, or None for a pool that does not expose one."""
     table = getattr(pool, "req_to_token", None)
     return table if isinstance(table, torch.Tensor) else None
 
 
-def device_ints(values: Ints, device: torch.device) -> torch.Tensor:
+def device_ints(values: Ints | Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
     """Host integers (a list or an array, any shape) as an int64 tensor on ``device``: one
     ``non_blocking`` copy from the host (shared memory on the CPU)."""
     return to_device(np.asarray(values, dtype=np.int64), device)
@@ -127,7 +134,10 @@ def write_rows(
     if not rows:
         return
     idx = device_ints(np.stack((rows, prefix_lens, seq_lens)), table.device)
-    prefix_slots = torch.cat(tuple(prefixes)).to(table.device)
+    held = [
+        p for p in prefixes if p.numel()
+    ]  # a forgotten request's empty slots may be on the host
+    prefix_slots = torch.cat(held).to(table.device) if held else new_slots[:0]
     kernels.write_req_to_token(table, idx[0], prefix_slots, idx[1], idx[2], new_slots, backend)
 
 
@@ -135,6 +145,7 @@ __all__ = [
     "device_ints",
     "gather_columns",
     "last_locs",
+    "rows_of",
     "scatter_columns",
     "table_of",
     "write_rows",

@@ -33,6 +33,7 @@ from kvpool.optimized.batch_table import (
     device_ints,
     gather_columns,
     last_locs,
+    rows_of,
     scatter_columns,
     write_rows,
 )
@@ -295,7 +296,7 @@ class LifecyclePrimitives:
         the device (kvpool's ``get_last_loc``; nothing for page size 1, which never reads it)."""
         if self.page_size == 1 or not reqs:
             return self._empty
-        rows = [r.req_pool_idx for r in reqs]
+        rows = rows_of(reqs)
         return last_locs(self.req_to_token_pool, rows, cols, self.device, self.kernel_backend)
 
     # ----------------------------------------------------------------- primitives
@@ -362,7 +363,7 @@ class LifecyclePrimitives:
         if out is None:  # only a candidate allocator that ignores capacity gets here
             self.capacity_refusals += 1
             raise OutOfMemoryError("allocator refused after eviction")
-        rows = [r.req_pool_idx for r in reqs]
+        rows = rows_of(reqs)
         scatter_columns(self.req_to_token_pool, rows, cols, seq_lens, out)
         for req, col in zip(reqs, cols, strict=True):
             req.kv_allocated_len = col + 1
@@ -417,7 +418,7 @@ class LifecyclePrimitives:
         starts = [t[2] for t in todo]
         stops = [t[3] for t in todo]
         flat = gather_columns(self.req_to_token_pool, rows, starts, stops, self.device)
-        parts = flat.split([b - a for a, b in zip(starts, stops, strict=True)])
+        parts = torch.split(flat, [b - a for a, b in zip(starts, stops, strict=True)])
         for (req, row, a, b), part in zip(todo, parts, strict=True):
             self._over_read[req.rid] = (row, a, b, part)
 
@@ -436,7 +437,7 @@ class LifecyclePrimitives:
         into their slots (``slots``, flat in batch order, when the caller has them; else read
         from the rows in one gather). Returns the slots (int64)."""
         if slots is None:
-            rows = [r.req_pool_idx for r in reqs]
+            rows = rows_of(reqs)
             slots = gather_columns(self.req_to_token_pool, rows, starts, stops, self.device)
         parts = [r.kv_tags_upto(b)[a:b] for r, a, b in zip(reqs, starts, stops, strict=True)]
         if parts and slots.numel():

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from kvpool.constants import ceil_align
-from kvpool.optimized.batch_table import gather_columns
+from kvpool.optimized.batch_table import gather_columns, rows_of
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.optimized.req import Req
 
@@ -108,10 +108,10 @@ class SessionSlot:
         ``row_read`` of :meth:`restore_into`)."""
         if not slots:
             return []
-        rows = [s.req_pool_idx for s in slots]
+        rows = rows_of(slots)
         stops = [s.kv_allocated_len for s in slots]
         flat = gather_columns(req_to_token_pool, rows, [0] * len(slots), stops, device)
-        return list(flat.split(stops))
+        return list(torch.split(flat, stops))
 
     def close(self, req_to_token_pool: Any, allocator: Any, segments: bool = False) -> None:
         """Free ``[cache_protected_len, kv_allocated_len)`` (``free``, or with ``segments``

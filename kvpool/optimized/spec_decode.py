@@ -13,7 +13,7 @@ import torch
 
 from kvpool.constants import ceil_align
 from kvpool.errors import ContextOverflowError, InvalidArgumentError
-from kvpool.optimized.batch_table import device_ints, scatter_columns
+from kvpool.optimized.batch_table import device_ints, rows_of, scatter_columns
 from kvpool.tags import kv_tags
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def spec_step(
     grown = [r for r, _ in grow]
     out = mm._alloc_slots(starts, ends, mm._row_last_locs(grown, starts)) if grow else mm._empty
     if grow:
-        rows = [r.req_pool_idx for r in grown]
+        rows = rows_of(grown)
         scatter_columns(mm.req_to_token_pool, rows, starts, ends, out)
     for req, end in grow:
         req.kv_allocated_len = end
