@@ -238,8 +238,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         if not self._in_free_group:
             raise InvalidArgumentError("free_group_end without free_group_begin")
         ps = self.page_size
-        slots = torch.cat(self._pending_free) if self._pending_free else self._empty()
-        staged = torch.cat(self._pending_pages) if self._pending_pages else self._empty()
+        slots = _joined(self._pending_free, self._empty)
+        staged = _joined(self._pending_pages, self._empty)
         if self._free_mask is not None and slots.numel():
             check_free_slots(slots, self._free_mask, ps, not self._dedup_pages)
         if self._free_mask is not None and staged.numel():
@@ -372,6 +372,14 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
             opens_cpu=opens,
         )
         return out
+
+
+def _joined(parts: list[torch.Tensor], empty: Any) -> torch.Tensor:
+    """The buffered tensors of a free group as one (no copy for a single one)."""
+    if not parts:
+        result: torch.Tensor = empty()
+        return result
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
