@@ -7,6 +7,16 @@ are int64 tensors. Work is done per batch where the reference loops per token: s
 the allocator's vectorised ``alloc_extend``/``alloc_decode``, radix keys come from each request's
 cached token array, and KV tags continue a running hash instead of rehashing the whole prefix.
 
+As an engine runs it: with ``checked`` off, every step (extend, decode, the speculative steps,
+finish, abort, retract, session turns) issues a fixed number of tensor operations per batch,
+whatever its size, and reads nothing back from the device. Lengths and rows live on the host (as
+SGLang's CPU copies); the table work goes through :mod:`kvpool.optimized.batch_table`
+(``get_last_loc``, ``write_req_to_token``, one gather or scatter). Per request, on the host, as
+in SGLang: the tree's walks and its release path (``match_prefix``, ``insert``,
+``cache_finished_req``). The one device read left is the paged allocator's page
+de-duplication, once per ``free`` (a finish batch frees once, in a free group).
+tests/optimized/test_sync_free_manager.py counts both.
+
 ``device`` places every pool; ``checked`` turns on the pools' misuse checks (see
 :mod:`kvpool.optimized.checked`). Units: tokens for lengths, rows, slots.
 """
