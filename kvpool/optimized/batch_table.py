@@ -28,6 +28,7 @@ import numpy.typing as npt
 import torch
 
 from kvpool import kernels
+from kvpool.constants import ceil_align
 from kvpool.kernels.host import to_device
 
 Ints = Sequence[int] | npt.NDArray[np.int64]
@@ -141,10 +142,31 @@ def write_rows(
     kernels.write_req_to_token(table, idx[0], prefix_slots, idx[1], idx[2], new_slots, backend)
 
 
+def read_over_allocations(
+    pool: Any, reqs: Sequence[Any], page_size: int, device: torch.device
+) -> dict[str, tuple[int, int, int, torch.Tensor]]:
+    """``rid -> (row, start, stop, slots)`` for every request holding columns past
+    ``start = ceil_align(kv_committed_len, page_size)`` up to ``stop = kv_allocated_len`` (the
+    over-allocation a release frees): one gather for the batch, each request's slots (int64) a
+    view of it."""
+    todo = []
+    for r in reqs:
+        start = ceil_align(r.kv_committed_len, page_size)
+        if r.req_pool_idx is not None and r.kv_allocated_len > start:
+            todo.append((r.rid, r.req_pool_idx, start, r.kv_allocated_len))
+    if not todo:
+        return {}
+    rows, starts, stops = ([t[i] for t in todo] for i in (1, 2, 3))
+    flat = gather_columns(pool, rows, starts, stops, device)
+    parts = torch.split(flat, [b - a for a, b in zip(starts, stops, strict=True)])
+    return {rid: (row, a, b, part) for (rid, row, a, b), part in zip(todo, parts, strict=True)}
+
+
 __all__ = [
     "device_ints",
     "gather_columns",
     "last_locs",
+    "read_over_allocations",
     "rows_of",
     "scatter_columns",
     "table_of",

@@ -33,6 +33,7 @@ from kvpool.optimized.batch_table import (
     device_ints,
     gather_columns,
     last_locs,
+    read_over_allocations,
     rows_of,
     scatter_columns,
     write_rows,
@@ -401,26 +402,11 @@ class LifecyclePrimitives:
         return self.req_to_token_pool.read(row, start, stop).to(torch.int64)
 
     def _read_over_allocations(self, reqs: Sequence[Req]) -> None:
-        """Read, in one gather, every request's over-allocation ``[ceil_align(committed),
-        allocated)`` for :meth:`release_kv_cache` (a finish batch; the release never writes
-        those columns). Each request's slots are a view of the one tensor."""
-        ps = self.page_size
-        todo = [
-            (r, r.req_pool_idx, ceil_align(r.kv_committed_len, ps), r.kv_allocated_len)
-            for r in reqs
-            if r.req_pool_idx is not None
-            and r.kv_allocated_len > ceil_align(r.kv_committed_len, ps)
-        ]
-        self._over_read = {}
-        if not todo:
-            return
-        rows = [t[1] for t in todo]
-        starts = [t[2] for t in todo]
-        stops = [t[3] for t in todo]
-        flat = gather_columns(self.req_to_token_pool, rows, starts, stops, self.device)
-        parts = torch.split(flat, [b - a for a, b in zip(starts, stops, strict=True)])
-        for (req, row, a, b), part in zip(todo, parts, strict=True):
-            self._over_read[req.rid] = (row, a, b, part)
+        """Read every request's over-allocation in one gather for :meth:`release_kv_cache`
+        (a finish batch; see :func:`~kvpool.optimized.batch_table.read_over_allocations`)."""
+        self._over_read = read_over_allocations(
+            self.req_to_token_pool, reqs, self.page_size, self.device
+        )
 
     def write_kv(self, req: Req, start: int, stop: int) -> None:
         """Compute (write the tags of) tokens ``[start, stop)`` of ``req`` into their slots."""
