@@ -6,7 +6,10 @@ torch pools from a :class:`~kvpool.config.PoolConfig` and offers ``alloc_req_slo
 (rows first; ``available + evictable >= needed`` else OutOfMemoryError with nothing changed; then
 evict exactly the shortfall). Slots come from the allocator's vectorised ``alloc_extend`` /
 ``alloc_decode``; KV tags continue each request's running hash (:meth:`Req.kv_tags_upto`).
-Results are int64 slot tensors. Units: tokens for lengths, rows, slots.
+Every primitive works per batch: ``last_loc``, row writes, slot reads and KV-tag writes are a
+fixed number of tensor operations whatever the batch size, planned from host-side lengths, with
+no device read (:mod:`kvpool.optimized.batch_table`). Results are int64 slot tensors. Units:
+tokens for lengths, rows, slots.
 """
 
 from __future__ import annotations
