@@ -58,6 +58,15 @@ class MambaHooks:
         tag = int(req.kv_tags_upto(stop)[stop - 1]) if stop > 0 else 0
         forward_state(self.pool, [req], [tag])
 
+    def after_writes(self, reqs: Sequence[Req], stops: Sequence[int]) -> None:
+        """:meth:`after_write` for a batch: one state write for every request."""
+        if not reqs:
+            return
+        tags = [
+            int(r.kv_tags_upto(s)[s - 1]) if s > 0 else 0 for r, s in zip(reqs, stops, strict=True)
+        ]
+        forward_state(self.pool, list(reqs), tags)
+
     def before_release(self, req: Req) -> None:
         """Give back the request's Mamba slot and track buffers (it holds them with its row)."""
         if req.mamba_pool_idx is not None:
