@@ -52,6 +52,9 @@ class SWAAllocatorSnapshot:
     swa: AllocatorSnapshot
     full_to_swa: tuple[int, ...]
     pure: bool = False
+    resolves_at_group_end: bool = False
+    """``Rules.swa_free_resolve == "group_end"``: the full slots pending in a free group keep
+    their entries until ``free_group_end``."""
 
     def available_size(self) -> int:
         """Tokens allocatable in both pools: the smaller of the two free counts."""

@@ -20,6 +20,7 @@ from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.radix_cache import logical_clock
 from kvpool.reference.radix_key import ChildKey
+from kvpool.reference.swa_radix_cache import STAMP_STEP
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
 
@@ -67,6 +68,7 @@ class SWARadixCache:
         self.page_size = page_size
         self.sliding_window_size = sliding_window_size
         self.clock = clock if clock is not None else logical_clock()
+        self._walk_now, self._walk_seq = 0.0, 0
         self.device = token_to_kv_pool_allocator.device
         self.reset()
 
@@ -114,12 +116,14 @@ class SWARadixCache:
 
     def _split_node(self, child: SWATreeNode, split_len: int) -> SWATreeNode:
         """Cut ``child`` after ``split_len`` tokens; the new upper node (next id) copies the
-        locks, the tombstone flag and the time, and takes the swa_uuid."""
+        locks and the tombstone flag and takes the swa_uuid; both halves become the most
+        recently used, the upper one first (SGLang re-inserts them into its LRU lists)."""
         parent = child.parent
         assert parent is not None
         dict_key = self._child_key(parent, child.key)
         upper = self._new_node(child.key[:split_len], child.value[:split_len], parent,
-                               child.last_access_time)  # fmt: skip
+                               self._stamp())  # fmt: skip
+        child.last_access_time = self._stamp()
         upper.full_lock_ref, upper.swa_lock_ref = child.full_lock_ref, child.swa_lock_ref
         upper.swa_tombstone = child.swa_tombstone
         upper.swa_uuid, child.swa_uuid = child.swa_uuid, None
@@ -129,9 +133,9 @@ class SWARadixCache:
         parent.children[dict_key] = upper
         return upper
 
-    def _add_node(self, parent: SWATreeNode, key: RadixKey, value: torch.Tensor, now: float,
+    def _add_node(self, parent: SWATreeNode, key: RadixKey, value: torch.Tensor,
                   tombstone: bool) -> SWATreeNode:  # fmt: skip
-        node = self._new_node(key, value.clone(), parent, now)  # not a view of the caller's
+        node = self._new_node(key, value.clone(), parent, self._stamp())  # not the caller's view
         node.swa_tombstone = tombstone
         parent.children[self._child_key(parent, key)] = node
         self.full_evictable_size_ += len(key)
@@ -139,10 +143,25 @@ class SWARadixCache:
             self.swa_evictable_size_ += len(key)
         return node
 
-    def _touch_path(self, node: SWATreeNode, now: float) -> None:
+    def _start_walk(self) -> None:
+        """One clock read per walk; :meth:`_stamp` orders the stamps inside it."""
+        self._walk_now, self._walk_seq = self.clock(), 0
+
+    def _stamp(self) -> float:
+        """The current walk's time plus a tiny step per stamp: each stamp is more recent than
+        the one before (SGLang moves nodes to the front of its LRU lists one at a time)."""
+        self._walk_seq += 1
+        return self._walk_now + self._walk_seq * STAMP_STEP
+
+    def _touch_path(self, node: SWATreeNode) -> None:
+        """Stamp ``node`` and its ancestors, nearest the root first (so ``node`` is the most
+        recent, as SGLang's ``reset_node_and_parents_mru``)."""
+        path = []
         while node is not self.root_node and node.parent is not None:
-            node.last_access_time = now
+            path.append(node)
             node = node.parent
+        for cur in reversed(path):
+            cur.last_access_time = self._stamp()
 
     # ----------------------------------------------------------------- match / insert
     def match_prefix(self, key: RadixKey) -> SWAMatchResult:
@@ -151,7 +170,7 @@ class SWARadixCache:
         key = key[: floor_align(len(key), self.page_size)]
         if len(key) == 0:
             return SWAMatchResult(self._slots([]), self.root_node)
-        now = self.clock()
+        self._start_walk()
         node, values = self.root_node, list[torch.Tensor]()
         since_tombstone = float("inf")  # a path from the root without tombstone always counts
         best_len, best = 0, self.root_node
@@ -177,7 +196,7 @@ class SWARadixCache:
             key = key[n:]
         if since_tombstone >= window:
             best_len, best = len(values), node
-        self._touch_path(best, now)
+        self._touch_path(best)
         parts = values[:best_len]
         return SWAMatchResult(torch.cat(parts) if parts else self._slots([]), best)
 
@@ -196,14 +215,14 @@ class SWARadixCache:
             raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")
         if len(key) == 0:
             return 0
-        now = self.clock()
+        self._start_walk()
         alloc = self.token_to_kv_pool_allocator
         node, total = self.root_node, 0
         while len(key) > 0:
             child = node.children.get(self._child_key(node, key))
             if child is None:
                 break
-            child.last_access_time = now
+            child.last_access_time = self._stamp()
             n = self._match_len(child.key, key)
             if n < len(child.key):
                 child = self._split_node(child, n)
@@ -218,9 +237,9 @@ class SWARadixCache:
                 return total
             if swa_evicted_seqlen > total:
                 cut = swa_evicted_seqlen - total
-                node = self._add_node(node, key[:cut], value[:cut], now, tombstone=True)
+                node = self._add_node(node, key[:cut], value[:cut], tombstone=True)
                 key, value = key[cut:], value[cut:]
-            self._add_node(node, key, value, now, tombstone=False)
+            self._add_node(node, key, value, tombstone=False)
         return total
 
     def _merge_matched(self, node: SWATreeNode, incoming: torch.Tensor, start: int,
@@ -236,7 +255,6 @@ class SWARadixCache:
         if cut:
             # the first `cut` tokens stay a tombstone (upper half); recover the lower half
             self._split_node(node, cut)
-            alloc.free(incoming[:cut])
         if node.full_lock_ref > 0:
             # a running request reads these full slots: keep them, adopt the incoming SWA
             alloc.set_full_to_swa_mapping(node.value, alloc.translate_loc_from_full_to_swa(
@@ -246,6 +264,8 @@ class SWARadixCache:
         else:
             alloc.free(node.value)
             node.value = incoming[cut:].clone()
+        if cut:
+            alloc.free(incoming[:cut])  # after the recovery's frees, as SGLang orders them
         node.swa_tombstone = False
         self.swa_evictable_size_ += n - cut
 

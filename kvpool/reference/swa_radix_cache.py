@@ -25,9 +25,11 @@ Rules (as SGLang 0.5.16, in kvpool's words; both twins follow them exactly):
   locked, only loses its SWA slots (tombstone); an unlocked leaf is deleted.
 - ``dec_swa_lock_only``: a request whose window moved past its prefix drops the SWA part of its
   lock; a leaf left without SWA lock is tombstoned at once (its full part stays locked).
-- Least recently used: smallest ``(last_access_time, depth, node_id)``; a walk stamps every node
-  it touches with one clock read, so nodes nearer the root go first. Invalid locks raise
-  LockError and change nothing.
+- Least recently used: smallest ``(last_access_time, depth, node_id)``. A walk reads the clock
+  once and stamps the nodes it touches in SGLang's LRU-list order, each a little later than the
+  one before (:data:`STAMP_STEP`): an insert stamps the nodes it walks root first, a split makes
+  both halves the most recent (upper first), new nodes come last; a match stamps its matched
+  path root first, after any split it made. Invalid locks raise LockError and change nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ from kvpool.reference.radix_cache import logical_clock
 from kvpool.reference.radix_key import ChildKey, RadixKey
 from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
+
+STAMP_STEP = 2.0**-20
+"""How much later each stamp inside one walk is than the one before (far below one clock tick:
+a walk stamps a few hundred nodes at most)."""
 
 
 class SWATreeNode:
@@ -87,6 +93,7 @@ class SWARadixCache:
         self.page_size = page_size
         self.sliding_window_size = sliding_window_size
         self.clock = clock if clock is not None else logical_clock()
+        self._walk_now, self._walk_seq = 0.0, 0
         self.reset()
 
     def reset(self) -> None:
@@ -130,12 +137,14 @@ class SWARadixCache:
 
     def _split_node(self, child: SWATreeNode, split_len: int) -> SWATreeNode:
         """Cut ``child`` after ``split_len`` tokens; the new upper node (next id) copies the
-        locks, the tombstone flag and the time, and takes the swa_uuid."""
+        locks and the tombstone flag and takes the swa_uuid; both halves become the most
+        recently used, the upper one first (SGLang re-inserts them into its LRU lists)."""
         parent = child.parent
         assert parent is not None
         dict_key = self._child_key(parent, child.key)
         upper = self._new_node(child.key[:split_len], child.value[:split_len], parent,
-                               child.last_access_time)  # fmt: skip
+                               self._stamp())  # fmt: skip
+        child.last_access_time = self._stamp()
         upper.full_lock_ref, upper.swa_lock_ref = child.full_lock_ref, child.swa_lock_ref
         upper.swa_tombstone = child.swa_tombstone
         upper.swa_uuid, child.swa_uuid = child.swa_uuid, None
@@ -145,9 +154,9 @@ class SWARadixCache:
         parent.children[dict_key] = upper
         return upper
 
-    def _add_node(self, parent: SWATreeNode, key: RadixKey, value: list[int], now: float,
+    def _add_node(self, parent: SWATreeNode, key: RadixKey, value: list[int],
                   tombstone: bool) -> SWATreeNode:  # fmt: skip
-        node = self._new_node(key, value, parent, now)
+        node = self._new_node(key, value, parent, self._stamp())
         node.swa_tombstone = tombstone
         parent.children[self._child_key(parent, key)] = node
         self.full_evictable_size_ += len(key)
@@ -155,10 +164,25 @@ class SWARadixCache:
             self.swa_evictable_size_ += len(key)
         return node
 
-    def _touch_path(self, node: SWATreeNode, now: float) -> None:
+    def _start_walk(self) -> None:
+        """One clock read per walk; :meth:`_stamp` orders the stamps inside it."""
+        self._walk_now, self._walk_seq = self.clock(), 0
+
+    def _stamp(self) -> float:
+        """The current walk's time plus a tiny step per stamp: each stamp is more recent than
+        the one before (SGLang moves nodes to the front of its LRU lists one at a time)."""
+        self._walk_seq += 1
+        return self._walk_now + self._walk_seq * STAMP_STEP
+
+    def _touch_path(self, node: SWATreeNode) -> None:
+        """Stamp ``node`` and its ancestors, nearest the root first (so ``node`` is the most
+        recent, as SGLang's ``reset_node_and_parents_mru``)."""
+        path = []
         while node is not self.root_node and node.parent is not None:
-            node.last_access_time = now
+            path.append(node)
             node = node.parent
+        for cur in reversed(path):
+            cur.last_access_time = self._stamp()
 
     # ----------------------------------------------------------------- match / insert
     def match_prefix(self, key: RadixKey) -> SWAMatchResult:
@@ -167,7 +191,7 @@ class SWARadixCache:
         key = key[: floor_align(len(key), self.page_size)]
         if len(key) == 0:
             return SWAMatchResult([], self.root_node)
-        now = self.clock()
+        self._start_walk()
         node, values = self.root_node, list[list[int]]()
         since_tombstone = float("inf")  # a path from the root without tombstone always counts
         best_len, best = 0, self.root_node
@@ -193,7 +217,7 @@ class SWARadixCache:
             key = key[n:]
         if since_tombstone >= window:
             best_len, best = len(values), node
-        self._touch_path(best, now)
+        self._touch_path(best)
         slots = [s for part in values[:best_len] for s in part]
         return SWAMatchResult(slots, best)
 
@@ -212,14 +236,14 @@ class SWARadixCache:
             raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")
         if len(key) == 0:
             return 0
-        now = self.clock()
+        self._start_walk()
         alloc = self.token_to_kv_pool_allocator
         node, total = self.root_node, 0
         while len(key) > 0:
             child = node.children.get(self._child_key(node, key))
             if child is None:
                 break
-            child.last_access_time = now
+            child.last_access_time = self._stamp()
             n = self._match_len(child.key, key)
             if n < len(child.key):
                 child = self._split_node(child, n)
@@ -234,9 +258,9 @@ class SWARadixCache:
                 return total
             if swa_evicted_seqlen > total:
                 cut = swa_evicted_seqlen - total
-                node = self._add_node(node, key[:cut], value[:cut], now, tombstone=True)
+                node = self._add_node(node, key[:cut], value[:cut], tombstone=True)
                 key, value = key[cut:], value[cut:]
-            self._add_node(node, key, value, now, tombstone=False)
+            self._add_node(node, key, value, tombstone=False)
         return total
 
     def _merge_matched(self, node: SWATreeNode, incoming: list[int], start: int,
@@ -252,7 +276,6 @@ class SWARadixCache:
         if cut:
             # the first `cut` tokens stay a tombstone (upper half); recover the lower half
             self._split_node(node, cut)
-            alloc.free(incoming[:cut])
         if node.full_lock_ref > 0:
             # a running request reads these full slots: keep them, adopt the incoming SWA
             alloc.set_full_to_swa_mapping(node.value, alloc.translate_loc_from_full_to_swa(
@@ -262,6 +285,8 @@ class SWARadixCache:
         else:
             alloc.free(node.value)
             node.value = list(incoming[cut:])
+        if cut:
+            alloc.free(incoming[:cut])  # after the recovery's frees, as SGLang orders them
         node.swa_tombstone = False
         self.swa_evictable_size_ += n - cut
 
@@ -457,4 +482,4 @@ class SWARadixCache:
                             self.swa_protected_size_)  # fmt: skip
 
 
-__all__ = ["SWAMatchResult", "SWARadixCache", "SWATreeNode"]
+__all__ = ["STAMP_STEP", "SWAMatchResult", "SWARadixCache", "SWATreeNode"]

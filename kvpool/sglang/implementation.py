@@ -13,6 +13,8 @@ from kvpool.sglang.allocators import SGLangAllocator
 from kvpool.sglang.loader import load_sglang
 from kvpool.sglang.radix import SGLangRadixCache, make_radix_key
 from kvpool.sglang.req_to_token import SGLangReqToTokenPool
+from kvpool.sglang.swa import SGLangSWAAllocator
+from kvpool.sglang.swa_radix import SGLangSWARadixCache
 from kvpool.testing.bundle import Implementation
 
 
@@ -23,7 +25,8 @@ def implementation(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Implementation:
     """SGLang from ``source`` (see :func:`kvpool.sglang.load_sglang`) with factories for the
-    allocator, ``ReqToTokenPool`` and ``RadixCache`` (no ``manager``) and
+    allocator, ``ReqToTokenPool``, ``RadixCache``, ``SWATokenToKVPoolAllocator`` and
+    ``SWARadixCache`` (no ``manager``) and
     ``rules=Rules.for_sglang(version)``, the version read from the source. ``naive_extend``
     routes ``alloc_extend`` through SGLang's ``alloc_extend_naive`` (see
     :class:`~kvpool.sglang.allocators.SGLangAllocator`). Raises
@@ -50,6 +53,14 @@ def implementation(
             eviction_policy=config.eviction_policy,
         )
 
+    def swa_allocator(config: PoolConfig) -> SGLangSWAAllocator:
+        return SGLangSWAAllocator(
+            modules, config.size, config.swa_size, config.page_size, config.need_sort
+        )
+
+    def swa_radix_cache(config: PoolConfig, alloc: Any) -> SGLangSWARadixCache:
+        return SGLangSWARadixCache(modules, alloc, config.page_size, config.sliding_window or 1)
+
     def radix_key(token_ids: Sequence[int], extra_key: str | None) -> Any:
         return make_radix_key(modules, token_ids, extra_key)
 
@@ -64,6 +75,8 @@ def implementation(
         req_to_token_pool=req_to_token_pool,
         radix_cache=radix_cache,
         radix_key=radix_key,
+        swa_allocator=swa_allocator,
+        swa_radix_cache=swa_radix_cache,
         rules=rules,
         index=index,
     )

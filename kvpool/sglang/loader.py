@@ -43,6 +43,9 @@ REAL_MODULES = (
     "sglang.srt.mem_cache.utils",
     "sglang.srt.mem_cache.events",
     "sglang.srt.mem_cache.session_radix_cache",
+    "sglang.srt.mem_cache.allocator.swa",
+    "sglang.srt.mem_cache.base_swa_memory_pool",
+    "sglang.srt.mem_cache.swa_radix_cache",
 )
 """SGLang modules executed from SGLang's own source (the behaviour under test lives here)."""
 
