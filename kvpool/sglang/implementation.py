@@ -26,7 +26,8 @@ def implementation(
 ) -> Implementation:
     """SGLang from ``source`` (see :func:`kvpool.sglang.load_sglang`) with factories for the
     allocator, ``ReqToTokenPool``, ``RadixCache``, ``SWATokenToKVPoolAllocator`` and
-    ``SWARadixCache`` (no ``manager``) and
+    ``SWARadixCache`` (the last two for releases with 0.5.16's SWA classes, before 0.5.18;
+    no ``manager``) and
     ``rules=Rules.for_sglang(version)``, the version read from the source. ``naive_extend``
     routes ``alloc_extend`` through SGLang's ``alloc_extend_naive`` (see
     :class:`~kvpool.sglang.allocators.SGLangAllocator`). Raises
@@ -34,6 +35,9 @@ def implementation(
     :class:`~kvpool.errors.ConfigError` when kvpool has no rules preset for its version."""
     modules = load_sglang(source, cache_dir=cache_dir)
     rules = Rules.for_sglang(modules.version)
+    # the SWA adapters follow 0.5.16's SWA classes; 0.5.23 rebuilt them over per-pool
+    # components the loader does not load (its SWA factories stay absent: verify says so)
+    swa_audited = rules.swa_free_resolve == "group_end"
 
     def allocator(config: PoolConfig) -> SGLangAllocator:
         return SGLangAllocator(
@@ -75,8 +79,8 @@ def implementation(
         req_to_token_pool=req_to_token_pool,
         radix_cache=radix_cache,
         radix_key=radix_key,
-        swa_allocator=swa_allocator,
-        swa_radix_cache=swa_radix_cache,
+        swa_allocator=swa_allocator if swa_audited else None,
+        swa_radix_cache=swa_radix_cache if swa_audited else None,
         rules=rules,
         index=index,
     )
