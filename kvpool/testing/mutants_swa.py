@@ -154,6 +154,39 @@ def window_overshoot(mm: Any) -> None:
     mm.sliding_window = max(mm.sliding_window - 1, 0)
 
 
+def restore_keeps_mapping(alloc: Any) -> None:
+    """``restore_state`` puts back the free lists only (SGLang 0.5.16): the entries written since
+    the backup stay on full slots that are free again."""
+    need(alloc, "restore_state", "full_to_swa_index_mapping")
+
+    def make(orig: Any) -> Callable[[Any], None]:
+        def restore_state(state: Any) -> None:
+            current = alloc.full_to_swa_index_mapping.clone()
+            orig(state)
+            alloc.full_to_swa_index_mapping.copy_(current)
+
+        return restore_state
+
+    wrap(alloc, "restore_state", make)
+
+
+def split_keeps_time(tree: Any) -> None:
+    """A split leaves both halves at the old node's time instead of making them the most
+    recently used: after a match that splits a node, eviction takes another node first."""
+    need(tree, "_split_node")
+
+    def make(orig: Any) -> Callable[[Any, int], Any]:
+        def split(child: Any, split_len: int) -> Any:
+            then = child.last_access_time
+            upper = orig(child, split_len)
+            upper.last_access_time = child.last_access_time = then
+            return upper
+
+        return split
+
+    wrap(tree, "_split_node", make)
+
+
 SWA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("swa-stale-mapping", "a recycled full slot keeps a stale SWA mapping",
                     ("INV-SWA-FREE-UNMAPPED",), stale_mapping_on_free),
@@ -180,6 +213,10 @@ SWA_MUTANTS: tuple[ComponentMutant, ...] = (
                     "swa_manager"),
     ComponentMutant("swa-window-overshoot", "the lifecycle releases a page still inside the "
                     "window", ("lockstep-diff",), window_overshoot, "swa_manager"),
+    ComponentMutant("swa-restore-stale-mapping", "restore_state leaves the entries written since "
+                    "the backup", ("INV-SWA-FREE-UNMAPPED",), restore_keeps_mapping),
+    ComponentMutant("swa-split-keeps-time", "a split does not make its halves the most recently "
+                    "used", ("lockstep-diff",), split_keeps_time, "swa_radix_cache"),
 )  # fmt: skip
 """The seeded SWA bugs of the quality suite (allocator, radix cache, lifecycle)."""
 
@@ -188,7 +225,9 @@ __all__ = [
     "decode_takes_full_before_swa",
     "lazy_group_resolution",
     "locked_leaf_deleted",
+    "restore_keeps_mapping",
     "sentinel_freed",
+    "split_keeps_time",
     "stale_mapping_on_free",
     "window_evicted_under_lock",
     "window_never_released",
