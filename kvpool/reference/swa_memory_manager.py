@@ -14,8 +14,16 @@ After each ``decode`` the window of every decoded request moves:
 its whole pages that left it (chunk-cache rule: keep ``sliding_window`` tokens), and the manager
 remembers, per request row hand-out, its ``swa_evicted_seqlen`` (reported in the snapshot).
 
-Scope (kvpool): the chunk cache only (``disable_radix_cache``; the SWA radix cache is verified
-on its own machine), and at least 2 layers. ConfigError otherwise, or without a window.
+With the radix cache on (``disable_radix_cache=False``) the tree is an
+:class:`~kvpool.reference.swa_radix_lifecycle.SWARadixLifecycle` (an ``SWARadixCache`` with
+SGLang 0.5.16's SWA hand-overs): a finish inserts the committed tokens with the request's
+``swa_evicted_seqlen`` (the released part becomes a tombstone node), the window keeps
+``max(sliding_window, page_size)`` tokens, and capacity and eviction count each pool apart: a
+step needs ``needed`` tokens of free plus evictable in the full pool *and* in the SWA pool, and
+evicts each pool's deficit (:func:`~kvpool.reference.swa_lifecycle.evict_for_swa_alloc`).
+
+Scope (kvpool): at least 2 layers, an MHA layout and a window (ConfigError otherwise); no
+streaming sessions (InvalidArgumentError: a session would carry its window across turns).
 """
 
 from __future__ import annotations
@@ -25,12 +33,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvpool.config import PoolConfig
-from kvpool.errors import ConfigError
+from kvpool.errors import ConfigError, InvalidArgumentError, OutOfMemoryError
 from kvpool.reference.memory_manager import MemoryManager
 from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.swa_chunk_cache import SWAChunkCache
 from kvpool.reference.swa_kv_pool import SWAKVPool
-from kvpool.reference.swa_lifecycle import free_swa_out_of_window_slots
+from kvpool.reference.swa_lifecycle import evict_for_swa_alloc, free_swa_out_of_window_slots
+from kvpool.reference.swa_radix_lifecycle import SWARadixLifecycle
 from kvpool.snapshot import PoolSnapshot, SWAAllocatorSnapshot
 
 
@@ -38,8 +47,6 @@ def check_swa_config(config: PoolConfig) -> int:
     """The window (tokens) of a config an SWA manager accepts; ConfigError otherwise."""
     if config.sliding_window is None:
         raise ConfigError("an SWA manager needs config.sliding_window")
-    if not config.disable_radix_cache:
-        raise ConfigError("the SWA manager runs the chunk cache only (disable_radix_cache)")
     if config.num_layers < 2 or config.kv_layout != "mha":
         raise ConfigError("an SWA manager needs an MHA layout of at least 2 layers")
     return config.sliding_window
@@ -58,13 +65,17 @@ class SWAMemoryManager(MemoryManager):
                        config.head_dim, [i for i in layers if i % 2], [i for i in layers
                        if not i % 2], config.v_head_dim)  # fmt: skip
         kv.register_mapping(alloc.full_to_swa_index_mapping)
+
+        def tree(cfg: PoolConfig, pool: Any, a: Any) -> Any:
+            if cfg.disable_radix_cache:
+                return SWAChunkCache(pool, a, ps, window)
+            return SWARadixLifecycle(pool, a, ps, window, clock)
+
         super().__init__(
-            config,
-            clock,
-            token_to_kv_pool_allocator=alloc,
-            tree_cache=lambda cfg, pool, a: SWAChunkCache(pool, a, ps, window),
-            kv_cache=kv,
+            config, clock, token_to_kv_pool_allocator=alloc, tree_cache=tree, kv_cache=kv
         )
+        if isinstance(self.tree_cache, SWARadixLifecycle):
+            self.tree_cache.evicted_of = lambda req: self.swa_evicted_seqlen(req.rid)
         self.sliding_window = window
         self._swa_evicted: dict[str, tuple[int, int, int]] = {}
         """rid -> (row, row generation, swa_evicted_seqlen): valid for that hand-out only."""
@@ -91,9 +102,43 @@ class SWAMemoryManager(MemoryManager):
             evicted = free_swa_out_of_window_slots(
                 self.req_to_token_pool.read(row, 0, pre_len), self.swa_evicted_seqlen(rid),
                 pre_len, req.cache_protected_len, self.sliding_window, self.page_size, alloc,
-                is_chunk_cache=True)  # fmt: skip
+                is_chunk_cache=self.tree_cache.disable)  # fmt: skip
             self._swa_evicted[rid] = (row, self.req_to_token_pool.req_generation[row], evicted)
         return slots
+
+    # ----------------------------------------------------------------- capacity (radix cache)
+    def _check_capacity(self, needed: int, extra_available: int = 0) -> None:
+        """With the radix cache: OutOfMemoryError unless each pool's free plus evictable tokens
+        reach ``needed`` (the chunk cache: the manager's rule)."""
+        tree = self.tree_cache
+        if not isinstance(tree, SWARadixLifecycle):
+            super()._check_capacity(needed, extra_available)
+            return
+        alloc: Any = self.token_to_kv_pool_allocator
+        full = alloc.full_available_size() + extra_available + tree.evictable_size()
+        swa = alloc.swa_available_size() + extra_available + tree.swa_evictable_size()
+        if min(full, swa) < needed:
+            raise OutOfMemoryError(f"need {needed} tokens; full {full}, SWA {swa} with eviction")
+
+    def _evict_for(self, needed: int, new_tokens: int = 0, batch_size: int = 0) -> None:
+        """With the radix cache: check both pools, then evict each one's deficit."""
+        if not isinstance(self.tree_cache, SWARadixLifecycle):
+            super()._evict_for(needed, new_tokens, batch_size)
+            return
+        self._check_capacity(needed)
+        evict_for_swa_alloc(self.tree_cache, self.token_to_kv_pool_allocator, needed)
+
+    def evict(self, num_tokens: int) -> int:
+        """Evict ``num_tokens`` full tokens from the tree; returns the full tokens freed."""
+        if isinstance(self.tree_cache, SWARadixLifecycle):
+            if num_tokens < 0:
+                raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+            return self.tree_cache.evict(num_tokens)[0]
+        return super().evict(num_tokens)
+
+    def open_session(self, session_id: str) -> None:
+        """InvalidArgumentError: sessions of SWA models are not modelled."""
+        raise InvalidArgumentError("streaming sessions of sliding-window models are not modelled")
 
     def snapshot(self) -> PoolSnapshot:
         """The manager's snapshot with ``allocator`` the full pool's, ``swa`` both pools' and

@@ -187,6 +187,36 @@ def split_keeps_time(tree: Any) -> None:
     wrap(tree, "_split_node", make)
 
 
+def tombstone_keeps_swa(mm: Any) -> None:
+    """The lifecycle's SWA eviction tombstones a node without freeing its SWA slots: they leak,
+    still named by the tombstone's full slots."""
+    tree = getattr(mm.tree_cache, "tree", None)
+    if tree is None:
+        return  # the chunk cache: nothing to seed (the run stays clean)
+    alloc = tree.token_to_kv_pool_allocator
+
+    def make(orig: Any) -> Callable[[int, int], Any]:
+        def evict(num_tokens: int, swa_num_tokens: int = 0) -> Any:
+            saved = alloc.free_swa
+            alloc.free_swa = lambda free_index: None
+            try:
+                return orig(num_tokens, swa_num_tokens)
+            finally:
+                alloc.free_swa = saved
+
+        return evict
+
+    wrap(tree, "evict", make)
+
+
+def finish_forgets_window(mm: Any) -> None:
+    """A finish inserts the request's tokens as if its window had released nothing: the tokens
+    whose SWA slots are gone enter the tree as SWA-holding nodes."""
+    if getattr(mm.tree_cache, "tree", None) is None:
+        return
+    mm.tree_cache.evicted_of = lambda req: 0
+
+
 SWA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("swa-stale-mapping", "a recycled full slot keeps a stale SWA mapping",
                     ("INV-SWA-FREE-UNMAPPED",), stale_mapping_on_free),
@@ -217,18 +247,27 @@ SWA_MUTANTS: tuple[ComponentMutant, ...] = (
                     "the backup", ("INV-SWA-FREE-UNMAPPED",), restore_keeps_mapping),
     ComponentMutant("swa-split-keeps-time", "a split does not make its halves the most recently "
                     "used", ("lockstep-diff",), split_keeps_time, "swa_radix_cache"),
+    ComponentMutant("swa-tombstone-keeps-swa", "the lifecycle's SWA eviction tombstones a node "
+                    "without freeing its SWA slots", ("INV-SWA-TOMBSTONE", "INV-SWA-ACCOUNTING",
+                    "INV-CAPACITY-HONOURED"),
+                    tombstone_keeps_swa, "swa_manager"),
+    ComponentMutant("swa-finish-forgets-window", "a finish inserts released window tokens as "
+                    "SWA-holding nodes", ("INV-SWA-ACCOUNTING", "INV-SWA-ONE-MAPPING",
+                    "lockstep-diff"), finish_forgets_window, "swa_manager"),
 )  # fmt: skip
 """The seeded SWA bugs of the quality suite (allocator, radix cache, lifecycle)."""
 
 __all__ = [
     "SWA_MUTANTS",
     "decode_takes_full_before_swa",
+    "finish_forgets_window",
     "lazy_group_resolution",
     "locked_leaf_deleted",
     "restore_keeps_mapping",
     "sentinel_freed",
     "split_keeps_time",
     "stale_mapping_on_free",
+    "tombstone_keeps_swa",
     "window_evicted_under_lock",
     "window_never_released",
     "window_overshoot",

@@ -13,7 +13,7 @@ import pytest
 
 from kvpool.cli import main
 from kvpool.config import PoolConfig
-from kvpool.errors import ConfigError
+from kvpool.errors import ConfigError, InvalidArgumentError
 from kvpool.reference.swa_memory_manager import SWAMemoryManager
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
@@ -32,10 +32,28 @@ def test_lockstep_campaign_is_clean_and_reaches_every_tag() -> None:
 
 def test_configs_outside_the_model_are_refused() -> None:
     chunk = PoolConfig(disable_radix_cache=True)
-    for config in (chunk, PoolConfig(sliding_window=4),
+    for config in (chunk, dataclasses.replace(chunk, sliding_window=4, kv_layout="mla"),
                    dataclasses.replace(chunk, sliding_window=4, num_layers=1)):  # fmt: skip
         with pytest.raises(ConfigError):
             SWAMemoryManager(config)
+
+
+def test_radix_lifecycle_finish_leaves_a_tombstone_and_a_match_recovers_nothing_stale() -> None:
+    config = PoolConfig(size=32, page_size=2, disable_radix_cache=False, sliding_window=2,
+                        swa_full_tokens_ratio=0.5)  # fmt: skip
+    mm = SWAMemoryManager(config)
+    mm.new_req("a", [1, 2, 3, 4, 5])
+    mm.extend(["a"])
+    for tok in (6, 7, 8, 9):
+        mm.decode(["a"], [tok])
+    assert mm.snapshot().reqs[0].swa_evicted_seqlen == 6
+    mm.finish(["a"])
+    snap = mm.snapshot()
+    nodes = [(n.key, n.swa_tombstone) for n in snap.tree.nodes[1:]]
+    assert nodes == [((1, 2, 3, 4, 5, 6), True), ((7, 8), False)]
+    assert snap.swa is not None and snap.swa.swa.available_size() == 16 - 2
+    with pytest.raises(InvalidArgumentError):
+        mm.open_session("s")
 
 
 def test_verify_component_swa_manager(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
