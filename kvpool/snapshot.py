@@ -168,6 +168,9 @@ class SessionSnapshot:
     last_node_id: int | None
     row: tuple[int, ...] = ()
     busy_with: str | None = None
+    swa_evicted_seqlen: int = 0
+    """Hybrid SWA managers: leading tokens of the held row whose SWA slots the turn's window
+    released (tokens, a page multiple)."""
 
 
 @dataclass(frozen=True)

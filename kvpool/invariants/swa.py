@@ -248,7 +248,15 @@ def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
                if i >= own):  # fmt: skip
             bad.append(r.req_pool_idx)
         held += ceil_align(r.kv_allocated_len, swa.swa.page_size) - cut
-    held += sum(ceil_align(s.kv_allocated_len, swa.swa.page_size) for s in snap.sessions)
+    for s in snap.sessions:
+        if s.req_pool_idx is None:
+            continue
+        own = s.cache_protected_len
+        cut = max(s.swa_evicted_seqlen, own)
+        if any((mapping[f] != RESERVED_INDEX) != (i >= cut) for i, f in enumerate(s.row)
+               if i >= own):  # fmt: skip
+            bad.append(s.req_pool_idx)
+        held += ceil_align(s.kv_allocated_len, swa.swa.page_size) - cut
     _fail("INV-SWA-WINDOW", "rows whose SWA mapping disagrees with their window", bad)
     tree = None if snap.tree.disabled else snap.tree
     if tree is not None:

@@ -24,8 +24,11 @@ SGLang 0.5.16's SWA hand-overs): a finish inserts the committed tokens with the 
 step needs ``needed`` tokens of free plus evictable in the full pool *and* in the SWA pool, and
 evicts each pool's deficit (:func:`~kvpool.optimized.swa_lifecycle.evict_for_swa_alloc`).
 
-Scope (kvpool): at least 2 layers, an MHA layout and a window (ConfigError otherwise); no
-streaming sessions (InvalidArgumentError: a session would carry its window across turns).
+Streaming sessions: a finished turn hands its row *and its window* (``swa_evicted_seqlen``) to
+the session, the next turn's first extend carries them on, and a close frees the session's
+slots through the allocator's ``free`` (each pool gets back exactly what it holds).
+
+Scope (kvpool): at least 2 layers, an MHA layout and a window (ConfigError otherwise).
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ class SWAMemoryManager(MemoryManager):
         self.sliding_window = window
         self._swa_evicted: dict[str, tuple[int, int, int]] = {}
         """rid -> (row, row generation, swa_evicted_seqlen): valid for that hand-out only."""
+        self._session_swa: dict[str, int] = {}
+        """session id -> the swa_evicted_seqlen of the turn whose row the session holds."""
 
     def swa_evicted_seqlen(self, rid: str) -> int:
         """Leading tokens of ``rid`` whose SWA slots its window released (0 without a row)."""
@@ -148,9 +153,41 @@ class SWAMemoryManager(MemoryManager):
             return self.tree_cache.evict(num_tokens)[0]
         return super().evict(num_tokens)
 
-    def open_session(self, session_id: str) -> None:
-        """InvalidArgumentError: sessions of SWA models are not modelled."""
-        raise InvalidArgumentError("streaming sessions of sliding-window models are not modelled")
+    # ----------------------------------------------------------------- sessions
+    def extend(
+        self, rids: Sequence[str], chunk_sizes: Sequence[int | None] | None = None
+    ) -> torch.Tensor:
+        """The manager's extend; a session turn restored here carries on the session's window
+        (its ``swa_evicted_seqlen``)."""
+        carried: dict[str, int] = {}
+        for rid in rids:
+            req = self.reqs.get(rid)
+            if req is not None and self._restoring_session(req) is not None:
+                assert req.session_id is not None
+                carried[rid] = self._session_swa.get(req.session_id, 0)
+        out = super().extend(rids, chunk_sizes)
+        for rid, evicted in carried.items():
+            req = self.reqs[rid]
+            row = req.req_pool_idx
+            assert row is not None and req.session_id is not None
+            self._swa_evicted[rid] = (row, self.req_to_token_pool.req_generation[row], evicted)
+            self._session_swa.pop(req.session_id, None)
+        return out
+
+    def finish(self, rids: Sequence[str], is_insert: bool = True) -> None:
+        """The manager's finish; a session turn hands its window to the session with its row."""
+        handed: dict[str, int] = {}
+        for rid in rids:
+            req = self.reqs.get(rid)
+            if req is not None and req.session_id is not None and self._session_of(req):
+                handed[req.session_id] = self.swa_evicted_seqlen(rid)
+        super().finish(rids, is_insert)
+        self._session_swa.update(handed)
+
+    def close_session(self, session_id: str) -> None:
+        """The manager's close (the allocator's ``free`` releases the SWA slots still mapped)."""
+        super().close_session(session_id)
+        self._session_swa.pop(session_id, None)
 
     def snapshot(self) -> PoolSnapshot:
         """The manager's snapshot with ``allocator`` the full pool's, ``swa`` both pools' and
@@ -160,8 +197,11 @@ class SWAMemoryManager(MemoryManager):
         assert isinstance(swa, SWAAllocatorSnapshot)
         reqs = tuple(dataclasses.replace(r, swa_evicted_seqlen=self.swa_evicted_seqlen(r.rid))
                      for r in snap.reqs)  # fmt: skip
+        sessions = tuple(dataclasses.replace(
+            s, swa_evicted_seqlen=self._session_swa.get(s.session_id, 0) if s.row else 0)
+            for s in snap.sessions)  # fmt: skip
         full = swa.full
-        return dataclasses.replace(snap, allocator=full, swa=swa, reqs=reqs,
+        return dataclasses.replace(snap, allocator=full, swa=swa, reqs=reqs, sessions=sessions,
                                    max_total_num_tokens=full.size)  # fmt: skip
 
 

@@ -6,8 +6,8 @@ released after every decode), on configurations the swarm draws as for the manag
 window (below, at and above a page), a full-to-SWA size ratio (SWA pools smaller, equal,
 larger) and, in half the runs, the SWA radix cache with an SWA pool smaller than the full one
 (so that SWA eviction and tombstones are frequent). Requests
-extend (chunked too), decode, take speculative steps, finish, abort and retract; sessions are
-left out (an SWA session would need its window carried across turns). Every step checks the
+extend (chunked too), decode, take speculative steps, finish, abort and retract, and streaming
+sessions carry a turn's row and window to the next turn. Every step checks the
 pool invariants, which include ``INV-SWA-WINDOW`` and, through it, every ``INV-SWA-*`` check.
 """
 
@@ -25,8 +25,10 @@ from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.machines.lifecycle import LifecyclePair, LifecycleTarget
 from kvpool.testing.swarm import KINDS, Chooser, Op, draw_config, draw_op
 
-SWA_KINDS = tuple(k for k in KINDS if k not in ("session_turn", "open_session", "close_session"))
-"""The lifecycle's operation kinds without sessions."""
+_SESSION_KINDS = ("session_turn", "open_session", "close_session")
+SWA_KINDS = (*(k for k in KINDS if k not in _SESSION_KINDS), "decode", "decode", *_SESSION_KINDS)
+"""The lifecycle's operation kinds with more decodes (the window slides on decode) and each
+session kind once."""
 
 
 def swa_manager_factory(impl: Implementation) -> Factory:
@@ -49,7 +51,7 @@ def radix_tags(before: Sequence[NodeSnapshot], after: Sequence[NodeSnapshot]) ->
 
 
 class SWALifecyclePair(LifecyclePair):
-    """A :class:`LifecyclePair` of two SWA managers, drawing no session operation."""
+    """A :class:`LifecyclePair` of two SWA managers."""
 
     def __init__(
         self,
@@ -73,6 +75,9 @@ class SWALifecyclePair(LifecyclePair):
         was = {r.rid: r.swa_evicted_seqlen for r in before.reqs}
         if any(r.swa_evicted_seqlen > was.get(r.rid, 0) for r in after.reqs):
             self.coverage["decode:window-slid"] += 1
+        slid = {s.session_id for s in before.sessions if s.row and s.swa_evicted_seqlen}
+        if any(s.session_id in slid and not s.row for s in after.sessions):
+            self.coverage["session:window-carried"] += 1
         if not after.tree.disabled:
             self.coverage.update(radix_tags(before.tree.nodes, after.tree.nodes))
         return out
