@@ -26,6 +26,7 @@ TREE_FREES = ("free", "segment")
 HIT_COUNTS = ("chunked", "inserted_len")
 RELEASE_PATHS = ("finished_req", "checkpoint")
 MAMBA_SLOT_SHORTAGES = ("refuse", "assert")
+SWA_FREE_RESOLVES = ("free", "group_end")
 SGLANG_RELEASES = ("0.5.16", "0.5.23")
 """SGLang releases with a preset (:meth:`Rules.for_sglang`); audited in specs/fidelity.md."""
 
@@ -89,6 +90,25 @@ class Rules:
       (SGLang): ``alloc`` takes the rows, then asserts; the match asserts. Like
       ``rejects_misuse``, kvpool still refuses; a harness does not drive an implementation
       with these rules into the shortage.
+    - ``swa_free_resolve``: when an SWA allocator's ``free`` inside a free group reads the
+      mapping of the freed full slots. ``"free"`` (kvpool; SGLang 0.5.23): at the call (the
+      SWA slots go to the SWA pool's group, the entries are zeroed at once). ``"group_end"``
+      (SGLang 0.5.16): the full slots are buffered with their entries intact and
+      ``free_group_end`` frees them and then the SWA slots their entries name then; the SWA
+      pool is never in a group (a ``free_swa`` inside the group frees at once).
+    - ``swa_restore_mapping``: True (kvpool): an SWA allocator's ``restore_state`` puts back
+      the mapping too. False (SGLang 0.5.16): only the two free lists, so the entries of slots
+      allocated since the backup stay, stale (INV-SWA-FREE-UNMAPPED; a later free of a page
+      paired with another SWA page frees another request's SWA slots: specs/sglang.md). kvpool's
+      twins always restore the mapping; a harness must not restore an implementation with
+      these rules.
+    - ``swa_decode_refusal_clean``: True (kvpool): an SWA allocator's ``alloc_decode`` that
+      does not fit both pools returns None and changes nothing. False (SGLang 0.5.16, 0.5.23):
+      it runs both page allocators' ``alloc_decode`` before it looks at either result, so the
+      pages one pool handed out are dropped (leaked) when the other is short; SGLang's
+      scheduler never gets there (a refused decode is its out-of-memory error). kvpool's twins
+      always refuse cleanly; a harness must not issue a decode that does not fit to an
+      implementation with these rules.
     """
 
     row_order: str = "lifo"
@@ -103,6 +123,9 @@ class Rules:
     hit_count: str = "chunked"
     release_path: str = "finished_req"
     mamba_slot_shortage: str = "refuse"
+    swa_free_resolve: str = "free"
+    swa_restore_mapping: bool = True
+    swa_decode_refusal_clean: bool = True
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -116,6 +139,7 @@ class Rules:
             ("hit_count", self.hit_count, HIT_COUNTS),
             ("release_path", self.release_path, RELEASE_PATHS),
             ("mamba_slot_shortage", self.mamba_slot_shortage, MAMBA_SLOT_SHORTAGES),
+            ("swa_free_resolve", self.swa_free_resolve, SWA_FREE_RESOLVES),
         ):
             if value not in allowed:
                 raise ConfigError(f"Rules.{name} must be one of {allowed}, got {value!r}")
@@ -129,6 +153,7 @@ class Rules:
         if parts[:2] != (0, 5) or not known:
             raise ConfigError(f"no rules preset for SGLang {version!r}; known: {SGLANG_RELEASES}")
         lenient = cls(
+            swa_decode_refusal_clean=False,
             refused_alloc_unchanged=False,
             unaligned_paged_alloc="floor",
             rejects_misuse=False,
@@ -137,7 +162,12 @@ class Rules:
         )
         if parts < (0, 5, 18):
             return replace(
-                lenient, row_order="fifo", generation_on_clear="reset", eviction_amount="demand"
+                lenient,
+                row_order="fifo",
+                generation_on_clear="reset",
+                eviction_amount="demand",
+                swa_free_resolve="group_end",
+                swa_restore_mapping=False,
             )
         # Rows pop from the tail from 0.5.18 on; the monotonic generation, the staged pages and
         # the shortfall eviction are 0.5.23's (audited releases only: specs/fidelity.md).

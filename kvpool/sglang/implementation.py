@@ -16,6 +16,8 @@ from kvpool.sglang.loader import load_sglang
 from kvpool.sglang.mamba_radix import SGLangMambaRadixCache
 from kvpool.sglang.radix import SGLangRadixCache, make_radix_key
 from kvpool.sglang.req_to_token import SGLangReqToTokenPool
+from kvpool.sglang.swa import SGLangSWAAllocator
+from kvpool.sglang.swa_radix import SGLangSWARadixCache
 from kvpool.testing.bundle import Implementation
 
 
@@ -28,7 +30,8 @@ def implementation(
     """SGLang from ``source`` (see :func:`kvpool.sglang.load_sglang`) with factories for the
     allocator, ``ReqToTokenPool``, ``RadixCache`` and, for the audited releases
     (:data:`~kvpool.sglang.hybrid.HYBRID_RELEASES`), the hybrid pool, its Mamba steps and
-    ``MambaRadixCache`` (no ``manager``) and
+    ``MambaRadixCache``, ``SWATokenToKVPoolAllocator`` and ``SWARadixCache`` (the last two for
+    releases with 0.5.16's SWA classes, before 0.5.18; no ``manager``) and
     ``rules=Rules.for_sglang(version)``, the version read from the source. ``naive_extend``
     routes ``alloc_extend`` through SGLang's ``alloc_extend_naive`` (see
     :class:`~kvpool.sglang.allocators.SGLangAllocator`). Raises
@@ -36,6 +39,9 @@ def implementation(
     :class:`~kvpool.errors.ConfigError` when kvpool has no rules preset for its version."""
     modules = load_sglang(source, cache_dir=cache_dir)
     rules = Rules.for_sglang(modules.version)
+    # the SWA adapters follow 0.5.16's SWA classes; 0.5.23 rebuilt them over per-pool
+    # components the loader does not load (its SWA factories stay absent: verify says so)
+    swa_audited = rules.swa_free_resolve == "group_end"
 
     def allocator(config: PoolConfig) -> SGLangAllocator:
         return SGLangAllocator(
@@ -54,6 +60,14 @@ def implementation(
             disable=config.disable_radix_cache,
             eviction_policy=config.eviction_policy,
         )
+
+    def swa_allocator(config: PoolConfig) -> SGLangSWAAllocator:
+        return SGLangSWAAllocator(
+            modules, config.size, config.swa_size, config.page_size, config.need_sort
+        )
+
+    def swa_radix_cache(config: PoolConfig, alloc: Any) -> SGLangSWARadixCache:
+        return SGLangSWARadixCache(modules, alloc, config.page_size, config.sliding_window or 1)
 
     def radix_key(token_ids: Sequence[int], extra_key: str | None) -> Any:
         return make_radix_key(modules, token_ids, extra_key)
@@ -92,6 +106,8 @@ def implementation(
         hybrid_req_to_token_pool=hybrid if has_hybrid else None,
         mamba_steps=mamba_lifecycle if has_hybrid else None,
         mamba_radix_cache=mamba_tree if has_hybrid else None,
+        swa_allocator=swa_allocator if swa_audited else None,
+        swa_radix_cache=swa_radix_cache if swa_audited else None,
         rules=rules,
         index=index,
         hiradix_cache=hiradix_cache if _has_hiradix(modules) else None,

@@ -46,6 +46,9 @@ REAL_MODULES = (
     "sglang.srt.mem_cache.hiradix_cache",
     "sglang.srt.mem_cache.allocator.mamba",
     "sglang.srt.mem_cache.mamba_radix_cache",
+    "sglang.srt.mem_cache.allocator.swa",
+    "sglang.srt.mem_cache.base_swa_memory_pool",
+    "sglang.srt.mem_cache.swa_radix_cache",
 )
 """SGLang modules executed from SGLang's own source (the behaviour under test lives here)."""
 

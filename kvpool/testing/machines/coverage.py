@@ -50,7 +50,8 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
     "swa_manager": (
         "extend:ok", "extend:oom", "extend:chunked", "decode:ok", "decode:oom",
         "decode:window-slid", "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok",
-        "retract:ok", "invalid:refused",
+        "retract:ok", "invalid:refused", "extend:evicted", "radix:tombstoned",
+        "session:restore", "session:window-carried",
     ),
     "manager": (
         "extend:ok", "extend:oom", "extend:chunked", "extend:evicted", "decode:ok", "decode:oom",
