@@ -21,30 +21,11 @@ from kvpool.optimized.radix_key import RadixKey, check_tree_range, tree_value
 from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa_radix_evict import SWARadixEviction
 from kvpool.optimized.swa_radix_locks import SWARadixLocks
+from kvpool.optimized.swa_tree_node import SWATreeNode
 from kvpool.reference.radix_cache import logical_clock
 from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.reference.swa_radix_cache import STAMP_STEP
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
-
-
-class SWATreeNode:
-    """A node: ``key`` tokens at full slots ``value``; lock counts, tombstone flag, swa_uuid."""
-
-    def __init__(self, node_id: int, key: RadixKey, value: torch.Tensor,
-                 parent: SWATreeNode | None, now: float) -> None:  # fmt: skip
-        self.node_id, self.key, self.value, self.parent = node_id, key, value, parent
-        self.children: dict[ChildKey, SWATreeNode] = {}
-        self.full_lock_ref = 0
-        self.swa_lock_ref = 0
-        self.swa_tombstone = False
-        self.swa_uuid: int | None = None
-        self.last_access_time = now
-
-    def depth(self) -> int:
-        d, cur = 0, self.parent
-        while cur is not None:
-            d, cur = d + 1, cur.parent
-        return d
 
 
 @dataclass

@@ -6,15 +6,11 @@ Twin of :mod:`kvpool.reference.swa_radix_locks` (same counts, uuids, sizes and e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kvpool.errors import LockError
-
-if TYPE_CHECKING:
-    from kvpool.optimized.radix_key import RadixKey
-    from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
-    from kvpool.optimized.swa_radix_cache import SWATreeNode
-    from kvpool.reference.radix_key import ChildKey
+from kvpool.optimized.radix_key import RadixKey
+from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
+from kvpool.optimized.swa_tree_node import SWATreeNode
+from kvpool.reference.radix_key import ChildKey
 
 
 class SWARadixLocks:

@@ -44,31 +44,12 @@ from kvpool.reference.radix_key import ChildKey, RadixKey, check_tree_slots, tre
 from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.swa_radix_evict import SWARadixEviction
 from kvpool.reference.swa_radix_locks import SWARadixLocks
+from kvpool.reference.swa_tree_node import SWATreeNode
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
 STAMP_STEP = 2.0**-20
 """How much later each stamp inside one walk is than the one before (far below one clock tick:
 a walk stamps a few hundred nodes at most)."""
-
-
-class SWATreeNode:
-    """A node: ``key`` tokens at full slots ``value``; lock counts, tombstone flag, swa_uuid."""
-
-    def __init__(self, node_id: int, key: RadixKey, value: list[int], parent: SWATreeNode | None,
-                 now: float) -> None:  # fmt: skip
-        self.node_id, self.key, self.value, self.parent = node_id, key, value, parent
-        self.children: dict[ChildKey, SWATreeNode] = {}
-        self.full_lock_ref = 0
-        self.swa_lock_ref = 0
-        self.swa_tombstone = False
-        self.swa_uuid: int | None = None
-        self.last_access_time = now
-
-    def depth(self) -> int:
-        d, cur = 0, self.parent
-        while cur is not None:
-            d, cur = d + 1, cur.parent
-        return d
 
 
 @dataclass

@@ -10,14 +10,10 @@ an internal node, or a leaf whose full part is still locked, only loses its SWA 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kvpool.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from kvpool.reference.radix_key import ChildKey, RadixKey
-    from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
-    from kvpool.reference.swa_radix_cache import SWATreeNode
+from kvpool.reference.radix_key import ChildKey, RadixKey
+from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
+from kvpool.reference.swa_tree_node import SWATreeNode
 
 
 class SWARadixEviction:

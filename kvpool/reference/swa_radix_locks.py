@@ -11,14 +11,10 @@ and change nothing (rules: :mod:`kvpool.reference.swa_radix_cache`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kvpool.errors import LockError
-
-if TYPE_CHECKING:
-    from kvpool.reference.radix_key import ChildKey, RadixKey
-    from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
-    from kvpool.reference.swa_radix_cache import SWATreeNode
+from kvpool.reference.radix_key import ChildKey, RadixKey
+from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
+from kvpool.reference.swa_tree_node import SWATreeNode
 
 
 class SWARadixLocks:
