@@ -55,6 +55,10 @@ class PoolConfig:
     """Host tier: storage prefetches shorter than this (tokens) are not started (SGLang's 256)."""
     hicache_storage: bool = False
     """Host tier: a storage backend is attached (prefetches can run)."""
+    enable_hierarchical_cache: bool = False
+    """Host tier in the request lifecycle (SGLang's ``--enable-hierarchical-cache``): the memory
+    manager's tree cache is a ``HiRadixCache`` over a host pool of ``hicache_ratio`` times the
+    device pool. Needs the radix cache; not for hybrid (Mamba) models."""
 
     def __post_init__(self) -> None:
         if not is_power_of_two(self.page_size):
@@ -101,6 +105,8 @@ class PoolConfig:
             raise ConfigError(f"unknown hicache_write_policy {self.hicache_write_policy!r}")
         if self.hicache_load_back_threshold < 0 or self.hicache_prefetch_threshold < 0:
             raise ConfigError("hicache thresholds must be >= 0 tokens")
+        if self.enable_hierarchical_cache and (self.disable_radix_cache or self.mamba_slots):
+            raise ConfigError("the host tier needs the radix cache and a non-hybrid model")
 
     @property
     def swa_size(self) -> int:
