@@ -16,7 +16,13 @@ from kvpool.optimized.mamba_hooks import MambaHooks
 from kvpool.optimized.req import Req
 from kvpool.optimized.session import SessionSlot
 from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
-from kvpool.snapshot import HostTierSnapshot, PoolSnapshot, ReqSnapshot, SessionSnapshot, TreeSnapshot
+from kvpool.snapshot import (
+    HostTierSnapshot,
+    PoolSnapshot,
+    ReqSnapshot,
+    SessionSnapshot,
+    TreeSnapshot,
+)
 from kvpool.tags import kv_tags
 
 

@@ -66,15 +66,18 @@ class HiCacheLifecycle:
         tree = self.tree_cache
         return tree if hasattr(tree, "init_load_back") else None
 
-    def _admit_prefix(self, result: MatchResult, load_back: bool = True) -> tuple[list[int], TreeNode]:
+    def _admit_prefix(
+        self, result: MatchResult, load_back: bool = True
+    ) -> tuple[list[int], TreeNode | None]:
         """The prefix a request takes from ``result``: its device slots, and its last node; when
         the match ends in host memory (and ``load_back``), the restored slots too and the
         restored node."""
         prefix, last = result.device_indices, result.last_device_node
         tree = self.hiradix()
-        if tree is None or not load_back or not result.host_hit_length:
+        host_node = result.last_host_node
+        if tree is None or not load_back or not result.host_hit_length or host_node is None:
             return prefix, last
-        loaded, node = tree.init_load_back(result.last_host_node)
+        loaded, node = tree.init_load_back(host_node)
         return prefix + list(loaded), node
 
     def _wait_for_loads(self) -> None:

@@ -15,7 +15,13 @@ from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.reference.mamba_hooks import MambaHooks
 from kvpool.reference.req import Req
 from kvpool.reference.session import SessionSlot
-from kvpool.snapshot import HostTierSnapshot, PoolSnapshot, ReqSnapshot, SessionSnapshot, TreeSnapshot
+from kvpool.snapshot import (
+    HostTierSnapshot,
+    PoolSnapshot,
+    ReqSnapshot,
+    SessionSnapshot,
+    TreeSnapshot,
+)
 from kvpool.tags import kv_tags
 
 

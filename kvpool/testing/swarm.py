@@ -218,9 +218,13 @@ KINDS: tuple[str, ...] = (
 """Operation kinds, repeated by weight (the campaign draws uniformly from this tuple).
 ``twin_req`` is a new request copying a waiting request's prompt when there is one."""
 
-HOST_KINDS: tuple[str, ...] = ("ack_writes", "ack_writes", "ack_loads", "ack_loads")
+HOST_KINDS: tuple[str, ...] = (
+    "ack_writes", "ack_writes", "ack_loads", "ack_loads", "match_prefix", "match_prefix",
+    "match_prefix", "evict",
+)  # fmt: skip
 """Kinds added to :data:`KINDS` for a manager with the host tier: write and load
-acknowledgements (the first ``k`` arrive; ``-1``: an invalid call)."""
+acknowledgements (the first ``k`` arrive; ``-1``: an invalid call), and more admissions
+(``match_prefix``, where host hits load back) and evictions (which make nodes host-only)."""
 
 
 def draw_op(c: Chooser, v: View, kind: str) -> Op:

@@ -127,7 +127,9 @@ def host_tags(op: Op, result: Any, before: PoolSnapshot, after: PoolSnapshot) ->
         t.kind == "load" for t in before.host.transfers
     ):
         tags.append("host:load-back")
-    if sum(n.evicted for n in after.host.tree.nodes) > sum(n.evicted for n in before.host.tree.nodes):
+    if sum(n.evicted for n in after.host.tree.nodes) > sum(
+        n.evicted for n in before.host.tree.nodes
+    ):
         tags.append("host:to-host-only")
     if op.name == "finish" and len(after.host.transfers) > len(before.host.transfers):
         tags.append("host:write-issued")
