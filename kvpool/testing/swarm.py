@@ -220,11 +220,12 @@ KINDS: tuple[str, ...] = (
 
 HOST_KINDS: tuple[str, ...] = (
     "ack_writes", "ack_writes", "ack_loads", "ack_loads", "match_prefix", "match_prefix",
-    "match_prefix", "evict",
+    "match_prefix", "evict", "evict", "finish", "finish",
 )  # fmt: skip
 """Kinds added to :data:`KINDS` for a manager with the host tier: write and load
 acknowledgements (the first ``k`` arrive; ``-1``: an invalid call), and more admissions
-(``match_prefix``, where host hits load back) and evictions (which make nodes host-only)."""
+(``match_prefix``, where host hits load back), finishes (whose inserts write to host) and
+evictions (which make nodes host-only)."""
 
 
 def draw_op(c: Chooser, v: View, kind: str) -> Op:
