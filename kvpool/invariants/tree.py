@@ -4,9 +4,11 @@ Units: key/value lengths and sizes are tokens; values are token slots; pages are
 page_size. A disabled tree (chunk cache) has no nodes and zero sizes, so these checks then only
 require that.
 
-Lock holders are the requests and sessions that name a ``last_node_id``; a non-root node's
+Lock holders are the requests and sessions that name a ``last_node_id`` (with the host tier,
+also the transfers in flight that hold a lock: :func:`lock_holders`); a non-root node's
 ``lock_ref`` must equal the number of holders whose last node lies in its subtree (this catches a
-lock walked from the wrong node, lost on a split, or never released).
+lock walked from the wrong node, lost on a split, or never released). With the host tier the
+pool invariants read the tree without its host-only nodes (:func:`device_view`).
 """
 
 from __future__ import annotations
