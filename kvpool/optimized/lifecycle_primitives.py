@@ -31,6 +31,7 @@ from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPool
 from kvpool.optimized.chunk_cache import ChunkCache
 from kvpool.optimized.kv_cache import KVCache, kv_cache_from_config
 from kvpool.optimized.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
+from kvpool.optimized.mamba_radix_release import MambaLifecycleCache
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.radix_cache import RadixCache
@@ -101,7 +102,7 @@ class LifecyclePrimitives:
             config,
         )
         pool, alloc = self.req_to_token_pool, self.token_to_kv_pool_allocator
-        self.tree_cache: RadixCache | ChunkCache = resolve(
+        self.tree_cache: RadixCache | ChunkCache | MambaLifecycleCache = resolve(
             "tree_cache",
             tree_cache,
             lambda: (
@@ -110,6 +111,8 @@ class LifecyclePrimitives:
                 else RadixCache(
                     pool, alloc, ps, False, config.eviction_policy, clock, rules=config.rules
                 )
+                if config.mamba_slots is None
+                else MambaLifecycleCache(pool, alloc, ps, options=opts)
             ),
             config,
             pool,
@@ -121,6 +124,8 @@ class LifecyclePrimitives:
         )
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
         """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
+        if self.mamba_hooks is not None and isinstance(self.tree_cache, MambaLifecycleCache):
+            self.mamba_hooks.tree = self.tree_cache
         self.capacity_refusals = 0
         """Allocations the allocator refused after the capacity check admitted them."""
         self.reqs: dict[str, Req] = {}
@@ -271,6 +276,8 @@ class LifecyclePrimitives:
             self.mamba_hooks.check_admission(reqs)
         last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens, strict=True)]
         out = self._alloc_slots(prefix_lens, seqs, last_locs)
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.evict_for_admission(reqs)
         rows = self.alloc_req_slots(reqs)
         if self.mamba_hooks is not None:
             self.mamba_hooks.after_admission(reqs)
