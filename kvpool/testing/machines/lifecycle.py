@@ -13,6 +13,7 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
+from kvpool.testing.machines.mamba_lifecycle import mamba_radix_tags
 from kvpool.snapshot import PoolSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.lockstep_driver import Factory, Lockstep
@@ -93,7 +94,7 @@ def lifecycle_tags(
 ) -> list[str]:
     """Coverage tags of one lifecycle step."""
     if isinstance(error, OutOfMemoryError) and not op.expect_error:
-        return [f"{op.name}:oom"]
+        return [f"{op.name}:oom", *mamba_radix_tags(op.name, error, before, after)]
     tags = [outcome_tag(op, None if error else result, error)]
     if op.name in ("abort", "retract") and op.expect_error:
         tags.append(f"invalid:{op.name}")
@@ -113,6 +114,7 @@ def lifecycle_tags(
                 tags.append("session:hybrid-restore")
     if before.allocator.release_pages and not after.allocator.release_pages:
         tags.append("merge:by-alloc")
+    tags += mamba_radix_tags(op.name, error, before, after)
     return tags
 
 
