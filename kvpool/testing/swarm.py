@@ -84,7 +84,7 @@ def draw_config(
     ``hybrid``: the candidate models hybrid (Mamba) models, so configurations with the radix
     cache off and ``need_sort`` (one in eight) get a few Mamba slots, fewer than rows, so that
     admission is often refused for want of them; so do those with the radix cache on, page size
-    1 and ``need_sort`` (the Mamba radix cache: two to four slots, so that cached states are
+    1 and ``need_sort`` (the Mamba radix cache: three to seven slots, so that cached states are
     evicted and admissions refused often; LRU eviction, no track buffers). No extra draw: the
     other fields, and so every seed's run, stay as they were."""
     ps = page_size if page_size is not None else c.choice(SUPPORTED_PAGE_SIZES_TESTED)
@@ -119,7 +119,7 @@ def draw_config(
         and getattr(fields.get("rules"), "release_path", "finished_req") == "finished_req"
         and "mamba_slots" not in overrides
     ):  # the Mamba radix cache: page size 1, LRU, no track buffers, few slots
-        fields["mamba_slots"] = 2 + pages % 3
+        fields["mamba_slots"] = 3 + pages % 5
         fields["mamba_layers"] = 1 + pages % 2
         fields["eviction_policy"] = "lru"
     return PoolConfig(**fields)

@@ -8,6 +8,8 @@ Each tag names an event of a lifecycle step read off the snapshots before and af
 - ``mamba-radix:chunk-copy``: a prefill chunk cached a copy of the request's state.
 - ``mamba-radix:evicted``: a step evicted cached states (admission, copy-on-write, KV eviction).
 - ``mamba-radix:refused``: an extend was refused (OutOfMemoryError) by a Mamba manager.
+- ``mamba-radix:extend-cow``: an extend admitted a waiting request from a cached prefix (its
+  state copied into its own slot).
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ def mamba_radix_tags(
         tags.append("mamba-radix:donated")
     if name == "extend" and new - old:
         tags.append("mamba-radix:chunk-copy")
+    waiting = {r.rid for r in before.reqs if r.state == "waiting"}
+    if name == "extend" and any(
+        r.rid in waiting and r.state == "running" and not r.is_chunked and r.cache_protected_len
+        for r in after.reqs
+    ):
+        tags.append("mamba-radix:extend-cow")
     if old - new - req_slots and name != "finish":
         tags.append("mamba-radix:evicted")
     return tags
