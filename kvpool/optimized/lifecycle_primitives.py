@@ -102,7 +102,9 @@ class LifecyclePrimitives:
             config,
         )
         pool, alloc = self.req_to_token_pool, self.token_to_kv_pool_allocator
-        self.tree_cache: RadixCache | ChunkCache | MambaLifecycleCache = resolve(
+        # A hybrid model with the radix cache on gets a MambaLifecycleCache, which offers the
+        # same lifecycle calls (its own snapshot and eviction results are handled where read).
+        self.tree_cache: RadixCache | ChunkCache = resolve(
             "tree_cache",
             tree_cache,
             lambda: (

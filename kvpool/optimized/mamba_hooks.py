@@ -108,7 +108,6 @@ class MambaHooks:
         if req.mamba_pool_idx is not None:
             release_waiting(self.pool, req)
 
-
     def after_admission(self, reqs: Sequence[Req]) -> None:
         """Zero the state of every request given a fresh slot."""
         prepare_forward(self.pool, reqs)

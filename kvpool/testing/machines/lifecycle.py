@@ -13,11 +13,11 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
-from kvpool.testing.machines.mamba_lifecycle import mamba_radix_tags
 from kvpool.snapshot import PoolSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.machines.coverage import outcome_tag
+from kvpool.testing.machines.mamba_lifecycle import mamba_radix_tags
 from kvpool.testing.swarm import KINDS, Chooser, Op, draw_config, draw_op
 
 
