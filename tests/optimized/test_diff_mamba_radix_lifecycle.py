@@ -7,13 +7,14 @@ nothing changed when even eviction leaves too few. Every step's snapshot passes 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from kvpool import optimized, reference
 from kvpool.config import PoolConfig
-from kvpool.errors import OutOfMemoryError
+from kvpool.errors import InvariantViolation, OutOfMemoryError
 from kvpool.invariants import check_all
 from kvpool.invariants.mamba import tree_checkpoints
 from kvpool.snapshot import PoolSnapshot
@@ -161,3 +162,25 @@ def _script(mm: Any) -> PoolSnapshot:
 
 def test_both_twins_end_in_the_same_state() -> None:
     assert _script(manager(reference)) == _script(manager(optimized))
+
+
+def test_pool_scope_mamba_invariants_fire_on_bad_lifecycle_snapshots() -> None:
+    """The tree's checkpoints are owners at pool scope: forgetting them leaks their slots, and
+    a request naming a checkpoint's slot shares it."""
+    mm = manager(reference)
+    cached = finished_prefix(mm)
+    mm.new_req("b", [7, 8, 9])
+    mm.extend(["b"])
+    good = snap(mm)
+    assert good.mamba is not None
+    forgotten = dataclasses.replace(good, mamba=dataclasses.replace(good.mamba, tree=None))
+    with pytest.raises(InvariantViolation) as info:
+        check_all(forgotten)
+    assert info.value.invariant_id == "INV-MAMBA-ACCOUNTING" and info.value.indices == (cached,)
+    (view,) = good.mamba.reqs
+    shared = dataclasses.replace(
+        good, mamba=dataclasses.replace(good.mamba, reqs=(dataclasses.replace(view, slot=cached),))
+    )
+    with pytest.raises(InvariantViolation) as info:
+        check_all(shared)
+    assert info.value.invariant_id == "INV-MAMBA-ONE-OWNER" and info.value.indices == (cached,)
