@@ -16,6 +16,8 @@ Decisions (both twins follow them):
   ``needed`` is new tokens (page size 1) or ``new pages * page_size``.
 - Waiting requests keep ``cache_protected_len == 0`` and hold no slots; ``match_prefix`` locks
   the matched node and remembers ``prefix_indices``; ``extend`` sets ``cache_protected_len``.
+  (With the Mamba radix cache, a waiting request matched to a cached state holds one Mamba slot:
+  its copy of that state; see :mod:`kvpool.reference.mamba_hooks`.)
 - Requests leave the table when finished or aborted. A session turn's ``match_prefix`` returns the
   session's committed length without touching the tree (the lock comes with the restore).
 - A session turn's ``finish`` hands everything to the session (``is_insert`` is ignored).
