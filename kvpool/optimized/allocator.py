@@ -18,8 +18,7 @@ lengths: :func:`~kvpool.optimized.paged_ops.check_extend_host`) run in both mode
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -272,10 +271,12 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         """``(free_pages, release_pages)`` as clones (EAGLE v1 borrows draft slots with it)."""
         return (self.free_pages.clone(), self.release_pages.clone())
 
-    def restore_state(self, state: Any) -> None:
+    def restore_state(self, state: object) -> None:
         """Put back free lists taken by :meth:`backup_state`. Checked mode raises
         InvalidArgumentError for anything but two tensors of distinct page ids in
         ``1..num_pages``."""
+        free_pages: IndexLike
+        release_pages: IndexLike
         if self.checked:
             free_pages, release_pages = check_free_list_state(state, self.num_pages)
         else:  # the shape of the state (host metadata), not its page ids
@@ -390,11 +391,10 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         return out
 
 
-def _joined(parts: list[torch.Tensor], empty: Any) -> torch.Tensor:
+def _joined(parts: list[torch.Tensor], empty: Callable[[], torch.Tensor]) -> torch.Tensor:
     """The buffered tensors of a free group as one (no copy for a single one)."""
     if not parts:
-        result: torch.Tensor = empty()
-        return result
+        return empty()
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 

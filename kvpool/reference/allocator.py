@@ -19,7 +19,6 @@ when ``batch_size > len(free_pages)``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import (
@@ -235,7 +234,7 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         """``(free_pages, release_pages)`` as tuples (EAGLE v1 borrows draft slots with it)."""
         return (tuple(self.free_pages), tuple(self.release_pages))
 
-    def restore_state(self, state: Any) -> None:
+    def restore_state(self, state: object) -> None:
         """Put back free lists taken by :meth:`backup_state`. Raises InvalidArgumentError for
         anything but two sequences of distinct page ids in ``1..num_pages``."""
         if not isinstance(state, tuple) or len(state) != 2:
