@@ -179,6 +179,8 @@ class TreeNode:
         self._value = value
         self.children: dict[ChildKey, TreeNode] = {}
         self.parent = parent
+        # a ChildKey, None at the root only; Any because callers index ``children`` with it
+        # once they know the node is not the root
         self.child_key: Any = None
         self.lock_ref = 0
         self.last_access_time = now
