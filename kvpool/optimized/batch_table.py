@@ -28,7 +28,6 @@ import numpy.typing as npt
 import torch
 
 from kvpool import kernels
-from kvpool.constants import ceil_align
 from kvpool.kernels.host import to_device
 
 Ints = Sequence[int] | npt.NDArray[np.int64]
@@ -142,31 +141,31 @@ def write_rows(
     kernels.write_req_to_token(table, idx[0], prefix_slots, idx[1], idx[2], new_slots, backend)
 
 
-def read_over_allocations(
-    pool: Any, reqs: Sequence[Any], page_size: int, device: torch.device
-) -> dict[str, tuple[int, int, int, torch.Tensor]]:
-    """``rid -> (row, start, stop, slots)`` for every request holding columns past
-    ``start = ceil_align(kv_committed_len, page_size)`` up to ``stop = kv_allocated_len`` (the
-    over-allocation a release frees): one gather for the batch, each request's slots (int64) a
-    view of it."""
-    todo = []
-    for r in reqs:
-        start = ceil_align(r.kv_committed_len, page_size)
-        if r.req_pool_idx is not None and r.kv_allocated_len > start:
-            todo.append((r.rid, r.req_pool_idx, start, r.kv_allocated_len))
+def read_held_rows(
+    pool: Any, reqs: Sequence[Any], device: torch.device
+) -> dict[str, tuple[int, int, torch.Tensor]]:
+    """``rid -> (row, stop, slots)``: columns ``[0, stop = kv_allocated_len)`` of every request
+    that holds a row and columns (what a release reads: the committed KV the tree takes or
+    frees, and the over-allocation past it), in one gather for the batch; each request's slots
+    (int64, 1-D, on ``device``) are a view of it, so slicing them launches nothing."""
+    todo = [
+        (r.rid, r.req_pool_idx, r.kv_allocated_len)
+        for r in reqs
+        if r.req_pool_idx is not None and r.kv_allocated_len > 0
+    ]
     if not todo:
         return {}
-    rows, starts, stops = ([t[i] for t in todo] for i in (1, 2, 3))
-    flat = gather_columns(pool, rows, starts, stops, device)
-    parts = torch.split(flat, [b - a for a, b in zip(starts, stops, strict=True)])
-    return {rid: (row, a, b, part) for (rid, row, a, b), part in zip(todo, parts, strict=True)}
+    rows, stops = [t[1] for t in todo], [t[2] for t in todo]
+    flat = gather_columns(pool, rows, [0] * len(todo), stops, device)
+    parts = torch.split(flat, stops)
+    return {rid: (row, b, part) for (rid, row, b), part in zip(todo, parts, strict=True)}
 
 
 __all__ = [
     "device_ints",
     "gather_columns",
     "last_locs",
-    "read_over_allocations",
+    "read_held_rows",
     "rows_of",
     "scatter_columns",
     "table_of",

@@ -231,7 +231,7 @@ class MemoryManager(LifecyclePrimitives):
         alloc = self.token_to_kv_pool_allocator
         alloc.free_group_begin()
         try:
-            self._read_over_allocations([r for r in reqs if self._session_of(r) is None])
+            self._read_held_rows([r for r in reqs if self._session_of(r) is None])
             for req in reqs:
                 session = self._session_of(req)
                 if session is not None:
@@ -239,7 +239,7 @@ class MemoryManager(LifecyclePrimitives):
                 else:
                     self.release_kv_cache(req, is_insert)
         finally:
-            self._over_read = {}
+            self._rows_read = {}
             alloc.free_group_end()
         for req in reqs:
             req.state = "finished"

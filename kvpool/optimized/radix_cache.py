@@ -152,7 +152,7 @@ class RadixCache(RadixRelease):
         insert (``priority`` not None) also raises each path node's priority to ``priority`` and
         counts a hit on each path node that ends past ``floor`` tokens (:func:`hit_floor`); a
         match (None) changes neither. Returns
-        the matched values, the deepest matched node, the matched length (tokens) and the child
+        the matched values (a match's only; an insert gets none), the deepest matched node, the matched length (tokens) and the child
         key looked up last (the dict key a new leaf below that node would take)."""
         ps = self.page_size
         node = self.root_node
@@ -183,7 +183,8 @@ class RadixCache(RadixRelease):
                     child.hit_count += 1
                 if priority > child.priority:
                     child.priority = priority
-            values.append(child.vnp if cpu else child.value)
+            if priority is None:  # an insert drops the values: no numpy view per node
+                values.append(child.vnp if cpu else child.value)
             node = child
             pos += matched
             if pos >= n:

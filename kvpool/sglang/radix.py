@@ -260,10 +260,11 @@ class SGLangRadixCache:
         """``req`` (a kvpool request) as SGLang's radix cache sees it."""
         return CacheReq(req, self._inserted, self._tree_lock)
 
-    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
+    def cache_finished_req(self, req: Any, is_insert: bool = True, row_read: Any = None) -> None:
         """Hand a finished request's committed KV to SGLang's tree, or free it, and drop its
         lock (see the module docstring). InvalidArgumentError (nothing changed) for a request
-        without a row, as kvpool's."""
+        without a row, as kvpool's. ``row_read`` (the caller's read of the row) is ignored:
+        SGLang's tree reads the row itself."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         proxy = self.request(req)

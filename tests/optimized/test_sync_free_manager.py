@@ -50,7 +50,7 @@ DATA_DEPENDENT = frozenset(
 PAGE_DEDUP = frozenset({"read:aten.masked_select", "read:aten.unique_consecutive"})
 """How the paged allocator finds the distinct pages of a ``free`` (bitmap or sort)."""
 
-TREE_METHODS = ("match_prefix", "insert", "cache_finished_req", "cache_unfinished_req", "evict")
+TREE_METHODS = ("match_prefix", "evict")
 
 
 class _Paused:
