@@ -108,10 +108,17 @@ class ChunkCache:
         else:
             self.token_to_kv_pool_allocator.free(own)
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
-        """``req.prefix_indices = row[:len(fill_ids)]``; nothing else changes."""
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
+        """``req.prefix_indices = row[:len(fill_ids)]`` (int64; ``row_read``, the caller's read
+        of those columns, when given: then a view of it, no tensor operation); nothing else
+        changes."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        if row_read is not None:
+            req.prefix_indices = row_read[: len(req.fill_ids)]
+            return
         kv = self.req_to_token_pool.read(req.req_pool_idx, 0, len(req.fill_ids))
         req.prefix_indices = kv.to(torch.int64)
 

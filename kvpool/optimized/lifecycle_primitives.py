@@ -368,6 +368,14 @@ class LifecyclePrimitives(HiCacheLifecycle):
             return ahead[2]
         return gather_columns(self.req_to_token_pool, [row], [0], [stop], self.device)
 
+    def _read_rows(self, reqs: Sequence[Req]) -> dict[str, torch.Tensor]:
+        """``rid -> row[:kv_allocated_len]`` (int64 views of one gather for the batch): what a
+        prefill batch's chunked requests hand to ``cache_unfinished_req``."""
+        return {
+            rid: t[2]
+            for rid, t in read_held_rows(self.req_to_token_pool, reqs, self.device).items()
+        }
+
     def _read_held_rows(self, reqs: Sequence[Req]) -> None:
         """Read every request's row in one gather for :meth:`release_kv_cache` (a finish
         batch; see :func:`~kvpool.optimized.batch_table.read_held_rows`)."""

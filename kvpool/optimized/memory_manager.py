@@ -182,6 +182,9 @@ class MemoryManager(LifecyclePrimitives):
         out = self.alloc_for_extend(reqs, seq_lens)
         self._wait_for_loads()
         self.write_kv_batch(reqs, prefix_lens, seq_lens, out)  # the new slots, in batch order
+        chunk_rows = self._read_rows(
+            [r for r, s in zip(reqs, seq_lens, strict=True) if s < r.seq_len()]
+        )
         for req, s in zip(reqs, seq_lens, strict=True):
             req.state = "running"
             req.matched = False
@@ -189,7 +192,7 @@ class MemoryManager(LifecyclePrimitives):
             req.kv_committed_len = s
             if s < req.seq_len():
                 req.is_chunked = 1
-                self.tree_cache.cache_unfinished_req(req, chunked=True)
+                self.tree_cache.cache_unfinished_req(req, True, row_read=chunk_rows[req.rid][:s])
             else:
                 req.is_chunked = 0
         return out

@@ -151,9 +151,10 @@ class RadixCache(RadixRelease):
         where the match ends inside a node and stamping every node on the matched path. An
         insert (``priority`` not None) also raises each path node's priority to ``priority`` and
         counts a hit on each path node that ends past ``floor`` tokens (:func:`hit_floor`); a
-        match (None) changes neither. Returns
-        the matched values (a match's only; an insert gets none), the deepest matched node, the matched length (tokens) and the child
-        key looked up last (the dict key a new leaf below that node would take)."""
+        match (None) changes neither. Returns the matched values (a match's only: an insert
+        drops them, so it takes no numpy view per node), the deepest matched node, the matched
+        length (tokens) and the child key looked up last (the dict key a new leaf below that
+        node would take)."""
         ps = self.page_size
         node = self.root_node
         values: list[Any] = []  # numpy views on the CPU (see TreeNode.vnp), else tensors
@@ -183,7 +184,7 @@ class RadixCache(RadixRelease):
                     child.hit_count += 1
                 if priority > child.priority:
                     child.priority = priority
-            if priority is None:  # an insert drops the values: no numpy view per node
+            if priority is None:
                 values.append(child.vnp if cpu else child.value)
             node = child
             pos += matched

@@ -142,12 +142,22 @@ class RadixRelease:
         free(kv[aligned:committed])
         self.dec_lock_ref(req.last_node)
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
         """Between prefill chunks: insert ``fill_ids`` (page-aligned; hits by
         ``rules.hit_count``), free the duplicates, re-match, rewrite
         ``row[cache_protected_len:len(new_indices)]`` with the tree's slots, move the lock to
         the new last node and set ``prefix_indices``/``cache_protected_len``
-        (``rules.release_path == "checkpoint"``: through :meth:`checkpoint`)."""
+        (``rules.release_path == "checkpoint"``: through :meth:`checkpoint`).
+
+        ``row_read``: ``row[:len(fill_ids)]`` as the caller already read it (int64, 1-D, on the
+        device), used instead of a read of the row (not under ``"checkpoint"``). When the tree
+        held nothing of the chunk past ``cache_protected_len`` (no duplicates; the usual case)
+        and the re-match covers the whole aligned chunk, the tree's slots past the protected
+        prefix are this request's own: the row already holds them and ``prefix_indices`` is
+        ``kv`` itself (same values as the rewrite and the join the reference does, which then
+        launch nothing)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
@@ -155,7 +165,7 @@ class RadixRelease:
         if self.rules.release_path == "checkpoint" and not self.disable:
             req.prefix_indices = self.checkpoint(req, num_tokens, chunked)
             return
-        kv = self._read_row(row, num_tokens)
+        kv = self._row_or_read(row, num_tokens, row_read)
         if self.disable:
             req.prefix_indices = kv
             return
@@ -167,10 +177,12 @@ class RadixRelease:
         new_indices = match.device_indices
         protected = req.cache_protected_len
         num_new = len(new_indices)
-        self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
+        own = new_prefix_len == protected and num_new == aligned  # no rewrite changes a slot
+        if not own:
+            self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(match.last_device_node)
-        req.prefix_indices = torch.cat((new_indices, kv[num_new:]))
+        req.prefix_indices = kv if own else torch.cat((new_indices, kv[num_new:]))
         req.cache_protected_len = num_new
         req.last_node = match.last_device_node
 

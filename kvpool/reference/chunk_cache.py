@@ -102,10 +102,16 @@ class ChunkCache:
         else:
             self.token_to_kv_pool_allocator.free(own)
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
-        """``req.prefix_indices = row[:len(fill_ids)]``; nothing else changes."""
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: list[int] | None = None
+    ) -> None:
+        """``req.prefix_indices = row[:len(fill_ids)]`` (``row_read``, the caller's read of
+        those columns, when given); nothing else changes."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        if row_read is not None:
+            req.prefix_indices = list(row_read[: len(req.fill_ids)])
+            return
         req.prefix_indices = self.req_to_token_pool.read(req.req_pool_idx, 0, len(req.fill_ids))
 
     def pretty_print(self) -> str:

@@ -140,7 +140,9 @@ class RadixRelease:
         free(kv[aligned:committed])
         self.dec_lock_ref(req.last_node)
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: list[int] | None = None
+    ) -> None:
         """Between prefill chunks: insert ``fill_ids`` (page-aligned; hits by
         ``rules.hit_count``: a ``chunked`` insert counts none, or only past
         ``cache_inserted_len``), free the duplicates, re-match, rewrite
@@ -148,7 +150,8 @@ class RadixRelease:
         the new last node and set ``prefix_indices``/``cache_protected_len``. The row stays.
         ``rules.release_path == "checkpoint"``: the same through :meth:`checkpoint` (its
         duplicate free follows ``rules.tree_free``; the prompt re-insert never applies, a chunk
-        being part of the prompt)."""
+        being part of the prompt). ``row_read``: ``row[:len(fill_ids)]`` as the caller already
+        read it, used instead of a read of the row (not under ``"checkpoint"``)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
@@ -156,7 +159,10 @@ class RadixRelease:
         if self.rules.release_path == "checkpoint" and not self.disable:
             req.prefix_indices = self.checkpoint(req, len(tokens), chunked)
             return
-        kv = self.req_to_token_pool.read(row, 0, len(tokens))
+        if row_read is not None:
+            kv = list(row_read[: len(tokens)])
+        else:
+            kv = self.req_to_token_pool.read(row, 0, len(tokens))
         if self.disable:
             req.prefix_indices = kv
             return

@@ -136,13 +136,19 @@ class SWARadixLifecycle:
         alloc.free(kv[aligned:committed])
         self.dec_lock_ref(req.last_node)
 
-    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
-        """Between prefill chunks (module docstring)."""
+    def cache_unfinished_req(
+        self, req: Any, chunked: bool = False, row_read: list[int] | None = None
+    ) -> None:
+        """Between prefill chunks (module docstring); ``row_read``: ``row[:len(fill_ids)]`` as
+        the caller already read it, used instead of a read of the row."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
         filled = len(req.fill_ids)
-        kv = self.req_to_token_pool.read(row, 0, filled)
+        if row_read is not None:
+            kv = list(row_read[:filled])
+        else:
+            kv = self.req_to_token_pool.read(row, 0, filled)
         aligned = floor_align(filled, self.page_size)
         key = self._key(req, aligned)
         protected = req.cache_protected_len
