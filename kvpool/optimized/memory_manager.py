@@ -11,10 +11,12 @@ As an engine runs it: with ``checked`` off, every step (extend, decode, the spec
 finish, abort, retract, session turns) issues a fixed number of tensor operations per batch,
 whatever its size, and reads nothing back from the device. Lengths and rows live on the host (as
 SGLang's CPU copies); the table work goes through :mod:`kvpool.optimized.batch_table`
-(``get_last_loc``, ``write_req_to_token``, one gather or scatter). Per request, on the host, as
-in SGLang: the tree's walks and its release path (``match_prefix``, ``insert``,
-``cache_finished_req``). The one device read left is the paged allocator's page
-de-duplication, once per ``free`` (a finish batch frees once, in a free group).
+(``get_last_loc``, ``write_req_to_token``, one gather or scatter). The release path too: a
+finish (and a prefill batch's chunked requests) reads its rows in one gather and hands each
+request's ``cache_finished_req`` / ``cache_unfinished_req`` a view (``row_read``). Per request,
+on the host, as in SGLang: the tree's walks (``match_prefix``, ``insert``, ``evict``). The one
+device read left is the paged allocator's page de-duplication, once per ``free`` (a finish batch
+frees once, in a free group).
 tests/optimized/test_sync_free_manager.py counts both.
 
 ``device`` places every pool; ``checked`` turns on the pools' misuse checks (see

@@ -11,12 +11,18 @@ decode, EAGLE v2 and v1 steps, finish, abort, retract, session turns) runs under
   GPU). Their number must not grow with the batch: batch 2 and batch 16 issue the same.
 
 What counts as the hot path: the manager's own pool work (rows, slots, the request table, the
-KV tags). The radix tree's walks and its release path (``match_prefix``, ``insert``,
-``cache_finished_req``, ``cache_unfinished_req``, ``evict``) run per request on the host, as in
-SGLang (whose scheduler releases finished requests one by one); the counters pause inside them.
-On a CPU the tree reads its slot tensors through numpy views (its CPU-only fast path), which is
-why it is paused rather than counted here; the CUDA variant below runs every step, the tree
-included, under ``torch.cuda.set_sync_debug_mode("error")``.
+KV tags) and the release path: ``cache_finished_req`` (finish, abort, retract),
+``cache_unfinished_req`` (a chunked prefill) and the tree's ``insert`` are counted. A finish
+reads its rows in one gather and hands each request a view (``row_read``), the inserts keep
+views, and the frees are views buffered by the free group, so none of them launches per request.
+Paused (they run per request, as in SGLang, whose scheduler matches and evicts request by
+request): ``match_prefix`` (a prefill's match and the re-match inside ``cache_unfinished_req``)
+and ``evict``. On a CPU they read node values through numpy views (the tree's CPU-only fast
+path: a "read" to these counters, no launch); on a GPU a match over several nodes joins them
+with one ``torch.cat``, an eviction frees each node. Also per request, outside this run: the
+``"checkpoint"`` release path (SGLang 0.5.23's) and a chunk whose prefix the tree already held
+(its row rewritten and ``prefix_indices`` joined: two launches, as SGLang). The CUDA variant
+below runs every step, the tree included, under ``torch.cuda.set_sync_debug_mode("error")``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kvpool.config import PoolConfig
 from kvpool.optimized.memory_manager import MemoryManager
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.optimized.radix_cache import RadixCache
 
 HOST_READS = frozenset(
     {"item", "tolist", "numpy", "cpu", "__int__", "__bool__", "__float__", "__index__"}
@@ -274,6 +281,42 @@ def test_the_counters_see_a_per_request_loop() -> None:
     assert reads(log)["read:aten._local_scalar_dense"] == 4
     assert reads(log)["read:aten.index"] == 1
     assert launches(log) == 4 + 1  # the four adds and the comparison
+
+
+def _tree_reads_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release path as it was: each request's tree call reads (and converts) its row."""
+    finished, unfinished = RadixCache.cache_finished_req, RadixCache.cache_unfinished_req
+
+    def finish_one(
+        self: RadixCache, req: Any, is_insert: bool = True, row_read: Any = None
+    ) -> None:
+        finished(self, req, is_insert)
+
+    def chunk_one(self: RadixCache, req: Any, chunked: bool = False, row_read: Any = None) -> None:
+        unfinished(self, req, chunked)
+
+    monkeypatch.setattr(RadixCache, "cache_finished_req", finish_one)
+    monkeypatch.setattr(RadixCache, "cache_unfinished_req", chunk_one)
+
+
+def _one_gather_per_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finish that reads no rows ahead: every release gathers its own row."""
+    monkeypatch.setattr(MemoryManager, "_read_held_rows", lambda self, reqs: None)
+
+
+@pytest.mark.parametrize("per_request", [_tree_reads_its_rows, _one_gather_per_release])
+def test_the_counters_see_a_per_request_release(
+    per_request: Callable[[pytest.MonkeyPatch], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: a release path that reads rows per request grows with the batch, and the
+    counters inside ``cache_finished_req`` / ``cache_unfinished_req`` see it."""
+    per_request(monkeypatch)
+    _, small = run_lifecycle(2, 16)
+    _, large = run_lifecycle(16, 16)
+    assert launches(large["finish"]) > launches(small["finish"])
+    assert launches(large["chunked_finish"]) > launches(small["chunked_finish"])
+    if per_request is _tree_reads_its_rows:
+        assert launches(large["chunked_extend"]) > launches(small["chunked_extend"])
 
 
 def test_batched_lifecycle_matches_the_reference() -> None:
