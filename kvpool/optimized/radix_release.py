@@ -155,9 +155,9 @@ class RadixRelease:
         device), used instead of a read of the row (not under ``"checkpoint"``). When the tree
         held nothing of the chunk past ``cache_protected_len`` (no duplicates; the usual case)
         and the re-match covers the whole aligned chunk, the tree's slots past the protected
-        prefix are this request's own: the row already holds them and ``prefix_indices`` is
-        ``kv`` itself (same values as the rewrite and the join the reference does, which then
-        launch nothing)."""
+        prefix are this request's own: the row already holds them, so the reference's rewrite
+        would change no slot and is skipped, and ``prefix_indices`` is ``kv`` itself (the same
+        values as the reference's join): neither launches anything."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
