@@ -28,7 +28,6 @@ import numpy.typing as npt
 import torch
 
 from kvpool import kernels
-from kvpool.constants import ceil_align
 from kvpool.kernels.host import to_device
 from kvpool.protocols import ReqToTokenPoolProtocol
 
@@ -47,7 +46,7 @@ class RowHolder(Protocol):
 
 
 class OverAllocated(RowHolder, Protocol):
-    """What :func:`read_over_allocations` reads of a request (lengths in tokens)."""
+    """What :func:`read_held_rows` reads of a request (lengths in tokens)."""
 
     @property
     def rid(self) -> str: ...
@@ -167,24 +166,24 @@ def write_rows(
     kernels.write_req_to_token(table, idx[0], prefix_slots, idx[1], idx[2], new_slots, backend)
 
 
-def read_over_allocations(
-    pool: TablePool, reqs: Sequence[OverAllocated], page_size: int, device: torch.device
-) -> dict[str, tuple[int, int, int, torch.Tensor]]:
-    """``rid -> (row, start, stop, slots)`` for every request holding columns past
-    ``start = ceil_align(kv_committed_len, page_size)`` up to ``stop = kv_allocated_len`` (the
-    over-allocation a release frees): one gather for the batch, each request's slots (int64) a
-    view of it."""
-    todo: list[tuple[str, int, int, int]] = []
-    for r in reqs:
-        start = ceil_align(r.kv_committed_len, page_size)
-        if r.req_pool_idx is not None and r.kv_allocated_len > start:
-            todo.append((r.rid, r.req_pool_idx, start, r.kv_allocated_len))
+def read_held_rows(
+    pool: TablePool, reqs: Sequence[OverAllocated], device: torch.device
+) -> dict[str, tuple[int, int, torch.Tensor]]:
+    """``rid -> (row, stop, slots)``: columns ``[0, stop = kv_allocated_len)`` of every request
+    that holds a row and columns (what a release reads: the committed KV the tree takes or
+    frees, and the over-allocation past it), in one gather for the batch; each request's slots
+    (int64, 1-D, on ``device``) are a view of it, so slicing them launches nothing."""
+    todo = [
+        (r.rid, r.req_pool_idx, r.kv_allocated_len)
+        for r in reqs
+        if r.req_pool_idx is not None and r.kv_allocated_len > 0
+    ]
     if not todo:
         return {}
-    rows, starts, stops = [t[1] for t in todo], [t[2] for t in todo], [t[3] for t in todo]
-    flat = gather_columns(pool, rows, starts, stops, device)
-    parts = torch.split(flat, [b - a for a, b in zip(starts, stops, strict=True)])
-    return {rid: (row, a, b, part) for (rid, row, a, b), part in zip(todo, parts, strict=True)}
+    rows, stops = [t[1] for t in todo], [t[2] for t in todo]
+    flat = gather_columns(pool, rows, [0] * len(todo), stops, device)
+    parts = torch.split(flat, stops)
+    return {rid: (row, b, part) for (rid, row, b), part in zip(todo, parts, strict=True)}
 
 
 __all__ = [
@@ -194,7 +193,7 @@ __all__ = [
     "device_ints",
     "gather_columns",
     "last_locs",
-    "read_over_allocations",
+    "read_held_rows",
     "rows_of",
     "scatter_columns",
     "table_of",

@@ -88,23 +88,37 @@ class ChunkCache:
     def total_size(self) -> int:
         return 0
 
-    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: torch.Tensor | None = None
+    ) -> None:
         """Free ``row[cache_protected_len:kv_committed_len]`` (``is_insert`` is ignored): one
         ``free``, or under ``rules.release_path == "checkpoint"`` one ``free_segment`` (SGLang
-        0.5.23's ``free_kv_row``)."""
+        0.5.23's ``free_kv_row``). ``row_read``: ``row[:kv_committed_len]`` as the caller
+        already read it (int64, 1-D, on the device), used instead of a read of the row: the
+        free is then of a view of it (no tensor operation; buffered inside a free group)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
-        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_committed_len)
+        if row_read is not None:
+            kv = row_read[: req.kv_committed_len]
+        else:
+            kv = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_committed_len)
         own = kv[req.cache_protected_len :].to(torch.int64)
         if self.rules.release_path == "checkpoint":
             self.token_to_kv_pool_allocator.free_segment(own, req.cache_protected_len)
         else:
             self.token_to_kv_pool_allocator.free(own)
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
-        """``req.prefix_indices = row[:len(fill_ids)]``; nothing else changes."""
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
+        """``req.prefix_indices = row[:len(fill_ids)]`` (int64; ``row_read``, the caller's read
+        of those columns, when given: then a view of it, no tensor operation); nothing else
+        changes."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        if row_read is not None:
+            req.prefix_indices = row_read[: len(req.fill_ids)]
+            return
         kv = self.req_to_token_pool.read(req.req_pool_idx, 0, len(req.fill_ids))
         req.prefix_indices = kv.to(torch.int64)
 

@@ -37,7 +37,7 @@ from kvpool.optimized.batch_table import (
     device_ints,
     gather_columns,
     last_locs,
-    read_over_allocations,
+    read_held_rows,
     rows_of,
     scatter_columns,
     write_rows,
@@ -148,7 +148,7 @@ class LifecyclePrimitives(HiCacheLifecycle):
         self.sessions: dict[str, SessionSlot] = {}
         self._empty = torch.empty(0, dtype=torch.int64, device=dev)
         self._no_last_loc = torch.full((1,), NO_LAST_LOC, dtype=torch.int64, device=dev)
-        self._over_read: dict[str, tuple[int, int, int, torch.Tensor]] = {}
+        self._rows_read: dict[str, tuple[int, int, torch.Tensor]] = {}
         self.kernel_backend = kernel_backend
         """Backend of the kernels the lifecycle runs on the table (``None``: the default)."""
 
@@ -346,14 +346,18 @@ class LifecyclePrimitives(HiCacheLifecycle):
         """``cache_finished_req``; free the over-allocation ``[ceil_align(committed),
         allocated)`` (``free``, or ``free_segment`` under ``rules.release_path ==
         "checkpoint"``: SGLang 0.5.23's ``free_kv_row``); free the row; forget the request's
-        pool fields. InvalidArgumentError (nothing changed) for a request without a row."""
+        pool fields. InvalidArgumentError (nothing changed) for a request without a row.
+
+        The row ``[0, allocated)`` is read once (the view :meth:`_read_held_rows` read for the
+        batch, else one gather for this request); the tree gets ``row[:committed]`` and the
+        over-allocation ``row[start:allocated]``, both views of it."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
-        row = req.req_pool_idx
-        self.tree_cache.cache_finished_req(req, is_insert)
+        held = self._held_row(req, req.req_pool_idx)
+        self.tree_cache.cache_finished_req(req, is_insert, row_read=held[: req.kv_committed_len])
         start = ceil_align(req.kv_committed_len, self.page_size)
         if req.kv_allocated_len > start:
-            over = self._over_slots(req, row, start)
+            over = held[start : req.kv_allocated_len]
             if self.config.rules.release_path == "checkpoint":
                 self.token_to_kv_pool_allocator.free_segment(over, start)
             else:
@@ -363,22 +367,28 @@ class LifecyclePrimitives(HiCacheLifecycle):
         self.req_to_token_pool.free(req)
         req.reset_kv_fields()
 
-    def _over_slots(self, req: Req, row: int, start: int) -> torch.Tensor:
-        """Slots (int64) of columns ``[start, kv_allocated_len)`` of ``row``: the view
-        :meth:`_read_over_allocations` read for this batch when it covers exactly that range,
-        else one read of the row."""
+    def _held_row(self, req: Req, row: int) -> torch.Tensor:
+        """Slots (int64) of columns ``[0, kv_allocated_len)`` of ``row``: the view
+        :meth:`_read_held_rows` read for this batch when it covers exactly that range, else one
+        gather of the row."""
         stop = req.kv_allocated_len
-        ahead = self._over_read.pop(req.rid, None)
-        if ahead is not None and ahead[:3] == (row, start, stop):
-            return ahead[3]
-        return self.req_to_token_pool.read(row, start, stop).to(torch.int64)
+        ahead = self._rows_read.pop(req.rid, None)
+        if ahead is not None and ahead[:2] == (row, stop):
+            return ahead[2]
+        return gather_columns(self.req_to_token_pool, [row], [0], [stop], self.device)
 
-    def _read_over_allocations(self, reqs: Sequence[Req]) -> None:
-        """Read every request's over-allocation in one gather for :meth:`release_kv_cache`
-        (a finish batch; see :func:`~kvpool.optimized.batch_table.read_over_allocations`)."""
-        self._over_read = read_over_allocations(
-            self.req_to_token_pool, reqs, self.page_size, self.device
-        )
+    def _read_rows(self, reqs: Sequence[Req]) -> dict[str, torch.Tensor]:
+        """``rid -> row[:kv_allocated_len]`` (int64 views of one gather for the batch): what a
+        prefill batch's chunked requests hand to ``cache_unfinished_req``."""
+        return {
+            rid: t[2]
+            for rid, t in read_held_rows(self.req_to_token_pool, reqs, self.device).items()
+        }
+
+    def _read_held_rows(self, reqs: Sequence[Req]) -> None:
+        """Read every request's row in one gather for :meth:`release_kv_cache` (a finish
+        batch; see :func:`~kvpool.optimized.batch_table.read_held_rows`)."""
+        self._rows_read = read_held_rows(self.req_to_token_pool, reqs, self.device)
 
     def write_kv(self, req: Req, start: int, stop: int) -> None:
         """Compute (write the tags of) tokens ``[start, stop)`` of ``req`` into their slots."""

@@ -52,13 +52,16 @@ class MambaLifecycleCache(MambaRadixCache):
         kv: torch.Tensor = self.req_to_token_pool.read(row, 0, stop)
         return kv.to(torch.int64)
 
-    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: torch.Tensor | None = None
+    ) -> None:
         """Hand a finished request's committed KV and state to the tree (or free them), then
         unlock its node."""
         if req.req_pool_idx is None or req.mamba_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
         committed = req.kv_committed_len
-        kv = self._read_row(req.req_pool_idx, committed)
+        # row_read: the caller's read of row[:committed] (one gather for the batch)
+        kv = self._read_row(req.req_pool_idx, committed) if row_read is None else row_read
         if is_insert:
             key = req_key(req, committed)
             _, mamba_exist = self.insert(key, kv, req.mamba_pool_idx, req.cache_protected_len)
@@ -73,13 +76,15 @@ class MambaLifecycleCache(MambaRadixCache):
             req.mamba_cow_src_index = None
         self.dec_lock_ref(req.last_node)
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
         """Between prefill chunks: cache ``fill_ids`` with a copy of the request's state,
         re-match, rewrite the row, move the lock; the request keeps its row and slot."""
         if req.req_pool_idx is None or req.mamba_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
         row, num_tokens = req.req_pool_idx, len(req.fill_ids)
-        kv = self._read_row(row, num_tokens)
+        kv = self._read_row(row, num_tokens) if row_read is None else row_read
         donated = self.alloc_mamba_slot()
         self.req_to_token_pool.mamba_pool.copy_from([req.mamba_pool_idx], [donated])
         key = req_key(req, num_tokens)

@@ -11,10 +11,12 @@ As an engine runs it: with ``checked`` off, every step (extend, decode, the spec
 finish, abort, retract, session turns) issues a fixed number of tensor operations per batch,
 whatever its size, and reads nothing back from the device. Lengths and rows live on the host (as
 SGLang's CPU copies); the table work goes through :mod:`kvpool.optimized.batch_table`
-(``get_last_loc``, ``write_req_to_token``, one gather or scatter). Per request, on the host, as
-in SGLang: the tree's walks and its release path (``match_prefix``, ``insert``,
-``cache_finished_req``). The one device read left is the paged allocator's page
-de-duplication, once per ``free`` (a finish batch frees once, in a free group).
+(``get_last_loc``, ``write_req_to_token``, one gather or scatter). The release path too: a
+finish (and a prefill batch's chunked requests) reads its rows in one gather and hands each
+request's ``cache_finished_req`` / ``cache_unfinished_req`` a view (``row_read``). Per request,
+on the host, as in SGLang: the tree's walks (``match_prefix``, ``insert``, ``evict``). The one
+device read left is the paged allocator's page de-duplication, once per ``free`` (a finish batch
+frees once, in a free group).
 tests/optimized/test_sync_free_manager.py counts both.
 
 ``device`` places every pool; ``checked`` turns on the pools' misuse checks (see
@@ -195,6 +197,9 @@ class MemoryManager(LifecyclePrimitives):
         out = self.alloc_for_extend(reqs, seq_lens)
         self._wait_for_loads()
         self.write_kv_batch(reqs, prefix_lens, seq_lens, out)  # the new slots, in batch order
+        chunk_rows = self._read_rows(
+            [r for r, s in zip(reqs, seq_lens, strict=True) if s < r.seq_len()]
+        )
         for req, s in zip(reqs, seq_lens, strict=True):
             req.state = "running"
             req.matched = False
@@ -202,7 +207,7 @@ class MemoryManager(LifecyclePrimitives):
             req.kv_committed_len = s
             if s < req.seq_len():
                 req.is_chunked = 1
-                self.tree_cache.cache_unfinished_req(req, chunked=True)
+                self.tree_cache.cache_unfinished_req(req, True, row_read=chunk_rows[req.rid][:s])
             else:
                 req.is_chunked = 0
         return out
@@ -244,7 +249,7 @@ class MemoryManager(LifecyclePrimitives):
         alloc = self.token_to_kv_pool_allocator
         alloc.free_group_begin()
         try:
-            self._read_over_allocations([r for r in reqs if self._session_of(r) is None])
+            self._read_held_rows([r for r in reqs if self._session_of(r) is None])
             for req in reqs:
                 session = self._session_of(req)
                 if session is not None:
@@ -252,7 +257,7 @@ class MemoryManager(LifecyclePrimitives):
                 else:
                     self.release_kv_cache(req, is_insert)
         finally:
-            self._over_read = {}
+            self._rows_read = {}
             alloc.free_group_end()
         for req in reqs:
             req.state = "finished"

@@ -152,9 +152,10 @@ class RadixCache(RadixRelease):
         where the match ends inside a node and stamping every node on the matched path. An
         insert (``priority`` not None) also raises each path node's priority to ``priority`` and
         counts a hit on each path node that ends past ``floor`` tokens (:func:`hit_floor`); a
-        match (None) changes neither. Returns
-        the matched values, the deepest matched node, the matched length (tokens) and the child
-        key looked up last (the dict key a new leaf below that node would take)."""
+        match (None) changes neither. Returns the matched values (a match's only: an insert
+        drops them, so it takes no numpy view per node), the deepest matched node, the matched
+        length (tokens) and the child key looked up last (the dict key a new leaf below that
+        node would take)."""
         ps = self.page_size
         node = self.root_node
         values: list[PathSlots] = []  # numpy views on the CPU (see TreeNode.vnp), else tensors
@@ -184,7 +185,8 @@ class RadixCache(RadixRelease):
                     child.hit_count += 1
                 if priority > child.priority:
                     child.priority = priority
-            values.append(child.vnp if cpu else child.value)
+            if priority is None:
+                values.append(child.vnp if cpu else child.value)
             node = child
             pos += matched
             if pos >= n:

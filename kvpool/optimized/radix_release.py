@@ -51,6 +51,13 @@ class RadixRelease:
         else:
             self.token_to_kv_pool_allocator.free(slots)
 
+    def _row_or_read(self, row: int, stop: int, row_read: torch.Tensor | None) -> torch.Tensor:
+        """``row_read`` when the caller read ``row[:stop]`` already, else one read of it."""
+        if row_read is not None:
+            assert len(row_read) == stop, "row_read covers the columns released"
+            return row_read
+        return self._read_row(row, stop)
+
     def _insert_req(self, req: Req, key: RadixKey, value: torch.Tensor, chunked: bool) -> int:
         """Insert ``key`` for ``req``, counting hits as ``rules.hit_count`` says (``chunked``, or
         past ``req.cache_inserted_len``, which then rises to the key's length)."""
@@ -88,7 +95,9 @@ class RadixRelease:
         req.last_node = match.last_device_node
         return torch.cat((new_indices, kv[num_new:]))
 
-    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: torch.Tensor | None = None
+    ) -> None:
         """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
 
         ``kv = row[:committed]``. ``rules.release_path == "finished_req"``: with insert, insert
@@ -97,19 +106,26 @@ class RadixRelease:
         free ``kv[cache_protected_len:aligned]``, then the tail; disabled, one free of
         ``kv[cache_protected_len:committed]``. ``"checkpoint"``: with insert, :meth:`checkpoint`
         up to ``committed``; then one ``free_segment`` of ``row[cache_protected_len:
-        committed]``, disabled or not."""
+        committed]``, disabled or not.
+
+        ``row_read``: ``row[:committed]`` as the caller already read it (int64, 1-D, on the
+        device: the lifecycle reads a finish batch's rows in one gather), used instead of a read
+        of the row (under ``"checkpoint"`` only without insert: the checkpoint rewrites the
+        row). The request's slots are then views of it: with the radix cache, the release of a
+        request launches no tensor operation, and inside a free group its frees are buffered."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         committed = req.kv_committed_len
         if self.rules.release_path == "checkpoint":
-            if is_insert and not self.disable:
+            rewritten = is_insert and not self.disable
+            if rewritten:
                 self.checkpoint(req, committed)
             protected = req.cache_protected_len
-            kv = self._read_row(req.req_pool_idx, committed)[protected:]
-            self.token_to_kv_pool_allocator.free_segment(kv, protected)
+            kv = self._row_or_read(req.req_pool_idx, committed, None if rewritten else row_read)
+            self.token_to_kv_pool_allocator.free_segment(kv[protected:], protected)
             self.dec_lock_ref(req.last_node)
             return
-        kv = self._read_row(req.req_pool_idx, committed)
+        kv = self._row_or_read(req.req_pool_idx, committed, row_read)
         free = self.token_to_kv_pool_allocator.free
         if self.disable:
             free(kv[req.cache_protected_len : committed])
@@ -126,12 +142,22 @@ class RadixRelease:
         free(kv[aligned:committed])
         self.dec_lock_ref(req.last_node)
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
         """Between prefill chunks: insert ``fill_ids`` (page-aligned; hits by
         ``rules.hit_count``), free the duplicates, re-match, rewrite
         ``row[cache_protected_len:len(new_indices)]`` with the tree's slots, move the lock to
         the new last node and set ``prefix_indices``/``cache_protected_len``
-        (``rules.release_path == "checkpoint"``: through :meth:`checkpoint`)."""
+        (``rules.release_path == "checkpoint"``: through :meth:`checkpoint`).
+
+        ``row_read``: ``row[:len(fill_ids)]`` as the caller already read it (int64, 1-D, on the
+        device), used instead of a read of the row (not under ``"checkpoint"``). When the tree
+        held nothing of the chunk past ``cache_protected_len`` (no duplicates; the usual case)
+        and the re-match covers the whole aligned chunk, the tree's slots past the protected
+        prefix are this request's own: the row already holds them, so the reference's rewrite
+        would change no slot and is skipped, and ``prefix_indices`` is ``kv`` itself (the same
+        values as the reference's join): neither launches anything."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
@@ -139,7 +165,7 @@ class RadixRelease:
         if self.rules.release_path == "checkpoint" and not self.disable:
             req.prefix_indices = self.checkpoint(req, num_tokens, chunked)
             return
-        kv = self._read_row(row, num_tokens)
+        kv = self._row_or_read(row, num_tokens, row_read)
         if self.disable:
             req.prefix_indices = kv
             return
@@ -151,10 +177,12 @@ class RadixRelease:
         new_indices = match.device_indices
         protected = req.cache_protected_len
         num_new = len(new_indices)
-        self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
+        own = new_prefix_len == protected and num_new == aligned  # no rewrite changes a slot
+        if not own:
+            self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(match.last_device_node)
-        req.prefix_indices = torch.cat((new_indices, kv[num_new:]))
+        req.prefix_indices = kv if own else torch.cat((new_indices, kv[num_new:]))
         req.cache_protected_len = num_new
         req.last_node = match.last_device_node
 

@@ -142,14 +142,20 @@ class SWARadixLifecycle:
         kv: torch.Tensor = self.req_to_token_pool.read(row, 0, stop)
         return kv.to(torch.int64)
 
-    def cache_finished_req(self, req: SWAReq, is_insert: bool = True) -> None:
+    def cache_finished_req(
+        self, req: SWAReq, is_insert: bool = True, row_read: torch.Tensor | None = None
+    ) -> None:
         """Hand a finished (or retracted) request's committed KV to the tree, or free it; free
         the unaligned tail; unlock (module docstring). InvalidArgumentError for a request
-        without a row."""
+        without a row. ``row_read``: ``row[:committed]`` as the caller already read it (int64,
+        on the device), used instead of a read of the row."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         committed = req.kv_committed_len
-        kv = self._read_row(req.req_pool_idx, committed)
+        if row_read is not None:
+            kv = row_read[:committed]
+        else:
+            kv = self._read_row(req.req_pool_idx, committed)
         aligned = floor_align(committed, self.page_size)
         protected = req.cache_protected_len
         alloc = self.token_to_kv_pool_allocator
@@ -161,13 +167,16 @@ class SWARadixLifecycle:
         alloc.free(kv[aligned:committed])
         self.dec_lock_ref(req.last_node)
 
-    def cache_unfinished_req(self, req: SWAReq, chunked: bool = False) -> None:
-        """Between prefill chunks (module docstring)."""
+    def cache_unfinished_req(
+        self, req: SWAReq, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
+        """Between prefill chunks (module docstring); ``row_read``: ``row[:len(fill_ids)]`` as
+        the caller already read it (int64, on the device), used instead of a read of the row."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
         filled = len(req.fill_ids)
-        kv = self._read_row(row, filled)
+        kv = row_read[:filled] if row_read is not None else self._read_row(row, filled)
         aligned = floor_align(filled, self.page_size)
         key = self._key(req, aligned)
         protected = req.cache_protected_len

@@ -83,23 +83,35 @@ class ChunkCache:
     def total_size(self) -> int:
         return 0
 
-    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: list[int] | None = None
+    ) -> None:
         """Free ``row[cache_protected_len:kv_committed_len]`` (``is_insert`` is ignored): one
         ``free``, or under ``rules.release_path == "checkpoint"`` one ``free_segment`` (SGLang
-        0.5.23's ``free_kv_row``)."""
+        0.5.23's ``free_kv_row``). ``row_read``: ``row[:kv_committed_len]`` as the caller
+        already read it, used instead of a read of the row."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
-        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_committed_len)
+        if row_read is not None:
+            kv = list(row_read[: req.kv_committed_len])
+        else:
+            kv = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_committed_len)
         own = kv[req.cache_protected_len :]
         if self.rules.release_path == "checkpoint":
             self.token_to_kv_pool_allocator.free_segment(own, req.cache_protected_len)
         else:
             self.token_to_kv_pool_allocator.free(own)
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
-        """``req.prefix_indices = row[:len(fill_ids)]``; nothing else changes."""
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: list[int] | None = None
+    ) -> None:
+        """``req.prefix_indices = row[:len(fill_ids)]`` (``row_read``, the caller's read of
+        those columns, when given); nothing else changes."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        if row_read is not None:
+            req.prefix_indices = list(row_read[: len(req.fill_ids)])
+            return
         req.prefix_indices = self.req_to_token_pool.read(req.req_pool_idx, 0, len(req.fill_ids))
 
     def pretty_print(self) -> str:

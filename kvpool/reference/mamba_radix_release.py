@@ -65,14 +65,20 @@ class MambaLifecycleCache(MambaRadixCache):
             raise OutOfMemoryError("no Mamba slot for the tree's checkpoint")
         return got[0]
 
-    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: list[int] | None = None
+    ) -> None:
         """Hand a finished request's committed KV and state to the tree (or free them), then
         unlock its node (see the module docstring). Over-allocation past ``kv_committed_len``
         and the row are the caller's."""
         if req.req_pool_idx is None or req.mamba_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
         committed = req.kv_committed_len
-        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
+        kv = (  # row_read: the caller's read of row[:committed]
+            self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
+            if row_read is None
+            else list(row_read)
+        )
         pool = self.req_to_token_pool
         if is_insert:
             key = RadixKey(req.all_token_ids[:committed], req.extra_key)
@@ -88,7 +94,9 @@ class MambaLifecycleCache(MambaRadixCache):
             req.mamba_cow_src_index = None
         self.dec_lock_ref(req.last_node)
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: list[int] | None = None
+    ) -> None:
         """Between prefill chunks: cache ``fill_ids`` with a copy of the request's state,
         re-match, rewrite ``row[cache_protected_len:matched]`` with the tree's slots, move the
         lock and set ``prefix_indices`` / ``cache_protected_len``. The row and the request's
@@ -97,7 +105,9 @@ class MambaLifecycleCache(MambaRadixCache):
         if req.req_pool_idx is None or req.mamba_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
         row, tokens = req.req_pool_idx, list(req.fill_ids)
-        kv = self.req_to_token_pool.read(row, 0, len(tokens))
+        kv = (
+            self.req_to_token_pool.read(row, 0, len(tokens)) if row_read is None else list(row_read)
+        )
         donated = self.alloc_mamba_slot()
         self.req_to_token_pool.mamba_pool.copy_from([req.mamba_pool_idx], [donated])
         key = RadixKey(tokens, req.extra_key)

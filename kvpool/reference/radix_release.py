@@ -84,7 +84,9 @@ class RadixRelease:
         out: list[int] = new_indices + kv[len(new_indices) :]
         return out
 
-    def cache_finished_req(self, req: Req, is_insert: bool = True) -> None:
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: list[int] | None = None
+    ) -> None:
         """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
 
         ``kv = row[:committed]``. ``rules.release_path == "finished_req"`` (SGLang 0.5.16): with
@@ -95,18 +97,31 @@ class RadixRelease:
         ``kv[cache_protected_len:committed]``. ``"checkpoint"`` (SGLang 0.5.23): with insert,
         :meth:`checkpoint` up to ``committed``; then (``free_kv_row``) one ``free_segment`` of
         ``row[cache_protected_len:committed]``, disabled or not. Over-allocation past
-        ``ceil_align(committed)`` is the caller's (``release_kv_cache``)."""
+        ``ceil_align(committed)`` is the caller's (``release_kv_cache``).
+
+        ``row_read``: ``row[:committed]`` as the caller already read it, used instead of a read
+        of the row (under ``"checkpoint"`` only without insert: the checkpoint rewrites the
+        row); the twin's lifecycle passes its batch read, this lifecycle passes none."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         committed = req.kv_committed_len
         if self.rules.release_path == "checkpoint":
-            if is_insert and not self.disable:
+            rewritten = is_insert and not self.disable
+            if rewritten:
                 self.checkpoint(req, committed)
-            kv = self.req_to_token_pool.read(req.req_pool_idx, req.cache_protected_len, committed)
+            if row_read is not None and not rewritten:
+                kv = list(row_read[req.cache_protected_len : committed])
+            else:
+                kv = self.req_to_token_pool.read(
+                    req.req_pool_idx, req.cache_protected_len, committed
+                )
             self.token_to_kv_pool_allocator.free_segment(kv, req.cache_protected_len)
             self.dec_lock_ref(req.last_node)
             return
-        kv = self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
+        if row_read is not None:
+            kv = list(row_read[:committed])
+        else:
+            kv = self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
         free = self.token_to_kv_pool_allocator.free
         if self.disable:
             free(kv[req.cache_protected_len : committed])
@@ -125,7 +140,9 @@ class RadixRelease:
         free(kv[aligned:committed])
         self.dec_lock_ref(req.last_node)
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: list[int] | None = None
+    ) -> None:
         """Between prefill chunks: insert ``fill_ids`` (page-aligned; hits by
         ``rules.hit_count``: a ``chunked`` insert counts none, or only past
         ``cache_inserted_len``), free the duplicates, re-match, rewrite
@@ -133,7 +150,8 @@ class RadixRelease:
         the new last node and set ``prefix_indices``/``cache_protected_len``. The row stays.
         ``rules.release_path == "checkpoint"``: the same through :meth:`checkpoint` (its
         duplicate free follows ``rules.tree_free``; the prompt re-insert never applies, a chunk
-        being part of the prompt)."""
+        being part of the prompt). ``row_read``: ``row[:len(fill_ids)]`` as the caller already
+        read it, used instead of a read of the row (not under ``"checkpoint"``)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
@@ -141,7 +159,10 @@ class RadixRelease:
         if self.rules.release_path == "checkpoint" and not self.disable:
             req.prefix_indices = self.checkpoint(req, len(tokens), chunked)
             return
-        kv = self.req_to_token_pool.read(row, 0, len(tokens))
+        if row_read is not None:
+            kv = list(row_read[: len(tokens)])
+        else:
+            kv = self.req_to_token_pool.read(row, 0, len(tokens))
         if self.disable:
             req.prefix_indices = kv
             return

@@ -260,10 +260,11 @@ class SGLangRadixCache:
         """``req`` (a kvpool request) as SGLang's radix cache sees it."""
         return CacheReq(req, self._inserted, self._tree_lock)
 
-    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
+    def cache_finished_req(self, req: Any, is_insert: bool = True, row_read: Any = None) -> None:
         """Hand a finished request's committed KV to SGLang's tree, or free it, and drop its
         lock (see the module docstring). InvalidArgumentError (nothing changed) for a request
-        without a row, as kvpool's."""
+        without a row, as kvpool's. ``row_read`` (the caller's read of the row) is ignored:
+        SGLang's tree reads the row itself."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         proxy = self.request(req)
@@ -279,10 +280,11 @@ class SGLangRadixCache:
                 proxy.lock = None
         self._inserted.forget(req)
 
-    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
+    def cache_unfinished_req(self, req: Any, chunked: bool = False, row_read: Any = None) -> None:
         """Between prefill chunks: SGLang inserts ``fill_ids``, frees the duplicates, rewrites
         the row, moves the lock and sets ``prefix_indices`` / ``cache_protected_len`` /
-        ``last_node`` (0.5.23: its ``checkpoint``; ``prefix_indices`` read from the row)."""
+        ``last_node`` (0.5.23: its ``checkpoint``; ``prefix_indices`` read from the row).
+        ``row_read`` (the caller's read of the row) is ignored: SGLang's tree reads the row."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         proxy = self.request(req)

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import torch
 
 from kvpool.config import PoolConfig
 from kvpool.errors import DoubleFreeError
@@ -166,3 +167,46 @@ def test_twins_agree_under_every_release_rule(rules: Rules) -> None:
     assert result.failure is None, result.failure.report if result.failure else ""
     assert result.steps > 100
     assert result.coverage.get("finish:ok", 0) > 0
+
+
+def _row(mm: Any, req: Any, stop: int) -> Any:
+    """``row[:stop]`` as a caller reads it ahead: a list (reference), int64 slots (twin)."""
+    read = mm.req_to_token_pool.read(req.req_pool_idx, 0, stop)
+    return read.to(torch.int64) if isinstance(read, torch.Tensor) else read
+
+
+def _duplicated_chunks(make: Any, rules: Rules, disable: bool) -> Any:
+    """Two chunked requests in one batch; ``b``'s chunk duplicates ``a``'s prefix."""
+    mm = _manager(make, rules, size=64, page_size=2, req_pool_size=4, disable_radix_cache=disable)
+    mm.new_req("a", [1, 2, 3, 4, 5, 6, 7])
+    mm.new_req("b", [1, 2, 3, 4, 9, 9, 9])
+    mm.extend(["a", "b"], [5, 5])
+    return mm
+
+
+@pytest.mark.parametrize("make", TWINS)
+@pytest.mark.parametrize("path", ["finished_req", "checkpoint"])
+@pytest.mark.parametrize("disable", [False, True], ids=["radix", "chunk_cache"])
+@pytest.mark.parametrize("is_insert", [True, False])
+def test_a_row_read_ahead_releases_as_a_read_of_the_row(
+    make: Any, path: str, disable: bool, is_insert: bool
+) -> None:
+    """``row_read`` (the caller's read of the row) leaves every pool, the tree and the request
+    exactly as the tree's own read does: between chunks and at the end."""
+    rules = replace(NEW if path == "checkpoint" else OLD, release_path=path)
+    given, own = (_duplicated_chunks(make, rules, disable) for _ in range(2))
+    for rid in ("a", "b"):
+        req = given.reqs[rid]
+        given.tree_cache.cache_unfinished_req(req, True, row_read=_row(given, req, 5))
+        own.tree_cache.cache_unfinished_req(own.reqs[rid], True)
+        assert list(map(int, req.prefix_indices)) == list(map(int, own.reqs[rid].prefix_indices))
+    assert given.snapshot() == own.snapshot()
+    for mm in (given, own):
+        mm.extend(["a", "b"])
+        mm.decode(["a", "b"], [8, 8])
+    for rid in ("a", "b"):
+        req = given.reqs[rid]
+        stop = req.kv_committed_len
+        given.tree_cache.cache_finished_req(req, is_insert, row_read=_row(given, req, stop))
+        own.tree_cache.cache_finished_req(own.reqs[rid], is_insert)
+    assert given.snapshot() == own.snapshot()

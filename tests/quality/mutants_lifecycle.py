@@ -34,11 +34,11 @@ def leak_partial_tail(mm: Any) -> None:
     ps = mm.page_size
 
     def make(orig: Any) -> Callable[..., None]:
-        def cache_finished(req: Any, is_insert: bool = True) -> None:
+        def cache_finished(req: Any, is_insert: bool = True, row_read: Any = None) -> None:
             committed = req.kv_committed_len
             aligned = floor_align(committed, ps)
             if not is_insert or aligned == committed:
-                return orig(req, is_insert)  # type: ignore[no-any-return]
+                return orig(req, is_insert, row_read)  # type: ignore[no-any-return]
             tail = set(mm.req_to_token_pool.read(req.req_pool_idx, aligned, committed).tolist())
             free = alloc.free
 
@@ -46,7 +46,7 @@ def leak_partial_tail(mm: Any) -> None:
                 kept = [s for s in torch.as_tensor(slots).tolist() if s not in tail]
                 free(torch.tensor(kept, dtype=torch.int64))
 
-            return during(alloc, "free", free_but_tail, lambda: orig(req, is_insert))  # type: ignore[no-any-return]
+            return during(alloc, "free", free_but_tail, lambda: orig(req, is_insert, row_read))  # type: ignore[no-any-return]
 
         return cache_finished
 
@@ -109,8 +109,8 @@ def row_not_rewritten(mm: Any) -> None:
     tree, pool = mm.tree_cache, mm.req_to_token_pool
 
     def make(orig: Any) -> Callable[..., None]:
-        def cache_unfinished(req: Any, chunked: bool = False) -> None:
-            during(pool, "write", lambda index, values: None, lambda: orig(req, chunked))
+        def cache_unfinished(req: Any, chunked: bool = False, row_read: Any = None) -> None:
+            during(pool, "write", lambda index, values: None, lambda: orig(req, chunked, row_read))
 
         return cache_unfinished
 
