@@ -28,7 +28,14 @@ from typing import Any
 from kvpool.errors import AlignmentError, ConfigError, DoubleFreeError, InvalidArgumentError
 from kvpool.snapshot import HostPoolSnapshot
 
-ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
+ITEMSIZE: dict[str, int] = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "uint8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
 """Bytes per element of a device pool's ``store_dtype``."""
 
 

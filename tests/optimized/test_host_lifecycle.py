@@ -148,3 +148,30 @@ def test_the_swarm_draws_host_tiers_for_implementations_with_one() -> None:
     assert host and len(host) < len(drawn)
     assert {c.hicache_write_policy for c in host} == set(WRITE_POLICIES)
     assert all(not c.disable_radix_cache for c in host)
+
+
+@pytest.mark.parametrize("manager", [RefManager, TwinManager])
+@pytest.mark.parametrize(
+    "storage",
+    [
+        {"kv_storage": "mxfp8", "head_num": 1, "head_dim": 32},
+        {"kv_storage": "fp4", "head_num": 1, "head_dim": 16},
+        {"kv_storage": "page_major"},
+    ],
+    ids=lambda s: s["kv_storage"],
+)
+def test_the_host_tier_sizes_and_backs_up_every_storage_variant(
+    manager: Any, storage: dict[str, Any]
+) -> None:
+    # The campaign once drew a host tier over MXFP8 buffers, whose element type the host pool's
+    # size table lacked: the manager could not be built.
+    mm = manager(dataclasses.replace(HOST, **storage))
+    mm.new_req("a", [1, 2, 3, 4, 5])
+    mm.extend(["a"])
+    mm.finish(["a"])
+    assert mm.hicache_ack_writes(8) == 1
+    assert mm.evict(16) == 5
+    mm.new_req("b", [1, 2, 3, 4, 7, 7])
+    assert mm.match_prefix("b") == 4
+    mm.extend(["b"])
+    check_all(mm.snapshot())  # the tags came back through the variant's storage
