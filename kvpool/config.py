@@ -64,6 +64,14 @@ class PoolConfig:
     (MHA only). The quantised formats need a geometry they can block: FP4 an even ``head_dim``
     and ``head_num * head_dim`` (MLA: ``kv_lora_rank + qk_rope_head_dim``) a multiple of 16,
     MXFP8 ``head_dim`` and ``v_head_dim`` multiples of 32."""
+    layerwise_loading: bool = False
+    """Layer-wise KV loading (specs/kv_variants.md): the manager registers a
+    ``LayerDoneCounter`` on its KV pool, so a read of layer ``i`` waits until the load in
+    progress has completed that layer (the reference raises ``LayerNotLoadedError`` instead)."""
+    layer_wait_s: float = 30.0
+    """Twin only, with ``layerwise_loading``: seconds a read waits for its layer's load before
+    ``LayerNotLoadedError`` (single-threaded harnesses use a few milliseconds: nothing else can
+    complete the layer)."""
 
     def __post_init__(self) -> None:
         self._check_kv_storage()
@@ -111,6 +119,7 @@ class PoolConfig:
             raise ConfigError(f"unknown hicache_write_policy {self.hicache_write_policy!r}")
         if self.hicache_load_back_threshold < 0 or self.hicache_prefetch_threshold < 0:
             raise ConfigError("hicache thresholds must be >= 0 tokens")
+        self._check_layerwise()
 
     def _check_kv_storage(self) -> None:
         storage, mla = self.kv_storage, self.kv_layout == "mla"
@@ -128,6 +137,13 @@ class PoolConfig:
             )
         if storage == "mxfp8" and (self.head_dim % 32 or v_dim % 32):
             raise ConfigError("kv_storage 'mxfp8' needs head_dim and v_head_dim multiples of 32")
+
+    def _check_layerwise(self) -> None:
+        if not isinstance(self.layerwise_loading, bool):
+            raise ConfigError(f"layerwise_loading must be a bool, got {self.layerwise_loading!r}")
+        wait = self.layer_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait > 0:
+            raise ConfigError(f"layer_wait_s must be a positive number of seconds, got {wait!r}")
 
     @property
     def swa_size(self) -> int:

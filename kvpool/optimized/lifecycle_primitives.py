@@ -30,6 +30,7 @@ from kvpool.injection import check_shared, resolve
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.chunk_cache import ChunkCache
 from kvpool.optimized.kv_cache import KVCache, kv_cache_from_config
+from kvpool.optimized.layer_transfer import LayerDoneCounter
 from kvpool.optimized.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
@@ -119,6 +120,13 @@ class LifecyclePrimitives:
         self.kv_cache: KVCache = resolve(
             "kv_cache", kv_cache, lambda: kv_cache_from_config(config, opts), config
         )
+        self.layer_done_counter: LayerDoneCounter | None = None
+        """``config.layerwise_loading``: the counter registered on ``kv_cache`` (a read of a
+        layer waits for the load in progress to complete it); None otherwise."""
+        if config.layerwise_loading:
+            counter = LayerDoneCounter(config.num_layers, timeout=config.layer_wait_s)
+            self.layer_done_counter = counter
+            self.kv_cache.register_layer_transfer_counter(counter)
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
         """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
         self.capacity_refusals = 0

@@ -30,6 +30,7 @@ from kvpool.injection import check_shared, resolve
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.reference.chunk_cache import ChunkCache
 from kvpool.reference.kv_cache import KVCache, kv_cache_from_config
+from kvpool.reference.layer_transfer import LayerDoneCounter
 from kvpool.reference.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.paged_ops import decode_new_pages, eviction_target, extend_new_pages
@@ -99,6 +100,13 @@ class LifecyclePrimitives:
         self.kv_cache: KVCache = resolve(
             "kv_cache", kv_cache, lambda: kv_cache_from_config(config), config
         )
+        self.layer_done_counter: LayerDoneCounter | None = None
+        """``config.layerwise_loading``: the counter registered on ``kv_cache`` (a read of a
+        layer waits for the load in progress to complete it); None otherwise."""
+        if config.layerwise_loading:
+            counter = LayerDoneCounter(config.num_layers)
+            self.layer_done_counter = counter
+            self.kv_cache.register_layer_transfer_counter(counter)
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
         """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
         self.capacity_refusals = 0

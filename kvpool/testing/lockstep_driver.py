@@ -29,6 +29,7 @@ from kvpool.errors import InvariantViolation, KVPoolError, OutOfMemoryError
 from kvpool.invariants import check_all
 from kvpool.snapshot import PoolSnapshot
 from kvpool.testing import report
+from kvpool.testing.layer_ops import LAYER_OPS, LayerLoads
 from kvpool.testing.swarm import Chooser, Op, View, advance_counters, make_view
 
 Factory = Callable[[PoolConfig], Any]
@@ -92,6 +93,8 @@ class Lockstep:
         replays of long prompts may space them out."""
         self.a = factory_a(config)
         self.b = factory_b(config)
+        self.layers = LayerLoads(self.a, self.b) if config.layerwise_loading else None
+        """The layer steps' state (:mod:`kvpool.testing.layer_ops`) under layer-wise loading."""
         self.lines: list[str] = []
         self.ops: list[Op] = []
         self.checks = 0
@@ -168,6 +171,9 @@ class Lockstep:
         for label, err in ((self.labels[0], err_a), (self.labels[1], err_b)):
             if err is not None and not isinstance(err, KVPoolError):
                 raise self.fail("crash", f"{label} raised {type(err).__name__}: {err}") from err
+        found = self.layers.check(self.labels) if self.layers is not None else None
+        if found is not None:
+            raise self.fail(*found)
         if len(self.lines) % self.check_every:
             self._compare_outcomes(out_a, err_a, out_b, err_b)
             return err_a if err_a is not None else out_a
@@ -223,6 +229,8 @@ class Lockstep:
 
     def _call(self, op: Op, manager: Any) -> tuple[Any, BaseException | None]:
         try:
+            if self.layers is not None and op.name in LAYER_OPS:
+                return report.normalize(self.layers.call(op, manager)), None
             return report.normalize(op.call(manager)), None
         except Exception as exc:
             return None, exc

@@ -3,8 +3,11 @@
 :data:`KV_STORAGE_MUTANTS` patch the lifecycle's KV pool (``manager.kv_cache``) of one built
 twin, under a configuration pinned to the variant: the stored bytes come out wrong while every
 index stays right, so only the KV tags see it (``INV-KV-INTEGRITY``, or the lockstep comparison
-of the tags the two sides read back). :data:`LAYER_LOADING_MUTANTS` patch a twin pool or its
-layer-transfer counter so that a read can run ahead of a layer's load; the layer-loading harness
+of the tags the two sides read back). :data:`LAYERWISE_LIFECYCLE_MUTANTS` patch the
+lifecycle's KV pool under ``layerwise_loading`` so that the forward's layer reads skip the wait;
+the lifecycle machine's layer steps name them (``INV-LAYER-LOADED``).
+:data:`LAYER_LOADING_MUTANTS` patch a twin pool or its layer-transfer counter so that a read can
+run ahead of a layer's load; the layer-loading harness
 (:func:`kvpool.testing.layer_loading.run_twin`, detector ``layer-loading``) finds them.
 """
 
@@ -92,6 +95,37 @@ KV_STORAGE_MUTANTS: tuple[Mutant, ...] = (
 """Storage-variant bugs hunted by the lifecycle machine (:func:`kvpool.testing.quality.hunt`)."""
 
 
+LAYERWISE = {"layerwise_loading": True, "kv_storage": "plain"}
+"""The lifecycle with layer-wise loading on (the swarm's 2 ms twin wait, 2 to 4 layers)."""
+
+
+def forward_skips_layer_wait(manager: Any) -> None:
+    """The forward reads a layer without waiting for its load (the pool's transfer counter is
+    bypassed on ``get_key_buffer``): a read returns while the layer is still loading."""
+    kv = manager.kv_cache
+    need(kv, "get_key_buffer", "layer_transfer_counter")
+
+    def make(orig: Any) -> Callable[[int], Any]:
+        def get_key_buffer(layer_id: int) -> Any:
+            counter, kv.layer_transfer_counter = kv.layer_transfer_counter, None
+            try:
+                return orig(layer_id)
+            finally:
+                kv.layer_transfer_counter = counter
+
+        return get_key_buffer
+
+    wrap(kv, "get_key_buffer", make)
+
+
+LAYERWISE_LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant("layer-forward-no-wait", "the forward reads a layer before its load completed",
+           ("INV-LAYER-LOADED",), forward_skips_layer_wait, (1, 2, 4), LAYERWISE),
+)  # fmt: skip
+"""Layer-wise loading bugs hunted by the lifecycle machine (the layer steps of
+:mod:`kvpool.testing.layer_ops`)."""
+
+
 @dataclass(frozen=True)
 class LayerLoadingMutant:
     """A layer-loading bug: ``patch(pool, counter)`` returns the counter to register (the
@@ -155,8 +189,11 @@ def hunt_layer_loading(mutant: LayerLoadingMutant | None, seeds: int = 8) -> lis
 
 __all__ = [
     "KV_STORAGE_MUTANTS",
+    "LAYERWISE",
+    "LAYERWISE_LIFECYCLE_MUTANTS",
     "LAYER_LOADING_MUTANTS",
     "LayerLoadingMutant",
+    "forward_skips_layer_wait",
     "fp4_nibbles_swapped",
     "fp4_scale_block_shifted",
     "hunt_layer_loading",

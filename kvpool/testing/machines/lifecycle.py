@@ -15,9 +15,10 @@ from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
 from kvpool.snapshot import PoolSnapshot
 from kvpool.testing.bundle import Implementation
+from kvpool.testing.layer_ops import draw_lifecycle_op
 from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.machines.coverage import outcome_tag
-from kvpool.testing.swarm import KINDS, Chooser, Op, draw_config, draw_op
+from kvpool.testing.swarm import KINDS, Chooser, Op, draw_config
 
 
 def manager_factory(impl: Implementation) -> Factory:
@@ -67,10 +68,10 @@ class LifecyclePair:
         return self.lockstep.checks
 
     def draw(self, c: Chooser) -> Op:
-        view = self.lockstep.view()
-        op = draw_op(c, view, c.choice(KINDS))
+        view, layers = self.lockstep.view(), self.lockstep.layers
+        op = draw_lifecycle_op(c, view, layers, c.choice(KINDS))
         while not self.rejects_misuse and component_misuse(op):
-            op = draw_op(c, view, c.choice(KINDS))
+            op = draw_lifecycle_op(c, view, layers, c.choice(KINDS))
         return op
 
     def run(self, op: Op) -> Any:
