@@ -171,9 +171,9 @@ class Lockstep:
         for label, err in ((self.labels[0], err_a), (self.labels[1], err_b)):
             if err is not None and not isinstance(err, KVPoolError):
                 raise self.fail("crash", f"{label} raised {type(err).__name__}: {err}") from err
-        found = self.layers.check(self.labels) if self.layers is not None else None
-        if found is not None:
-            raise self.fail(*found)
+        layer_problem = self.layers.check(self.labels) if self.layers is not None else None
+        if layer_problem is not None:  # before the outcomes: a read that ran ahead is named
+            raise self.fail(*layer_problem)
         if len(self.lines) % self.check_every:
             self._compare_outcomes(out_a, err_a, out_b, err_b)
             return err_a if err_a is not None else out_a
