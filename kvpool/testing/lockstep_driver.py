@@ -7,7 +7,9 @@ over a bare difference when both fire):
 1. ``crash``: an implementation raised something that is not a :class:`~kvpool.errors.KVPoolError`
    (or its ``snapshot()`` failed);
 2. an invariant id: :func:`kvpool.invariants.check_all` on B's then A's snapshot (with the
-   previous snapshot, so monotonicity and KV integrity are checked too);
+   previous snapshot, so monotonicity and KV integrity are checked too); under layer-wise
+   loading (``PoolConfig.layerwise_loading``) first ``INV-LAYER-LOADED`` and the counters'
+   equality (:mod:`kvpool.testing.layer_ops`, whose steps this driver runs);
 3. ``lockstep-diff``: different error classes, or different returned indices / sizes / matches
    (tensors compared after ``.tolist()``);
 4. ``invalid-accepted``: a deliberately invalid call was accepted by both;
