@@ -114,6 +114,17 @@ class LayerLoads:
         return Op("layer_read", (c.integer(0, layers - 1),))
 
 
+def draw_kind_op(c: Chooser, view: View, layers: LayerLoads | None, kind: str) -> Op:
+    """An operation of exactly ``kind``: a layer step for a layer kind when ``layers`` is set,
+    else :func:`~kvpool.testing.swarm.draw_op` (which turns a kind it cannot draw into a step
+    that makes progress). The hypothesis lockstep machine draws this way, so it takes layer
+    steps only in runs focused on them (its ``kinds`` name them) and its derandomized examples
+    stay as they were otherwise."""
+    if layers is not None and kind in LAYER_OPS:
+        return layers.draw(c, kind)
+    return draw_op(c, view, kind)
+
+
 def draw_lifecycle_op(c: Chooser, view: View, layers: LayerLoads | None, kind: str) -> Op:
     """A lifecycle operation of ``kind`` (:func:`~kvpool.testing.swarm.draw_op`), or, when
     ``layers`` is set (layer-wise loading), one time in :data:`LAYER_SHARE` a layer step
@@ -129,5 +140,6 @@ __all__ = [
     "LayerLoads",
     "LayerSide",
     "counter_state",
+    "draw_kind_op",
     "draw_lifecycle_op",
 ]

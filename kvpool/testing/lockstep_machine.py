@@ -17,7 +17,7 @@ from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from kvpool.testing.layer_ops import draw_lifecycle_op
+from kvpool.testing.layer_ops import draw_kind_op
 from kvpool.testing.lockstep_driver import ConfigDrawer, Factory, Lockstep, LockstepFailure
 from kvpool.testing.swarm import draw_config
 
@@ -85,7 +85,7 @@ class LockstepMachine(RuleBasedStateMachine):
         focus = type(self).kinds
         if focus is not None and kind not in focus:
             kind = chooser.choice(focus)
-        op = draw_lifecycle_op(chooser, self.pair.view(), self.pair.layers, kind)
+        op = draw_kind_op(chooser, self.pair.view(), self.pair.layers, kind)
         type(self).steps += 1
         try:
             self.pair.run(op)

@@ -14,6 +14,7 @@ import kvpool.optimized.memory_manager as opt
 import kvpool.reference.memory_manager as ref
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, LayerNotLoadedError, LockError
+from kvpool.testing.bundle import Implementation
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.factories import optimized_factory, reference_factory
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
@@ -144,3 +145,14 @@ def test_the_lifecycle_campaign_reaches_the_layer_steps() -> None:
     for tag in ("layer_load:ok", "layer_done:ok", "layer_read:ok",
                 "layer_read:LayerNotLoadedError"):  # fmt: skip
         assert result.coverage.get(tag), (tag, dict(result.coverage))
+
+
+def test_the_lifecycle_campaign_names_a_forward_that_skips_the_wait() -> None:
+    def layered(c: RandomChooser) -> PoolConfig:
+        return draw_config(c, layerwise_loading=True, kv_storage="plain")
+
+    buggy = Implementation("no-wait", manager=_mutated(forward_skips_layer_wait))
+    result = run_machine("manager", reference_implementation(), buggy, 3600.0, seed=1,
+                         max_runs=20, config_drawer=layered)  # fmt: skip
+    assert result.failure is not None and result.failure.detector == "INV-LAYER-LOADED"
+    assert "layer_read(" in result.failure.report

@@ -22,6 +22,7 @@ import torch
 from kvpool.optimized.kv_cache import MHATokenToKVPool
 from kvpool.optimized.layer_transfer import LayerDoneCounter
 from kvpool.testing.layer_loading import run_twin
+from kvpool.testing.layer_ops import LAYER_KINDS
 from kvpool.testing.quality import Mutant, need, wrap
 
 FP4_MHA = {"kv_storage": "fp4", "kv_layout": "mha", "head_num": 2, "head_dim": 16}
@@ -97,6 +98,9 @@ KV_STORAGE_MUTANTS: tuple[Mutant, ...] = (
 
 LAYERWISE = {"layerwise_loading": True, "kv_storage": "plain"}
 """The lifecycle with layer-wise loading on (the swarm's 2 ms twin wait, 2 to 4 layers)."""
+LAYER_FOCUS = ("new_req", "extend", "decode", "finish", *LAYER_KINDS)
+"""The hunt's operation kinds: a short lifecycle interleaved with the layer steps (the
+hypothesis machine draws layer steps only in runs focused on them)."""
 
 
 def forward_skips_layer_wait(manager: Any) -> None:
@@ -120,7 +124,7 @@ def forward_skips_layer_wait(manager: Any) -> None:
 
 LAYERWISE_LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("layer-forward-no-wait", "the forward reads a layer before its load completed",
-           ("INV-LAYER-LOADED",), forward_skips_layer_wait, (1, 2, 4), LAYERWISE),
+           ("INV-LAYER-LOADED",), forward_skips_layer_wait, (1, 2, 4), LAYERWISE, LAYER_FOCUS),
 )  # fmt: skip
 """Layer-wise loading bugs hunted by the lifecycle machine (the layer steps of
 :mod:`kvpool.testing.layer_ops`)."""
@@ -191,6 +195,7 @@ __all__ = [
     "KV_STORAGE_MUTANTS",
     "LAYERWISE",
     "LAYERWISE_LIFECYCLE_MUTANTS",
+    "LAYER_FOCUS",
     "LAYER_LOADING_MUTANTS",
     "LayerLoadingMutant",
     "forward_skips_layer_wait",

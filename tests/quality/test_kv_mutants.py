@@ -13,6 +13,7 @@ from kvpool.testing.quality import Mutant, format_table, hunt
 from tests.quality.mutants_kv import (
     FP4_MHA,
     KV_STORAGE_MUTANTS,
+    LAYER_FOCUS,
     LAYER_LOADING_MUTANTS,
     LAYERWISE,
     LAYERWISE_LIFECYCLE_MUTANTS,
@@ -62,7 +63,9 @@ def test_layerwise_lifecycle_bug_is_caught_by_its_detector(mutant: Mutant) -> No
 
 
 def test_unmutated_layerwise_lifecycle_passes_the_same_budget() -> None:
-    clean = Mutant("no-bug", "control", ("none",), lambda manager: None, (1, 2, 4), LAYERWISE)
+    clean = Mutant(
+        "no-bug", "control", ("none",), lambda m: None, (1, 2, 4), LAYERWISE, LAYER_FOCUS
+    )
     result = hunt(clean, _budget())
     assert not result.caught, result.report
     assert result.steps > 0
