@@ -13,6 +13,15 @@ same starting state, restored outside the timed region):
   no hot path loops over requests in Python, and the crossover is the smallest batch size at
   which the twin is faster (below it, torch's fixed per-call cost loses to plain Python).
 
+SGLang side by side, in the same run: SGLang 0.5.23's own allocator classes (its CPU code,
+loaded from the published wheel at run time by :func:`kvpool.sglang.load_sglang`, never stored
+here; ``$KVPOOL_SGLANG_CACHE`` or ``--sglang`` name where the wheel is) with
+``use_triton_kernels = False``, i.e. its torch fallbacks ``alloc_extend_naive`` /
+``alloc_decode_naive``: the code SGLang runs where Triton is not available. SGLang's objects are
+called directly (no adapter in the timed call). The free-group rows add groups of 1 and 1,024
+frees (requests of 16-80 tokens) and the page-size-1 allocators. When SGLang cannot be loaded
+(no network, no cached wheel) its columns stay empty and the note says why.
+
 The twin gets its host copies of the lengths as CPU tensors (as an engine keeps them), the
 reference plain lists. Single torch thread. ``--quick`` makes fewer calls (under a minute).
 """
@@ -30,9 +39,12 @@ import torch
 
 from kvpool.constants import NO_LAST_LOC
 from kvpool.optimized import PagedTokenToKVPoolAllocator as TwinAllocator
+from kvpool.optimized import TokenToKVPoolAllocator as TwinTokenAllocator
 from kvpool.reference import PagedTokenToKVPoolAllocator as RefAllocator
+from kvpool.reference import TokenToKVPoolAllocator as RefTokenAllocator
 
 PAGE_SIZE = 16
+SGLANG_RELEASE = "0.5.23"
 SCALING_TOKENS = 8192
 SCALING_BATCHES = (1, 4, 16, 64, 128, 256, 512, 1024)
 
@@ -55,12 +67,25 @@ def _median_us(
 class Pair:
     """The same allocator history on both twins, with a restorable starting state."""
 
-    def __init__(self, size: int, device: str) -> None:
-        self.ref = RefAllocator(size, PAGE_SIZE)
-        self.twin = TwinAllocator(size, PAGE_SIZE, device=device, checked=False)
+    def __init__(self, size: int, device: str, sglang: Any = None, page_size: int = PAGE_SIZE):
+        if page_size == 1:
+            self.ref: Any = RefTokenAllocator(size)
+            self.twin: Any = TwinTokenAllocator(size, device=device, checked=False)
+        else:
+            self.ref = RefAllocator(size, page_size)
+            self.twin = TwinAllocator(size, page_size, device=device, checked=False)
         self.device = device
         self.ref_state: Any = None
         self.twin_state: Any = None
+        # SGLang's own allocator (CPU, torch fallbacks), or None when it could not be loaded
+        self.sg: Any = None
+        self.sg_adapter: Any = None
+        self.sg_state: Any = None
+        if sglang is not None:
+            from kvpool.sglang import SGLangAllocator
+
+            self.sg_adapter = SGLangAllocator(sglang, size, page_size, naive_extend=True)
+            self.sg = self.sg_adapter.impl
 
     def prefill(self, prefix: list[int]) -> list[int]:
         """Allocate each request's prefix on both; returns each request's last_loc."""
@@ -82,6 +107,13 @@ class Pair:
             sum(prefix),
         )
         assert out is not None and got is not None and got.tolist() == out
+        if self.sg is not None:
+            cpu = torch.tensor(prefix)
+            zeros_cpu = torch.zeros(len(prefix), dtype=torch.int64)
+            sg_out = self.sg.alloc_extend(
+                zeros_cpu, zeros_cpu, cpu, cpu, torch.full_like(cpu, NO_LAST_LOC), sum(prefix)
+            )
+            assert sg_out is not None and sg_out.tolist() == out
         ends = [sum(prefix[: i + 1]) for i in range(len(prefix))]
         return [out[e - 1] if p else NO_LAST_LOC for e, p in zip(ends, prefix, strict=True)]
 
@@ -90,6 +122,11 @@ class Pair:
 
     def save(self) -> None:
         self.ref_state, self.twin_state = self.ref.backup_state(), self.twin.backup_state()
+        if self.sg_adapter is not None:
+            self.sg_state = self.sg_adapter.backup_state()
+
+    def reset_sg(self) -> None:
+        self.sg_adapter.restore_state(self.sg_state)
 
     def reset_ref(self) -> None:
         self.ref.restore_state(self.ref_state)
@@ -102,19 +139,31 @@ def _sync(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
 
+def _sg_us(pair: Pair, call: Callable[[], object], calls: int) -> float | None:
+    """SGLang's median (us) of ``call`` from the saved state, or None without SGLang."""
+    if pair.sg is None:
+        return None
+    return _median_us(call, pair.reset_sg, calls, lambda: None)
+
+
 def _extend_case(
     pair: Pair, prefix: list[int], new: list[int], calls: int, ref_calls: int
-) -> tuple[float, float]:
-    """(reference us, twin us) of one alloc_extend of ``new`` tokens after ``prefix``."""
+) -> tuple[float, float, float | None]:
+    """(reference us, twin us, SGLang us) of one alloc_extend of ``new`` tokens after
+    ``prefix``."""
     last = pair.prefill(prefix)
     pair.save()
     seq = [p + n for p, n in zip(prefix, new, strict=True)]
     total = sum(new)
     p_t, s_t, l_t = pair.tensor(prefix), pair.tensor(seq), pair.tensor(last)
-    p_cpu, s_cpu = torch.tensor(prefix), torch.tensor(seq)
+    p_cpu, s_cpu, l_cpu = torch.tensor(prefix), torch.tensor(seq), torch.tensor(last)
     ref_out = pair.ref.alloc_extend(prefix, prefix, seq, seq, last, total)
     twin_out = pair.twin.alloc_extend(p_t, p_cpu, s_t, s_cpu, l_t, total)
     assert ref_out is not None and twin_out is not None and twin_out.tolist() == ref_out
+    if pair.sg is not None:
+        pair.reset_sg()
+        sg_out = pair.sg.alloc_extend(p_cpu, p_cpu, s_cpu, s_cpu, l_cpu, total)
+        assert sg_out is not None and sg_out.tolist() == ref_out
     sync = _sync(pair.device)
     ref_us = _median_us(
         lambda: pair.ref.alloc_extend(prefix, prefix, seq, seq, last, total),
@@ -128,113 +177,173 @@ def _extend_case(
         calls,
         sync,
     )
-    return ref_us, twin_us
+    sg_us = _sg_us(
+        pair, lambda: pair.sg.alloc_extend(p_cpu, p_cpu, s_cpu, s_cpu, l_cpu, total), calls
+    )
+    return ref_us, twin_us, sg_us
 
 
-def _decode_case(pair: Pair, prefix: list[int], calls: int, ref_calls: int) -> tuple[float, float]:
-    """(reference us, twin us) of one alloc_decode after ``prefix`` tokens per request."""
+def _decode_case(
+    pair: Pair, prefix: list[int], calls: int, ref_calls: int
+) -> tuple[float, float, float | None]:
+    """(reference us, twin us, SGLang us) of one alloc_decode after ``prefix`` tokens per
+    request."""
     last = pair.prefill(prefix)
     pair.save()
     seq = [p + 1 for p in prefix]
-    s_t, s_cpu, l_t = pair.tensor(seq), torch.tensor(seq), pair.tensor(last)
+    s_t, s_cpu, l_t, l_cpu = (
+        pair.tensor(seq),
+        torch.tensor(seq),
+        pair.tensor(last),
+        torch.tensor(last),
+    )
     ref_out = pair.ref.alloc_decode(seq, seq, last)
     twin_out = pair.twin.alloc_decode(s_t, s_cpu, l_t)
     assert ref_out is not None and twin_out is not None and twin_out.tolist() == ref_out
+    if pair.sg is not None:
+        pair.reset_sg()
+        sg_out = pair.sg.alloc_decode(s_cpu, s_cpu, l_cpu)
+        assert sg_out is not None and sg_out.tolist() == ref_out
     ref_us = _median_us(
         lambda: pair.ref.alloc_decode(seq, seq, last), pair.reset_ref, ref_calls, lambda: None
     )
     twin_us = _median_us(
         lambda: pair.twin.alloc_decode(s_t, s_cpu, l_t), pair.reset_twin, calls, _sync(pair.device)
     )
-    return ref_us, twin_us
+    sg_us = _sg_us(pair, lambda: pair.sg.alloc_decode(s_cpu, s_cpu, l_cpu), calls)
+    return ref_us, twin_us, sg_us
 
 
-def _row(op: str, ref_us: float, twin_us: float, note: str = "") -> dict[str, Any]:
+def _row(
+    op: str, ref_us: float, twin_us: float, note: str = "", sg_us: float | None = None
+) -> dict[str, Any]:
     return {
         "bench": "allocators",
         "op": op,
         "reference_us": round(ref_us, 1),
         "twin_us": round(twin_us, 1),
         "ref/twin": round(ref_us / twin_us, 2),
+        f"sglang_{SGLANG_RELEASE}_us": None if sg_us is None else round(sg_us, 1),
+        "twin/sglang": None if sg_us is None else round(twin_us / sg_us, 2),
         "note": note,
     }
 
 
-def run(quick: bool = False, device: str = "cpu") -> list[dict[str, Any]]:
-    """Measure every operation; one row per operation (times in microseconds)."""
+def load_sglang_or_reason(source: str) -> tuple[Any, str]:
+    """(SGLang's modules, "") or (None, why they could not be loaded)."""
+    try:
+        from kvpool.sglang import load_sglang
+
+        return load_sglang(source), ""
+    except Exception as exc:  # no network, no cached wheel, no triton: skip SGLang's columns
+        return None, f"SGLang {source} not loaded ({type(exc).__name__}: {exc})"
+
+
+def run(
+    quick: bool = False, device: str = "cpu", sglang: str = SGLANG_RELEASE
+) -> list[dict[str, Any]]:
+    """Measure every operation; one row per operation (times in microseconds). ``sglang``:
+    the SGLang source to compare with (a release number, a path, ``"none"`` to skip)."""
     torch.set_num_threads(1)
     rng = random.Random(0)
     calls, ref_calls = (30, 10) if quick else (200, 40)
+    sg, why = (None, "SGLang skipped") if sglang == "none" else load_sglang_or_reason(sglang)
     rows: list[dict[str, Any]] = []
+    if why:
+        rows.append({"bench": "allocators", "op": "SGLang columns", "note": why})
 
     prefix = [rng.randrange(256) for _ in range(64)]
     new = [rng.randrange(480, 545) for _ in range(64)]
-    ref_us, twin_us = _extend_case(Pair(1 << 17, device), prefix, new, calls, ref_calls)
+    ref_us, twin_us, sg_us = _extend_case(Pair(1 << 17, device, sg), prefix, new, calls, ref_calls)
     rows.append(
         _row(
             "alloc_extend 64 reqs x ~512 new tokens",
             ref_us,
             twin_us,
             f"{sum(new)} tokens; target ref/twin >= 2",
+            sg_us,
         )
     )
 
     decode_prefix = [rng.randrange(1, 2048) for _ in range(256)]
-    ref_us, twin_us = _decode_case(Pair(1 << 20, device), decode_prefix, calls, ref_calls)
-    rows.append(_row("alloc_decode 256 reqs", ref_us, twin_us))
+    ref_us, twin_us, sg_us = _decode_case(
+        Pair(1 << 20, device, sg), decode_prefix, calls, ref_calls
+    )
+    rows.append(_row("alloc_decode 256 reqs", ref_us, twin_us, "target twin/sglang <= 0.67", sg_us))
 
-    rows.extend(_free_rows(device, prefix, new, calls, ref_calls))
+    seq = [p + n for p, n in zip(prefix, new, strict=True)]
+    rows.extend(_free_rows(device, seq, calls, ref_calls, sg, "finished batch (64 reqs)", 1 << 17))
+    for n in (1, 1024):
+        lens = [rng.randrange(16, 81) for _ in range(n)]
+        rows.extend(_free_rows(device, lens, calls, ref_calls, sg, f"{n} reqs", 1 << 17, False))
+    rows.extend(
+        _free_rows(device, seq, calls, ref_calls, sg, "64 reqs, page size 1", 1 << 16, False, 1)
+    )
     rows.extend(_scaling_rows(device, calls, ref_calls))
     return rows
 
 
 def _free_rows(
-    device: str, prefix: list[int], new: list[int], calls: int, ref_calls: int
+    device: str,
+    seq: list[int],
+    calls: int,
+    ref_calls: int,
+    sg: Any,
+    what: str,
+    size: int,
+    one_call: bool = True,
+    page_size: int = PAGE_SIZE,
 ) -> list[dict[str, Any]]:
-    """Free the 64 requests' slots: one call, and a free group of one free per request."""
-    pair = Pair(1 << 17, device)
-    seq = [p + n for p, n in zip(prefix, new, strict=True)]
-    blocks_ref = [pair.ref.alloc_extend([0], [0], [s], [s], [NO_LAST_LOC], s) for s in seq]
-    blocks_twin = [
-        pair.twin.alloc_extend(
-            pair.tensor([0]),
-            torch.tensor([0]),
-            pair.tensor([s]),
-            torch.tensor([s]),
-            pair.tensor([NO_LAST_LOC]),
-            s,
-        )
-        for s in seq
-    ]
-    ref_blocks = [b for b in blocks_ref if b is not None]
-    twin_blocks = [b for b in blocks_twin if b is not None]
-    assert [b.tolist() for b in twin_blocks] == ref_blocks
+    """Free the requests' slots (``seq[i]`` each): as one call (``one_call``), and as a free
+    group of one free per request (how the lifecycle releases a batch)."""
+    pair = Pair(size, device, sg, page_size)
+    ref_blocks = [pair.ref.alloc(s) for s in _whole_pages(seq, page_size)]
+    twin_full = [pair.twin.alloc(s) for s in _whole_pages(seq, page_size)]
+    assert all(b is not None for b in ref_blocks) and all(b is not None for b in twin_full)
+    assert [b.tolist() for b in twin_full] == ref_blocks
+    # each request frees its own tokens (the tail of its last page stays unused)
+    ref_blocks = [b[:s] for b, s in zip(ref_blocks, seq, strict=True)]
+    twin_blocks = [b[:s] for b, s in zip(twin_full, seq, strict=True)]
+    sg_blocks: list[torch.Tensor] = []
+    if pair.sg is not None:
+        got = [pair.sg.alloc(s) for s in _whole_pages(seq, page_size)]
+        assert [g.tolist() for g in got] == [b.tolist() for b in twin_full]
+        sg_blocks = [g[:s] for g, s in zip(got, seq, strict=True)]
     pair.save()
     ref_all = [s for b in ref_blocks for s in b]
     twin_all = torch.cat(twin_blocks)
     sync = _sync(device)
 
-    def ref_group() -> None:
-        pair.ref.free_group_begin()
-        for b in ref_blocks:
-            pair.ref.free(b)
-        pair.ref.free_group_end()
+    def group(alloc: Any, blocks: list[Any]) -> Callable[[], None]:
+        def run() -> None:
+            alloc.free_group_begin()
+            for b in blocks:
+                alloc.free(b)
+            alloc.free_group_end()
 
-    def twin_group() -> None:
-        pair.twin.free_group_begin()
-        for b in twin_blocks:
-            pair.twin.free(b)
-        pair.twin.free_group_end()
+        return run
 
-    one_ref = _median_us(lambda: pair.ref.free(ref_all), pair.reset_ref, ref_calls, lambda: None)
-    one_twin = _median_us(lambda: pair.twin.free(twin_all), pair.reset_twin, calls, sync)
-    group_ref = _median_us(ref_group, pair.reset_ref, ref_calls, lambda: None)
-    group_twin = _median_us(twin_group, pair.reset_twin, calls, sync)
-    note = f"{len(ref_all)} slots of 64 requests"
-    return [
-        _row("free finished batch (one call)", one_ref, one_twin, note),
-        _row("free finished batch (free group, 64 frees)", group_ref, group_twin, note),
-    ]
+    group_ref = _median_us(group(pair.ref, ref_blocks), pair.reset_ref, ref_calls, lambda: None)
+    group_twin = _median_us(group(pair.twin, twin_blocks), pair.reset_twin, calls, sync)
+    group_sg = _sg_us(pair, group(pair.sg, sg_blocks), calls)
+    note = f"{len(ref_all)} slots of {len(seq)} requests"
+    rows = []
+    if one_call:
+        one_ref = _median_us(
+            lambda: pair.ref.free(ref_all), pair.reset_ref, ref_calls, lambda: None
+        )
+        one_twin = _median_us(lambda: pair.twin.free(twin_all), pair.reset_twin, calls, sync)
+        sg_all = torch.cat(sg_blocks) if sg_blocks else None
+        one_sg = _sg_us(pair, lambda: pair.sg.free(sg_all), calls)
+        rows.append(_row(f"free {what} (one call)", one_ref, one_twin, note, one_sg))
+    rows.append(
+        _row(f"free {what} (free group, {len(seq)} frees)", group_ref, group_twin, note, group_sg)
+    )
+    return rows
+
+
+def _whole_pages(seq: list[int], page_size: int) -> list[int]:
+    return [-(-s // page_size) * page_size for s in seq]
 
 
 def _scaling_rows(device: str, calls: int, ref_calls: int) -> list[dict[str, Any]]:
@@ -255,10 +364,10 @@ def _scaling_rows(device: str, calls: int, ref_calls: int) -> list[dict[str, Any
             )
             pair = Pair(max(2 * need, 64 * PAGE_SIZE), device)
             if op == "alloc_extend":
-                ref_us, twin_us = _extend_case(pair, prefix, new, calls, ref_calls)
+                ref_us, twin_us, _ = _extend_case(pair, prefix, new, calls, ref_calls)
                 what = f"{bs} reqs x {SCALING_TOKENS // bs} tokens"
             else:
-                ref_us, twin_us = _decode_case(pair, prefix, calls, ref_calls)
+                ref_us, twin_us, _ = _decode_case(pair, prefix, calls, ref_calls)
                 what = f"{bs} reqs"
             twin_at[bs] = twin_us
             if crossover is None and twin_us < ref_us:
@@ -294,8 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer calls (under a minute)")
     parser.add_argument("--device", default="cpu", help="device of the twin's tensors")
+    parser.add_argument(
+        "--sglang",
+        default=SGLANG_RELEASE,
+        help="SGLang to compare with: a release number, a wheel or folder path, or none",
+    )
     args = parser.parse_args(argv)
-    print_rows(run(args.quick, args.device))
+    print_rows(run(args.quick, args.device, args.sglang))
     return 0
 
 

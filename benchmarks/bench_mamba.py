@@ -14,14 +14,18 @@ layers, two track buffers per request (speculative decoding):
   ``evict`` of every state.
 
 Medians of calls timed one by one, each from the same starting state built outside the timed
-region. The twin runs on the CPU with one torch thread, checked mode off (production); its
-state buffers are the twin's default tiny shapes (conv 3, state 4 floats per layer and slot), so
-the figures measure bookkeeping, not memory bandwidth. ``--quick`` makes fewer calls.
+region; the reference's and the twin's calls alternate in blocks of five, so that the load of a
+shared machine weighs on both alike, and the garbage collector is off inside a timed call (as
+in ``timeit``). The twin runs on the CPU with one torch thread, checked mode off
+(production); its state buffers are the twin's default tiny shapes (conv 3, state 4 floats per
+layer and slot), so the figures measure bookkeeping, not memory bandwidth. ``--quick`` makes
+fewer calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -49,13 +53,26 @@ Setup = Callable[[], Callable[[], object]]
 
 def _median_us(setup: Setup, calls: int) -> float:
     """Median wall time (us) of the callable ``setup()`` returns (setup untimed)."""
-    times = []
-    for _ in range(calls):
-        call = setup()
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return _medians_us([setup], calls)[0]
+
+
+def _medians_us(setups: list[Setup], calls: int, block: int = 5) -> list[float]:
+    """Median wall time (us) of each setup's callable over ``calls`` calls, taken in
+    alternating blocks of ``block`` calls per setup (so that the load of a shared machine
+    weighs on the reference and the twin alike, while each block runs warm code)."""
+    times: list[list[float]] = [[] for _ in setups]
+    for _ in range(-(-calls // block)):
+        for setup, out in zip(setups, times, strict=True):
+            for _ in range(block):
+                call = setup()
+                gc.disable()  # as timeit does: no collection inside a timed call
+                try:
+                    t0 = time.perf_counter()
+                    call()
+                    out.append(time.perf_counter() - t0)
+                finally:
+                    gc.enable()
+    return [statistics.median(t) * 1e6 for t in times]
 
 
 def _pool(twin: bool) -> Any:
@@ -80,6 +97,11 @@ def _admitted(twin: bool, batch: int, cow: bool = False) -> tuple[Any, Any, list
 
 def measure(batch: int, twin: bool, calls: int) -> dict[str, float]:
     """Median microseconds of each operation for one twin and batch size."""
+    return {name: _median_us(setup, calls) for name, setup in setups(batch, twin).items()}
+
+
+def setups(batch: int, twin: bool) -> dict[str, Setup]:
+    """Each operation's setup for one twin and batch size."""
     steps = twin_steps if twin else ref_steps
     tags = list(range(1, batch + 1))
 
@@ -100,9 +122,8 @@ def measure(batch: int, twin: bool, calls: int) -> dict[str, float]:
         pool, s, reqs = _admitted(twin, batch)
         return lambda: [s.release_running(pool, r) for r in reqs]
 
-    ops = {"admit": admit, "prepare_forward": prepare, "forward_state": forward,
-           "release_running": release}  # fmt: skip
-    return {name: _median_us(setup, calls) for name, setup in ops.items()}
+    return {"admit": admit, "prepare_forward": prepare, "forward_state": forward,
+            "release_running": release}  # fmt: skip
 
 
 def _sequences(batch: int) -> list[list[int]]:
@@ -112,6 +133,11 @@ def _sequences(batch: int) -> list[list[int]]:
 
 def measure_tree(batch: int, twin: bool, calls: int) -> dict[str, float]:
     """Median microseconds of the tree operations for one twin and batch size."""
+    return {name: _median_us(setup, calls) for name, setup in tree_setups(batch, twin).items()}
+
+
+def tree_setups(batch: int, twin: bool) -> dict[str, Setup]:
+    """Each tree operation's setup for one twin and batch size."""
     seqs = _sequences(batch)
     key = TwinKey if twin else RefKey
 
@@ -145,8 +171,7 @@ def measure_tree(batch: int, twin: bool, calls: int) -> dict[str, float]:
         _, tree = inserted()
         return lambda: tree.evict(0, batch)
 
-    ops = {"tree insert": insert, "tree match_prefix (cow)": match, "tree evict": evict}
-    return {name: _median_us(setup, calls) for name, setup in ops.items()}
+    return {"tree insert": insert, "tree match_prefix (cow)": match, "tree evict": evict}
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
@@ -155,14 +180,14 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     calls = 5 if quick else 30
     rows: list[dict[str, Any]] = []
     for batch in BATCHES:
-        ref, twin = measure(batch, False, calls), measure(batch, True, calls)
-        if batch <= 256:  # the tree's LRU orders are lists: quadratic, as a reference may be
-            ref |= measure_tree(batch, False, max(calls // 3, 3))
-            twin |= measure_tree(batch, True, max(calls // 3, 3))
-        for op in ref:
-            rows.append({"op": f"{op} ({batch} requests)", "reference_us": round(ref[op]),
-                         "twin_us": round(twin[op]),
-                         "reference/twin": round(ref[op] / twin[op], 2)})  # fmt: skip
+        pairs = [(setups(batch, False), setups(batch, True), calls)]
+        if batch <= 256:  # the reference tree's LRU orders are lists: quadratic
+            pairs.append((tree_setups(batch, False), tree_setups(batch, True), max(calls // 3, 3)))
+        for ref, twin, n in pairs:
+            for op in ref:
+                r, t = _medians_us([ref[op], twin[op]], n)
+                rows.append({"op": f"{op} ({batch} requests)", "reference_us": round(r),
+                             "twin_us": round(t), "reference/twin": round(r / t, 2)})  # fmt: skip
     return rows
 
 

@@ -18,8 +18,13 @@ The reference is far too slow to build the full tree, so both twins are also mea
 smaller tree of the same shape (5 system prompts: 500 sequences); the twin/reference ratio comes
 from that tree. ``--quick`` uses the small tree only and fewer calls.
 
-SGLang 0.5.16's RadixCache on this machine class (figures from the issue): 39 us match, 46 us
-match at page size 16, 45 us insert.
+SGLang side by side, in the same run: SGLang's own ``RadixCache`` (0.5.23 by default; its CPU
+code loaded from the published wheel at run time by :func:`kvpool.sglang.load_sglang`, never
+stored here; ``$KVPOOL_SGLANG_CACHE`` or ``--sglang`` name where it is) builds the same trees and
+times the same probes, its keys built before timing as SGLang builds them (``array('q')``), its
+methods called directly (no adapter in the timed call). 0.5.23's ``match_prefix`` returns the
+matched length, not the slots (the twin returns the slots). When SGLang cannot be loaded its
+columns stay empty and a row says why.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ from kvpool.optimized.radix_key import RadixKey as OptKey
 from kvpool.reference.radix_cache import RadixCache as RefRadixCache
 from kvpool.reference.radix_key import RadixKey as RefKey
 
-SGLANG_US = {"match_prefix": 39.0, "match_prefix_ps16": 46.0, "insert": 45.0}
-"""SGLang 0.5.16's figures (microseconds) for the same shapes, from the issue."""
+SGLANG_RELEASE = "0.5.23"
+_BASE = "sglang.srt.mem_cache.base_prefix_cache"
 
 SYS_LEN, HIST_LEN, FINAL_LEN = 2000, 5000, 1000
 HISTS_PER_SYS, FINALS_PER_HIST = 10, 10
@@ -54,6 +59,7 @@ class StubAllocator:
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
+        self.device = "cpu"  # SGLang's tree reads it
         self.freed = 0
 
     def free(self, idx: Any) -> None:
@@ -117,6 +123,68 @@ def _build(twin: str, shape: TreeShape, page_size: int) -> tuple[Any, float]:
     return cache, time.perf_counter() - t0
 
 
+def load_sglang_or_reason(source: str) -> tuple[Any, str]:
+    """(SGLang's modules, "") or (None, why they could not be loaded)."""
+    try:
+        from kvpool.sglang import load_sglang
+
+        return load_sglang(source), ""
+    except Exception as exc:  # no network, no cached wheel, no triton: skip SGLang's columns
+        return None, f"SGLang {source} not loaded ({type(exc).__name__}: {exc})"
+
+
+class SGLangTree:
+    """SGLang's own ``RadixCache`` over the stub allocator, called without the adapter."""
+
+    def __init__(self, modules: Any, page_size: int) -> None:
+        from kvpool.sglang import SGLangRadixCache, make_radix_key
+
+        self.modules = modules
+        self.adapter = SGLangRadixCache(modules, None, StubAllocator(page_size), page_size)
+        self.impl = self.adapter.impl
+        cls = type(self.impl)
+        self._match, self._insert = cls.match_prefix, cls.insert  # not the adapter's clock
+        self._match_params = modules.attr(_BASE, "MatchPrefixParams")
+        self._insert_params = modules.attr(_BASE, "InsertParams")
+        self._make_key = make_radix_key
+
+    def key(self, seq: Any) -> Any:
+        """SGLang's key of ``seq`` (built outside the timed calls)."""
+        return self._make_key(self.modules, seq, None)
+
+    def match_prefix(self, key: Any) -> int:
+        """SGLang's match; returns the matched length (tokens)."""
+        result = self._match(self.impl, self._match_params(key=key))
+        indices = getattr(result, "device_indices", None)
+        return len(indices) if indices is not None else int(result.device_prefix_len)
+
+    def insert(self, key: Any, value: torch.Tensor) -> None:
+        self._insert(self.impl, self._insert_params(key=key, value=value))
+
+
+def _build_sglang(modules: Any, shape: TreeShape, page_size: int) -> tuple[SGLangTree, float]:
+    tree = SGLangTree(modules, page_size)
+    values = torch.arange(1, 8001, dtype=torch.int64)
+    t0 = time.perf_counter()
+    for seq in shape.sequences():
+        tree.insert(tree.key(seq), values)
+    return tree, time.perf_counter() - t0
+
+
+def _measure_sglang(
+    tree: SGLangTree, shape: TreeShape, page_size: int, calls: int
+) -> dict[str, float]:
+    expected = (SYS_LEN + HIST_LEN) // page_size * page_size
+    keys = [tree.key(p) for p in shape.probes(calls)]
+    got = tree.match_prefix(keys[0])
+    assert got == expected, (got, expected)
+    values = torch.arange(1, 8001, dtype=torch.int64)
+    return {
+        "match_prefix": _median_us(tree.match_prefix, keys),
+        "insert": _median_us(lambda k: tree.insert(k, values), keys),
+    }
+
+
 def _measure(
     twin: str, cache: Any, shape: TreeShape, page_size: int, calls: int
 ) -> dict[str, float]:
@@ -145,10 +213,14 @@ def _measure(
     return out
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
-    """Measure and return one row per (operation, page size)."""
+def run(quick: bool = False, sglang: str = SGLANG_RELEASE) -> list[dict[str, Any]]:
+    """Measure and return one row per (operation, page size). ``sglang``: the SGLang source to
+    compare with (a release number, a path, ``"none"`` to skip)."""
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
+    modules, why = (None, "SGLang skipped") if sglang == "none" else load_sglang_or_reason(sglang)
+    if why:
+        rows.append({"bench": "radix", "op": "SGLang columns", "note": why})
     small = TreeShape(5, seed=1)
     calls_ref = 15 if quick else 60
     calls_twin = 200 if quick else 2000
@@ -159,6 +231,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         twin_small_cache, twin_build = _build("optimized", small, ps)
         twin_small = _measure("optimized", twin_small_cache, small, ps, calls_twin)
         del twin_small_cache
+        sg: dict[str, float] = {}
         full: dict[str, float] = {}
         full_note = "full tree not built in --quick mode"
         if not quick:
@@ -168,10 +241,21 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             full = _measure("optimized", big_cache, big, ps, calls_twin)
             full_note = f"full tree: 10,000 seqs, {big_tokens:,} tokens, built in {big_build:.1f} s"
             del big_cache
+            if modules is not None:
+                big = TreeShape(100, seed=2)  # the same tree and probes again
+                sg_tree, sg_build = _build_sglang(modules, big, ps)
+                sg = _measure_sglang(sg_tree, big, ps, calls_twin)
+                full_note += f"; SGLang built it in {sg_build:.1f} s"
+                del sg_tree
+        elif modules is not None:
+            small_again = TreeShape(5, seed=1)  # the same tree, then the twin's probes
+            sg_tree, _ = _build_sglang(modules, small_again, ps)
+            sg = _measure_sglang(sg_tree, small_again, ps, calls_twin)
+            del sg_tree
         for op in ("match_prefix", "insert"):
-            sg = SGLANG_US["match_prefix_ps16" if (op == "match_prefix" and ps == 16) else op]
             twin_arr = full.get(op, twin_small[op])
             twin_list = full.get(op + "_list", twin_small[op + "_list"])
+            sg_us = sg.get(op)
             rows.append(
                 {
                     "bench": "radix",
@@ -182,9 +266,9 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                     "ref/twin": round(ref[op] / twin_small[op], 1),
                     "twin_full_tree_us": round(full[op], 1) if full else None,
                     "twin_full_tree_list_us": round(full[op + "_list"], 1) if full else None,
-                    "sglang_us": sg,
-                    "sglang/twin": round(sg / twin_arr, 2),
-                    "sglang/twin_list": round(sg / twin_list, 2),
+                    f"sglang_{sglang}_us": None if sg_us is None else round(sg_us, 1),
+                    "sglang/twin": None if sg_us is None else round(sg_us / twin_arr, 2),
+                    "sglang/twin_list": None if sg_us is None else round(sg_us / twin_list, 2),
                     "note": (
                         f"small tree (500 seqs; ref build {ref_build:.1f} s, "
                         f"twin {twin_build:.2f} s); {full_note}"
@@ -209,7 +293,13 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small tree, fewer calls")
-    print_rows(run(parser.parse_args().quick))
+    parser.add_argument(
+        "--sglang",
+        default=SGLANG_RELEASE,
+        help="SGLang to compare with: a release number, a wheel or folder path, or none",
+    )
+    args = parser.parse_args()
+    print_rows(run(args.quick, args.sglang))
 
 
 if __name__ == "__main__":

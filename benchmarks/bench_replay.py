@@ -3,9 +3,11 @@
 (a) ``tree``: every request of ``conversation_trace.jsonl`` (12,031) does ``match_prefix`` then
     ``insert`` of its whole prompt on the twin's RadixCache at page size 16 (stub allocator:
     values are views of one preallocated slot range, nothing is evicted). Only the two calls are
-    timed (token synthesis is not). Bar: SGLang 0.5.16 takes 1.36 s for the same replay. The
-    reference replays the first :data:`REF_TREE_REQUESTS` requests for a ratio (the twin's time on
-    the same prefix is measured in the same run).
+    timed (token synthesis is not). SGLang's own ``RadixCache`` (0.5.23 by default, loaded from
+    the published wheel at run time, see benchmarks/bench_radix.py) replays the same requests in
+    the same run, its keys built outside the timed calls; its column stays empty, with a reason,
+    when it cannot be loaded. The reference replays the first :data:`REF_TREE_REQUESTS` requests
+    for a ratio (the twin's time on the same prefix is measured in the same run).
 (b) ``lifecycle``: the first 1,000 requests through the whole MemoryManager, on both twins, in
     batches of :data:`BATCH` (arrival order): ``new_req``; ``extend`` with chunked prefill
     (:data:`CHUNK` tokens per request per step) until every prompt is in; :data:`DECODE_CAP`
@@ -44,7 +46,7 @@ from kvpool.traces import (
     request_token_array,
 )
 
-SGLANG_TREE_REPLAY_S = 1.36
+SGLANG_RELEASE = "0.5.23"
 PAGE_SIZE = 16
 REF_TREE_REQUESTS = 300
 BATCH = 4
@@ -94,6 +96,23 @@ def replay_tree(twin: str, records: list[TraceRecord]) -> float:
     return total
 
 
+def replay_tree_sglang(modules: Any, records: list[TraceRecord]) -> float:
+    """:func:`replay_tree` on SGLang's own RadixCache (see benchmarks/bench_radix.py)."""
+    from bench_radix import SGLangTree
+
+    longest = max(r.input_length for r in records)
+    values = torch.arange(1, longest + 1, dtype=torch.int64)
+    tree = SGLangTree(modules, PAGE_SIZE)
+    total = 0.0
+    for rec in records:
+        key = tree.key(request_token_array(rec))
+        t0 = time.thread_time()
+        tree.match_prefix(key)
+        tree.insert(key, values[: rec.input_length])
+        total += time.thread_time() - t0
+    return total
+
+
 def replay_lifecycle(twin: str, records: list[TraceRecord]) -> float:
     """CPU seconds (this thread) to push ``records`` through the whole lifecycle (see the
     module docstring); prompt synthesis is done before the clock starts."""
@@ -124,23 +143,31 @@ def replay_lifecycle(twin: str, records: list[TraceRecord]) -> float:
     return time.thread_time() - t0
 
 
-def run(quick: bool = False, ref_requests: int | None = None) -> list[dict[str, Any]]:
-    """Both replays; one row each (plus the reference-ratio row of the tree replay)."""
+def run(
+    quick: bool = False, ref_requests: int | None = None, sglang: str = SGLANG_RELEASE
+) -> list[dict[str, Any]]:
+    """Both replays; one row each (plus the reference-ratio row of the tree replay).
+    ``sglang``: the SGLang source of the tree replay's comparison (``"none"`` to skip)."""
     torch.set_num_threads(1)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_radix import load_sglang_or_reason
+
     try:  # the full trace is not shipped (kvpool/data holds a sample only)
         records = load_trace(CONVERSATION_TRACE, limit=1000 if quick else None)
     except TraceError as exc:
         return [{"bench": "replay", "op": f"(skipped: {exc})"}]
     rows: list[dict[str, Any]] = []
     twin_s = replay_tree("optimized", records)
+    modules, why = (None, "SGLang skipped") if sglang == "none" else load_sglang_or_reason(sglang)
+    sg_s = None if modules is None else replay_tree_sglang(modules, records)
     rows.append(
         {
             "bench": "replay",
             "op": f"tree match+insert, {len(records)} conversation requests, ps=16",
             "twin_s": round(twin_s, 3),
-            "sglang_s": SGLANG_TREE_REPLAY_S if not quick else None,
-            "sglang/twin": round(SGLANG_TREE_REPLAY_S / twin_s, 2) if not quick else None,
-            "note": "stub allocator; keys given as int32 arrays; SGLang figure is for all 12,031",
+            f"sglang_{sglang}_s": None if sg_s is None else round(sg_s, 3),
+            "sglang/twin": None if sg_s is None else round(sg_s / twin_s, 2),
+            "note": why or "stub allocator; twin keys int32 arrays, SGLang's array('q')",
         }
     )
     n_ref = min(len(records), 100 if quick else REF_TREE_REQUESTS)
@@ -196,8 +223,13 @@ def main() -> None:
         default=None,
         help="requests the reference lifecycle replays (default: the same as the twin)",
     )
+    parser.add_argument(
+        "--sglang",
+        default=SGLANG_RELEASE,
+        help="SGLang to compare with: a release number, a wheel or folder path, or none",
+    )
     args = parser.parse_args()
-    print_rows(run(args.quick, args.ref_requests))
+    print_rows(run(args.quick, args.ref_requests, args.sglang))
 
 
 if __name__ == "__main__":

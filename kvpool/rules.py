@@ -25,6 +25,8 @@ EVICTION_AMOUNTS = ("shortfall", "demand")
 TREE_FREES = ("free", "segment")
 HIT_COUNTS = ("chunked", "inserted_len")
 RELEASE_PATHS = ("finished_req", "checkpoint")
+MAMBA_SLOT_SHORTAGES = ("refuse", "assert")
+SWA_FREE_RESOLVES = ("free", "group_end")
 SGLANG_RELEASES = ("0.5.16", "0.5.23")
 """SGLang releases with a preset (:meth:`Rules.for_sglang`); audited in specs/fidelity.md."""
 
@@ -81,6 +83,32 @@ class Rules:
       committed)`` and the over-allocation with ``free_segment`` (row order, unsorted). A chunk
       boundary runs the same ``checkpoint``; a disabled cache and ``ChunkCache`` free their row
       with ``free_segment``.
+    - ``mamba_slot_shortage``: what a hybrid model's pool does when a batch needs more Mamba
+      slots than are free. ``"refuse"`` (kvpool): ``HybridReqToTokenPool.alloc`` checks them
+      before it takes any row and returns None, nothing changed; a copy-on-write match that
+      finds no slot even after evicting a state leaves the request without one. ``"assert"``
+      (SGLang): ``alloc`` takes the rows, then asserts; the match asserts. Like
+      ``rejects_misuse``, kvpool still refuses; a harness does not drive an implementation
+      with these rules into the shortage.
+    - ``swa_free_resolve``: when an SWA allocator's ``free`` inside a free group reads the
+      mapping of the freed full slots. ``"free"`` (kvpool; SGLang 0.5.23): at the call (the
+      SWA slots go to the SWA pool's group, the entries are zeroed at once). ``"group_end"``
+      (SGLang 0.5.16): the full slots are buffered with their entries intact and
+      ``free_group_end`` frees them and then the SWA slots their entries name then; the SWA
+      pool is never in a group (a ``free_swa`` inside the group frees at once).
+    - ``swa_restore_mapping``: True (kvpool): an SWA allocator's ``restore_state`` puts back
+      the mapping too. False (SGLang 0.5.16): only the two free lists, so the entries of slots
+      allocated since the backup stay, stale (INV-SWA-FREE-UNMAPPED; a later free of a page
+      paired with another SWA page frees another request's SWA slots: specs/sglang.md). kvpool's
+      twins always restore the mapping; a harness must not restore an implementation with
+      these rules.
+    - ``swa_decode_refusal_clean``: True (kvpool): an SWA allocator's ``alloc_decode`` that
+      does not fit both pools returns None and changes nothing. False (SGLang 0.5.16, 0.5.23):
+      it runs both page allocators' ``alloc_decode`` before it looks at either result, so the
+      pages one pool handed out are dropped (leaked) when the other is short; SGLang's
+      scheduler never gets there (a refused decode is its out-of-memory error). kvpool's twins
+      always refuse cleanly; a harness must not issue a decode that does not fit to an
+      implementation with these rules.
     """
 
     row_order: str = "lifo"
@@ -94,6 +122,10 @@ class Rules:
     tree_free: str = "free"
     hit_count: str = "chunked"
     release_path: str = "finished_req"
+    mamba_slot_shortage: str = "refuse"
+    swa_free_resolve: str = "free"
+    swa_restore_mapping: bool = True
+    swa_decode_refusal_clean: bool = True
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -106,6 +138,8 @@ class Rules:
             ("tree_free", self.tree_free, TREE_FREES),
             ("hit_count", self.hit_count, HIT_COUNTS),
             ("release_path", self.release_path, RELEASE_PATHS),
+            ("mamba_slot_shortage", self.mamba_slot_shortage, MAMBA_SLOT_SHORTAGES),
+            ("swa_free_resolve", self.swa_free_resolve, SWA_FREE_RESOLVES),
         ):
             if value not in allowed:
                 raise ConfigError(f"Rules.{name} must be one of {allowed}, got {value!r}")
@@ -119,14 +153,21 @@ class Rules:
         if parts[:2] != (0, 5) or not known:
             raise ConfigError(f"no rules preset for SGLang {version!r}; known: {SGLANG_RELEASES}")
         lenient = cls(
+            swa_decode_refusal_clean=False,
             refused_alloc_unchanged=False,
             unaligned_paged_alloc="floor",
             rejects_misuse=False,
             eviction_demand="bound",
+            mamba_slot_shortage="assert",
         )
         if parts < (0, 5, 18):
             return replace(
-                lenient, row_order="fifo", generation_on_clear="reset", eviction_amount="demand"
+                lenient,
+                row_order="fifo",
+                generation_on_clear="reset",
+                eviction_amount="demand",
+                swa_free_resolve="group_end",
+                swa_restore_mapping=False,
             )
         # Rows pop from the tail from 0.5.18 on; the monotonic generation, the staged pages and
         # the shortfall eviction are 0.5.23's (audited releases only: specs/fidelity.md).

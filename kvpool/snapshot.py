@@ -52,6 +52,9 @@ class SWAAllocatorSnapshot:
     swa: AllocatorSnapshot
     full_to_swa: tuple[int, ...]
     pure: bool = False
+    resolves_at_group_end: bool = False
+    """``Rules.swa_free_resolve == "group_end"``: the full slots pending in a free group keep
+    their entries until ``free_group_end``."""
 
     def available_size(self) -> int:
         """Tokens allocatable in both pools: the smaller of the two free counts."""
@@ -173,6 +176,9 @@ class SessionSnapshot:
     last_node_id: int | None
     row: tuple[int, ...] = ()
     busy_with: str | None = None
+    swa_evicted_seqlen: int = 0
+    """Hybrid SWA managers: leading tokens of the held row whose SWA slots the turn's window
+    released (tokens, a page multiple)."""
 
 
 @dataclass(frozen=True)

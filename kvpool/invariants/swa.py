@@ -80,6 +80,8 @@ def check_free_unmapped(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
         return
     ps = snap.full.page_size
     released = _released_pages(snap.full)
+    if snap.resolves_at_group_end:  # pending slots keep their entries until the group ends
+        released = set(snap.full.free_pages) | set(snap.full.release_pages)
     fail(
         "INV-SWA-FREE-UNMAPPED",
         "released full slots still mapped",
@@ -218,9 +220,10 @@ def check_tree_locks(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
 
 @invariant(
     "INV-SWA-WINDOW",
-    "hybrid SWA managers: a request's tokens before its swa_evicted_seqlen map to no SWA slot and "
-    "the rest of its row to one; the SWA pool holds exactly the requests' remaining window pages "
-    "(then every INV-SWA-* check on the pools)",
+    "hybrid SWA managers: past the tree-owned prefix (cache_protected_len), a request's tokens "
+    "before its swa_evicted_seqlen map to no SWA slot and the rest of its row to one; the SWA pool "
+    "holds exactly the requests' remaining window pages and the tree's SWA tokens (then every "
+    "INV-SWA-* check on the pools, with the tree)",
     scope="pool",
 )
 def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
@@ -233,13 +236,27 @@ def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     for r in snap.reqs:
         if r.req_pool_idx is None:
             continue
-        cut = r.swa_evicted_seqlen
-        if any((mapping[s] != RESERVED_INDEX) != (i >= cut) for i, s in enumerate(r.row)):
+        # the tree owns the row's first cache_protected_len tokens (its nodes say what they hold)
+        own = r.cache_protected_len
+        cut = max(r.swa_evicted_seqlen, own)
+        if any((mapping[s] != RESERVED_INDEX) != (i >= cut) for i, s in enumerate(r.row)
+               if i >= own):  # fmt: skip
             bad.append(r.req_pool_idx)
         held += ceil_align(r.kv_allocated_len, swa.swa.page_size) - cut
-    held += sum(ceil_align(s.kv_allocated_len, swa.swa.page_size) for s in snap.sessions)
+    for s in snap.sessions:
+        if s.req_pool_idx is None:
+            continue
+        own = s.cache_protected_len
+        cut = max(s.swa_evicted_seqlen, own)
+        if any((mapping[f] != RESERVED_INDEX) != (i >= cut) for i, f in enumerate(s.row)
+               if i >= own):  # fmt: skip
+            bad.append(s.req_pool_idx)
+        held += ceil_align(s.kv_allocated_len, swa.swa.page_size) - cut
     fail("INV-SWA-WINDOW", "rows whose SWA mapping disagrees with their window", bad)
-    run_scope("swa", swa, SWAContext(held, None))
+    tree = None if snap.tree.disabled else snap.tree
+    if tree is not None:
+        held += tree.swa_evictable_size + tree.swa_protected_size
+    run_scope("swa", swa, SWAContext(held, tree))
 
 
 def check_swa_allocator(

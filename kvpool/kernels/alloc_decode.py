@@ -14,13 +14,16 @@ The kernel only reads ``free_pages``; capacity is the caller's job.
 
 from __future__ import annotations
 
-import functools
-
-import numpy as np
 import torch
 
-from kvpool.kernels.dispatch import check_page_size, nonempty, run_backend, write_back
-from kvpool.kernels.host import HostLens, host_array, host_copy, to_device
+from kvpool.kernels.dispatch import (
+    check_page_size,
+    nonempty,
+    resolve_backend,
+    run_backend,
+    write_back,
+)
+from kvpool.kernels.host import HostLens, Int64Array, host_copy, page_opening_requests, to_device
 from kvpool.kernels.launch import exclusive_cumsum, launch, tl
 from kvpool.reference.paged_ops import alloc_decode_slots
 
@@ -89,29 +92,37 @@ def alloc_decode_torch(
     page_size: int,
     *,
     seq_lens_cpu: HostLens | None = None,
+    opens_cpu: Int64Array | None = None,
 ) -> None:
     """Vectorised fallback, no host sync. With a host copy of ``seq_lens`` (given, or the tensor
-    itself on the CPU) the page-opening requests are found on the host and the device does
+    itself on the CPU) the page-opening requests are found on the host (or given directly as
+    ``opens_cpu``, :func:`~kvpool.kernels.host.page_opening_requests`) and the device does
     ``last_loc + 1`` and one indexed copy; without one, a device prefix count ranks them."""
     bs = seq_lens.numel()
     if bs == 0:
         return
-    seq_lens_cpu = host_copy(seq_lens, seq_lens_cpu)
-    if seq_lens_cpu is None:
-        _alloc_decode_ranked(seq_lens, last_loc, free_pages, out_indices, page_size)
-        return
-    s = host_array(seq_lens_cpu)
-    opens = np.flatnonzero(((s - 1) & (page_size - 1)) == 0)  # requests opening a page
+    if opens_cpu is None:
+        seq_lens_cpu = host_copy(seq_lens, seq_lens_cpu)
+        if seq_lens_cpu is None:
+            _alloc_decode_ranked(seq_lens, last_loc, free_pages, out_indices, page_size)
+            return
+        opens_cpu = page_opening_requests(seq_lens_cpu, page_size)
+    n = int(opens_cpu.size)
     device = out_indices.device
-    if opens.size < bs:
-        torch.add(last_loc.to(device=device, dtype=out_indices.dtype), 1, out=out_indices)
-    if opens.size:
-        first_slots = free_pages[: opens.size].to(device=device, dtype=out_indices.dtype)
+    dtype = out_indices.dtype
+    if n < bs:
+        if last_loc.dtype is not dtype or last_loc.device != device:
+            last_loc = last_loc.to(device=device, dtype=dtype)
+        torch.add(last_loc, 1, out=out_indices)
+    if n:
+        first_slots = free_pages if free_pages.numel() == n else free_pages[:n]
+        if first_slots.dtype is not dtype or first_slots.device != device:
+            first_slots = first_slots.to(device=device, dtype=dtype)
         first_slots = first_slots << (page_size.bit_length() - 1)
-        if opens.size == bs:
+        if n == bs:
             out_indices.copy_(first_slots)
         else:
-            out_indices.index_copy_(0, to_device(opens, device), first_slots)
+            out_indices.index_copy_(0, to_device(opens_cpu, device), first_slots)
 
 
 def _alloc_decode_ranked(
@@ -153,6 +164,7 @@ def alloc_decode(
     backend: str | None = None,
     *,
     seq_lens_cpu: HostLens | None = None,
+    opens_cpu: Int64Array | None = None,
 ) -> None:
     """Write one slot per request (for token ``S_i - 1``) into ``out_indices`` (length bs).
 
@@ -160,14 +172,27 @@ def alloc_decode(
     ``S_i - 2`` (ignored when the new token opens a page), ``free_pages`` page ids (read, not
     modified). ``page_size`` must be a power of two. Inputs are assumed valid and to fit.
     ``seq_lens_cpu``: optional host copy of ``seq_lens`` for the torch backend (CPU tensors are
-    their own host copies); the other backends ignore it.
+    their own host copies); ``opens_cpu``: the page-opening requests already found from it
+    (:func:`~kvpool.kernels.host.page_opening_requests`). The other backends ignore both.
     """
     check_page_size(page_size)
+    if resolve_backend(backend, seq_lens, last_loc, free_pages, out_indices) == "torch":
+        # the CPU hot path: straight to the fallback, without run_backend's generic dispatch
+        alloc_decode_torch(
+            seq_lens,
+            last_loc,
+            free_pages,
+            out_indices,
+            page_size,
+            seq_lens_cpu=seq_lens_cpu,
+            opens_cpu=opens_cpu,
+        )
+        return
     run_backend(
         backend,
         (seq_lens, last_loc, free_pages, out_indices, page_size),
         kernel=_alloc_decode_kernel,
         launch=alloc_decode_kernel_launch,
-        torch_impl=functools.partial(alloc_decode_torch, seq_lens_cpu=seq_lens_cpu),
+        torch_impl=alloc_decode_torch,
         python_impl=alloc_decode_python,
     )

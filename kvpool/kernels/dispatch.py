@@ -20,6 +20,7 @@ Importing this module never imports triton; a backend that cannot run raises
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Callable, Sequence
@@ -43,8 +44,10 @@ _EXTRA_FACTORIES: dict[str, KernelFactory] = {}
 _KERNEL_CACHE: dict[tuple[str, Callable[..., None]], Any] = {}
 
 
+@functools.cache
 def triton_installed() -> bool:
-    """True when the ``triton`` package can be imported (it is never imported here)."""
+    """True when the ``triton`` package can be imported (it is never imported here; looked up
+    once per process)."""
     try:
         return importlib.util.find_spec("triton") is not None
     except (ImportError, ValueError):  # a broken or deliberately blocked installation
@@ -87,11 +90,15 @@ def is_kernel_backend(backend: str) -> bool:
 def resolve_backend(backend: str | None, *tensors: torch.Tensor) -> str:
     """The backend to run: ``backend`` itself after checking it can run on ``tensors``, or the
     default for ``None`` (see the module docstring). Raises :class:`KernelError` otherwise."""
-    on_cuda = any(t.is_cuda for t in tensors)
     if backend is None:
-        if on_cuda and triton_installed():
-            return "triton"
+        for t in tensors:
+            if t.is_cuda:
+                if triton_installed():
+                    return "triton"
+                break
         backend = os.environ.get(ENV_VAR) or "torch"
+        if backend == "torch":
+            return backend  # runs on any device
     if backend not in BACKENDS and backend not in _EXTRA_FACTORIES:
         raise KernelError(
             f"unknown kernel backend {backend!r}; known: {(*BACKENDS, *sorted(_EXTRA_FACTORIES))}"

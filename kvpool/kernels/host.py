@@ -34,10 +34,20 @@ def host_copy(tensor: torch.Tensor, given: HostLens | None) -> HostLens | None:
 def host_array(values: HostLens) -> Int64Array:
     """``values`` as a 1-D int64 numpy array (a view, no copy, of a CPU int64 tensor)."""
     if isinstance(values, torch.Tensor):
-        if values.dtype != torch.int64 or values.device.type != "cpu":
+        if values.dtype is not torch.int64 or values.device.type != "cpu":
             values = values.to("cpu", torch.int64)
-        return values.detach().numpy().reshape(-1)
+        # an int64 tensor never requires grad: numpy() needs no detach()
+        return values.numpy() if values.dim() == 1 else values.numpy().reshape(-1)
     return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def page_opening_requests(seq_lens_cpu: HostLens, page_size: int) -> Int64Array:
+    """Indices (batch order) of the requests whose new token, at position ``S - 1``, opens a
+    page: ``(S - 1) % page_size == 0``, i.e. ``S & (ps - 1) == 1 & (ps - 1)`` for a power of two
+    ``page_size`` (every request when ``page_size == 1``). From host copies: no device read."""
+    mask = page_size - 1
+    opens: Int64Array = np.nonzero((host_array(seq_lens_cpu) & mask) == (1 & mask))[0]
+    return opens
 
 
 def to_device(a: Int64Array, device: torch.device) -> torch.Tensor:

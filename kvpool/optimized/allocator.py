@@ -26,6 +26,7 @@ import torch
 from kvpool import kernels
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError, PageSizeError
+from kvpool.kernels.host import page_opening_requests
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_ops import (
     HostLens,
@@ -38,7 +39,6 @@ from kvpool.optimized.paged_ops import (
     check_host_copy,
     check_integer_tensors,
     check_prefix_pages_held,
-    decode_new_pages_host,
     extend_new_pages_host,
     is_integer_dtype,
     pages_to_slots,
@@ -113,6 +113,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
 
     def _as_index(self, values: IndexLike) -> torch.Tensor:
         """Slots/lengths as a 1-D tensor on the device (no copy when already there)."""
+        if type(values) is torch.Tensor and values.dim() == 1 and values.device == self.device:
+            return values  # the common case, without as_tensor's and reshape's per-call cost
         return torch.as_tensor(values, device=self.device).reshape(-1)
 
     def _set_free_lists(self, free_pages: torch.Tensor, release_pages: torch.Tensor) -> None:
@@ -195,7 +197,22 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
 
     def free(self, free_index: IndexLike) -> None:
         """Return slots. Empty input is a no-op. Inside a free group the slots are only buffered
-        until :meth:`free_group_end`. Checked mode validates first, as the reference."""
+        until :meth:`free_group_end`. Checked mode validates first, as the reference.
+
+        Unchecked, inside a group, a 1-D int64 tensor already on the device is buffered as it
+        is (no conversion, no tensor operation: the lifecycle frees one tensor per request
+        there); anything else is converted first, exactly as outside a group."""
+        if (
+            self._in_free_group
+            and self._free_mask is None
+            and type(free_index) is torch.Tensor
+            and free_index.dtype is torch.int64
+            and free_index.dim() == 1
+            and free_index.device == self.device
+        ):
+            if free_index.numel():
+                self._pending_free.append(free_index)
+            return
         slots = self._as_index(free_index)
         if slots.numel() == 0:
             return
@@ -233,8 +250,8 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         if not self._in_free_group:
             raise InvalidArgumentError("free_group_end without free_group_begin")
         ps = self.page_size
-        slots = torch.cat(self._pending_free) if self._pending_free else self._empty()
-        staged = torch.cat(self._pending_pages) if self._pending_pages else self._empty()
+        slots = _joined(self._pending_free, self._empty)
+        staged = _joined(self._pending_pages, self._empty)
         if self._free_mask is not None and slots.numel():
             check_free_slots(slots, self._free_mask, ps, not self._dedup_pages)
         if self._free_mask is not None and staged.numel():
@@ -352,8 +369,9 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
                 )
             check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
             check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
-        host_s = check_decode_host(seq_lens, seq_lens_cpu, last_loc)
-        num_new = decode_new_pages_host(host_s, self.page_size)
+        check_decode_host(seq_lens, seq_lens_cpu, last_loc)  # before the host copy is read
+        opens = page_opening_requests(seq_lens_cpu, self.page_size)
+        num_new = int(opens.size)
         self._merge_before_take(seq_lens.numel() > self.free_pages.numel(), num_new)
         pages = self._take_pages(num_new)
         if pages is None:
@@ -367,8 +385,17 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
             self.page_size,
             self.kernel_backend,
             seq_lens_cpu=seq_lens_cpu,
+            opens_cpu=opens,
         )
         return out
+
+
+def _joined(parts: list[torch.Tensor], empty: Any) -> torch.Tensor:
+    """The buffered tensors of a free group as one (no copy for a single one)."""
+    if not parts:
+        result: torch.Tensor = empty()
+        return result
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):

@@ -10,6 +10,7 @@ Kept slots (free, or named twice) are checked on the host, in both modes.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import torch
@@ -20,11 +21,17 @@ from kvpool.optimized.mamba_pool import MambaPool
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.req_to_token_pool import ReqToTokenPool
 from kvpool.protocols import MambaReqLike
+from kvpool.reference.hybrid_req_to_token_pool import mamba_calls, mamba_calls_fit
 from kvpool.rules import Rules
 from kvpool.snapshot import HybridReqToTokenSnapshot
 
 NO_TRACK_SLOT = -1
 """A track-buffer entry that holds no slot."""
+
+
+def _host(values: array[int], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor over ``values`` (no copy; the tensor keeps the array alive)."""
+    return torch.frombuffer(values, dtype=dtype)
 
 
 class HybridReqToTokenPool(ReqToTokenPool):
@@ -53,17 +60,23 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self.req_index_to_mamba_index_mapping = torch.zeros(
             size + 1, dtype=torch.int32, device=self.device
         )
+        self._on_host = self.req_index_to_mamba_index_mapping.device.type == "cpu"
         self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros(
             (size + 1, track_buffers), dtype=torch.int64, device=self.device
         )
 
+    def _device(self, host: torch.Tensor) -> torch.Tensor:
+        """``host`` on the pool's device (one asynchronous copy; none on the CPU)."""
+        return host if self._on_host else host.to(self.device, non_blocking=True)
+
     def mamba_slots_needed(self, reqs: Sequence[MambaReqLike]) -> int:
         """Mamba slots :meth:`alloc` would take (see the reference)."""
-        need = sum(1 for r in reqs if r.mamba_pool_idx is None)
-        if self.track_buffers:
-            need += self.track_buffers * sum(
-                1 for r in reqs if r.mamba_ping_pong_track_buffer is None
-            )
+        need, t = 0, self.track_buffers
+        for req in reqs:  # one pass
+            if req.mamba_pool_idx is None:
+                need += 1
+            if t and req.mamba_ping_pong_track_buffer is None:
+                need += t
         return need
 
     def _check_kept_slots(self, reqs: Sequence[MambaReqLike]) -> None:
@@ -83,39 +96,60 @@ class HybridReqToTokenPool(ReqToTokenPool):
                 kept.add(slot)
 
     def alloc(self, reqs: Sequence[MambaReqLike]) -> list[int] | None:  # type: ignore[override]
-        """Rows, then every missing Mamba slot and track buffer in one allocator call, handed
-        out in batch order (see the reference); None and no change when rows or Mamba slots
-        are short. The mappings of the batch's rows are written with one store each."""
+        """Rows, then the missing Mamba slots and track buffers in SGLang's order (see the
+        reference); None and no change when rows or Mamba slots are short. The batch is
+        validated once; the mappings of its rows are written from one host-to-device copy."""
         fresh_rows = self.check_alloc(reqs)
         self._check_kept_slots(reqs)
         if fresh_rows > len(self.free_slots):
             return None
-        need = self.mamba_slots_needed(reqs)
-        if need > self.mamba_allocator.available_size():
-            return None
-        rows = super().alloc(reqs)
-        assert rows is not None  # checked above
-        slots = self.mamba_allocator.alloc(need)
-        assert slots is not None  # counted above
-        at, t = 0, self.track_buffers
+        alloc, t = self.mamba_allocator, self.track_buffers
+        group = alloc._group
+        if group:  # single-slot calls take the group's prefetched slots: SGLang's calls
+            calls = mamba_calls(reqs, t)
+            if not mamba_calls_fit(calls, len(group), alloc.available_size()):
+                return None
+        else:  # one call hands out the same slots as SGLang's calls from the free list
+            calls = [self.mamba_slots_needed(reqs)]
+            if calls[0] > alloc.available_size():
+                return None
+        slots: list[int] = []
+        for n in calls:
+            got = alloc.alloc(n)
+            assert got is not None  # counted above
+            slots += got
+        taken = iter(self._take_rows(fresh_rows))
+        generation = self.req_generation
+        rows: list[int] = []
+        running: list[int] = []
+        tracks: list[int] = []
+        at = 0
         for req in reqs:
+            if req.req_pool_idx is None:
+                row = next(taken)
+                generation[row] += 1
+                req.req_pool_idx = row
+            rows.append(req.req_pool_idx)
             if req.mamba_pool_idx is None:
                 req.mamba_pool_idx = slots[at]
                 req.mamba_needs_clear = True
                 at += 1
-            if t and req.mamba_ping_pong_track_buffer is None:
-                req.mamba_ping_pong_track_buffer = slots[at : at + t]
-                req.mamba_next_track_idx = 0
-                at += t
-        if reqs:
-            index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-            mapped = torch.tensor([r.mamba_pool_idx for r in reqs], dtype=torch.int32)
-            self.req_index_to_mamba_index_mapping[index] = mapped.to(self.device, non_blocking=True)
+            running.append(req.mamba_pool_idx)
             if t:
-                tracks = torch.tensor([r.mamba_ping_pong_track_buffer for r in reqs])
-                self.req_index_to_mamba_ping_pong_track_buffer_mapping[index] = tracks.to(
-                    self.device, non_blocking=True
-                )
+                if req.mamba_ping_pong_track_buffer is None:
+                    req.mamba_ping_pong_track_buffer = slots[at : at + t]
+                    req.mamba_next_track_idx = 0
+                    at += t
+                tracks += req.mamba_ping_pong_track_buffer
+        if reqs:
+            # array -> frombuffer: a list of ints reaches torch several times faster this way
+            # than through torch.tensor(list); index_copy_ is the cheapest indexed store.
+            index = self._device(_host(array("q", rows), torch.int64))
+            mapped = self._device(_host(array("i", running), torch.int32))
+            self.req_index_to_mamba_index_mapping.index_copy_(0, index, mapped)
+            if t:
+                track = self._device(_host(array("q", tracks), torch.int64).view(len(rows), t))
+                self.req_index_to_mamba_ping_pong_track_buffer_mapping.index_copy_(0, index, track)
         return rows
 
     def get_mamba_indices(self, rows: torch.Tensor | Sequence[int]) -> torch.Tensor:

@@ -6,7 +6,10 @@ torch pools from a :class:`~kvpool.config.PoolConfig` and offers ``alloc_req_slo
 (rows first; ``available + evictable >= needed`` else OutOfMemoryError with nothing changed; then
 evict exactly the shortfall). Slots come from the allocator's vectorised ``alloc_extend`` /
 ``alloc_decode``; KV tags continue each request's running hash (:meth:`Req.kv_tags_upto`).
-Results are int64 slot tensors. Units: tokens for lengths, rows, slots.
+Every primitive works per batch: ``last_loc``, row writes, slot reads and KV-tag writes are a
+fixed number of tensor operations whatever the batch size, planned from host-side lengths, with
+no device read (:mod:`kvpool.optimized.batch_table`). Results are int64 slot tensors. Units:
+tokens for lengths, rows, slots.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvpool.config import PoolConfig
@@ -27,7 +31,17 @@ from kvpool.errors import (
 )
 from kvpool.host_checks import int_list
 from kvpool.injection import check_shared, resolve
+from kvpool.kernels.host import to_device
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvpool.optimized.batch_table import (
+    device_ints,
+    gather_columns,
+    last_locs,
+    read_over_allocations,
+    rows_of,
+    scatter_columns,
+    write_rows,
+)
 from kvpool.optimized.chunk_cache import ChunkCache
 from kvpool.optimized.kv_cache import KVCache, kv_cache_from_config
 from kvpool.optimized.layer_transfer import LayerDoneCounter
@@ -40,10 +54,6 @@ from kvpool.optimized.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.session import SessionSlot
 from kvpool.reference.paged_ops import decode_new_pages, eviction_target, extend_new_pages
 from kvpool.rules import Rules
-
-
-def _slots(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
 
 
 def as_token_list(input_ids: Sequence[int]) -> list[int]:
@@ -134,6 +144,10 @@ class LifecyclePrimitives:
         self.reqs: dict[str, Req] = {}
         self.sessions: dict[str, SessionSlot] = {}
         self._empty = torch.empty(0, dtype=torch.int64, device=dev)
+        self._no_last_loc = torch.full((1,), NO_LAST_LOC, dtype=torch.int64, device=dev)
+        self._over_read: dict[str, tuple[int, int, int, torch.Tensor]] = {}
+        self.kernel_backend = kernel_backend
+        """Backend of the kernels the lifecycle runs on the table (``None``: the default)."""
 
     def _default_allocator(self, opts: TwinOptions) -> BaseTokenToKVPoolAllocator:
         config = self.config
@@ -216,12 +230,13 @@ class LifecyclePrimitives:
         self,
         prefix_lens: list[int],
         seq_lens: list[int],
-        last_locs: list[int],
+        last_loc: torch.Tensor,
         evict: bool = True,
     ) -> torch.Tensor:
         """Slots for columns ``[P_i, S_i)`` of every request (batch order), evicting first
         (unless ``evict`` is False: the caller evicted already, see :meth:`_evict_for_alloc`);
-        OutOfMemoryError (nothing changed) when they cannot be had."""
+        OutOfMemoryError (nothing changed) when they cannot be had. ``last_loc``: int64 on the
+        device, the slot of column ``P_i - 1`` (-1 for 0; unused at page size 1)."""
         if evict:
             self._evict_for_alloc(prefix_lens, seq_lens)
         alloc = self.token_to_kv_pool_allocator
@@ -229,27 +244,28 @@ class LifecyclePrimitives:
         if self.page_size == 1:
             out = alloc.alloc(total)
         else:
-            dev = self.device
-            out = alloc.alloc_extend(
-                _slots(prefix_lens, dev),
-                prefix_lens,
-                _slots(seq_lens, dev),
-                seq_lens,
-                _slots(last_locs, dev),
-                total,
-            )
+            lens = device_ints([prefix_lens, seq_lens], self.device)  # one host-to-device copy
+            out = alloc.alloc_extend(lens[0], prefix_lens, lens[1], seq_lens, last_loc, total)
         if out is None:  # only a candidate allocator that ignores capacity gets here
             self.capacity_refusals += 1
             raise OutOfMemoryError("allocator refused after eviction")
         return out
 
-    def _last_loc(self, req: Req, col: int) -> int:
-        """Slot of column ``col - 1`` of the request's row (or its prefix), -1 when ``col == 0``."""
-        if col == 0:
-            return NO_LAST_LOC
-        if req.req_pool_idx is not None and col <= req.kv_allocated_len:
-            return int(self.req_to_token_pool.read(req.req_pool_idx, col - 1, col)[0])
-        return int(req.prefix_indices[col - 1])
+    def _prefix_last_locs(self, reqs: Sequence[Req]) -> torch.Tensor:
+        """The last slot of each request's ``prefix_indices`` (-1 when empty), int64 on the
+        device: one concatenation of one-element views (as SGLang builds ``last_loc``)."""
+        if self.page_size == 1 or not reqs:
+            return self._empty  # page size 1 never reads last_loc
+        none = self._no_last_loc
+        return torch.cat([r.prefix_indices[-1:] if len(r.prefix_indices) else none for r in reqs])
+
+    def _row_last_locs(self, reqs: Sequence[Req], cols: Sequence[int]) -> torch.Tensor:
+        """The slot of column ``cols[i] - 1`` of each request's row (-1 for column 0), int64 on
+        the device (kvpool's ``get_last_loc``; nothing for page size 1, which never reads it)."""
+        if self.page_size == 1 or not reqs:
+            return self._empty
+        rows = rows_of(reqs)
+        return last_locs(self.req_to_token_pool, rows, cols, self.device, self.kernel_backend)
 
     # ----------------------------------------------------------------- primitives
     def alloc_req_slots(self, reqs: Sequence[Req]) -> list[int]:
@@ -277,17 +293,15 @@ class LifecyclePrimitives:
             raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
         if self.mamba_hooks is not None:
             self.mamba_hooks.check_admission(reqs)
-        last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens, strict=True)]
-        out = self._alloc_slots(prefix_lens, seqs, last_locs)
+        out = self._alloc_slots(prefix_lens, seqs, self._prefix_last_locs(reqs))
         rows = self.alloc_req_slots(reqs)
         if self.mamba_hooks is not None:
             self.mamba_hooks.after_admission(reqs)
-        pos = 0
-        write = self.req_to_token_pool.write
-        for req, row, p, s in zip(reqs, rows, prefix_lens, seqs, strict=True):
-            new = out[pos : pos + s - p]
-            pos += s - p
-            write((row, slice(0, s)), torch.cat((req.prefix_indices, new)) if p else new)
+        prefixes = [r.prefix_indices for r in reqs]
+        write_rows(
+            self.req_to_token_pool, rows, prefixes, prefix_lens, seqs, out, self.kernel_backend
+        )
+        for req, s in zip(reqs, seqs, strict=True):
             req.kv_allocated_len = s
         return out
 
@@ -312,16 +326,14 @@ class LifecyclePrimitives:
         if ps == 1:
             out = alloc.alloc(len(reqs))
         else:
-            last = [self._last_loc(r, c) for r, c in zip(reqs, cols, strict=True)]
-            out = alloc.alloc_decode(
-                _slots(seq_lens, self.device), seq_lens, _slots(last, self.device)
-            )
+            last = self._row_last_locs(reqs, cols)
+            out = alloc.alloc_decode(device_ints(seq_lens, self.device), seq_lens, last)
         if out is None:  # only a candidate allocator that ignores capacity gets here
             self.capacity_refusals += 1
             raise OutOfMemoryError("allocator refused after eviction")
-        for i, (req, col) in enumerate(zip(reqs, cols, strict=True)):
-            assert req.req_pool_idx is not None
-            self.req_to_token_pool.write((req.req_pool_idx, slice(col, col + 1)), out[i : i + 1])
+        rows = rows_of(reqs)
+        scatter_columns(self.req_to_token_pool, rows, cols, seq_lens, out)
+        for req, col in zip(reqs, cols, strict=True):
             req.kv_allocated_len = col + 1
         return out
 
@@ -336,24 +348,57 @@ class LifecyclePrimitives:
         self.tree_cache.cache_finished_req(req, is_insert)
         start = ceil_align(req.kv_committed_len, self.page_size)
         if req.kv_allocated_len > start:
-            over = self.req_to_token_pool.read(row, start, req.kv_allocated_len)
+            over = self._over_slots(req, row, start)
             if self.config.rules.release_path == "checkpoint":
-                self.token_to_kv_pool_allocator.free_segment(over.to(torch.int64), start)
+                self.token_to_kv_pool_allocator.free_segment(over, start)
             else:
-                self.token_to_kv_pool_allocator.free(over.to(torch.int64))
+                self.token_to_kv_pool_allocator.free(over)
         if self.mamba_hooks is not None:
             self.mamba_hooks.before_release(req)
         self.req_to_token_pool.free(req)
         req.reset_kv_fields()
 
+    def _over_slots(self, req: Req, row: int, start: int) -> torch.Tensor:
+        """Slots (int64) of columns ``[start, kv_allocated_len)`` of ``row``: the view
+        :meth:`_read_over_allocations` read for this batch when it covers exactly that range,
+        else one read of the row."""
+        stop = req.kv_allocated_len
+        ahead = self._over_read.pop(req.rid, None)
+        if ahead is not None and ahead[:3] == (row, start, stop):
+            return ahead[3]
+        return self.req_to_token_pool.read(row, start, stop).to(torch.int64)
+
+    def _read_over_allocations(self, reqs: Sequence[Req]) -> None:
+        """Read every request's over-allocation in one gather for :meth:`release_kv_cache`
+        (a finish batch; see :func:`~kvpool.optimized.batch_table.read_over_allocations`)."""
+        self._over_read = read_over_allocations(
+            self.req_to_token_pool, reqs, self.page_size, self.device
+        )
+
     def write_kv(self, req: Req, start: int, stop: int) -> None:
         """Compute (write the tags of) tokens ``[start, stop)`` of ``req`` into their slots."""
-        assert req.req_pool_idx is not None
-        slots = self.req_to_token_pool.read(req.req_pool_idx, start, stop)
-        tags = torch.from_numpy(req.kv_tags_upto(stop)[start:stop])
-        self.kv_cache.write_tags(slots, tags)
+        self.write_kv_batch([req], [start], [stop])
+
+    def write_kv_batch(
+        self,
+        reqs: Sequence[Req],
+        starts: Sequence[int],
+        stops: Sequence[int],
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Compute tokens ``[starts[i], stops[i])`` of every request: one write of their tags
+        into their slots (``slots``, flat in batch order, when the caller has them; else read
+        from the rows in one gather). Returns the slots (int64)."""
+        if slots is None:
+            rows = rows_of(reqs)
+            slots = gather_columns(self.req_to_token_pool, rows, starts, stops, self.device)
+        parts = [r.kv_tags_upto(b)[a:b] for r, a, b in zip(reqs, starts, stops, strict=True)]
+        if parts and slots.numel():
+            tags = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            self.kv_cache.write_tags(slots, to_device(tags, self.device))
         if self.mamba_hooks is not None:
-            self.mamba_hooks.after_write(req, stop)
+            self.mamba_hooks.after_writes(reqs, stops)
+        return slots
 
 
 __all__ = ["LifecyclePrimitives"]

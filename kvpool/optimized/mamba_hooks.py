@@ -9,6 +9,7 @@ device work goes through the twin's batched Mamba steps.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
@@ -57,14 +58,24 @@ class MambaHooks:
         tag = int(req.kv_tags_upto(stop)[stop - 1]) if stop > 0 else 0
         forward_state(self.pool, [req], [tag])
 
+    def after_writes(self, reqs: Sequence[Req], stops: Sequence[int]) -> None:
+        """:meth:`after_write` for a batch: one state write for every request."""
+        if not reqs:
+            return
+        tags = [
+            int(r.kv_tags_upto(s)[s - 1]) if s > 0 else 0 for r, s in zip(reqs, stops, strict=True)
+        ]
+        forward_state(self.pool, list(reqs), tags)
+
     def before_release(self, req: Req) -> None:
         """Give back the request's Mamba slot and track buffers (it holds them with its row)."""
         if req.mamba_pool_idx is not None:
             self.pool.free_mamba_cache(req)
 
-    def snapshot(self, reqs: Iterable[Req]) -> HybridStateSnapshot:
+    def snapshot(self, reqs: Iterable[Req], sessions: Iterable[Any] = ()) -> HybridStateSnapshot:
         """The hybrid pool and every live request's Mamba slots with the state they must hold:
-        that of every token whose KV is computed (``kv_committed_len``)."""
+        that of every token whose KV is computed (``kv_committed_len``); then every session
+        holding a slot between turns (``session ID``: the state after its committed tokens)."""
         views = tuple(
             MambaReqSnapshot(
                 rid=r.rid,
@@ -80,7 +91,18 @@ class MambaHooks:
             for r in reqs
             if r.req_pool_idx is not None or r.mamba_pool_idx is not None
         )
-        return HybridStateSnapshot(self.pool.hybrid_snapshot(), views)
+        held = tuple(
+            MambaReqSnapshot(
+                rid=f"session {s.session_id}",
+                row=s.req_pool_idx,
+                slot=s.mamba_pool_idx,
+                track=tuple(s.mamba_ping_pong_track_buffer or ()),
+                expected_tag=mamba_state_tag(s.tokens, s.extra_key),
+            )
+            for s in sessions
+            if s.mamba_pool_idx is not None
+        )
+        return HybridStateSnapshot(self.pool.hybrid_snapshot(), views + held)
 
 
 __all__ = ["MambaHooks", "check_hybrid_config", "hybrid_pool", "mamba_hooks_for"]

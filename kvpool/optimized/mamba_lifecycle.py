@@ -33,10 +33,12 @@ def admit(
 ) -> list[int] | None:
     """Admit a batch, evicting cached states first when short of the headroom (see the
     reference); None with nothing changed (but the eviction) when slots or rows are short."""
-    pool.check_alloc(reqs)
-    headroom = admission_headroom(len(reqs), evict_mamba is not None)
+    if evict_mamba is None:  # nothing changes before alloc, which validates the batch itself
+        return pool.alloc(reqs)
+    pool.check_alloc(reqs)  # misuse raises before the eviction changes anything
+    headroom = admission_headroom(len(reqs), True)
     available = pool.mamba_allocator.schedulable_available_size()
-    if available < headroom and evict_mamba is not None:
+    if available < headroom:
         evict_mamba(headroom - available)
     return pool.alloc(reqs)
 

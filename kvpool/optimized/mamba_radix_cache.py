@@ -24,6 +24,9 @@ from kvpool.protocols import MambaReqLike
 from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
 
+_SHORT_KEY = 48
+"""Keys up to this many tokens are compared in Python (measured: benchmarks/bench_mamba.py)."""
+
 
 @dataclass
 class MambaMatchResult:
@@ -87,6 +90,11 @@ class MambaRadixCache:
     @staticmethod
     def _match_len(a: RadixKey, b: RadixKey) -> int:
         limit = min(len(a), len(b))
+        if limit <= _SHORT_KEY:  # a Python scan beats numpy's fixed cost on short keys
+            x, y, n = a.token_ids, b.token_ids, 0
+            while n < limit and x[n] == y[n]:
+                n += 1
+            return n
         differ = np.flatnonzero(a.array[:limit] != b.array[:limit])
         return int(differ[0]) if differ.size else limit
 

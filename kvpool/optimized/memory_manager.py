@@ -7,6 +7,16 @@ are int64 tensors. Work is done per batch where the reference loops per token: s
 the allocator's vectorised ``alloc_extend``/``alloc_decode``, radix keys come from each request's
 cached token array, and KV tags continue a running hash instead of rehashing the whole prefix.
 
+As an engine runs it: with ``checked`` off, every step (extend, decode, the speculative steps,
+finish, abort, retract, session turns) issues a fixed number of tensor operations per batch,
+whatever its size, and reads nothing back from the device. Lengths and rows live on the host (as
+SGLang's CPU copies); the table work goes through :mod:`kvpool.optimized.batch_table`
+(``get_last_loc``, ``write_req_to_token``, one gather or scatter). Per request, on the host, as
+in SGLang: the tree's walks and its release path (``match_prefix``, ``insert``,
+``cache_finished_req``). The one device read left is the paged allocator's page
+de-duplication, once per ``free`` (a finish batch frees once, in a free group).
+tests/optimized/test_sync_free_manager.py counts both.
+
 ``device`` places every pool; ``checked`` turns on the pools' misuse checks (see
 :mod:`kvpool.optimized.checked`). Units: tokens for lengths, rows, slots.
 """
@@ -141,10 +151,15 @@ class MemoryManager(LifecyclePrimitives):
             ]
             orphans = sum(s.orphan_tail_tokens(self.page_size) for s in restoring if s is not None)
             self._check_capacity(self._tokens_needed(prefix_lens, seq_lens), orphans)
+            if self.mamba_hooks is not None:  # before a session's restore changes anything
+                fresh_reqs = [r for r, s in zip(reqs, restoring, strict=True) if s is None]
+                self.mamba_hooks.check_admission(fresh_reqs)
         except OutOfMemoryError:
             for req in reversed(matched_here):
                 self._unmatch(req)
             raise
+        held = [s for s in restoring if s is not None]
+        reads = iter(SessionSlot.read_rows(held, self.req_to_token_pool, self.device))
         for req, session in zip(reqs, restoring, strict=True):
             if session is not None:
                 session.restore_into(
@@ -153,12 +168,13 @@ class MemoryManager(LifecyclePrimitives):
                     self.token_to_kv_pool_allocator,
                     self.page_size,
                     segments=self.config.rules.release_path == "checkpoint",
+                    row_read=next(reads),
                 )
             elif req.state == "waiting":
                 req.cache_protected_len = len(req.prefix_indices)
         out = self.alloc_for_extend(reqs, seq_lens)
-        for req, p, s in zip(reqs, prefix_lens, seq_lens, strict=True):
-            self.write_kv(req, p, s)
+        self.write_kv_batch(reqs, prefix_lens, seq_lens, out)  # the new slots, in batch order
+        for req, s in zip(reqs, seq_lens, strict=True):
             req.state = "running"
             req.matched = False
             req.fill_ids = req.all_token_ids[:s]
@@ -181,15 +197,15 @@ class MemoryManager(LifecyclePrimitives):
         if over:
             raise ContextOverflowError(f"requests {over} would pass max_context_len")
         self.alloc_for_decode([r for r in reqs if r.kv_allocated_len == r.kv_committed_len])
-        slots: list[torch.Tensor] = []
+        if not reqs:
+            return self._empty
+        cols = [r.kv_committed_len for r in reqs]
         for req, tok in zip(reqs, tokens, strict=True):
-            col = req.kv_committed_len
             req.output_ids.append(tok)
-            self.write_kv(req, col, col + 1)
+        slots = self.write_kv_batch(reqs, cols, [c + 1 for c in cols])
+        for req, col in zip(reqs, cols, strict=True):
             req.kv_committed_len = col + 1
-            assert req.req_pool_idx is not None
-            slots.append(self.req_to_token_pool.read(req.req_pool_idx, col, col + 1))
-        return torch.cat(slots).to(torch.int64) if slots else self._empty
+        return slots
 
     def spec_step(
         self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
@@ -207,6 +223,7 @@ class MemoryManager(LifecyclePrimitives):
         alloc = self.token_to_kv_pool_allocator
         alloc.free_group_begin()
         try:
+            self._read_over_allocations([r for r in reqs if self._session_of(r) is None])
             for req in reqs:
                 session = self._session_of(req)
                 if session is not None:
@@ -214,6 +231,7 @@ class MemoryManager(LifecyclePrimitives):
                 else:
                     self.release_kv_cache(req, is_insert)
         finally:
+            self._over_read = {}
             alloc.free_group_end()
         for req in reqs:
             req.state = "finished"
@@ -245,10 +263,8 @@ class MemoryManager(LifecyclePrimitives):
         req.state = "waiting"
 
     def open_session(self, session_id: str) -> None:
-        """Create an empty session slot (InvalidArgumentError for a hybrid model, see the
-        reference)."""
-        if self.mamba_hooks is not None:
-            raise InvalidArgumentError("sessions of hybrid (Mamba) models are not modelled")
+        """Create an empty session slot (of a hybrid model too: between turns it keeps the last
+        turn's Mamba slot and track buffers with its row)."""
         if session_id in self.sessions:
             raise InvalidArgumentError(f"session {session_id!r} already exists")
         self.sessions[session_id] = SessionSlot(session_id)

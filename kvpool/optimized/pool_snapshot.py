@@ -114,7 +114,9 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
         sessions=tuple(sessions),
         max_total_num_tokens=mm.token_to_kv_pool_allocator.size,
         extra={"capacity_refusals": mm.capacity_refusals},
-        mamba=None if mm.mamba_hooks is None else mm.mamba_hooks.snapshot(mm.reqs.values()),
+        mamba=None
+        if mm.mamba_hooks is None
+        else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values()),
     )
 
 

@@ -52,8 +52,13 @@ REQ_STATES: tuple[str, ...] = ("waiting", "running", "finished", "aborted")
 """Lifecycle states: waiting -> running -> finished | aborted; retract: running -> waiting."""
 
 
+_NO_SLOTS = torch.empty(0, dtype=torch.int64)
+
+
 def _empty_slots() -> torch.Tensor:
-    return torch.empty(0, dtype=torch.int64)
+    """No slots (one shared empty tensor: nothing can be written into it, and a request
+    forgetting its pool fields then costs no tensor operation)."""
+    return _NO_SLOTS
 
 
 class Req:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 
 from kvpool.constants import ceil_align
+from kvpool.optimized.batch_table import gather_columns, rows_of
+from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.optimized.req import Req
 from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
@@ -34,6 +36,16 @@ class SessionSlot:
         self.has_namespace = False
         self.busy_with: str | None = None
         self.is_chunked = 0
+        self._forget_mamba()
+
+    def _forget_mamba(self) -> None:
+        """Hybrid models: the Mamba slot and track buffers the slot holds (the state after the
+        session's committed tokens); None when it holds none (:class:`MambaReqLike` fields)."""
+        self.mamba_pool_idx: int | None = None
+        self.mamba_needs_clear = False
+        self.mamba_cow_src_index: int | None = None
+        self.mamba_ping_pong_track_buffer: list[int] | None = None
+        self.mamba_next_track_idx: int | None = None
 
     def holds_kv(self) -> bool:
         """True while the slot holds a finished turn's row."""
@@ -47,6 +59,7 @@ class SessionSlot:
         self.cache_protected_len = 0
         self.last_node = None
         self.tokens = []
+        self._forget_mamba()
 
     def take_from(self, req: Req) -> None:
         """A turn finished: take its row, lengths, protected length and lock; null the request."""
@@ -59,6 +72,11 @@ class SessionSlot:
         self.extra_key = req.extra_key
         self.has_namespace = True
         self.busy_with = None
+        # A hybrid turn's Mamba slot holds the state after exactly these committed tokens: the
+        # next turn resumes from it (its track buffers stay with it, as the row does).
+        self.mamba_pool_idx = req.mamba_pool_idx
+        self.mamba_ping_pong_track_buffer = req.mamba_ping_pong_track_buffer
+        self.mamba_next_track_idx = req.mamba_next_track_idx
         req.reset_kv_fields()
 
     def orphan_tail_tokens(self, page_size: int) -> int:
@@ -72,15 +90,20 @@ class SessionSlot:
         allocator: SegmentAllocatorProtocol[torch.Tensor],
         page_size: int,
         segments: bool = False,
+        row_read: torch.Tensor | None = None,
     ) -> None:
         """Hand the row, KV and lock to the next turn ``req``; free the orphan tail (``free``, or
         with ``segments`` ``free_segment``). Afterwards
-        ``req.kv_allocated_len == req.kv_committed_len``."""
+        ``req.kv_allocated_len == req.kv_committed_len``. ``row_read``: the row's columns
+        ``[0, kv_allocated_len)`` as int64 when the caller read them already (a batch of
+        restores reads every row in one gather, see :meth:`read_rows`)."""
         assert self.req_pool_idx is not None
         row = self.req_pool_idx
+        if row_read is None:
+            row_read = req_to_token_pool.read(row, 0, self.kv_allocated_len).to(torch.int64)
         start = ceil_align(self.kv_committed_len, page_size)
         if self.kv_allocated_len > start:
-            tail = req_to_token_pool.read(row, start, self.kv_allocated_len).to(torch.int64)
+            tail = row_read[start : self.kv_allocated_len]
             if segments:
                 allocator.free_segment(tail, start)
             else:
@@ -90,8 +113,26 @@ class SessionSlot:
         req.kv_allocated_len = self.kv_committed_len
         req.cache_protected_len = self.cache_protected_len
         req.last_node = self.last_node
-        req.prefix_indices = req_to_token_pool.read(row, 0, self.kv_committed_len).to(torch.int64)
+        req.prefix_indices = row_read[: self.kv_committed_len]
+        req.mamba_pool_idx = self.mamba_pool_idx
+        req.mamba_ping_pong_track_buffer = self.mamba_ping_pong_track_buffer
+        req.mamba_next_track_idx = self.mamba_next_track_idx
         self.forget()
+
+    @staticmethod
+    def read_rows(
+        slots: list[SessionSlot],
+        req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+        device: torch.device,
+    ) -> list[torch.Tensor]:
+        """Each slot's row ``[0, kv_allocated_len)`` as int64 views of one gather (the
+        ``row_read`` of :meth:`restore_into`)."""
+        if not slots:
+            return []
+        rows = rows_of(slots)
+        stops = [s.kv_allocated_len for s in slots]
+        flat = gather_columns(req_to_token_pool, rows, [0] * len(slots), stops, device)
+        return list(torch.split(flat, stops))
 
     def close(
         self,
@@ -110,6 +151,9 @@ class SessionSlot:
             allocator.free_segment(held.to(torch.int64), self.cache_protected_len)
         else:
             allocator.free(held.to(torch.int64))
+        if self.mamba_pool_idx is not None:  # a hybrid model: the state goes back with the row
+            assert isinstance(req_to_token_pool, HybridReqToTokenPool)
+            req_to_token_pool.free_mamba_cache(self)
         req_to_token_pool.free(self)
         self.forget()
 

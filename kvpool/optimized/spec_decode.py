@@ -15,6 +15,7 @@ from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.errors import ContextOverflowError, InvalidArgumentError
 from kvpool.host_checks import as_int, int_list
+from kvpool.optimized.batch_table import device_ints, rows_of, scatter_columns
 from kvpool.optimized.req import Req
 from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.tags import kv_tags
@@ -23,7 +24,7 @@ from kvpool.tags import kv_tags
 class TagWriter(Protocol):
     """The KV cache as the draft step uses it: write the tags of draft tokens into slots."""
 
-    def write_tags(self, loc: torch.Tensor, tags: Sequence[int]) -> None: ...
+    def write_tags(self, loc: torch.Tensor, tags: torch.Tensor) -> None: ...
 
 
 class SpecDecodeHost(Protocol):
@@ -41,14 +42,26 @@ class SpecDecodeHost(Protocol):
     @property
     def kv_cache(self) -> TagWriter: ...
     @property
+    def device(self) -> torch.device: ...
+    @property
     def _empty(self) -> torch.Tensor: ...
     def _running_full(self, rids: Sequence[str]) -> list[Req]: ...
-    def _last_loc(self, req: Req, col: int) -> int: ...
+    def _row_last_locs(self, reqs: Sequence[Req], cols: Sequence[int]) -> torch.Tensor: ...
     def _evict_for_alloc(self, prefix_lens: list[int], seq_lens: list[int]) -> None: ...
     def _alloc_slots(
-        self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int], evict: bool = True
+        self,
+        prefix_lens: list[int],
+        seq_lens: list[int],
+        last_loc: torch.Tensor,
+        evict: bool = True,
     ) -> torch.Tensor: ...
-    def write_kv(self, req: Req, start: int, stop: int) -> None: ...
+    def write_kv_batch(
+        self,
+        reqs: Sequence[Req],
+        starts: Sequence[int],
+        stops: Sequence[int],
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
 
 
 def spec_step(
@@ -77,23 +90,22 @@ def spec_step(
     grow = [(r, t) for r, t in zip(reqs, targets, strict=True) if t > r.kv_allocated_len]
     starts = [r.kv_allocated_len for r, _ in grow]
     ends = [t for _, t in grow]
-    last = [mm._last_loc(r, s) for (r, _), s in zip(grow, starts, strict=True)]
-    out = mm._alloc_slots(starts, ends, last) if grow else mm._empty
-    pos = 0
-    for (req, end), start in zip(grow, starts, strict=True):
-        assert req.req_pool_idx is not None
-        mm.req_to_token_pool.write(
-            (req.req_pool_idx, slice(start, end)), out[pos : pos + end - start]
-        )
-        pos += end - start
+    grown = [r for r, _ in grow]
+    out = mm._alloc_slots(starts, ends, mm._row_last_locs(grown, starts)) if grow else mm._empty
+    if grow:
+        rows = rows_of(grown)
+        scatter_columns(mm.req_to_token_pool, rows, starts, ends, out)
+    for req, end in grow:
         req.kv_allocated_len = end
-    for req, acc in zip(reqs, accepted, strict=True):
-        if not acc:
-            continue
-        start = req.kv_committed_len
+    taking = [(r, acc) for r, acc in zip(reqs, accepted, strict=True) if acc]
+    commits = [r.kv_committed_len for r, _ in taking]
+    for req, acc in taking:
         req.output_ids.extend(acc)
-        mm.write_kv(req, start, start + len(acc))
-        req.kv_committed_len = start + len(acc)
+    if taking:
+        stops = [c + len(acc) for (_, acc), c in zip(taking, commits, strict=True)]
+        mm.write_kv_batch([r for r, _ in taking], commits, stops)
+        for (req, _), stop in zip(taking, stops, strict=True):
+            req.kv_committed_len = stop
     return out
 
 
@@ -108,20 +120,19 @@ def spec_draft_v1(mm: SpecDecodeHost, rids: Sequence[str], num_draft: int) -> to
         return mm._empty
     starts = [r.kv_allocated_len for r in reqs]
     ends = [s + num_draft for s in starts]
-    last = [mm._last_loc(r, s) for r, s in zip(reqs, starts, strict=True)]
+    last = mm._row_last_locs(reqs, starts)
     # Evict once, before the backup: pages a tree eviction frees inside the backup window
     # would be thrown away by the restore (a leak).
     mm._evict_for_alloc(starts, ends)
     alloc = mm.token_to_kv_pool_allocator
     state = alloc.backup_state()
     out = mm._alloc_slots(starts, ends, last, evict=False)
-    pos = 0
+    tags: list[int] = []
     for req, start, end in zip(reqs, starts, ends, strict=True):
         committed = req.kv_committed_len
         padded = req.all_token_ids[:committed] + [0] * (end - committed)
-        tags = kv_tags(padded, req.extra_key)[start:end]
-        mm.kv_cache.write_tags(out[pos : pos + num_draft], tags)
-        pos += num_draft
+        tags += kv_tags(padded, req.extra_key)[start:end]
+    mm.kv_cache.write_tags(out, device_ints(tags, mm.device))
     alloc.restore_state(state)
     return out
 

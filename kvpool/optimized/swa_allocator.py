@@ -35,7 +35,6 @@ from kvpool.optimized.paged_ops import (
     check_extend_host,
     check_free_list_shape,
     check_free_list_state,
-    check_free_slots,
     check_host_copy,
     check_integer_tensors,
     check_prefix_pages_held,
@@ -43,6 +42,7 @@ from kvpool.optimized.paged_ops import (
     extend_new_pages_host,
     is_integer_dtype,
 )
+from kvpool.optimized.swa_free import SWAFrees
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
 
@@ -59,7 +59,7 @@ def _page_allocator(
     return PagedTokenToKVPoolAllocator(size, page_size, need_sort, rules=rules, options=options)
 
 
-class SWATokenToKVPoolAllocator:
+class SWATokenToKVPoolAllocator(SWAFrees):
     """A full pool of ``size`` tokens and an SWA pool of ``size_swa`` tokens joined by
     ``full_to_swa_index_mapping`` (twin of the reference class)."""
 
@@ -90,7 +90,9 @@ class SWATokenToKVPoolAllocator:
         )
         self.full_to_swa_index_mapping[-1] = NO_LAST_LOC
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+        self.rules = rules if rules is not None else Rules()
         self._in_free_group = False
+        self._group_slots: list[torch.Tensor] = []
         self.clear()
 
     # ----------------------------------------------------------------- sizes
@@ -123,6 +125,7 @@ class SWATokenToKVPoolAllocator:
             full=self.full_attn_allocator.snapshot(),
             swa=self.swa_attn_allocator.snapshot(),
             full_to_swa=tuple(self.full_to_swa_index_mapping.tolist()),
+            resolves_at_group_end=self._resolves_at_group_end(),
         )
 
     # ----------------------------------------------------------------- mapping
@@ -163,32 +166,6 @@ class SWATokenToKVPoolAllocator:
             if bool(bad.any()):
                 raise IndexOutOfRangeError(f"SWA slots out of range: {swa[bad].tolist()}")
         self.full_to_swa_index_mapping[full] = swa
-
-    def _mapping_indices(self, slots: torch.Tensor) -> torch.Tensor:
-        """The full slots a free of ``slots`` resolves: every slot of their pages above page
-        size 1, pages ascending and each once (the sentinel mask that follows waits for the
-        device anyway, so the ``unique`` adds no sync of its own)."""
-        if self.page_size == 1:
-            return slots
-        pages: torch.Tensor = torch.unique(slots // self.page_size)
-        return (pages.unsqueeze(1) * self.page_size + self._offsets).reshape(-1)
-
-    def _resolve_swa(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mapping indices, their SWA slots other than the sentinel); checked mode validates
-        the SWA slots against the SWA allocator."""
-        indices = self._mapping_indices(slots)
-        swa = self.full_to_swa_index_mapping[indices]
-        swa = swa[swa != RESERVED_INDEX]  # the sentinel is no slot
-        inner = self.swa_attn_allocator
-        if inner._free_mask is not None and swa.numel():
-            check_free_slots(
-                swa, inner._free_mask, self.page_size, not inner._dedup_pages, inner._pending_mask
-            )
-        return indices, swa
-
-    def _release_swa(self, indices: torch.Tensor, swa: torch.Tensor) -> None:
-        self.full_to_swa_index_mapping.index_fill_(0, indices, RESERVED_INDEX)
-        self.swa_attn_allocator.free(swa)
 
     # ----------------------------------------------------------------- alloc
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -350,54 +327,6 @@ class SWATokenToKVPoolAllocator:
         self.full_to_swa_index_mapping[full] = swa
         return full
 
-    # ----------------------------------------------------------------- free
-    def free(self, free_index: IndexLike) -> None:
-        """Free full slots and the SWA slots their mapping names, zeroing those entries, both
-        resolved now (also inside a free group). Checked mode validates both sides first."""
-        slots = self._as_index(free_index, IndexOutOfRangeError)
-        if slots.numel() == 0:
-            return
-        full_alloc = self.full_attn_allocator
-        if full_alloc._free_mask is not None:
-            check_free_slots(
-                slots,
-                full_alloc._free_mask,
-                self.page_size,
-                not full_alloc._dedup_pages,
-                full_alloc._pending_mask,
-            )
-        indices, swa = self._resolve_swa(slots)
-        full_alloc.free(slots)
-        self._release_swa(indices, swa)
-
-    def free_swa(self, free_index: IndexLike) -> None:
-        """Free only the SWA slots of full slots (tokens that slid out of the window), zeroing
-        their entries; slots mapped to 0 are skipped. Checked mode: IndexOutOfRangeError for a
-        slot outside the full pool, the SWA allocator's errors for a corrupt mapping."""
-        slots = self._as_index(free_index, IndexOutOfRangeError)
-        if slots.numel() == 0:
-            return
-        if self.checked:
-            self._check_range(slots, 0)
-        indices, swa = self._resolve_swa(slots)
-        self._release_swa(indices, swa)
-
-    def free_group_begin(self) -> None:
-        """Open a free group on both pools. InvalidArgumentError when one is open."""
-        if self._in_free_group:
-            raise InvalidArgumentError("free_group_begin inside an open free group")
-        self.full_attn_allocator.free_group_begin()
-        self.swa_attn_allocator.free_group_begin()
-        self._in_free_group = True
-
-    def free_group_end(self) -> None:
-        """Close the group: each pool performs its buffered frees as one free."""
-        if not self._in_free_group:
-            raise InvalidArgumentError("free_group_end without free_group_begin")
-        self.full_attn_allocator.free_group_end()
-        self.swa_attn_allocator.free_group_end()
-        self._in_free_group = False
-
     # ----------------------------------------------------------------- state
     def backup_state(self) -> SWAState:
         """Both pools' free lists and a clone of the mapping. InvalidArgumentError inside an
@@ -443,6 +372,7 @@ class SWATokenToKVPoolAllocator:
         self.swa_attn_allocator.clear()
         self.full_to_swa_index_mapping[:-1].fill_(RESERVED_INDEX)
         self._in_free_group = False
+        self._group_slots = []
 
 
 __all__ = ["SWAState", "SWATokenToKVPoolAllocator"]

@@ -15,33 +15,17 @@ from dataclasses import dataclass
 import torch
 
 from kvpool.constants import floor_align
-from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.options import TwinOptions, options_of
 from kvpool.optimized.radix_key import RadixKey, check_tree_range, tree_value
 from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
+from kvpool.optimized.swa_radix_evict import SWARadixEviction
+from kvpool.optimized.swa_radix_locks import SWARadixLocks
+from kvpool.optimized.swa_tree_node import SWATreeNode
 from kvpool.reference.radix_cache import logical_clock
 from kvpool.reference.radix_key import ChildKey, tree_slot_limit
+from kvpool.reference.swa_radix_cache import STAMP_STEP
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
-
-
-class SWATreeNode:
-    """A node: ``key`` tokens at full slots ``value``; lock counts, tombstone flag, swa_uuid."""
-
-    def __init__(self, node_id: int, key: RadixKey, value: torch.Tensor,
-                 parent: SWATreeNode | None, now: float) -> None:  # fmt: skip
-        self.node_id, self.key, self.value, self.parent = node_id, key, value, parent
-        self.children: dict[ChildKey, SWATreeNode] = {}
-        self.full_lock_ref = 0
-        self.swa_lock_ref = 0
-        self.swa_tombstone = False
-        self.swa_uuid: int | None = None
-        self.last_access_time = now
-
-    def depth(self) -> int:
-        d, cur = 0, self.parent
-        while cur is not None:
-            d, cur = d + 1, cur.parent
-        return d
 
 
 @dataclass
@@ -52,7 +36,7 @@ class SWAMatchResult:
     last_device_node: SWATreeNode
 
 
-class SWARadixCache:
+class SWARadixCache(SWARadixLocks, SWARadixEviction):
     """Prefix tree over an :class:`SWATokenToKVPoolAllocator` (see the module docstring)."""
 
     def __init__(
@@ -72,6 +56,7 @@ class SWARadixCache:
         self.clock = clock if clock is not None else logical_clock()
         self.options = options if options is not None else options_of(token_to_kv_pool_allocator)
         self.device = self.options.device
+        self._walk_now, self._walk_seq = 0.0, 0
         self.reset()
 
     def reset(self) -> None:
@@ -118,12 +103,14 @@ class SWARadixCache:
 
     def _split_node(self, child: SWATreeNode, split_len: int) -> SWATreeNode:
         """Cut ``child`` after ``split_len`` tokens; the new upper node (next id) copies the
-        locks, the tombstone flag and the time, and takes the swa_uuid."""
+        locks and the tombstone flag and takes the swa_uuid; both halves become the most
+        recently used, the upper one first (SGLang re-inserts them into its LRU lists)."""
         parent = child.parent
         assert parent is not None
         dict_key = self._child_key(parent, child.key)
         upper = self._new_node(child.key[:split_len], child.value[:split_len], parent,
-                               child.last_access_time)  # fmt: skip
+                               self._stamp())  # fmt: skip
+        child.last_access_time = self._stamp()
         upper.full_lock_ref, upper.swa_lock_ref = child.full_lock_ref, child.swa_lock_ref
         upper.swa_tombstone = child.swa_tombstone
         upper.swa_uuid, child.swa_uuid = child.swa_uuid, None
@@ -133,9 +120,9 @@ class SWARadixCache:
         parent.children[dict_key] = upper
         return upper
 
-    def _add_node(self, parent: SWATreeNode, key: RadixKey, value: torch.Tensor, now: float,
+    def _add_node(self, parent: SWATreeNode, key: RadixKey, value: torch.Tensor,
                   tombstone: bool) -> SWATreeNode:  # fmt: skip
-        node = self._new_node(key, value.clone(), parent, now)  # not a view of the caller's
+        node = self._new_node(key, value.clone(), parent, self._stamp())  # not the caller's view
         node.swa_tombstone = tombstone
         parent.children[self._child_key(parent, key)] = node
         self.full_evictable_size_ += len(key)
@@ -143,10 +130,25 @@ class SWARadixCache:
             self.swa_evictable_size_ += len(key)
         return node
 
-    def _touch_path(self, node: SWATreeNode, now: float) -> None:
+    def _start_walk(self) -> None:
+        """One clock read per walk; :meth:`_stamp` orders the stamps inside it."""
+        self._walk_now, self._walk_seq = self.clock(), 0
+
+    def _stamp(self) -> float:
+        """The current walk's time plus a tiny step per stamp: each stamp is more recent than
+        the one before (SGLang moves nodes to the front of its LRU lists one at a time)."""
+        self._walk_seq += 1
+        return self._walk_now + self._walk_seq * STAMP_STEP
+
+    def _touch_path(self, node: SWATreeNode) -> None:
+        """Stamp ``node`` and its ancestors, nearest the root first (so ``node`` is the most
+        recent, as SGLang's ``reset_node_and_parents_mru``)."""
+        path = []
         while node is not self.root_node and node.parent is not None:
-            node.last_access_time = now
+            path.append(node)
             node = node.parent
+        for cur in reversed(path):
+            cur.last_access_time = self._stamp()
 
     # ----------------------------------------------------------------- match / insert
     def match_prefix(self, key: RadixKey) -> SWAMatchResult:
@@ -155,7 +157,7 @@ class SWARadixCache:
         key = key[: floor_align(len(key), self.page_size)]
         if len(key) == 0:
             return SWAMatchResult(self._slots([]), self.root_node)
-        now = self.clock()
+        self._start_walk()
         node, values = self.root_node, list[torch.Tensor]()
         since_tombstone = float("inf")  # a path from the root without tombstone always counts
         best_len, best = 0, self.root_node
@@ -181,7 +183,7 @@ class SWARadixCache:
             key = key[n:]
         if since_tombstone >= window:
             best_len, best = len(values), node
-        self._touch_path(best, now)
+        self._touch_path(best)
         parts = values[:best_len]
         return SWAMatchResult(torch.cat(parts) if parts else self._slots([]), best)
 
@@ -203,14 +205,14 @@ class SWARadixCache:
             raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")
         if len(key) == 0:
             return 0
-        now = self.clock()
+        self._start_walk()
         alloc = self.token_to_kv_pool_allocator
         node, total = self.root_node, 0
         while len(key) > 0:
             child = node.children.get(self._child_key(node, key))
             if child is None:
                 break
-            child.last_access_time = now
+            child.last_access_time = self._stamp()
             n = self._match_len(child.key, key)
             if n < len(child.key):
                 child = self._split_node(child, n)
@@ -225,9 +227,9 @@ class SWARadixCache:
                 return total
             if swa_evicted_seqlen > total:
                 cut = swa_evicted_seqlen - total
-                node = self._add_node(node, key[:cut], value[:cut], now, tombstone=True)
+                node = self._add_node(node, key[:cut], value[:cut], tombstone=True)
                 key, value = key[cut:], value[cut:]
-            self._add_node(node, key, value, now, tombstone=False)
+            self._add_node(node, key, value, tombstone=False)
         return total
 
     def _merge_matched(self, node: SWATreeNode, incoming: torch.Tensor, start: int,
@@ -243,7 +245,6 @@ class SWARadixCache:
         if cut:
             # the first `cut` tokens stay a tombstone (upper half); recover the lower half
             self._split_node(node, cut)
-            alloc.free(incoming[:cut])
         if node.full_lock_ref > 0:
             # a running request reads these full slots: keep them, adopt the incoming SWA
             alloc.set_full_to_swa_mapping(node.value, alloc.translate_loc_from_full_to_swa(
@@ -253,179 +254,10 @@ class SWARadixCache:
         else:
             alloc.free(node.value)
             node.value = incoming[cut:].clone()
+        if cut:
+            alloc.free(incoming[:cut])  # after the recovery's frees, as SGLang orders them
         node.swa_tombstone = False
         self.swa_evictable_size_ += n - cut
-
-    # ----------------------------------------------------------------- locks
-    def _path_to_root(self, node: SWATreeNode) -> list[SWATreeNode]:
-        path, cur = [], node
-        while cur is not self.root_node:
-            parent = cur.parent
-            if parent is None or parent.children.get(self._child_key(parent, cur.key)) is not cur:
-                raise LockError(f"node {node.node_id} is not in the tree")
-            path.append(cur)
-            cur = parent
-        return path
-
-    def inc_lock_ref(self, node: SWATreeNode) -> int | None:
-        """Full-lock ``node`` -> root and SWA-lock from ``node`` up until the window is covered;
-        returns the swa_uuid of the node where it was (None: the whole path). LockError if the
-        window would cover a tombstone."""
-        path = self._path_to_root(node)
-        covered, swa_part = 0, []
-        for cur in path:
-            if covered >= self.sliding_window_size:
-                break
-            swa_part.append(cur)
-            covered += len(cur.value)
-        if any(cur.swa_tombstone for cur in swa_part):
-            raise LockError(f"the window of node {node.node_id} covers a tombstone")
-        for cur in path:
-            if cur.full_lock_ref == 0:
-                self.full_evictable_size_ -= len(cur.value)
-                self.full_protected_size_ += len(cur.value)
-            cur.full_lock_ref += 1
-        uuid = None
-        for cur in swa_part:
-            if cur.swa_lock_ref == 0:
-                self.swa_evictable_size_ -= len(cur.value)
-                self.swa_protected_size_ += len(cur.value)
-            cur.swa_lock_ref += 1
-        if swa_part and sum(len(c.value) for c in swa_part) >= self.sliding_window_size:
-            last = swa_part[-1]
-            if last.swa_uuid is None:
-                self._next_uuid += 1
-                last.swa_uuid = self._next_uuid
-            uuid = last.swa_uuid
-        return uuid
-
-    def _swa_part(self, path: list[SWATreeNode], uuid: int | None) -> list[SWATreeNode]:
-        """The nodes an SWA unlock walks: up to and including the one carrying ``uuid``."""
-        for i, cur in enumerate(path):
-            if uuid is not None and cur.swa_uuid == uuid:
-                return path[: i + 1]
-        return path
-
-    def _check_swa_unlock(self, part: list[SWATreeNode]) -> None:
-        bad = [c.node_id for c in part if c.swa_tombstone or c.swa_lock_ref <= 0]
-        if bad:
-            raise LockError(f"no SWA lock to release on nodes {bad}")
-
-    def dec_lock_ref(self, node: SWATreeNode, swa_uuid_for_lock: int | None = None,
-                     skip_swa: bool = False) -> None:  # fmt: skip
-        """Undo :meth:`inc_lock_ref` (``skip_swa``: its SWA part was released already).
-        LockError (nothing changed) if a count would go negative."""
-        path = self._path_to_root(node)
-        if any(c.full_lock_ref <= 0 for c in path):
-            raise LockError(f"full lock_ref would go negative above node {node.node_id}")
-        part = [] if skip_swa else self._swa_part(path, swa_uuid_for_lock)
-        self._check_swa_unlock(part)
-        for cur in path:
-            if cur.full_lock_ref == 1:
-                self.full_evictable_size_ += len(cur.value)
-                self.full_protected_size_ -= len(cur.value)
-            cur.full_lock_ref -= 1
-        for cur in part:
-            if cur.swa_lock_ref == 1:
-                self.swa_evictable_size_ += len(cur.value)
-                self.swa_protected_size_ -= len(cur.value)
-            cur.swa_lock_ref -= 1
-
-    def dec_swa_lock_only(self, node: SWATreeNode, swa_uuid_for_lock: int | None = None) -> None:
-        """Release only the SWA part of a lock (the window moved on); a leaf left without SWA
-        lock loses its SWA slots at once (tombstone). LockError (nothing changed) if absent."""
-        part = self._swa_part(self._path_to_root(node), swa_uuid_for_lock)
-        self._check_swa_unlock(part)
-        for cur in part:
-            if cur.swa_lock_ref == 1:
-                self.swa_protected_size_ -= len(cur.value)
-                if not cur.children:
-                    self.token_to_kv_pool_allocator.free_swa(cur.value)
-                    cur.swa_tombstone = True
-                else:
-                    self.swa_evictable_size_ += len(cur.value)
-            cur.swa_lock_ref -= 1
-
-    # ----------------------------------------------------------------- eviction
-    def _nodes(self) -> list[SWATreeNode]:
-        out, stack = [], list(self.root_node.children.values())
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
-        return out
-
-    @staticmethod
-    def _lru(nodes: list[SWATreeNode]) -> SWATreeNode | None:
-        return min(nodes, key=lambda n: (n.last_access_time, n.depth(), n.node_id), default=None)
-
-    def _delete_leaf(self, node: SWATreeNode) -> None:
-        parent = node.parent
-        assert parent is not None
-        del parent.children[self._child_key(parent, node.key)]
-        node.parent = None
-        self.full_evictable_size_ -= len(node.value)
-        if not node.swa_tombstone:
-            self.swa_evictable_size_ -= len(node.value)
-
-    def _delete_tombstone_parents(self, parent: SWATreeNode) -> int:
-        """Delete tombstones left as unlocked leaves above a deleted leaf; full tokens freed."""
-        freed = 0
-        while (parent is not self.root_node and parent.swa_tombstone and not parent.children
-               and parent.full_lock_ref == 0):  # fmt: skip
-            up = parent.parent
-            assert up is not None
-            self.token_to_kv_pool_allocator.free(parent.value)
-            freed += len(parent.value)
-            self._delete_leaf(parent)
-            parent = up
-        return freed
-
-    @staticmethod
-    def _swa_evictable(node: SWATreeNode) -> bool:
-        """SWA eviction may take it: it holds SWA slots nobody's window reads."""
-        return not node.swa_tombstone and node.swa_lock_ref == 0
-
-    @staticmethod
-    def _keeps_full(node: SWATreeNode) -> bool:
-        """SWA eviction only tombstones it: its full part has children or a running request."""
-        return bool(node.children) or node.full_lock_ref > 0
-
-    def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
-        """Free at least ``num_tokens`` full and ``swa_num_tokens`` SWA tokens if the tree
-        allows (module docstring); returns (full tokens freed, SWA tokens freed)."""
-        if num_tokens < 0 or swa_num_tokens < 0:
-            raise InvalidArgumentError("eviction sizes must be >= 0")
-        alloc = self.token_to_kv_pool_allocator
-        full = swa = 0
-        while num_tokens > 0 and full < num_tokens:
-            x = self._lru([n for n in self._nodes() if not n.children and n.full_lock_ref == 0])
-            if x is None:
-                break
-            parent = x.parent
-            assert parent is not None
-            alloc.free(x.value)
-            full += len(x.value)
-            swa += 0 if x.swa_tombstone else len(x.value)
-            self._delete_leaf(x)
-            full += self._delete_tombstone_parents(parent)
-        while swa < swa_num_tokens:
-            x = self._lru([n for n in self._nodes() if self._swa_evictable(n)])
-            if x is None:
-                break
-            swa += len(x.value)
-            if self._keeps_full(x):
-                alloc.free_swa(x.value)  # the full part stays (children, or a running request)
-                x.swa_tombstone = True
-                self.swa_evictable_size_ -= len(x.value)
-                continue
-            parent = x.parent
-            assert parent is not None
-            alloc.free(x.value)
-            full += len(x.value)
-            self._delete_leaf(x)
-            self._delete_tombstone_parents(parent)
-        return full, swa
 
     # ----------------------------------------------------------------- views
     def snapshot(self) -> TreeSnapshot:

@@ -28,6 +28,33 @@ NO_TRACK_SLOT = -1
 """A track-buffer entry that holds no slot."""
 
 
+def mamba_calls(reqs: Sequence[MambaReqLike], track_buffers: int) -> list[int]:
+    """The sizes of the allocator calls SGLang's ``alloc`` makes for ``reqs``, in order: one
+    slot for each request without a running slot, then ``track_buffers`` for its track buffers
+    when it has none."""
+    calls: list[int] = []
+    for req in reqs:
+        if req.mamba_pool_idx is None:
+            calls.append(1)
+        if track_buffers and req.mamba_ping_pong_track_buffer is None:
+            calls.append(track_buffers)
+    return calls
+
+
+def mamba_calls_fit(calls: Sequence[int], group_left: int, available: int) -> bool:
+    """Whether allocator calls of sizes ``calls`` all succeed with ``group_left`` slots
+    prefetched by an open alloc group (each single-slot call takes the next of them) and
+    ``available`` free slots (every other call takes from the free list)."""
+    for n in calls:
+        if n == 1 and group_left:
+            group_left -= 1
+        else:
+            available -= n
+            if available < 0:
+                return False
+    return True
+
+
 class HybridReqToTokenPool(ReqToTokenPool):
     """The table plus ``mamba_pool`` (buffers), ``mamba_allocator`` (slots) and the mappings."""
 
@@ -85,14 +112,21 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self._check_kept_slots(reqs)
         if fresh_rows > len(self.free_slots):
             return None
-        if self.mamba_slots_needed(reqs) > self.mamba_allocator.available_size():
+        calls = mamba_calls(reqs, self.track_buffers)
+        group = self.mamba_allocator._group or []
+        if not mamba_calls_fit(calls, len(group), self.mamba_allocator.available_size()):
             return None
         rows = super().alloc(reqs)
         assert rows is not None  # checked above
-        # One allocator call for the whole batch (the twin's batched form hands out the same
-        # slots): a missing running slot first, then missing track buffers, request by request.
-        slots = self.mamba_allocator.alloc(self.mamba_slots_needed(reqs))
-        assert slots is not None  # counted above
+        # SGLang's calls, in order: a missing running slot first, then missing track buffers,
+        # request by request. Outside an alloc group one call for the whole batch hands out the
+        # same slots (the head of the free list); inside one, single-slot calls take the
+        # group's prefetched slots.
+        slots: list[int] = []
+        for n in calls if group else [sum(calls)]:
+            got = self.mamba_allocator.alloc(n)
+            assert got is not None  # counted above
+            slots += got
         at = 0
         for req, row in zip(reqs, rows, strict=True):
             if req.mamba_pool_idx is None:
@@ -162,4 +196,4 @@ class HybridReqToTokenPool(ReqToTokenPool):
         )
 
 
-__all__ = ["NO_TRACK_SLOT", "HybridReqToTokenPool"]
+__all__ = ["NO_TRACK_SLOT", "HybridReqToTokenPool", "mamba_calls", "mamba_calls_fit"]

@@ -18,13 +18,15 @@ points, so that the lifecycle files carry one line per point:
 
 Scope: SGLang runs hybrid models with the radix cache either off (the chunk cache) or as a
 ``MambaRadixCache``; kvpool's lifecycle models the first (a hybrid configuration needs
-``disable_radix_cache=True``) and has no hybrid sessions yet. The Mamba radix cache is modelled
-and verified as a component (:mod:`kvpool.reference.mamba_radix_cache`).
+``disable_radix_cache=True``). A session keeps its last turn's Mamba slot and track buffers
+between turns with its row (:class:`~kvpool.reference.session.SessionSlot`). The Mamba radix
+cache is modelled and verified as a component (:mod:`kvpool.reference.mamba_radix_cache`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, OutOfMemoryError
@@ -81,9 +83,10 @@ class MambaHooks:
         if req.mamba_pool_idx is not None:
             self.pool.free_mamba_cache(req)
 
-    def snapshot(self, reqs: Iterable[Req]) -> HybridStateSnapshot:
+    def snapshot(self, reqs: Iterable[Req], sessions: Iterable[Any] = ()) -> HybridStateSnapshot:
         """The hybrid pool and every live request's Mamba slots with the state they must hold:
-        that of every token whose KV is computed (``kv_committed_len``)."""
+        that of every token whose KV is computed (``kv_committed_len``); then every session
+        holding a slot between turns (``session ID``: the state after its committed tokens)."""
         views = tuple(
             MambaReqSnapshot(
                 rid=r.rid,
@@ -99,7 +102,18 @@ class MambaHooks:
             for r in reqs
             if r.req_pool_idx is not None or r.mamba_pool_idx is not None
         )
-        return HybridStateSnapshot(self.pool.hybrid_snapshot(), views)
+        held = tuple(
+            MambaReqSnapshot(
+                rid=f"session {s.session_id}",
+                row=s.req_pool_idx,
+                slot=s.mamba_pool_idx,
+                track=tuple(s.mamba_ping_pong_track_buffer or ()),
+                expected_tag=mamba_state_tag(s.tokens, s.extra_key),
+            )
+            for s in sessions
+            if s.mamba_pool_idx is not None
+        )
+        return HybridStateSnapshot(self.pool.hybrid_snapshot(), views + held)
 
 
 __all__ = ["MambaHooks", "check_hybrid_config", "hybrid_pool", "mamba_hooks_for"]

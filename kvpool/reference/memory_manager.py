@@ -149,6 +149,9 @@ class MemoryManager(LifecyclePrimitives):
             ]
             orphans = sum(s.orphan_tail_tokens(self.page_size) for s in restoring if s is not None)
             self._check_capacity(self._tokens_needed(prefix_lens, seq_lens), orphans)
+            if self.mamba_hooks is not None:  # before a session's restore changes anything
+                fresh_reqs = [r for r, s in zip(reqs, restoring, strict=True) if s is None]
+                self.mamba_hooks.check_admission(fresh_reqs)
         except OutOfMemoryError:
             for req in reversed(matched_here):
                 self._unmatch(req)
@@ -253,10 +256,8 @@ class MemoryManager(LifecyclePrimitives):
         req.state = "waiting"
 
     def open_session(self, session_id: str) -> None:
-        """Create an empty session slot (InvalidArgumentError for a hybrid model: sessions of
-        hybrid models are not modelled yet, see :mod:`kvpool.reference.mamba_hooks`)."""
-        if self.mamba_hooks is not None:
-            raise InvalidArgumentError("sessions of hybrid (Mamba) models are not modelled")
+        """Create an empty session slot (of a hybrid model too: between turns it keeps the last
+        turn's Mamba slot and track buffers with its row)."""
         if session_id in self.sessions:
             raise InvalidArgumentError(f"session {session_id!r} already exists")
         self.sessions[session_id] = SessionSlot(session_id)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from kvpool.constants import ceil_align
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator
+from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.radix_key import TreeNode
 from kvpool.reference.req import Req
 from kvpool.reference.req_to_token_pool import ReqToTokenPool
@@ -43,6 +44,16 @@ class SessionSlot:
         self.has_namespace = False
         self.busy_with: str | None = None
         self.is_chunked = 0
+        self._forget_mamba()
+
+    def _forget_mamba(self) -> None:
+        """Hybrid models: the Mamba slot and track buffers the slot holds (the state after the
+        session's committed tokens); None when it holds none (:class:`MambaReqLike` fields)."""
+        self.mamba_pool_idx: int | None = None
+        self.mamba_needs_clear = False
+        self.mamba_cow_src_index: int | None = None
+        self.mamba_ping_pong_track_buffer: list[int] | None = None
+        self.mamba_next_track_idx: int | None = None
 
     def holds_kv(self) -> bool:
         """True while the slot holds a finished turn's row."""
@@ -56,6 +67,7 @@ class SessionSlot:
         self.cache_protected_len = 0
         self.last_node = None
         self.tokens = []
+        self._forget_mamba()
 
     def take_from(self, req: Req) -> None:
         """A turn finished: take its row, lengths, protected length and lock; null the request."""
@@ -68,6 +80,11 @@ class SessionSlot:
         self.extra_key = req.extra_key
         self.has_namespace = True
         self.busy_with = None
+        # A hybrid turn's Mamba slot holds the state after exactly these committed tokens: the
+        # next turn resumes from it (its track buffers stay with it, as the row does).
+        self.mamba_pool_idx = req.mamba_pool_idx
+        self.mamba_ping_pong_track_buffer = req.mamba_ping_pong_track_buffer
+        self.mamba_next_track_idx = req.mamba_next_track_idx
         req.reset_kv_fields()
 
     def orphan_tail_tokens(self, page_size: int) -> int:
@@ -100,6 +117,9 @@ class SessionSlot:
         req.cache_protected_len = self.cache_protected_len
         req.last_node = self.last_node
         req.prefix_indices = req_to_token_pool.read(row, 0, self.kv_committed_len)
+        req.mamba_pool_idx = self.mamba_pool_idx
+        req.mamba_ping_pong_track_buffer = self.mamba_ping_pong_track_buffer
+        req.mamba_next_track_idx = self.mamba_next_track_idx
         self.forget()
 
     def close(
@@ -119,6 +139,9 @@ class SessionSlot:
             allocator.free_segment(held, self.cache_protected_len)
         else:
             allocator.free(held)
+        if self.mamba_pool_idx is not None:  # a hybrid model: the state goes back with the row
+            assert isinstance(req_to_token_pool, HybridReqToTokenPool)
+            req_to_token_pool.free_mamba_cache(self)
         req_to_token_pool.free(self)
         self.forget()
 

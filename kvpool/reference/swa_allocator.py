@@ -37,6 +37,7 @@ from kvpool.host_checks import int_list
 from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.paged_ops import decode_new_pages, extend_new_pages, validate_extend_args
+from kvpool.reference.swa_free import SWAFrees
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
 
@@ -52,7 +53,7 @@ def _page_allocator(
     return PagedTokenToKVPoolAllocator(size, page_size, need_sort, rules=rules)
 
 
-class SWATokenToKVPoolAllocator:
+class SWATokenToKVPoolAllocator(SWAFrees):
     """A full pool of ``size`` tokens and an SWA pool of ``size_swa`` tokens, both of
     ``page_size``, joined by ``full_to_swa_index_mapping`` (see the module docstring).
 
@@ -74,7 +75,9 @@ class SWATokenToKVPoolAllocator:
         self.page_size = page_size
         self.need_sort = bool(need_sort)
         self.full_to_swa_index_mapping: list[int] = [0] * (size + page_size) + [NO_LAST_LOC]
+        self.rules = rules if rules is not None else Rules()
         self._in_free_group = False
+        self._group_slots: list[int] = []
         self.clear()
 
     # ----------------------------------------------------------------- sizes
@@ -107,6 +110,7 @@ class SWATokenToKVPoolAllocator:
             full=self.full_attn_allocator.snapshot(),
             swa=self.swa_attn_allocator.snapshot(),
             full_to_swa=tuple(self.full_to_swa_index_mapping),
+            resolves_at_group_end=self._resolves_at_group_end(),
         )
 
     # ----------------------------------------------------------------- mapping
@@ -137,35 +141,6 @@ class SWATokenToKVPoolAllocator:
         if bad:
             raise IndexOutOfRangeError(f"SWA slots out of range [0, {swa_limit}): {bad}")
         self._set_mapping(full, swa)
-
-    def _mapping_indices(self, slots: Sequence[int]) -> list[int]:
-        """The full slots whose mapping a free of ``slots`` resolves: the slots themselves at
-        page size 1, every slot of their pages (ascending, each once) above."""
-        ps = self.page_size
-        if ps == 1:
-            return list(slots)
-        pages = sorted({s // ps for s in slots})
-        return [p * ps + i for p in pages for i in range(ps)]
-
-    def _check_full_range(self, slots: Sequence[int]) -> None:
-        bad = [s for s in slots if not isinstance(s, int) or not 0 <= s < self._slot_limit()]
-        if bad:
-            raise IndexOutOfRangeError(f"full slots out of range [0, {self._slot_limit()}): {bad}")
-
-    def _resolve_swa(self, slots: Sequence[int]) -> tuple[list[int], list[int]]:
-        """(mapping indices, their SWA slots other than the sentinel), validated against the SWA
-        allocator before any change."""
-        indices = self._mapping_indices(slots)
-        swa = [self.full_to_swa_index_mapping[i] for i in indices]
-        swa = [s for s in swa if s != RESERVED_INDEX]  # the sentinel is no slot
-        swa_alloc = self.swa_attn_allocator
-        swa_alloc._validate_free(swa, swa_alloc._pending_free if self._in_free_group else [])
-        return indices, swa
-
-    def _release_swa(self, indices: list[int], swa: list[int]) -> None:
-        for i in indices:
-            self.full_to_swa_index_mapping[i] = RESERVED_INDEX
-        self.swa_attn_allocator.free(swa)
 
     # ----------------------------------------------------------------- alloc
     def alloc(self, need_size: int) -> list[int] | None:
@@ -310,50 +285,6 @@ class SWATokenToKVPoolAllocator:
         self._set_mapping(full, swa)
         return full
 
-    # ----------------------------------------------------------------- free
-    def free(self, free_index: Sequence[int]) -> None:
-        """Free full slots (whole pages above page size 1) and the SWA slots their mapping
-        names, zeroing those entries; both resolved now, also inside a free group (which only
-        defers the free-list updates). The full allocator's errors, then the SWA allocator's
-        (a corrupt mapping), before any change. Empty input is a no-op."""
-        slots = list(free_index)
-        if not slots:
-            return
-        full_alloc = self.full_attn_allocator
-        full_alloc._validate_free(slots, full_alloc._pending_free if self._in_free_group else [])
-        indices, swa = self._resolve_swa(slots)
-        full_alloc.free(slots)
-        self._release_swa(indices, swa)
-
-    def free_swa(self, free_index: Sequence[int]) -> None:
-        """Free only the SWA slots of full slots (tokens that slid out of the window; whole
-        pages above page size 1) and zero their entries; the full slots stay allocated. Slots
-        mapped to 0 (none) are skipped. IndexOutOfRangeError for a slot outside the full pool;
-        the SWA allocator's errors for a corrupt mapping. Empty input is a no-op."""
-        slots = list(free_index)
-        if not slots:
-            return
-        self._check_full_range(slots)
-        indices, swa = self._resolve_swa(slots)
-        self._release_swa(indices, swa)
-
-    def free_group_begin(self) -> None:
-        """Open a free group on both pools. InvalidArgumentError when one is open."""
-        if self._in_free_group:
-            raise InvalidArgumentError("free_group_begin inside an open free group")
-        self.full_attn_allocator.free_group_begin()
-        self.swa_attn_allocator.free_group_begin()
-        self._in_free_group = True
-
-    def free_group_end(self) -> None:
-        """Close the group: each pool performs its buffered frees as one free.
-        InvalidArgumentError without an open group."""
-        if not self._in_free_group:
-            raise InvalidArgumentError("free_group_end without free_group_begin")
-        self.full_attn_allocator.free_group_end()
-        self.swa_attn_allocator.free_group_end()
-        self._in_free_group = False
-
     # ----------------------------------------------------------------- state
     def backup_state(self) -> SWAState:
         """Both pools' free lists and the mapping. InvalidArgumentError inside an open free group
@@ -395,6 +326,7 @@ class SWATokenToKVPoolAllocator:
         limit = self._slot_limit()
         self.full_to_swa_index_mapping[:limit] = [RESERVED_INDEX] * limit
         self._in_free_group = False
+        self._group_slots = []
 
 
 __all__ = ["SWAState", "SWATokenToKVPoolAllocator"]

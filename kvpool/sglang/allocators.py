@@ -51,6 +51,26 @@ def _ints(value: Any) -> tuple[int, ...]:
     return tuple(int(x) for x in value.tolist())
 
 
+def page_allocator_snapshot(
+    impl: Any, page_size: int, need_sort: bool, in_group: bool, pending: tuple[int, ...]
+) -> AllocatorSnapshot:
+    """kvpool's snapshot of SGLang's token or paged allocator ``impl``: its free pages and
+    need_sort staging (``staged_pages`` where the release has it, else ``release_pages``), with
+    the free-group state ``in_group`` / ``pending`` (slots) the caller read."""
+    staged = getattr(impl, "staged_pages", None)
+    release = staged if staged is not None else impl.release_pages
+    return AllocatorSnapshot(
+        page_size=page_size,
+        num_pages=int(impl.size) // page_size,
+        size=int(impl.size),
+        free_pages=_ints(impl.free_pages),
+        release_pages=_ints(release),
+        need_sort=need_sort,
+        in_free_group=in_group,
+        pending_free=pending,
+    )
+
+
 class SGLangAllocator:
     """SGLang's ``TokenToKVPoolAllocator`` (``page_size == 1``) or
     ``PagedTokenToKVPoolAllocator`` (``page_size > 1``) of ``size`` tokens, as a kvpool
@@ -93,22 +113,12 @@ class SGLangAllocator:
     def snapshot(self) -> AllocatorSnapshot:
         """kvpool's snapshot built from SGLang's fields (see the module docstring)."""
         impl = self.impl
-        staged = getattr(impl, "staged_pages", None)
-        release = staged if staged is not None else impl.release_pages
         if hasattr(impl, "is_not_in_free_group"):
             in_group = not impl.is_not_in_free_group
         else:
             in_group = impl.free_group is not None
-        return AllocatorSnapshot(
-            page_size=self.page_size,
-            num_pages=self.num_pages,
-            size=self.size,
-            free_pages=_ints(impl.free_pages),
-            release_pages=_ints(release),
-            need_sort=self.need_sort,
-            in_free_group=in_group,
-            pending_free=_ints(impl.free_group) if in_group else (),
-        )
+        pending = _ints(impl.free_group) if in_group else ()
+        return page_allocator_snapshot(impl, self.page_size, self.need_sort, in_group, pending)
 
     # ------------------------------------------------------------------ alloc / free
     def alloc(self, need_size: int) -> Any:
@@ -186,4 +196,4 @@ class SGLangAllocator:
             )
 
 
-__all__ = ["SGLangAllocator", "as_index_tensor"]
+__all__ = ["SGLangAllocator", "as_index_tensor", "page_allocator_snapshot"]

@@ -8,11 +8,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvpool.config import PoolConfig
+from kvpool.reference import mamba_lifecycle
 from kvpool.rules import Rules
 from kvpool.sglang.allocators import SGLangAllocator
+from kvpool.sglang.hybrid import HYBRID_RELEASES, SGLangHybridReqToTokenPool
 from kvpool.sglang.loader import load_sglang
+from kvpool.sglang.mamba_radix import SGLangMambaRadixCache
 from kvpool.sglang.radix import SGLangRadixCache, make_radix_key
 from kvpool.sglang.req_to_token import SGLangReqToTokenPool
+from kvpool.sglang.swa import SGLangSWAAllocator
+from kvpool.sglang.swa_radix import SGLangSWARadixCache
 from kvpool.testing.bundle import Implementation
 
 
@@ -23,7 +28,10 @@ def implementation(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Implementation:
     """SGLang from ``source`` (see :func:`kvpool.sglang.load_sglang`) with factories for the
-    allocator, ``ReqToTokenPool`` and ``RadixCache`` (no ``manager``) and
+    allocator, ``ReqToTokenPool``, ``RadixCache`` and, for the audited releases
+    (:data:`~kvpool.sglang.hybrid.HYBRID_RELEASES`), the hybrid pool, its Mamba steps and
+    ``MambaRadixCache``, ``SWATokenToKVPoolAllocator`` and ``SWARadixCache`` (the last two for
+    releases with 0.5.16's SWA classes, before 0.5.18; no ``manager``) and
     ``rules=Rules.for_sglang(version)``, the version read from the source. ``naive_extend``
     routes ``alloc_extend`` through SGLang's ``alloc_extend_naive`` (see
     :class:`~kvpool.sglang.allocators.SGLangAllocator`). Raises
@@ -31,6 +39,9 @@ def implementation(
     :class:`~kvpool.errors.ConfigError` when kvpool has no rules preset for its version."""
     modules = load_sglang(source, cache_dir=cache_dir)
     rules = Rules.for_sglang(modules.version)
+    # the SWA adapters follow 0.5.16's SWA classes; 0.5.23 rebuilt them over per-pool
+    # components the loader does not load (its SWA factories stay absent: verify says so)
+    swa_audited = rules.swa_free_resolve == "group_end"
 
     def allocator(config: PoolConfig) -> SGLangAllocator:
         return SGLangAllocator(
@@ -50,8 +61,27 @@ def implementation(
             eviction_policy=config.eviction_policy,
         )
 
+    def swa_allocator(config: PoolConfig) -> SGLangSWAAllocator:
+        return SGLangSWAAllocator(
+            modules, config.size, config.swa_size, config.page_size, config.need_sort
+        )
+
+    def swa_radix_cache(config: PoolConfig, alloc: Any) -> SGLangSWARadixCache:
+        return SGLangSWARadixCache(modules, alloc, config.page_size, config.sliding_window or 1)
+
     def radix_key(token_ids: Sequence[int], extra_key: str | None) -> Any:
         return make_radix_key(modules, token_ids, extra_key)
+
+    def hybrid(config: PoolConfig) -> SGLangHybridReqToTokenPool:
+        slots = config.mamba_slots if config.mamba_slots is not None else config.req_pool_size
+        return SGLangHybridReqToTokenPool(modules, config.req_pool_size, config.max_context_len,
+                                          slots, config.mamba_layers,
+                                          config.mamba_track_buffers)  # fmt: skip
+
+    def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> SGLangMambaRadixCache:
+        return SGLangMambaRadixCache(modules, pool, alloc, config.page_size)
+
+    has_hybrid = modules.version in HYBRID_RELEASES
 
     def index(values: Sequence[int]) -> Any:
         import torch
@@ -73,6 +103,11 @@ def implementation(
         req_to_token_pool=req_to_token_pool,
         radix_cache=radix_cache,
         radix_key=radix_key,
+        hybrid_req_to_token_pool=hybrid if has_hybrid else None,
+        mamba_steps=mamba_lifecycle if has_hybrid else None,
+        mamba_radix_cache=mamba_tree if has_hybrid else None,
+        swa_allocator=swa_allocator if swa_audited else None,
+        swa_radix_cache=swa_radix_cache if swa_audited else None,
         rules=rules,
         index=index,
         hiradix_cache=hiradix_cache if _has_hiradix(modules) else None,

@@ -44,6 +44,11 @@ REAL_MODULES = (
     "sglang.srt.mem_cache.events",
     "sglang.srt.mem_cache.session_radix_cache",
     "sglang.srt.mem_cache.hiradix_cache",
+    "sglang.srt.mem_cache.allocator.mamba",
+    "sglang.srt.mem_cache.mamba_radix_cache",
+    "sglang.srt.mem_cache.allocator.swa",
+    "sglang.srt.mem_cache.base_swa_memory_pool",
+    "sglang.srt.mem_cache.swa_radix_cache",
 )
 """SGLang modules executed from SGLang's own source (the behaviour under test lives here)."""
 
@@ -51,10 +56,11 @@ _COMMON = "sglang/srt/utils/common.py"
 _HELPERS = ("next_power_of_2", "get_num_new_pages", "ceil_align")
 PARTIAL_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     # memory_pool.py imports the KV-cache kernels, JIT kernels and quantisation: take only the
-    # ReqToTokenPool class (and the module-level names it uses).
+    # ReqToTokenPool class, and the hybrid model's MambaPool and HybridReqToTokenPool where
+    # the release has them (and the module-level names they use).
     "sglang.srt.mem_cache.memory_pool": (
         "sglang/srt/mem_cache/memory_pool.py",
-        ("ReqToTokenPool",),
+        ("ReqToTokenPool", "MambaPool?", "HybridReqToTokenPool?"),
     ),
     # utils/common.py imports most of SGLang's runtime: take the page arithmetic helpers the
     # allocators and the radix cache call (``sglang.srt.utils`` re-exports them).
@@ -101,6 +107,13 @@ class SGLangModules:
         return self.module(dotted).__dict__.get(name, default)
 
 
+def _no_custom_mem_pool(memory_pool: types.ModuleType) -> None:
+    """``MambaPool`` asks ``maybe_init_custom_mem_pool`` (real, in ``mem_cache/utils.py``) for
+    the PD-disaggregation memory pool, which tests an environment switch for ``is not None``: a
+    stub's value is not None. Its answer with the switch unset is ``(False, None, None)``."""
+    memory_pool.__dict__["maybe_init_custom_mem_pool"] = lambda device: (False, None, None)
+
+
 def _prefix(source: SGLangSource) -> str:
     digest = hashlib.sha1(source.key().encode()).hexdigest()[:8]
     return f"_kvpool_sglang_{re.sub(r'[^0-9A-Za-z]', '_', source.version)}_{digest}"
@@ -123,6 +136,7 @@ def load_sglang(
     modules = SGLangModules(resolved, importer)
     try:
         install_kernel_switches(modules.module("sglang.srt.mem_cache.allocator.paged"))
+        _no_custom_mem_pool(modules.module("sglang.srt.mem_cache.memory_pool"))
     except BaseException:
         importer.uninstall()
         raise

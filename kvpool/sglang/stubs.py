@@ -29,6 +29,10 @@ def _false(*args: Any, **kwargs: Any) -> bool:
     return False
 
 
+def _none(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 OVERRIDES: dict[str, Any] = {
     # Platform probes: this is a CPU run (no ROCm, NPU, XPU, CUDA build of SGLang's kernels).
     **{
@@ -47,6 +51,9 @@ OVERRIDES: dict[str, Any] = {
     },
     # Environment switches (SGLANG_DEBUG_MEMORY_POOL...): unset means off, as in SGLang.
     "get_bool_env_var": _false,
+    # The int8 Mamba checkpoint pool exists only with --enable-int8-mamba-checkpoint; SGLang's
+    # builder returns None without it (the radix cache then keeps states in the Mamba pool).
+    "maybe_init_int8_mamba_checkpoint_pool": _none,
 }
 """Stub attributes with a fixed value instead of a placeholder."""
 

@@ -150,9 +150,9 @@ CONFIGS = [
         ConfigError,
     ),
     Case(
-        "config-swa-with-radix",
+        "config-swa-mla",
         mm,
-        build(PoolConfig(sliding_window=4), "SWAMemoryManager"),
+        build(PoolConfig(sliding_window=4, kv_layout="mla"), "SWAMemoryManager"),
         ConfigError,
     ),
 ]

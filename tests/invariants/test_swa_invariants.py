@@ -76,6 +76,17 @@ def test_free_full_slot_still_mapped() -> None:
     fires("INV-SWA-FREE-UNMAPPED", (5,), snap)
 
 
+def test_pending_slot_mapped_only_under_group_end_resolution() -> None:
+    # full slot 2 freed inside a group, its entry (SWA 2) not yet read
+    snap = good()
+    grouped = dataclasses.replace(snap.full, in_free_group=True, pending_free=(2,))
+    pending = dataclasses.replace(snap, full=grouped)
+    fires("INV-SWA-FREE-UNMAPPED", (2,), pending)  # kvpool: read at the free
+    late = dataclasses.replace(pending, resolves_at_group_end=True)
+    check_swa_allocator(late, {1, 2, 3})  # SGLang 0.5.16: read at free_group_end
+    fires("INV-SWA-FREE-UNMAPPED", (5,), swa_free(with_mapping(late, f5=1), 4))  # free: still
+
+
 def test_swa_slot_named_twice_leaked_or_used_after_free() -> None:
     snap = good()
     fires("INV-SWA-ONE-MAPPING", (3,), with_mapping(snap, f1=3))  # two entries name SWA 3

@@ -56,3 +56,33 @@ def test_cuda_benchmark_cases_agree_on_the_host(backend: str) -> None:
 def test_cuda_benchmark_skips_cleanly_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert _load("cuda_kernels").main(["--quick"]) == 0
     assert capsys.readouterr().out.startswith("SKIP")
+
+
+def test_allocator_benchmark_leaves_sglang_columns_empty_without_sglang() -> None:
+    """No SGLang to load: a one-line reason, and every row still measures both twins."""
+    bench = _load("bench_allocators")
+    modules, why = bench.load_sglang_or_reason("/nonexistent/sglang")
+    assert modules is None and why.startswith("SGLang /nonexistent/sglang not loaded")
+    ref_us, twin_us, sg_us = bench._decode_case(bench.Pair(1 << 12, "cpu"), [5, 16, 33], 2, 2)
+    assert ref_us > 0 and twin_us > 0 and sg_us is None
+    rows = bench._free_rows("cpu", [20, 40, 3], 2, 2, None, "3 reqs", 1 << 12)
+    assert [r["op"] for r in rows] == [
+        "free 3 reqs (one call)",
+        "free 3 reqs (free group, 3 frees)",
+    ]
+    assert all(r["twin/sglang"] is None and r["twin_us"] > 0 for r in rows)
+
+
+@pytest.mark.sglang_wheel
+def test_allocator_benchmark_times_sglang_on_the_same_inputs() -> None:
+    """With SGLang 0.5.23 loaded, its allocators run the same cases (their results are checked
+    against the twins' before timing) and fill the SGLang columns."""
+    bench = _load("bench_allocators")
+    modules, why = bench.load_sglang_or_reason("0.5.23")
+    assert modules is not None, why
+    pair = bench.Pair(1 << 12, "cpu", modules)
+    _, _, sg_us = bench._extend_case(pair, [0, 5, 17], [30, 12, 40], 2, 2)
+    assert sg_us is not None and sg_us > 0
+    for ps in (1, 16):
+        rows = bench._free_rows("cpu", [20, 40, 3], 2, 2, modules, "3 reqs", 1 << 12, True, ps)
+        assert all(r["twin/sglang"] is not None for r in rows)

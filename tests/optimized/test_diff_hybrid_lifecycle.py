@@ -83,6 +83,67 @@ def test_hybrid_scope(twin: Any) -> None:
     with pytest.raises(ConfigError):  # the Mamba radix cache is a component, not in the lifecycle
         manager(twin, PoolConfig(mamba_slots=4))
     mm = manager(twin)
+    mm.open_session("s")
     with pytest.raises(InvalidArgumentError):
         mm.open_session("s")
     assert manager(twin, PoolConfig()).snapshot().mamba is None
+
+
+def _views(mm: Any) -> list[tuple[str, int | None, int | None, tuple[int, ...], int | None]]:
+    snap = mm.snapshot()
+    assert check_all(snap) > 0
+    return [(r.rid, r.row, r.slot, r.track, r.expected_tag) for r in snap.mamba.reqs]
+
+
+@TWINS
+def test_a_session_keeps_its_state_between_turns(twin: Any) -> None:
+    """A finished turn's Mamba slot and track buffer stay with the session (the state after its
+    committed tokens); the next turn resumes from them; closing gives them back."""
+    mm = manager(twin)
+    mm.open_session("s")
+    mm.new_req("t1", [1, 2, 3], session_id="s")
+    mm.extend(["t1"])
+    mm.decode(["t1"], [9])
+    mm.finish(["t1"])
+    row = mm.snapshot().req_to_token.free_slots
+    assert _views(mm) == [("session s", 4, 1, (2,), mamba_state_tag([1, 2, 3, 9]))]
+    assert free_mamba(mm) == (3,)
+    mm.new_req("t2", [5], session_id="s")
+    mm.new_req("x", [7, 7])
+    before = mm.snapshot()
+    with pytest.raises(OutOfMemoryError):  # x needs two slots: refused before the restore
+        mm.extend(["t2", "x"])
+    assert mm.snapshot() == before
+    mm.extend(["t2"])  # no new slot: the session's
+    assert _views(mm) == [("t2", 4, 1, (2,), mamba_state_tag([1, 2, 3, 9, 5]))]
+    mm.finish(["t2"])
+    mm.close_session("s")
+    assert free_mamba(mm) == (3, 1, 2) and mm.snapshot().req_to_token.free_slots != row
+
+
+@TWINS
+@pytest.mark.parametrize("path", ["abort", "retract"])
+def test_a_restored_turn_released_gives_the_session_state_back(twin: Any, path: str) -> None:
+    mm = manager(twin)
+    mm.open_session("s")
+    mm.new_req("t1", [1, 2], session_id="s")
+    mm.extend(["t1"])
+    mm.finish(["t1"])
+    mm.new_req("t2", [3], session_id="s")
+    mm.extend(["t2"])
+    getattr(mm, path)("t2")  # the turn's state (and the session's history) is released
+    assert free_mamba(mm) == (3, 1, 2)
+    assert [v for v in _views(mm) if v[0].startswith("session")] == []
+
+
+@TWINS
+def test_a_waiting_turn_aborted_leaves_the_session_state(twin: Any) -> None:
+    mm = manager(twin)
+    mm.open_session("s")
+    mm.new_req("t1", [1, 2], session_id="s")
+    mm.extend(["t1"])
+    mm.finish(["t1"])
+    mm.new_req("t2", [3], session_id="s")
+    mm.abort("t2")  # never ran: nothing of the session's is released
+    assert _views(mm) == [("session s", 4, 1, (2,), mamba_state_tag([1, 2]))]
+    assert free_mamba(mm) == (3,)

@@ -111,3 +111,25 @@ def test_steps_validate_before_changing(twin: Any) -> None:
     unchanged(pool, lambda: pool.mamba_pool.copy_from([1], [1]), InvalidArgumentError)
     assert list(steps.release_running(pool, a, donate=True)) == [1]  # the tree now holds 1
     assert pool.mamba_allocator.snapshot().free_slots == (2, 3, 4)
+
+
+@TWINS
+def test_alloc_inside_a_group_takes_single_slots_from_the_group(twin: Any) -> None:
+    """SGLang allocates per request (one running slot, then the track buffers): inside an open
+    alloc group each single-slot call takes the group's next prefetched slot, the others come
+    from the free list (found against SGLang 0.5.16's own pool)."""
+    pool = make(twin, 4, 16, 8, track_buffers=1)
+    pool.mamba_allocator.alloc_group_begin(2)  # slots 1 and 2 prefetched
+    a, b = Req(), Req()
+    rows = pool.alloc([a, b])
+    assert rows is not None and len(set(rows)) == 2
+    assert (a.mamba_pool_idx, a.mamba_ping_pong_track_buffer) == (1, [2])
+    assert (b.mamba_pool_idx, b.mamba_ping_pong_track_buffer) == (3, [4])
+    assert pool.mamba_allocator.snapshot().free_slots == (5, 6, 7, 8)
+
+    small = make(twin, 4, 16, 3, track_buffers=2)
+    small.mamba_allocator.alloc_group_begin(1)  # slot 1 prefetched; 2 and 3 free
+    unchanged(small, lambda: small.alloc([Req(), Req()]), None)  # needs 2 x (1 + 2) slots
+    c = Req()
+    assert small.alloc([c]) is not None
+    assert (c.mamba_pool_idx, c.mamba_ping_pong_track_buffer) == (1, [2, 3])

@@ -6,6 +6,7 @@ pools' allocator invariants after every step), plus the twin's own unit behaviou
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,11 @@ import torch
 
 from kvpool.cli import main
 from kvpool.errors import DoubleFreeError, InvalidArgumentError
+from kvpool.invariants import check_swa_allocator
 from kvpool.optimized.pure_swa_allocator import PureSWATokenToKVPoolAllocator
 from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
+from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator as ReferenceSWA
+from kvpool.rules import Rules
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines.coverage import CATALOGUE
@@ -69,3 +73,34 @@ def test_verify_component_swa_allocator(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 0, out
     data = json.loads(report.read_text())
     assert data["component"] == "swa_allocator" and data["failures"] == 0 and data["steps"] > 0
+
+
+def test_twins_agree_under_sglang_0_5_16_free_group_resolution() -> None:
+    rules = Rules(swa_free_resolve="group_end")
+    ref = replace(reference_implementation(), rules=rules)
+    opt = replace(optimized_implementation("torch", checked=True), rules=rules)
+    result = run_machine("swa_allocator", ref, opt, 1e9, seed=5, steps_per_run=60, max_runs=25)
+    assert result.failure is None, result.failure and result.failure.report
+    assert result.coverage.get("free:in-group") and result.coverage.get("free_swa:in-group")
+
+
+@pytest.mark.parametrize("twin", ["reference", "optimized"])
+def test_group_end_resolution_reads_the_entries_when_the_group_closes(twin: str) -> None:
+    rules = Rules(swa_free_resolve="group_end")
+    if twin == "reference":
+        a: object = ReferenceSWA(8, 8, 1, rules=rules)
+    else:
+        a = SWATokenToKVPoolAllocator(8, 8, 1, checked=True, rules=rules)
+    x = [int(s) for s in a.alloc(3)]  # type: ignore[attr-defined]
+    a.free_group_begin()  # type: ignore[attr-defined]
+    a.free([x[0]])  # type: ignore[attr-defined]
+    a.free_swa([x[1]])  # type: ignore[attr-defined]
+    snap = a.snapshot()  # type: ignore[attr-defined]
+    assert snap.resolves_at_group_end and snap.full.pending_free == (x[0],)
+    assert snap.full_to_swa[x[0]] == x[0]  # still mapped while the group is open
+    assert not snap.swa.in_free_group and snap.swa.free_pages[-1] == x[1]  # free_swa: at once
+    check_swa_allocator(snap, set(x))  # the checker counts pending slots as held
+    a.free_group_end()  # type: ignore[attr-defined]
+    snap = a.snapshot()  # type: ignore[attr-defined]
+    assert snap.full_to_swa[x[0]] == 0 and snap.swa.free_pages[-2:] == (x[1], x[0])
+    check_swa_allocator(snap, {x[1], x[2]})

@@ -129,6 +129,32 @@ def cow_shares_checkpoint(impl: Implementation) -> Implementation:
     return _with_step(impl, "stage_cow", make)
 
 
+def alloc_skips_group(impl: Implementation) -> Implementation:
+    """The pool takes a batch's Mamba slots in one call from the free list even inside an open
+    alloc group, where SGLang's per-request single-slot calls take the group's prefetched slots
+    (kvpool's own bug, found against SGLang 0.5.16)."""
+    assert impl.hybrid_req_to_token_pool is not None
+    build = impl.hybrid_req_to_token_pool
+
+    def make_pool(config: Any) -> Any:
+        pool = build(config)
+        need(pool, "alloc", "mamba_allocator")
+        need(pool.mamba_allocator, "_group")
+        original = pool.alloc
+
+        def alloc(reqs: Any) -> Any:
+            group, pool.mamba_allocator._group = pool.mamba_allocator._group, None
+            try:
+                return original(reqs)
+            finally:
+                pool.mamba_allocator._group = group
+
+        pool.alloc = alloc
+        return pool
+
+    return dataclasses.replace(impl, hybrid_req_to_token_pool=make_pool)
+
+
 def _with_tree(impl: Implementation, patch: Callable[[Any], None]) -> Implementation:
     """``impl`` whose every Mamba radix cache is patched in place after it is built."""
     assert impl.mamba_radix_cache is not None
@@ -194,6 +220,10 @@ MAMBA_MUTANTS: tuple[ImplementationMutant, ...] = (
     ImplementationMutant("mamba-tombstone-leaf-kept",
                          "tombstone parents left behind as leaves",
                          ("INV-MAMBA-TREE-SHAPE",), tombstone_leaf_kept, "mamba_radix_cache"),
+    ImplementationMutant("mamba-alloc-skips-group",
+                         "batch slots taken past an open alloc group",
+                         ("lockstep-diff", "INV-MAMBA-ONE-OWNER", "INV-ROW-ACCOUNTING"),
+                         alloc_skips_group),
 )  # fmt: skip
 """The Mamba field bugs of the quality suite."""
 
@@ -213,6 +243,22 @@ def lifecycle_prefill_release_keeps_slot(mm: Any) -> None:
     hooks.before_release = before_release
 
 
+def lifecycle_session_close_leaks_state(mm: Any) -> None:
+    """A hybrid session closed frees its row and KV but not the Mamba slot and track buffers
+    its last turn left with it."""
+    need(mm, "close_session", "sessions")
+    original = mm.close_session
+
+    def close_session(session_id: str) -> None:
+        session = mm.sessions.get(session_id)
+        if session is not None and session.busy_with is None:
+            session.mamba_pool_idx = None  # forgotten, never given back
+            session.mamba_ping_pong_track_buffer = None
+        original(session_id)
+
+    mm.close_session = close_session
+
+
 HYBRID_LIFECYCLE = {"disable_radix_cache": True, "mamba_slots": 3, "mamba_track_buffers": 1}
 """Config overrides of the lifecycle hunts of Mamba bugs: a hybrid model, few slots."""
 
@@ -220,6 +266,10 @@ MAMBA_LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("mamba-chunked-release-keeps", "a request released inside prefill keeps its slot",
            ("INV-MAMBA-ACCOUNTING",), lifecycle_prefill_release_keeps_slot, (1, 2),
            HYBRID_LIFECYCLE, ("new_req", "extend", "extend", "abort", "retract")),
+    Mutant("mamba-session-close-leaks", "a closed session keeps its Mamba slot",
+           ("INV-MAMBA-ACCOUNTING",), lifecycle_session_close_leaks_state, (1, 2),
+           HYBRID_LIFECYCLE, ("open_session", "session_turn", "extend", "finish",
+                              "close_session")),
 )  # fmt: skip
 """Mamba bugs hunted by the lifecycle machine (:func:`kvpool.testing.quality.hunt`)."""
 
@@ -229,4 +279,5 @@ __all__ = [
     "MAMBA_LIFECYCLE_MUTANTS",
     "MAMBA_MUTANTS",
     "lifecycle_prefill_release_keeps_slot",
+    "lifecycle_session_close_leaks_state",
 ]

@@ -153,6 +153,69 @@ def window_overshoot(mm: Any) -> None:
     mm.sliding_window = max(mm.sliding_window - 1, 0)
 
 
+def restore_keeps_mapping(alloc: Any) -> None:
+    """``restore_state`` puts back the free lists only (SGLang 0.5.16): the entries written since
+    the backup stay on full slots that are free again."""
+    need(alloc, "restore_state", "full_to_swa_index_mapping")
+
+    def make(orig: Any) -> Callable[[Any], None]:
+        def restore_state(state: Any) -> None:
+            current = alloc.full_to_swa_index_mapping.clone()
+            orig(state)
+            alloc.full_to_swa_index_mapping.copy_(current)
+
+        return restore_state
+
+    wrap(alloc, "restore_state", make)
+
+
+def split_keeps_time(tree: Any) -> None:
+    """A split leaves both halves at the old node's time instead of making them the most
+    recently used: after a match that splits a node, eviction takes another node first."""
+    need(tree, "_split_node")
+
+    def make(orig: Any) -> Callable[[Any, int], Any]:
+        def split(child: Any, split_len: int) -> Any:
+            then = child.last_access_time
+            upper = orig(child, split_len)
+            upper.last_access_time = child.last_access_time = then
+            return upper
+
+        return split
+
+    wrap(tree, "_split_node", make)
+
+
+def tombstone_keeps_swa(mm: Any) -> None:
+    """The lifecycle's SWA eviction tombstones a node without freeing its SWA slots: they leak,
+    still named by the tombstone's full slots."""
+    tree = getattr(mm.tree_cache, "tree", None)
+    if tree is None:
+        return  # the chunk cache: nothing to seed (the run stays clean)
+    alloc = tree.token_to_kv_pool_allocator
+
+    def make(orig: Any) -> Callable[[int, int], Any]:
+        def evict(num_tokens: int, swa_num_tokens: int = 0) -> Any:
+            saved = alloc.free_swa
+            alloc.free_swa = lambda free_index: None
+            try:
+                return orig(num_tokens, swa_num_tokens)
+            finally:
+                alloc.free_swa = saved
+
+        return evict
+
+    wrap(tree, "evict", make)
+
+
+def finish_forgets_window(mm: Any) -> None:
+    """A finish inserts the request's tokens as if its window had released nothing: the tokens
+    whose SWA slots are gone enter the tree as SWA-holding nodes."""
+    if getattr(mm.tree_cache, "tree", None) is None:
+        return
+    mm.tree_cache.evicted_of = lambda req: 0
+
+
 SWA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("swa-stale-mapping", "a recycled full slot keeps a stale SWA mapping",
                     ("INV-SWA-FREE-UNMAPPED",), stale_mapping_on_free),
@@ -179,16 +242,31 @@ SWA_MUTANTS: tuple[ComponentMutant, ...] = (
                     "swa_manager"),
     ComponentMutant("swa-window-overshoot", "the lifecycle releases a page still inside the "
                     "window", ("lockstep-diff",), window_overshoot, "swa_manager"),
+    ComponentMutant("swa-restore-stale-mapping", "restore_state leaves the entries written since "
+                    "the backup", ("INV-SWA-FREE-UNMAPPED",), restore_keeps_mapping),
+    ComponentMutant("swa-split-keeps-time", "a split does not make its halves the most recently "
+                    "used", ("lockstep-diff",), split_keeps_time, "swa_radix_cache"),
+    ComponentMutant("swa-tombstone-keeps-swa", "the lifecycle's SWA eviction tombstones a node "
+                    "without freeing its SWA slots", ("INV-SWA-TOMBSTONE", "INV-SWA-ACCOUNTING",
+                    "INV-CAPACITY-HONOURED"),
+                    tombstone_keeps_swa, "swa_manager"),
+    ComponentMutant("swa-finish-forgets-window", "a finish inserts released window tokens as "
+                    "SWA-holding nodes", ("INV-SWA-ACCOUNTING", "INV-SWA-ONE-MAPPING",
+                    "lockstep-diff"), finish_forgets_window, "swa_manager"),
 )  # fmt: skip
 """The seeded SWA bugs of the quality suite (allocator, radix cache, lifecycle)."""
 
 __all__ = [
     "SWA_MUTANTS",
     "decode_takes_full_before_swa",
+    "finish_forgets_window",
     "lazy_group_resolution",
     "locked_leaf_deleted",
+    "restore_keeps_mapping",
     "sentinel_freed",
+    "split_keeps_time",
     "stale_mapping_on_free",
+    "tombstone_keeps_swa",
     "window_evicted_under_lock",
     "window_never_released",
     "window_overshoot",

@@ -59,8 +59,10 @@ def test_lifecycle_mamba_bug_is_caught(mutant: Mutant) -> None:
     assert result.as_expected, format_table([result])
 
 
-def test_hybrid_lifecycle_control_passes() -> None:
-    kinds = MAMBA_LIFECYCLE_MUTANTS[0].kinds
+@pytest.mark.parametrize("base", MAMBA_LIFECYCLE_MUTANTS, ids=lambda m: m.name)
+def test_hybrid_lifecycle_control_passes(base: Mutant) -> None:
+    """The unmutated twin passes each hunt's budget, with that hunt's operation kinds."""
+    kinds = base.kinds
     clean = Mutant("no-bug", "control", ("none",), lambda mm: None, (1, 2), HYBRID_LIFECYCLE, kinds)
     result = hunt(clean, _budget())
     assert not result.caught, result.report

@@ -50,14 +50,15 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
     "swa_manager": (
         "extend:ok", "extend:oom", "extend:chunked", "decode:ok", "decode:oom",
         "decode:window-slid", "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok",
-        "retract:ok", "invalid:refused",
+        "retract:ok", "invalid:refused", "extend:evicted", "radix:tombstoned",
+        "session:restore", "session:window-carried",
     ),
     "manager": (
         "extend:ok", "extend:oom", "extend:chunked", "extend:evicted", "decode:ok", "decode:oom",
         "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok", "retract:ok",
         "session:restore", "close_session:ok", "evict:ok", "merge:by-alloc", "invalid:refused",
-        "layer_load:ok", "layer_load:LockError", "layer_done:ok", "layer_read:ok",
-        "layer_read:LayerNotLoadedError",
+        "session:hybrid-restore", "layer_load:ok", "layer_load:LockError", "layer_done:ok",
+        "layer_read:ok", "layer_read:LayerNotLoadedError",
     ),
     "hybrid_req_to_token_pool": (
         "admit:ok", "admit:refused", "admit:evicted", "admit:chunk-keeps-slot", "admit:after-cow",

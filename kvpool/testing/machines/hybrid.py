@@ -166,7 +166,9 @@ class HybridTarget:
         )
         ctx = MambaContext(views, tuple((s, c.tag) for s, c in model.tree.items()))
         held_rows = {r.row for r in model.reqs.values() if r.row is not None}
-        count = check_req_to_token(snap.table, held_rows, previous.table if previous else None)
+        reset = model.just_cleared and model.config.rules.generation_on_clear == "reset"
+        before = previous.table if previous is not None and not reset else None
+        count = check_req_to_token(snap.table, held_rows, before)
         return count + check_mamba(snap, ctx)
 
     def refusal_must_not_change(self, config: PoolConfig, op: Op, out: Outcome) -> bool:

@@ -55,6 +55,11 @@ class HybridModel:
     """Checkpoint slot -> checkpoint, oldest first."""
     next_req: int = 0
     in_group: bool = False
+    free_rows: int | None = None
+    """Free rows and Mamba slots after the last step (None: the pool's initial sizes)."""
+    free_mamba: int | None = None
+    just_cleared: bool = False
+    """The last step was a ``clear`` (generations may restart: Rules.generation_on_clear)."""
 
     def running(self) -> list[int]:
         return sorted(rid for rid, r in self.reqs.items() if r.row is not None)
@@ -68,6 +73,26 @@ class HybridModel:
         for slot in [s for s in self.tree if s not in locked][:count]:
             del self.tree[slot]
 
+    def admission_short(self, rids: list[int], evict: bool) -> bool:
+        """Whether admitting ``rids`` finds the rows but too few Mamba slots, even after the
+        eviction admission makes (``evict``: the prefix cache evicts up to three slots per
+        request of headroom, as the steps do)."""
+        rows = self.free_rows if self.free_rows is not None else self.config.req_pool_size
+        free = self.free_mamba
+        if free is None:
+            free = self.config.mamba_slots or self.config.req_pool_size
+        waiting = [self.reqs.get(rid, ModelReq()) for rid in rids]
+        if sum(1 for r in waiting if r.row is None) > rows:
+            return False  # refused for rows, before any Mamba slot is taken
+        tracks = self.config.mamba_track_buffers
+        need = sum((r.slot is None) + (tracks if not r.track else 0) for r in waiting
+                   if r.row is None)  # fmt: skip
+        if evict and free < 3 * len(rids):
+            locked = {r.cow_src for r in self.reqs.values() if r.pending == "cow"}
+            unlocked = sum(1 for s in self.tree if s not in locked)
+            free += min(3 * len(rids) - free, unlocked)
+        return need > free
+
     def take(self, rid: int) -> ModelReq:
         self.next_req = max(self.next_req, rid + 1)
         return self.reqs.setdefault(rid, ModelReq())
@@ -75,9 +100,13 @@ class HybridModel:
 
 def observe_hybrid(model: HybridModel, op: Op, out: Outcome) -> None:
     """Update the model from side A's outcome of ``op``."""
+    model.just_cleared = False
     if out.error is not None or op.expect_error:
         return
+    model.just_cleared = op.name == "clear"
     model.in_group = out.after.mamba_allocator.in_group
+    model.free_rows = len(out.after.table.free_slots)
+    model.free_mamba = len(out.after.mamba_allocator.free_slots)
     name, args, result = op.name, op.args, out.result
     if name == "admit":
         model.evict(result[-1])

@@ -56,6 +56,10 @@ def materialize_hybrid(model: HybridModel, op: Op) -> Op | None:
             matched or model.waiting(), sel, take_waiting
         )
         rids += list(range(model.next_req, model.next_req + fresh))
+        if model.config.rules.mamba_slot_shortage == "assert" and model.admission_short(
+            rids, evict
+        ):
+            return None  # the implementation asserts there (Rules.mamba_slot_shortage)
         return Op("admit", (rids, [chunked] * len(rids), evict)) if rids else None
     if name == "stage_cow":
         ckpt_sel, req_sel, fresh = args
@@ -101,6 +105,8 @@ def materialize_hybrid(model: HybridModel, op: Op) -> Op | None:
         return Op("alloc_group_end") if model.in_group else Op("alloc_group_begin", args)
     if name == "invalid":
         return _invalid(model, args[0], args[1])
+    if name == "clear" and model.in_group and not model.config.rules.rejects_misuse:
+        return None  # SGLang's clear keeps an open group's prefetched slots (specs/sglang.md)
     return op
 
 

@@ -110,6 +110,8 @@ def lifecycle_tags(
         sessions = {r.rid for r in before.reqs if r.session_id and r.state == "waiting"}
         if sessions & set(op.args[0]):
             tags.append("session:restore")
+            if after.mamba is not None:
+                tags.append("session:hybrid-restore")
     if before.allocator.release_pages and not after.allocator.release_pages:
         tags.append("merge:by-alloc")
     return tags
@@ -121,7 +123,9 @@ class LifecycleTarget:
     name = "manager"
 
     def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
-        hybrid = impl.hybrid_req_to_token_pool is not None
+        # Hybrid lifecycles need a whole manager that runs them: the twin's manager built around
+        # another implementation's components (manager_factory) has no Mamba steps over them.
+        hybrid = impl.hybrid_req_to_token_pool is not None and impl.manager is not None
         return draw_config(c, hybrid=hybrid, rules=impl.rules_or_default())
 
     def pair(

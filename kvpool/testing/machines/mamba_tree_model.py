@@ -42,6 +42,17 @@ class TreeModel:
     tree_slots: set[int] = field(default_factory=set)
     tree: MambaTreeSnapshot | None = None
     next_req: int = 0
+    free_mamba: int | None = None
+    """Free Mamba slots after the last step (None: all of them)."""
+
+    def cow_may_assert(self) -> bool:
+        """Whether a copy-on-write match could find no slot even after evicting one state: none
+        free, and fewer than two unlocked states (the matched node is locked meanwhile)."""
+        if self.free_mamba is None or self.free_mamba > 0 or self.tree is None:
+            return False
+        unlocked = [n for n in self.tree.nodes[1:]
+                    if n.mamba_value is not None and n.mamba_lock_ref == 0]  # fmt: skip
+        return len(unlocked) < 2
 
 
 def _tokens(c: Chooser) -> list[int]:
@@ -68,6 +79,8 @@ def materialize_tree(model: TreeModel, op: Op) -> Op | None:
         return Op("insert", (tokens, extra, mamba_state_tag(tokens, extra)))
     if op.name == "match":
         tokens, extra, cow = op.args
+        if model.config.rules.mamba_slot_shortage == "assert" and model.cow_may_assert():
+            cow = False  # the implementation asserts there (Rules.mamba_slot_shortage)
         return Op("match", (model.next_req, tokens, extra, cow))
     held = sorted(model.reqs)
     if op.name == "forward":  # the batch's copy first, when due; then forwards
@@ -101,6 +114,7 @@ def observe_tree(model: TreeModel, op: Op, out: Outcome) -> None:
     """Update the model from side A's outcome of ``op``."""
     tree: MambaTreeSnapshot = out.after.tree
     model.tree = tree
+    model.free_mamba = len(out.after.pool.mamba_allocator.free_slots)
     if out.error is not None or op.expect_error:
         return
     name, args, result = op.name, op.args, out.result

@@ -135,6 +135,10 @@ class SWAAllocatorTarget:
             if ps == 1:
                 return Op("alloc", (len(picked),), (("_grow", tuple(picked)),))
             lens = [len(q.slots) + 1 for q in picked.values()]
+            need = sum((n - 1) % ps == 0 for n in lens) * ps
+            leaky = not model.config.rules.swa_decode_refusal_clean
+            if leaky and model.snap is not None and need > model.snap.available_size():
+                return None  # such an implementation leaks the pages of the pool that fits
             return Op("alloc_decode", (lens, lens, [q.slots[-1] for q in picked.values()]))
         if op.name == "tail":
             if ps == 1:
@@ -170,7 +174,10 @@ class SWAAllocatorTarget:
         if op.name == "backup_state" and model.group_open:
             return Op(op.name, expect_error=True) if model.config.rules.rejects_misuse else None
         if op.name == "restore_state":
-            return op if model.backup_taken and not model.group_open else None
+            # an implementation that restores only the free lists leaves stale entries (its
+            # rules say so: Rules.swa_restore_mapping); kvpool does not restore it
+            usable = model.backup_taken and not model.group_open
+            return op if usable and model.config.rules.swa_restore_mapping else None
         if op.name == "clear":
             return None if model.group_open else op
         if op.name == "invalid":

@@ -1,11 +1,13 @@
 """The hybrid sliding-window lifecycle machine (``--component swa_manager``).
 
 The lifecycle machine (:mod:`.lifecycle`) over each implementation's ``swa_manager``
-(``SWAMemoryManager``: SWA allocator, SWA chunk cache, SWA KV pool, the window released after
-every decode), on configurations the swarm draws as for the manager plus a window (below, at
-and above a page) and a full-to-SWA size ratio (SWA pools smaller, equal, larger). Requests
-extend (chunked too), decode, take speculative steps, finish, abort and retract; sessions are
-left out (an SWA session would need its window carried across turns). Every step checks the
+(``SWAMemoryManager``: SWA allocator, SWA chunk cache or SWA radix cache, SWA KV pool, the window
+released after every decode), on configurations the swarm draws as for the manager plus a
+window (below, at and above a page), a full-to-SWA size ratio (SWA pools smaller, equal,
+larger) and, in half the runs, the SWA radix cache with an SWA pool smaller than the full one
+(so that SWA eviction and tombstones are frequent). Requests
+extend (chunked too), decode, take speculative steps, finish, abort and retract, and streaming
+sessions carry a turn's row and window to the next turn. Every step checks the
 pool invariants, which include ``INV-SWA-WINDOW`` and, through it, every ``INV-SWA-*`` check.
 """
 
@@ -13,16 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from kvpool.config import PoolConfig
+from kvpool.snapshot import NodeSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.machines.lifecycle import LifecyclePair, LifecycleTarget
 from kvpool.testing.swarm import KINDS, Chooser, Op, draw_config, draw_op
 
-SWA_KINDS = tuple(k for k in KINDS if k not in ("session_turn", "open_session", "close_session"))
-"""The lifecycle's operation kinds without sessions."""
+_SESSION_KINDS = ("session_turn", "open_session", "close_session")
+SWA_KINDS = (*(k for k in KINDS if k not in _SESSION_KINDS), "decode", "decode", *_SESSION_KINDS)
+"""The lifecycle's operation kinds with more decodes (the window slides on decode) and each
+session kind once."""
 
 
 def swa_manager_factory(impl: Implementation) -> Factory:
@@ -32,8 +38,20 @@ def swa_manager_factory(impl: Implementation) -> Factory:
     return impl.swa_manager
 
 
+def radix_tags(before: Sequence[NodeSnapshot], after: Sequence[NodeSnapshot]) -> list[str]:
+    """Coverage of the SWA radix cache inside the lifecycle: tombstones made (by an insert of
+    released window slots or by SWA eviction) and recovered."""
+    tomb_before = {n.node_id for n in before if n.swa_tombstone}
+    tomb_after = {n.node_id for n in after if n.swa_tombstone}
+    ids_after = {n.node_id for n in after}
+    tags = ["radix:tombstoned"] if tomb_after - tomb_before else []
+    if (tomb_before - tomb_after) & ids_after:
+        tags.append("radix:recovered")
+    return tags
+
+
 class SWALifecyclePair(LifecyclePair):
-    """A :class:`LifecyclePair` of two SWA managers, drawing no session operation."""
+    """A :class:`LifecyclePair` of two SWA managers."""
 
     def __init__(
         self,
@@ -57,6 +75,11 @@ class SWALifecyclePair(LifecyclePair):
         was = {r.rid: r.swa_evicted_seqlen for r in before.reqs}
         if any(r.swa_evicted_seqlen > was.get(r.rid, 0) for r in after.reqs):
             self.coverage["decode:window-slid"] += 1
+        slid = {s.session_id for s in before.sessions if s.row and s.swa_evicted_seqlen}
+        if any(s.session_id in slid and not s.row for s in after.sessions):
+            self.coverage["session:window-carried"] += 1
+        if not after.tree.disabled:
+            self.coverage.update(radix_tags(before.tree.nodes, after.tree.nodes))
         return out
 
 
@@ -73,7 +96,13 @@ class SWALifecycleTarget(LifecycleTarget):
         ps = base.page_size
         window = c.choice((1, max(ps // 2, 1), ps, ps + 1, 2 * ps + 3))
         ratio = c.choice((0.5, 0.8, 1.0, 1.5))
-        return dataclasses.replace(base, sliding_window=window, kv_layout="mha",
+        # the SWA radix cache in half the runs; its small SWA pools make SWA eviction frequent
+        radix = bool(c.integer(0, 1))
+        if radix:
+            ratio = min(ratio, c.choice((0.5, 0.8)))
+        base = dataclasses.replace(base, disable_radix_cache=not radix)
+        # SWA models keep their KV in SWAKVPool: no storage variant (kv_variants.md)
+        return dataclasses.replace(base, sliding_window=window, kv_layout="mha", kv_storage="plain",
                                    num_layers=max(base.num_layers, 2),
                                    swa_full_tokens_ratio=ratio)  # fmt: skip
 
@@ -87,4 +116,10 @@ class SWALifecycleTarget(LifecycleTarget):
         return SWALifecyclePair(impl_a, impl_b, config, labels)
 
 
-__all__ = ["SWA_KINDS", "SWALifecyclePair", "SWALifecycleTarget", "swa_manager_factory"]
+__all__ = [
+    "SWA_KINDS",
+    "SWALifecyclePair",
+    "SWALifecycleTarget",
+    "radix_tags",
+    "swa_manager_factory",
+]

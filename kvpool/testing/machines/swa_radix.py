@@ -19,7 +19,7 @@ against the tree's pages).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvpool.config import PoolConfig
@@ -63,6 +63,30 @@ class TreeSide:
     holders: list[tuple[Any, Any]] = field(default_factory=list)
 
 
+def recency_ranks(tree: TreeSnapshot) -> TreeSnapshot:
+    """``tree`` with every node's ``last_access_time`` replaced by its rank in least-recently-used
+    order (1.0 for the least recent; the root keeps 0.0): the order the smallest
+    ``(last_access_time, depth, node_id)`` takes, which is the order eviction reads. kvpool stamps
+    a clock per walk, SGLang keeps linked lists; the machine compares the order, not the
+    stamps."""
+    by_id = {n.node_id: n for n in tree.nodes}
+
+    def depth(node_id: int) -> int:
+        d, parent = 0, by_id[node_id].parent_id
+        while parent is not None:
+            d, parent = d + 1, by_id[parent].parent_id
+        return d
+
+    root = tree.nodes[0].node_id if tree.nodes else None
+    order = sorted(
+        (n for n in tree.nodes if n.node_id != root),
+        key=lambda n: (n.last_access_time, depth(n.node_id), n.node_id),
+    )
+    rank = {n.node_id: float(i + 1) for i, n in enumerate(order)}
+    nodes = tuple(replace(n, last_access_time=rank.get(n.node_id, 0.0)) for n in tree.nodes)
+    return replace(tree, nodes=nodes)
+
+
 class SWARadixTarget:
     """:class:`~kvpool.testing.machines.base.Target` of the SWA radix-cache machine."""
 
@@ -82,7 +106,7 @@ class SWARadixTarget:
         return TreeSide(alloc, impl.swa_radix_cache(config, alloc), impl.index, impl.radix_key)
 
     def snapshot(self, side: TreeSide) -> Snap:
-        return side.alloc.snapshot(), side.tree.snapshot()
+        return side.alloc.snapshot(), recency_ranks(side.tree.snapshot())
 
     def new_model(self, config: PoolConfig) -> TreeModel:
         return TreeModel(config)
@@ -218,4 +242,4 @@ class SWARadixTarget:
         return tags
 
 
-__all__ = ["SWARadixTarget", "TreeModel", "TreeSide", "tokens_of"]
+__all__ = ["SWARadixTarget", "TreeModel", "TreeSide", "recency_ranks", "tokens_of"]

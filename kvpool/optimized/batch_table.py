@@ -1,0 +1,174 @@
+"""Batched work on the request-to-token table for the lifecycle (optimized twin only).
+
+The lifecycle knows every length and row of a step on the host (as SGLang's scheduler keeps CPU
+copies of them). These helpers turn such host integers into one host-to-device copy and run a
+fixed number of tensor operations per batch, whatever its size, with no device-to-host read:
+
+- :func:`device_ints`: host integers as one int64 tensor on the device (``non_blocking``);
+- :func:`last_locs`: the slot of column ``col - 1`` of each row (kvpool's ``get_last_loc``);
+- :func:`gather_columns` / :func:`scatter_columns`: columns ``[start_i, stop_i)`` of row
+  ``rows[i]``, read into / written from one flat tensor in batch order (index plans built on
+  the host);
+- :func:`write_rows`: ``row[:S] = prefix + new`` for a prefill batch (kvpool's
+  ``write_req_to_token``).
+
+A pool without a ``req_to_token`` tensor (an injected one, e.g. SGLang's own behind an adapter)
+is served through its ``read`` / ``write``, one call per request. Rows and columns are trusted:
+the lifecycle computes them from its own state and checks them against ``max_context_len``
+first. Units: rows, columns (tokens), slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from kvpool import kernels
+from kvpool.constants import ceil_align
+from kvpool.kernels.host import to_device
+
+Ints = Sequence[int] | npt.NDArray[np.int64]
+
+
+def rows_of(holders: Sequence[Any]) -> list[int]:
+    """The rows (``req_pool_idx``) of requests or sessions that hold one."""
+    rows = [h.req_pool_idx for h in holders]
+    assert None not in rows, "every request of the batch holds a row"
+    return rows
+
+
+def table_of(pool: Any) -> torch.Tensor | None:
+    """The pool's ``req_to_token`` tensor, or None for a pool that does not expose one."""
+    table = getattr(pool, "req_to_token", None)
+    return table if isinstance(table, torch.Tensor) else None
+
+
+def device_ints(values: Ints | Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
+    """Host integers (a list or an array, any shape) as an int64 tensor on ``device``: one
+    ``non_blocking`` copy from the host (shared memory on the CPU)."""
+    return to_device(np.asarray(values, dtype=np.int64), device)
+
+
+def _plan(rows: Ints, starts: Ints, stops: Ints) -> npt.NDArray[np.int64]:
+    """``[[row of each cell], [column of each cell]]`` (2 x total) in batch order."""
+    r = np.asarray(rows, dtype=np.int64)
+    a = np.asarray(starts, dtype=np.int64)
+    lens = np.asarray(stops, dtype=np.int64) - a
+    total = int(lens.sum())
+    first = np.cumsum(lens) - lens  # position of each request's first cell
+    cols = np.arange(total, dtype=np.int64) + np.repeat(a - first, lens)
+    return np.stack((np.repeat(r, lens), cols))
+
+
+def gather_columns(
+    pool: Any, rows: Ints, starts: Ints, stops: Ints, device: torch.device
+) -> torch.Tensor:
+    """``cat(table[rows[i], starts[i]:stops[i]])`` as int64 (a new tensor)."""
+    table = table_of(pool)
+    if table is None:
+        parts = [
+            pool.read(int(r), int(a), int(b)) for r, a, b in zip(rows, starts, stops, strict=True)
+        ]
+        if not parts:
+            return torch.empty(0, dtype=torch.int64, device=device)
+        return torch.cat(parts).to(device=device, dtype=torch.int64)
+    idx = device_ints(_plan(rows, starts, stops), table.device)
+    return table[idx[0], idx[1]].to(torch.int64)
+
+
+def scatter_columns(pool: Any, rows: Ints, starts: Ints, stops: Ints, values: torch.Tensor) -> None:
+    """``table[rows[i], starts[i]:stops[i]] = values[...]`` (``values`` flat, batch order)."""
+    table = table_of(pool)
+    if table is None:
+        pos = 0
+        for r, a, b in zip(rows, starts, stops, strict=True):
+            pool.write((int(r), slice(int(a), int(b))), values[pos : pos + int(b) - int(a)])
+            pos += int(b) - int(a)
+        return
+    idx = device_ints(_plan(rows, starts, stops), table.device)
+    table[idx[0], idx[1]] = values.to(table.dtype)
+
+
+def last_locs(
+    pool: Any, rows: Ints, cols: Ints, device: torch.device, backend: str | None = None
+) -> torch.Tensor:
+    """int64: the slot of column ``cols[i] - 1`` of row ``rows[i]``, -1 where ``cols[i] == 0``
+    (:func:`kvpool.kernels.get_last_loc`)."""
+    table = table_of(pool)
+    if table is None:
+        stops = [int(c) for c in cols]
+        starts = [max(c - 1, 0) for c in stops]
+        read = gather_columns(pool, rows, starts, stops, device)
+        ends = np.cumsum(np.asarray(stops) - np.asarray(starts)) - 1
+        out = torch.full((len(stops),), -1, dtype=torch.int64, device=device)
+        has = [i for i, c in enumerate(stops) if c > 0]
+        if has:
+            out[has] = read[ends[has].tolist()]
+        return out
+    idx = device_ints(np.stack((np.asarray(rows), np.asarray(cols))), table.device)
+    return kernels.get_last_loc(table, idx[0], idx[1], backend)
+
+
+def write_rows(
+    pool: Any,
+    rows: Sequence[int],
+    prefixes: Sequence[torch.Tensor],
+    prefix_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    new_slots: torch.Tensor,
+    backend: str | None = None,
+) -> None:
+    """``row[:P_i] = prefixes[i]``, ``row[P_i:S_i] = new_slots[...]`` for every request
+    (:func:`kvpool.kernels.write_req_to_token`; ``new_slots`` flat in batch order)."""
+    table = table_of(pool)
+    if table is None:
+        pos = 0
+        for r, pre, p, s in zip(rows, prefixes, prefix_lens, seq_lens, strict=True):
+            new = new_slots[pos : pos + s - p]
+            pos += s - p
+            pool.write((r, slice(0, s)), torch.cat((pre, new)) if p else new)
+        return
+    if not rows:
+        return
+    idx = device_ints(np.stack((rows, prefix_lens, seq_lens)), table.device)
+    held = [
+        p for p in prefixes if p.numel()
+    ]  # a forgotten request's empty slots may be on the host
+    prefix_slots = torch.cat(held).to(table.device) if held else new_slots[:0]
+    kernels.write_req_to_token(table, idx[0], prefix_slots, idx[1], idx[2], new_slots, backend)
+
+
+def read_over_allocations(
+    pool: Any, reqs: Sequence[Any], page_size: int, device: torch.device
+) -> dict[str, tuple[int, int, int, torch.Tensor]]:
+    """``rid -> (row, start, stop, slots)`` for every request holding columns past
+    ``start = ceil_align(kv_committed_len, page_size)`` up to ``stop = kv_allocated_len`` (the
+    over-allocation a release frees): one gather for the batch, each request's slots (int64) a
+    view of it."""
+    todo = []
+    for r in reqs:
+        start = ceil_align(r.kv_committed_len, page_size)
+        if r.req_pool_idx is not None and r.kv_allocated_len > start:
+            todo.append((r.rid, r.req_pool_idx, start, r.kv_allocated_len))
+    if not todo:
+        return {}
+    rows, starts, stops = ([t[i] for t in todo] for i in (1, 2, 3))
+    flat = gather_columns(pool, rows, starts, stops, device)
+    parts = torch.split(flat, [b - a for a, b in zip(starts, stops, strict=True)])
+    return {rid: (row, a, b, part) for (rid, row, a, b), part in zip(todo, parts, strict=True)}
+
+
+__all__ = [
+    "device_ints",
+    "gather_columns",
+    "last_locs",
+    "read_over_allocations",
+    "rows_of",
+    "scatter_columns",
+    "table_of",
+    "write_rows",
+]

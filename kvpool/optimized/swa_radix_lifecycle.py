@@ -1,0 +1,163 @@
+"""``SWARadixLifecycle`` (optimized twin): the SWA radix cache as the request lifecycle uses it.
+
+Twin of :mod:`kvpool.reference.swa_radix_lifecycle`, written out again (the lockstep harness
+compares the two); rows are read as int64 tensors, ``prefix_indices`` is a tensor.
+
+The lifecycle (:class:`~kvpool.reference.swa_memory_manager.SWAMemoryManager`) talks to its tree
+the way it talks to a :class:`~kvpool.reference.radix_cache.RadixCache`: ``match_prefix``,
+``inc_lock_ref(node)`` / ``dec_lock_ref(node)``, ``cache_finished_req`` /
+``cache_unfinished_req``, the sizes and the snapshot. This class gives an
+:class:`~kvpool.reference.swa_radix_cache.SWARadixCache` that shape, with SGLang 0.5.16's SWA
+hand-overs (its ``SWARadixCache.cache_finished_req`` / ``cache_unfinished_req``):
+
+- **Locks.** SGLang keeps a request's ``swa_uuid_for_lock`` on the request; here every
+  ``inc_lock_ref(node)`` pushes the uuid it got on a stack per node and ``dec_lock_ref(node)``
+  pops it (the counts a release takes back are the same whichever of a node's holders
+  releases first).
+- **Finish** (``is_insert``): insert the committed page-aligned tokens at their row slots with
+  ``prev_prefix_len = cache_protected_len`` and the request's ``swa_evicted_seqlen`` (the
+  tokens whose SWA slots its window released become a tombstone node; the tree frees the
+  duplicates and recovers tombstones itself), then free the unaligned tail, then unlock.
+  Without insert: free ``row[cache_protected_len:aligned]``, then the tail, then unlock.
+- **Between prefill chunks**: insert ``fill_ids`` (no window release yet), match again (the
+  SWA-aware match), rewrite ``row[cache_protected_len:len(match)]`` with the tree's slots, move
+  the lock, set ``cache_protected_len``, ``prefix_indices`` and ``last_node``.
+- **Eviction** ``evict(num_tokens, swa_num_tokens)`` is the tree's: separate full and SWA
+  deficits, returning both amounts freed (tokens).
+
+``swa_evicted_seqlen`` comes from the lifecycle through ``evicted_of(req)`` (tokens, a page
+multiple). Units: tokens; slots are full slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kvpool.constants import floor_align
+from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.optimized.radix_key import RadixKey, req_key
+from kvpool.optimized.req_to_token_pool import ReqToTokenPool
+from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
+from kvpool.optimized.swa_radix_cache import SWAMatchResult, SWARadixCache, SWATreeNode
+from kvpool.snapshot import TreeSnapshot
+
+
+class SWARadixLifecycle:
+    """An :class:`SWARadixCache` behind the lifecycle's tree calls (module docstring)."""
+
+    def __init__(
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator: SWATokenToKVPoolAllocator,
+        page_size: int,
+        sliding_window_size: int,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.page_size = page_size
+        self.sliding_window_size = sliding_window_size
+        self.disable = False
+        self.eviction_policy = "lru"
+        self.tree = SWARadixCache(token_to_kv_pool_allocator, page_size, sliding_window_size, clock)
+        self.evicted_of: Callable[[Any], int] = lambda req: 0
+        """The request's ``swa_evicted_seqlen`` (set by the lifecycle)."""
+        self._uuids: dict[int, list[int | None]] = {}
+
+    # ----------------------------------------------------------------- tree calls
+    def match_prefix(self, key: RadixKey) -> SWAMatchResult:
+        return self.tree.match_prefix(key)
+
+    def inc_lock_ref(self, node: SWATreeNode | None) -> int:
+        """Lock ``node`` (None: nothing) and remember the swa_uuid for its release."""
+        if node is None or node is self.tree.root_node:
+            return 0
+        uuid = self.tree.inc_lock_ref(node)
+        self._uuids.setdefault(node.node_id, []).append(uuid)
+        return 0
+
+    def dec_lock_ref(self, node: SWATreeNode | None) -> int:
+        """Release the last lock taken on ``node`` (None: nothing). LockError if none."""
+        if node is None or node is self.tree.root_node:
+            return 0
+        held = self._uuids.get(node.node_id)
+        if not held:
+            raise LockError(f"node {node.node_id} holds no lifecycle lock")
+        self.tree.dec_lock_ref(node, held[-1])
+        held.pop()
+        if not held:
+            del self._uuids[node.node_id]
+        return 0
+
+    def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
+        """The tree's eviction: (full tokens freed, SWA tokens freed)."""
+        return self.tree.evict(num_tokens, swa_num_tokens)
+
+    def evictable_size(self) -> int:
+        return self.tree.full_evictable_size()
+
+    def protected_size(self) -> int:
+        return self.tree.full_protected_size()
+
+    def swa_evictable_size(self) -> int:
+        return self.tree.swa_evictable_size()
+
+    def reset(self) -> None:
+        self.tree.reset()
+        self._uuids = {}
+
+    def snapshot(self) -> TreeSnapshot:
+        return self.tree.snapshot()
+
+    # ----------------------------------------------------------------- hand-overs
+    def _key(self, req: Any, stop: int) -> RadixKey:
+        return req_key(req, stop)
+
+    def _read_row(self, row: int, stop: int) -> torch.Tensor:
+        kv: torch.Tensor = self.req_to_token_pool.read(row, 0, stop)
+        return kv.to(torch.int64)
+
+    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
+        """Hand a finished (or retracted) request's committed KV to the tree, or free it; free
+        the unaligned tail; unlock (module docstring). InvalidArgumentError for a request
+        without a row."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        committed = req.kv_committed_len
+        kv = self._read_row(req.req_pool_idx, committed)
+        aligned = floor_align(committed, self.page_size)
+        protected = req.cache_protected_len
+        alloc = self.token_to_kv_pool_allocator
+        if is_insert:
+            evicted = min(self.evicted_of(req), aligned)
+            self.tree.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
+        else:
+            alloc.free(kv[protected:aligned])
+        alloc.free(kv[aligned:committed])
+        self.dec_lock_ref(req.last_node)
+
+    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
+        """Between prefill chunks (module docstring)."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        row = req.req_pool_idx
+        filled = len(req.fill_ids)
+        kv = self._read_row(row, filled)
+        aligned = floor_align(filled, self.page_size)
+        key = self._key(req, aligned)
+        protected = req.cache_protected_len
+        self.tree.insert(key, kv[:aligned], protected)
+        match = self.tree.match_prefix(key)
+        new = match.device_indices
+        self.req_to_token_pool.write((row, slice(protected, len(new))), new[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_device_node)
+        req.cache_protected_len = len(new)
+        req.prefix_indices = torch.cat((new, kv[len(new) :]))
+        req.last_node = match.last_device_node
+
+
+__all__ = ["SWARadixLifecycle"]
