@@ -64,6 +64,10 @@ class PoolConfig:
     (MHA only). The quantised formats need a geometry they can block: FP4 an even ``head_dim``
     and ``head_num * head_dim`` (MLA: ``kv_lora_rank + qk_rope_head_dim``) a multiple of 16,
     MXFP8 ``head_dim`` and ``v_head_dim`` multiples of 32."""
+    enable_hierarchical_cache: bool = False
+    """Host tier in the request lifecycle (SGLang's ``--enable-hierarchical-cache``): the memory
+    manager's tree cache is a ``HiRadixCache`` over a host pool of ``hicache_ratio`` times the
+    device pool. Needs the radix cache; not for hybrid (Mamba) models."""
     layerwise_loading: bool = False
     """Layer-wise KV loading (specs/kv_variants.md): the manager registers a
     ``LayerDoneCounter`` on its KV pool, so a read of layer ``i`` waits until the load in
@@ -119,6 +123,8 @@ class PoolConfig:
             raise ConfigError(f"unknown hicache_write_policy {self.hicache_write_policy!r}")
         if self.hicache_load_back_threshold < 0 or self.hicache_prefetch_threshold < 0:
             raise ConfigError("hicache thresholds must be >= 0 tokens")
+        if self.enable_hierarchical_cache and (self.disable_radix_cache or self.mamba_slots):
+            raise ConfigError("the host tier needs the radix cache and a non-hybrid model")
         self._check_layerwise()
 
     def _check_kv_storage(self) -> None:

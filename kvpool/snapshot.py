@@ -200,6 +200,10 @@ class PoolSnapshot:
     swa: SWAAllocatorSnapshot | None = None
     """Hybrid sliding-window managers only: both pools and the mapping (``allocator`` is then
     the full pool's snapshot)."""
+    host: HostTierSnapshot | None = None
+    """Managers with the host tier only (``enable_hierarchical_cache``): the hierarchical
+    cache's own snapshot (its ``tree`` lists host-only nodes too; ``tree`` above is the same
+    tree)."""
 
 
 @dataclass(frozen=True)
@@ -362,3 +366,6 @@ class HostTierSnapshot:
     release_queue: tuple[int, ...] = ()
     worker_held: tuple[int, ...] = ()
     device_tags: tuple[int, ...] = ()
+    device_held: tuple[int, ...] = ()
+    """Device pages held outside the tree (the lifecycle's requests and sessions: their private
+    ranges); a component run holds none. Not leaked, for ``INV-HOST-DEVICE-ACCOUNTING``."""

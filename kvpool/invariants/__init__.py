@@ -82,14 +82,42 @@ def _with_owner_rows(snap: PoolSnapshot) -> ReqToTokenSnapshot:
 def check_all(snapshot: PoolSnapshot, previous: PoolSnapshot | None = None) -> int:
     """Component checks on the pool's allocator and table (without held sets: the pool-scope
     accounting invariants derive those from requests, sessions and the tree), then every
-    ``"pool"`` invariant. Returns the number of checks run."""
-    count = check_allocator(snapshot.allocator)
+    ``"pool"`` invariant. Returns the number of checks run.
+
+    With the host tier (``snapshot.host``): every ``"host"`` invariant too (the requests' and
+    sessions' private pages count as held outside the tree), and the pool invariants see the
+    tree without its host-only nodes (:func:`kvpool.invariants.tree.device_view`)."""
+    count = 0
+    if snapshot.host is not None:
+        snapshot, previous, count = _host_tier(snapshot, previous)
+    count += check_allocator(snapshot.allocator)
     count += check_req_to_token(
         _with_owner_rows(snapshot),
         previous=None if previous is None else previous.req_to_token,
         page_size=snapshot.allocator.page_size,
     )
     return count + run_scope("pool", snapshot, previous)
+
+
+def _host_tier(
+    snapshot: PoolSnapshot, previous: PoolSnapshot | None
+) -> tuple[PoolSnapshot, PoolSnapshot | None, int]:
+    """Run the host invariants on ``snapshot.host``; return both snapshots with their trees
+    reduced to the on-device nodes, and the number of checks run."""
+    from kvpool.invariants.host import check_host_tier
+    from kvpool.invariants.lifecycle import row_owners
+    from kvpool.invariants.tree import device_view
+
+    assert snapshot.host is not None
+    ps = snapshot.allocator.page_size
+    private = sorted({s // ps for _, _, p, _, a, row, _ in row_owners(snapshot) for s in row[p:a]})
+    host = dataclasses.replace(snapshot.host, device_held=tuple(private))
+    before = None if previous is None else previous.host
+    count = check_host_tier(host, before)
+    snapshot = dataclasses.replace(snapshot, tree=device_view(snapshot.tree))
+    if previous is not None:
+        previous = dataclasses.replace(previous, tree=device_view(previous.tree))
+    return snapshot, previous, count
 
 
 def check_swa_allocator(

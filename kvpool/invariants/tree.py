@@ -4,14 +4,17 @@ Units: key/value lengths and sizes are tokens; values are token slots; pages are
 page_size. A disabled tree (chunk cache) has no nodes and zero sizes, so these checks then only
 require that.
 
-Lock holders are the requests and sessions that name a ``last_node_id``; a non-root node's
+Lock holders are the requests and sessions that name a ``last_node_id`` (with the host tier,
+also the transfers in flight that hold a lock: :func:`lock_holders`); a non-root node's
 ``lock_ref`` must equal the number of holders whose last node lies in its subtree (this catches a
-lock walked from the wrong node, lost on a split, or never released).
+lock walked from the wrong node, lost on a split, or never released). With the host tier the
+pool invariants read the tree without its host-only nodes (:func:`device_view`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import InvariantViolation
@@ -50,10 +53,39 @@ def tree_pages(tree: TreeSnapshot) -> Counter[int]:
 
 
 def lock_holders(snap: PoolSnapshot) -> list[int]:
-    """``last_node_id`` of every request and session that names one (one entry per holder)."""
+    """``last_node_id`` of every request and session that names one (one entry per holder);
+    with the host tier, also the node of every load in flight and (write-through) of every
+    write in flight: each holds a lock until its acknowledgement."""
     held = [r.last_node_id for r in snap.reqs if r.last_node_id is not None]
     held += [s.last_node_id for s in snap.sessions if s.last_node_id is not None]
+    if snap.host is not None:
+        held += [
+            i
+            for t in snap.host.transfers
+            for i in t.node_ids
+            if t.kind == "load" or snap.host.write_policy != "write_back"
+        ]
     return held
+
+
+def device_view(tree: TreeSnapshot) -> TreeSnapshot:
+    """The tree without its host-only (``evicted``) nodes, which hold no device slots; they
+    form whole subtrees below on-device nodes, so what is left is a radix tree over device
+    slots."""
+    keep = {n.node_id for n in tree.nodes if not n.evicted}
+    nodes = []
+    for n in tree.nodes:
+        if n.node_id not in keep:
+            continue
+        kids = [(c, k) for c, k in zip(n.child_ids, n.child_keys, strict=False) if c in keep]
+        nodes.append(
+            replace(
+                n,
+                child_ids=tuple(c for c, _ in kids),
+                child_keys=tuple(k for _, k in kids),
+            )
+        )
+    return replace(tree, nodes=tuple(nodes))
 
 
 @invariant(
@@ -173,4 +205,4 @@ def check_locks(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         )
 
 
-__all__ = ["lock_holders", "nodes_by_id", "path_values", "tree_pages"]
+__all__ = ["device_view", "lock_holders", "nodes_by_id", "path_values", "tree_pages"]

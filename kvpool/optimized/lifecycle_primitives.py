@@ -43,6 +43,7 @@ from kvpool.optimized.batch_table import (
     write_rows,
 )
 from kvpool.optimized.chunk_cache import ChunkCache
+from kvpool.optimized.hicache_lifecycle import HiCacheLifecycle, build_hiradix_tree
 from kvpool.optimized.kv_cache import KVCache, kv_cache_from_config
 from kvpool.optimized.layer_transfer import LayerDoneCounter
 from kvpool.optimized.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
@@ -64,7 +65,7 @@ def as_token_list(input_ids: Sequence[int]) -> list[int]:
     return int_list("input_ids", values)
 
 
-class LifecyclePrimitives:
+class LifecyclePrimitives(HiCacheLifecycle):
     """The pools (``req_to_token_pool``, ``token_to_kv_pool_allocator``, ``tree_cache``,
     ``kv_cache``), the request and session tables, and the SGLang-named primitives.
     ``options`` (:class:`~kvpool.optimized.options.TwinOptions`, or the shorthand ``device`` /
@@ -112,12 +113,18 @@ class LifecyclePrimitives:
             config,
         )
         pool, alloc = self.req_to_token_pool, self.token_to_kv_pool_allocator
+        # the KV buffers first: a host tier's pool backs them
+        self.kv_cache: KVCache = resolve(
+            "kv_cache", kv_cache, lambda: kv_cache_from_config(config, opts), config
+        )
         self.tree_cache: RadixCache | ChunkCache = resolve(
             "tree_cache",
             tree_cache,
             lambda: (
                 ChunkCache(pool, alloc, ps, config.eviction_policy, rules=config.rules)
                 if config.disable_radix_cache
+                else build_hiradix_tree(config, pool, alloc, self.kv_cache, clock)
+                if config.enable_hierarchical_cache
                 else RadixCache(
                     pool, alloc, ps, False, config.eviction_policy, clock, rules=config.rules
                 )
@@ -127,9 +134,6 @@ class LifecyclePrimitives:
             alloc,
         )
         check_shared(self.tree_cache, pool, alloc)
-        self.kv_cache: KVCache = resolve(
-            "kv_cache", kv_cache, lambda: kv_cache_from_config(config, opts), config
-        )
         self.layer_done_counter: LayerDoneCounter | None = None
         """``config.layerwise_loading``: the counter registered on ``kv_cache`` (a read of a
         layer waits for the load in progress to complete it); None otherwise."""

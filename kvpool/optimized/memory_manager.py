@@ -90,7 +90,13 @@ class MemoryManager(LifecyclePrimitives):
 
     def match_prefix(self, rid: str) -> int:
         """Match a waiting request's tokens (capped at ``len - 1``), lock the last matched node
-        (dropping the lock it held) and remember the prefix; returns its length in tokens."""
+        (dropping the lock it held) and remember the prefix; returns its length in tokens. With
+        the host tier this is the admission: a prefix found in host memory is loaded back."""
+        return self._match(rid, load_back=True)
+
+    def _match(self, rid: str, load_back: bool) -> int:
+        """:meth:`match_prefix`; ``extend``'s own match (``load_back`` False) moves nothing from
+        host memory, so that a refused batch leaves the state as it was."""
         req = self.get_req(rid, "waiting")
         session = self._restoring_session(req)
         if session is not None:
@@ -98,11 +104,12 @@ class MemoryManager(LifecyclePrimitives):
             return session.kv_committed_len
         key = RadixKey.from_array(req.token_array(req.seq_len() - 1), req.extra_key)
         result = self.tree_cache.match_prefix(key)
-        self.tree_cache.inc_lock_ref(result.last_device_node)
+        prefix, last = self._admit_prefix(result, load_back)  # a host hit is loaded back
+        self.tree_cache.inc_lock_ref(last)
         if req.matched:
             self.tree_cache.dec_lock_ref(req.last_node)
-        req.prefix_indices = result.device_indices
-        req.last_node = result.last_device_node
+        req.prefix_indices = prefix
+        req.last_node = last
         req.matched = True
         return len(req.prefix_indices)
 
@@ -137,7 +144,7 @@ class MemoryManager(LifecyclePrimitives):
             if r.state == "waiting" and s is None and not r.matched
         ]
         for req in matched_here:
-            self.match_prefix(req.rid)
+            self._match(req.rid, load_back=False)
         try:
             prefix_lens = [
                 s.kv_committed_len
@@ -173,6 +180,7 @@ class MemoryManager(LifecyclePrimitives):
             elif req.state == "waiting":
                 req.cache_protected_len = len(req.prefix_indices)
         out = self.alloc_for_extend(reqs, seq_lens)
+        self._wait_for_loads()
         self.write_kv_batch(reqs, prefix_lens, seq_lens, out)  # the new slots, in batch order
         for req, s in zip(reqs, seq_lens, strict=True):
             req.state = "running"

@@ -16,7 +16,13 @@ from kvpool.optimized.mamba_hooks import MambaHooks
 from kvpool.optimized.req import Req
 from kvpool.optimized.session import SessionSlot
 from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
-from kvpool.snapshot import PoolSnapshot, ReqSnapshot, SessionSnapshot, TreeSnapshot
+from kvpool.snapshot import (
+    HostTierSnapshot,
+    PoolSnapshot,
+    ReqSnapshot,
+    SessionSnapshot,
+    TreeSnapshot,
+)
 from kvpool.tags import kv_tags
 
 
@@ -117,7 +123,17 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
         mamba=None
         if mm.mamba_hooks is None
         else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values()),
+        host=_host_snapshot(mm.tree_cache),
     )
+
+
+def _host_snapshot(tree: object) -> HostTierSnapshot | None:
+    """The host tier's snapshot when the tree cache has one (a ``HiRadixCache``)."""
+    take = getattr(tree, "host_snapshot", None)
+    if take is None:
+        return None
+    snap: HostTierSnapshot = take()
+    return snap
 
 
 __all__ = ["SnapshotHost", "build_pool_snapshot"]

@@ -78,13 +78,19 @@ class Op:
 
 
 def draw_config(
-    c: Chooser, page_size: int | None = None, hybrid: bool = False, **overrides: Any
+    c: Chooser,
+    page_size: int | None = None,
+    hybrid: bool = False,
+    host: bool = False,
+    **overrides: Any,
 ) -> PoolConfig:
     """A small pool configuration. ``page_size`` and ``overrides`` pin fields (focused runs).
     ``hybrid``: the candidate models hybrid (Mamba) models, so configurations with the radix
     cache off and ``need_sort`` (one in eight) get a few Mamba slots, fewer than rows, so that
     admission is often refused for want of them (no extra draw: the other fields, and so every
-    seed's run, stay as they were)."""
+    seed's run, stay as they were). ``host``: the candidate has a host tier, so radix-cache
+    configurations with 3 or 6 rows (two in five) get one (:func:`host_tier_fields`; no extra
+    draw either)."""
     ps = page_size if page_size is not None else c.choice(SUPPORTED_PAGE_SIZES_TESTED)
     pages = c.integer(4, 24) if ps <= 2 else c.integer(3, 12 if ps <= 4 else 8)
     fields: dict[str, Any] = {
@@ -110,6 +116,13 @@ def draw_config(
         fields["mamba_slots"] = max(1, fields["req_pool_size"] - 2 + pages % 2)
         fields["mamba_track_buffers"] = pages % 3
         fields["mamba_layers"] = 1 + pages % 2
+    if (
+        host
+        and not fields["disable_radix_cache"]
+        and fields["req_pool_size"] % 3 == 0
+        and "enable_hierarchical_cache" not in overrides
+    ):
+        fields.update(host_tier_fields(pages, ps))
     return PoolConfig(**fields)
 
 
@@ -134,6 +147,20 @@ def storage_fields(fields: dict[str, Any], pages: int, overrides: dict[str, Any]
         return {"kv_storage": "fp4", "kv_lora_rank": 12, "qk_rope_head_dim": 4}
     storage = tuple(STORAGE_GEOMETRY)[pages % len(STORAGE_GEOMETRY)]
     return {"kv_storage": storage, **STORAGE_GEOMETRY[storage]}
+
+
+WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_through_selective", "write_back")
+
+
+def host_tier_fields(pages: int, page_size: int) -> dict[str, Any]:
+    """Host-tier fields derived from the pool's page count: every write policy, small host
+    pools (half to twice the device pool) and load-back thresholds of 0 or one page."""
+    return {
+        "enable_hierarchical_cache": True,
+        "hicache_write_policy": WRITE_POLICIES[pages % 3],
+        "hicache_ratio": (0.5, 1.0, 2.0)[pages // 3 % 3],
+        "hicache_load_back_threshold": (0, page_size)[pages // 2 % 2],
+    }
 
 
 def shared_prefix(index: int, length: int) -> list[int]:
@@ -216,6 +243,15 @@ KINDS: tuple[str, ...] = (
 """Operation kinds, repeated by weight (the campaign draws uniformly from this tuple).
 ``twin_req`` is a new request copying a waiting request's prompt when there is one."""
 
+HOST_KINDS: tuple[str, ...] = (
+    "ack_writes", "ack_writes", "ack_loads", "ack_loads", "match_prefix", "match_prefix",
+    "match_prefix", "evict", "evict", "finish", "finish",
+)  # fmt: skip
+"""Kinds added to :data:`KINDS` for a manager with the host tier: write and load
+acknowledgements (the first ``k`` arrive; ``-1``: an invalid call), and more admissions
+(``match_prefix``, where host hits load back), finishes (whose inserts write to host) and
+evictions (which make nodes host-only)."""
+
 
 def draw_op(c: Chooser, v: View, kind: str) -> Op:
     """An operation of ``kind`` valid in ``v`` when possible; otherwise a progressing one (an
@@ -267,6 +303,9 @@ def draw_op(c: Chooser, v: View, kind: str) -> Op:
         return Op("retract", (c.choice(v.running + v.chunked),))
     if kind == "evict":
         return Op("evict", (c.integer(1, max(v.config.size // 2, 1)),))
+    if kind in ("ack_writes", "ack_loads"):
+        count = c.choice((0, 1, 1, 2, 8, -1))
+        return Op(f"hicache_{kind}", (count,), expect_error=count < 0)
     if kind == "invalid":
         return draw_invalid(c, v)
     # Not applicable in this state: make progress instead.

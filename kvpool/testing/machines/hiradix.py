@@ -30,14 +30,14 @@ allocator's invariants against the on-device nodes' pages, and ``INV-TREE-SHAPE`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.constants import EVICTION_POLICIES
 from kvpool.invariants import check_allocator
 from kvpool.invariants.host import check_host_tier
-from kvpool.invariants.tree import check_locks, check_tree_shape
+from kvpool.invariants.tree import check_locks, check_tree_shape, device_view
 from kvpool.snapshot import (
     HostTierSnapshot,
     PoolSnapshot,
@@ -74,19 +74,6 @@ class HiModel:
     keys: list[Handle] = field(default_factory=list)
     """Keys inserted so far (reused so that matches and load-backs hit)."""
     snap: HostTierSnapshot | None = None
-
-
-def device_view(tree: TreeSnapshot) -> TreeSnapshot:
-    """The tree without its host-only nodes (they form whole subtrees below on-device nodes)."""
-    keep = {n.node_id for n in tree.nodes if not n.evicted}
-    nodes = []
-    for n in tree.nodes:
-        if n.node_id not in keep:
-            continue
-        kids = [(c, k) for c, k in zip(n.child_ids, n.child_keys, strict=False) if c in keep]
-        nodes.append(replace(n, child_ids=tuple(c for c, _ in kids),
-                             child_keys=tuple(k for _, k in kids)))  # fmt: skip
-    return replace(tree, nodes=tuple(nodes))
 
 
 class HiRadixTarget:

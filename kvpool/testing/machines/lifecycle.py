@@ -18,7 +18,7 @@ from kvpool.testing.bundle import Implementation
 from kvpool.testing.layer_ops import draw_lifecycle_op
 from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.machines.coverage import outcome_tag
-from kvpool.testing.swarm import KINDS, Chooser, Op, draw_config
+from kvpool.testing.swarm import HOST_KINDS, KINDS, Chooser, Op, draw_config
 
 
 def manager_factory(impl: Implementation) -> Factory:
@@ -69,9 +69,10 @@ class LifecyclePair:
 
     def draw(self, c: Chooser) -> Op:
         view, layers = self.lockstep.view(), self.lockstep.layers
-        op = draw_lifecycle_op(c, view, layers, c.choice(KINDS))
+        kinds = KINDS + HOST_KINDS if view.config.enable_hierarchical_cache else KINDS
+        op = draw_lifecycle_op(c, view, layers, c.choice(kinds))
         while not self.rejects_misuse and component_misuse(op):
-            op = draw_lifecycle_op(c, view, layers, c.choice(KINDS))
+            op = draw_lifecycle_op(c, view, layers, c.choice(kinds))
         return op
 
     def run(self, op: Op) -> Any:
@@ -114,6 +115,29 @@ def lifecycle_tags(
                 tags.append("session:hybrid-restore")
     if before.allocator.release_pages and not after.allocator.release_pages:
         tags.append("merge:by-alloc")
+    return tags + host_tags(op, result, before, after)
+
+
+def host_tags(op: Op, result: Any, before: PoolSnapshot, after: PoolSnapshot) -> list[str]:
+    """Coverage tags of the host tier in one successful lifecycle step."""
+    if before.host is None or after.host is None:
+        return []
+    tags: list[str] = []
+    if op.name.startswith("hicache_ack_"):
+        tags.append(f"{op.name}:{'acked' if result else 'nothing'}")
+    loads = sum(t.kind == "load" for t in after.host.transfers)
+    if op.name in ("match_prefix", "extend") and loads > sum(
+        t.kind == "load" for t in before.host.transfers
+    ):
+        tags.append("host:load-back")
+    if sum(n.evicted for n in after.host.tree.nodes) > sum(
+        n.evicted for n in before.host.tree.nodes
+    ):
+        tags.append("host:to-host-only")
+    if op.name == "finish" and len(after.host.transfers) > len(before.host.transfers):
+        tags.append("host:write-issued")
+    if op.name in ("abort", "retract") and before.host.transfers:
+        tags.append(f"host:{op.name}-in-flight")
     return tags
 
 
@@ -126,7 +150,9 @@ class LifecycleTarget:
         # Hybrid lifecycles need a whole manager that runs them: the twin's manager built around
         # another implementation's components (manager_factory) has no Mamba steps over them.
         hybrid = impl.hybrid_req_to_token_pool is not None and impl.manager is not None
-        return draw_config(c, hybrid=hybrid, rules=impl.rules_or_default())
+        # the host tier lives in the implementation's own manager
+        host = impl.manager is not None and impl.provides("hiradix_cache")
+        return draw_config(c, hybrid=hybrid, host=host, rules=impl.rules_or_default())
 
     def pair(
         self,
@@ -142,6 +168,7 @@ __all__ = [
     "LifecyclePair",
     "LifecycleTarget",
     "component_misuse",
+    "host_tags",
     "lifecycle_tags",
     "manager_factory",
 ]
