@@ -106,7 +106,6 @@ def draw_config(
     }
     fields.update(overrides)
     fields.update(storage_fields(fields, pages, overrides))
-    fields.update(layer_fields(fields, pages, overrides))
     if (
         hybrid
         and fields["disable_radix_cache"]
@@ -389,20 +388,15 @@ def advance_counters(op: Op, next_rid: int, next_sid: int) -> tuple[int, int]:
     return next_rid, next_sid
 
 
-def layer_fields(fields: dict[str, Any], pages: int, overrides: dict[str, Any]) -> dict[str, Any]:
-    """About one configuration in four loads its KV layer by layer (``layerwise_loading``, the
-    layer steps of :mod:`kvpool.testing.layer_ops`) over 2 to 4 layers, the twin waiting 2 ms
-    for a layer (nothing else can complete it in a single-threaded run). Derived from fields
-    already drawn (no extra draw, so every seed's configuration stays as it was otherwise);
-    pinned fields in ``overrides`` are kept (``layerwise_loading=True`` there forces it on)."""
-    on = overrides.get("layerwise_loading")
-    if on is None:
-        on = (pages + 2 * fields["req_pool_size"]) % 4 == 1
-    if not on:
+def layer_fields(config: PoolConfig) -> dict[str, Any]:
+    """The lifecycle campaign's layer-wise loading (``layerwise_loading``, the layer steps of
+    :mod:`kvpool.testing.layer_ops`): about one configuration in four, over 2 to 4 layers, the
+    twin waiting 2 ms for a layer (nothing else can complete it in a single-threaded run).
+    Derived from fields already drawn (no extra draw), and applied by the lifecycle target only
+    (:class:`~kvpool.testing.machines.lifecycle.LifecycleTarget`), so :func:`draw_config` and
+    every run built on it elsewhere (the hypothesis machine, the quality hunts) stay as they
+    were. Empty when the configuration already sets ``layerwise_loading``."""
+    pages = config.size // config.page_size
+    if config.layerwise_loading or (pages + 2 * config.req_pool_size) % 4 != 1:
         return {}
-    out: dict[str, Any] = {"layerwise_loading": True}
-    if "layer_wait_s" not in overrides:
-        out["layer_wait_s"] = 0.002
-    if "num_layers" not in overrides:
-        out["num_layers"] = 2 + pages % 3
-    return out
+    return {"layerwise_loading": True, "layer_wait_s": 0.002, "num_layers": 2 + pages % 3}

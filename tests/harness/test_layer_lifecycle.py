@@ -1,10 +1,12 @@
 """Layer-wise loading inside the request lifecycle: PoolConfig.layerwise_loading registers a
 LayerDoneCounter in both twins, the lockstep's layer steps (kvpool.testing.layer_ops) keep the
 twins in step, an early read is one outcome on both sides, a read that runs ahead of its layer
-is INV-LAYER-LOADED, and the swarm draws the knob without changing the other seeds' runs."""
+is INV-LAYER-LOADED, and the lifecycle campaign draws the knob without changing the other
+seeds' runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -20,8 +22,9 @@ from kvpool.testing.factories import optimized_factory, reference_factory
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.layer_ops import draw_lifecycle_op
 from kvpool.testing.lockstep_driver import Factory, Lockstep, LockstepFailure
+from kvpool.testing.machines.lifecycle import LifecycleTarget
 from kvpool.testing.swarm import KINDS, Op, RandomChooser, draw_config, draw_op
-from tests.quality.mutants_kv import forward_skips_layer_wait
+from tests.quality.mutants_kv import LAYERWISE, forward_skips_layer_wait
 
 CONFIG = PoolConfig(size=16, layerwise_loading=True, num_layers=3, layer_wait_s=0.002)
 PROMPT = [Op("new_req", ("r1", [1, 2, 3])), Op("extend", (["r1"],))]
@@ -106,18 +109,26 @@ def test_counters_that_drift_apart_are_a_lockstep_diff() -> None:
     assert "layer-transfer counters differ" in str(caught.value)
 
 
-def test_the_swarm_draws_the_knob_and_keeps_the_other_configurations() -> None:
-    layered = 0
+def test_the_lifecycle_target_draws_the_knob_and_keeps_the_other_configurations() -> None:
+    target, impl, layered = LifecycleTarget(), optimized_implementation(), 0
+    hybrid = impl.hybrid_req_to_token_pool is not None and impl.manager is not None
+    host, rules = (
+        impl.manager is not None and impl.provides("hiradix_cache"),
+        impl.rules_or_default(),
+    )
     for seed in range(300):
         drawn_rng, plain_rng = random.Random(seed), random.Random(seed)
-        drawn = draw_config(RandomChooser(drawn_rng))
-        plain = draw_config(RandomChooser(plain_rng), layerwise_loading=False)
+        drawn = target.draw_config(RandomChooser(drawn_rng), impl)
+        plain = draw_config(RandomChooser(plain_rng), hybrid=hybrid, host=host, rules=rules)
         assert drawn_rng.random() == plain_rng.random()  # no extra draw
+        assert (
+            not plain.layerwise_loading
+        )  # draw_config itself (the hypothesis machine) is as it was
         if drawn.layerwise_loading:
             layered += 1
             assert 2 <= drawn.num_layers <= 4 and drawn.layer_wait_s == 0.002
-            drawn = PoolConfig(**{**vars(drawn), "layerwise_loading": False,
-                                  "num_layers": 2, "layer_wait_s": 30.0})  # fmt: skip
+            drawn = dataclasses.replace(drawn, layerwise_loading=False, num_layers=2,
+                                        layer_wait_s=30.0)  # fmt: skip
         assert drawn == plain
     assert 40 < layered < 120
 
@@ -137,7 +148,7 @@ def test_without_layerwise_loading_the_op_draws_are_unchanged() -> None:
 
 def test_the_lifecycle_campaign_reaches_the_layer_steps() -> None:
     def layered(c: RandomChooser) -> PoolConfig:
-        return draw_config(c, layerwise_loading=True)
+        return draw_config(c, **LAYERWISE)
 
     result = run_machine("manager", reference_implementation(), optimized_implementation(),
                          3600.0, seed=5, max_runs=6, config_drawer=layered)  # fmt: skip
@@ -149,7 +160,7 @@ def test_the_lifecycle_campaign_reaches_the_layer_steps() -> None:
 
 def test_the_lifecycle_campaign_names_a_forward_that_skips_the_wait() -> None:
     def layered(c: RandomChooser) -> PoolConfig:
-        return draw_config(c, layerwise_loading=True, kv_storage="plain")
+        return draw_config(c, **LAYERWISE)
 
     buggy = Implementation("no-wait", manager=_mutated(forward_skips_layer_wait))
     result = run_machine("manager", reference_implementation(), buggy, 3600.0, seed=1,

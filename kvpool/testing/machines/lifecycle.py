@@ -8,6 +8,7 @@ run inside the torch twin's ``MemoryManager`` with its components injected
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -18,7 +19,7 @@ from kvpool.testing.bundle import Implementation
 from kvpool.testing.layer_ops import draw_lifecycle_op
 from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.machines.coverage import outcome_tag
-from kvpool.testing.swarm import HOST_KINDS, KINDS, Chooser, Op, draw_config
+from kvpool.testing.swarm import HOST_KINDS, KINDS, Chooser, Op, draw_config, layer_fields
 
 
 def manager_factory(impl: Implementation) -> Factory:
@@ -152,7 +153,8 @@ class LifecycleTarget:
         hybrid = impl.hybrid_req_to_token_pool is not None and impl.manager is not None
         # the host tier lives in the implementation's own manager
         host = impl.manager is not None and impl.provides("hiradix_cache")
-        return draw_config(c, hybrid=hybrid, host=host, rules=impl.rules_or_default())
+        config = draw_config(c, hybrid=hybrid, host=host, rules=impl.rules_or_default())
+        return dataclasses.replace(config, **layer_fields(config))
 
     def pair(
         self,

@@ -89,10 +89,7 @@ class SWALifecycleTarget(LifecycleTarget):
     name = "swa_manager"
 
     def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
-        # no layer-wise loading: the SWA pool takes no layer steps (and the runs stay as they were)
-        base = draw_config(
-            c, rules=impl.rules_or_default(), disable_radix_cache=True, layerwise_loading=False
-        )
+        base = draw_config(c, rules=impl.rules_or_default(), disable_radix_cache=True)
         ps = base.page_size
         window = c.choice((1, max(ps // 2, 1), ps, ps + 1, 2 * ps + 3))
         ratio = c.choice((0.5, 0.8, 1.0, 1.5))
