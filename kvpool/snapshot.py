@@ -282,6 +282,27 @@ class MambaTreeSnapshot:
     full_lru: tuple[int, ...] = ()
     mamba_lru: tuple[int, ...] = ()
 
+    def as_tree_snapshot(self) -> TreeSnapshot:
+        """The tree's KV side as a radix :class:`TreeSnapshot` (page size 1, LRU, ``lock_ref``
+        the KV lock), so that the lifecycle's tree and pool invariants read it."""
+        by_id = {n.node_id: n for n in self.nodes}
+        nodes = tuple(
+            NodeSnapshot(
+                node_id=n.node_id,
+                parent_id=n.parent_id,
+                key=n.key,
+                extra_key=n.extra_key,
+                value=n.value,
+                lock_ref=n.full_lock_ref,
+                child_ids=n.child_ids,
+                child_keys=tuple(by_id[c].key[:1] if c in by_id else () for c in n.child_ids),
+                last_access_time=0.0,
+            )
+            for n in self.nodes
+        )
+        return TreeSnapshot(1, False, "lru", self.full_evictable_size, self.full_protected_size,
+                            nodes)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class MambaReqSnapshot:
@@ -297,12 +318,14 @@ class MambaReqSnapshot:
 
 @dataclass(frozen=True)
 class HybridStateSnapshot:
-    """The Mamba side of a hybrid memory manager: the hybrid pool and every live request's
-    Mamba slots (the prefix cache holds no state: kvpool's lifecycle runs hybrid models with the
-    radix cache off)."""
+    """The Mamba side of a hybrid memory manager: the hybrid pool, every live request's Mamba
+    slots and, with the radix cache on, the Mamba radix cache."""
 
     pool: HybridReqToTokenSnapshot
     reqs: tuple[MambaReqSnapshot, ...] = ()
+    tree: MambaTreeSnapshot | None = None
+    """The Mamba radix cache when the lifecycle runs one (None: the radix cache is off); the
+    states it caches are the prefix cache's slots."""
 
 
 @dataclass(frozen=True)

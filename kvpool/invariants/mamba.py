@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from kvpool.constants import RESERVED_INDEX
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import INVARIANTS, invariant, run_scope
-from kvpool.snapshot import HybridReqToTokenSnapshot, PoolSnapshot
+from kvpool.snapshot import (
+    HybridReqToTokenSnapshot,
+    MambaNodeSnapshot,
+    MambaTreeSnapshot,
+    PoolSnapshot,
+)
+from kvpool.tags import mamba_state_tag
 
 
 @dataclass(frozen=True)
@@ -132,18 +138,38 @@ def check_state_integrity(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> 
           and 0 < r.slot <= pool.size and pool.state_tag(r.slot) != r.expected_tag])  # fmt: skip
 
 
+def tree_checkpoints(tree: MambaTreeSnapshot) -> tuple[tuple[int, int], ...]:
+    """``(slot, tag)`` of every state a Mamba radix cache holds, the tag being the state after
+    the node's path from the root (a checkpoint is the state after its last token)."""
+    by_id = {n.node_id: n for n in tree.nodes}
+    out: list[tuple[int, int]] = []
+    for node in tree.nodes:
+        if node.mamba_value is None:
+            continue
+        parts: list[tuple[int, ...]] = []
+        cur: MambaNodeSnapshot | None = node
+        while cur is not None and cur.parent_id is not None:
+            parts.append(cur.key)
+            cur = by_id.get(cur.parent_id)
+        tokens = [t for part in reversed(parts) for t in part]
+        out.append((node.mamba_value, mamba_state_tag(tokens, node.extra_key)))
+    return tuple(out)
+
+
 def _pool_scope(check: Callable[[HybridReqToTokenSnapshot, MambaContext], None]) -> Callable[
     [PoolSnapshot, PoolSnapshot | None], None
 ]:  # fmt: skip
-    """``check`` at pool scope: on a hybrid manager's snapshot, with the live requests as the
-    only owners (the lifecycle's prefix cache holds no state)."""
+    """``check`` at pool scope: on a hybrid manager's snapshot, with the live requests and the
+    Mamba radix cache's checkpoints (when the radix cache is on) as the owners."""
 
     def run(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         if snap.mamba is None:
             return
         views = tuple(MambaReqView(r.rid, r.row, r.slot, r.track, r.expected_tag)
                       for r in snap.mamba.reqs)  # fmt: skip
-        check(snap.mamba.pool, MambaContext(views))
+        tree = snap.mamba.tree
+        checkpoints = () if tree is None else tree_checkpoints(tree)
+        check(snap.mamba.pool, MambaContext(views, checkpoints))
 
     return run
 
@@ -153,6 +179,7 @@ for _id, _check in (
     ("INV-MAMBA-ACCOUNTING", check_accounting),
     ("INV-MAMBA-REQ-SLOT", check_req_slot),
     ("INV-MAMBA-STATE-INTEGRITY", check_state_integrity),
+    ("INV-MAMBA-CHECKPOINT", check_checkpoint),
 ):
     invariant(_id, INVARIANTS[_id].description, scope="pool")(_pool_scope(_check))
 
@@ -163,4 +190,4 @@ def check_mamba(snap: HybridReqToTokenSnapshot, ctx: MambaContext | None = None)
     return run_scope("mamba", snap, ctx or MambaContext(owners_known=False))
 
 
-__all__ = ["MambaContext", "MambaReqView", "check_mamba"]
+__all__ = ["MambaContext", "MambaReqView", "check_mamba", "tree_checkpoints"]

@@ -9,11 +9,12 @@ checkpoints).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.failure import fail
-from kvpool.invariants.registry import invariant, run_scope
-from kvpool.snapshot import MambaTreeSnapshot
+from kvpool.invariants.registry import INVARIANTS, invariant, run_scope
+from kvpool.snapshot import MambaTreeSnapshot, PoolSnapshot
 
 
 @invariant(
@@ -76,6 +77,25 @@ def check_tree_locks(tree: MambaTreeSnapshot) -> None:
             f"sizes (full evictable, mamba evictable, full protected, mamba protected) are "
             f"{kept}, the locks say {sizes}",
         )
+
+
+def _pool_scope(check: Callable[[MambaTreeSnapshot], None]) -> Callable[
+    [PoolSnapshot, PoolSnapshot | None], None
+]:  # fmt: skip
+    """``check`` at pool scope: on the Mamba radix cache of a hybrid manager's snapshot."""
+
+    def run(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+        if snap.mamba is not None and snap.mamba.tree is not None:
+            check(snap.mamba.tree)
+
+    return run
+
+
+for _id, _check in (
+    ("INV-MAMBA-TREE-SHAPE", check_tree_shape),
+    ("INV-MAMBA-TREE-LOCKS", check_tree_locks),
+):
+    invariant(_id, INVARIANTS[_id].description, scope="pool")(_pool_scope(_check))
 
 
 def check_mamba_tree(tree: MambaTreeSnapshot) -> int:

@@ -47,6 +47,7 @@ from kvpool.optimized.hicache_lifecycle import HiCacheLifecycle, build_hiradix_t
 from kvpool.optimized.kv_cache import KVCache, kv_cache_from_config
 from kvpool.optimized.layer_transfer import LayerDoneCounter
 from kvpool.optimized.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
+from kvpool.optimized.mamba_radix_release import MambaLifecycleCache
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.radix_cache import RadixCache
@@ -117,6 +118,8 @@ class LifecyclePrimitives(HiCacheLifecycle):
         self.kv_cache: KVCache = resolve(
             "kv_cache", kv_cache, lambda: kv_cache_from_config(config, opts), config
         )
+        # A hybrid model with the radix cache on gets a MambaLifecycleCache, which offers the
+        # same lifecycle calls (its own snapshot and eviction results are handled where read).
         self.tree_cache: RadixCache | ChunkCache = resolve(
             "tree_cache",
             tree_cache,
@@ -128,6 +131,8 @@ class LifecyclePrimitives(HiCacheLifecycle):
                 else RadixCache(
                     pool, alloc, ps, False, config.eviction_policy, clock, rules=config.rules
                 )
+                if config.mamba_slots is None
+                else MambaLifecycleCache(pool, alloc, ps, options=opts)
             ),
             config,
             pool,
@@ -143,6 +148,8 @@ class LifecyclePrimitives(HiCacheLifecycle):
             self.kv_cache.register_layer_transfer_counter(counter)
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
         """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
+        if self.mamba_hooks is not None and isinstance(self.tree_cache, MambaLifecycleCache):
+            self.mamba_hooks.tree = self.tree_cache
         self.capacity_refusals = 0
         """Allocations the allocator refused after the capacity check admitted them."""
         self.reqs: dict[str, Req] = {}
@@ -298,6 +305,8 @@ class LifecyclePrimitives(HiCacheLifecycle):
         if self.mamba_hooks is not None:
             self.mamba_hooks.check_admission(reqs)
         out = self._alloc_slots(prefix_lens, seqs, self._prefix_last_locs(reqs))
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.evict_for_admission(reqs)
         rows = self.alloc_req_slots(reqs)
         if self.mamba_hooks is not None:
             self.mamba_hooks.after_admission(reqs)

@@ -14,11 +14,19 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
 from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
-from kvpool.optimized.mamba_lifecycle import forward_state, prepare_forward
+from kvpool.optimized.mamba_lifecycle import (
+    admission_headroom,
+    forward_state,
+    prepare_forward,
+    release_waiting,
+)
+from kvpool.optimized.mamba_radix_cache import MambaMatchResult
+from kvpool.optimized.mamba_radix_release import MambaLifecycleCache
 from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.req import Req
 from kvpool.reference.mamba_hooks import check_hybrid_config
-from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot
+from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot, MambaTreeSnapshot
 from kvpool.tags import mamba_state_tag
 
 
@@ -40,14 +48,65 @@ class MambaHooks:
 
     def __init__(self, pool: HybridReqToTokenPool) -> None:
         self.pool = pool
+        self.tree: MambaLifecycleCache | None = None
+        """The Mamba radix cache when the radix cache is on (set by the lifecycle)."""
 
-    def check_admission(self, reqs: Sequence[Req]) -> None:
+    def check_admission(self, reqs: Sequence[Req], chunks: int = 0) -> None:
         """OutOfMemoryError (nothing changed) when the batch needs more Mamba slots than are
-        free."""
+        free (plus, with the Mamba radix cache, its evictable states). ``chunks``: requests of
+        the batch that stay between prefill chunks, each needing one more slot for the tree's
+        copy of its state (counted with the Mamba radix cache only)."""
         need = self.pool.mamba_slots_needed(reqs)
         free = self.pool.mamba_allocator.schedulable_available_size()
-        if need > free:
-            raise OutOfMemoryError(f"need {need} Mamba slots; {free} free")
+        evictable = 0
+        if self.tree is not None:
+            need += chunks
+            evictable = self.tree.mamba_evictable_size()
+        if need > free + evictable:
+            raise OutOfMemoryError(f"need {need} Mamba slots; {free} free, {evictable} cached")
+
+    def match(self, key: RadixKey, req: Req) -> MambaMatchResult:
+        """The Mamba radix cache's prefix match with copy-on-write (the copy made at once)."""
+        assert self.tree is not None
+        result = self.tree.match_prefix(key, req, cow_mamba=True)
+        if result.cow_staged:
+            prepare_forward(self.pool, [req])
+        return result
+
+    def stage_cow(self, reqs: Sequence[Req]) -> None:
+        """Copy-on-write for waiting requests holding no slot whose matched node has a state
+        (matched without one): a slot each (evicting a state when none is free; admission
+        counted it), then the copy."""
+        if self.tree is None:
+            return
+        for req in reqs:
+            node = req.last_node
+            if req.mamba_pool_idx is not None or node is None:
+                continue
+            src = getattr(node, "mamba_value", None)
+            if src is None:
+                continue
+            req.mamba_pool_idx = self.tree.alloc_mamba_slot()
+            req.mamba_cow_src_index = src
+            req.mamba_needs_clear = False
+            prepare_forward(self.pool, [req])
+
+    def evict_for_admission(self, reqs: Sequence[Req]) -> None:
+        """SGLang's ``alloc_req_slots`` with a Mamba prefix cache: when fewer slots are
+        schedulable than the headroom (or than the batch needs), evict the difference in cached
+        states first."""
+        if self.tree is None:
+            return
+        free = self.pool.mamba_allocator.schedulable_available_size()
+        want = max(admission_headroom(len(reqs), True), self.pool.mamba_slots_needed(reqs))
+        if free < want:
+            self.tree.evict_mamba(want - free)
+
+    def release_waiting(self, req: Req) -> None:
+        """A waiting request leaves (abort, or a refused admission that matched it): its
+        copy-on-write slot, if any, goes back."""
+        if req.mamba_pool_idx is not None:
+            release_waiting(self.pool, req)
 
     def after_admission(self, reqs: Sequence[Req]) -> None:
         """Zero the state of every request given a fresh slot."""
@@ -72,10 +131,17 @@ class MambaHooks:
         if req.mamba_pool_idx is not None:
             self.pool.free_mamba_cache(req)
 
-    def snapshot(self, reqs: Iterable[Req], sessions: Iterable[Any] = ()) -> HybridStateSnapshot:
+    def snapshot(
+        self,
+        reqs: Iterable[Req],
+        sessions: Iterable[Any] = (),
+        tree: MambaTreeSnapshot | None = None,
+    ) -> HybridStateSnapshot:
         """The hybrid pool and every live request's Mamba slots with the state they must hold:
-        that of every token whose KV is computed (``kv_committed_len``); then every session
-        holding a slot between turns (``session ID``: the state after its committed tokens)."""
+        that of every token whose KV is computed (``kv_committed_len``; a waiting request's
+        copy-on-write slot: its matched prefix); then every session holding a slot between
+        turns (``session ID``: the state after its committed tokens); then ``tree``, the Mamba
+        radix cache's snapshot (its checkpoints are the tree's slots)."""
         views = tuple(
             MambaReqSnapshot(
                 rid=r.rid,
@@ -84,8 +150,10 @@ class MambaHooks:
                 track=tuple(r.mamba_ping_pong_track_buffer or ()),
                 expected_tag=(
                     None
-                    if r.mamba_pool_idx is None or r.mamba_needs_clear
-                    else mamba_state_tag(r.all_token_ids[: r.kv_committed_len], r.extra_key)
+                    if r.mamba_pool_idx is None
+                    or r.mamba_needs_clear
+                    or r.mamba_cow_src_index is not None
+                    else mamba_state_tag(r.all_token_ids[: _state_len(r)], r.extra_key)
                 ),
             )
             for r in reqs
@@ -102,7 +170,13 @@ class MambaHooks:
             for s in sessions
             if s.mamba_pool_idx is not None
         )
-        return HybridStateSnapshot(self.pool.hybrid_snapshot(), views + held)
+        return HybridStateSnapshot(self.pool.hybrid_snapshot(), views + held, tree)
+
+
+def _state_len(req: Req) -> int:
+    """Tokens whose state the request's slot holds: those computed, or (waiting, after a
+    copy-on-write) those of its matched prefix."""
+    return req.kv_committed_len if req.req_pool_idx is not None else len(req.prefix_indices)
 
 
 __all__ = ["MambaHooks", "check_hybrid_config", "hybrid_pool", "mamba_hooks_for"]

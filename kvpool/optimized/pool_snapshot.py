@@ -18,6 +18,7 @@ from kvpool.optimized.session import SessionSlot
 from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.snapshot import (
     HostTierSnapshot,
+    MambaTreeSnapshot,
     PoolSnapshot,
     ReqSnapshot,
     SessionSnapshot,
@@ -29,7 +30,7 @@ from kvpool.tags import kv_tags
 class _Snapshots(Protocol):
     """A component that snapshots itself (the tree cache, radix or chunk)."""
 
-    def snapshot(self) -> TreeSnapshot: ...
+    def snapshot(self) -> TreeSnapshot | MambaTreeSnapshot: ...
 
 
 class _TagReader(Protocol):
@@ -112,17 +113,19 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
                 busy_with=s.busy_with,
             )
         )
+    tree = mm.tree_cache.snapshot()
+    mamba_tree = tree if isinstance(tree, MambaTreeSnapshot) else None
     return PoolSnapshot(
         allocator=mm.token_to_kv_pool_allocator.snapshot(),
         req_to_token=pool.snapshot(held_rows),
-        tree=mm.tree_cache.snapshot(),
+        tree=tree.as_tree_snapshot() if isinstance(tree, MambaTreeSnapshot) else tree,
         reqs=tuple(reqs),
         sessions=tuple(sessions),
         max_total_num_tokens=mm.token_to_kv_pool_allocator.size,
         extra={"capacity_refusals": mm.capacity_refusals},
         mamba=None
         if mm.mamba_hooks is None
-        else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values()),
+        else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values(), mamba_tree),
         host=_host_snapshot(mm.tree_cache),
     )
 

@@ -74,8 +74,10 @@ class HiCacheLifecycle:
         restored node."""
         prefix, last = result.device_indices, result.last_device_node
         tree = self.hiradix()
+        if tree is None or not load_back:  # other trees' results have no host fields
+            return prefix, last
         host_node = result.last_host_node
-        if tree is None or not load_back or not result.host_hit_length or host_node is None:
+        if not result.host_hit_length or host_node is None:
             return prefix, last
         loaded, node = tree.init_load_back(host_node)
         return prefix + list(loaded), node

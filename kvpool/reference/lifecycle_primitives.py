@@ -33,6 +33,7 @@ from kvpool.reference.hicache_lifecycle import HiCacheLifecycle, build_hiradix_t
 from kvpool.reference.kv_cache import KVCache, kv_cache_from_config
 from kvpool.reference.layer_transfer import LayerDoneCounter
 from kvpool.reference.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
+from kvpool.reference.mamba_radix_release import MambaLifecycleCache
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.paged_ops import decode_new_pages, eviction_target, extend_new_pages
 from kvpool.reference.radix_cache import RadixCache
@@ -89,6 +90,8 @@ class LifecyclePrimitives(HiCacheLifecycle):
         self.kv_cache: KVCache = resolve(
             "kv_cache", kv_cache, lambda: kv_cache_from_config(config), config
         )
+        # A hybrid model with the radix cache on gets a MambaLifecycleCache, which offers the
+        # same lifecycle calls (its own snapshot and eviction results are handled where read).
         self.tree_cache: RadixCache | ChunkCache = resolve(
             "tree_cache",
             tree_cache,
@@ -98,6 +101,8 @@ class LifecyclePrimitives(HiCacheLifecycle):
                 else build_hiradix_tree(config, pool, alloc, self.kv_cache, clock)
                 if config.enable_hierarchical_cache
                 else RadixCache(pool, alloc, ps, False, config.eviction_policy, clock, rules=rules)
+                if config.mamba_slots is None
+                else MambaLifecycleCache(pool, alloc, ps)
             ),
             config,
             pool,
@@ -113,6 +118,8 @@ class LifecyclePrimitives(HiCacheLifecycle):
             self.kv_cache.register_layer_transfer_counter(counter)
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
         """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
+        if self.mamba_hooks is not None and isinstance(self.tree_cache, MambaLifecycleCache):
+            self.mamba_hooks.tree = self.tree_cache
         self.capacity_refusals = 0
         """Allocations the allocator refused after the capacity check admitted them."""
         self.reqs: dict[str, Req] = {}
@@ -246,6 +253,8 @@ class LifecyclePrimitives(HiCacheLifecycle):
             self.mamba_hooks.check_admission(reqs)
         last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens, strict=True)]
         out = self._alloc_slots(prefix_lens, seqs, last_locs)
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.evict_for_admission(reqs)
         rows = self.alloc_req_slots(reqs)
         if self.mamba_hooks is not None:
             self.mamba_hooks.after_admission(reqs)

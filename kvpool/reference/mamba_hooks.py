@@ -6,8 +6,8 @@
 points, so that the lifecycle files carry one line per point:
 
 - :meth:`check_admission`, before an extend changes anything: every request that needs a Mamba
-  slot (and track buffers) must find one, else OutOfMemoryError with nothing changed. The prefix
-  cache holds no state to evict (see below), so the free slots are all there is.
+  slot (and track buffers) must find one among the free slots and, with the Mamba radix cache,
+  the cached states it could evict, else OutOfMemoryError with nothing changed.
 - :meth:`after_admission`, once the rows are taken: zero the fresh slots (SGLang's deferred clear
   runs in the same forward).
 - :meth:`after_write`, whenever tokens' KV is computed: the forward also advanced the request's
@@ -16,11 +16,21 @@ points, so that the lifecycle files carry one line per point:
   prefill): its Mamba slot and track buffers go back too (SGLang frees them in
   ``release_kv_cache`` when the prefix cache does not manage Mamba states).
 
-Scope: SGLang runs hybrid models with the radix cache either off (the chunk cache) or as a
-``MambaRadixCache``; kvpool's lifecycle models the first (a hybrid configuration needs
-``disable_radix_cache=True``). A session keeps its last turn's Mamba slot and track buffers
-between turns with its row (:class:`~kvpool.reference.session.SessionSlot`). The Mamba radix
-cache is modelled and verified as a component (:mod:`kvpool.reference.mamba_radix_cache`).
+With the radix cache on, the tree is a
+:class:`~kvpool.reference.mamba_radix_release.MambaLifecycleCache` (``tree``) and the hooks add
+SGLang's Mamba steps around it: :meth:`match` (a prefix match with copy-on-write of the matched
+state into the request's own slot; the copy is made at once, the checkpoint being locked and
+never written), :meth:`stage_cow` (the same for a request matched by ``extend`` itself, after
+its checks), :meth:`evict_for_admission` (``alloc_req_slots``: evict cached states down to a
+headroom of ``MAMBA_STATE_PER_REQ_PREFIX_CACHE`` per request) and :meth:`release_waiting` (an
+aborted or refused waiting request returns its copy-on-write slot). A finished request's state
+goes to the tree or back through the tree's ``cache_finished_req``.
+
+Scope: with the Mamba radix cache, kvpool models SGLang's strategy without track buffers (page
+size 1, LRU eviction, SGLang 0.5.16's release path) and no sessions (``open_session`` raises
+ConfigError); other hybrid configurations with the radix cache on are ConfigError. With the
+radix cache off, a session keeps its last turn's Mamba slot and track buffers between turns
+with its row (:class:`~kvpool.reference.session.SessionSlot`).
 """
 
 from __future__ import annotations
@@ -31,16 +41,30 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, OutOfMemoryError
 from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool
-from kvpool.reference.mamba_lifecycle import forward_state, prepare_forward
+from kvpool.reference.mamba_lifecycle import (
+    admission_headroom,
+    forward_state,
+    prepare_forward,
+    release_waiting,
+)
+from kvpool.reference.mamba_radix_cache import MambaMatchResult
+from kvpool.reference.mamba_radix_release import MambaLifecycleCache
+from kvpool.reference.radix_key import RadixKey
 from kvpool.reference.req import Req
-from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot
+from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot, MambaTreeSnapshot
 from kvpool.tags import mamba_state_tag
 
 
 def check_hybrid_config(config: PoolConfig) -> None:
-    """ConfigError for a hybrid configuration the lifecycle does not model (radix cache on)."""
-    if config.mamba_slots is not None and not config.disable_radix_cache:
-        raise ConfigError("hybrid (Mamba) models need disable_radix_cache=True in the lifecycle")
+    """ConfigError for a hybrid configuration the lifecycle does not model: with the radix
+    cache on, track buffers, a page size above 1, an eviction policy other than LRU, or a release
+    path other than SGLang 0.5.16's."""
+    if config.mamba_slots is None or config.disable_radix_cache:
+        return
+    if config.mamba_track_buffers or config.page_size != 1:
+        raise ConfigError("the Mamba radix cache is modelled without track buffers, page size 1")
+    if config.eviction_policy != "lru" or config.rules.release_path != "finished_req":
+        raise ConfigError("the Mamba radix cache evicts LRU and releases as SGLang 0.5.16")
 
 
 def hybrid_pool(config: PoolConfig) -> HybridReqToTokenPool:
@@ -61,14 +85,65 @@ class MambaHooks:
 
     def __init__(self, pool: HybridReqToTokenPool) -> None:
         self.pool = pool
+        self.tree: MambaLifecycleCache | None = None
+        """The Mamba radix cache when the radix cache is on (set by the lifecycle)."""
 
-    def check_admission(self, reqs: Sequence[Req]) -> None:
+    def check_admission(self, reqs: Sequence[Req], chunks: int = 0) -> None:
         """OutOfMemoryError (nothing changed) when the batch needs more Mamba slots than are
-        free."""
+        free (plus, with the Mamba radix cache, its evictable states). ``chunks``: requests of
+        the batch that stay between prefill chunks, each needing one more slot for the tree's
+        copy of its state (counted with the Mamba radix cache only)."""
         need = self.pool.mamba_slots_needed(reqs)
         free = self.pool.mamba_allocator.schedulable_available_size()
-        if need > free:
-            raise OutOfMemoryError(f"need {need} Mamba slots; {free} free")
+        evictable = 0
+        if self.tree is not None:
+            need += chunks
+            evictable = self.tree.mamba_evictable_size()
+        if need > free + evictable:
+            raise OutOfMemoryError(f"need {need} Mamba slots; {free} free, {evictable} cached")
+
+    def match(self, key: RadixKey, req: Req) -> MambaMatchResult:
+        """The Mamba radix cache's prefix match with copy-on-write (the copy made at once)."""
+        assert self.tree is not None
+        result = self.tree.match_prefix(key, req, cow_mamba=True)
+        if result.cow_staged:
+            prepare_forward(self.pool, [req])
+        return result
+
+    def stage_cow(self, reqs: Sequence[Req]) -> None:
+        """Copy-on-write for waiting requests holding no slot whose matched node has a state
+        (matched without one): a slot each (evicting a state when none is free; admission
+        counted it), then the copy."""
+        if self.tree is None:
+            return
+        for req in reqs:
+            node = req.last_node
+            if req.mamba_pool_idx is not None or node is None:
+                continue
+            src = getattr(node, "mamba_value", None)
+            if src is None:
+                continue
+            req.mamba_pool_idx = self.tree.alloc_mamba_slot()
+            req.mamba_cow_src_index = src
+            req.mamba_needs_clear = False
+            prepare_forward(self.pool, [req])
+
+    def evict_for_admission(self, reqs: Sequence[Req]) -> None:
+        """SGLang's ``alloc_req_slots`` with a Mamba prefix cache: when fewer slots are
+        schedulable than the headroom (or than the batch needs), evict the difference in cached
+        states first."""
+        if self.tree is None:
+            return
+        free = self.pool.mamba_allocator.schedulable_available_size()
+        want = max(admission_headroom(len(reqs), True), self.pool.mamba_slots_needed(reqs))
+        if free < want:
+            self.tree.evict_mamba(want - free)
+
+    def release_waiting(self, req: Req) -> None:
+        """A waiting request leaves (abort, or a refused admission that matched it): its
+        copy-on-write slot, if any, goes back."""
+        if req.mamba_pool_idx is not None:
+            release_waiting(self.pool, req)
 
     def after_admission(self, reqs: Sequence[Req]) -> None:
         """Zero the state of every request given a fresh slot."""
@@ -83,10 +158,17 @@ class MambaHooks:
         if req.mamba_pool_idx is not None:
             self.pool.free_mamba_cache(req)
 
-    def snapshot(self, reqs: Iterable[Req], sessions: Iterable[Any] = ()) -> HybridStateSnapshot:
+    def snapshot(
+        self,
+        reqs: Iterable[Req],
+        sessions: Iterable[Any] = (),
+        tree: MambaTreeSnapshot | None = None,
+    ) -> HybridStateSnapshot:
         """The hybrid pool and every live request's Mamba slots with the state they must hold:
-        that of every token whose KV is computed (``kv_committed_len``); then every session
-        holding a slot between turns (``session ID``: the state after its committed tokens)."""
+        that of every token whose KV is computed (``kv_committed_len``; a waiting request's
+        copy-on-write slot: its matched prefix); then every session holding a slot between
+        turns (``session ID``: the state after its committed tokens); then ``tree``, the Mamba
+        radix cache's snapshot (its checkpoints are the tree's slots)."""
         views = tuple(
             MambaReqSnapshot(
                 rid=r.rid,
@@ -95,8 +177,10 @@ class MambaHooks:
                 track=tuple(r.mamba_ping_pong_track_buffer or ()),
                 expected_tag=(
                     None
-                    if r.mamba_pool_idx is None or r.mamba_needs_clear
-                    else mamba_state_tag(r.all_token_ids[: r.kv_committed_len], r.extra_key)
+                    if r.mamba_pool_idx is None
+                    or r.mamba_needs_clear
+                    or r.mamba_cow_src_index is not None
+                    else mamba_state_tag(r.all_token_ids[: _state_len(r)], r.extra_key)
                 ),
             )
             for r in reqs
@@ -113,7 +197,13 @@ class MambaHooks:
             for s in sessions
             if s.mamba_pool_idx is not None
         )
-        return HybridStateSnapshot(self.pool.hybrid_snapshot(), views + held)
+        return HybridStateSnapshot(self.pool.hybrid_snapshot(), views + held, tree)
+
+
+def _state_len(req: Req) -> int:
+    """Tokens whose state the request's slot holds: those computed, or (waiting, after a
+    copy-on-write) those of its matched prefix."""
+    return req.kv_committed_len if req.req_pool_idx is not None else len(req.prefix_indices)
 
 
 __all__ = ["MambaHooks", "check_hybrid_config", "hybrid_pool", "mamba_hooks_for"]

@@ -16,6 +16,8 @@ Decisions (both twins follow them):
   ``needed`` is new tokens (page size 1) or ``new pages * page_size``.
 - Waiting requests keep ``cache_protected_len == 0`` and hold no slots; ``match_prefix`` locks
   the matched node and remembers ``prefix_indices``; ``extend`` sets ``cache_protected_len``.
+  (With the Mamba radix cache, a waiting request matched to a cached state holds one Mamba slot:
+  its copy of that state; see :mod:`kvpool.reference.mamba_hooks`.)
 - Requests leave the table when finished or aborted. A session turn's ``match_prefix`` returns the
   session's committed length without touching the tree (the lock comes with the restore).
 - A session turn's ``finish`` hands everything to the session (``is_insert`` is ignored).
@@ -29,8 +31,10 @@ Decisions (both twins follow them):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from kvpool.errors import (
+    ConfigError,
     ContextOverflowError,
     InvalidArgumentError,
     OutOfMemoryError,
@@ -93,19 +97,26 @@ class MemoryManager(LifecyclePrimitives):
     def match_prefix(self, rid: str) -> int:
         """Match a waiting request's tokens (capped at ``len - 1``), lock the last matched node
         (dropping the lock it held) and remember the prefix; returns its length in tokens. With
-        the host tier this is the admission: a prefix found in host memory is loaded back."""
-        return self._match(rid, load_back=True)
+        the host tier this is the admission: a prefix found in host memory is loaded back; with the
+        Mamba radix cache the matched state is copied into a slot of the request's own."""
+        return self._match(self.get_req(rid, "waiting"), cow=True, load_back=True)
 
-    def _match(self, rid: str, load_back: bool) -> int:
-        """:meth:`match_prefix`; ``extend``'s own match (``load_back`` False) moves nothing from
-        host memory, so that a refused batch leaves the state as it was."""
-        req = self.get_req(rid, "waiting")
+    def _match(self, req: Req, cow: bool, load_back: bool) -> int:
+        """:meth:`match_prefix`; ``extend``'s own match (``cow`` and ``load_back`` False) moves
+        nothing from host memory and copies no state, so that a refused batch leaves the state
+        as it was (the copy-on-write follows admission: ``stage_cow``)."""
         session = self._restoring_session(req)
         if session is not None:
             req.matched = True
             return session.kv_committed_len
         tokens = req.all_token_ids
-        result = self.tree_cache.match_prefix(RadixKey(tokens[: len(tokens) - 1], req.extra_key))
+        key = RadixKey(tokens[: len(tokens) - 1], req.extra_key)
+        hooks = self.mamba_hooks
+        result: Any
+        if cow and hooks is not None and hooks.tree is not None:
+            result = hooks.match(key, req)
+        else:
+            result = self.tree_cache.match_prefix(key)
         prefix, last = self._admit_prefix(result, load_back)  # a host hit is loaded back
         self.tree_cache.inc_lock_ref(last)
         if req.matched:
@@ -116,6 +127,8 @@ class MemoryManager(LifecyclePrimitives):
         return len(req.prefix_indices)
 
     def _unmatch(self, req: Req) -> None:
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.release_waiting(req)
         self.tree_cache.dec_lock_ref(req.last_node)
         req.prefix_indices = []
         req.last_node = None
@@ -146,7 +159,7 @@ class MemoryManager(LifecyclePrimitives):
             if r.state == "waiting" and s is None and not r.matched
         ]
         for req in matched_here:
-            self._match(req.rid, load_back=False)
+            self._match(req, cow=False, load_back=False)  # copy-on-write once admitted
         try:
             prefix_lens = [
                 s.kv_committed_len
@@ -162,11 +175,14 @@ class MemoryManager(LifecyclePrimitives):
             self._check_capacity(self._tokens_needed(prefix_lens, seq_lens), orphans)
             if self.mamba_hooks is not None:  # before a session's restore changes anything
                 fresh_reqs = [r for r, s in zip(reqs, restoring, strict=True) if s is None]
-                self.mamba_hooks.check_admission(fresh_reqs)
+                chunks = sum(1 for r, s in zip(reqs, seq_lens, strict=True) if s < r.seq_len())
+                self.mamba_hooks.check_admission(fresh_reqs, chunks)
         except OutOfMemoryError:
             for req in reversed(matched_here):
                 self._unmatch(req)
             raise
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.stage_cow([r for r in reqs if r.state == "waiting"])
         for req, session in zip(reqs, restoring, strict=True):
             if session is not None:
                 session.restore_into(
@@ -272,6 +288,8 @@ class MemoryManager(LifecyclePrimitives):
         turn's Mamba slot and track buffers with its row)."""
         if session_id in self.sessions:
             raise InvalidArgumentError(f"session {session_id!r} already exists")
+        if self.mamba_hooks is not None and self.mamba_hooks.tree is not None:
+            raise ConfigError("sessions are not modelled with the Mamba radix cache")
         self.sessions[session_id] = SessionSlot(session_id)
 
     def close_session(self, session_id: str) -> None:
@@ -292,7 +310,8 @@ class MemoryManager(LifecyclePrimitives):
 
     def evict(self, num_tokens: int) -> int:
         """Evict from the tree; returns the tokens actually freed."""
-        return self.tree_cache.evict(num_tokens)
+        freed = self.tree_cache.evict(num_tokens)
+        return freed[0] if isinstance(freed, tuple) else freed
 
     def snapshot(self) -> PoolSnapshot:
         """The whole state (see :func:`kvpool.reference.pool_snapshot.build_pool_snapshot`)."""

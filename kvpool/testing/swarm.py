@@ -87,10 +87,12 @@ def draw_config(
     """A small pool configuration. ``page_size`` and ``overrides`` pin fields (focused runs).
     ``hybrid``: the candidate models hybrid (Mamba) models, so configurations with the radix
     cache off and ``need_sort`` (one in eight) get a few Mamba slots, fewer than rows, so that
-    admission is often refused for want of them (no extra draw: the other fields, and so every
-    seed's run, stay as they were). ``host``: the candidate has a host tier, so radix-cache
-    configurations with 3 or 6 rows (two in five) get one (:func:`host_tier_fields`; no extra
-    draw either)."""
+    admission is often refused for want of them; so do those with the radix cache on, page size
+    1 and ``need_sort`` (the Mamba radix cache: three to seven slots, so that cached states are
+    evicted and admissions refused often; LRU eviction, no track buffers). ``host``: the
+    candidate has a host tier, so non-hybrid radix-cache configurations with 3 or 6 rows get one
+    (:func:`host_tier_fields`). No extra draw: the other fields, and so every seed's run, stay
+    as they were."""
     ps = page_size if page_size is not None else c.choice(SUPPORTED_PAGE_SIZES_TESTED)
     pages = c.integer(4, 24) if ps <= 2 else c.integer(3, 12 if ps <= 4 else 8)
     fields: dict[str, Any] = {
@@ -115,11 +117,23 @@ def draw_config(
         fields["mamba_slots"] = max(1, fields["req_pool_size"] - 2 + pages % 2)
         fields["mamba_track_buffers"] = pages % 3
         fields["mamba_layers"] = 1 + pages % 2
+    elif (
+        hybrid
+        and not fields["disable_radix_cache"]
+        and fields["need_sort"]
+        and ps == 1
+        and getattr(fields.get("rules"), "release_path", "finished_req") == "finished_req"
+        and "mamba_slots" not in overrides
+    ):  # the Mamba radix cache: page size 1, LRU, no track buffers, few slots
+        fields["mamba_slots"] = 3 + pages % 5
+        fields["mamba_layers"] = 1 + pages % 2
+        fields["eviction_policy"] = "lru"
     if (
         host
         and not fields["disable_radix_cache"]
         and fields["req_pool_size"] % 3 == 0
         and "enable_hierarchical_cache" not in overrides
+        and fields.get("mamba_slots") is None
     ):
         fields.update(host_tier_fields(pages, ps))
     return PoolConfig(**fields)

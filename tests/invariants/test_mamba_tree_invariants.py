@@ -48,7 +48,8 @@ def test_real_snapshots_pass() -> None:
     cache, snap = tree()
     assert [n.node_id for n in snap.nodes] == [0, 2, 1, 3]
     assert check_mamba_tree(snap) == 2
-    assert {"mamba_tree"} == set(INVARIANTS["INV-MAMBA-TREE-SHAPE"].scopes)
+    # also at pool scope: a hybrid manager's lifecycle with the radix cache on runs the tree
+    assert {"mamba_tree", "pool"} == set(INVARIANTS["INV-MAMBA-TREE-SHAPE"].scopes)
     cache.evict(num_tokens=0, mamba_num=2)  # node 3 goes whole; node 1 is locked
     assert check_mamba_tree(cache.snapshot()) == 2
 

@@ -80,8 +80,13 @@ def test_every_release_path_gives_the_slots_back(twin: Any) -> None:
 
 @TWINS
 def test_hybrid_scope(twin: Any) -> None:
-    with pytest.raises(ConfigError):  # the Mamba radix cache is a component, not in the lifecycle
-        manager(twin, PoolConfig(mamba_slots=4))
+    # the Mamba radix cache runs in the lifecycle without track buffers, at page size 1, LRU
+    for bad in ({"mamba_track_buffers": 1}, {"page_size": 2, "size": 64},
+                {"eviction_policy": "lfu"}):  # fmt: skip
+        with pytest.raises(ConfigError):
+            manager(twin, PoolConfig(mamba_slots=4, **bad))
+    with pytest.raises(ConfigError):  # sessions are not modelled with it
+        manager(twin, PoolConfig(mamba_slots=4)).open_session("s")
     mm = manager(twin)
     mm.open_session("s")
     with pytest.raises(InvalidArgumentError):

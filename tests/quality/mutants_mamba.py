@@ -262,6 +262,56 @@ def lifecycle_session_close_leaks_state(mm: Any) -> None:
 HYBRID_LIFECYCLE = {"disable_radix_cache": True, "mamba_slots": 3, "mamba_track_buffers": 1}
 """Config overrides of the lifecycle hunts of Mamba bugs: a hybrid model, few slots."""
 
+MAMBA_RADIX_LIFECYCLE = {"disable_radix_cache": False, "mamba_slots": 3,
+                         "mamba_track_buffers": 0, "eviction_policy": "lru"}  # fmt: skip
+"""Config overrides of the lifecycle hunts with the Mamba radix cache (page size 1)."""
+
+
+def lifecycle_cow_hands_checkpoint(mm: Any) -> None:
+    """A prefix match's copy-on-write hands the request the tree's checkpoint slot itself (no
+    copy): the request's forward then writes the cached state in place."""
+    hooks = mm.mamba_hooks
+    need(hooks, "match", "tree")
+
+    def match(key: Any, req: Any) -> Any:
+        result = hooks.tree.match_prefix(key)
+        cached = result.last_device_node.mamba_value
+        if cached is not None and req.mamba_pool_idx is None:
+            req.mamba_pool_idx = cached  # shared with the tree
+            req.mamba_needs_clear = False
+        return result
+
+    hooks.match = match
+
+
+def lifecycle_running_abort_drops_slot(mm: Any) -> None:
+    """An aborted running request's Mamba slot is dropped (forgotten) instead of freed."""
+    pool = mm.req_to_token_pool
+    need(pool, "free_mamba_cache")
+    need(mm, "abort", "reqs")
+    original_abort, original_free = mm.abort, pool.free_mamba_cache
+    dropping = [False]
+
+    def free_mamba_cache(req: Any, *args: Any) -> None:
+        if not dropping[0]:
+            original_free(req, *args)
+            return
+        req.mamba_pool_idx = None  # never given back
+        req.mamba_cow_src_index = None
+        req.mamba_needs_clear = False
+
+    def abort(rid: str) -> None:
+        req = mm.reqs.get(rid)
+        dropping[0] = req is not None and req.state == "running"
+        try:
+            original_abort(rid)
+        finally:
+            dropping[0] = False
+
+    pool.free_mamba_cache = free_mamba_cache
+    mm.abort = abort
+
+
 MAMBA_LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("mamba-chunked-release-keeps", "a request released inside prefill keeps its slot",
            ("INV-MAMBA-ACCOUNTING",), lifecycle_prefill_release_keeps_slot, (1, 2),
@@ -270,6 +320,13 @@ MAMBA_LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
            ("INV-MAMBA-ACCOUNTING",), lifecycle_session_close_leaks_state, (1, 2),
            HYBRID_LIFECYCLE, ("open_session", "session_turn", "extend", "finish",
                               "close_session")),
+    Mutant("mamba-radix-cow-hands-checkpoint", "a match hands over the tree's checkpoint slot",
+           ("INV-MAMBA-ONE-OWNER", "INV-MAMBA-CHECKPOINT"), lifecycle_cow_hands_checkpoint,
+           (1,), MAMBA_RADIX_LIFECYCLE, ("twin_req", "new_req", "match_prefix", "extend",
+                                         "decode", "finish")),
+    Mutant("mamba-radix-running-abort-drops", "an aborted running request's slot dropped",
+           ("INV-MAMBA-ACCOUNTING",), lifecycle_running_abort_drops_slot, (1,),
+           MAMBA_RADIX_LIFECYCLE, ("new_req", "extend", "decode", "abort")),
 )  # fmt: skip
 """Mamba bugs hunted by the lifecycle machine (:func:`kvpool.testing.quality.hunt`)."""
 
@@ -278,6 +335,9 @@ __all__ = [
     "HYBRID_LIFECYCLE",
     "MAMBA_LIFECYCLE_MUTANTS",
     "MAMBA_MUTANTS",
+    "MAMBA_RADIX_LIFECYCLE",
+    "lifecycle_cow_hands_checkpoint",
     "lifecycle_prefill_release_keeps_slot",
+    "lifecycle_running_abort_drops_slot",
     "lifecycle_session_close_leaks_state",
 ]

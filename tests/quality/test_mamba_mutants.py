@@ -16,7 +16,7 @@ from kvpool.testing.quality import (
     hunt,
     hunt_implementation,
 )
-from tests.quality.mutants_mamba import HYBRID_LIFECYCLE, MAMBA_LIFECYCLE_MUTANTS, MAMBA_MUTANTS
+from tests.quality.mutants_mamba import MAMBA_LIFECYCLE_MUTANTS, MAMBA_MUTANTS
 
 FIELD_BUGS = {
     "mamba-waiting-abort-leaks",
@@ -62,7 +62,7 @@ def test_lifecycle_mamba_bug_is_caught(mutant: Mutant) -> None:
 @pytest.mark.parametrize("base", MAMBA_LIFECYCLE_MUTANTS, ids=lambda m: m.name)
 def test_hybrid_lifecycle_control_passes(base: Mutant) -> None:
     """The unmutated twin passes each hunt's budget, with that hunt's operation kinds."""
-    kinds = base.kinds
-    clean = Mutant("no-bug", "control", ("none",), lambda mm: None, (1, 2), HYBRID_LIFECYCLE, kinds)
+    clean = Mutant("no-bug", "control", ("none",), lambda mm: None, base.page_sizes,
+                   base.overrides, base.kinds)  # fmt: skip
     result = hunt(clean, _budget())
     assert not result.caught, result.report

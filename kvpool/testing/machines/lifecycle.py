@@ -19,6 +19,7 @@ from kvpool.testing.bundle import Implementation
 from kvpool.testing.layer_ops import draw_lifecycle_op
 from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.machines.coverage import outcome_tag
+from kvpool.testing.machines.mamba_lifecycle import mamba_radix_tags
 from kvpool.testing.swarm import HOST_KINDS, KINDS, Chooser, Op, draw_config, layer_fields
 
 
@@ -96,7 +97,7 @@ def lifecycle_tags(
 ) -> list[str]:
     """Coverage tags of one lifecycle step."""
     if isinstance(error, OutOfMemoryError) and not op.expect_error:
-        return [f"{op.name}:oom"]
+        return [f"{op.name}:oom", *mamba_radix_tags(op.name, error, before, after)]
     tags = [outcome_tag(op, None if error else result, error)]
     if op.name in ("abort", "retract") and op.expect_error:
         tags.append(f"invalid:{op.name}")
@@ -116,6 +117,7 @@ def lifecycle_tags(
                 tags.append("session:hybrid-restore")
     if before.allocator.release_pages and not after.allocator.release_pages:
         tags.append("merge:by-alloc")
+    tags += mamba_radix_tags(op.name, error, before, after)
     return tags + host_tags(op, result, before, after)
 
 
