@@ -29,12 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.errors import LockError
-from kvpool.testing.swarm import Chooser, Op, View, draw_op
+from kvpool.testing.swarm import LAYER_KINDS, Chooser, Op, View, draw_op
 
-LAYER_KINDS: tuple[str, ...] = (
-    "layer_load", "layer_done", "layer_done", "layer_read", "layer_read",
-)  # fmt: skip
-"""Layer step kinds, repeated by weight (completions and reads twice as often as loads)."""
 LAYER_OPS = frozenset(LAYER_KINDS)
 LAYER_SHARE = 3
 """One lifecycle step in ``LAYER_SHARE`` is a layer step when layer-wise loading is on."""
@@ -114,17 +110,6 @@ class LayerLoads:
         return Op("layer_read", (c.integer(0, layers - 1),))
 
 
-def draw_kind_op(c: Chooser, view: View, layers: LayerLoads | None, kind: str) -> Op:
-    """An operation of exactly ``kind``: a layer step for a layer kind when ``layers`` is set,
-    else :func:`~kvpool.testing.swarm.draw_op` (which turns a kind it cannot draw into a step
-    that makes progress). The hypothesis lockstep machine draws this way, so it takes layer
-    steps only in runs focused on them (its ``kinds`` name them) and its derandomized examples
-    stay as they were otherwise."""
-    if layers is not None and kind in LAYER_OPS:
-        return layers.draw(c, kind)
-    return draw_op(c, view, kind)
-
-
 def draw_lifecycle_op(c: Chooser, view: View, layers: LayerLoads | None, kind: str) -> Op:
     """A lifecycle operation of ``kind`` (:func:`~kvpool.testing.swarm.draw_op`), or, when
     ``layers`` is set (layer-wise loading), one time in :data:`LAYER_SHARE` a layer step
@@ -140,6 +125,5 @@ __all__ = [
     "LayerLoads",
     "LayerSide",
     "counter_state",
-    "draw_kind_op",
     "draw_lifecycle_op",
 ]

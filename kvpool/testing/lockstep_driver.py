@@ -114,6 +114,7 @@ class Lockstep:
         view = make_view(self.config, self.snap_a, self.next_rid, self.next_sid)
         view.done.extend(self.gone[-4:])
         view.prompts = {r: self.prompts[r] for r in view.waiting if r in self.prompts}
+        view.layers = self.layers
         return view
 
     def fail(self, detector: str, detail: str, indices: tuple[int, ...] = ()) -> LockstepFailure:

@@ -17,9 +17,8 @@ from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from kvpool.testing.layer_ops import draw_kind_op
 from kvpool.testing.lockstep_driver import ConfigDrawer, Factory, Lockstep, LockstepFailure
-from kvpool.testing.swarm import draw_config
+from kvpool.testing.swarm import draw_config, draw_op
 
 SHRINK_REPLAYS = 160
 """Replays the in-machine shrinker may make (greedy deletion over a ``ci`` trace of 40 steps
@@ -85,7 +84,7 @@ class LockstepMachine(RuleBasedStateMachine):
         focus = type(self).kinds
         if focus is not None and kind not in focus:
             kind = chooser.choice(focus)
-        op = draw_kind_op(chooser, self.pair.view(), self.pair.layers, kind)
+        op = draw_op(chooser, self.pair.view(), kind)
         type(self).steps += 1
         try:
             self.pair.run(op)

@@ -218,6 +218,9 @@ class View:
     """Prompts (tokens, extra key) of the waiting requests the generator created: a new request
     may copy one (the same prompt sent twice, or parallel sampling), which makes two requests
     prefill the same prefix in one batch: the duplicate-slot paths."""
+    layers: Any = None
+    """Under layer-wise loading, the run's layer steps (:class:`kvpool.testing.layer_ops.
+    LayerLoads`): ``draw_op`` of a kind in :data:`LAYER_KINDS` asks it for a step."""
 
 
 def make_view(config: PoolConfig, snap: PoolSnapshot, next_rid: int, next_sid: int) -> View:
@@ -321,6 +324,8 @@ def draw_op(c: Chooser, v: View, kind: str) -> Op:
         return Op(f"hicache_{kind}", (count,), expect_error=count < 0)
     if kind == "invalid":
         return draw_invalid(c, v)
+    if kind in LAYER_KINDS and v.layers is not None:
+        return v.layers.draw(c, kind)  # type: ignore[no-any-return]
     # Not applicable in this state: make progress instead.
     return draw_op(c, v, "extend" if v.waiting and kind != "extend" else "new_req")
 
@@ -414,3 +419,10 @@ def layer_fields(config: PoolConfig) -> dict[str, Any]:
     if config.layerwise_loading or (pages + 2 * config.req_pool_size) % 4 != 1:
         return {}
     return {"layerwise_loading": True, "layer_wait_s": 0.002, "num_layers": 2 + pages % 3}
+
+
+LAYER_KINDS: tuple[str, ...] = (
+    "layer_load", "layer_done", "layer_done", "layer_read", "layer_read",
+)  # fmt: skip
+"""Layer step kinds (:mod:`kvpool.testing.layer_ops`), repeated by weight (completions and reads
+twice as often as loads); drawn only under layer-wise loading."""

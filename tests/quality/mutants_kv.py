@@ -96,7 +96,7 @@ KV_STORAGE_MUTANTS: tuple[Mutant, ...] = (
 """Storage-variant bugs hunted by the lifecycle machine (:func:`kvpool.testing.quality.hunt`)."""
 
 
-LAYERWISE = {"layerwise_loading": True, "layer_wait_s": 0.002, "num_layers": 3,
+LAYERWISE: dict[str, Any] = {"layerwise_loading": True, "layer_wait_s": 0.002, "num_layers": 3,
              "kv_storage": "plain"}  # fmt: skip
 """The lifecycle with layer-wise loading on, as the campaign draws it (a 2 ms twin wait)."""
 LAYER_FOCUS = ("new_req", "extend", "decode", "finish", *LAYER_KINDS)
