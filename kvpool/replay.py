@@ -33,14 +33,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
-from kvpool.errors import InvariantViolation, KVPoolError, OutOfMemoryError
-from kvpool.invariants import check_all
-from kvpool.snapshot import PoolSnapshot
-from kvpool.testing.lockstep import Factory, Lockstep, LockstepFailure
+from kvpool.errors import OutOfMemoryError
+from kvpool.replay_stepper import SoloStepper, Stepper
+from kvpool.testing.lockstep import Factory, Lockstep
 from kvpool.testing.swarm import Op
 from kvpool.traces import BLOCK_SIZE, OUTPUT_TOKEN_LIMIT, TraceRecord, blocks_token_array
 
@@ -102,64 +101,6 @@ class ReplayStats:
         out = asdict(self)
         out["hit_ratio"] = round(self.hit_ratio, 6)
         return out
-
-
-class Stepper(Protocol):
-    """What the driver steps: :class:`~kvpool.testing.lockstep.Lockstep` or :class:`SoloStepper`
-    (``a`` is the implementation whose statistics are reported)."""
-
-    config: PoolConfig
-    a: Any
-    checks: int
-
-    def run(self, op: Op) -> Any: ...
-
-
-class SoloStepper:
-    """One implementation alone: each op is called, and every ``check_every`` steps its snapshot
-    goes through every invariant (:func:`kvpool.invariants.check_all`, the transition ones
-    against a snapshot taken just before that step: states several steps apart would make them
-    report locks released and evicted in between). Returns the result or the
-    :class:`~kvpool.errors.KVPoolError` instance, like :meth:`Lockstep.run`; a violation raises
-    :class:`~kvpool.testing.lockstep.LockstepFailure` named by the invariant id; any other
-    exception propagates."""
-
-    def __init__(self, factory: Factory, config: PoolConfig, label: str, check_every: int = 1):
-        self.config, self.label = config, label
-        self.check_every = max(check_every, 1)
-        self.a = factory(config)
-        self.steps = 0
-        self.checks = 0
-        self.snap: PoolSnapshot = self.a.snapshot()
-        self._check(None, "build")
-
-    def _check(self, prev: PoolSnapshot | None, what: str) -> None:
-        try:
-            self.checks += check_all(self.snap, prev)
-        except InvariantViolation as exc:
-            text = f"{self.label} after step {self.steps} ({what}): {exc}"
-            raise LockstepFailure(exc.invariant_id, self.steps, text, exc.indices) from exc
-
-    def run(self, op: Op) -> Any:
-        self.steps += 1
-        due = self.steps % self.check_every == 0
-        if due and self.check_every > 1:  # transition invariants compare consecutive states
-            self.snap = self.a.snapshot()
-        try:
-            out: Any = op.call(self.a)
-        except KVPoolError as exc:
-            out = exc
-        if due:
-            prev, self.snap = self.snap, self.a.snapshot()
-            self._check(prev, op.name)
-        return out
-
-    def check_now(self) -> None:
-        """Check the current state if the last step was not checked (the end of a replay; the
-        state invariants only: the previous snapshot is several steps old)."""
-        if self.steps % self.check_every:
-            self.snap = self.a.snapshot()
-            self._check(None, "end")
 
 
 def scaled_length(record: TraceRecord, block_tokens: int) -> int:
@@ -413,3 +354,19 @@ def _replay(
     stats.invariant_checks = pair.checks
     stats.seconds = time.monotonic() - start
     return stats
+
+
+__all__ = [
+    "GC_EVERY_STEPS",
+    "PreparedRequests",
+    "ReplaySettings",
+    "ReplayStats",
+    "SoloStepper",
+    "Stepper",
+    "cache_footprint_tokens",
+    "prepare_requests",
+    "replay_pool_sizes",
+    "replay_trace",
+    "scaled_length",
+    "scaled_prompt",
+]

@@ -18,28 +18,18 @@ lengths: :func:`~kvpool.optimized.paged_ops.check_extend_host`) run in both mode
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 
-from kvpool import kernels
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError, PageSizeError
-from kvpool.kernels.host import page_opening_requests
+from kvpool.optimized.batch_alloc import BatchAllocs
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_ops import (
-    HostLens,
-    check_decode_host,
-    check_extend_args,
-    check_extend_host,
     check_free_list_shape,
     check_free_list_state,
     check_free_slots,
-    check_host_copy,
-    check_integer_tensors,
-    check_prefix_pages_held,
-    extend_new_pages_host,
     is_integer_dtype,
     pages_to_slots,
 )
@@ -53,7 +43,7 @@ FreeListState = tuple[torch.Tensor, torch.Tensor]
 IndexLike = torch.Tensor | Sequence[int]
 
 
-class BaseTokenToKVPoolAllocator(SegmentFrees):
+class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
     """Page allocator over ``size // page_size`` pages with ids ``1..num_pages`` (twin of
     :class:`kvpool.reference.allocator.BaseTokenToKVPoolAllocator`; same methods and results).
 
@@ -272,10 +262,12 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         """``(free_pages, release_pages)`` as clones (EAGLE v1 borrows draft slots with it)."""
         return (self.free_pages.clone(), self.release_pages.clone())
 
-    def restore_state(self, state: Any) -> None:
+    def restore_state(self, state: object) -> None:
         """Put back free lists taken by :meth:`backup_state`. Checked mode raises
         InvalidArgumentError for anything but two tensors of distinct page ids in
         ``1..num_pages``."""
+        free_pages: IndexLike
+        release_pages: IndexLike
         if self.checked:
             free_pages, release_pages = check_free_list_state(state, self.num_pages)
         else:  # the shape of the state (host metadata), not its page ids
@@ -306,95 +298,11 @@ class BaseTokenToKVPoolAllocator(SegmentFrees):
         if self._pending_mask is not None:
             self._pending_mask.zero_()
 
-    # ----------------------------------------------------------------- batch operations
-    def alloc_extend(
-        self,
-        prefix_lens: torch.Tensor,
-        prefix_lens_cpu: HostLens,
-        seq_lens: torch.Tensor,
-        seq_lens_cpu: HostLens,
-        last_loc: torch.Tensor,
-        extend_num_tokens: int,
-    ) -> torch.Tensor | None:
-        """Slots (int64, length ``extend_num_tokens``) for tokens ``[P_i, S_i)`` of every
-        request, in batch order, or ``None`` (no change) when the new pages do not fit. The page
-        count comes from the host copies; capacity is checked before the kernel is launched.
-        Checked mode raises the reference's errors for a bad batch."""
-        prefix_lens, seq_lens = self._as_index(prefix_lens), self._as_index(seq_lens)
-        last_loc = self._as_index(last_loc)
-        if self._free_mask is not None:  # device reads first: the reference's order of checks
-            check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
-            p = check_host_copy("prefix_lens", prefix_lens, prefix_lens_cpu)
-            s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
-            loc = last_loc.to(torch.int64)
-            check_extend_args(p, s, loc, extend_num_tokens, self.page_size)
-            check_prefix_pages_held(p, loc, self._free_mask, self.page_size)
-        host_p, host_s = check_extend_host(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-        )
-        num_new = extend_new_pages_host(host_p, host_s, self.page_size)
-        bound = self._extend_merge_bound(extend_num_tokens, len(seq_lens_cpu))
-        self._merge_before_take(bound > self.free_pages.numel(), num_new)
-        pages = self._take_pages(num_new)
-        if pages is None:
-            return None
-        out = torch.empty(extend_num_tokens, dtype=torch.int64, device=self.device)
-        kernels.alloc_extend(
-            prefix_lens,
-            seq_lens,
-            last_loc,
-            pages,
-            out,
-            self.page_size,
-            self.kernel_backend,
-            prefix_lens_cpu=prefix_lens_cpu,
-            seq_lens_cpu=seq_lens_cpu,
-        )
-        return out
 
-    def alloc_decode(
-        self, seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
-    ) -> torch.Tensor | None:
-        """One slot per request (int64) for token ``S_i - 1``: the first slot of the next free
-        page when ``(S_i - 1) % page_size == 0``, else ``last_loc_i + 1``; ``None`` (no change)
-        if the new pages do not fit. Checked mode raises the reference's errors."""
-        seq_lens, last_loc = self._as_index(seq_lens), self._as_index(last_loc)
-        if self._free_mask is not None:  # device reads first: the reference's order of checks
-            check_integer_tensors(seq_lens=seq_lens, last_loc=last_loc)
-            s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
-            loc = last_loc.to(torch.int64)
-            if bool((s < 1).any()):
-                raise InvalidArgumentError(
-                    f"alloc_decode needs every seq_len >= 1, got {s.tolist()}"
-                )
-            check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
-            check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
-        check_decode_host(seq_lens, seq_lens_cpu, last_loc)  # before the host copy is read
-        opens = page_opening_requests(seq_lens_cpu, self.page_size)
-        num_new = int(opens.size)
-        self._merge_before_take(seq_lens.numel() > self.free_pages.numel(), num_new)
-        pages = self._take_pages(num_new)
-        if pages is None:
-            return None
-        out = torch.empty(seq_lens.numel(), dtype=torch.int64, device=self.device)
-        kernels.alloc_decode(
-            seq_lens,
-            last_loc,
-            pages,
-            out,
-            self.page_size,
-            self.kernel_backend,
-            seq_lens_cpu=seq_lens_cpu,
-            opens_cpu=opens,
-        )
-        return out
-
-
-def _joined(parts: list[torch.Tensor], empty: Any) -> torch.Tensor:
+def _joined(parts: list[torch.Tensor], empty: Callable[[], torch.Tensor]) -> torch.Tensor:
     """The buffered tensors of a free group as one (no copy for a single one)."""
     if not parts:
-        result: torch.Tensor = empty()
-        return result
+        return empty()
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 

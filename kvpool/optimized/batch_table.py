@@ -21,7 +21,7 @@ first. Units: rows, columns (tokens), slots.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -30,18 +30,41 @@ import torch
 from kvpool import kernels
 from kvpool.constants import ceil_align
 from kvpool.kernels.host import to_device
+from kvpool.protocols import ReqToTokenPoolProtocol
 
 Ints = Sequence[int] | npt.NDArray[np.int64]
 
+TablePool = ReqToTokenPoolProtocol[torch.Tensor]
+"""The request-to-token pool the helpers work on (its ``req_to_token`` tensor when it has one,
+else its ``read`` / ``write``)."""
 
-def rows_of(holders: Sequence[Any]) -> list[int]:
+
+class RowHolder(Protocol):
+    """A request or a session: the row it holds, if any."""
+
+    @property
+    def req_pool_idx(self) -> int | None: ...
+
+
+class OverAllocated(RowHolder, Protocol):
+    """What :func:`read_over_allocations` reads of a request (lengths in tokens)."""
+
+    @property
+    def rid(self) -> str: ...
+    @property
+    def kv_committed_len(self) -> int: ...
+    @property
+    def kv_allocated_len(self) -> int: ...
+
+
+def rows_of(holders: Sequence[RowHolder]) -> list[int]:
     """The rows (``req_pool_idx``) of requests or sessions that hold one."""
     rows = [h.req_pool_idx for h in holders]
     assert None not in rows, "every request of the batch holds a row"
-    return rows
+    return cast(list[int], rows)
 
 
-def table_of(pool: Any) -> torch.Tensor | None:
+def table_of(pool: object) -> torch.Tensor | None:
     """The pool's ``req_to_token`` tensor, or None for a pool that does not expose one."""
     table = getattr(pool, "req_to_token", None)
     return table if isinstance(table, torch.Tensor) else None
@@ -65,7 +88,7 @@ def _plan(rows: Ints, starts: Ints, stops: Ints) -> npt.NDArray[np.int64]:
 
 
 def gather_columns(
-    pool: Any, rows: Ints, starts: Ints, stops: Ints, device: torch.device
+    pool: TablePool, rows: Ints, starts: Ints, stops: Ints, device: torch.device
 ) -> torch.Tensor:
     """``cat(table[rows[i], starts[i]:stops[i]])`` as int64 (a new tensor)."""
     table = table_of(pool)
@@ -80,7 +103,9 @@ def gather_columns(
     return table[idx[0], idx[1]].to(torch.int64)
 
 
-def scatter_columns(pool: Any, rows: Ints, starts: Ints, stops: Ints, values: torch.Tensor) -> None:
+def scatter_columns(
+    pool: TablePool, rows: Ints, starts: Ints, stops: Ints, values: torch.Tensor
+) -> None:
     """``table[rows[i], starts[i]:stops[i]] = values[...]`` (``values`` flat, batch order)."""
     table = table_of(pool)
     if table is None:
@@ -94,7 +119,7 @@ def scatter_columns(pool: Any, rows: Ints, starts: Ints, stops: Ints, values: to
 
 
 def last_locs(
-    pool: Any, rows: Ints, cols: Ints, device: torch.device, backend: str | None = None
+    pool: TablePool, rows: Ints, cols: Ints, device: torch.device, backend: str | None = None
 ) -> torch.Tensor:
     """int64: the slot of column ``cols[i] - 1`` of row ``rows[i]``, -1 where ``cols[i] == 0``
     (:func:`kvpool.kernels.get_last_loc`)."""
@@ -114,7 +139,7 @@ def last_locs(
 
 
 def write_rows(
-    pool: Any,
+    pool: TablePool,
     rows: Sequence[int],
     prefixes: Sequence[torch.Tensor],
     prefix_lens: Sequence[int],
@@ -143,26 +168,29 @@ def write_rows(
 
 
 def read_over_allocations(
-    pool: Any, reqs: Sequence[Any], page_size: int, device: torch.device
+    pool: TablePool, reqs: Sequence[OverAllocated], page_size: int, device: torch.device
 ) -> dict[str, tuple[int, int, int, torch.Tensor]]:
     """``rid -> (row, start, stop, slots)`` for every request holding columns past
     ``start = ceil_align(kv_committed_len, page_size)`` up to ``stop = kv_allocated_len`` (the
     over-allocation a release frees): one gather for the batch, each request's slots (int64) a
     view of it."""
-    todo = []
+    todo: list[tuple[str, int, int, int]] = []
     for r in reqs:
         start = ceil_align(r.kv_committed_len, page_size)
         if r.req_pool_idx is not None and r.kv_allocated_len > start:
             todo.append((r.rid, r.req_pool_idx, start, r.kv_allocated_len))
     if not todo:
         return {}
-    rows, starts, stops = ([t[i] for t in todo] for i in (1, 2, 3))
+    rows, starts, stops = [t[1] for t in todo], [t[2] for t in todo], [t[3] for t in todo]
     flat = gather_columns(pool, rows, starts, stops, device)
     parts = torch.split(flat, [b - a for a, b in zip(starts, stops, strict=True)])
     return {rid: (row, a, b, part) for (rid, row, a, b), part in zip(todo, parts, strict=True)}
 
 
 __all__ = [
+    "OverAllocated",
+    "RowHolder",
+    "TablePool",
     "device_ints",
     "gather_columns",
     "last_locs",

@@ -13,7 +13,7 @@ are page ids, slots are slot ids.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from kvpool.errors import (
 from kvpool.host_checks import int_list
 from kvpool.kernels.alloc_extend import HostLens, host_array
 from kvpool.kernels.host import Int64Array
+
+PageIds = torch.Tensor | Sequence[int]
+"""A free list as a caller hands it back: a 1-D integer tensor or a sequence of page ids."""
 
 
 def _host(values: HostLens | Int64Array) -> Int64Array:
@@ -256,7 +259,7 @@ def check_free_slots(
         raise DoubleFreeError("slots freed twice in one call or free group")
 
 
-def check_free_list_shape(state: object) -> tuple[Any, Any]:
+def check_free_list_shape(state: object) -> tuple[PageIds, PageIds]:
     """Always on (no device read): a pair whose tensors are 1-D and integer (a list of pages is
     checked for integers); InvalidArgumentError otherwise. Returns the pair."""
     if not (isinstance(state, tuple) and len(state) == 2):
@@ -292,6 +295,7 @@ def check_free_list_state(state: object, num_pages: int) -> tuple[torch.Tensor, 
 
 __all__ = [
     "HostLens",
+    "PageIds",
     "check_decode_host",
     "check_extend_args",
     "check_extend_host",

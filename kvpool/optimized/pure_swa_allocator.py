@@ -8,13 +8,11 @@ the identity tensor (with the -1 tail).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.optimized.allocator import TokenToKVPoolAllocator
+from kvpool.optimized.allocator import FreeListState, TokenToKVPoolAllocator
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_ops import is_integer_dtype
 from kvpool.optimized.swa_allocator import IndexLike
@@ -97,10 +95,10 @@ class PureSWATokenToKVPoolAllocator:
     def free_group_end(self) -> None:
         self.swa_attn_allocator.free_group_end()
 
-    def backup_state(self) -> Any:
+    def backup_state(self) -> FreeListState:
         return self.swa_attn_allocator.backup_state()
 
-    def restore_state(self, state: Any) -> None:
+    def restore_state(self, state: object) -> None:
         self.swa_attn_allocator.restore_state(state)
 
     def merge_and_sort_free(self) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -32,7 +31,9 @@ from kvpool.optimized.evict_policy import PriorityKey, get_priority_fn
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.options import TwinOptions, options_of
 from kvpool.optimized.radix_key import (
+    ChildKey,
     MatchResult,
+    PathSlots,
     RadixKey,
     TreeNode,
     as_slots,
@@ -146,7 +147,7 @@ class RadixCache(RadixRelease):
 
     def _walk(
         self, key: RadixKey, n: int, now: float, priority: int | None, floor: float
-    ) -> tuple[list[Any], TreeNode, int, Any]:
+    ) -> tuple[list[PathSlots], TreeNode, int, ChildKey | None]:
         """Walk the first ``n`` tokens of ``key`` (``n`` page-aligned) from the root, splitting
         where the match ends inside a node and stamping every node on the matched path. An
         insert (``priority`` not None) also raises each path node's priority to ``priority`` and
@@ -156,12 +157,12 @@ class RadixCache(RadixRelease):
         key looked up last (the dict key a new leaf below that node would take)."""
         ps = self.page_size
         node = self.root_node
-        values: list[Any] = []  # numpy views on the CPU (see TreeNode.vnp), else tensors
+        values: list[PathSlots] = []  # numpy views on the CPU (see TreeNode.vnp), else tensors
         cpu = self._cpu
         pos = 0
         if n == 0:
             return values, node, 0, None
-        ck: Any = (key.extra_key, key.plain_child_key(ps))
+        ck: ChildKey = (key.extra_key, key.plain_child_key(ps))
         child = node.children.get(ck)
         if child is None:  # a miss at the root: a list key is never packed into an array
             return values, node, 0, ck
@@ -227,7 +228,11 @@ class RadixCache(RadixRelease):
         SGLang); the caller must not modify them afterwards. ``cache_finished_req`` and
         ``cache_unfinished_req`` pass fresh copies read from the table."""
         explicit = value is not None
-        value = tree_value(value, self.device) if explicit else as_slots(key.array, self.device)
+        value = (
+            tree_value(value, self.device)
+            if value is not None
+            else as_slots(key.array, self.device)
+        )
         if value.shape[0] < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
         if explicit and self.options.checked:  # the token ids stand in for slots in tests only
@@ -245,6 +250,7 @@ class RadixCache(RadixRelease):
             leaf = self._new_node(leaf_key, value[pos:aligned], node, now)
             leaf.priority = priority
             leaf.hit_count = 1 if aligned > floor else 0
+            assert ck is not None  # a walk that stops short of the key names the missing child
             leaf.child_key = ck  # the key the walk looked up and did not find
             node.children[ck] = leaf
             self._num_nodes += 1

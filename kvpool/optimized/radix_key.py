@@ -16,7 +16,7 @@ Units: keys are token ids; values are token-slot ids (one per token).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
@@ -28,6 +28,18 @@ from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import IndexOutOfRangeError, InvalidArgumentError, ReservedIndexError
 from kvpool.optimized.key_match import TokenArray, as_token_array, child_key, compact_tokens
 from kvpool.optimized.paged_ops import is_integer_dtype
+
+ChildKey = int | tuple[int, ...] | tuple[str | None, int | tuple[int, ...]]
+"""A ``children`` dict key, as :data:`kvpool.reference.radix_key.ChildKey`: the first token id
+(page size 1) or the tuple of the first page of token ids; at the root the pair
+``(extra_key, that key)``."""
+
+SlotsLike = torch.Tensor | npt.NDArray[np.integer[Any]] | Sequence[int]
+"""Slots given by a caller: a tensor, a numpy array or a sequence of ints."""
+
+PathSlots = Any
+"""One matched node's slots: a numpy view (``TreeNode.vnp``) on the CPU, else an int64 tensor;
+one path holds one kind (typed ``Any`` so that one list serves both)."""
 
 
 class RadixKey:
@@ -112,7 +124,7 @@ class RadixKey:
             return tuple(map(int, self._list[:page_size]))
         return child_key(self._array, 0, page_size)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[int]:
         return iter(self.token_ids)
 
     def __eq__(self, other: object) -> bool:
@@ -165,8 +177,10 @@ class TreeNode:
         self.arr: TokenArray = key.array
         self._vnp: npt.NDArray[np.int64] | None = None
         self._value = value
-        self.children: dict[Any, TreeNode] = {}
+        self.children: dict[ChildKey, TreeNode] = {}
         self.parent = parent
+        # a ChildKey, None at the root only; Any because callers index ``children`` with it
+        # once they know the node is not the root
         self.child_key: Any = None
         self.lock_ref = 0
         self.last_access_time = now
@@ -209,7 +223,7 @@ class TreeNode:
         return f"TreeNode(id={self.node_id}, len={len(self)}, lock_ref={self.lock_ref})"
 
 
-def as_slots(value: Any, device: torch.device) -> torch.Tensor:
+def as_slots(value: SlotsLike, device: torch.device) -> torch.Tensor:
     """``value`` (slots: a tensor, array or list) as an int64 tensor on ``device`` (no copy when
     it already is one)."""
     if isinstance(value, torch.Tensor):
@@ -219,7 +233,7 @@ def as_slots(value: Any, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(value, dtype=torch.int64, device=device)
 
 
-def tree_value(value: Any, device: torch.device) -> torch.Tensor:
+def tree_value(value: SlotsLike, device: torch.device) -> torch.Tensor:
     """Slots a tree node will own, as :func:`as_slots`, after checking their dtype
     (InvalidArgumentError for non-integers: metadata, checked in both modes)."""
     t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
@@ -241,7 +255,7 @@ def check_tree_range(slots: torch.Tensor, limit: int | None) -> None:
         raise ReservedIndexError(f"slot {RESERVED_INDEX} is reserved and cannot be cached")
 
 
-def join_slots(values: list[Any], device: torch.device) -> torch.Tensor:
+def join_slots(values: list[PathSlots], device: torch.device) -> torch.Tensor:
     """The slots of a matched path as one int64 tensor. ``values`` holds each node's slots in
     path order: numpy views (``TreeNode.vnp``) on the CPU, joined by one ``np.concatenate`` (a
     fraction of ``torch.cat``'s per-call cost) and wrapped without a copy; tensors elsewhere."""
@@ -286,8 +300,11 @@ class MatchResult:
 
 
 __all__ = [
+    "ChildKey",
     "MatchResult",
+    "PathSlots",
     "RadixKey",
+    "SlotsLike",
     "TokenArray",
     "TreeNode",
     "as_slots",

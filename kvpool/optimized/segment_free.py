@@ -8,14 +8,15 @@ the validation and ``_return_pages_in_order`` (one place per order rule).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 
 from kvpool.errors import AlignmentError
 from kvpool.optimized.paged_ops import check_free_slots
 
-IndexLike = Any
+IndexLike = torch.Tensor | Sequence[int]
+"""Slots or page ids: a tensor (any device) or a sequence of ints."""
 
 
 class SegmentFrees:
@@ -25,9 +26,10 @@ class SegmentFrees:
     _in_free_group: bool
     _pending_pages: list[torch.Tensor]
     _free_mask: torch.Tensor | None
-    free: Any
-    _as_index: Any
-    _return_pages_in_order: Any
+    # provided by the allocator (annotations only, so that the allocator's methods are used)
+    free: Callable[[IndexLike], None]
+    _as_index: Callable[[IndexLike], torch.Tensor]
+    _return_pages_in_order: Callable[[torch.Tensor], None]
 
     def free_page_ids(self, page_ids: IndexLike) -> None:
         """Free exactly these pages, in the given order (see the reference); inside a free

@@ -14,7 +14,6 @@ call as the reference does, before any change.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -25,7 +24,11 @@ from kvpool.errors import (
     InvalidArgumentError,
     KVPoolError,
 )
-from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvpool.optimized.allocator import (
+    BaseTokenToKVPoolAllocator,
+    FreeListState,
+    TokenToKVPoolAllocator,
+)
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.paged_ops import (
@@ -47,7 +50,7 @@ from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
 
 IndexLike = torch.Tensor | Sequence[int]
-SWAState = tuple[Any, Any, torch.Tensor]
+SWAState = tuple[FreeListState, FreeListState, torch.Tensor]
 """What :meth:`SWATokenToKVPoolAllocator.backup_state` returns: (full, SWA, mapping clone)."""
 
 
@@ -340,7 +343,7 @@ class SWATokenToKVPoolAllocator(SWAFrees):
             self.full_to_swa_index_mapping.clone(),
         )
 
-    def restore_state(self, state: Any) -> None:
+    def restore_state(self, state: object) -> None:
         """Put back a :meth:`backup_state` (checked mode validates it in full first)."""
         if not isinstance(state, tuple) or len(state) != 3:
             raise InvalidArgumentError("state must be the (full, swa, mapping) tuple")

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
@@ -43,6 +42,7 @@ from kvpool.config import PoolConfig
 from kvpool.errors import InvalidArgumentError, OutOfMemoryError
 from kvpool.optimized.memory_manager import MemoryManager
 from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa_chunk_cache import SWAChunkCache
 from kvpool.optimized.swa_kv_pool import SWAKVPool
@@ -76,7 +76,9 @@ class SWAMemoryManager(MemoryManager):
                        if not i % 2], config.v_head_dim, options=opts)  # fmt: skip
         kv.register_mapping(alloc.full_to_swa_index_mapping)
 
-        def tree(cfg: PoolConfig, pool: Any, a: Any) -> Any:
+        def tree(
+            cfg: PoolConfig, pool: ReqToTokenPool, a: SWATokenToKVPoolAllocator
+        ) -> SWAChunkCache | SWARadixLifecycle:
             if cfg.disable_radix_cache:
                 return SWAChunkCache(pool, a, ps, window)
             return SWARadixLifecycle(pool, a, ps, window, clock)
@@ -97,6 +99,13 @@ class SWAMemoryManager(MemoryManager):
         self._session_swa: dict[str, int] = {}
         """session id -> the swa_evicted_seqlen of the turn whose row the session holds."""
 
+    @property
+    def _swa_allocator(self) -> SWATokenToKVPoolAllocator:
+        """The token allocator, as the SWA allocator this manager built."""
+        alloc = self.token_to_kv_pool_allocator
+        assert isinstance(alloc, SWATokenToKVPoolAllocator)
+        return alloc
+
     def swa_evicted_seqlen(self, rid: str) -> int:
         """Leading tokens of ``rid`` whose SWA slots its window released (0 without a row)."""
         req = self.reqs.get(rid)
@@ -110,7 +119,7 @@ class SWAMemoryManager(MemoryManager):
     def decode(self, rids: Sequence[str], token_ids: Sequence[int]) -> torch.Tensor:
         """The manager's decode, then every decoded request's window moves on."""
         slots = super().decode(rids, token_ids)
-        alloc: Any = self.token_to_kv_pool_allocator
+        alloc = self._swa_allocator
         for rid in rids:
             req = self.reqs[rid]
             row = req.req_pool_idx
@@ -131,7 +140,7 @@ class SWAMemoryManager(MemoryManager):
         if not isinstance(tree, SWARadixLifecycle):
             super()._check_capacity(needed, extra_available)
             return
-        alloc: Any = self.token_to_kv_pool_allocator
+        alloc = self._swa_allocator
         full = alloc.full_available_size() + extra_available + tree.evictable_size()
         swa = alloc.swa_available_size() + extra_available + tree.swa_evictable_size()
         if min(full, swa) < needed:

@@ -10,12 +10,11 @@ pool's other errors are the token allocator's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError
 from kvpool.host_checks import int_list
-from kvpool.reference.allocator import TokenToKVPoolAllocator
+from kvpool.reference.allocator import FreeListState, TokenToKVPoolAllocator
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
 
@@ -80,10 +79,10 @@ class PureSWATokenToKVPoolAllocator:
     def free_group_end(self) -> None:
         self.swa_attn_allocator.free_group_end()
 
-    def backup_state(self) -> Any:
+    def backup_state(self) -> FreeListState:
         return self.swa_attn_allocator.backup_state()
 
-    def restore_state(self, state: Any) -> None:
+    def restore_state(self, state: object) -> None:
         self.swa_attn_allocator.restore_state(state)
 
     def merge_and_sort_free(self) -> None:

@@ -8,8 +8,7 @@ the validation and ``_return_pages_in_order`` (one place per order rule).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from kvpool.errors import AlignmentError, DoubleFreeError
 
@@ -20,10 +19,11 @@ class SegmentFrees:
     page_size: int
     _in_free_group: bool
     _pending_pages: list[int]
-    free: Any
-    _slots_of: Any
-    _validate_free: Any
-    _return_pages_in_order: Any
+    # provided by the allocator (annotations only, so that the allocator's methods are used)
+    free: Callable[[Sequence[int]], None]
+    _slots_of: Callable[[Sequence[int]], list[int]]
+    _validate_free: Callable[[Sequence[int], Sequence[int]], list[int]]
+    _return_pages_in_order: Callable[[list[int]], None]
 
     def free_page_ids(self, page_ids: Sequence[int]) -> None:
         """Free exactly these pages, in the given order (SGLang 0.5.23): no sort and no

@@ -29,19 +29,22 @@ SWA pages their slots map to.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import AlignmentError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.host_checks import int_list
-from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvpool.reference.allocator import (
+    BaseTokenToKVPoolAllocator,
+    FreeListState,
+    TokenToKVPoolAllocator,
+)
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.paged_ops import decode_new_pages, extend_new_pages, validate_extend_args
 from kvpool.reference.swa_free import SWAFrees
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
 
-SWAState = tuple[Any, Any, tuple[int, ...]]
+SWAState = tuple[FreeListState, FreeListState, tuple[int, ...]]
 """What :meth:`SWATokenToKVPoolAllocator.backup_state` returns: (full, SWA, mapping)."""
 
 
@@ -298,7 +301,7 @@ class SWATokenToKVPoolAllocator(SWAFrees):
             tuple(self.full_to_swa_index_mapping),
         )
 
-    def restore_state(self, state: Any) -> None:
+    def restore_state(self, state: object) -> None:
         """Put back a :meth:`backup_state`. InvalidArgumentError for anything else (checked
         in full before any change)."""
         if not isinstance(state, tuple) or len(state) != 3:

@@ -28,8 +28,8 @@ multiple). Units: tokens; slots are full slots.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
@@ -38,6 +38,28 @@ from kvpool.reference.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.swa_radix_cache import SWAMatchResult, SWARadixCache, SWATreeNode
 from kvpool.snapshot import TreeSnapshot
+
+
+class SWAReq(Protocol):
+    """What the SWA tree's hand-overs read and write of a request (lengths in tokens): its
+    lock is on an :class:`SWATreeNode`."""
+
+    last_node: SWATreeNode | None
+    cache_protected_len: int
+    prefix_indices: list[int]
+
+    @property
+    def rid(self) -> str: ...
+    @property
+    def req_pool_idx(self) -> int | None: ...
+    @property
+    def kv_committed_len(self) -> int: ...
+    @property
+    def fill_ids(self) -> Sequence[int]: ...
+    @property
+    def extra_key(self) -> str | None: ...
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
 
 
 class SWARadixLifecycle:
@@ -58,7 +80,7 @@ class SWARadixLifecycle:
         self.disable = False
         self.eviction_policy = "lru"
         self.tree = SWARadixCache(token_to_kv_pool_allocator, page_size, sliding_window_size, clock)
-        self.evicted_of: Callable[[Any], int] = lambda req: 0
+        self.evicted_of: Callable[[SWAReq], int] = lambda req: 0
         """The request's ``swa_evicted_seqlen`` (set by the lifecycle)."""
         self._uuids: dict[int, list[int | None]] = {}
 
@@ -108,10 +130,10 @@ class SWARadixLifecycle:
         return self.tree.snapshot()
 
     # ----------------------------------------------------------------- hand-overs
-    def _key(self, req: Any, stop: int) -> RadixKey:
+    def _key(self, req: SWAReq, stop: int) -> RadixKey:
         return RadixKey(list(req.all_token_ids[:stop]), req.extra_key)
 
-    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
+    def cache_finished_req(self, req: SWAReq, is_insert: bool = True) -> None:
         """Hand a finished (or retracted) request's committed KV to the tree, or free it; free
         the unaligned tail; unlock (module docstring). InvalidArgumentError for a request
         without a row."""
@@ -130,7 +152,7 @@ class SWARadixLifecycle:
         alloc.free(kv[aligned:committed])
         self.dec_lock_ref(req.last_node)
 
-    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
+    def cache_unfinished_req(self, req: SWAReq, chunked: bool = False) -> None:
         """Between prefill chunks (module docstring)."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")

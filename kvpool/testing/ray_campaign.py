@@ -26,27 +26,23 @@ once, on the driver, by replaying candidate traces in fresh local processes
 (:func:`kvpool.testing.workers.report_failure`); a crash that does not reproduce there keeps its
 original trace.
 
-``ray`` is imported only here, only when asked for: :func:`connect` turns a missing package or
-an unreachable address into :class:`RayUnavailable` (one line).
+``ray`` is imported only when asked for, by :mod:`kvpool.testing.ray_connect`: its
+:func:`connect` turns a missing package or an unreachable address into :class:`RayUnavailable`
+(one line).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
-import os
-import socket
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.errors import KVPoolError
 from kvpool.testing.campaign import CampaignResult
+from kvpool.testing.ray_connect import Connection, RayUnavailable, connect, import_ray
 from kvpool.testing.swarm import Op
 from kvpool.testing.workers import CampaignSpec, Found, report_failure, run_block
 
@@ -60,101 +56,6 @@ TASK_SECONDS = 30.0
 
 CHECKPOINT_SECONDS = 0.1
 """Most seconds between two checkpoints of a task's current run (its run number and ops)."""
-
-CONNECT_TIMEOUT = 5.0
-"""Seconds to wait for a TCP connection to a cluster's address before calling it unreachable."""
-
-INSTALL_HINT = "the ray package is not installed (pip install 'kvpool[ray]')"
-
-
-class RayUnavailable(KVPoolError):
-    """``ray`` is not installed, or the cluster cannot be reached (a one-line reason)."""
-
-
-def _ray() -> Any:
-    try:
-        return importlib.import_module("ray")
-    except ImportError:
-        raise RayUnavailable(INSTALL_HINT) from None
-
-
-def _reachable(address: str) -> None:
-    """Raise :class:`RayUnavailable` unless ``HOST:PORT`` (after ``ray://``) takes a TCP
-    connection within :data:`CONNECT_TIMEOUT` (Ray itself may retry for minutes)."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT):
-            pass
-    except (OSError, ValueError) as exc:
-        why = exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
-        raise RayUnavailable(f"cannot reach a Ray cluster at {address}: {why}") from None
-
-
-@contextlib.contextmanager
-def _stderr_kept_unless_failing() -> Iterator[None]:
-    """Hold what is written to file descriptor 2 (Ray's C++ client logs each retry there when
-    an address answers but is no Ray head); pass it on unless the block raises."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        failed = True
-        try:
-            yield
-            failed = False
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            if not failed:
-                held.seek(0)
-                sys.stderr.write(held.read().decode(errors="replace"))
-
-
-@dataclass
-class Connection:
-    """A connection made by :func:`connect`; :meth:`close` undoes what it started."""
-
-    address: str
-    cpus: int
-    owned: bool = False
-
-    def close(self) -> None:
-        if self.owned:
-            _ray().shutdown()
-            self.owned = False
-
-
-def connect(address: str, local_cpus: int | None = None) -> Connection:
-    """Connect to ``address``: ``local`` starts a private cluster on this machine
-    (``local_cpus`` CPUs), ``auto`` joins the running one (``RAY_ADDRESS`` or this machine's),
-    ``ray://HOST:PORT`` (Ray client) or ``HOST:PORT`` (the head's GCS) join that one. Reuses a
-    connection this process already has (``ray.init`` called by the caller)."""
-    ray = _ray()
-    if not ray.is_initialized():
-        options: dict[str, Any] = {
-            "include_dashboard": False,
-            "logging_level": "ERROR",
-            "log_to_driver": False,
-        }
-        if address == "local":
-            options["num_cpus"] = local_cpus
-        else:
-            if address != "auto":
-                _reachable(address)
-            options["address"] = address
-        held = contextlib.nullcontext() if address == "local" else _stderr_kept_unless_failing()
-        try:  # (a local start spawns Ray's processes: they keep the real stderr)
-            with held:
-                ray.init(**options)
-        except Exception as exc:  # ConnectionError, RuntimeError, ValueError, ...: one line
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RayUnavailable(f"cannot connect to Ray at {address}: {first}") from None
-        owned = True
-    else:
-        owned = False
-    cpus = max(int(ray.cluster_resources().get("CPU", 1)), 1)
-    return Connection(address, cpus, owned)
 
 
 # ---------------------------------------------------------------------------- task side
@@ -305,7 +206,7 @@ def run_ray(
 ) -> tuple[CampaignResult, dict[str, Any]]:
     """The campaign of ``spec`` over the cluster of ``connection`` (see the module docstring):
     the merged result (its failure shrunk) and the report's ``ray`` section."""
-    ray = _ray()
+    ray = import_ray()
     task = ray.remote(num_cpus=1, max_retries=0)(run_task)
     checkpoints = ray.remote(num_cpus=0)(Checkpoints).remote()
     ray.get(checkpoints.get.remote(-1))  # alive: calls to an actor not yet started are queued

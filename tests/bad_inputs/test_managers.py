@@ -142,7 +142,12 @@ CONFIGS = [
     Case("config-three-track-buffers", mm, config(mamba_track_buffers=3), ConfigError),
     Case("config-window-0", mm, config(sliding_window=0), ConfigError),
     Case("config-swa-ratio-0", mm, config(swa_full_tokens_ratio=0.0), ConfigError),
-    Case("config-hybrid-with-radix", mm, build(PoolConfig(mamba_slots=2)), ConfigError),
+    Case(
+        "config-hybrid-radix-track-buffers",
+        mm,
+        build(PoolConfig(mamba_slots=2, mamba_track_buffers=1)),
+        ConfigError,
+    ),
     Case(
         "config-swa-without-window",
         mm,

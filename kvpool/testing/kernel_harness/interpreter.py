@@ -50,6 +50,12 @@ from kvpool.testing.kernel_harness.guarded_memory import (
     out_of_bounds,
     region_of,
 )
+from kvpool.testing.kernel_harness.interpreted import (
+    SUPPORTED_TRITON,
+    interpreted,
+    jit_calls_interpreted,
+    triton_interpreter,
+)
 from kvpool.testing.kernel_harness.program_order import (
     Program,
     RaceDetector,
@@ -70,9 +76,6 @@ __all__ = [
     "run_checked",
 ]
 
-SUPPORTED_TRITON = "3.9."
-"""Prefix of the triton versions whose interpreter internals this module was written against."""
-
 
 class KernelCheckFailure(KernelError):
     """A kernel run under :func:`checked_interpreter` did something a GPU would not forgive."""
@@ -88,74 +91,6 @@ class DeviceAssertFailure(KernelCheckFailure):
 
 class OrderDependence(KernelCheckFailure):
     """The kernel's result depends on the order in which its programs run (a race on a GPU)."""
-
-
-def _triton_interpreter() -> Any:
-    """The pinned private module, after checking the triton version."""
-    try:
-        import triton
-        import triton.runtime.interpreter as interp
-    except ImportError as exc:  # pragma: no cover - triton is a dependency on Linux
-        raise KernelError(f"the checked interpreter needs triton {SUPPORTED_TRITON}x") from exc
-    if not str(triton.__version__).startswith(SUPPORTED_TRITON):
-        raise KernelError(
-            f"kvpool's checked interpreter patches private internals of triton "
-            f"{SUPPORTED_TRITON}x and is not validated on triton {triton.__version__}; "
-            f"install triton {SUPPORTED_TRITON}x or run kernels with backend='interpret' unchecked"
-        )
-    return interp
-
-
-@contextlib.contextmanager
-def _jit_calls_interpreted() -> Iterator[None]:
-    """Let interpreted kernels call ``triton.jit`` functions (``tl.cdiv``, ``tl.sum``...).
-
-    Without ``TRITON_INTERPRET=1`` at import, triton's own library functions are compiled-mode
-    ``JITFunction`` objects that refuse to be called; inside a launch they are run through the
-    interpreter instead."""
-    interp = _triton_interpreter()
-    from triton.runtime.jit import JITFunction
-
-    original = JITFunction.__call__
-    if getattr(original, "_kvpool_interpreted", False):
-        yield
-        return
-
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return interp.InterpretedFunction(self.fn)(*args, **kwargs)
-
-    call._kvpool_interpreted = True  # type: ignore[attr-defined]
-    JITFunction.__call__ = call
-    try:
-        yield
-    finally:
-        JITFunction.__call__ = original
-
-
-def interpreted(kernel: Any) -> Any:
-    """An interpreter-launchable version of ``kernel`` (a ``triton.jit`` object, an
-    ``InterpretedFunction`` or the plain function), independent of ``TRITON_INTERPRET``; it may
-    call ``triton.jit`` library functions."""
-    cls = _interpreted_class()
-    if isinstance(kernel, cls):
-        return kernel
-    # A plain InterpretedFunction (its module was decorated under TRITON_INTERPRET=1) is
-    # unwrapped too: triton's library functions may still be compiled-mode objects that only
-    # our launch lets it call.
-    return cls(getattr(kernel, "fn", kernel))
-
-
-@functools.lru_cache(maxsize=1)
-def _interpreted_class() -> Any:
-    """``InterpretedFunction`` whose launches may call ``triton.jit`` library functions."""
-    interp = _triton_interpreter()
-
-    class _Interpreted(interp.InterpretedFunction):  # type: ignore[misc, name-defined]
-        def run(self, *args: Any, **kwargs: Any) -> Any:
-            with _jit_calls_interpreted():
-                return super().run(*args, **kwargs)
-
-    return _Interpreted
 
 
 @dataclasses.dataclass
@@ -288,7 +223,7 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 def _run_programs(fn: Any, args: dict[str, Any], programs: Sequence[Program]) -> None:
     """Run ``fn`` once per program id, in the given order, on the current launch."""
-    interp = _triton_interpreter()
+    interp = triton_interpreter()
     launch = _current_launch()
     for program in programs:
         launch.program = program
@@ -307,7 +242,7 @@ def _checked_launch(self: Any, *args_dev: Any, **kwargs: Any) -> None:
 
     Runs the grid on guarded copies (race-tracked when asked), replays it in the shuffled orders,
     and copies results back to the caller's tensors only when every check passed."""
-    interp = _triton_interpreter()
+    interp = triton_interpreter()
     checker = _ACTIVE[-1]
     _LAUNCHES[0] += 1
     spec = inspect.getfullargspec(self.fn)
@@ -321,7 +256,7 @@ def _checked_launch(self: Any, *args_dev: Any, **kwargs: Any) -> None:
     allowed = [guarded.translate(r) for r in checker.allowed]
     launch = checker.launch = _Launch(self.fn.__name__, guarded.regions + allowed)
     try:
-        with _jit_calls_interpreted():
+        with jit_calls_interpreted():
             args = {
                 n: a if n in self.constexprs else interp._implicit_cvt(a)
                 for n, a in guarded.args.items()
@@ -362,7 +297,7 @@ def checked_interpreter(
     Raises :class:`KernelError` on an unsupported triton version. Blocks may nest; the innermost
     settings apply.
     """
-    interp = _triton_interpreter()
+    interp = triton_interpreter()
     with contextlib.ExitStack() as stack:
         if not _ACTIVE:
             original = interp.GridExecutor.__call__
