@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvpool.config import PoolConfig
 from kvpool.errors import LockError
 from kvpool.testing.swarm import LAYER_KINDS, Chooser, Op, View, draw_op
 
@@ -110,6 +111,20 @@ class LayerLoads:
         return Op("layer_read", (c.integer(0, layers - 1),))
 
 
+def layer_fields(config: PoolConfig) -> dict[str, Any]:
+    """The lifecycle campaign's layer-wise loading (``layerwise_loading``, the layer steps of
+    :mod:`kvpool.testing.layer_ops`): about one configuration in four, over 2 to 4 layers, the
+    twin waiting 2 ms for a layer (nothing else can complete it in a single-threaded run).
+    Derived from fields already drawn (no extra draw), and applied by the lifecycle target only
+    (:class:`~kvpool.testing.machines.lifecycle.LifecycleTarget`), so ``swarm.draw_config`` and
+    every run built on it elsewhere (the hypothesis machine, the quality hunts) stay as they
+    were. Empty when the configuration already sets ``layerwise_loading``."""
+    pages = config.size // config.page_size
+    if config.layerwise_loading or (pages + 2 * config.req_pool_size) % 4 != 1:
+        return {}
+    return {"layerwise_loading": True, "layer_wait_s": 0.002, "num_layers": 2 + pages % 3}
+
+
 def draw_lifecycle_op(c: Chooser, view: View, layers: LayerLoads | None, kind: str) -> Op:
     """A lifecycle operation of ``kind`` (:func:`~kvpool.testing.swarm.draw_op`), or, when
     ``layers`` is set (layer-wise loading), one time in :data:`LAYER_SHARE` a layer step
@@ -126,4 +141,5 @@ __all__ = [
     "LayerSide",
     "counter_state",
     "draw_lifecycle_op",
+    "layer_fields",
 ]

@@ -219,8 +219,7 @@ class View:
     may copy one (the same prompt sent twice, or parallel sampling), which makes two requests
     prefill the same prefix in one batch: the duplicate-slot paths."""
     layers: Any = None
-    """Under layer-wise loading, the run's layer steps (:class:`kvpool.testing.layer_ops.
-    LayerLoads`): ``draw_op`` of a kind in :data:`LAYER_KINDS` asks it for a step."""
+    """Layer-wise loading: the run's ``layer_ops.LayerLoads`` (draws the layer steps)."""
 
 
 def make_view(config: PoolConfig, snap: PoolSnapshot, next_rid: int, next_sid: int) -> View:
@@ -407,22 +406,5 @@ def advance_counters(op: Op, next_rid: int, next_sid: int) -> tuple[int, int]:
     return next_rid, next_sid
 
 
-def layer_fields(config: PoolConfig) -> dict[str, Any]:
-    """The lifecycle campaign's layer-wise loading (``layerwise_loading``, the layer steps of
-    :mod:`kvpool.testing.layer_ops`): about one configuration in four, over 2 to 4 layers, the
-    twin waiting 2 ms for a layer (nothing else can complete it in a single-threaded run).
-    Derived from fields already drawn (no extra draw), and applied by the lifecycle target only
-    (:class:`~kvpool.testing.machines.lifecycle.LifecycleTarget`), so :func:`draw_config` and
-    every run built on it elsewhere (the hypothesis machine, the quality hunts) stay as they
-    were. Empty when the configuration already sets ``layerwise_loading``."""
-    pages = config.size // config.page_size
-    if config.layerwise_loading or (pages + 2 * config.req_pool_size) % 4 != 1:
-        return {}
-    return {"layerwise_loading": True, "layer_wait_s": 0.002, "num_layers": 2 + pages % 3}
-
-
-LAYER_KINDS: tuple[str, ...] = (
-    "layer_load", "layer_done", "layer_done", "layer_read", "layer_read",
-)  # fmt: skip
-"""Layer step kinds (:mod:`kvpool.testing.layer_ops`), repeated by weight (completions and reads
-twice as often as loads); drawn only under layer-wise loading."""
+LAYER_KINDS = ("layer_load", "layer_done", "layer_done", "layer_read", "layer_read")
+"""Layer steps (:mod:`kvpool.testing.layer_ops`), by weight; only under layer-wise loading."""

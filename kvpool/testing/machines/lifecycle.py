@@ -16,11 +16,11 @@ from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
 from kvpool.snapshot import PoolSnapshot
 from kvpool.testing.bundle import Implementation
-from kvpool.testing.layer_ops import draw_lifecycle_op
+from kvpool.testing.layer_ops import draw_lifecycle_op, layer_fields
 from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.machines.coverage import outcome_tag
 from kvpool.testing.machines.mamba_lifecycle import mamba_radix_tags
-from kvpool.testing.swarm import HOST_KINDS, KINDS, Chooser, Op, draw_config, layer_fields
+from kvpool.testing.swarm import HOST_KINDS, KINDS, Chooser, Op, draw_config
 
 
 def manager_factory(impl: Implementation) -> Factory:
