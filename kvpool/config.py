@@ -68,6 +68,14 @@ class PoolConfig:
     """Host tier in the request lifecycle (SGLang's ``--enable-hierarchical-cache``): the memory
     manager's tree cache is a ``HiRadixCache`` over a host pool of ``hicache_ratio`` times the
     device pool. Needs the radix cache; not for hybrid (Mamba) models."""
+    layerwise_loading: bool = False
+    """Layer-wise KV loading (specs/kv_variants.md): the manager registers a
+    ``LayerDoneCounter`` on its KV pool, so a read of layer ``i`` waits until the load in
+    progress has completed that layer (the reference raises ``LayerNotLoadedError`` instead)."""
+    layer_wait_s: float = 30.0
+    """Twin only, with ``layerwise_loading``: seconds a read waits for its layer's load before
+    ``LayerNotLoadedError`` (single-threaded harnesses use a few milliseconds: nothing else can
+    complete the layer)."""
 
     def __post_init__(self) -> None:
         self._check_kv_storage()
@@ -117,6 +125,7 @@ class PoolConfig:
             raise ConfigError("hicache thresholds must be >= 0 tokens")
         if self.enable_hierarchical_cache and (self.disable_radix_cache or self.mamba_slots):
             raise ConfigError("the host tier needs the radix cache and a non-hybrid model")
+        self._check_layerwise()
 
     def _check_kv_storage(self) -> None:
         storage, mla = self.kv_storage, self.kv_layout == "mla"
@@ -134,6 +143,13 @@ class PoolConfig:
             )
         if storage == "mxfp8" and (self.head_dim % 32 or v_dim % 32):
             raise ConfigError("kv_storage 'mxfp8' needs head_dim and v_head_dim multiples of 32")
+
+    def _check_layerwise(self) -> None:
+        if not isinstance(self.layerwise_loading, bool):
+            raise ConfigError(f"layerwise_loading must be a bool, got {self.layerwise_loading!r}")
+        wait = self.layer_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait > 0:
+            raise ConfigError(f"layer_wait_s must be a positive number of seconds, got {wait!r}")
 
     @property
     def swa_size(self) -> int:

@@ -45,6 +45,7 @@ from kvpool.optimized.batch_table import (
 from kvpool.optimized.chunk_cache import ChunkCache
 from kvpool.optimized.hicache_lifecycle import HiCacheLifecycle, build_hiradix_tree
 from kvpool.optimized.kv_cache import KVCache, kv_cache_from_config
+from kvpool.optimized.layer_transfer import LayerDoneCounter
 from kvpool.optimized.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
 from kvpool.optimized.mamba_radix_release import MambaLifecycleCache
 from kvpool.optimized.options import TwinOptions, twin_options
@@ -138,6 +139,13 @@ class LifecyclePrimitives(HiCacheLifecycle):
             alloc,
         )
         check_shared(self.tree_cache, pool, alloc)
+        self.layer_done_counter: LayerDoneCounter | None = None
+        """``config.layerwise_loading``: the counter registered on ``kv_cache`` (a read of a
+        layer waits for the load in progress to complete it); None otherwise."""
+        if config.layerwise_loading:
+            counter = LayerDoneCounter(config.num_layers, timeout=config.layer_wait_s)
+            self.layer_done_counter = counter
+            self.kv_cache.register_layer_transfer_counter(counter)
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
         """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
         if self.mamba_hooks is not None and isinstance(self.tree_cache, MambaLifecycleCache):

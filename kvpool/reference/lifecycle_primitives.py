@@ -31,6 +31,7 @@ from kvpool.reference.allocator import BaseTokenToKVPoolAllocator, TokenToKVPool
 from kvpool.reference.chunk_cache import ChunkCache
 from kvpool.reference.hicache_lifecycle import HiCacheLifecycle, build_hiradix_tree
 from kvpool.reference.kv_cache import KVCache, kv_cache_from_config
+from kvpool.reference.layer_transfer import LayerDoneCounter
 from kvpool.reference.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
 from kvpool.reference.mamba_radix_release import MambaLifecycleCache
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
@@ -108,6 +109,13 @@ class LifecyclePrimitives(HiCacheLifecycle):
             alloc,
         )
         check_shared(self.tree_cache, pool, alloc)
+        self.layer_done_counter: LayerDoneCounter | None = None
+        """``config.layerwise_loading``: the counter registered on ``kv_cache`` (a read of a
+        layer waits for the load in progress to complete it); None otherwise."""
+        if config.layerwise_loading:
+            counter = LayerDoneCounter(config.num_layers)
+            self.layer_done_counter = counter
+            self.kv_cache.register_layer_transfer_counter(counter)
         self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
         """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
         if self.mamba_hooks is not None and isinstance(self.tree_cache, MambaLifecycleCache):

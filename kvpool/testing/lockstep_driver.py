@@ -7,7 +7,9 @@ over a bare difference when both fire):
 1. ``crash``: an implementation raised something that is not a :class:`~kvpool.errors.KVPoolError`
    (or its ``snapshot()`` failed);
 2. an invariant id: :func:`kvpool.invariants.check_all` on B's then A's snapshot (with the
-   previous snapshot, so monotonicity and KV integrity are checked too);
+   previous snapshot, so monotonicity and KV integrity are checked too); under layer-wise
+   loading (``PoolConfig.layerwise_loading``) first ``INV-LAYER-LOADED`` and the counters'
+   equality (:mod:`kvpool.testing.layer_ops`, whose steps this driver runs);
 3. ``lockstep-diff``: different error classes, or different returned indices / sizes / matches
    (tensors compared after ``.tolist()``);
 4. ``invalid-accepted``: a deliberately invalid call was accepted by both;
@@ -29,6 +31,7 @@ from kvpool.errors import InvariantViolation, KVPoolError, OutOfMemoryError
 from kvpool.invariants import check_all
 from kvpool.snapshot import PoolSnapshot
 from kvpool.testing import report
+from kvpool.testing.layer_ops import LAYER_OPS, LayerLoads
 from kvpool.testing.swarm import Chooser, Op, View, advance_counters, make_view
 
 Factory = Callable[[PoolConfig], Any]
@@ -92,6 +95,8 @@ class Lockstep:
         replays of long prompts may space them out."""
         self.a = factory_a(config)
         self.b = factory_b(config)
+        self.layers = LayerLoads(self.a, self.b) if config.layerwise_loading else None
+        """The layer steps' state (:mod:`kvpool.testing.layer_ops`) under layer-wise loading."""
         self.lines: list[str] = []
         self.ops: list[Op] = []
         self.checks = 0
@@ -109,6 +114,7 @@ class Lockstep:
         view = make_view(self.config, self.snap_a, self.next_rid, self.next_sid)
         view.done.extend(self.gone[-4:])
         view.prompts = {r: self.prompts[r] for r in view.waiting if r in self.prompts}
+        view.layers = self.layers
         return view
 
     def fail(self, detector: str, detail: str, indices: tuple[int, ...] = ()) -> LockstepFailure:
@@ -168,6 +174,9 @@ class Lockstep:
         for label, err in ((self.labels[0], err_a), (self.labels[1], err_b)):
             if err is not None and not isinstance(err, KVPoolError):
                 raise self.fail("crash", f"{label} raised {type(err).__name__}: {err}") from err
+        layer_problem = self.layers.check(self.labels) if self.layers is not None else None
+        if layer_problem is not None:  # before the outcomes: a read that ran ahead is named
+            raise self.fail(*layer_problem)
         if len(self.lines) % self.check_every:
             self._compare_outcomes(out_a, err_a, out_b, err_b)
             return err_a if err_a is not None else out_a
@@ -223,6 +232,8 @@ class Lockstep:
 
     def _call(self, op: Op, manager: Any) -> tuple[Any, BaseException | None]:
         try:
+            if self.layers is not None and op.name in LAYER_OPS:
+                return report.normalize(self.layers.call(op, manager)), None
             return report.normalize(op.call(manager)), None
         except Exception as exc:
             return None, exc

@@ -218,6 +218,8 @@ class View:
     """Prompts (tokens, extra key) of the waiting requests the generator created: a new request
     may copy one (the same prompt sent twice, or parallel sampling), which makes two requests
     prefill the same prefix in one batch: the duplicate-slot paths."""
+    layers: Any = None
+    """Layer-wise loading: the run's ``layer_ops.LayerLoads`` (draws the layer steps)."""
 
 
 def make_view(config: PoolConfig, snap: PoolSnapshot, next_rid: int, next_sid: int) -> View:
@@ -321,6 +323,8 @@ def draw_op(c: Chooser, v: View, kind: str) -> Op:
         return Op(f"hicache_{kind}", (count,), expect_error=count < 0)
     if kind == "invalid":
         return draw_invalid(c, v)
+    if kind in LAYER_KINDS and v.layers is not None:
+        return v.layers.draw(c, kind)  # type: ignore[no-any-return]
     # Not applicable in this state: make progress instead.
     return draw_op(c, v, "extend" if v.waiting and kind != "extend" else "new_req")
 
@@ -400,3 +404,7 @@ def advance_counters(op: Op, next_rid: int, next_sid: int) -> tuple[int, int]:
     if op.name == "open_session" and not op.expect_error:
         next_sid += 1
     return next_rid, next_sid
+
+
+LAYER_KINDS = ("layer_load", "layer_done", "layer_done", "layer_read", "layer_read")
+"""Layer steps (:mod:`kvpool.testing.layer_ops`), by weight; only under layer-wise loading."""

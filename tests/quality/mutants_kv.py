@@ -3,8 +3,11 @@
 :data:`KV_STORAGE_MUTANTS` patch the lifecycle's KV pool (``manager.kv_cache``) of one built
 twin, under a configuration pinned to the variant: the stored bytes come out wrong while every
 index stays right, so only the KV tags see it (``INV-KV-INTEGRITY``, or the lockstep comparison
-of the tags the two sides read back). :data:`LAYER_LOADING_MUTANTS` patch a twin pool or its
-layer-transfer counter so that a read can run ahead of a layer's load; the layer-loading harness
+of the tags the two sides read back). :data:`LAYERWISE_LIFECYCLE_MUTANTS` patch the
+lifecycle's KV pool under ``layerwise_loading`` so that the forward's layer reads skip the wait;
+the lifecycle machine's layer steps name them (``INV-LAYER-LOADED``).
+:data:`LAYER_LOADING_MUTANTS` patch a twin pool or its layer-transfer counter so that a read can
+run ahead of a layer's load; the layer-loading harness
 (:func:`kvpool.testing.layer_loading.run_twin`, detector ``layer-loading``) finds them.
 """
 
@@ -19,6 +22,7 @@ import torch
 from kvpool.optimized.kv_cache import MHATokenToKVPool
 from kvpool.optimized.layer_transfer import LayerDoneCounter
 from kvpool.testing.layer_loading import run_twin
+from kvpool.testing.layer_ops import LAYER_KINDS
 from kvpool.testing.quality import Mutant, need, wrap
 
 FP4_MHA = {"kv_storage": "fp4", "kv_layout": "mha", "head_num": 2, "head_dim": 16}
@@ -92,6 +96,41 @@ KV_STORAGE_MUTANTS: tuple[Mutant, ...] = (
 """Storage-variant bugs hunted by the lifecycle machine (:func:`kvpool.testing.quality.hunt`)."""
 
 
+LAYERWISE: dict[str, Any] = {"layerwise_loading": True, "layer_wait_s": 0.002, "num_layers": 3,
+             "kv_storage": "plain"}  # fmt: skip
+"""The lifecycle with layer-wise loading on, as the campaign draws it (a 2 ms twin wait)."""
+LAYER_FOCUS = ("new_req", "extend", "decode", "finish", *LAYER_KINDS)
+"""The hunt's operation kinds: a short lifecycle interleaved with the layer steps (the
+hypothesis machine draws layer steps only in runs focused on them)."""
+
+
+def forward_skips_layer_wait(manager: Any) -> None:
+    """The forward reads a layer without waiting for its load (the pool's transfer counter is
+    bypassed on ``get_key_buffer``): a read returns while the layer is still loading."""
+    kv = manager.kv_cache
+    need(kv, "get_key_buffer", "layer_transfer_counter")
+
+    def make(orig: Any) -> Callable[[int], Any]:
+        def get_key_buffer(layer_id: int) -> Any:
+            counter, kv.layer_transfer_counter = kv.layer_transfer_counter, None
+            try:
+                return orig(layer_id)
+            finally:
+                kv.layer_transfer_counter = counter
+
+        return get_key_buffer
+
+    wrap(kv, "get_key_buffer", make)
+
+
+LAYERWISE_LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant("layer-forward-no-wait", "the forward reads a layer before its load completed",
+           ("INV-LAYER-LOADED",), forward_skips_layer_wait, (1, 2, 4), LAYERWISE, LAYER_FOCUS),
+)  # fmt: skip
+"""Layer-wise loading bugs hunted by the lifecycle machine (the layer steps of
+:mod:`kvpool.testing.layer_ops`)."""
+
+
 @dataclass(frozen=True)
 class LayerLoadingMutant:
     """A layer-loading bug: ``patch(pool, counter)`` returns the counter to register (the
@@ -155,8 +194,12 @@ def hunt_layer_loading(mutant: LayerLoadingMutant | None, seeds: int = 8) -> lis
 
 __all__ = [
     "KV_STORAGE_MUTANTS",
+    "LAYERWISE",
+    "LAYERWISE_LIFECYCLE_MUTANTS",
+    "LAYER_FOCUS",
     "LAYER_LOADING_MUTANTS",
     "LayerLoadingMutant",
+    "forward_skips_layer_wait",
     "fp4_nibbles_swapped",
     "fp4_scale_block_shifted",
     "hunt_layer_loading",

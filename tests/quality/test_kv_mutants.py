@@ -13,7 +13,10 @@ from kvpool.testing.quality import Mutant, format_table, hunt
 from tests.quality.mutants_kv import (
     FP4_MHA,
     KV_STORAGE_MUTANTS,
+    LAYER_FOCUS,
     LAYER_LOADING_MUTANTS,
+    LAYERWISE,
+    LAYERWISE_LIFECYCLE_MUTANTS,
     PAGE_MAJOR,
     LayerLoadingMutant,
     hunt_layer_loading,
@@ -48,3 +51,21 @@ def test_layer_loading_bug_is_caught(mutant: LayerLoadingMutant) -> None:
 
 def test_layer_loading_control_passes() -> None:
     assert hunt_layer_loading(None) == []
+
+
+@pytest.mark.parametrize("mutant", LAYERWISE_LIFECYCLE_MUTANTS, ids=lambda m: m.name)
+def test_layerwise_lifecycle_bug_is_caught_by_its_detector(mutant: Mutant) -> None:
+    result = hunt(mutant, _budget())
+    table = format_table([result])
+    assert result.caught, f"not caught\n{table}"
+    assert result.as_expected, f"caught by {result.detector}, expected {mutant.expected}\n{table}"
+    assert "layer_read(" in result.report, result.report
+
+
+def test_unmutated_layerwise_lifecycle_passes_the_same_budget() -> None:
+    clean = Mutant(
+        "no-bug", "control", ("none",), lambda m: None, (1, 2, 4), LAYERWISE, LAYER_FOCUS
+    )
+    result = hunt(clean, _budget())
+    assert not result.caught, result.report
+    assert result.steps > 0

@@ -59,7 +59,8 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "session:restore", "close_session:ok", "evict:ok", "merge:by-alloc", "invalid:refused",
         "session:hybrid-restore", "mamba-radix:cow", "mamba-radix:abort-cow",
         "mamba-radix:donated", "mamba-radix:chunk-copy", "mamba-radix:evicted",
-        "mamba-radix:refused", "mamba-radix:extend-cow",
+        "mamba-radix:refused", "mamba-radix:extend-cow", "layer_load:ok", "layer_load:LockError",
+        "layer_done:ok", "layer_read:ok", "layer_read:LayerNotLoadedError",
     ),
     "hybrid_req_to_token_pool": (
         "admit:ok", "admit:refused", "admit:evicted", "admit:chunk-keeps-slot", "admit:after-cow",

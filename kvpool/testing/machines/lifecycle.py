@@ -8,6 +8,7 @@ run inside the torch twin's ``MemoryManager`` with its components injected
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -15,10 +16,11 @@ from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
 from kvpool.snapshot import PoolSnapshot
 from kvpool.testing.bundle import Implementation
+from kvpool.testing.layer_ops import draw_lifecycle_op, layer_fields
 from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.machines.coverage import outcome_tag
 from kvpool.testing.machines.mamba_lifecycle import mamba_radix_tags
-from kvpool.testing.swarm import HOST_KINDS, KINDS, Chooser, Op, draw_config, draw_op
+from kvpool.testing.swarm import HOST_KINDS, KINDS, Chooser, Op, draw_config
 
 
 def manager_factory(impl: Implementation) -> Factory:
@@ -68,11 +70,11 @@ class LifecyclePair:
         return self.lockstep.checks
 
     def draw(self, c: Chooser) -> Op:
-        view = self.lockstep.view()
+        view, layers = self.lockstep.view(), self.lockstep.layers
         kinds = KINDS + HOST_KINDS if view.config.enable_hierarchical_cache else KINDS
-        op = draw_op(c, view, c.choice(kinds))
+        op = draw_lifecycle_op(c, view, layers, c.choice(kinds))
         while not self.rejects_misuse and component_misuse(op):
-            op = draw_op(c, view, c.choice(kinds))
+            op = draw_lifecycle_op(c, view, layers, c.choice(kinds))
         return op
 
     def run(self, op: Op) -> Any:
@@ -153,7 +155,8 @@ class LifecycleTarget:
         hybrid = impl.hybrid_req_to_token_pool is not None and impl.manager is not None
         # the host tier lives in the implementation's own manager
         host = impl.manager is not None and impl.provides("hiradix_cache")
-        return draw_config(c, hybrid=hybrid, host=host, rules=impl.rules_or_default())
+        config = draw_config(c, hybrid=hybrid, host=host, rules=impl.rules_or_default())
+        return dataclasses.replace(config, **layer_fields(config))
 
     def pair(
         self,
