@@ -31,8 +31,9 @@ def host_copy(tensor: torch.Tensor, given: HostLens | None) -> HostLens | None:
     return given
 
 
-def host_array(values: HostLens) -> Int64Array:
-    """``values`` as a 1-D int64 numpy array (a view, no copy, of a CPU int64 tensor)."""
+def host_array(values: HostLens | Int64Array) -> Int64Array:
+    """``values`` as a 1-D int64 numpy array (a view, no copy, of a CPU int64 tensor or of an
+    int64 array)."""
     if isinstance(values, torch.Tensor):
         if values.dtype is not torch.int64 or values.device.type != "cpu":
             values = values.to("cpu", torch.int64)
@@ -41,7 +42,7 @@ def host_array(values: HostLens) -> Int64Array:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-def page_opening_requests(seq_lens_cpu: HostLens, page_size: int) -> Int64Array:
+def page_opening_requests(seq_lens_cpu: HostLens | Int64Array, page_size: int) -> Int64Array:
     """Indices (batch order) of the requests whose new token, at position ``S - 1``, opens a
     page: ``(S - 1) % page_size == 0``, i.e. ``S & (ps - 1) == 1 & (ps - 1)`` for a power of two
     ``page_size`` (every request when ``page_size == 1``). From host copies: no device read."""

@@ -105,8 +105,8 @@ class BatchAllocs:
                 )
             check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
             check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
-        check_decode_host(seq_lens, seq_lens_cpu, last_loc)  # before the host copy is read
-        opens = page_opening_requests(seq_lens_cpu, self.page_size)
+        host_s = check_decode_host(seq_lens, seq_lens_cpu, last_loc)  # the checked host copy
+        opens = page_opening_requests(host_s, self.page_size)
         num_new = int(opens.size)
         self._merge_before_take(seq_lens.numel() > self.free_pages.numel(), num_new)
         pages = self._take_pages(num_new)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from kvpool.config import PoolConfig
@@ -31,13 +30,10 @@ from kvpool.errors import (
 )
 from kvpool.host_checks import int_list
 from kvpool.injection import check_shared, resolve
-from kvpool.kernels.host import to_device
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvpool.optimized.batch_rows import BatchRows
 from kvpool.optimized.batch_table import (
     device_ints,
-    gather_columns,
-    last_locs,
-    read_held_rows,
     rows_of,
     scatter_columns,
     write_rows,
@@ -66,7 +62,7 @@ def as_token_list(input_ids: Sequence[int]) -> list[int]:
     return int_list("input_ids", values)
 
 
-class LifecyclePrimitives(HiCacheLifecycle):
+class LifecyclePrimitives(HiCacheLifecycle, BatchRows):
     """The pools (``req_to_token_pool``, ``token_to_kv_pool_allocator``, ``tree_cache``,
     ``kv_cache``), the request and session tables, and the SGLang-named primitives.
     ``options`` (:class:`~kvpool.optimized.options.TwinOptions`, or the shorthand ``device`` /
@@ -157,8 +153,9 @@ class LifecyclePrimitives(HiCacheLifecycle):
         self._empty = torch.empty(0, dtype=torch.int64, device=dev)
         self._no_last_loc = torch.full((1,), NO_LAST_LOC, dtype=torch.int64, device=dev)
         self._rows_read: dict[str, tuple[int, int, torch.Tensor]] = {}
-        self.kernel_backend = kernel_backend
-        """Backend of the kernels the lifecycle runs on the table (``None``: the default)."""
+        self.kernel_backend = opts.backend
+        """Backend of the kernels the lifecycle runs on the table (``None``: the default); the
+        options' one, as every component's."""
 
     def _default_allocator(self, opts: TwinOptions) -> BaseTokenToKVPoolAllocator:
         config = self.config
@@ -262,22 +259,6 @@ class LifecyclePrimitives(HiCacheLifecycle):
             raise OutOfMemoryError("allocator refused after eviction")
         return out
 
-    def _prefix_last_locs(self, reqs: Sequence[Req]) -> torch.Tensor:
-        """The last slot of each request's ``prefix_indices`` (-1 when empty), int64 on the
-        device: one concatenation of one-element views (as SGLang builds ``last_loc``)."""
-        if self.page_size == 1 or not reqs:
-            return self._empty  # page size 1 never reads last_loc
-        none = self._no_last_loc
-        return torch.cat([r.prefix_indices[-1:] if len(r.prefix_indices) else none for r in reqs])
-
-    def _row_last_locs(self, reqs: Sequence[Req], cols: Sequence[int]) -> torch.Tensor:
-        """The slot of column ``cols[i] - 1`` of each request's row (-1 for column 0), int64 on
-        the device (kvpool's ``get_last_loc``; nothing for page size 1, which never reads it)."""
-        if self.page_size == 1 or not reqs:
-            return self._empty
-        rows = rows_of(reqs)
-        return last_locs(self.req_to_token_pool, rows, cols, self.device, self.kernel_backend)
-
     # ----------------------------------------------------------------- primitives
     def alloc_req_slots(self, reqs: Sequence[Req]) -> list[int]:
         """Rows for the batch (reusing rows legally kept); OutOfMemoryError if too few are free."""
@@ -374,54 +355,6 @@ class LifecyclePrimitives(HiCacheLifecycle):
             self.mamba_hooks.before_release(req)
         self.req_to_token_pool.free(req)
         req.reset_kv_fields()
-
-    def _held_row(self, req: Req, row: int) -> torch.Tensor:
-        """Slots (int64) of columns ``[0, kv_allocated_len)`` of ``row``: the view
-        :meth:`_read_held_rows` read for this batch when it covers exactly that range, else one
-        gather of the row."""
-        stop = req.kv_allocated_len
-        ahead = self._rows_read.pop(req.rid, None)
-        if ahead is not None and ahead[:2] == (row, stop):
-            return ahead[2]
-        return gather_columns(self.req_to_token_pool, [row], [0], [stop], self.device)
-
-    def _read_rows(self, reqs: Sequence[Req]) -> dict[str, torch.Tensor]:
-        """``rid -> row[:kv_allocated_len]`` (int64 views of one gather for the batch): what a
-        prefill batch's chunked requests hand to ``cache_unfinished_req``."""
-        return {
-            rid: t[2]
-            for rid, t in read_held_rows(self.req_to_token_pool, reqs, self.device).items()
-        }
-
-    def _read_held_rows(self, reqs: Sequence[Req]) -> None:
-        """Read every request's row in one gather for :meth:`release_kv_cache` (a finish
-        batch; see :func:`~kvpool.optimized.batch_table.read_held_rows`)."""
-        self._rows_read = read_held_rows(self.req_to_token_pool, reqs, self.device)
-
-    def write_kv(self, req: Req, start: int, stop: int) -> None:
-        """Compute (write the tags of) tokens ``[start, stop)`` of ``req`` into their slots."""
-        self.write_kv_batch([req], [start], [stop])
-
-    def write_kv_batch(
-        self,
-        reqs: Sequence[Req],
-        starts: Sequence[int],
-        stops: Sequence[int],
-        slots: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Compute tokens ``[starts[i], stops[i])`` of every request: one write of their tags
-        into their slots (``slots``, flat in batch order, when the caller has them; else read
-        from the rows in one gather). Returns the slots (int64)."""
-        if slots is None:
-            rows = rows_of(reqs)
-            slots = gather_columns(self.req_to_token_pool, rows, starts, stops, self.device)
-        parts = [r.kv_tags_upto(b)[a:b] for r, a, b in zip(reqs, starts, stops, strict=True)]
-        if parts and slots.numel():
-            tags = np.concatenate(parts) if len(parts) > 1 else parts[0]
-            self.kv_cache.write_tags(slots, to_device(tags, self.device))
-        if self.mamba_hooks is not None:
-            self.mamba_hooks.after_writes(reqs, stops)
-        return slots
 
 
 __all__ = ["LifecyclePrimitives"]

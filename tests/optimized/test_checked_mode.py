@@ -67,6 +67,7 @@ def test_one_options_object_goes_down_the_twin() -> None:
     parts = (mm.req_to_token_pool, mm.token_to_kv_pool_allocator, mm.tree_cache, mm.kv_cache)
     assert all(p.options is opts for p in parts)
     assert mm.token_to_kv_pool_allocator.kernel_backend == "python"
+    assert mm.kernel_backend == "python"  # the manager's own table kernels too
     assert not mm.token_to_kv_pool_allocator.checked
     hybrid = MemoryManager(PoolConfig(mamba_slots=2, disable_radix_cache=True), options=opts)
     pool = hybrid.req_to_token_pool

@@ -16,9 +16,10 @@ from kvpool.errors import ConfigError, InvalidArgumentError, InvariantViolation
 from kvpool.invariants import check_all
 from kvpool.optimized.memory_manager import MemoryManager as TwinManager
 from kvpool.reference.memory_manager import MemoryManager as RefManager
+from kvpool.testing.config_variants import WRITE_POLICIES
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines.lifecycle import LifecyclePair, LifecycleTarget
-from kvpool.testing.swarm import WRITE_POLICIES, RandomChooser, draw_op
+from kvpool.testing.swarm import RandomChooser, draw_op
 
 HOST = PoolConfig(size=16, req_pool_size=4, max_context_len=64, enable_hierarchical_cache=True,
                   hicache_ratio=1.0, hicache_load_back_threshold=1)  # fmt: skip
