@@ -28,7 +28,8 @@ Streaming sessions: a finished turn hands its row *and its window* (``swa_evicte
 the session, the next turn's first extend carries them on, and a close frees the session's
 slots through the allocator's ``free`` (each pool gets back exactly what it holds).
 
-Scope (kvpool): at least 2 layers, an MHA layout and a window (ConfigError otherwise).
+Scope (kvpool): at least 2 layers, an MHA layout, a window, plain KV storage and no host tier
+(ConfigError otherwise: :func:`check_swa_config`).
 """
 
 from __future__ import annotations

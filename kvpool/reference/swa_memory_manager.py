@@ -26,7 +26,8 @@ Streaming sessions: a finished turn hands its row *and its window* (``swa_evicte
 the session, the next turn's first extend carries them on, and a close frees the session's
 slots through the allocator's ``free`` (each pool gets back exactly what it holds).
 
-Scope (kvpool): at least 2 layers, an MHA layout and a window (ConfigError otherwise).
+Scope (kvpool): at least 2 layers, an MHA layout, a window, plain KV storage and no host tier
+(ConfigError otherwise: :func:`check_swa_config`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def check_swa_config(config: PoolConfig) -> int:
         raise ConfigError("an SWA manager needs config.sliding_window")
     if config.num_layers < 2 or config.kv_layout != "mha":
         raise ConfigError("an SWA manager needs an MHA layout of at least 2 layers")
+    # its KV lives in SWAKVPool and its tree is the SWA one: say so rather than ignore the fields
+    if config.kv_storage != "plain":
+        raise ConfigError(f"an SWA manager stores plain KV (SWAKVPool), not {config.kv_storage!r}")
+    if config.enable_hierarchical_cache:
+        raise ConfigError("an SWA manager has no host tier (enable_hierarchical_cache)")
     return config.sliding_window
 
 

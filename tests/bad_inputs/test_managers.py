@@ -160,6 +160,18 @@ CONFIGS = [
         build(PoolConfig(sliding_window=4, kv_layout="mla"), "SWAMemoryManager"),
         ConfigError,
     ),
+    Case(
+        "config-swa-fp4-storage",
+        mm,
+        build(PoolConfig(sliding_window=4, kv_storage="fp4", head_dim=16), "SWAMemoryManager"),
+        ConfigError,
+    ),
+    Case(
+        "config-swa-host-tier",
+        mm,
+        build(PoolConfig(sliding_window=4, enable_hierarchical_cache=True), "SWAMemoryManager"),
+        ConfigError,
+    ),
 ]
 
 CASES = [*LIFECYCLE, *CONFIGS]

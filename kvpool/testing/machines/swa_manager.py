@@ -98,7 +98,7 @@ class SWALifecycleTarget(LifecycleTarget):
         if radix:
             ratio = min(ratio, c.choice((0.5, 0.8)))
         base = dataclasses.replace(base, disable_radix_cache=not radix)
-        # SWA models keep their KV in SWAKVPool: no storage variant (kv_variants.md)
+        # SWA models keep their KV in SWAKVPool (check_swa_config refuses a storage variant)
         return dataclasses.replace(base, sliding_window=window, kv_layout="mha", kv_storage="plain",
                                    num_layers=max(base.num_layers, 2),
                                    swa_full_tokens_ratio=ratio)  # fmt: skip
