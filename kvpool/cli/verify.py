@@ -44,6 +44,7 @@ COMPONENTS = (
     "swa_manager",
     "hiradix_cache",
     "kv_pool",
+    "unified_radix_cache",
 )
 BUILTIN_IMPLS = ("reference", "optimized", "sglang")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from kvpool.sglang.allocators import SGLangAllocator
 from kvpool.sglang.cache_req import CacheReq
 from kvpool.sglang.host_pool import SGLangHostPool
-from kvpool.sglang.implementation import implementation
+from kvpool.sglang.implementation import from_spec, implementation
 from kvpool.sglang.loader import PARTIAL_MODULES, REAL_MODULES, SGLangModules, load_sglang
 from kvpool.sglang.radix import SGLangMatch, SGLangRadixCache, make_radix_key, to_sglang_key
 from kvpool.sglang.req_to_token import ReqProxy, SGLangReqToTokenPool
@@ -35,6 +35,7 @@ __all__ = [
     "SGLangSource",
     "default_cache_dir",
     "download_wheel",
+    "from_spec",
     "implementation",
     "load_sglang",
     "make_radix_key",

@@ -18,7 +18,31 @@ from kvpool.sglang.radix import SGLangRadixCache, make_radix_key
 from kvpool.sglang.req_to_token import SGLangReqToTokenPool
 from kvpool.sglang.swa import SGLangSWAAllocator
 from kvpool.sglang.swa_radix import SGLangSWARadixCache
+from kvpool.sglang.tree_core import has_unified_cache
+from kvpool.sglang.unified_radix import SGLangUnifiedRadixCache
 from kvpool.testing.bundle import Implementation
+
+SPEC_OPTIONS = ("naive", "rust-core", "python-core", "legacy-tree")
+"""Options a spec ``sglang:SOURCE+OPTION+...`` may end with (see :func:`from_spec`)."""
+
+
+def from_spec(source: str) -> Implementation:
+    """The implementation of ``sglang:SOURCE[+OPTION...]``'s part after the colon: ``+naive``
+    (SGLang's naive extend), ``+python-core`` / ``+rust-core`` (the unified cache's tree core;
+    Rust by default, as SGLang's), ``+legacy-tree`` (the lifecycle uses the legacy
+    ``RadixCache`` instead of the unified cache). ValueError for two tree cores."""
+    options: set[str] = set()
+    while "+" in source and source.rpartition("+")[2] in SPEC_OPTIONS:
+        source, _, option = source.rpartition("+")
+        options.add(option)
+    if {"rust-core", "python-core"} <= options:
+        raise ValueError("give one tree core: +rust-core or +python-core")
+    return implementation(
+        source or "0.5.16",
+        naive_extend="naive" in options,
+        tree_core="python" if "python-core" in options else "rust",
+        unified_lifecycle="legacy-tree" not in options,
+    )
 
 
 def implementation(
@@ -26,6 +50,8 @@ def implementation(
     *,
     naive_extend: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
+    tree_core: str = "rust",
+    unified_lifecycle: bool = True,
 ) -> Implementation:
     """SGLang from ``source`` (see :func:`kvpool.sglang.load_sglang`) with factories for the
     allocator, ``ReqToTokenPool``, ``RadixCache`` and, for the audited releases
@@ -36,7 +62,12 @@ def implementation(
     routes ``alloc_extend`` through SGLang's ``alloc_extend_naive`` (see
     :class:`~kvpool.sglang.allocators.SGLangAllocator`). Raises
     :class:`~kvpool.errors.SGLangLoadError` when the source cannot be loaded and
-    :class:`~kvpool.errors.ConfigError` when kvpool has no rules preset for its version."""
+    :class:`~kvpool.errors.ConfigError` when kvpool has no rules preset for its version.
+
+    A release with the unified radix cache (0.5.23) also gets ``unified_radix_cache``: SGLang's
+    ``UnifiedRadixCache`` (FULL) over ``tree_core`` (``"rust"``, SGLang's default, or
+    ``"python"``), which the lifecycle then uses as its tree, as SGLang's server does, unless
+    ``unified_lifecycle`` is False (the legacy ``RadixCache`` then)."""
     modules = load_sglang(source, cache_dir=cache_dir)
     rules = Rules.for_sglang(modules.version)
     # the SWA adapters follow 0.5.16's SWA classes; 0.5.23 rebuilt them over per-pool
@@ -97,8 +128,18 @@ def implementation(
                                   config.eviction_policy, config.hicache_write_policy,
                                   config.hicache_load_back_threshold)  # fmt: skip
 
+    unified = None
+    if has_unified_cache(modules):
+
+        def unified(config: PoolConfig, pool: Any, alloc: Any) -> SGLangUnifiedRadixCache:
+            return SGLangUnifiedRadixCache(modules, pool, alloc, config.page_size,
+                                           disable=config.disable_radix_cache,
+                                           eviction_policy=config.eviction_policy,
+                                           tree_core=tree_core)  # fmt: skip
+
+    core = f"-{tree_core}-core" if unified is not None else ""
     return Implementation(
-        label=f"sglang-{modules.version}{'-naive-extend' if naive_extend else ''}",
+        label=f"sglang-{modules.version}{core}{'-naive-extend' if naive_extend else ''}",
         allocator=allocator,
         req_to_token_pool=req_to_token_pool,
         radix_cache=radix_cache,
@@ -112,6 +153,8 @@ def implementation(
         index=index,
         hiradix_cache=hiradix_cache if _has_hiradix(modules) else None,
         hiradix_storage=False,
+        unified_radix_cache=unified,
+        unified_lifecycle=unified is not None and unified_lifecycle,
     )
 
 
@@ -123,4 +166,4 @@ def _has_hiradix(modules: Any) -> bool:
         return False
 
 
-__all__ = ["implementation"]
+__all__ = ["SPEC_OPTIONS", "from_spec", "implementation"]

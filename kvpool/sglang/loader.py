@@ -52,6 +52,38 @@ REAL_MODULES = (
 )
 """SGLang modules executed from SGLang's own source (the behaviour under test lives here)."""
 
+UNIFIED_MODULES = (
+    "sglang.srt.environ",
+    "sglang.srt.mem_cache.unified_radix_cache",
+    "sglang.srt.mem_cache.unified_cache",
+    "sglang.srt.mem_cache.unified_cache.component_type",
+    "sglang.srt.mem_cache.unified_cache.cache_action",
+    "sglang.srt.mem_cache.unified_cache.components",
+    "sglang.srt.mem_cache.unified_cache.components.base",
+    "sglang.srt.mem_cache.unified_cache.components.full",
+    "sglang.srt.mem_cache.unified_cache.components.swa",
+    "sglang.srt.mem_cache.unified_cache.components.mamba",
+    "sglang.srt.mem_cache.unified_cache.tree_core_registry",
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core",
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core_interface",
+    "sglang.srt.mem_cache.unified_cache.session_ref_tracker",
+    "sglang.srt.mem_cache.unified_cache.unified_cache_linker",
+    "sglang.srt.mem_cache.unified_cache.storage_attachment",
+    "sglang.srt.mem_cache.rust_tree_core",
+    "sglang.srt.mem_cache.rust_tree_core.adapter",
+    "sglang.srt.rust_extensions.torch_build",
+    "sglang.srt.mem_cache.allocator.page_interleave",
+    "sglang.srt.session.streaming_session",
+)
+"""Also real for a release with the unified radix cache (0.5.23; :data:`UNIFIED_MARKER`): the
+cache, its tree cores and components, the tree-core registry, SGLang's environment switches
+(``envs``: their defaults, or the process environment, as a server reads them), and the
+modules those paths call. The Rust tree core's compiled module is loaded by
+:func:`kvpool.sglang.tree_core.install_rust_tree_core`."""
+
+UNIFIED_MARKER = "sglang/srt/mem_cache/unified_radix_cache.py"
+"""A source holding this file gets :data:`UNIFIED_MODULES` too."""
+
 _COMMON = "sglang/srt/utils/common.py"
 _HELPERS = ("next_power_of_2", "get_num_new_pages", "ceil_align")
 PARTIAL_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -131,7 +163,10 @@ def load_sglang(
     known = _LOADED.get(resolved.key())
     if known is not None:
         return known
-    importer = PrivateSGLang(resolved, _prefix(resolved), REAL_MODULES, PARTIAL_MODULES)
+    real: tuple[str, ...] = REAL_MODULES
+    if UNIFIED_MARKER in resolved.names(UNIFIED_MARKER.rpartition("/")[0] + "/"):
+        real = REAL_MODULES + UNIFIED_MODULES
+    importer = PrivateSGLang(resolved, _prefix(resolved), real, PARTIAL_MODULES)
     importer.install()
     modules = SGLangModules(resolved, importer)
     try:
@@ -144,4 +179,11 @@ def load_sglang(
     return modules
 
 
-__all__ = ["PARTIAL_MODULES", "REAL_MODULES", "SGLangModules", "load_sglang"]
+__all__ = [
+    "PARTIAL_MODULES",
+    "REAL_MODULES",
+    "UNIFIED_MARKER",
+    "UNIFIED_MODULES",
+    "SGLangModules",
+    "load_sglang",
+]

@@ -2,7 +2,7 @@
 
 - :func:`rewrite_imports`: every absolute import of ``sglang...`` is redirected to the private
   package ``PREFIX.sglang...`` (so SGLang's modules never enter ``sys.modules`` under their
-  real names), and every import of a third-party package other than torch, triton and numpy to
+  real names), and every import of a third-party package other than :data:`REAL_THIRD_PARTY` to
   a stub under ``PREFIX._external`` (so loading never imports sgl_kernel, flashinfer, vllm,
   transformers...). Standard-library imports and relative imports are left as they are.
 - :func:`extract_definitions`: the top-level definitions of a few names of a big module (a class
@@ -13,11 +13,18 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import sys
 from collections.abc import Iterable
 
-REAL_THIRD_PARTY = frozenset({"torch", "triton", "numpy"})
-"""Third-party packages imported for real: the allocators' tensors and kernels need them."""
+REAL_THIRD_PARTY = frozenset(
+    {"torch", "triton", "numpy"}
+    | ({"msgspec"} if importlib.util.find_spec("msgspec") is not None else set())
+)
+"""Third-party packages imported for real: the allocators' tensors and kernels need them, and
+SGLang 0.5.23's unified radix cache builds its parameter and action records on ``msgspec``
+(real when installed: ``pip install 'kvpool[sglang]'``; a stub otherwise, and the unified cache
+then refuses to load, see :mod:`kvpool.sglang.tree_core`)."""
 
 _STDLIB = frozenset(sys.stdlib_module_names)
 

@@ -80,6 +80,32 @@ class SGLangSource:
         assert base is not None
         return str(base / relpath)
 
+    def names(self, prefix: str) -> list[str]:
+        """Distribution paths under folder ``prefix`` (``a/b/``), sorted."""
+        if self.root is not None:
+            base = self.root / prefix
+            if not base.is_dir():
+                return []
+            return sorted(f"{prefix}{p.name}" for p in base.iterdir() if p.is_file())
+        inside = (n for n in self._names if n.startswith(prefix))
+        return sorted(n for n in inside if "/" not in n[len(prefix) :])
+
+    def binary_path(self, relpath: str) -> Path:
+        """A file on disk holding ``relpath`` (a compiled module): the real file of a folder
+        source, or a copy extracted once from the wheel into
+        ``default_cache_dir()/extracted/WHEEL_STEM/relpath`` (a dynamic loader needs a path)."""
+        if self.root is not None:
+            return self.root / relpath
+        assert self.wheel is not None
+        dest = default_cache_dir() / "extracted" / self.wheel.stem / relpath
+        if not dest.is_file():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            partial = dest.with_name(f"{dest.name}.{os.getpid()}.part")
+            with zipfile.ZipFile(self.wheel) as zf:
+                partial.write_bytes(zf.read(relpath))
+            partial.replace(dest)  # atomic: concurrent workers never load a half-written file
+        return dest
+
     def key(self) -> str:
         """Identifies the source (the loader caches one set of modules per key)."""
         return str(self.root if self.root is not None else self.wheel)

@@ -63,6 +63,7 @@ COMPONENTS = (
     "swa_manager",
     "hiradix_cache",
     "kv_pool",
+    "unified_radix_cache",
 )
 """Component names, as ``kvpool verify --component`` spells them."""
 
@@ -96,6 +97,13 @@ class Implementation:
     """The KV pool ``PoolConfig.kv_storage`` names (the ``kv_pool`` machine)."""
     layer_done_counter: Callable[[int], Any] | None = None
     """A ``LayerDoneCounter`` for a number of layers (the ``kv_pool`` machine)."""
+    unified_radix_cache: Callable[[PoolConfig, Any, Any], Any] | None = None
+    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL component) with the ``radix_cache`` shape;
+    the ``unified_radix_cache`` machine drives it, and the lifecycle uses it as its tree when
+    ``unified_lifecycle`` is set (SGLang's server default)."""
+    unified_lifecycle: bool = False
+    """Whether the lifecycle's tree is ``unified_radix_cache`` (SGLang 0.5.23's server default)
+    rather than ``radix_cache``."""
 
     def rules_or_default(self) -> Rules:
         """The rules this implementation follows (kvpool's default when it names none)."""
@@ -107,6 +115,10 @@ class Implementation:
             return any(
                 f is not None
                 for f in (self.manager, self.allocator, self.req_to_token_pool, self.radix_cache)
+            )
+        if component == "unified_radix_cache":
+            return self.unified_radix_cache is not None and all(
+                f is not None for f in (self.radix_key, self.allocator, self.req_to_token_pool)
             )
         if component == "radix_cache":
             return all(

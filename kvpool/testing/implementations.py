@@ -3,7 +3,9 @@
 Specs: ``reference``; ``optimized`` or ``optimized[BACKEND]`` (the torch twin, kernels run by
 ``torch``, ``interpret`` or ``triton``); ``sglang`` or ``sglang:SOURCE`` (SGLang's own classes
 through :mod:`kvpool.sglang`; SOURCE is a release like ``0.5.16``, a source path or
-``installed``; a ``+naive`` suffix routes ``alloc_extend`` through SGLang's naive path);
+``installed``; suffixes: ``+naive`` routes ``alloc_extend`` through SGLang's naive path,
+``+python-core`` / ``+rust-core`` choose 0.5.23's unified-cache tree core, ``+legacy-tree``
+keeps the lifecycle on the legacy ``RadixCache``: :func:`kvpool.sglang.from_spec`);
 ``MODULE:NAME`` or ``path/to/file.py:NAME`` (a user's object: an
 :class:`~kvpool.testing.bundle.Implementation`, a zero-argument callable returning one, or a
 plain factory of the component being verified). Specs are strings so that worker processes
@@ -53,6 +55,13 @@ def reference_implementation() -> Implementation:
     def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         return MambaRadixCache(pool, alloc, config.page_size)
 
+    def unified(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        from kvpool.reference.unified_radix_cache import UnifiedRadixCache
+
+        return UnifiedRadixCache(
+            pool, alloc, config.page_size, False, config.eviction_policy, rules=config.rules
+        )
+
     def hybrid(config: PoolConfig) -> Any:
         return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,
                                     _mamba_slots(config), config.mamba_layers,
@@ -78,6 +87,7 @@ def reference_implementation() -> Implementation:
         hiradix_cache=_reference_hiradix,
         kv_cache=kv_cache_from_config,
         layer_done_counter=LayerDoneCounter,
+        unified_radix_cache=unified,
     )
 
 
@@ -152,6 +162,13 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     def manager(config: PoolConfig) -> Any:
         return MemoryManager(config, checked=checked, kernel_backend=backend)
 
+    def unified(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        from kvpool.optimized.unified_radix_cache import UnifiedRadixCache
+
+        return UnifiedRadixCache(
+            pool, alloc, config.page_size, False, config.eviction_policy, rules=config.rules
+        )
+
     def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         return MambaRadixCache(pool, alloc, config.page_size)
 
@@ -198,6 +215,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         # Single-threaded machines: nothing else can complete a layer, so a short wait
         # turns an early read into the reference's LayerNotLoadedError.
         layer_done_counter=lambda layers: LayerDoneCounter(layers, timeout=0.002),
+        unified_radix_cache=unified,
     )
 
 
@@ -219,11 +237,7 @@ def resolve_implementation(spec: str, component: str = "manager") -> Implementat
     if spec == "sglang" or spec.startswith("sglang:"):
         from kvpool import sglang
 
-        source = spec.partition(":")[2] or "0.5.16"
-        naive = source.endswith("+naive")
-        built: Implementation = sglang.implementation(
-            source.removesuffix("+naive"), naive_extend=naive
-        )
+        built: Implementation = sglang.from_spec(spec.partition(":")[2])
         return built
     from kvpool.testing.factories import load_factory
 

@@ -36,6 +36,7 @@ from kvpool.testing.machines.swa_allocator import SWAAllocatorTarget
 from kvpool.testing.machines.swa_manager import SWALifecycleTarget
 from kvpool.testing.machines.swa_radix import SWARadixTarget
 from kvpool.testing.machines.table import TableTarget
+from kvpool.testing.machines.unified import UnifiedRadixTarget
 from kvpool.testing.swarm import Chooser, Op
 
 TARGETS: dict[str, Target | LifecycleTarget] = {
@@ -50,6 +51,7 @@ TARGETS: dict[str, Target | LifecycleTarget] = {
     "swa_manager": SWALifecycleTarget(),
     "hiradix_cache": HiRadixTarget(),
     "kv_pool": KVPoolTarget(),
+    "unified_radix_cache": UnifiedRadixTarget(),
 }
 
 

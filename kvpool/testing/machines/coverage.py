@@ -34,6 +34,11 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "insert:duplicate", "insert:extra-key", "evict:freed", "evict:nothing",
         "inc_lock_ref:ok", "dec_lock_ref:ok", "reset:ok", "invalid:refused",
     ),
+    "unified_radix_cache": (
+        "match_prefix:hit", "match_prefix:miss", "match_prefix:split", "insert:new",
+        "insert:duplicate", "insert:extra-key", "evict:freed", "evict:nothing",
+        "inc_lock_ref:ok", "dec_lock_ref:ok", "reset:ok", "invalid:refused",
+    ),
     "swa_allocator": (
         "alloc:ok", "alloc:refused", "alloc_extend:ok", "alloc_extend:refused", "alloc_decode:ok",
         "alloc_decode:refused", "alloc_extend_swa_tail:ok", "refused:full-short",

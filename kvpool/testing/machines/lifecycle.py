@@ -36,8 +36,9 @@ def manager_factory(impl: Implementation) -> Factory:
             parts["token_to_kv_pool_allocator"] = impl.allocator
         if impl.req_to_token_pool is not None:
             parts["req_to_token_pool"] = impl.req_to_token_pool
-        if impl.radix_cache is not None and not config.disable_radix_cache:
-            parts["tree_cache"] = impl.radix_cache
+        tree = impl.unified_radix_cache if impl.unified_lifecycle else impl.radix_cache
+        if tree is not None and not config.disable_radix_cache:
+            parts["tree_cache"] = tree
         return MemoryManager(config, checked=True, **parts)  # a kvpool tool: checked on
 
     return build
