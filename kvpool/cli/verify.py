@@ -6,9 +6,10 @@ Phase 2 (``--seconds``): a lockstep campaign of one machine (``--component``: th
 alone: ``allocator`` / ``req_to_token_pool`` / ``radix_cache``, ``swa_allocator`` /
 ``swa_radix_cache``, a hybrid Mamba model's ``hybrid_req_to_token_pool`` /
 ``mamba_radix_cache``, the host tier's ``hiradix_cache``, or ``kv_pool``: a KV storage
-variant and layer-wise loading), the reference against a candidate (``--impl``: the
-optimized twin by default, ``sglang[:SOURCE]`` for SGLang's own classes, or
-``MODULE:NAME`` / ``path.py:NAME``), every invariant checked after every step, in
+variant and layer-wise loading), the reference (or ``--oracle SPEC``: any two implementations,
+e.g. SGLang's two tree cores) against a candidate (``--impl``: the optimized twin by default,
+``sglang[:SOURCE]`` for SGLang's own classes, ``--tree-core`` choosing 0.5.23's unified-cache
+core, or ``MODULE:NAME`` / ``path.py:NAME``), every invariant checked after every step, in
 ``--workers`` processes so that a candidate that crashes or hangs is a reported failure, or
 fanned out over a Ray cluster with ``--ray [ADDRESS]`` (blocks of runs, one task per CPU).
 Prints a summary with the coverage reached, and writes it as JSON with ``--report`` (always,
@@ -108,6 +109,21 @@ def register(sub: Any) -> None:
         "path, or 'installed') (default: none)",
     )
     p.add_argument(
+        "--tree-core",
+        choices=("rust", "python"),
+        default=None,
+        help="with SGLang 0.5.23: the unified radix cache's tree core (default: rust, as "
+        "SGLang's server)",
+    )
+    p.add_argument(
+        "--oracle",
+        type=impl_spec,
+        default="reference",
+        metavar="SPEC",
+        help="the side the candidate is checked against, any spec --impl takes, e.g. "
+        "sglang:0.5.23+python-core to run SGLang's Python tree core against its Rust core",
+    )
+    p.add_argument(
         "--naive",
         action="store_true",
         help="with SGLang: route alloc_extend through its naive (NPU) path",
@@ -172,6 +188,8 @@ def _candidate(args: argparse.Namespace) -> str:
         spec = args.impl or f"optimized[{args.backend}]"
     if args.naive and spec.startswith("sglang"):
         spec = (spec if ":" in spec else "sglang:0.5.16") + "+naive"
+    if args.tree_core is not None and spec.startswith("sglang"):
+        spec = (spec if ":" in spec else "sglang:0.5.16") + f"+{args.tree_core}-core"
     return str(spec)
 
 
@@ -190,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
         fail("verify: give --impl or --sglang, not both")
     if args.naive and not (args.sglang or str(args.impl or "").startswith("sglang")):
         fail("verify: --naive selects SGLang's naive extend path: give it with --sglang")
+    if args.tree_core and not (args.sglang or str(args.impl or "").startswith("sglang")):
+        fail("verify: --tree-core selects SGLang's unified-cache tree core: give it with --sglang")
     if args.ray is not None and args.workers == 0:
         fail("verify: --workers 0 runs in this process; it cannot be combined with --ray")
     candidate = _candidate(args)
@@ -213,6 +233,7 @@ def _verify(args: argparse.Namespace, candidate: str, env: tuple[tuple[str, str]
     options = VerifyOptions(
         component=args.component,
         candidate=candidate,
+        oracle=args.oracle,
         seconds=args.seconds,
         seed=args.seed,
         steps_per_run=args.steps_per_run,

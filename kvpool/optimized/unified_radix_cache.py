@@ -30,11 +30,15 @@ class UnifiedRadixCache(RadixCache):
         priority: int = 0,
         chunked: bool = False,
         inserted_len: int | None = None,
-        prev_prefix_len: int = 0,
+        prev_prefix_len: int | None = None,
     ) -> int:
         """:meth:`RadixCache.insert`, then free ``value[prev_prefix_len:cached]`` (tokens),
-        one free per overlapped node; returns ``cached``. InvalidArgumentError (nothing changed)
-        for a ``prev_prefix_len`` that is not an int in ``[0, len(key)]``."""
+        one free per overlapped node; returns ``cached``. ``prev_prefix_len=None`` frees
+        nothing (the legacy contract: kvpool's own release path frees the duplicates itself).
+        InvalidArgumentError (nothing changed) for a ``prev_prefix_len`` that is not an int in
+        ``[0, len(key)]``."""
+        if prev_prefix_len is None:
+            return super().insert(key, value, priority, chunked, inserted_len)
         if isinstance(prev_prefix_len, bool) or not isinstance(prev_prefix_len, int):
             raise InvalidArgumentError(f"prev_prefix_len must be an int, got {prev_prefix_len!r}")
         if not 0 <= prev_prefix_len <= len(key):

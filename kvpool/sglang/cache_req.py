@@ -18,6 +18,8 @@ SGLang reads / writes          kvpool field                           direction
 ``req_pool_idx``               ``req_pool_idx``                       read
 ``extra_key``, ``priority``,   the same fields; ``cache_salt`` is     read
 ``session_id``, ``rid``        ``None`` (kvpool has no salt)
+``session``,                   ``None``: no SGLang streaming session, read (0.5.23 unified)
+``kv_rotation_base``           no page sharding
 ``cache_protected_len``        ``cache_protected_len`` (0.5.16 on     read / write (int)
                                the request, 0.5.23 on ``req.kv``)
 ``last_node``                  ``last_node`` (SGLang's node)          read / write
@@ -90,16 +92,27 @@ class CacheReq:
     ``tree_lock`` builds 0.5.23's ``TreeLock`` of a node (None on 0.5.16);
     ``inserted`` keeps ``cache_inserted_len``."""
 
-    __slots__ = ("_inserted", "_tokens", "_tree_lock", "req")
+    __slots__ = ("_done", "_inserted", "_node", "_tokens", "_tree_lock", "req")
     req: Any
     _inserted: InsertedLen
     _tokens: array[int] | None
     _tree_lock: Any
+    _node: Any
 
-    def __init__(self, req: Any, inserted: InsertedLen | None = None, tree_lock: Any = None):
+    def __init__(
+        self,
+        req: Any,
+        inserted: InsertedLen | None = None,
+        tree_lock: Any = None,
+        node: Any = None,
+    ):
         object.__setattr__(self, "req", req)
         object.__setattr__(self, "_inserted", inserted if inserted is not None else InsertedLen())
         object.__setattr__(self, "_tree_lock", tree_lock)
+        object.__setattr__(self, "_done", False)
+        # how a node SGLang hands back is kept on the kvpool request (the unified cache's
+        # NodeId becomes a NodeRef that kvpool's snapshot can number); None: as it is
+        object.__setattr__(self, "_node", node if node is not None else (lambda n: n))
         object.__setattr__(self, "_tokens", None)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -160,6 +173,39 @@ class CacheReq:
         sid: str | None = getattr(self.req, "session_id", None)
         return sid
 
+    def finished(self) -> bool:
+        """0.5.23's unified cache: whether the request is being released (the adapter marks
+        the proxy of a ``cache_finished_req`` call: :meth:`mark_finished`)."""
+        return bool(self._done)
+
+    def mark_finished(self) -> None:
+        """The request is being released (``finished()`` answers True from now on)."""
+        object.__setattr__(self, "_done", True)
+
+    @property
+    def finished_reason(self) -> None:
+        return None
+
+    @property
+    def skip_radix_cache_insert(self) -> bool:
+        """0.5.23: a request whose KV must not enter the tree; never in kvpool."""
+        return False
+
+    @property
+    def swa_branching_seqlen(self) -> None:
+        return None
+
+    @property
+    def session(self) -> None:
+        """0.5.23's unified cache: the request's SGLang streaming session, None (kvpool's
+        sessions hand rows over in kvpool's lifecycle, not through SGLang's session object)."""
+        return None
+
+    @property
+    def kv_rotation_base(self) -> None:
+        """0.5.23: the logical-page sharding base, None (sharding off)."""
+        return None
+
     @property
     def cache_protected_len(self) -> int:
         return int(self.req.cache_protected_len)
@@ -174,7 +220,7 @@ class CacheReq:
 
     @last_node.setter
     def last_node(self, node: Any) -> None:
-        self.req.last_node = node
+        self.req.last_node = None if node is None else self._node(node)
 
     @property
     def prefix_indices(self) -> Any:
@@ -198,7 +244,7 @@ class CacheReq:
         # (``req.lock = lock(node); req.last_node = node``). Dropping it (None) leaves
         # last_node to kvpool, which forgets it with the other KV fields.
         if value is not None:
-            self.req.last_node = value.node
+            self.req.last_node = self._node(value.node)
 
     @property
     def kv(self) -> CacheReqKv:

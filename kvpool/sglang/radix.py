@@ -268,6 +268,7 @@ class SGLangRadixCache:
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         proxy = self.request(req)
+        proxy.mark_finished()
         committed = int(req.kv_committed_len)
         with self._call():
             if hasattr(self.impl, "cache_finished_req"):

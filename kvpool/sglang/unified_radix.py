@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvpool.sglang.allocators import as_index_tensor
-from kvpool.sglang.cache_req import InsertedLen
+from kvpool.sglang.cache_req import CacheReq, InsertedLen
 from kvpool.sglang.radix import SGLangMatch, SGLangRadixCache, to_sglang_key
 from kvpool.sglang.tree_core import TREE_CORES, load_unified
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
@@ -52,6 +52,22 @@ from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 _BASE = "sglang.srt.mem_cache.base_prefix_cache"
 _CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
 _LINE = re.compile(r"^( *)\[(\d+)\] (\d+) full_lock=(-?\d+)")
+
+
+class NodeRef(int):
+    """A unified-cache ``NodeId`` (an int, as SGLang takes it) that also answers kvpool's
+    ``node_id``: the id kvpool's snapshot gives the node (see the module docstring)."""
+
+    cache: SGLangUnifiedRadixCache
+
+    def __new__(cls, raw: int, cache: SGLangUnifiedRadixCache) -> NodeRef:
+        ref = super().__new__(cls, raw)
+        ref.cache = cache
+        return ref
+
+    @property
+    def node_id(self) -> int:
+        return self.cache.snapshot_id(int(self))
 
 
 def capture_fd1(fn: Callable[[], object]) -> str:
@@ -96,9 +112,8 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         self._next_id = 0
         self._inserted = InsertedLen()
         self._receipts: dict[int, list[Any]] = {}
+        """Node -> receipts of its open locks (SGLang's own calls included), newest last."""
         self._slot_token: dict[int, tuple[int, str | None]] = {}
-        tree_lock = modules.attr(_BASE, "TreeLock")
-        self._tree_lock = lambda node: tree_lock(node, modules.attr(_BASE, "DecLockRefParams")())
         params = modules.attr("sglang.srt.mem_cache.cache_init_params", "CacheInitParams")(
             disable=disable,
             req_to_token_pool=getattr(req_to_token_pool, "impl", req_to_token_pool),
@@ -113,10 +128,64 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         with self._call():
             self.impl: Any = self._unified.cache_module.UnifiedRadixCache(params)
         self._first_id = self._next_id
+        self._root_id = self._root()
         chosen = type(self.impl.tree_core).__name__
         if ("Rust" in chosen) != (tree_core == "rust"):
             raise ValueError(f"asked for the {tree_core} tree core, SGLang built {chosen}")
         self.impl.insert = self._recording(self.impl.insert)
+        self.impl.inc_lock_ref = self._keeping(self.impl.inc_lock_ref)
+        self.impl.dec_lock_ref = self._dropping(self.impl.dec_lock_ref)
+        self._tree_lock = self._lock_of
+
+    def _root(self) -> int:
+        return int(self.impl.tree_core.root_node_handle())
+
+    def snapshot_id(self, raw: int) -> int:
+        """kvpool's number of SGLang's node ``raw``: the root 0, the first node minted after
+        the last reset 1 (the Python core's reset also mints its LRU lists' sentinels)."""
+        if raw == self._root_id:
+            return 0
+        if self.tree_core == "python":
+            return raw - self._first_id + 1
+        return raw - self._root_id
+
+    def node_ref(self, node: Any) -> NodeRef:
+        """``node`` (a ``NodeId``) as a :class:`NodeRef` of this cache."""
+        return node if isinstance(node, NodeRef) else NodeRef(int(node), self)
+
+    def _keeping(self, method: Any) -> Any:
+        """SGLang's bound ``inc_lock_ref`` keeping each lock's receipt."""
+
+        def call(node_id: Any, *args: Any, **kwargs: Any) -> Any:
+            result = method(node_id, *args, **kwargs)
+            self._receipts.setdefault(int(node_id), []).append(result.to_dec_params())
+            return result
+
+        return call
+
+    def _dropping(self, method: Any) -> Any:
+        """SGLang's bound ``dec_lock_ref`` dropping the receipt it hands back."""
+
+        def call(node_id: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+            result = method(node_id, params, *args, **kwargs)
+            held = self._receipts.get(int(node_id))
+            if held:
+                found = next((i for i, r in enumerate(held) if r is params), len(held) - 1)
+                held.pop(found)
+            return result
+
+        return call
+
+    def _lock_of(self, node: Any) -> Any:
+        """SGLang's ``TreeLock`` on ``node`` with the receipt of its newest open lock (the one
+        the kvpool request holds: kvpool keeps one lock per request, on ``last_node``)."""
+        held = self._receipts.get(int(node))
+        receipt = held[-1] if held else self.modules.attr(_BASE, "DecLockRefParams")()
+        return self.modules.attr(_BASE, "TreeLock")(int(node), receipt)
+
+    def request(self, req: Any) -> CacheReq:
+        """``req`` as SGLang's cache sees it; nodes SGLang stores on it become NodeRefs."""
+        return CacheReq(req, self._inserted, self._tree_lock, self.node_ref)
 
     @contextlib.contextmanager
     def _call(self) -> Iterator[None]:
@@ -147,8 +216,8 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         params = self.modules.attr(_BASE, "MatchPrefixParams")(key=to_sglang_key(self.modules, key))
         with self._call():
             result = self.impl.match_prefix(params)
-            node = result.last_device_node
-            indices = self.impl.path_device_indices(node)
+            node = self.node_ref(result.last_device_node)
+            indices = self.impl.path_device_indices(int(node))
         return SGLangMatch(indices, node, result)
 
     frees_duplicates = True
@@ -175,8 +244,7 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
             return 0
         before = int(self.impl.evictable_size())
         with self._call():
-            result = self.impl.inc_lock_ref(int(node))
-        self._receipts.setdefault(int(node), []).append(result.to_dec_params())
+            self.impl.inc_lock_ref(int(node))
         return int(self.impl.evictable_size()) - before
 
     def dec_lock_ref(self, node: Any) -> int:
@@ -186,7 +254,7 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         if node is None:
             return 0
         held = self._receipts.get(int(node))
-        receipt = held.pop() if held else self.modules.attr(_BASE, "DecLockRefParams")()
+        receipt = held[-1] if held else self.modules.attr(_BASE, "DecLockRefParams")()
         before = int(self.impl.evictable_size())
         with self._call():
             self.impl.dec_lock_ref(int(node), receipt)
@@ -198,6 +266,7 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         with self._call():
             self.impl.reset()
         self._first_id = self._next_id
+        self._root_id = self._root()
 
     def pretty_print(self) -> str:
         """What SGLang's ``pretty_print`` prints (the Rust core prints from Rust)."""
@@ -226,9 +295,7 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
 
     def _python_rows(self) -> list[NodeSnapshot]:
         root = self.impl.tree_core.root_node
-        # the reset also mints the LRU lists' sentinel nodes: the first tree node is the first
-        # id minted after it, which kvpool numbers 1
-        base = self._first_id - 1
+        sid = self.snapshot_id
         rows: list[NodeSnapshot] = []
         queue = [root]
         while queue:
@@ -239,14 +306,13 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
             value = () if data.value is None else tuple(int(v) for v in list(data.value))
             key = () if node.key is None else tuple(int(t) for t in node.key.raw_token_ids())
             rows.append(NodeSnapshot(
-                node_id=0 if node is root else int(node.id) - base,
-                parent_id=None if node.parent is None
-                else 0 if node.parent is root else int(node.parent.id) - base,
+                node_id=sid(int(node.id)),
+                parent_id=None if node.parent is None else sid(int(node.parent.id)),
                 key=key,
                 extra_key=None if node.key is None else node.key.extra_key,
                 value=value,
                 lock_ref=int(data.lock_ref),
-                child_ids=tuple(int(c.id) - base for c in children),
+                child_ids=tuple(sid(int(c.id)) for c in children),
                 child_keys=tuple(tuple(int(t) for t in c.key.raw_token_ids()[: self.page_size])
                                  for c in children),
                 last_access_time=0.0,
@@ -258,6 +324,7 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         if not lines:
             return []
         base = int(lines[0].group(2))
+        sid = self.snapshot_id
         locks = {int(m.group(2)): int(m.group(4)) for m in lines}
         ids = list(locks)
         paths = self.impl.tree_core.collect_path_info(ids)
@@ -287,13 +354,13 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
             order.extend(kids)
             up = parent.get(node_id)
             rows.append(NodeSnapshot(
-                node_id=node_id - base,
-                parent_id=None if up is None else up - base,
+                node_id=sid(node_id),
+                parent_id=None if up is None else sid(up),
                 key=keys[node_id],
                 extra_key=extras[node_id],
                 value=values[node_id],
                 lock_ref=locks[node_id],
-                child_ids=tuple(k - base for k in kids),
+                child_ids=tuple(sid(k) for k in kids),
                 child_keys=tuple(keys[k][: self.page_size] for k in kids),
                 last_access_time=0.0,
             ))  # fmt: skip

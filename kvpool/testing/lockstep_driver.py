@@ -86,8 +86,12 @@ class Lockstep:
         config: PoolConfig,
         labels: tuple[str, str] = ("reference", "candidate"),
         check_every: int = 1,
+        normalize: Callable[[PoolSnapshot], PoolSnapshot] | None = None,
     ) -> None:
         self.config = config
+        self.normalize = normalize
+        """Applied to both snapshots before they are compared (None: compared as they are);
+        invariants always read the snapshots themselves."""
         self.labels = labels
         self.check_every = max(check_every, 1)
         """Snapshots, invariants and the snapshot comparison run every ``check_every`` steps
@@ -108,6 +112,9 @@ class Lockstep:
         self.snap_a: PoolSnapshot = self.a.snapshot()
         self.snap_b: PoolSnapshot = self.b.snapshot()
         self._check(None, None)
+
+    def _comparable(self, snap: PoolSnapshot) -> PoolSnapshot:
+        return snap if self.normalize is None else self.normalize(snap)
 
     def view(self) -> View:
         """The generator's view of the current state (from A's snapshot)."""
@@ -182,7 +189,7 @@ class Lockstep:
             return err_a if err_a is not None else out_a
         prev_a, prev_b = self.snap_a, self.snap_b
         self.snap_a, self.snap_b = self._snapshot(self.a, 0), self._snapshot(self.b, 1)
-        same = self.snap_a == self.snap_b
+        same = self._comparable(self.snap_a) == self._comparable(self.snap_b)
         # A step that changed nothing (a refused call, an empty eviction) keeps a state whose
         # invariants were checked at the previous step: skip re-checking it.
         if not (same and self.snap_b == prev_b):
@@ -196,7 +203,9 @@ class Lockstep:
         if err_a is not None:
             self._check_unchanged(err_a, prev_a, prev_b)
         if not same:
-            found = report.first_difference(self.snap_a, self.snap_b)
+            found = report.first_difference(
+                self._comparable(self.snap_a), self._comparable(self.snap_b)
+            )
             where = "?"
             if found is not None:
                 path, va, vb = found

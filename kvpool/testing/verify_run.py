@@ -32,6 +32,8 @@ class VerifyOptions:
 
     component: str = "manager"
     candidate: str = "optimized[torch]"
+    oracle: str = "reference"
+    """Side A, the one the candidate is checked against (any implementation spec)."""
     seconds: float = 60.0
     seed: int = 0
     steps_per_run: int = 60
@@ -68,11 +70,10 @@ def coverage_lines(component: str, coverage: dict[str, int]) -> list[str]:
     return lines
 
 
-def summary_lines(result: CampaignResult, candidate: str) -> list[str]:
+def summary_lines(result: CampaignResult, candidate: str, oracle: str = "reference") -> list[str]:
     """The human summary printed at the end."""
     return [
-        f"kvpool verify: reference vs {candidate}, component {result.component}, "
-        f"seed {result.seed}",
+        f"kvpool verify: {oracle} vs {candidate}, component {result.component}, seed {result.seed}",
         f"  configurations   {result.configurations}",
         f"  steps            {result.steps}",
         f"  invariant checks {result.invariant_checks}",
@@ -103,15 +104,25 @@ def verify(options: VerifyOptions) -> VerifyOutcome:
     out = VerifyOutcome()
     try:
         impl_b = resolve_implementation(options.candidate, options.component)
-        impl_a = resolve_implementation("reference")
     except Exception as exc:  # whatever the user's module raises on import is bad input
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         out.usage_error = f"cannot load --impl {options.candidate}: {first}"
         return out
-    if not impl_b.provides(options.component):
-        out.usage_error = f"{options.candidate} provides no {options.component} component"
+    try:
+        impl_a = resolve_implementation(options.oracle, options.component)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        out.usage_error = f"cannot load --oracle {options.oracle}: {first}"
         return out
-    out.payload = {"candidate": options.candidate, "component": options.component}
+    for spec, impl in ((options.candidate, impl_b), (options.oracle, impl_a)):
+        if not impl.provides(options.component):
+            out.usage_error = f"{spec} provides no {options.component} component"
+            return out
+    out.payload = {
+        "candidate": options.candidate,
+        "oracle": options.oracle,
+        "component": options.component,
+    }
     cluster = None
     if options.ray is not None:
         from kvpool.testing.ray_campaign import RayUnavailable, connect
@@ -156,14 +167,14 @@ def _verify(
             bar.set_postfix_str(f"{steps} steps", refresh=False)
             bar.update(0)
 
-    labels = ("reference", options.candidate)
+    labels = (options.oracle, options.candidate)
     started = time.monotonic()
     result = CampaignResult(seed=options.seed, seconds=0.0, component=options.component)
     try:
         if cluster is not None:
             from kvpool.testing.ray_campaign import run_ray
 
-            spec = CampaignSpec(options.component, "reference", options.candidate, options.seed,
+            spec = CampaignSpec(options.component, options.oracle, options.candidate, options.seed,
                                 options.steps_per_run, labels, options.env)  # fmt: skip
             out.payload["ray"] = {"address": cluster.address, "tasks": 0, "cpus": cluster.cpus}
             result, out.payload["ray"] = run_ray(spec, options.seconds, cluster,
@@ -172,7 +183,7 @@ def _verify(
             result = run_machine(options.component, impl_a, impl_b, options.seconds,
                                  options.seed, options.steps_per_run, labels, progress)  # fmt: skip
         else:
-            spec = CampaignSpec(options.component, "reference", options.candidate, options.seed,
+            spec = CampaignSpec(options.component, options.oracle, options.candidate, options.seed,
                                 options.steps_per_run, labels, options.env)  # fmt: skip
             result = run_parallel(spec, options.seconds, options.workers, options.step_timeout,
                                   progress)  # fmt: skip
@@ -186,7 +197,7 @@ def _verify(
         out.lines.append(result.failure.report)
     if result.error is not None:
         out.lines.append(f"kvpool verify: internal error (please report it):\n{result.error}")
-    out.lines += summary_lines(result, options.candidate)
+    out.lines += summary_lines(result, options.candidate, options.oracle)
     if "ray" in out.payload:
         ray = out.payload["ray"]
         out.lines.append(f"  ray              {ray['address']}: {ray['tasks']} tasks on "

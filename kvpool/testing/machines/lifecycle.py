@@ -20,12 +20,29 @@ from kvpool.testing.layer_ops import draw_lifecycle_op, layer_fields
 from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.machines.coverage import outcome_tag
 from kvpool.testing.machines.mamba_lifecycle import mamba_radix_tags
+from kvpool.testing.machines.unified import coarse_tree
 from kvpool.testing.swarm import HOST_KINDS, KINDS, Chooser, Op, draw_config
 
 
-def manager_factory(impl: Implementation) -> Factory:
-    """``impl.manager``, or the torch twin's manager built around ``impl``'s components."""
+def manager_factory(impl: Implementation, unified: bool = False) -> Factory:
+    """``impl.manager``, or the torch twin's manager built around ``impl``'s components. With
+    ``unified`` the manager's tree is ``impl.unified_radix_cache`` (SGLang 0.5.23's server
+    default): injected into ``impl.manager``, or the lifecycle's tree when ``impl`` has no
+    manager of its own."""
     if impl.manager is not None:
+        if unified and impl.unified_radix_cache is not None:
+            manager, tree = impl.manager, impl.unified_radix_cache
+
+            def with_tree(config: PoolConfig) -> Any:
+                if (
+                    config.disable_radix_cache
+                    or config.mamba_slots is not None
+                    or config.enable_hierarchical_cache
+                ):
+                    return manager(config)
+                return manager(config, tree_cache=tree)
+
+            return with_tree
         return impl.manager
 
     def build(config: PoolConfig) -> Any:
@@ -36,12 +53,20 @@ def manager_factory(impl: Implementation) -> Factory:
             parts["token_to_kv_pool_allocator"] = impl.allocator
         if impl.req_to_token_pool is not None:
             parts["req_to_token_pool"] = impl.req_to_token_pool
-        tree = impl.unified_radix_cache if impl.unified_lifecycle else impl.radix_cache
+        tree = impl.unified_radix_cache if unified else impl.radix_cache
         if tree is not None and not config.disable_radix_cache:
             parts["tree_cache"] = tree
         return MemoryManager(config, checked=True, **parts)  # a kvpool tool: checked on
 
     return build
+
+
+def coarse_pool(snap: PoolSnapshot) -> PoolSnapshot:
+    """``snap`` with its tree as the unified machine compares it
+    (:func:`~kvpool.testing.machines.unified.coarse_tree`)."""
+    if snap.tree is None:
+        return snap
+    return dataclasses.replace(snap, tree=coarse_tree(snap.tree))
 
 
 class LifecyclePair:
@@ -56,7 +81,14 @@ class LifecyclePair:
         labels: tuple[str, str],
     ) -> None:
         self.coverage: Counter[str] = Counter()
-        self.lockstep = Lockstep(manager_factory(impl_a), manager_factory(impl_b), config, labels)
+        unified = impl_a.unified_lifecycle or impl_b.unified_lifecycle
+        self.lockstep = Lockstep(
+            manager_factory(impl_a, unified),
+            manager_factory(impl_b, unified),
+            config,
+            labels,
+            normalize=coarse_pool if unified else None,
+        )
         self.rejects_misuse = (impl_b.rules or config.rules).rejects_misuse
         """False when the candidate's rules say its components accept misuse silently (SGLang):
         then no invalid call that only a component would refuse is drawn (see
