@@ -81,8 +81,10 @@ cache, its tree cores and components, the tree-core registry, SGLang's environme
 modules those paths call. The Rust tree core's compiled module is loaded by
 :func:`kvpool.sglang.tree_core.install_rust_tree_core`."""
 
-UNIFIED_MARKER = "sglang/srt/mem_cache/unified_radix_cache.py"
-"""A source holding this file gets :data:`UNIFIED_MODULES` too."""
+UNIFIED_MARKER = "sglang/srt/mem_cache/unified_cache/tree_core_registry.py"
+"""A source holding this file gets :data:`UNIFIED_MODULES` too: the tree-core registry of
+0.5.23's unified cache (0.5.16 also ships a ``unified_radix_cache.py``, an earlier design used
+only for hybrid models, without tree cores; kvpool does not load it)."""
 
 _COMMON = "sglang/srt/utils/common.py"
 _HELPERS = ("next_power_of_2", "get_num_new_pages", "ceil_align")

@@ -100,8 +100,8 @@ def load_unified(modules: SGLangModules) -> UnifiedModules:
         return known
     if not has_unified_cache(modules):
         raise SGLangLoadError(
-            f"SGLang {modules.version} has no unified radix cache "
-            "(mem_cache/unified_radix_cache.py)"
+            f"SGLang {modules.version} has no unified radix cache with tree cores "
+            "(mem_cache/unified_cache/tree_core_registry.py)"
         )
     if importlib.util.find_spec("msgspec") is None:
         raise SGLangLoadError(

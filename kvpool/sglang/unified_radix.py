@@ -43,6 +43,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from kvpool.errors import ConfigError
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.cache_req import CacheReq, InsertedLen
 from kvpool.sglang.radix import SGLangMatch, SGLangRadixCache, to_sglang_key
@@ -101,7 +102,7 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         tree_core: str = "rust",
     ) -> None:
         if tree_core not in TREE_CORES:
-            raise ValueError(f"tree_core must be one of {TREE_CORES}, got {tree_core!r}")
+            raise ConfigError(f"tree_core must be one of {TREE_CORES}, got {tree_core!r}")
         self.modules = modules
         self.page_size = page_size
         self.disable = disable
@@ -131,7 +132,7 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         self._root_id = self._root()
         chosen = type(self.impl.tree_core).__name__
         if ("Rust" in chosen) != (tree_core == "rust"):
-            raise ValueError(f"asked for the {tree_core} tree core, SGLang built {chosen}")
+            raise ConfigError(f"asked for the {tree_core} tree core, SGLang built {chosen}")
         self.impl.insert = self._recording(self.impl.insert)
         self.impl.inc_lock_ref = self._keeping(self.impl.inc_lock_ref)
         self.impl.dec_lock_ref = self._dropping(self.impl.dec_lock_ref)

@@ -1,0 +1,115 @@
+"""Opt-in (``--run-sglang-wheel``): SGLang 0.5.23's own ``UnifiedRadixCache`` (FULL) over its
+own allocator and ``ReqToTokenPool``, over both tree cores, against kvpool's reference
+``UnifiedRadixCache`` in lockstep, and against each other:
+
+- the ``unified_radix_cache`` machine, per core (``kvpool verify --sglang 0.5.23 --component
+  unified_radix_cache [--tree-core python]``);
+- the lifecycle, whose tree is the unified cache by default against 0.5.23 (as the server's);
+- SGLang's Python core against its Rust core (``--oracle``), with no reference in between;
+- the adapter: both cores give the same snapshot of one scripted history, kvpool's node ids,
+  lock receipts, and the loader's choices (0.5.16 has no unified cache; a bad core is refused).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.errors import ConfigError
+from kvpool.sglang import implementation, load_sglang
+from kvpool.sglang.allocators import SGLangAllocator
+from kvpool.sglang.req_to_token import SGLangReqToTokenPool
+from kvpool.sglang.unified_radix import NodeRef, SGLangUnifiedRadixCache
+from kvpool.testing.campaign import run_machine
+from kvpool.testing.implementations import reference_implementation
+from kvpool.testing.machines.coverage import CATALOGUE
+from kvpool.testing.machines.unified import coarse_tree
+
+pytestmark = pytest.mark.sglang_wheel
+
+CORES = ("rust", "python")
+RUNS = 12
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_unified_machine_against_sglang_passes(core: str) -> None:
+    candidate = implementation("0.5.23", tree_core=core)
+    result = run_machine("unified_radix_cache", reference_implementation(), candidate, 3600.0,
+                         seed=23, max_runs=RUNS)  # fmt: skip
+    assert result.failure is None, result.failure.report
+    assert result.steps == RUNS * 60
+    reached = [t for t in CATALOGUE["unified_radix_cache"] if result.coverage.get(t)]
+    assert len(reached) >= len(CATALOGUE["unified_radix_cache"]) - 3, reached
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_lifecycle_on_the_unified_cache_passes(core: str) -> None:
+    candidate = implementation("0.5.23", tree_core=core)
+    assert candidate.unified_lifecycle and candidate.unified_radix_cache is not None
+    result = run_machine("manager", reference_implementation(), candidate, 3600.0, seed=23,
+                         max_runs=6)  # fmt: skip
+    assert result.failure is None, result.failure.report
+    assert result.coverage.get("finish:ok", 0) > 0
+
+
+def test_python_core_against_rust_core() -> None:
+    python, rust = (implementation("0.5.23", tree_core=core) for core in ("python", "rust"))
+    result = run_machine("unified_radix_cache", python, rust, 3600.0, seed=7, max_runs=RUNS,
+                         labels=("sglang-python-core", "sglang-rust-core"))  # fmt: skip
+    assert result.failure is None, result.failure.report
+    assert result.steps == RUNS * 60
+
+
+def _cache(core: str, page_size: int = 1) -> tuple[SGLangUnifiedRadixCache, SGLangAllocator]:
+    modules = load_sglang("0.5.23")
+    alloc = SGLangAllocator(modules, 64, page_size, False)
+    pool = SGLangReqToTokenPool(modules, 4, 64)
+    return SGLangUnifiedRadixCache(modules, pool, alloc, page_size, tree_core=core), alloc
+
+
+def _history(cache: SGLangUnifiedRadixCache, alloc: SGLangAllocator) -> list[object]:
+    ref = reference_implementation()
+    assert ref.radix_key is not None
+    key = ref.radix_key
+    out: list[object] = []
+    for tokens in ([1, 2, 3, 4, 5], [1, 2, 3, 9], [7, 7], [1, 2, 3, 4, 5, 6, 7], [1, 8]):
+        out.append(cache.insert(key(tokens, None), alloc.alloc(len(tokens)), prev_prefix_len=0))
+    match = cache.match_prefix(key([1, 2, 3, 4, 9], None))
+    out.append(match.device_indices.tolist())
+    out.append(cache.inc_lock_ref(match.last_device_node))
+    out.append(cache.evict(3))
+    out.append(coarse_tree(cache.snapshot()))
+    out.append(cache.dec_lock_ref(match.last_device_node))
+    out.append(coarse_tree(cache.snapshot()))
+    return out
+
+
+def test_both_cores_give_the_same_snapshots() -> None:
+    python, rust = (_history(*_cache(core)) for core in CORES)
+    assert python == rust
+    tree = python[-1]
+    ids = [n.node_id for n in tree.nodes]  # type: ignore[attr-defined]
+    assert ids[0] == 0 and len(set(ids)) == len(ids) and min(ids[1:]) >= 1
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_match_returns_a_node_ref_with_kvpools_id(core: str) -> None:
+    cache, alloc = _cache(core)
+    ref = reference_implementation()
+    assert ref.radix_key is not None
+    cache.insert(ref.radix_key([5, 6, 7], None), alloc.alloc(3), prev_prefix_len=0)
+    match = cache.match_prefix(ref.radix_key([5, 6], None))  # splits: the upper half is id 2
+    assert isinstance(match.last_device_node, NodeRef)
+    assert match.last_device_node.node_id == 2
+    assert cache.inc_lock_ref(match.last_device_node) == -2
+    assert cache.dec_lock_ref(match.last_device_node) == 2
+    cache.reset()
+    assert [n.node_id for n in cache.snapshot().nodes] == [0]
+
+
+def test_loader_choices() -> None:
+    assert implementation("0.5.16").unified_radix_cache is None
+    assert not implementation("0.5.16").unified_lifecycle
+    legacy = implementation("0.5.23", unified_lifecycle=False)
+    assert legacy.unified_radix_cache is not None and not legacy.unified_lifecycle
+    with pytest.raises(ConfigError, match="tree_core"):
+        _cache("java")
