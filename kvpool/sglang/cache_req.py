@@ -98,6 +98,7 @@ class CacheReq:
     _tokens: array[int] | None
     _tree_lock: Any
     _node: Any
+    _done: bool
 
     def __init__(
         self,

@@ -31,7 +31,9 @@ def manager_factory(impl: Implementation, unified: bool = False) -> Factory:
     manager of its own."""
     if impl.manager is not None:
         if unified and impl.unified_radix_cache is not None:
-            manager, tree = impl.manager, impl.unified_radix_cache
+            # a manager takes its components by keyword (kvpool.injection)
+            manager: Any = impl.manager
+            tree = impl.unified_radix_cache
 
             def with_tree(config: PoolConfig) -> Any:
                 if (
