@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -11,7 +12,11 @@ from kvpool.config import PoolConfig
 from kvpool.reference import mamba_lifecycle
 from kvpool.rules import Rules
 from kvpool.sglang.allocators import SGLangAllocator
-from kvpool.sglang.hybrid import HYBRID_RELEASES, SGLangHybridReqToTokenPool
+from kvpool.sglang.hybrid import (
+    HYBRID_RELEASES,
+    MAMBA_RADIX_RELEASES,
+    SGLangHybridReqToTokenPool,
+)
 from kvpool.sglang.loader import load_sglang
 from kvpool.sglang.mamba_radix import SGLangMambaRadixCache
 from kvpool.sglang.radix import SGLangRadixCache, make_radix_key
@@ -22,7 +27,7 @@ from kvpool.sglang.tree_core import has_unified_cache
 from kvpool.sglang.unified_radix import SGLangUnifiedRadixCache
 from kvpool.testing.bundle import Implementation
 
-SPEC_OPTIONS = ("naive", "rust-core", "python-core", "legacy-tree")
+SPEC_OPTIONS = ("naive", "rust-core", "python-core", "legacy-tree", "kvpool-lifecycle")
 """Options a spec ``sglang:SOURCE+OPTION+...`` may end with (see :func:`from_spec`)."""
 
 
@@ -30,7 +35,9 @@ def from_spec(source: str) -> Implementation:
     """The implementation of ``sglang:SOURCE[+OPTION...]``'s part after the colon: ``+naive``
     (SGLang's naive extend), ``+python-core`` / ``+rust-core`` (the unified cache's tree core;
     Rust by default, as SGLang's), ``+legacy-tree`` (the lifecycle uses the legacy
-    ``RadixCache`` instead of the unified cache). ValueError for two tree cores."""
+    ``RadixCache`` instead of the unified cache), ``+kvpool-lifecycle`` (the lifecycle's memory
+    steps are kvpool's own over SGLang's components, instead of SGLang's scheduler glue:
+    :mod:`kvpool.sglang.glue_manager`). ValueError for two tree cores."""
     options: set[str] = set()
     while "+" in source and source.rpartition("+")[2] in SPEC_OPTIONS:
         source, _, option = source.rpartition("+")
@@ -42,6 +49,7 @@ def from_spec(source: str) -> Implementation:
         naive_extend="naive" in options,
         tree_core="python" if "python-core" in options else "rust",
         unified_lifecycle="legacy-tree" not in options,
+        glue="kvpool-lifecycle" not in options,
     )
 
 
@@ -52,6 +60,7 @@ def implementation(
     cache_dir: str | os.PathLike[str] | None = None,
     tree_core: str = "rust",
     unified_lifecycle: bool = True,
+    glue: bool = True,
 ) -> Implementation:
     """SGLang from ``source`` (see :func:`kvpool.sglang.load_sglang`) with factories for the
     allocator, ``ReqToTokenPool``, ``RadixCache`` and, for the audited releases
@@ -67,12 +76,16 @@ def implementation(
     A release with the unified radix cache (0.5.23) also gets ``unified_radix_cache``: SGLang's
     ``UnifiedRadixCache`` (FULL) over ``tree_core`` (``"rust"``, SGLang's default, or
     ``"python"``), which the lifecycle then uses as its tree, as SGLang's server does, unless
-    ``unified_lifecycle`` is False (the legacy ``RadixCache`` then)."""
+    ``unified_lifecycle`` is False (the legacy ``RadixCache`` then), and, with ``glue``, a
+    ``manager``: kvpool's lifecycle whose memory steps are SGLang's own scheduler glue
+    (:class:`~kvpool.sglang.glue_manager.SGLangGlueManager`)."""
     modules = load_sglang(source, cache_dir=cache_dir)
     rules = Rules.for_sglang(modules.version)
-    # the SWA adapters follow 0.5.16's SWA classes; 0.5.23 rebuilt them over per-pool
-    # components the loader does not load (its SWA factories stay absent: verify says so)
+    # the SWA tree adapter follows 0.5.16's SWARadixCache (0.5.23 has none: its SWA tree is the
+    # unified cache's FULL+SWA set, ``unified_swa_radix_cache``); the SWA allocator adapter takes
+    # both releases' SWATokenToKVPoolAllocator
     swa_audited = rules.swa_free_resolve == "group_end"
+    swa_alloc_audited = swa_audited or has_unified_cache(modules)
 
     def allocator(config: PoolConfig) -> SGLangAllocator:
         return SGLangAllocator(
@@ -137,8 +150,45 @@ def implementation(
                                            eviction_policy=config.eviction_policy,
                                            tree_core=tree_core)  # fmt: skip
 
+    unified_swa = None
+    if has_unified_cache(modules):
+
+        def unified_swa(config: PoolConfig, alloc: Any) -> Any:
+            from kvpool.sglang.unified_swa_radix import SGLangUnifiedSWARadixCache
+
+            return SGLangUnifiedSWARadixCache(modules, alloc, config.page_size,
+                                              config.sliding_window or 1,
+                                              eviction_policy=config.eviction_policy,
+                                              tree_core=tree_core)  # fmt: skip
+
+    unified_mamba = None
+    if has_unified_cache(modules) and has_hybrid:
+
+        def unified_mamba(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+            from kvpool.sglang.unified_mamba_radix import SGLangUnifiedMambaRadixCache
+
+            return SGLangUnifiedMambaRadixCache(modules, pool, alloc, config.page_size,
+                                                tree_core=tree_core)  # fmt: skip
+
+    manager = None
+    if glue and unified is not None:
+
+        def manager(config: PoolConfig, tree_cache: Any = None) -> Any:
+            """SGLang's scheduler glue over its components; a configuration the glue does
+            not cover (:func:`glue_covers`) gets kvpool's lifecycle over them, as without
+            ``glue`` (kvpool.sglang.glue_manager)."""
+            from kvpool.sglang.glue_manager import SGLangGlueManager
+            from kvpool.testing.machines.lifecycle import manager_factory
+
+            if not glue_covers(config):
+                return manager_factory(own_lifecycle, unified_lifecycle)(config)
+            tree = tree_cache or (unified if unified_lifecycle else radix_cache)
+            return SGLangGlueManager(config, modules, token_to_kv_pool_allocator=allocator,
+                                     req_to_token_pool=req_to_token_pool,
+                                     tree_cache=tree)  # fmt: skip
+
     core = f"-{tree_core}-core" if unified is not None else ""
-    return Implementation(
+    built = Implementation(
         label=f"sglang-{modules.version}{core}{'-naive-extend' if naive_extend else ''}",
         allocator=allocator,
         req_to_token_pool=req_to_token_pool,
@@ -146,15 +196,34 @@ def implementation(
         radix_key=radix_key,
         hybrid_req_to_token_pool=hybrid if has_hybrid else None,
         mamba_steps=mamba_lifecycle if has_hybrid else None,
-        mamba_radix_cache=mamba_tree if has_hybrid else None,
-        swa_allocator=swa_allocator if swa_audited else None,
+        mamba_radix_cache=mamba_tree if modules.version in MAMBA_RADIX_RELEASES else None,
+        swa_allocator=swa_allocator if swa_alloc_audited else None,
         swa_radix_cache=swa_radix_cache if swa_audited else None,
         rules=rules,
         index=index,
         hiradix_cache=hiradix_cache if _has_hiradix(modules) else None,
         hiradix_storage=False,
         unified_radix_cache=unified,
+        unified_mamba_radix_cache=unified_mamba,
+        unified_swa_radix_cache=unified_swa,
         unified_lifecycle=unified is not None and unified_lifecycle,
+    )
+    own_lifecycle = built
+    if manager is None:
+        return built
+    return dataclasses.replace(built, manager=manager, manager_runs_hybrid=False,
+                               label=f"{built.label}-glue")  # fmt: skip
+
+
+def glue_covers(config: PoolConfig) -> bool:
+    """Whether SGLang's glue drives this lifecycle configuration: a radix tree over plain KV
+    storage, no host tier, no hybrid model, no layer-wise loading (kvpool's own lifecycle runs
+    the others over SGLang's components)."""
+    return not (
+        config.disable_radix_cache
+        or config.enable_hierarchical_cache
+        or config.mamba_slots is not None
+        or config.layerwise_loading
     )
 
 

@@ -26,6 +26,7 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+from kvpool.sglang.glue import install_stand_ins
 from kvpool.sglang.importer import PrivateSGLang
 from kvpool.sglang.kernels import install_kernel_switches
 from kvpool.sglang.source import SGLangSource, resolve_source
@@ -74,6 +75,9 @@ UNIFIED_MODULES = (
     "sglang.srt.rust_extensions.torch_build",
     "sglang.srt.mem_cache.allocator.page_interleave",
     "sglang.srt.session.streaming_session",
+    # the scheduler's memory glue (kvpool.sglang.glue_manager): allocation and release
+    "sglang.srt.mem_cache.allocation",
+    "sglang.srt.mem_cache.common",
 )
 """Also real for a release with the unified radix cache (0.5.23; :data:`UNIFIED_MARKER`): the
 cache, its tree cores and components, the tree-core registry, SGLang's environment switches
@@ -105,6 +109,12 @@ PARTIAL_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "sglang.srt.mem_cache.common": (
         "sglang/srt/mem_cache/common.py",
         ("coalesce_ranges?", "free_kv_row_segments?"),
+    ),
+    # allocation_sizing.py: 0.5.23's HybridReqToTokenPool sizes its track buffers with
+    # get_mamba_tracking_slots (a pure function; the module's other helpers read server args).
+    "sglang.srt.mem_cache.allocation_sizing": (
+        "sglang/srt/mem_cache/allocation_sizing.py",
+        ("get_mamba_tracking_slots?",),
     ),
     # pool_host/base.py: the host KV pool; its allocator (clear / alloc / free) runs on the CPU,
     # its constructor needs psutil and the host buffers (the adapter does without it).
@@ -148,6 +158,57 @@ def _no_custom_mem_pool(memory_pool: types.ModuleType) -> None:
     memory_pool.__dict__["maybe_init_custom_mem_pool"] = lambda device: (False, None, None)
 
 
+class _CPUPlatform:
+    """What 0.5.23's SWA allocator asks ``current_platform`` (a stub here) on this CPU run: no
+    platform paged-allocator class (``None``: SGLang's own ``PagedTokenToKVPoolAllocator``, as
+    on CUDA, whose platform does not override it)."""
+
+    @staticmethod
+    def get_paged_allocator_cls() -> None:
+        return None
+
+    @staticmethod
+    def is_pin_memory_available(device: Any = None) -> bool:
+        """No pinned host memory without an accelerator (SGLang's base and CPU platforms)."""
+        return False
+
+    @staticmethod
+    def synchronize() -> None:
+        """Nothing to wait for on a CPU (SGLang's base platform: a no-op)."""
+
+
+def _host_tensor(args: list[int], *, dtype: Any, device: Any) -> Any:
+    """0.5.23's ``async_h2d`` on a CPU device (no pinned staging): the list as a tensor."""
+    import torch
+
+    return torch.tensor(args, dtype=dtype).to(device)
+
+
+def _cpu_swa_allocator(modules: SGLangModules) -> None:
+    """0.5.23's ``allocator/swa.py`` imports ``current_platform`` and ``async_h2d`` from modules
+    the loader stubs: give them their CPU answers (:class:`_CPUPlatform`, :func:`_host_tensor`);
+    a release whose SWA allocator does not import them is left alone. Its other stubbed import,
+    ``utils.invariants.expect``, is a no-op, as SGLang's is at its default check level
+    (``SGLANG_INVARIANT_CHECK`` unset: off)."""
+    swa = modules.module("sglang.srt.mem_cache.allocator.swa").__dict__
+    if "current_platform" in swa:
+        swa["current_platform"] = _CPUPlatform()
+    if "async_h2d" in swa:
+        swa["async_h2d"] = _host_tensor
+
+
+def _cpu_hybrid_pool(modules: SGLangModules) -> None:
+    """0.5.23's ``MambaPool`` / ``HybridReqToTokenPool`` (``memory_pool.py``, partial) call
+    ``async_h2d`` (``utils/common.py``, stubbed) for the rows they map and hold
+    ``current_platform`` (``synchronize`` in host copies): their CPU answers, as for the SWA
+    allocator. ``get_mamba_tracking_slots`` is SGLang's own (:data:`PARTIAL_MODULES`)."""
+    pool = modules.module("sglang.srt.mem_cache.memory_pool").__dict__
+    if "async_h2d" in pool:
+        pool["async_h2d"] = _host_tensor
+        if "current_platform" in pool:
+            pool["current_platform"] = _CPUPlatform()
+
+
 def _prefix(source: SGLangSource) -> str:
     digest = hashlib.sha1(source.key().encode()).hexdigest()[:8]
     return f"_kvpool_sglang_{re.sub(r'[^0-9A-Za-z]', '_', source.version)}_{digest}"
@@ -166,14 +227,24 @@ def load_sglang(
     if known is not None:
         return known
     real: tuple[str, ...] = REAL_MODULES
-    if UNIFIED_MARKER in resolved.names(UNIFIED_MARKER.rpartition("/")[0] + "/"):
+    partial = dict(PARTIAL_MODULES)
+    unified = UNIFIED_MARKER in resolved.names(UNIFIED_MARKER.rpartition("/")[0] + "/")
+    if unified:
         real = REAL_MODULES + UNIFIED_MODULES
-    importer = PrivateSGLang(resolved, _prefix(resolved), real, PARTIAL_MODULES)
+        partial = {k: v for k, v in partial.items() if k not in UNIFIED_MODULES}
+    importer = PrivateSGLang(resolved, _prefix(resolved), real, partial)
     importer.install()
     modules = SGLangModules(resolved, importer)
     try:
         install_kernel_switches(modules.module("sglang.srt.mem_cache.allocator.paged"))
         _no_custom_mem_pool(modules.module("sglang.srt.mem_cache.memory_pool"))
+        if unified:  # before any glue module binds them (kvpool.sglang.glue)
+            install_stand_ins(
+                modules.module("sglang.srt.runtime_context"),
+                modules.module("sglang.srt.utils.common"),
+            )
+        _cpu_swa_allocator(modules)
+        _cpu_hybrid_pool(modules)
     except BaseException:
         importer.uninstall()
         raise

@@ -158,17 +158,31 @@ class SGLangRadixCache:
             self.impl: Any = self._radix.RadixCache(params)
         for name in ("match_prefix", "insert"):
             setattr(self.impl, name, self._ticking(getattr(self.impl, name)))
+        if hasattr(self.impl, "checkpoint"):  # 0.5.23: SGLang's glue calls it directly
+            checkpoint = self.impl.checkpoint
+
+            def counted_checkpoint(*args: Any, **kwargs: Any) -> Any:
+                with self._call():
+                    return checkpoint(*args, **kwargs)
+
+            self.impl.checkpoint = counted_checkpoint
 
     @contextlib.contextmanager
     def _call(self) -> Iterator[None]:
-        """Run one SGLang call with this cache's node counter, at the current tick."""
+        """Run one SGLang call with this cache's node counter, at the current tick;
+        re-entrant: only the outermost call loads and saves the counter."""
         node_cls = self._radix.TreeNode
-        node_cls.counter = self._next_id
+        depth = self.__dict__.get("_depth", 0)
+        self._depth = depth + 1
+        if depth == 0:
+            node_cls.counter = self._next_id
         try:
             with frozen_at(self._now):
                 yield
         finally:
-            self._next_id = node_cls.counter
+            self._depth = depth
+            if depth == 0:
+                self._next_id = node_cls.counter
 
     def _ticking(self, method: Any) -> Any:
         """``method`` (SGLang's bound ``match_prefix`` / ``insert``, taking a params object

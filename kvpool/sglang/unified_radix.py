@@ -111,6 +111,7 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         self._full = self._unified.component_type.FULL
         self._node_cls = modules.attr(_CORE, "UnifiedTreeNode")
         self._next_id = 0
+        self._depth = 0
         self._inserted = InsertedLen()
         self._receipts: dict[int, list[Any]] = {}
         """Node -> receipts of its open locks (SGLang's own calls included), newest last."""
@@ -134,6 +135,8 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         if ("Rust" in chosen) != (tree_core == "rust"):
             raise ConfigError(f"asked for the {tree_core} tree core, SGLang built {chosen}")
         self.impl.insert = self._recording(self.impl.insert)
+        for name in ("insert", "match_prefix", "touch_prefix", "checkpoint", "reset"):
+            setattr(self.impl, name, self._counting(getattr(self.impl, name)))
         self.impl.inc_lock_ref = self._keeping(self.impl.inc_lock_ref)
         self.impl.dec_lock_ref = self._dropping(self.impl.dec_lock_ref)
         self._tree_lock = self._lock_of
@@ -190,12 +193,27 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
 
     @contextlib.contextmanager
     def _call(self) -> Iterator[None]:
-        """One SGLang call with this cache's node counter (the Python core's is shared)."""
-        self._node_cls.counter = self._next_id
+        """One SGLang call with this cache's node counter (the Python core's is shared);
+        re-entrant: only the outermost call loads and saves it."""
+        self._depth += 1
+        if self._depth == 1:
+            self._node_cls.counter = self._next_id
         try:
             yield
         finally:
-            self._next_id = self._node_cls.counter
+            self._depth -= 1
+            if self._depth == 0:
+                self._next_id = self._node_cls.counter
+
+    def _counting(self, method: Any) -> Any:
+        """SGLang's bound ``method`` run inside :meth:`_call`: every way into the tree that can
+        mint a node (SGLang's own glue calls the cache directly) uses this cache's counter."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._call():
+                return method(*args, **kwargs)
+
+        return call
 
     def _recording(self, method: Any) -> Any:
         """SGLang's bound ``insert`` recording the token each inserted slot stands for."""

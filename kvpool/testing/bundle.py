@@ -64,6 +64,8 @@ COMPONENTS = (
     "hiradix_cache",
     "kv_pool",
     "unified_radix_cache",
+    "unified_mamba_radix_cache",
+    "unified_swa_radix_cache",
 )
 """Component names, as ``kvpool verify --component`` spells them."""
 
@@ -101,6 +103,17 @@ class Implementation:
     """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL component) with the ``radix_cache`` shape;
     the ``unified_radix_cache`` machine drives it, and the lifecycle uses it as its tree when
     ``unified_lifecycle`` is set (SGLang's server default)."""
+    manager_runs_hybrid: bool = True
+    """Whether ``manager`` runs hybrid (Mamba) lifecycles (the lifecycle machine draws hybrid
+    configurations for an implementation with a manager and a hybrid pool only then)."""
+    unified_mamba_radix_cache: Callable[[PoolConfig, Any, Any], Any] | None = None
+    """SGLang 0.5.23's ``UnifiedRadixCache`` with the FULL and MAMBA components, with the
+    ``mamba_radix_cache`` shape (over a hybrid pool and a token allocator, page size 1); the
+    ``unified_mamba_radix_cache`` machine drives it."""
+    unified_swa_radix_cache: Callable[[PoolConfig, Any], Any] | None = None
+    """SGLang 0.5.23's ``UnifiedRadixCache`` with the FULL and SWA components (or kvpool's model
+    of it), with the ``swa_radix_cache`` shape (over ``swa_allocator``); the
+    ``unified_swa_radix_cache`` machine drives it."""
     unified_lifecycle: bool = False
     """Whether the lifecycle's tree is ``unified_radix_cache`` (SGLang 0.5.23's server default)
     rather than ``radix_cache``."""
@@ -129,6 +142,13 @@ class Implementation:
             return self.hybrid_req_to_token_pool is not None and self.mamba_steps is not None
         if component == "mamba_radix_cache":
             return all(f is not None for f in (self.mamba_radix_cache, self.mamba_steps,
+                                               self.hybrid_req_to_token_pool, self.allocator,
+                                               self.radix_key))  # fmt: skip
+        if component == "unified_swa_radix_cache":
+            return all(f is not None for f in (self.unified_swa_radix_cache, self.swa_allocator,
+                                               self.radix_key))  # fmt: skip
+        if component == "unified_mamba_radix_cache":
+            return all(f is not None for f in (self.unified_mamba_radix_cache, self.mamba_steps,
                                                self.hybrid_req_to_token_pool, self.allocator,
                                                self.radix_key))  # fmt: skip
         if component == "hiradix_cache":

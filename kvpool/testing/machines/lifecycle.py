@@ -114,7 +114,15 @@ class LifecyclePair:
 
     def run(self, op: Op) -> Any:
         before = self.lockstep.snap_a
-        out = self.lockstep.run(op)
+        calls: list[Counter[str]] = getattr(self.lockstep.b, "glue_calls", [])
+        counted = [dict(c) for c in calls]
+        try:
+            out = self.lockstep.run(op)
+        finally:
+            for now, then in zip(calls, counted, strict=True):
+                for name, n in now.items():
+                    if n > then.get(name, 0):  # SGLang glue functions the candidate ran
+                        self.coverage[f"sglang:{name}"] += n - then.get(name, 0)
         error = out if isinstance(out, BaseException) else None
         self.coverage.update(lifecycle_tags(op, out, error, before, self.lockstep.snap_a))
         return out
@@ -187,7 +195,11 @@ class LifecycleTarget:
     def draw_config(self, c: Chooser, impl: Implementation) -> PoolConfig:
         # Hybrid lifecycles need a whole manager that runs them: the twin's manager built around
         # another implementation's components (manager_factory) has no Mamba steps over them.
-        hybrid = impl.hybrid_req_to_token_pool is not None and impl.manager is not None
+        hybrid = (
+            impl.hybrid_req_to_token_pool is not None
+            and impl.manager is not None
+            and impl.manager_runs_hybrid
+        )
         # the host tier lives in the implementation's own manager
         host = impl.manager is not None and impl.provides("hiradix_cache")
         config = draw_config(c, hybrid=hybrid, host=host, rules=impl.rules_or_default())

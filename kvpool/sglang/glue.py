@@ -1,0 +1,285 @@
+"""Stand-ins for SGLang's scheduler ``Req`` and ``ScheduleBatch``, as SGLang 0.5.23's memory
+glue reads and writes them, and a counter of the glue functions that ran.
+
+SGLang's scheduler decides what to allocate, keep and free through the functions of
+``mem_cache/allocation.py`` (``alloc_for_extend``, ``alloc_for_decode``, ``alloc_req_slots``,
+the paged helpers) and ``mem_cache/common.py`` (``release_kv_cache``, ``checkpoint_kv_cache``,
+``free_kv_row_segments``...). :class:`~kvpool.sglang.glue_manager.SGLangGlueManager` calls
+them with:
+
+- :class:`GlueReq`: a kvpool request with exactly the fields those functions read and write
+  (SGLang's names, on top of :class:`~kvpool.sglang.cache_req.CacheReq`, which the tree already
+  sees); reading or writing any other attribute raises AttributeError, so a field a later
+  release starts to use shows up as a crash, not as a silent default;
+- :class:`GlueKv`: its ``req.kv`` (``ReqKvInfo``);
+- :class:`GlueBatch`: the batch fields (``__slots__``: an unknown attribute is an error).
+
+Which fields map where (SGLang name: kvpool field):
+
+=====================================  ===================================================
+``kv.req_pool_idx`` (read / write)     ``req_pool_idx``
+``kv.holds_kv``, ``kv.is_kv_released`` a row is held / not
+``kv.kv_allocated_len`` (read / write) ``kv_allocated_len``
+``kv.kv_committed_len`` (read / write) ``kv_committed_len`` (written with the value kvpool's
+                                       lifecycle sets right after)
+``kv.mark_kv_released()``              nothing: kvpool forgets the fields after the release
+``kv.holds_mamba``,                    False / None: no hybrid model on this path
+``kv.mamba_ping_pong_track_buffer``
+``prefix_len`` (read / write)          the tree prefix of a waiting request, else its
+                                       committed length (a write is SGLang's own bookkeeping)
+``extend_end``                         ``len(fill_ids)``
+``owned_kv_len()``                     ``kv_committed_len``
+``refresh_fill_ids()``                 nothing (kvpool's fill ids are its tokens)
+``finished_len``                       None (no stop before the last committed token)
+=====================================  ===================================================
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kvpool.sglang.cache_req import CacheReq, CacheReqKv
+
+
+def _mapped(obj: object, name: str) -> property:
+    prop = getattr(type(obj), name, None)
+    if not isinstance(prop, property) or prop.fset is None:
+        raise AttributeError(f"SGLang wrote {name!r}, which kvpool's request does not map")
+    return prop
+
+
+class GlueKv(CacheReqKv):
+    """``req.kv`` of a :class:`GlueReq` (see the module docstring)."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _mapped(self, name).fset(self, value)  # type: ignore[misc]
+
+    @property
+    def req_pool_idx(self) -> int | None:
+        return self._owner.req_pool_idx
+
+    @req_pool_idx.setter
+    def req_pool_idx(self, value: int | None) -> None:
+        self._owner.req.req_pool_idx = None if value is None else int(value)
+
+    @property
+    def holds_kv(self) -> bool:
+        return self._owner.req.req_pool_idx is not None
+
+    @property
+    def is_kv_released(self) -> bool:
+        return self._owner.req.req_pool_idx is None
+
+    def mark_kv_released(self) -> None:
+        """Nothing to mark: kvpool's lifecycle forgets the request's pool fields next."""
+
+    @property
+    def holds_mamba(self) -> bool:
+        return False
+
+    @property
+    def mamba_ping_pong_track_buffer(self) -> None:
+        return None
+
+    @property
+    def kv_allocated_len(self) -> int:
+        return int(self._owner.req.kv_allocated_len)
+
+    @kv_allocated_len.setter
+    def kv_allocated_len(self, value: int) -> None:
+        self._owner.req.kv_allocated_len = int(value)
+
+    @property
+    def kv_committed_len(self) -> int:
+        return int(self._owner.req.kv_committed_len)
+
+    @kv_committed_len.setter
+    def kv_committed_len(self, value: int) -> None:
+        # SGLang advances the committed length where its scheduler computed the KV; kvpool's
+        # lifecycle writes the same value right after (its decode appends the token then)
+        self._owner.wrote_committed = int(value)
+
+
+class GlueReq(CacheReq):
+    """A kvpool request as SGLang 0.5.23's memory glue sees it (see the module docstring)."""
+
+    __slots__ = ("wrote_committed",)
+    wrote_committed: int | None
+
+    def __init__(self, req: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(req, *args, **kwargs)
+        object.__setattr__(self, "wrote_committed", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "wrote_committed":
+            object.__setattr__(self, name, value)
+            return
+        _mapped(self, name).fset(self, value)  # type: ignore[misc]
+
+    @property
+    def kv(self) -> GlueKv:
+        return GlueKv(self)
+
+    @property
+    def prefix_len(self) -> int:
+        if self.req.req_pool_idx is not None:
+            return int(self.req.kv_committed_len)
+        return len(self.req.prefix_indices)
+
+    @prefix_len.setter
+    def prefix_len(self, value: int) -> None:
+        """SGLang's own note of where the next extend resumes: kvpool's state says the same
+        (a chunk's row holds ``extend_end`` committed tokens)."""
+
+    @property
+    def extend_end(self) -> int:
+        return len(self.req.fill_ids)
+
+    def owned_kv_len(self) -> int:
+        return int(self.req.kv_committed_len)
+
+    def refresh_fill_ids(self) -> None:
+        """kvpool's fill ids are its tokens: nothing lags."""
+
+    @property
+    def finished_len(self) -> None:
+        return None
+
+
+class GlueBatch:
+    """The ``ScheduleBatch`` fields SGLang's allocation glue reads (an unknown one raises)."""
+
+    __slots__ = (
+        "device",
+        "extend_lens",
+        "extend_num_tokens",
+        "model_config",
+        "prefix_lens",
+        "req_pool_indices",
+        "req_pool_indices_cpu",
+        "req_to_token_pool",
+        "reqs",
+        "seq_lens",
+        "seq_lens_cpu",
+        "tree_cache",
+    )
+
+    def __init__(self, reqs: list[GlueReq], req_to_token_pool: Any, tree_cache: Any) -> None:
+        self.reqs = reqs
+        self.req_to_token_pool = req_to_token_pool
+        self.tree_cache = tree_cache
+        self.device = "cpu"
+        self.model_config = _ModelConfig()
+
+    def maybe_evict_swa(self) -> None:
+        """No sliding window on this path."""
+
+    def is_dllm(self) -> bool:
+        return False
+
+    @property
+    def hisparse_coordinator(self) -> None:
+        return None
+
+    def for_extend(self, prefix_lens: list[int], seq_lens: list[int]) -> GlueBatch:
+        """The prefill batch's lengths (tokens), as ``ScheduleBatch.prepare_for_extend``."""
+        self.prefix_lens = list(prefix_lens)
+        self.extend_lens = [s - p for p, s in zip(prefix_lens, seq_lens, strict=True)]
+        self.extend_num_tokens = sum(self.extend_lens)
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
+        self.seq_lens_cpu = self.seq_lens.clone()
+        return self
+
+    def for_decode(self, rows: list[int], seq_lens: list[int]) -> GlueBatch:
+        """The decode batch: each request's row and length before its new token."""
+        self.req_pool_indices = torch.tensor(rows, dtype=torch.int64)
+        self.req_pool_indices_cpu = self.req_pool_indices.clone()
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
+        self.seq_lens_cpu = self.seq_lens.clone()
+        return self
+
+
+class _ModelConfig:
+    __slots__ = ()
+    is_encoder_decoder = False
+
+
+_COUNTS = "__kvpool_glue_calls__"
+
+
+def count_calls(module: Any, short: str) -> Counter[str]:
+    """The calls made so far of each function defined in SGLang's loaded ``module``, as
+    ``SHORT.NAME`` -> count. The first call wraps every such function once (the counter lives
+    on the module, shared by every manager of the process); calls between them, made through
+    the module's globals, are counted too."""
+    counts: Counter[str] | None = vars(module).get(_COUNTS)
+    if counts is not None:
+        return counts
+    counts = Counter()
+    for name, fn in list(vars(module).items()):
+        if isinstance(fn, _FUNCTION) and fn.__module__ == module.__name__:
+            setattr(module, name, _counted(counts, f"{short}.{name}", fn))
+    setattr(module, _COUNTS, counts)
+    return counts
+
+
+def link_counted(modules: list[Any]) -> None:
+    """Point each of ``modules``' imports of another's function at its counted wrapper (a
+    ``from ... import f`` bound the original before :func:`count_calls` wrapped it)."""
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            if not isinstance(value, _FUNCTION):
+                continue
+            for other in modules:
+                wrapped = vars(other).get(name)
+                if other is not module and getattr(wrapped, "__wrapped__", None) is value:
+                    setattr(module, name, wrapped)
+
+
+def _counted(counts: Counter[str], label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        counts[label] += 1
+        return fn(*args, **kwargs)
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call
+
+
+def _function() -> None:
+    """Its type is the type of a plain function."""
+
+
+_FUNCTION = type(_function)
+
+
+class _Spec:
+    """``get_spec()``: the server runs speculative decoding (kvpool's lifecycle draws EAGLE
+    steps, whose reserve leaves over-allocated slots that a release frees)."""
+
+    speculative_algorithm = "EAGLE"
+
+
+class _Serving:
+    """``get_serving()``: thinking tokens are cached (SGLang's default)."""
+
+    strip_thinking_cache = False
+
+
+def install_stand_ins(runtime_context: Any, utils_common: Any) -> None:
+    """Give the stubbed ``runtime_context`` and ``utils.common`` of a loaded SGLang the
+    answers a single-process CPU server gets: no pinned memory; attention backends without a
+    Triton table writer (``torch_native``: SGLang then writes rows and reads ``last_loc`` in
+    torch, the same slots); speculative decoding on; thinking kept."""
+    runtime_context.__dict__["attention_backends"] = lambda: ("torch_native", "torch_native")
+    runtime_context.__dict__["get_spec"] = lambda: _Spec()
+    runtime_context.__dict__["get_serving"] = lambda: _Serving()
+    utils_common.__dict__["is_pin_memory_available"] = lambda device=None: False
+
+
+__all__ = ["GlueBatch", "GlueKv", "GlueReq", "count_calls", "install_stand_ins", "link_counted"]

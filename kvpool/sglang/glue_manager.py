@@ -1,0 +1,164 @@
+"""``SGLangGlueManager``: kvpool's request lifecycle whose memory steps are SGLang's own glue.
+
+SGLang's scheduler decides what to allocate, keep and free through the functions of
+``mem_cache/allocation.py`` and ``mem_cache/common.py``; that glue is where the field's memory
+bugs lived (leaks on retract, double frees of rejected drafts, stale prefixes after a chunk).
+This manager is the twin's :class:`~kvpool.optimized.memory_manager.MemoryManager` over SGLang
+0.5.23's own allocator, ``ReqToTokenPool`` and unified radix cache, in which the memory steps
+call SGLang's glue instead of kvpool's primitives, in the order SGLang's scheduler calls them:
+
+=============================  ==========================================================
+kvpool step                    SGLang's glue called
+=============================  ==========================================================
+``extend`` (admission)         ``allocation.alloc_for_extend(batch)``: ``alloc_req_slots``
+                               (rows), ``alloc_token_slots`` or
+                               ``alloc_paged_token_slots_extend`` (eviction through
+                               ``evict_from_tree_cache``), ``write_cache_indices``
+a chunk boundary               ``common.checkpoint_kv_cache(req, tree)``
+``decode``                     ``allocation.alloc_for_decode(batch, 1)``:
+                               ``alloc_token_slots`` or ``alloc_paged_token_slots_decode``
+``finish``                     ``common.release_kv_cache(req, tree, checkpoint=True)`` inside
+                               the allocator's free group (``checkpoint``, ``free_kv_row``,
+                               unlock, over-allocation, row)
+``abort`` / ``retract``        ``common.release_kv_cache(req, tree, checkpoint=False)``
+=============================  ==========================================================
+
+kvpool's lifecycle keeps what SGLang's scheduler decides before calling the glue: which
+requests form a batch, admission (rows and tokens available, counting the evictable), the
+prefix match, sessions and speculative steps (kvpool's own, over SGLang's components). Every
+check of kvpool's lifecycle runs before the glue is called, so a refused step still changes
+nothing; a glue call that then fails is SGLang's failure (the harness reports it as a crash).
+Requests and batches reach SGLang as :class:`~kvpool.sglang.glue.GlueReq` /
+:class:`~kvpool.sglang.glue.GlueBatch`. ``glue_calls`` counts every glue function that ran
+(the lifecycle machine reports them as coverage tags ``sglang:MODULE.FUNCTION``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvpool.config import PoolConfig
+from kvpool.errors import ContextOverflowError, InvalidArgumentError, OutOfMemoryError
+from kvpool.optimized.memory_manager import MemoryManager
+from kvpool.optimized.req import Req
+from kvpool.sglang.cache_req import row_prefix
+from kvpool.sglang.glue import GlueBatch, GlueReq, count_calls, link_counted
+from kvpool.sglang.loader import SGLangModules
+
+GLUE_MODULES = {
+    "allocation": "sglang.srt.mem_cache.allocation",
+    "common": "sglang.srt.mem_cache.common",
+}
+"""The glue modules whose functions are counted (short name -> module)."""
+
+
+class SGLangGlueManager(MemoryManager):
+    """The lifecycle over SGLang's components with SGLang's glue (module docstring). Built as
+    ``SGLangGlueManager(config, modules, allocator=..., req_to_token_pool=..., tree_cache=...)``
+    with kvpool's SGLang adapters (or their factories, :mod:`kvpool.injection`)."""
+
+    def __init__(
+        self,
+        config: PoolConfig,
+        modules: SGLangModules,
+        *,
+        token_to_kv_pool_allocator: Any,
+        req_to_token_pool: Any,
+        tree_cache: Any,
+    ) -> None:
+        super().__init__(
+            config,
+            checked=True,
+            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+            req_to_token_pool=req_to_token_pool,
+            tree_cache=tree_cache,
+        )
+        self.glue_calls: list[Counter[str]] = [
+            count_calls(modules.module(dotted), short) for short, dotted in GLUE_MODULES.items()
+        ]
+        """Calls of each glue function so far, per glue module (shared by the process)."""
+        link_counted([modules.module(dotted) for dotted in GLUE_MODULES.values()])
+        self._allocation = modules.module(GLUE_MODULES["allocation"])
+        self._common = modules.module(GLUE_MODULES["common"])
+        tree: Any = self.tree_cache
+        tree.cache_unfinished_req = self._checkpoint_chunk
+
+    # ----------------------------------------------------------------- stand-ins
+    def _glue(self, req: Req) -> GlueReq:
+        tree: Any = self.tree_cache
+        return GlueReq(req, tree._inserted, tree._tree_lock, getattr(tree, "node_ref", None))
+
+    def _glue_batch(self, reqs: Sequence[Req]) -> GlueBatch:
+        pool: Any = self.req_to_token_pool
+        tree: Any = self.tree_cache
+        return GlueBatch([self._glue(r) for r in reqs], pool.impl, tree.impl)
+
+    # ----------------------------------------------------------------- primitives
+    def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> torch.Tensor:
+        """kvpool's checks (see the twin's), then SGLang's ``alloc_for_extend``."""
+        fresh = self.req_to_token_pool.check_alloc(reqs)
+        prefix_lens = [len(r.prefix_indices) for r in reqs]
+        seqs = [int(s) for s in seq_lens]
+        if len(seqs) != len(reqs) or any(s < p for p, s in zip(prefix_lens, seqs, strict=True)):
+            raise InvalidArgumentError(f"need one seq_len >= prefix_len per request, got {seqs}")
+        if any(s > self.config.max_context_len for s in seqs):
+            raise ContextOverflowError(f"seq_lens {seqs} past max_context_len")
+        if fresh > self.req_to_token_pool.available_size():
+            raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
+        self._check_capacity(self._tokens_needed(prefix_lens, seqs))
+        batch = self._glue_batch(reqs).for_extend(prefix_lens, seqs)
+        out: torch.Tensor = self._allocation.alloc_for_extend(batch)[0]
+        return out.to(torch.int64)
+
+    def alloc_for_decode(self, reqs: Sequence[Req]) -> torch.Tensor:
+        """kvpool's checks (see the twin's), then SGLang's ``alloc_for_decode(batch, 1)``."""
+        rowless = [r.rid for r in reqs if r.req_pool_idx is None]
+        if rowless:
+            raise InvalidArgumentError(f"requests {rowless} hold no row")
+        cols = [int(r.kv_allocated_len) for r in reqs]
+        over = [
+            r.rid for r, c in zip(reqs, cols, strict=True) if c + 1 > self.config.max_context_len
+        ]
+        if over:
+            raise ContextOverflowError(f"requests {over} would pass max_context_len")
+        if not reqs:
+            return torch.empty((0,), dtype=torch.int64)
+        ps = self.page_size
+        needed = len(reqs) if ps == 1 else sum(1 for c in cols if c % ps == 0) * ps
+        self._check_capacity(needed)
+        rows = [int(r.req_pool_idx) for r in reqs if r.req_pool_idx is not None]
+        batch = self._glue_batch(reqs).for_decode(rows, cols)
+        out = self._allocation.alloc_for_decode(batch, 1)
+        return torch.as_tensor(out).to(torch.int64)
+
+    def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
+        """SGLang's ``release_kv_cache(req, tree, checkpoint=is_insert)`` (a finished request
+        checkpoints into the tree; an aborted or retracted one does not), then kvpool forgets
+        the request's pool fields. InvalidArgumentError (nothing changed) without a row."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        glue = self._glue(req)
+        if is_insert:
+            glue.mark_finished()
+        tree: Any = self.tree_cache
+        self._common.release_kv_cache(glue, tree.impl, checkpoint=is_insert)
+        tree._inserted.forget(req)
+        req.reset_kv_fields()
+
+    def _checkpoint_chunk(self, req: Req, chunked: bool = False, row_read: Any = None) -> None:
+        """A chunk boundary: SGLang's ``checkpoint_kv_cache``; kvpool's ``prefix_indices``
+        becomes the row's first ``len(fill_ids)`` slots, as SGLang's next extend reads them."""
+        tree: Any = self.tree_cache
+        self._common.checkpoint_kv_cache(self._glue(req), tree.impl)
+        assert req.req_pool_idx is not None
+        table = tree.impl.req_to_token_pool.req_to_token
+        req.prefix_indices = row_prefix(
+            table, req.req_pool_idx, len(req.fill_ids), req.prefix_indices
+        )
+
+
+__all__ = ["GLUE_MODULES", "SGLangGlueManager"]
