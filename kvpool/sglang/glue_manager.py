@@ -161,4 +161,29 @@ class SGLangGlueManager(MemoryManager):
         )
 
 
-__all__ = ["GLUE_MODULES", "SGLangGlueManager"]
+GLUE_STEPS = frozenset(
+    {"new_req", "match_prefix", "extend", "decode", "finish", "abort", "retract"}
+)
+"""Lifecycle steps whose memory work SGLang's scheduler does through its glue (the request's
+arrival, its match, prefill chunks, decode, finish, abort, retract). The others are kvpool's
+own emulation over SGLang's components: speculative steps, streaming sessions, a direct
+``evict``, layer-wise loading, host-tier acknowledgements."""
+
+
+def reachability(config: PoolConfig, ops: Sequence[Any], covered: bool = True) -> str:
+    """Whether a lifecycle trace (its ops, ``.name`` and ``.expect_error``) is reachable through
+    SGLang's scheduler paths: every step is a :data:`GLUE_STEPS` step issued to the glue manager
+    (``covered``: the configuration is one the glue drives), none deliberately invalid. One line:
+    ``reachable through SGLang's scheduler glue`` or ``direct only: ...`` naming the first step
+    that is not. A sub-list of a reachable trace is reachable, so shrinking keeps it so."""
+    if not covered:
+        return "direct only: this configuration runs kvpool's lifecycle over SGLang's components"
+    for i, op in enumerate(ops, 1):
+        if op.expect_error:
+            return f"direct only: step {i} ({op.name}) is a deliberately invalid call"
+        if op.name not in GLUE_STEPS:
+            return f"direct only: step {i} ({op.name}) is kvpool's emulation, not SGLang's glue"
+    return "reachable through SGLang's scheduler glue (every step is a call it makes)"
+
+
+__all__ = ["GLUE_MODULES", "GLUE_STEPS", "SGLangGlueManager", "reachability"]

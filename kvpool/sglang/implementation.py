@@ -211,8 +211,14 @@ def implementation(
     own_lifecycle = built
     if manager is None:
         return built
+
+    def reach(config: PoolConfig, ops: Sequence[Any]) -> str:
+        from kvpool.sglang.glue_manager import reachability
+
+        return reachability(config, ops, covered=glue_covers(config))
+
     return dataclasses.replace(built, manager=manager, manager_runs_hybrid=False,
-                               label=f"{built.label}-glue")  # fmt: skip
+                               reachability=reach, label=f"{built.label}-glue")  # fmt: skip
 
 
 def glue_covers(config: PoolConfig) -> bool:

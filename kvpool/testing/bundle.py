@@ -103,6 +103,10 @@ class Implementation:
     """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL component) with the ``radix_cache`` shape;
     the ``unified_radix_cache`` machine drives it, and the lifecycle uses it as its tree when
     ``unified_lifecycle`` is set (SGLang's server default)."""
+    reachability: Callable[[PoolConfig, Sequence[Any]], str] | None = None
+    """For a candidate whose manager runs another system's own scheduler glue (SGLang's):
+    one line saying whether a failing lifecycle trace (its ops) is reachable through that
+    system's scheduler paths; the lifecycle machine adds it to every failure report."""
     manager_runs_hybrid: bool = True
     """Whether ``manager`` runs hybrid (Mamba) lifecycles (the lifecycle machine draws hybrid
     configurations for an implementation with a manager and a hybrid pool only then)."""

@@ -17,7 +17,7 @@ from kvpool.errors import OutOfMemoryError
 from kvpool.snapshot import PoolSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.layer_ops import draw_lifecycle_op, layer_fields
-from kvpool.testing.lockstep_driver import Factory, Lockstep
+from kvpool.testing.lockstep_driver import Factory, Lockstep, LockstepFailure
 from kvpool.testing.machines.coverage import outcome_tag
 from kvpool.testing.machines.mamba_lifecycle import mamba_radix_tags
 from kvpool.testing.machines.unified import coarse_tree
@@ -91,6 +91,7 @@ class LifecyclePair:
             labels,
             normalize=coarse_pool if unified else None,
         )
+        self.reachability = impl_b.reachability
         self.rejects_misuse = (impl_b.rules or config.rules).rejects_misuse
         """False when the candidate's rules say its components accept misuse silently (SGLang):
         then no invalid call that only a component would refuse is drawn (see
@@ -118,6 +119,12 @@ class LifecyclePair:
         counted = [dict(c) for c in calls]
         try:
             out = self.lockstep.run(op)
+        except LockstepFailure as failure:
+            if self.reachability is None:
+                raise
+            line = f"reachability: {self.reachability(self.lockstep.config, self.lockstep.ops)}"
+            raise LockstepFailure(failure.detector, failure.step, f"{failure}\n{line}",
+                                  failure.indices) from failure  # fmt: skip
         finally:
             for now, then in zip(calls, counted, strict=True):
                 for name, n in now.items():
