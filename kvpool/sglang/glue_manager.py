@@ -17,6 +17,8 @@ kvpool step                    SGLang's glue called
 a chunk boundary               ``common.checkpoint_kv_cache(req, tree)``
 ``decode``                     ``allocation.alloc_for_decode(batch, 1)``:
                                ``alloc_token_slots`` or ``alloc_paged_token_slots_decode``
+``spec_step`` (EAGLE v2)       ``allocation.alloc_for_spec_decode``: the reserve, rows
+                               written by its ``assign_req_to_token_pool`` kernel
 ``finish``                     ``common.release_kv_cache(req, tree, checkpoint=True)`` inside
                                the allocator's free group (``checkpoint``, ``free_kv_row``,
                                unlock, over-allocation, row)
@@ -47,6 +49,7 @@ from kvpool.optimized.memory_manager import MemoryManager
 from kvpool.optimized.req import Req
 from kvpool.sglang.cache_req import row_prefix
 from kvpool.sglang.glue import GlueBatch, GlueReq, count_calls, link_counted
+from kvpool.sglang.kernels import install_interpreted
 from kvpool.sglang.loader import SGLangModules
 
 GLUE_MODULES = {
@@ -86,6 +89,11 @@ class SGLangGlueManager(MemoryManager):
         self._common = modules.module(GLUE_MODULES["common"])
         tree: Any = self.tree_cache
         tree.cache_unfinished_req = self._checkpoint_chunk
+        self._spec_glue = False
+        self._spec_grown: list[Req] = []
+        # SGLang writes a spec step's rows with its Triton kernel: run it through Triton's
+        # interpreter on the CPU (as the paged allocator's kernels, kvpool.sglang.kernels)
+        install_interpreted(self._allocation, "assign_req_to_token_pool")
 
     # ----------------------------------------------------------------- stand-ins
     def _glue(self, req: Req) -> GlueReq:
@@ -135,6 +143,54 @@ class SGLangGlueManager(MemoryManager):
         out = self._allocation.alloc_for_decode(batch, 1)
         return torch.as_tensor(out).to(torch.int64)
 
+    def spec_step(
+        self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
+    ) -> torch.Tensor:
+        """EAGLE v2 step: kvpool's checks and commits (:func:`kvpool.optimized.spec_decode.
+        spec_step`), with the reserve allocated by SGLang's ``alloc_for_spec_decode`` (each
+        request grows to ``ceil_align(committed + 2 * reserve)``, rows written by SGLang's
+        ``assign_req_to_token_pool`` kernel). Returns the new slots in batch order."""
+        self._spec_glue = True
+        try:
+            return super().spec_step(rids, accepted, reserve)
+        finally:
+            self._spec_glue = False
+
+    def _alloc_slots(
+        self,
+        prefix_lens: list[int],
+        seq_lens: list[int],
+        last_loc: torch.Tensor,
+        evict: bool = True,
+    ) -> torch.Tensor:
+        """Inside :meth:`spec_step`: the grown requests' columns ``[prefix_lens[i],
+        seq_lens[i])`` from SGLang's ``alloc_for_spec_decode`` (it evicts, allocates, writes
+        the rows and raises ``kv_allocated_len``); elsewhere kvpool's own."""
+        if not getattr(self, "_spec_glue", False):
+            return super()._alloc_slots(prefix_lens, seq_lens, last_loc, evict)
+        reqs = self._spec_grown
+        self._check_capacity(self._tokens_needed(prefix_lens, seq_lens))
+        batch = self._glue_batch(reqs)
+        glue = batch.reqs
+        rows = torch.tensor([int(r.req_pool_idx or 0) for r in reqs], dtype=torch.int64)
+        cur = torch.tensor(prefix_lens, dtype=torch.int64)
+        nxt = torch.tensor(seq_lens, dtype=torch.int64)
+        tree: Any = self.tree_cache
+        pool: Any = self.req_to_token_pool
+        self._allocation.alloc_for_spec_decode(
+            tree.impl, pool.impl, reqs=glue, req_pool_indices=rows, cur_kv_lens=cur,
+            cur_kv_lens_cpu=cur.clone(), nxt_kv_lens=nxt, nxt_kv_lens_cpu=nxt.clone(),
+            num_needed_tokens=int((nxt - cur).sum()), batch=batch,
+        )  # fmt: skip
+        table = pool.impl.req_to_token
+        parts = [table[r, p:s] for r, p, s in zip(rows.tolist(), prefix_lens, seq_lens,
+                                                   strict=True)]  # fmt: skip
+        return torch.cat(parts).to(torch.int64) if parts else self._empty
+
+    def _row_last_locs(self, reqs: Sequence[Req], cols: Sequence[int]) -> torch.Tensor:
+        self._spec_grown = list(reqs)  # the requests a spec step grows (see _alloc_slots)
+        return super()._row_last_locs(reqs, cols)
+
     def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
         """SGLang's ``release_kv_cache(req, tree, checkpoint=is_insert)`` (a finished request
         checkpoints into the tree; an aborted or retracted one does not), then kvpool forgets
@@ -162,12 +218,12 @@ class SGLangGlueManager(MemoryManager):
 
 
 GLUE_STEPS = frozenset(
-    {"new_req", "match_prefix", "extend", "decode", "finish", "abort", "retract"}
+    {"new_req", "match_prefix", "extend", "decode", "spec_step", "finish", "abort", "retract"}
 )
 """Lifecycle steps whose memory work SGLang's scheduler does through its glue (the request's
-arrival, its match, prefill chunks, decode, finish, abort, retract). The others are kvpool's
-own emulation over SGLang's components: speculative steps, streaming sessions, a direct
-``evict``, layer-wise loading, host-tier acknowledgements."""
+arrival, its match, prefill chunks, decode, an EAGLE v2 step, finish, abort, retract). The
+others are kvpool's own emulation over SGLang's components: EAGLE v1 draft borrowing,
+streaming sessions, a direct ``evict``, layer-wise loading, host-tier acknowledgements."""
 
 
 def reachability(config: PoolConfig, ops: Sequence[Any], covered: bool = True) -> str:

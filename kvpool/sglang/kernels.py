@@ -86,6 +86,18 @@ class KernelSwitch:
         self.naive(prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size, "cpu")
 
 
+def install_interpreted(module: Any, name: str) -> None:
+    """Replace Triton kernel ``name`` of SGLang's loaded ``module`` by its interpreter launch
+    (idempotent): ``module.name[grid](*args)`` then runs on CPU tensors."""
+    from kvpool.testing.kernel_harness.interpreter import interpreted
+
+    kernel = module.__dict__[name]
+    if not getattr(kernel, "_kvpool_interpreted", False):
+        launch = interpreted(kernel)
+        launch._kvpool_interpreted = True
+        module.__dict__[name] = launch
+
+
 def install_kernel_switches(paged: Any) -> None:
     """Replace the kernels of SGLang's loaded ``paged`` module by switches (idempotent)."""
     from kvpool.testing.kernel_harness.interpreter import interpreted
@@ -101,4 +113,4 @@ def install_kernel_switches(paged: Any) -> None:
             setattr(paged, name, switch)
 
 
-__all__ = ["KernelSwitch", "install_kernel_switches", "naive_extend"]
+__all__ = ["KernelSwitch", "install_interpreted", "install_kernel_switches", "naive_extend"]

@@ -26,7 +26,7 @@ def test_glue_steps_are_reachable_and_sub_lists_stay_so() -> None:
 
 def test_other_steps_and_invalid_calls_are_direct_only() -> None:
     base = [Op("new_req", ("r1", [1, 2, 3])), Op("extend", (["r1"],))]
-    for name in ("spec_step", "spec_draft_v1", "open_session", "evict", "layer_read"):
+    for name in ("spec_draft_v1", "open_session", "evict", "layer_read"):
         assert name not in GLUE_STEPS
         line = reachability(CONFIG, [*base, Op(name, ())])
         assert line == f"direct only: step 3 ({name}) is kvpool's emulation, not SGLang's glue"

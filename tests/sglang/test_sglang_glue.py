@@ -22,6 +22,7 @@ GLUE = (
     "sglang:allocation.alloc_req_slots",
     "sglang:allocation.write_cache_indices",
     "sglang:allocation.alloc_for_decode",
+    "sglang:allocation.alloc_for_spec_decode",
     "sglang:common.checkpoint_kv_cache",
     "sglang:common.release_kv_cache",
     "sglang:common.free_kv_row_segments",
