@@ -109,18 +109,41 @@ class GlueKv(CacheReqKv):
 class GlueReq(CacheReq):
     """A kvpool request as SGLang 0.5.23's memory glue sees it (see the module docstring)."""
 
-    __slots__ = ("wrote_committed",)
+    __slots__ = ("matched", "wrote_committed")
     wrote_committed: int | None
+    matched: dict[str, Any]
+    """What ``match_kv_cache`` wrote: ``prefix_len`` and the host / branching fields."""
+
+    SINKS = frozenset({
+        "last_host_node", "best_match_node", "host_hit_length", "swa_host_hit_length",
+        "mamba_host_hit_length", "num_matched_prefix_tokens", "swa_branching_seqlen",
+        "mamba_branching_seqlen",
+    })  # fmt: skip
+    """Fields ``match_kv_cache`` writes that kvpool's lifecycle does not use (no host tier, no
+    sliding window, no hybrid model on this path): kept in :attr:`matched`, readable back."""
 
     def __init__(self, req: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(req, *args, **kwargs)
         object.__setattr__(self, "wrote_committed", None)
+        object.__setattr__(self, "matched", {})
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "wrote_committed":
             object.__setattr__(self, name, value)
-            return
-        _mapped(self, name).fset(self, value)  # type: ignore[misc]
+        elif name in self.SINKS:
+            self.matched[name] = value
+        else:
+            _mapped(self, name).fset(self, value)  # type: ignore[misc]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in GlueReq.SINKS and name in self.matched:
+            return self.matched[name]
+        raise AttributeError(f"SGLang read {name!r}, which kvpool's request does not map")
+
+    def _compute_max_prefix_len(self, input_len: int) -> int:
+        """At most ``input_len - 1`` tokens (the last one computes the logits; kvpool's
+        requests ask for no logprobs)."""
+        return max(input_len - 1, 0)
 
     @property
     def kv(self) -> GlueKv:
@@ -128,14 +151,17 @@ class GlueReq(CacheReq):
 
     @property
     def prefix_len(self) -> int:
+        if "prefix_len" in self.matched:
+            return int(self.matched["prefix_len"])
         if self.req.req_pool_idx is not None:
             return int(self.req.kv_committed_len)
         return len(self.req.prefix_indices)
 
     @prefix_len.setter
     def prefix_len(self, value: int) -> None:
-        """SGLang's own note of where the next extend resumes: kvpool's state says the same
-        (a chunk's row holds ``extend_end`` committed tokens)."""
+        """``match_kv_cache``'s hit (read back by ``prefix_device_indices``); after a chunk,
+        SGLang's note of where the next extend resumes, which kvpool's state also says."""
+        self.matched["prefix_len"] = int(value)
 
     @property
     def extend_end(self) -> int:

@@ -10,6 +10,8 @@ call SGLang's glue instead of kvpool's primitives, in the order SGLang's schedul
 =============================  ==========================================================
 kvpool step                    SGLang's glue called
 =============================  ==========================================================
+``match_prefix`` (and          ``common.match_kv_cache(req, tree, tokens,
+``extend``'s own match)        max_prefix_len=len - 1)``
 ``extend`` (admission)         ``allocation.alloc_for_extend(batch)``: ``alloc_req_slots``
                                (rows), ``alloc_token_slots`` or
                                ``alloc_paged_token_slots_extend`` (eviction through
@@ -27,7 +29,8 @@ a chunk boundary               ``common.checkpoint_kv_cache(req, tree)``
 
 kvpool's lifecycle keeps what SGLang's scheduler decides before calling the glue: which
 requests form a batch, admission (rows and tokens available, counting the evictable), the
-prefix match, sessions and speculative steps (kvpool's own, over SGLang's components). Every
+lock on the matched node, sessions and EAGLE v1 draft borrowing (kvpool's own, over SGLang's
+components). Every
 check of kvpool's lifecycle runs before the glue is called, so a refused step still changes
 nothing; a glue call that then fails is SGLang's failure (the harness reports it as a crash).
 Requests and batches reach SGLang as :class:`~kvpool.sglang.glue.GlueReq` /
@@ -47,7 +50,7 @@ from kvpool.config import PoolConfig
 from kvpool.errors import ContextOverflowError, InvalidArgumentError, OutOfMemoryError
 from kvpool.optimized.memory_manager import MemoryManager
 from kvpool.optimized.req import Req
-from kvpool.sglang.cache_req import row_prefix
+from kvpool.sglang.cache_req import as_prefix, row_prefix
 from kvpool.sglang.glue import GlueBatch, GlueReq, count_calls, link_counted
 from kvpool.sglang.kernels import install_interpreted
 from kvpool.sglang.loader import SGLangModules
@@ -104,6 +107,31 @@ class SGLangGlueManager(MemoryManager):
         pool: Any = self.req_to_token_pool
         tree: Any = self.tree_cache
         return GlueBatch([self._glue(r) for r in reqs], pool.impl, tree.impl)
+
+    def _match(self, req: Req, cow: bool, load_back: bool) -> int:
+        """The prefix match: SGLang's ``match_kv_cache`` (its key capped at ``len - 1``
+        tokens, as ``init_next_round_input`` caps it), the prefix read back with the tree's
+        ``prefix_device_indices``; kvpool then moves the request's lock to the new node (the
+        scheduler's ``req.lock = tree.lock(req.last_node)`` at admission). A streaming
+        session's turn matches as kvpool's lifecycle does."""
+        if self._restoring_session(req) is not None:
+            return super()._match(req, cow, load_back)
+        tree: Any = self.tree_cache
+        glue = self._glue(req)
+        tokens = glue.full_untruncated_fill_ids
+        old = req.last_node if req.matched else None
+        self._common.match_kv_cache(
+            glue, tree.impl, tokens, max_prefix_len=glue._compute_max_prefix_len(len(tokens))
+        )
+        last = req.last_node  # SGLang set it (GlueReq: kvpool's NodeRef of its NodeId)
+        prefix = tree.impl.prefix_device_indices(glue)
+        tree.inc_lock_ref(last)
+        if old is not None:
+            tree.dec_lock_ref(old)
+        req.prefix_indices = as_prefix(prefix, req.prefix_indices)
+        req.last_node = last
+        req.matched = True
+        return len(req.prefix_indices)
 
     # ----------------------------------------------------------------- primitives
     def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> torch.Tensor:

@@ -191,7 +191,7 @@ class SGLangRadixCache:
         def call(params: Any) -> Any:
             if self._walks(params.key):
                 self._now += 1.0
-            with frozen_at(self._now):
+            with self._call():  # this cache's node counter too: SGLang's glue calls it
                 return method(params)
 
         return call
