@@ -27,6 +27,7 @@ HIT_COUNTS = ("chunked", "inserted_len")
 RELEASE_PATHS = ("finished_req", "checkpoint")
 MAMBA_SLOT_SHORTAGES = ("refuse", "assert")
 SWA_FREE_RESOLVES = ("free", "group_end")
+SWA_FREE_UNMAPPED = ("skip", "caller")
 SGLANG_RELEASES = ("0.5.16", "0.5.23")
 """SGLang releases with a preset (:meth:`Rules.for_sglang`); audited in specs/fidelity.md."""
 
@@ -109,6 +110,15 @@ class Rules:
       scheduler never gets there (a refused decode is its out-of-memory error). kvpool's twins
       always refuse cleanly; a harness must not issue a decode that does not fit to an
       implementation with these rules.
+    - ``swa_free_unmapped``: what an SWA allocator's ``free`` does at page size 1 with a full
+      slot whose SWA slot is gone already (mapping entry 0: it slid out of the window).
+      ``"skip"`` (kvpool; SGLang 0.5.16): the entry is skipped, only the full slot is freed.
+      ``"caller"`` (SGLang 0.5.23): ``free`` presumes every slot still holds its SWA slot and
+      frees the SWA slot the entry names, so an entry 0 puts the sentinel slot 0 into the SWA
+      free list (INV-SWA-SENTINEL; specs/sglang_findings.md); the caller frees such slots
+      with ``free_full`` (0.5.23's ``free_kv_row_segments`` does: the window-dead range goes
+      to ``free_full_segments``). kvpool's twins always skip and offer ``free_full``; a harness
+      must split such a free for an implementation with these rules.
     """
 
     row_order: str = "lifo"
@@ -126,6 +136,7 @@ class Rules:
     swa_free_resolve: str = "free"
     swa_restore_mapping: bool = True
     swa_decode_refusal_clean: bool = True
+    swa_free_unmapped: str = "skip"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -140,6 +151,7 @@ class Rules:
             ("release_path", self.release_path, RELEASE_PATHS),
             ("mamba_slot_shortage", self.mamba_slot_shortage, MAMBA_SLOT_SHORTAGES),
             ("swa_free_resolve", self.swa_free_resolve, SWA_FREE_RESOLVES),
+            ("swa_free_unmapped", self.swa_free_unmapped, SWA_FREE_UNMAPPED),
         ):
             if value not in allowed:
                 raise ConfigError(f"Rules.{name} must be one of {allowed}, got {value!r}")
@@ -182,6 +194,7 @@ class Rules:
             tree_free="segment",
             hit_count="inserted_len",
             release_path="checkpoint",
+            swa_free_unmapped="caller",
         )
 
 

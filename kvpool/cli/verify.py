@@ -46,6 +46,8 @@ COMPONENTS = (
     "hiradix_cache",
     "kv_pool",
     "unified_radix_cache",
+    "unified_mamba_radix_cache",
+    "unified_swa_radix_cache",
 )
 BUILTIN_IMPLS = ("reference", "optimized", "sglang")
 

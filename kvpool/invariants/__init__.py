@@ -39,6 +39,7 @@ _OPTIONAL_MODULES = (
     "kvpool.invariants.promises",
     "kvpool.invariants.mamba",
     "kvpool.invariants.mamba_tree",
+    "kvpool.invariants.unified_mamba_tree",
     "kvpool.invariants.swa",
     "kvpool.invariants.host",
 )

@@ -13,6 +13,7 @@ Scopes and the signature of their check functions (each raises
 - ``"pool"``: ``(snap: PoolSnapshot, previous: PoolSnapshot | None)``
 - ``"mamba"``: ``(snap: HybridReqToTokenSnapshot, ctx: kvpool.invariants.mamba.MambaContext)``
 - ``"mamba_tree"``: ``(tree: MambaTreeSnapshot)``
+- ``"unified_mamba_tree"``: ``(tree: MambaTreeSnapshot)`` (SGLang 0.5.23's FULL + MAMBA tree)
 - ``"swa"``: ``(snap: SWAAllocatorSnapshot, ctx: kvpool.invariants.swa.SWAContext)``
 - ``"host"``: ``(snap: HostTierSnapshot, previous: HostTierSnapshot | None)``
 """
@@ -31,6 +32,7 @@ SCOPES: tuple[str, ...] = (
     "pool",
     "mamba",
     "mamba_tree",
+    "unified_mamba_tree",
     "swa",
     "host",
 )

@@ -211,7 +211,7 @@ class MambaRadixCache:
             n = self._match_len(node.key, key)
             if prev_prefix_len < total + n:
                 start = max(0, prev_prefix_len - total)
-                self.token_to_kv_pool_allocator.free(value[start:n])
+                self._free_duplicates(value[start:n])
             total += n
             key, value = key[n:], value[n:]
             if n < len(node.key):
@@ -231,6 +231,11 @@ class MambaRadixCache:
             self.mamba_evictable_size_ += 1
             return total, False
         return total, True
+
+    def _free_duplicates(self, slots: list[int]) -> None:
+        """Give back an insert's KV slots that duplicate what the tree holds (one call per
+        overlapped node, in walk order)."""
+        self.token_to_kv_pool_allocator.free(slots)
 
     # ----------------------------------------------------------------- locks
     def _path(self, node: MambaTreeNode) -> list[MambaTreeNode]:

@@ -14,6 +14,14 @@ Inside a free group, ``Rules.swa_free_resolve`` says when the entries are read:
   concatenation) and then the SWA slots their entries name at that moment (one free). A
   ``free_swa`` inside the group frees at once.
 
+SGLang 0.5.23's split frees (its SWA tree and its ``free_kv_row_segments`` call them):
+``free_full`` / ``free_full_segment`` release full slots whose SWA slots are gone already
+(kvpool refuses a slot whose entry still names one: InvalidArgumentError, nothing changed);
+``free_swa_segment`` releases the SWA pages of a kv-row segment (page-aligned ``start_pos``),
+one per ``page_size`` slots, in order, through the SWA pool's ``free_page_ids`` (a page whose
+first slot maps to 0 is skipped: the sentinel is never freed), zeroing the entries of those
+pages; ``free_segment`` is ``free_swa_segment`` then the full pool's ``free_segment``.
+
 Every call validates in full before any change (the full allocator's errors, then the SWA
 allocator's for a corrupt mapping).
 """
@@ -24,7 +32,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvpool.constants import RESERVED_INDEX
-from kvpool.errors import IndexOutOfRangeError, InvalidArgumentError
+from kvpool.errors import (
+    AlignmentError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+)
 
 if TYPE_CHECKING:
     from kvpool.reference.allocator import BaseTokenToKVPoolAllocator
@@ -54,11 +67,13 @@ class SWAFrees:
 
     def _mapping_indices(self, slots: Sequence[int]) -> list[int]:
         """The full slots whose mapping a free of ``slots`` resolves: the slots themselves at
-        page size 1, every slot of their pages (ascending, each once) above."""
+        page size 1, every slot of their pages (each once, in the order the slots name them)
+        above; the SWA pool's paged free sorts its pages, so the order shows only in a free
+        group's pending slots (SGLang 0.5.23 keeps the call's order there)."""
         ps = self.page_size
         if ps == 1:
             return list(slots)
-        pages = sorted({s // ps for s in slots})
+        pages = list(dict.fromkeys(s // ps for s in slots))
         return [p * ps + i for p in pages for i in range(ps)]
 
     def _check_full_range(self, slots: Sequence[int]) -> None:
@@ -110,6 +125,74 @@ class SWAFrees:
         self._check_full_range(slots)
         indices, swa = self._resolve_swa(slots)
         self._release_swa(indices, swa)
+
+    def _check_unmapped(self, slots: Sequence[int]) -> None:
+        self._check_full_range(slots)
+        mapped = [s for s in slots if self.full_to_swa_index_mapping[s] != RESERVED_INDEX]
+        if mapped:
+            raise InvalidArgumentError(f"full slots still holding an SWA slot: {mapped}")
+
+    def free_full(self, free_index: Sequence[int]) -> None:
+        """Free full slots whose SWA slots were released already (SGLang 0.5.23's
+        ``free_full``): InvalidArgumentError (nothing changed) for a slot whose mapping entry
+        is not 0; the full allocator's errors. Empty input is a no-op."""
+        slots = list(free_index)
+        if not slots:
+            return
+        self._check_unmapped(slots)
+        self.full_attn_allocator.free(slots)
+
+    def free_full_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:
+        """:meth:`free_full` of a kv-row segment (the full pool's ``free_segment``: its pages
+        in order; ``start_pos`` page-aligned, else AlignmentError)."""
+        slots = list(free_index)
+        if not slots:
+            return
+        self._check_unmapped(slots)
+        self.full_attn_allocator.free_segment(slots, start_pos)
+
+    def _segment_swa_pages(self, slots: list[int], start_pos: int) -> tuple[list[int], list[int]]:
+        """(mapping indices, SWA pages) a segment free releases: the first slot of each page
+        names its SWA page (0: none, skipped); validated before any change."""
+        ps = self.page_size
+        if start_pos % ps:
+            raise AlignmentError(f"segment start {start_pos} is not page-aligned")
+        self._check_full_range(slots)
+        firsts = slots[::ps]
+        named = [(f, self.full_to_swa_index_mapping[f]) for f in firsts]
+        live = [(f, s) for f, s in named if s != RESERVED_INDEX]
+        indices = [f // ps * ps + i for f, _ in live for i in range(ps)]
+        pages = [s // ps for _, s in live]
+        swa_alloc = self.swa_attn_allocator
+        swa_alloc._validate_free([p * ps for p in pages], [])
+        twice = sorted({p for p in pages if pages.count(p) > 1})
+        if twice:
+            raise DoubleFreeError("SWA pages named twice in one segment", twice)
+        return indices, pages
+
+    def free_swa_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:
+        """Free the SWA pages of a kv-row segment (module docstring), zeroing their entries;
+        the full slots stay allocated. Empty input is a no-op."""
+        slots = list(free_index)
+        if not slots:
+            return
+        indices, pages = self._segment_swa_pages(slots, start_pos)
+        for i in indices:
+            self.full_to_swa_index_mapping[i] = RESERVED_INDEX
+        self.swa_attn_allocator.free_page_ids(pages)
+
+    def free_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:
+        """Both pools' pages of a kv-row segment: :meth:`free_swa_segment`, then the full
+        pool's ``free_segment`` (validated in full first)."""
+        slots = list(free_index)
+        if not slots:
+            return
+        self.full_attn_allocator._validate_free(slots, [])
+        indices, pages = self._segment_swa_pages(slots, start_pos)
+        for i in indices:
+            self.full_to_swa_index_mapping[i] = RESERVED_INDEX
+        self.swa_attn_allocator.free_page_ids(pages)
+        self.full_attn_allocator.free_segment(slots, start_pos)
 
     def free_group_begin(self) -> None:
         """Open a free group (on both pools, or on the full pool only under ``"group_end"``).

@@ -18,6 +18,10 @@ class SWATreeNode:
         self.swa_tombstone = False
         self.swa_uuid: int | None = None
         self.last_access_time = now
+        # read by SGLang 0.5.23's policy-ordered full eviction (unified_swa_radix_cache)
+        self.creation_time = now
+        self.hit_count = 0
+        self.priority = 0
 
     def depth(self) -> int:
         d, cur = 0, self.parent

@@ -124,7 +124,11 @@ class SGLangGlueManager(MemoryManager):
             glue, tree.impl, tokens, max_prefix_len=glue._compute_max_prefix_len(len(tokens))
         )
         last = req.last_node  # SGLang set it (GlueReq: kvpool's NodeRef of its NodeId)
-        prefix = tree.impl.prefix_device_indices(glue)
+        prefix = (
+            tree.impl.prefix_device_indices(glue)
+            if glue.prefix_len
+            else torch.empty((0,), dtype=torch.int64)
+        )
         tree.inc_lock_ref(last)
         if old is not None:
             tree.dec_lock_ref(old)

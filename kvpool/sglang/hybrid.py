@@ -51,10 +51,13 @@ from kvpool.snapshot import (
 )
 
 MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
-HYBRID_RELEASES = ("0.5.16",)
-"""Releases whose hybrid classes the adapters are audited against (specs/sglang.md); 0.5.23
-restructured them (its Mamba pool reads other state parameters, and the Mamba radix cache left
-``mamba_radix_cache.py``), so :func:`kvpool.sglang.implementation` offers them for these only."""
+HYBRID_RELEASES = ("0.5.16", "0.5.23")
+"""Releases whose hybrid pool (``HybridReqToTokenPool``, ``MambaPool``, ``MambaSlotAllocator``)
+the adapters are audited against (specs/sglang.md); :func:`kvpool.sglang.implementation`
+offers them for these only."""
+MAMBA_RADIX_RELEASES = ("0.5.16",)
+"""Releases with the legacy ``mamba_radix_cache.py`` (0.5.23 moved the Mamba tree into the
+unified cache: :mod:`kvpool.sglang.unified_mamba_radix`)."""
 _STATE_DTYPE = torch.float32
 
 
@@ -85,6 +88,11 @@ class MambaReqProxy(ReqProxy):
             object.__setattr__(self, name, value)  # the property converts for kvpool
         else:
             setattr(self.req, name, value)
+
+    @property
+    def holds_mamba(self) -> bool:
+        """0.5.23's ``ReqKvInfo.holds_mamba``: the request has a Mamba slot."""
+        return self.req.mamba_pool_idx is not None
 
     @property
     def mamba_pool_idx(self) -> torch.Tensor | None:
@@ -354,6 +362,7 @@ class SGLangHybridReqToTokenPool:
 
 __all__ = [
     "HYBRID_RELEASES",
+    "MAMBA_RADIX_RELEASES",
     "MambaReqProxy",
     "SGLangHybridReqToTokenPool",
     "SGLangMambaAllocator",

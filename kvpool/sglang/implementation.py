@@ -182,7 +182,10 @@ def implementation(
 
             if not glue_covers(config):
                 return manager_factory(own_lifecycle, unified_lifecycle)(config)
-            tree = tree_cache or (unified if unified_lifecycle else radix_cache)
+            # a disabled cache is a disabled UnifiedRadixCache in 0.5.23's registry, whichever
+            # tree an enabled one would be
+            legacy = not unified_lifecycle and not config.disable_radix_cache
+            tree = tree_cache or (radix_cache if legacy else unified)
             return SGLangGlueManager(config, modules, token_to_kv_pool_allocator=allocator,
                                      req_to_token_pool=req_to_token_pool,
                                      tree_cache=tree)  # fmt: skip
@@ -222,12 +225,12 @@ def implementation(
 
 
 def glue_covers(config: PoolConfig) -> bool:
-    """Whether SGLang's glue drives this lifecycle configuration: a radix tree over plain KV
-    storage, no host tier, no hybrid model, no layer-wise loading (kvpool's own lifecycle runs
-    the others over SGLang's components)."""
+    """Whether SGLang's glue drives this lifecycle configuration: no host tier, no hybrid model,
+    no layer-wise loading (kvpool's own lifecycle runs the others over SGLang's components).
+    With the radix cache disabled the glue runs over a disabled ``UnifiedRadixCache``, which is
+    what 0.5.23's registry builds for ``--disable-radix-cache``."""
     return not (
-        config.disable_radix_cache
-        or config.enable_hierarchical_cache
+        config.enable_hierarchical_cache
         or config.mamba_slots is not None
         or config.layerwise_loading
     )

@@ -23,11 +23,12 @@ CPU: two of SGLang's token or paged allocators (full and SWA) joined by SGLang's
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 
-from kvpool.sglang.allocators import as_index_tensor, page_allocator_snapshot
+from kvpool.sglang.allocators import _STATE_FIELDS, as_index_tensor, page_allocator_snapshot
 from kvpool.sglang.loader import SGLangModules
 from kvpool.snapshot import SWAAllocatorSnapshot
 
@@ -139,6 +140,15 @@ class SGLangSWAAllocator:
         at_end = not hasattr(impl, "swa_free_group")  # 0.5.16: the SWA pool is in no group
         swa_group = in_group and not at_end
         swa_pending = _ints(impl.swa_free_group) if swa_group else ()
+        if in_group and hasattr(impl, "swa_page_ids_group"):
+            # 0.5.23: the full pool's own group buffers its slot frees; the SWA slots a free
+            # resolved wait in two piles (slots, with the page expansion's sentinels and each
+            # page once per slot freed in it, which the paged free de-duplicates; pages from
+            # segment frees, which at page size 1 are slots)
+            pending = _ints(impl.full_attn_allocator.free_group)
+            swa_pending = tuple(dict.fromkeys(s for s in swa_pending if s > 0))
+            if self.page_size == 1:
+                swa_pending += _ints(impl.swa_page_ids_group)
         return SWAAllocatorSnapshot(
             full=page_allocator_snapshot(
                 impl.full_attn_allocator, self.page_size, self.need_sort, in_group, pending
@@ -221,11 +231,44 @@ class SGLangSWAAllocator:
         self.impl.full_attn_allocator.merge_and_sort_free()
         self.impl.swa_attn_allocator.merge_and_sort_free()
 
+    def free_full(self, free_index: Any) -> None:
+        """SGLang's ``free_full`` (0.5.23): full slots whose SWA slots are gone already."""
+        self.impl.free_full(as_index_tensor(free_index))
+
+    def free_segment(self, free_index: Any, start_pos: int = 0) -> None:
+        """SGLang's ``free_segment`` (0.5.23): both pools, a kv-row segment at ``start_pos``."""
+        self.impl.free_segment(as_index_tensor(free_index), start_pos=start_pos)
+
+    def free_full_segment(self, free_index: Any, start_pos: int = 0) -> None:
+        """SGLang's ``free_full_segment`` (0.5.23): the full pool alone."""
+        self.impl.free_full_segment(as_index_tensor(free_index), start_pos=start_pos)
+
+    def free_swa_segment(self, free_index: Any, start_pos: int = 0) -> None:
+        """SGLang's ``free_swa_segment`` (0.5.23): the SWA pool alone."""
+        self.impl.free_swa_segment(as_index_tensor(free_index), start_pos=start_pos)
+
     def backup_state(self) -> Any:
-        return self.impl.backup_state()
+        """SGLang's ``backup_state()`` where it has one (0.5.16), else (0.5.23 dropped it) a
+        copy of both page allocators' free lists and of the mapping."""
+        if hasattr(self.impl, "backup_state"):
+            return self.impl.backup_state()
+        impl = self.impl
+        subs = (impl.full_attn_allocator, impl.swa_attn_allocator)
+        lists = tuple({f: copy.copy(getattr(a, f)) for f in _STATE_FIELDS if hasattr(a, f)}
+                      for a in subs)  # fmt: skip
+        return lists, impl.full_to_swa_index_mapping.clone()
 
     def restore_state(self, state: Any) -> None:
-        self.impl.restore_state(state)
+        if hasattr(self.impl, "restore_state"):
+            self.impl.restore_state(state)
+            return
+        impl = self.impl
+        lists, mapping = state
+        for sub, fields in zip((impl.full_attn_allocator, impl.swa_attn_allocator), lists,
+                               strict=True):  # fmt: skip
+            for name, value in fields.items():
+                setattr(sub, name, copy.copy(value))
+        impl.full_to_swa_index_mapping.copy_(mapping)  # in place: the KV pool shares it
 
     def clear(self) -> None:
         self.impl.clear()

@@ -43,6 +43,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
 from kvpool.errors import ConfigError
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.cache_req import CacheReq, InsertedLen
@@ -107,6 +109,7 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         self.page_size = page_size
         self.disable = disable
         self.tree_core = tree_core
+        self.eviction_policy = eviction_policy.lower()
         self._unified = load_unified(modules)
         self._full = self._unified.component_type.FULL
         self._node_cls = modules.attr(_CORE, "UnifiedTreeNode")
@@ -153,8 +156,12 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
             return raw - self._first_id + 1
         return raw - self._root_id
 
-    def node_ref(self, node: Any) -> NodeRef:
-        """``node`` (a ``NodeId``) as a :class:`NodeRef` of this cache."""
+    def node_ref(self, node: Any) -> NodeRef | None:
+        """``node`` (a ``NodeId``) as a :class:`NodeRef` of this cache; None for a disabled
+        cache (its matches name the root, which it never locks: kvpool's chunk cache names
+        no node)."""
+        if self.disable or node is None:
+            return None
         return node if isinstance(node, NodeRef) else NodeRef(int(node), self)
 
     def _keeping(self, method: Any) -> Any:
@@ -236,7 +243,11 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         with self._call():
             result = self.impl.match_prefix(params)
             node = self.node_ref(result.last_device_node)
-            indices = self.impl.path_device_indices(int(node))
+            indices = (
+                self.impl.path_device_indices(int(node))
+                if node is not None
+                else torch.empty((0,), dtype=torch.int64)
+            )
         return SGLangMatch(indices, node, result)
 
     frees_duplicates = True
@@ -299,9 +310,7 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
         return TreeSnapshot(
             page_size=self.page_size,
             disabled=self.disable,
-            eviction_policy=str(self.impl.tree_core.eviction_policy)
-            if hasattr(self.impl.tree_core, "eviction_policy")
-            else "",
+            eviction_policy=self.eviction_policy,
             evictable_size=int(self.impl.evictable_size()),
             protected_size=int(self.impl.protected_size()),
             nodes=nodes,

@@ -55,6 +55,11 @@ def reference_implementation() -> Implementation:
     def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         return MambaRadixCache(pool, alloc, config.page_size)
 
+    def unified_mamba(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        from kvpool.reference.unified_mamba_radix_cache import UnifiedMambaRadixCache
+
+        return UnifiedMambaRadixCache(pool, alloc, config.page_size)
+
     def unified(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         from kvpool.reference.unified_radix_cache import UnifiedRadixCache
 
@@ -88,7 +93,25 @@ def reference_implementation() -> Implementation:
         kv_cache=kv_cache_from_config,
         layer_done_counter=LayerDoneCounter,
         unified_radix_cache=unified,
+        unified_mamba_radix_cache=unified_mamba,
+        unified_swa_radix_cache=_reference_unified_swa,
     )
+
+
+def _reference_unified_swa(config: PoolConfig, alloc: Any) -> Any:
+    """The reference ``UnifiedSWARadixCache`` (SGLang 0.5.23's FULL+SWA tree) over ``alloc``."""
+    from kvpool.reference.unified_swa_radix_cache import UnifiedSWARadixCache
+
+    return UnifiedSWARadixCache(alloc, config.page_size, config.sliding_window or 1,
+                                eviction_policy=config.eviction_policy)  # fmt: skip
+
+
+def _optimized_unified_swa(config: PoolConfig, alloc: Any) -> Any:
+    """The twin's ``UnifiedSWARadixCache`` over ``alloc``."""
+    from kvpool.optimized.unified_swa_radix_cache import UnifiedSWARadixCache
+
+    return UnifiedSWARadixCache(alloc, config.page_size, config.sliding_window or 1,
+                                eviction_policy=config.eviction_policy)  # fmt: skip
 
 
 def _reference_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
@@ -172,6 +195,11 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         return MambaRadixCache(pool, alloc, config.page_size)
 
+    def unified_mamba(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        from kvpool.optimized.unified_mamba_radix_cache import UnifiedMambaRadixCache
+
+        return UnifiedMambaRadixCache(pool, alloc, config.page_size)
+
     def hybrid(config: PoolConfig) -> Any:
         return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,
                                     _mamba_slots(config), config.mamba_layers,
@@ -216,6 +244,8 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         # turns an early read into the reference's LayerNotLoadedError.
         layer_done_counter=lambda layers: LayerDoneCounter(layers, timeout=0.002),
         unified_radix_cache=unified,
+        unified_swa_radix_cache=_optimized_unified_swa,
+        unified_mamba_radix_cache=unified_mamba,
     )
 
 

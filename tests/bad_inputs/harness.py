@@ -41,6 +41,7 @@ MODULES = (
     "swa_chunk_cache",
     "swa_radix_cache",
     "mamba_radix_cache",
+    "unified_mamba_radix_cache",
     "memory_manager",
     "swa_memory_manager",
     "req",

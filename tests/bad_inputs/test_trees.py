@@ -71,6 +71,18 @@ def mamba_radix(tw: Twin) -> SimpleNamespace:
     return fixture((cache, alloc, pool.mamba_allocator), cache=cache, node=node)
 
 
+def unified_mamba(tw: Twin) -> SimpleNamespace:
+    """SGLang 0.5.23's FULL + MAMBA tree over the pools of :func:`mamba_radix`: tokens 1..3 at
+    slots 1..3 with state 1, then 1..5 (a leaf [4, 5] with state 2); node: the first one."""
+    pool = tw.new("HybridReqToTokenPool", 2, 8, 4)
+    alloc = tw.new("TokenToKVPoolAllocator", 16)
+    cache = tw.new("UnifiedMambaRadixCache", pool, alloc)
+    cache.insert(tw.ns.RadixKey([1, 2, 3]), alloc.alloc(3), pool.mamba_allocator.alloc(1)[0])
+    cache.insert(tw.ns.RadixKey([1, 2, 3, 4, 5]), alloc.alloc(5), pool.mamba_allocator.alloc(1)[0])
+    node = cache.match_prefix(tw.ns.RadixKey([1, 2, 3])).last_device_node
+    return fixture((cache, alloc, pool.mamba_allocator), cache=cache, node=node)
+
+
 def insert(tokens: list[int], slots: list[int], *extra: Any, floats: bool = False) -> Any:
     """``cache.insert(RadixKey(tokens), slots, *extra)``."""
 
@@ -180,6 +192,33 @@ CASES = [
         mamba_radix,
         lambda tw, fx: tw.new(
             "MambaRadixCache",
+            tw.new("HybridReqToTokenPool", 2, 8, 4),
+            tw.new("PagedTokenToKVPoolAllocator", 16, 2),
+            2,
+        ),
+        ConfigError,
+    ),
+    Case(
+        "unified-mamba-insert-slot-0",
+        unified_mamba,
+        insert([7], [0], 3),
+        ReservedIndexError,
+        host=False,
+    ),
+    Case(
+        "unified-mamba-insert-mismatched",
+        unified_mamba,
+        insert([7, 8], [9], 3),
+        InvalidArgumentError,
+    ),
+    Case("unified-mamba-unlock-unlocked-node", unified_mamba, unlock, LockError),
+    Case("unified-mamba-evict-negative", unified_mamba, evict(-1, 0), InvalidArgumentError),
+    Case("unified-mamba-evict-negative-states", unified_mamba, evict(0, -1), InvalidArgumentError),
+    Case(
+        "unified-mamba-ctor-paged",
+        unified_mamba,
+        lambda tw, fx: tw.new(
+            "UnifiedMambaRadixCache",
             tw.new("HybridReqToTokenPool", 2, 8, 4),
             tw.new("PagedTokenToKVPoolAllocator", 16, 2),
             2,

@@ -1,16 +1,27 @@
-"""Opt-in (``--run-sglang-wheel``): the kernel harness on SGLang's own Triton kernels.
+"""Opt-in (``--run-sglang-wheel``): the kernel harness on SGLang's own Triton kernels, for each
+release in :data:`SGLANG_VERSIONS`.
 
-Downloads SGLang's published wheel (``pip download --no-deps``) into ``.sglang-wheel/`` (git
-ignored), reads the source of its allocation and index kernels straight out of the zip, extracts
-just those ``@triton.jit`` functions (and the module constants they use) with ``ast``, runs them
-in a namespace holding only ``triton`` and ``tl``, and checks each, wrapped with kvpool's kernel
-signature and launched the way SGLang launches it, under the checked interpreter. Nothing from
-the wheel is stored in this repository. Run with ``-s`` to see each verdict.
+Takes SGLang's published wheel (``$KVPOOL_SGLANG_CACHE``, else ``~/.cache/kvpool/sglang``, else
+``pip download --no-deps``), reads the source of its allocation and index kernels straight out of
+the zip (wherever the release keeps them: 0.5.23 moved the index kernels from
+``kernels/ops/kvcache/kv_indices.py`` to ``kernels/ops/attention/kv_indices.py``), extracts just
+those ``@triton.jit`` functions (and the module constants they use) with ``ast``, runs them in a
+namespace holding only ``triton`` and ``tl``, and checks each, wrapped with kvpool's kernel
+signature and launched the way that release launches it, under the checked interpreter. Nothing
+from the wheel is stored in this repository. Run with ``-s`` to see each verdict.
+
+What 0.5.23 changed in the launches: the paged allocator checks capacity BEFORE launching
+``alloc_extend_kernel`` / ``alloc_decode_kernel`` (0.5.16 launched first and checked after), and
+the FlashInfer index kernel is launched by ``KVIndexTranslator.pack_read_stream`` on a
+``(bs, num_token_blocks)`` grid with ``TOKEN_BLOCK_PARALLEL=num_token_blocks > 1``,
+``ENTRY_PAGE_SIZE=1`` (a static pool's token table) and no ``token_mapping``, its table stride a
+runtime argument. The kernels' bodies are otherwise 0.5.16's.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import zipfile
 from collections.abc import Callable
@@ -22,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kvpool.constants import SUPPORTED_PAGE_SIZES_TESTED
 from kvpool.sglang.source import download_wheel
 from kvpool.testing.kernel_harness.differential import KernelReport, check_kernel
 from kvpool.testing.kernel_harness.interpreter import allow_access, interpreted
@@ -29,8 +41,8 @@ from kvpool.testing.kernel_harness.interpreter import allow_access, interpreted
 pytestmark = pytest.mark.sglang_wheel
 Tensor = torch.Tensor
 
-SGLANG_VERSION = "0.5.16"
-CACHE = Path(__file__).resolve().parents[2] / ".sglang-wheel"
+SGLANG_VERSIONS = ("0.5.16", "0.5.23")
+CACHE = Path(__file__).resolve().parents[2] / ".sglang-wheel"  # names extracted sources only
 KERNELS = (
     "alloc_extend_kernel",
     "alloc_decode_kernel",
@@ -43,8 +55,8 @@ _SKIP_PATHS = ("npu", "hardware_backend", "multimodal")
 OPTIONS: dict[str, Any] = {"max_examples": 30, "max_tokens": 512, "max_batch": 8, "checked": True}
 
 
-def _wheel() -> Path:
-    return download_wheel(SGLANG_VERSION, CACHE)
+def _wheel(version: str) -> Path:
+    return download_wheel(version)  # $KVPOOL_SGLANG_CACHE or ~/.cache/kvpool/sglang
 
 
 def _extract(path: str, source: str, wanted: set[str]) -> str:
@@ -86,7 +98,9 @@ def _load_kernels(wheel: Path) -> dict[str, Callable[..., Any]]:
             if not wanted:
                 continue
             code = _extract(path, text, wanted)
-            filename = str(CACHE / "extracted" / path)  # never written: served from linecache
+            filename = str(
+                CACHE / "extracted" / wheel.stem / path
+            )  # never written: served from linecache
             linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
             namespace: dict[str, Any] = {"triton": triton, "tl": tl}
             exec(compile(code, filename, "exec"), namespace)
@@ -96,20 +110,53 @@ def _load_kernels(wheel: Path) -> dict[str, Callable[..., Any]]:
     return kernels
 
 
-@pytest.fixture(scope="module")
-def sgl() -> dict[str, Any]:
-    return {name: interpreted(fn) for name, fn in _load_kernels(_wheel()).items()}
+@pytest.fixture(scope="module", params=SGLANG_VERSIONS)
+def sgl(request: pytest.FixtureRequest) -> dict[str, Any]:
+    version = str(request.param)
+    kernels: dict[str, Any] = {
+        n: interpreted(fn) for n, fn in _load_kernels(_wheel(version)).items()
+    }
+    kernels["version"] = version
+    return kernels
+
+
+def _checks_capacity_first(sgl: dict[str, Any]) -> bool:
+    """0.5.23's ``PagedTokenToKVPoolAllocator`` refuses an allocation the free list cannot hold
+    before launching its kernel; 0.5.16 launched first and checked after."""
+    return str(sgl["version"]) != "0.5.16"
+
+
+def _extend_fits(p: Tensor, s: Tensor, free: Tensor, ps: int) -> bool:
+    """0.5.23's ``alloc_extend`` pre-launch check: the cheap bound, else the exact page count
+    (``get_num_new_pages``); False is its ``return None`` (no launch)."""
+    bound = int((s - p).sum()) // ps + p.numel() + 1
+    if bound <= free.numel():
+        return True
+    new_pages = int(((s + ps - 1) // ps - (p + ps - 1) // ps).sum())
+    return new_pages <= free.numel()
+
+
+def _decode_fits(s: Tensor, free: Tensor, ps: int) -> bool:
+    """0.5.23's ``alloc_decode`` pre-launch check (``get_num_new_pages(decode=True)``: the
+    requests whose new token opens a page, ``seq_len % page_size == 1``)."""
+    return int((s % ps == 1).sum()) <= free.numel()
 
 
 def _candidates(sgl: dict[str, Any]) -> dict[str, Callable[..., Any]]:
-    """SGLang's kernels behind kvpool's signatures, launched as SGLang 0.5.16 launches them."""
+    """SGLang's kernels behind kvpool's signatures, launched as ``sgl["version"]`` launches
+    them."""
+    first = _checks_capacity_first(sgl)
 
     def alloc_extend(p: Tensor, s: Tensor, loc: Tensor, free: Tensor, out: Tensor, ps: int) -> None:
         bs = p.numel()
+        if first and not _extend_fits(p, s, free, ps):
+            return  # refused before the launch; the output is discarded
         sgl["alloc_extend_kernel"][(bs,)](p, s, loc, free, out, triton.next_power_of_2(bs), ps)
 
     def alloc_decode(s: Tensor, loc: Tensor, free: Tensor, out: Tensor, ps: int) -> None:
         bs = s.numel()
+        if first and not _decode_fits(s, free, ps):
+            return
         sgl["alloc_decode_kernel"][(bs,)](s, loc, free, out, triton.next_power_of_2(bs), ps)
 
     def write_req_to_token(
@@ -135,10 +182,23 @@ def _candidates(sgl: dict[str, Any]) -> dict[str, Callable[..., Any]]:
         return result
 
     def flashinfer(
-        table: Tensor, rows: Tensor, lens: Tensor, indptr: Tensor, start: Tensor | None, out: Tensor
+        table: Tensor,
+        rows: Tensor,
+        lens: Tensor,
+        indptr: Tensor,
+        start: Tensor | None,
+        out: Tensor,
+        blocks: int = 1,
     ) -> None:
         kernel = sgl["create_flashinfer_kv_indices_triton"]
-        kernel[(rows.numel(),)](table, rows, lens, indptr, start, out, table.stride(0))
+        if sgl["version"] == "0.5.16":
+            kernel[(rows.numel(),)](table, rows, lens, indptr, start, out, table.stride(0))
+            return
+        # 0.5.23: KVIndexTranslator.pack_read_stream on a static pool's token table
+        kernel[(rows.numel(), blocks)](
+            table, rows, lens, indptr, start, out, table.stride(0), ENTRY_PAGE_SIZE=1,
+            TOKEN_BLOCK_PARALLEL=blocks > 1, token_mapping=None,
+        )  # fmt: skip
 
     def flashmla(
         table: Tensor, rows: Tensor, lens: Tensor, start: Tensor | None, out: Tensor, ps: int
@@ -159,29 +219,61 @@ def _candidates(sgl: dict[str, Any]) -> dict[str, Callable[..., Any]]:
     }
 
 
-def _verdict(report: KernelReport, label: str) -> None:
-    print(f"\n=== SGLang {SGLANG_VERSION} {label} ===\n{report.render()}")
+def _verdict(sgl: dict[str, Any], report: KernelReport, label: str) -> None:
+    print(f"\n=== SGLang {sgl['version']} {label} ===\n{report.render()}")
     assert report.examples > 0
 
 
-@pytest.mark.parametrize(
-    "op",
-    [
-        "alloc_extend",
-        "alloc_decode",
-        "write_req_to_token",
-        "get_last_loc",
-        "create_flashinfer_kv_indices",
-        "create_flashmla_kv_indices",
-    ],
+OPS = (
+    "alloc_extend",
+    "alloc_decode",
+    "write_req_to_token",
+    "get_last_loc",
+    "create_flashinfer_kv_indices",
+    "create_flashmla_kv_indices",
 )
+ALLOC_OPS = ("alloc_extend", "alloc_decode")
+PAGED_SIZES = tuple(ps for ps in SUPPORTED_PAGE_SIZES_TESTED if ps > 1)
+"""The page sizes SGLang runs its paged allocator (the allocation kernels) at: page size 1 gets
+``TokenToKVPoolAllocator`` (0.5.23's ``kv_cache_configurator``; there,
+``get_num_new_pages(decode=True)`` counts ``seq_len % 1 == 1``, never true, so the paged
+allocator's pre-launch check would not refuse)."""
+
+
+def _check(sgl: dict[str, Any], op: str, **options: Any) -> KernelReport:
+    if op in ALLOC_OPS and _checks_capacity_first(sgl):
+        options.setdefault("page_sizes", PAGED_SIZES)
+    return check_kernel(_candidates(sgl)[op], op, **(OPTIONS | options))
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_sglang_kernel_runs_to_a_verdict(sgl: dict[str, Any], op: str) -> None:
-    report = check_kernel(_candidates(sgl)[op], op, shuffle_seeds=(0,), **OPTIONS)
-    _verdict(report, op)
+    report = _check(sgl, op, shuffle_seeds=(0,))
+    _verdict(sgl, report, op)
+    if op in ALLOC_OPS and not _checks_capacity_first(sgl):
+        return  # 0.5.16 launches before its capacity check: a short free list is read past
+    assert report.passed, report.render()
 
 
-@pytest.mark.parametrize("op", ["alloc_extend", "alloc_decode"])
+def test_sglang_flashinfer_token_block_parallel_launch(sgl: dict[str, Any]) -> None:
+    """0.5.23's spec-decode and long-context launches tile each request over several programs
+    (``TOKEN_BLOCK_PARALLEL``, grid ``(bs, num_token_blocks)``; any count is correct)."""
+    if sgl["version"] == "0.5.16":
+        pytest.skip("0.5.16's create_flashinfer_kv_indices_triton has no TOKEN_BLOCK_PARALLEL")
+    candidate = functools.partial(_candidates(sgl)["create_flashinfer_kv_indices"], blocks=3)
+    report = check_kernel(
+        candidate,
+        "create_flashinfer_kv_indices",
+        **(OPTIONS | {"shuffle_seeds": (0,), "max_tokens": 1600}),
+    )
+    _verdict(sgl, report, "create_flashinfer_kv_indices (TOKEN_BLOCK_PARALLEL, 3 blocks)")
+    assert report.passed, report.render()
+
+
+@pytest.mark.parametrize("op", ALLOC_OPS)
 def test_sglang_alloc_kernels_with_strict_short_free_lists(sgl: dict[str, Any], op: str) -> None:
-    # 0.5.16 launches these kernels before checking capacity: see what they read then.
-    report = check_kernel(_candidates(sgl)[op], op, short_free_lists="strict", **OPTIONS)
-    _verdict(report, f"{op} (strict short free lists)")
+    report = _check(sgl, op, short_free_lists="strict")
+    _verdict(sgl, report, f"{op} (strict short free lists)")
+    if _checks_capacity_first(sgl):
+        assert report.passed, report.render()  # refused before the launch: nothing read
+    # 0.5.16 launches these kernels before checking capacity: the verdict shows what they read.

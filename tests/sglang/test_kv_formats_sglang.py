@@ -1,11 +1,23 @@
-"""Opt-in (``--run-sglang-wheel``): kvpool's FP4 and MXFP8 KV formats against SGLang 0.5.16's own
+"""Opt-in (``--run-sglang-wheel``): kvpool's FP4 and MXFP8 KV formats against SGLang's own
 quantise / dequantise functions, and its page-major pool against SGLang's view builder
-(``layout/page_major.py``), on CPU.
+(``layout/page_major.py``), on CPU, for each release in :data:`VERSIONS`.
 
 SGLang's files are read from its wheel (``$KVPOOL_SGLANG_CACHE`` or a ``pip download``) and
-executed in a private namespace: ``kvfp4_tensor.py`` with its ``@torch.compile`` decorators
-dropped (the same Python, run eagerly), ``mxfp8_quant.py`` with its Triton quantise kernel run
-through Triton's interpreter. Nothing from the wheel is stored here.
+executed in a private namespace, their ``sglang`` imports redirected to kvpool's private loader
+(:func:`kvpool.sglang.load_sglang`: 0.5.23's ``kvfp4_tensor.py`` imports
+``sglang.srt.runtime_context``, served there, and unused by the MX block-16 path):
+``kvfp4_tensor.py`` with its ``@torch.compile`` decorators dropped (the same Python, run
+eagerly), ``mxfp8_quant.py`` with its Triton quantise kernel run through Triton's interpreter.
+Nothing from the wheel is stored here.
+
+Where 0.5.23 keeps them (:data:`FILES`): ``kvfp4_tensor.py`` is where it was;
+``mxfp8_quant.py`` moved to ``sglang/kernels/ops/quantization/`` and kept only ``MXFP8Tensor``,
+``_mxfp8_quant_kernel`` and ``to_mxfp8`` (the same lines as 0.5.16's); ``from_mxfp8`` is gone
+(0.5.23's MXFP8 KV pool is read only by FA4's CUDA kernel), so its dequantisation is checked
+against 0.5.23's remaining MXFP8 dequantiser of the same format,
+``dequant_mxfp8_2d_to_bf16`` (``srt/layers/quantization/mxfp8_block_convert.py``: e4m3 times
+``2**(scale - 127)``, in bfloat16, which holds these values exactly). 0.5.23 has no page-major
+view builder (see :func:`test_page_major_views_match_sglang_layout`).
 
 The interpreter's own float32 -> e4m3 cast does not carry a rounding into the next binade
 (124.7 becomes 64, where the GPU's round-to-nearest cast gives 128), so the kernel is launched
@@ -17,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,40 +42,81 @@ import kvpool.optimized.kv_page_major as opt_pm
 from kvpool.optimized.kv_quant import fp4_dequantize, fp4_quantize, mxfp8_quantize
 from kvpool.reference.kv_quant import f32, fp4_quantize_row
 from kvpool.reference.kv_tag_codec import fp4_tag_row, mxfp8_tag_head
+from kvpool.sglang import load_sglang
+from kvpool.sglang.rewrite import rewrite_imports
 from kvpool.sglang.source import resolve_source
 from kvpool.testing.kernel_harness.interpreter import interpreted
 
 pytestmark = pytest.mark.sglang_wheel
-VERSION = "0.5.16"
+VERSIONS = ("0.5.16", "0.5.23")
+_FP4 = "sglang/srt/layers/quantization/kvfp4_tensor.py"
+FILES: dict[str, dict[str, str]] = {
+    "0.5.16": {
+        "fp4": _FP4,
+        "mxfp8": "sglang/srt/layers/quantization/mxfp8_quant.py",
+        "mxfp8_dequant": "sglang/srt/layers/quantization/mxfp8_quant.py",
+    },
+    "0.5.23": {
+        "fp4": _FP4,
+        "mxfp8": "sglang/kernels/ops/quantization/mxfp8_quant.py",
+        "mxfp8_dequant": "sglang/srt/layers/quantization/mxfp8_block_convert.py",
+    },
+}
+"""Release -> where it keeps the FP4 util, the MXFP8 quantiser and its MXFP8 dequantiser."""
+PAGE_MAJOR = "sglang/srt/mem_cache/layout/page_major.py"
 
 
-def _exec(relpath: str, drop: str) -> dict[str, Any]:
-    """Execute SGLang file ``relpath`` with decorators whose source is ``drop`` removed."""
-    source = resolve_source(VERSION)
+def _exec(version: str, relpath: str, drop: str) -> dict[str, Any]:
+    """Execute SGLang ``version``'s file ``relpath`` with decorators whose source is ``drop``
+    removed and its ``sglang`` imports served by kvpool's private loader."""
+    source = resolve_source(version)
     text = source.read(relpath)
-    assert text is not None, f"{relpath} not in SGLang {VERSION}"
+    assert text is not None, f"{relpath} not in SGLang {version}"
     tree = ast.parse(text)
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
             node.decorator_list = [d for d in node.decorator_list if ast.unparse(d) != drop]
+    prefix = load_sglang(version).importer.prefix
     namespace: dict[str, Any] = {"__name__": "sglang_private"}
-    exec(compile(tree, source.filename(relpath), "exec"), namespace)
+    exec(compile(rewrite_imports(tree, prefix), source.filename(relpath), "exec"), namespace)
     return namespace
 
 
-@pytest.fixture(scope="module")
-def fp4_util() -> Any:
-    return _exec("sglang/srt/layers/quantization/kvfp4_tensor.py", "torch.compile")[
-        "FP4MXBlock16KVQuantizeUtil"
-    ]
+@pytest.fixture(scope="module", params=VERSIONS)
+def version(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def mxfp8() -> dict[str, Any]:
-    namespace = _exec("sglang/srt/layers/quantization/mxfp8_quant.py", "triton.jit")
+def fp4_util(version: str) -> Any:
+    return _exec(version, FILES[version]["fp4"], "torch.compile")["FP4MXBlock16KVQuantizeUtil"]
+
+
+@pytest.fixture(scope="module")
+def mxfp8(version: str) -> dict[str, Any]:
+    namespace = _exec(version, FILES[version]["mxfp8"], "triton.jit")
     namespace["_mxfp8_quant_kernel"] = interpreted(namespace["_mxfp8_quant_kernel"])
     assert namespace["triton"] is triton and namespace["tl"] is tl
+    namespace["dequantize"] = _dequantizer(version, namespace)
     return namespace
+
+
+def _dequantizer(version: str, quant: dict[str, Any]) -> Callable[[Any], torch.Tensor]:
+    """The release's MXFP8 dequantiser as ``MXFP8Tensor -> float32 tensor``: 0.5.16's
+    ``from_mxfp8``; 0.5.23's ``dequant_mxfp8_2d_to_bf16`` on the 2-D view (bfloat16 out)."""
+    if "from_mxfp8" in quant:
+        from_mxfp8 = quant["from_mxfp8"]
+        return lambda t: from_mxfp8(t, out_dtype=torch.float32)
+    assert version != "0.5.16"
+    deq = _exec(version, FILES[version]["mxfp8_dequant"], "")["dequant_mxfp8_2d_to_bf16"]
+
+    def dequantize(t: Any) -> torch.Tensor:
+        k = t.data.shape[-1]
+        out = deq(t.data.reshape(-1, k), t.scale.reshape(-1, k // 32))
+        assert out.dtype == torch.bfloat16
+        return out.float().reshape(t.data.shape)  # type: ignore[no-any-return]
+
+    return dequantize
 
 
 def samples(seed: int, n: int, heads: int, dim: int) -> torch.Tensor:
@@ -124,7 +178,7 @@ def test_mxfp8_bytes_equal_sglang(mxfp8: dict[str, Any], seed: int) -> None:
     codes, scales = mxfp8_quantize(x)
     assert torch.equal(theirs.data.view(torch.uint8), codes)
     assert torch.equal(theirs.scale.view(torch.uint8), scales)
-    back = mxfp8["from_mxfp8"](theirs, out_dtype=torch.float32)
+    back = mxfp8["dequantize"](theirs)
     ours = codes.view(torch.float8_e4m3fn).float().reshape(4, 2, 2, 32)
     ours = ours * torch.exp2(scales.float() - 127).unsqueeze(-1)
     assert torch.equal(back, ours.reshape(4, 2, 64))
@@ -132,12 +186,21 @@ def test_mxfp8_bytes_equal_sglang(mxfp8: dict[str, Any], seed: int) -> None:
 
 def test_tag_heads_survive_sglang_mxfp8(mxfp8: dict[str, Any]) -> None:
     heads = torch.tensor([[mxfp8_tag_head(t, 32)] for t in (1, 77, 16_777_213)])
-    back = mxfp8["from_mxfp8"](to_mxfp8_float_output(mxfp8, heads), out_dtype=torch.float32)
+    back = mxfp8["dequantize"](to_mxfp8_float_output(mxfp8, heads))
     assert torch.equal(back, heads)
 
 
-def test_page_major_views_match_sglang_layout() -> None:
-    namespace = _exec("sglang/srt/mem_cache/layout/page_major.py", "")
+def test_page_major_views_match_sglang_layout(version: str) -> None:
+    if version != "0.5.16":
+        assert resolve_source(version).read(PAGE_MAJOR) is None, "page_major.py is back: test it"
+        pytest.skip(
+            f"SGLang {version} removed {PAGE_MAJOR} (mha_entry_bytes, "
+            "build_page_major_mha_views): its PageMajorMHATokenToKVPool._create_buffers raises "
+            "NotImplementedError and ServerArgs refuses --enable-page-major-kv-layout without "
+            "--enable-unified-memory, whose envelope views (layout/token_major.py) are another "
+            "layout, one kvpool does not model (specs/sglang.md)"
+        )
+    namespace = _exec(version, PAGE_MAJOR, "")
     ps, layers, heads, dim, v_dim, size = 4, 3, 2, 3, 5, 12
     pages = (size + ps) // ps
     entry = namespace["mha_entry_bytes"](

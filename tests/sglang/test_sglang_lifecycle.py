@@ -50,7 +50,9 @@ def _ops(calls: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> list[O
 
 
 def _pair(version: str, **config: Any) -> Lockstep:
-    impl = implementation(version)
+    # the legacy RadixCache inside kvpool's own lifecycle (the unified cache and SGLang's glue
+    # have their own suites: test_sglang_unified.py, test_sglang_glue.py)
+    impl = implementation(version, unified_lifecycle=False, glue=False)
     cfg = PoolConfig(rules=Rules.for_sglang(version), **config)
     return Lockstep(
         manager_factory(reference_implementation()),

@@ -37,6 +37,8 @@ from kvpool.testing.machines.swa_manager import SWALifecycleTarget
 from kvpool.testing.machines.swa_radix import SWARadixTarget
 from kvpool.testing.machines.table import TableTarget
 from kvpool.testing.machines.unified import UnifiedRadixTarget
+from kvpool.testing.machines.unified_mamba import UnifiedMambaTreeTarget
+from kvpool.testing.machines.unified_swa import UnifiedSWARadixTarget
 from kvpool.testing.swarm import Chooser, Op
 
 TARGETS: dict[str, Target | LifecycleTarget] = {
@@ -52,6 +54,8 @@ TARGETS: dict[str, Target | LifecycleTarget] = {
     "hiradix_cache": HiRadixTarget(),
     "kv_pool": KVPoolTarget(),
     "unified_radix_cache": UnifiedRadixTarget(),
+    "unified_mamba_radix_cache": UnifiedMambaTreeTarget(),
+    "unified_swa_radix_cache": UnifiedSWARadixTarget(),
 }
 
 

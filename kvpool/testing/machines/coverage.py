@@ -81,6 +81,20 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "match:cow-evicted", "copy:copied", "forward:ok", "release:ok", "evict:leaf",
         "evict:tombstone", "invalid:refused",
     ),
+    "unified_mamba_radix_cache": (
+        "insert:ok", "insert:new-node", "insert:state-exists", "insert:revived-tombstone",
+        "insert:refused", "insert:tombstone-leaf", "match:hit", "match:miss", "match:split",
+        "match:cow", "match:cow-evicted", "copy:copied", "forward:ok", "release:ok",
+        "evict:leaf", "evict:tombstone", "evict:tombstone-leaf", "evict:locked-tombstone",
+        "lock_node:ok", "lock_node:tombstone", "unlock_node:ok", "unlock_node:tombstone",
+        "insert:revived-locked", "invalid:refused",
+    ),
+    "unified_swa_radix_cache": (
+        "insert:new", "insert:duplicate", "insert:window-slid", "insert:recovered",
+        "insert:recovered-locked", "insert:tombstone-leaf", "insert_new:refused", "lock:hit",
+        "lock:miss", "lock:window-bounded", "release:ok", "unlock:ok", "evict:freed",
+        "evict:tombstoned", "evict:tombstone-leaf", "evict:nothing", "invalid:refused",
+    ),
     "hiradix_cache": (
         "insert:ok", "insert:write-issued", "match_prefix:hit", "match_prefix:host-hit",
         "match_prefix:miss", "load_back:loaded", "load_back:skipped", "writing_check:acked",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvpool.config import PoolConfig
@@ -74,6 +75,10 @@ def coarse_pool(snap: PoolSnapshot) -> PoolSnapshot:
 class LifecyclePair:
     """A :class:`Lockstep` with the component pairs' interface (``draw``, ``run``,
     ``coverage``)."""
+
+    reachability: Callable[[PoolConfig, Sequence[Any]], str] | None = None
+    """The candidate's :attr:`~kvpool.testing.bundle.Implementation.reachability` (None: no
+    line in failure reports)."""
 
     def __init__(
         self,

@@ -162,10 +162,10 @@ class SWAAllocatorTarget:
             if q is None:
                 return None
             start = min(op.args[1] * ps, floor_align(len(q.slots), ps))
-            return Op("free", (q.slots[start:],)) if start < len(q.slots) else None
+            return self._free(model, q.slots[start:]) if start < len(q.slots) else None
         if op.name == "free_blob":
             blobs = model.blobs
-            return Op("free", (blobs[op.args[0] % len(blobs)],)) if blobs else None
+            return self._free(model, blobs[op.args[0] % len(blobs)]) if blobs else None
         if op.name in ("free_group_begin", "free_group_end"):
             misuse = model.group_open == (op.name == "free_group_begin")
             if not misuse:
@@ -183,6 +183,21 @@ class SWAAllocatorTarget:
         if op.name == "invalid":
             return self._invalid(model, op.args[0], op.args[1])
         return op
+
+    @staticmethod
+    def _free(model: SWAModel, slots: list[int]) -> Op:
+        """``free(slots)``; for an implementation whose ``free`` needs every slot still mapped
+        at page size 1 (``Rules.swa_free_unmapped == "caller"``), the slots without an SWA
+        slot go first to ``free_full``, as SGLang 0.5.23's ``free_kv_row_segments`` frees a
+        row: ``free_row(dead, alive)``."""
+        snap = model.snap
+        if model.config.rules.swa_free_unmapped != "caller" or model.config.page_size != 1:
+            return Op("free", (slots,))
+        mapping = snap.full_to_swa if snap is not None else ()
+        dead = [s for s in slots if s < len(mapping) and mapping[s] == RESERVED_INDEX]
+        if not dead:
+            return Op("free", (slots,))
+        return Op("free_row", (dead, [s for s in slots if s not in set(dead)]))
 
     @staticmethod
     def _growable(model: SWAModel, sel: int) -> Seq | None:
@@ -239,6 +254,10 @@ class SWAAllocatorTarget:
         alloc, index = side.alloc, side.index
         if op.name in ("free", "free_swa", "translate_loc_from_full_to_swa"):
             return getattr(alloc, op.name)(index(op.args[0]))
+        if op.name == "free_row":
+            dead, alive = op.args
+            alloc.free_full(index(dead))
+            return alloc.free(index(alive)) if alive else None
         if op.name in ("alloc_extend", "alloc_extend_swa_tail") and len(op.args) >= 6:
             p, p_cpu, s, s_cpu, last, *rest = op.args
             return getattr(alloc, op.name)(index(p), p_cpu, index(s), s_cpu, index(last), *rest)
@@ -282,6 +301,8 @@ class SWAAllocatorTarget:
             q.swa_from += len(op.args[0])
         elif op.name == "free":
             self._forget(model, list(op.args[0]))
+        elif op.name == "free_row":
+            self._forget(model, list(op.args[0]) + list(op.args[1]))
         elif op.name == "free_group_begin":
             model.group_open, model.pending = True, []
         elif op.name == "free_group_end":
@@ -370,6 +391,10 @@ class SWAAllocatorTarget:
                 tags.append("free:in-group")
             if any(before.full_to_swa[s] == RESERVED_INDEX for s in op.args[0]):
                 tags.append("free:unmapped-slots")
+        if op.name == "free_row" and out.error is None:
+            tags.append("free:unmapped-slots")
+            if before.full.in_free_group:
+                tags.append("free:in-group")
         if op.name == "free_swa" and out.error is None:
             tags.append("free_swa:in-group" if before.full.in_free_group else "free_swa:slide")
         return tags
