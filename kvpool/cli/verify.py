@@ -50,6 +50,12 @@ COMPONENTS = (
     "unified_swa_radix_cache",
 )
 BUILTIN_IMPLS = ("reference", "optimized", "sglang")
+TREE_COMPONENTS = {
+    "full": "unified_radix_cache",
+    "full,swa": "unified_swa_radix_cache",
+    "full,mamba": "unified_mamba_radix_cache",
+}
+"""``--tree-components`` of ``--component unified_radix_cache``: the machine of each set."""
 
 
 def impl_spec(text: str) -> str:
@@ -116,6 +122,13 @@ def register(sub: Any) -> None:
         default=None,
         help="with SGLang 0.5.23: the unified radix cache's tree core (default: rust, as "
         "SGLang's server)",
+    )
+    p.add_argument(
+        "--tree-components",
+        choices=tuple(TREE_COMPONENTS),
+        default="full",
+        help="with --component unified_radix_cache: the unified cache's component set "
+        "(full: an ordinary model; full,swa: sliding-window; full,mamba: hybrid SSM)",
     )
     p.add_argument(
         "--oracle",
@@ -214,6 +227,11 @@ def run(args: argparse.Namespace) -> int:
         fail("verify: --tree-core selects SGLang's unified-cache tree core: give it with --sglang")
     if args.ray is not None and args.workers == 0:
         fail("verify: --workers 0 runs in this process; it cannot be combined with --ray")
+    if args.tree_components != "full":
+        if args.component != "unified_radix_cache":
+            fail("verify: --tree-components chooses the unified cache's component set: give "
+                 "it with --component unified_radix_cache")  # fmt: skip
+        args.component = TREE_COMPONENTS[args.tree_components]
     candidate = _candidate(args)
     env = _env(args)
     saved = {key: os.environ.get(key) for key, _ in env}
