@@ -54,7 +54,12 @@ def _assert_same(ours: Recorder, theirs: Recorder) -> None:
 def test_implementation_bundle(sgl: SGLangModules) -> None:
     impl = implementation(sgl.source.origin if sgl.source.wheel is None else str(sgl.source.wheel))
     assert impl.rules == Rules.for_sglang(sgl.version)
-    assert impl.manager is None  # the lifecycle runs kvpool's manager around the components
+    # 0.5.16: the lifecycle runs kvpool's manager around the components; 0.5.23: SGLang's own
+    # scheduler glue (kvpool.sglang.glue_manager), kvpool's around them when asked
+    assert (impl.manager is not None) == (sgl.version == "0.5.23")
+    assert impl.provides("manager")
+    kvpool_lifecycle = implementation(str(sgl.source.wheel or sgl.source.origin), glue=False)
+    assert kvpool_lifecycle.manager is None
     assert impl.provides("radix_cache") and impl.provides("manager")
     config = _config(sgl, size=64, page_size=4)
     alloc = impl.allocator(config)  # type: ignore[misc]
