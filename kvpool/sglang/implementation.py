@@ -211,6 +211,8 @@ def implementation(
         unified_swa_radix_cache=unified_swa,
         unified_lifecycle=unified is not None and unified_lifecycle,
     )
+    if unified is not None:
+        built = dataclasses.replace(built, absent=REMOVED_IN_0_5_23)
     own_lifecycle = built
     if manager is None:
         return built
@@ -222,6 +224,23 @@ def implementation(
 
     return dataclasses.replace(built, manager=manager, manager_runs_hybrid=False,
                                reachability=reach, label=f"{built.label}-glue")  # fmt: skip
+
+
+REMOVED_IN_0_5_23 = (
+    ("mamba_radix_cache", "SGLang 0.5.23 removed mem_cache/mamba_radix_cache.py; a hybrid "
+     "model's prefix cache is the unified cache's MAMBA component: --component "
+     "unified_radix_cache --tree-components full,mamba"),
+    ("swa_radix_cache", "SGLang 0.5.23 removed mem_cache/swa_radix_cache.py; a sliding-window "
+     "model's prefix cache is the unified cache's SWA component: --component "
+     "unified_radix_cache --tree-components full,swa"),
+    ("hiradix_cache", "SGLang 0.5.23 removed mem_cache/hiradix_cache.py; the host tier lives "
+     "inside the unified cache (init_hicache), which kvpool does not model yet"),
+    ("swa_manager", "kvpool's sliding-window lifecycle is not wired to SGLang 0.5.23's SWA "
+     "allocator, unified SWA tree and glue yet (the components alone are: --component "
+     "swa_allocator, --component unified_radix_cache --tree-components full,swa)"),
+)  # fmt: skip
+"""Components of 0.5.16's adapters that 0.5.23 cannot provide, and why (``kvpool verify``
+names the reason)."""
 
 
 def glue_covers(config: PoolConfig) -> bool:

@@ -107,6 +107,9 @@ class Implementation:
     """For a candidate whose manager runs another system's own scheduler glue (SGLang's):
     one line saying whether a failing lifecycle trace (its ops) is reachable through that
     system's scheduler paths; the lifecycle machine adds it to every failure report."""
+    absent: tuple[tuple[str, str], ...] = ()
+    """(component, why) for components this implementation cannot provide, named in the
+    usage error ``kvpool verify`` prints (e.g. a class the release removed)."""
     manager_runs_hybrid: bool = True
     """Whether ``manager`` runs hybrid (Mamba) lifecycles (the lifecycle machine draws hybrid
     configurations for an implementation with a manager and a hybrid pool only then)."""

@@ -116,7 +116,10 @@ def verify(options: VerifyOptions) -> VerifyOutcome:
         return out
     for spec, impl in ((options.candidate, impl_b), (options.oracle, impl_a)):
         if not impl.provides(options.component):
-            out.usage_error = f"{spec} provides no {options.component} component"
+            why = dict(impl.absent).get(options.component)
+            out.usage_error = f"{spec} provides no {options.component} component" + (
+                f": {why}" if why else ""
+            )
             return out
     out.payload = {
         "candidate": options.candidate,

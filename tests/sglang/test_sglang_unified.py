@@ -113,3 +113,8 @@ def test_loader_choices() -> None:
     assert legacy.unified_radix_cache is not None and not legacy.unified_lifecycle
     with pytest.raises(ConfigError, match="tree_core"):
         _cache("java")
+    # what 0.5.23 removed is named, with where its behaviour went
+    absent = dict(implementation("0.5.23").absent)
+    assert set(absent) == {"mamba_radix_cache", "swa_radix_cache", "hiradix_cache", "swa_manager"}
+    assert "full,mamba" in absent["mamba_radix_cache"] and "full,swa" in absent["swa_radix_cache"]
+    assert not implementation("0.5.16").absent
