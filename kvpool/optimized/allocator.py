@@ -139,6 +139,8 @@ class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
         they do not fit (call :meth:`_merge_before_take` first)."""
         if num_pages > self.free_pages.numel():
             return None
+        if num_pages == 0:  # nothing leaves the free list (a decode step that opens no page)
+            return self.free_pages[:0]
         taken = self.free_pages[:num_pages]
         self.free_pages = self.free_pages[num_pages:]
         if self._free_mask is not None:
@@ -212,12 +214,14 @@ class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
             check_free_slots(
                 slots, self._free_mask, self.page_size, not self._dedup_pages, self._pending_mask
             )
+        if slots.dtype is not torch.int64:
+            slots = slots.to(torch.int64)
         if self._in_free_group:
-            self._pending_free.append(slots.to(torch.int64))
+            self._pending_free.append(slots)
             if self._pending_mask is not None:
                 self._pending_mask[slots] = True
             return
-        self._return_pages(slots.to(torch.int64))
+        self._return_pages(slots)
 
     def _return_pages_in_order(self, pages: torch.Tensor) -> None:
         """Put ``pages`` back in the given order (page size 1: as :meth:`_return_pages`)."""
@@ -337,7 +341,8 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return extend_num_tokens
 
     def _return_pages(self, slots: torch.Tensor) -> None:
-        self._mark_free(slots)
+        if self._free_mask is not None:
+            self._free_mask[slots] = True
         if self.need_sort:
             self.release_pages = torch.cat((self.release_pages, slots))
         else:

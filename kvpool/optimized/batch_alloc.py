@@ -15,7 +15,7 @@ import torch
 
 from kvpool import kernels
 from kvpool.errors import InvalidArgumentError
-from kvpool.kernels.host import page_opening_requests
+from kvpool.kernels.alloc_decode import next_slots_if_torch
 from kvpool.optimized.paged_ops import (
     HostLens,
     check_decode_host,
@@ -33,6 +33,7 @@ class BatchAllocs:
     """``alloc_extend`` / ``alloc_decode`` over the allocator's state."""
 
     page_size: int
+    need_sort: bool
     device: torch.device
     kernel_backend: str | None
     free_pages: torch.Tensor
@@ -106,13 +107,29 @@ class BatchAllocs:
             check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
             check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
         host_s = check_decode_host(seq_lens, seq_lens_cpu, last_loc)  # the checked host copy
-        opens = page_opening_requests(host_s, self.page_size)
+        if self.page_size == 1:
+            # Every request opens a page: its slot is the next free page, in batch order, so the
+            # slots are the taken pages themselves (a view of the free list, as alloc returns).
+            bs = int(host_s.size)
+            if self.need_sort:
+                self._merge_before_take(bs > self.free_pages.numel(), bs)
+            return self._take_pages(bs)
+        # page_opening_requests on the checked host copy, inline: (S - 1) % ps == 0
+        opens = ((host_s & (self.page_size - 1)) == 1).nonzero()[0]
         num_new = int(opens.size)
-        self._merge_before_take(seq_lens.numel() > self.free_pages.numel(), num_new)
-        pages = self._take_pages(num_new)
-        if pages is None:
-            return None
-        out = torch.empty(seq_lens.numel(), dtype=torch.int64, device=self.device)
+        bs = int(host_s.size)
+        if self.need_sort:
+            self._merge_before_take(bs > self.free_pages.numel(), num_new)
+        if num_new:
+            pages = self._take_pages(num_new)
+            if pages is None:
+                return None
+        else:  # no request opens a page (most decode steps): the free list stays as it is
+            quick = next_slots_if_torch(last_loc, self.kernel_backend)
+            if quick is not None:
+                return quick
+            pages = self.free_pages
+        out = torch.empty(bs, dtype=torch.int64, device=self.device)
         kernels.alloc_decode(
             seq_lens,
             last_loc,

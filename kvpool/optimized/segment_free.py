@@ -35,12 +35,17 @@ class SegmentFrees:
         """Free exactly these pages, in the given order (see the reference); inside a free
         group a paged allocator buffers them apart (returned after the group's slot frees),
         page size 1 with the slot frees."""
-        pages = self._as_index(page_ids).to(torch.int64)
+        pages = self._as_index(page_ids)
         if pages.numel() == 0:
             return
-        firsts = pages * self.page_size
-        if self._in_free_group and self.page_size == 1:
-            self.free(firsts)
+        if pages.dtype is not torch.int64:
+            pages = pages.to(torch.int64)
+        if self.page_size == 1:  # page ids are slot ids
+            if self._in_free_group:
+                self.free(pages)
+                return
+        elif self._in_free_group and self._free_mask is None:
+            self._pending_pages.append(pages)  # unchecked: buffered as given, like free's
             return
         if self._free_mask is not None:  # a page named twice is a double free
             named = torch.cat((pages, *self._pending_pages)) if self._in_free_group else pages
@@ -53,14 +58,21 @@ class SegmentFrees:
     def free_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
         """Free the pages of a segment starting at column ``start_pos`` (page-aligned, else
         AlignmentError): one page per ``page_size`` slots, in order (see the reference)."""
-        slots = self._as_index(free_index).to(torch.int64)
+        slots = self._as_index(free_index)
         if slots.numel() == 0:
             return
-        if start_pos % self.page_size:
+        if slots.dtype is not torch.int64:
+            slots = slots.to(torch.int64)
+        ps = self.page_size
+        if start_pos % ps:
             raise AlignmentError(f"segment start {start_pos} is not page-aligned")
         if self._free_mask is not None:
-            check_free_slots(slots, self._free_mask, self.page_size, False, None)
-        self.free_page_ids(slots[:: self.page_size] // self.page_size)
+            check_free_slots(slots, self._free_mask, ps, False, None)
+        if ps == 1:  # every slot is its own page
+            self.free_page_ids(slots)
+            return
+        # ps is a power of two: a shift is the floor division, one tensor operation cheaper
+        self.free_page_ids(slots[::ps] >> (ps.bit_length() - 1))
 
 
 __all__ = ["SegmentFrees"]

@@ -17,7 +17,7 @@ does so that its results and snapshot compare with kvpool's:
   ``mamba_cache_chunk_size() = 64`` (FLA's chunk, the model giving none, above the page size)
   and ``mamba_checkpoint_grid(page) = lcm(64, page)``. Only the branching length of a match
   (``mamba_branching_seqlen``, which kvpool does not model) reads the last two.
-- **Nodes are ids** (:class:`MambaNodeRef`, an int that also answers kvpool's ``node_id``); a
+- **Nodes are ids** (:class:`UnifiedNodeRef`, an int that also answers kvpool's ``node_id``); a
   lock returns a receipt that its unlock must hand back (kept per node, last in first out, as
   :mod:`kvpool.sglang.unified_radix` does). Snapshot ids are renumbered as kvpool numbers nodes
   (the root 0, the first node minted after a reset 1).
@@ -48,28 +48,22 @@ machine compares trees without LRU orders
 
 from __future__ import annotations
 
-import contextlib
 import math
-import re
 import types
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.errors import ConfigError
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.hybrid import MambaReqProxy
 from kvpool.sglang.loader import SGLangModules
 from kvpool.sglang.radix import to_sglang_key
-from kvpool.sglang.tree_core import TREE_CORES, UnifiedModules, load_unified
-from kvpool.sglang.unified_radix import capture_fd1
+from kvpool.sglang.tree_core import load_unified
+from kvpool.sglang.unified_base import BASE as _BASE
+from kvpool.sglang.unified_base import UnifiedNodeRef, UnifiedTreeBase
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
 
-_BASE = "sglang.srt.mem_cache.base_prefix_cache"
-_CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
 _MAMBA = "sglang.srt.mem_cache.unified_cache.components.mamba"
 _RUST_ADAPTER = "sglang.srt.mem_cache.rust_tree_core.adapter"
-_LINE = re.compile(r"^( *)\[(\d+)\] (\d+) full_lock=(-?\d+)")
 
 CHUNK_SIZE = 64
 """``mamba_cache_chunk_size()`` of a page-size-1 server whose model names no chunk size (FLA's
@@ -93,7 +87,9 @@ def _checkpoint_grid(tree_page: int) -> int:
 
 def install_mamba_runtime(modules: SGLangModules) -> None:
     """Give the MAMBA component and the Rust core's adapter the runtime settings of a CPU-only
-    single-process server (see the module docstring); idempotent."""
+    single-process server (see the module docstring); idempotent. Loads the unified cache first:
+    the Rust core's adapter module binds the compiled extension when it is imported."""
+    load_unified(modules)
     for name in (_MAMBA, _RUST_ADAPTER):
         space = modules.module(name).__dict__
         space["get_exec"] = _ExecBag
@@ -102,28 +98,13 @@ def install_mamba_runtime(modules: SGLangModules) -> None:
             space["mamba_checkpoint_grid"] = _checkpoint_grid
 
 
-class MambaNodeRef(int):
-    """A unified-cache ``NodeId`` that also answers kvpool's ``node_id`` (its snapshot id)."""
-
-    cache: SGLangUnifiedMambaRadixCache
-
-    def __new__(cls, raw: int, cache: SGLangUnifiedMambaRadixCache) -> MambaNodeRef:
-        ref = super().__new__(cls, raw)
-        ref.cache = cache
-        return ref
-
-    @property
-    def node_id(self) -> int:
-        return self.cache.snapshot_id(int(self))
-
-
 @dataclass(frozen=True)
 class SGLangUnifiedMambaMatch:
     """``match_prefix``'s result as kvpool's: the slots of the prefix up to the deepest node with
     a state, that node, whether a copy was staged, and SGLang's own ``MatchResult``."""
 
     device_indices: list[int]
-    last_device_node: MambaNodeRef
+    last_device_node: UnifiedNodeRef
     cow_staged: bool
     result: Any
 
@@ -142,7 +123,7 @@ def _impl(component: Any) -> Any:
     return getattr(component, "impl", component)
 
 
-class SGLangUnifiedMambaRadixCache:
+class SGLangUnifiedMambaRadixCache(UnifiedTreeBase):
     """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL, MAMBA) over ``tree_core`` (see the module
     docstring). ``impl`` is SGLang's object."""
 
@@ -154,96 +135,29 @@ class SGLangUnifiedMambaRadixCache:
         page_size: int = 1,
         tree_core: str = "rust",
     ) -> None:
-        if tree_core not in TREE_CORES:
-            raise ConfigError(f"tree_core must be one of {TREE_CORES}, got {tree_core!r}")
-        self.modules = modules
         self.page_size = page_size
-        self.tree_core = tree_core
-        self._unified: UnifiedModules = load_unified(modules)
         install_mamba_runtime(modules)
-        kinds = self._unified.component_type
-        self._full, self._mamba = kinds.FULL, kinds.MAMBA
-        self._node_cls = modules.attr(_CORE, "UnifiedTreeNode")
-        self._next_id = 0
-        self._receipts: dict[int, list[Any]] = {}
-        """Node -> receipts of its open locks (SGLang's own included), newest last."""
-        self._slot_token: dict[int, tuple[int, str | None]] = {}
-        params = modules.attr("sglang.srt.mem_cache.cache_init_params", "CacheInitParams")(
+        self._build(
+            modules,
+            tree_core,
+            ("full", "mamba"),
             disable=False,
             req_to_token_pool=_impl(req_to_token_pool),
             token_to_kv_pool_allocator=_impl(token_to_kv_pool_allocator),
             page_size=page_size,
-            tree_components=(self._full, self._mamba),
-            tree_core_backend=tree_core,
         )
-        with self._call():
-            self.impl: Any = self._unified.cache_module.UnifiedRadixCache(params)
-        self._first_id = self._next_id
-        self._root_id = int(self.impl.tree_core.root_node_handle())
-        chosen = type(self.impl.tree_core).__name__
-        if ("Rust" in chosen) != (tree_core == "rust"):
-            raise ConfigError(f"asked for the {tree_core} tree core, SGLang built {chosen}")
-        self.impl.inc_lock_ref = self._keeping(self.impl.inc_lock_ref)
-        self.impl.dec_lock_ref = self._dropping(self.impl.dec_lock_ref)
-
-    # ------------------------------------------------------------------ bookkeeping
-    @contextlib.contextmanager
-    def _call(self) -> Iterator[None]:
-        """One SGLang call with this cache's node counter (the Python core's is shared)."""
-        self._node_cls.counter = self._next_id
-        try:
-            yield
-        finally:
-            self._next_id = self._node_cls.counter
-
-    def snapshot_id(self, raw: int) -> int:
-        """kvpool's number of SGLang's node ``raw``: the root 0, the first node minted after the
-        last reset 1 (the Python core's reset also mints its LRU lists' sentinels)."""
-        if raw == self._root_id:
-            return 0
-        if self.tree_core == "python":
-            return raw - self._first_id + 1
-        return raw - self._root_id
-
-    def node_ref(self, node: Any) -> MambaNodeRef:
-        return node if isinstance(node, MambaNodeRef) else MambaNodeRef(int(node), self)
+        self._mamba = self._unified.component_type.MAMBA
 
     @property
-    def root_node(self) -> MambaNodeRef:
+    def root_node(self) -> UnifiedNodeRef:
         return self.node_ref(self._root_id)
 
-    def node_by_id(self, node_id: int) -> MambaNodeRef:
+    def node_by_id(self, node_id: int) -> UnifiedNodeRef:
         """The node kvpool's snapshot numbers ``node_id``."""
         for row in self.snapshot().nodes:
             if row.node_id == node_id:
-                return self.node_ref(self._raw_of(node_id))
+                return self.node_ref(self.raw_id(node_id))
         raise KeyError(node_id)
-
-    def _raw_of(self, node_id: int) -> int:
-        if node_id == 0:
-            return self._root_id
-        if self.tree_core == "python":
-            return node_id + self._first_id - 1
-        return node_id + self._root_id
-
-    def _keeping(self, method: Any) -> Any:
-        def call(node_id: Any, *args: Any, **kwargs: Any) -> Any:
-            result = method(node_id, *args, **kwargs)
-            self._receipts.setdefault(int(node_id), []).append(result.to_dec_params())
-            return result
-
-        return call
-
-    def _dropping(self, method: Any) -> Any:
-        def call(node_id: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
-            result = method(node_id, params, *args, **kwargs)
-            held = self._receipts.get(int(node_id))
-            if held:
-                found = next((i for i, r in enumerate(held) if r is params), len(held) - 1)
-                held.pop(found)
-            return result
-
-        return call
 
     def _key(self, key: Any) -> Any:
         return to_sglang_key(self.modules, key)
@@ -282,8 +196,6 @@ class SGLangUnifiedMambaRadixCache:
             mamba_value=as_index_tensor([int(mamba_value)]),
             prev_prefix_len=prev_prefix_len,
         )
-        for slot, token in zip(params.value.tolist(), sg_key.raw_token_ids(), strict=False):
-            self._slot_token[int(slot)] = (int(token), sg_key.extra_key)
         with self._call():
             result = self.impl.insert(params)
         return int(result.prefix_len), bool(result.mamba_exist)
@@ -295,10 +207,8 @@ class SGLangUnifiedMambaRadixCache:
 
     def dec_lock_ref(self, node: Any) -> None:
         """Unlock ``node`` with the receipt of its newest open lock."""
-        held = self._receipts.get(int(node))
-        receipt = held[-1] if held else self.modules.attr(_BASE, "DecLockRefParams")()
         with self._call():
-            self.impl.dec_lock_ref(int(node), receipt)
+            self.impl.dec_lock_ref(int(node), self.newest_receipt(node))
 
     def evict(self, num_tokens: int = 0, mamba_num: int = 0) -> tuple[int, int]:
         """SGLang's ``evict``: ``(tokens, states)`` it reports evicted."""
@@ -331,15 +241,9 @@ class SGLangUnifiedMambaRadixCache:
 
     def reset(self) -> None:
         """SGLang's ``reset``; open lock receipts are dropped with the tree."""
-        self._receipts.clear()
         with self._call():
             self.impl.reset()
-        self._first_id = self._next_id
-        self._root_id = int(self.impl.tree_core.root_node_handle())
-
-    def pretty_print(self) -> str:
-        """What SGLang's ``pretty_print`` prints (the Rust core prints from Rust)."""
-        return capture_fd1(self.impl.pretty_print)
+        self._after_reset()
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self) -> MambaTreeSnapshot:
@@ -392,41 +296,22 @@ class SGLangUnifiedMambaRadixCache:
         return rows, (), self._python_lru(self._mamba)
 
     def _rust_rows(self) -> tuple[list[MambaNodeSnapshot], tuple[int, ...], tuple[int, ...]]:
-        lines = [m for m in map(_LINE.match, self.pretty_print().splitlines()) if m]
         core, sid = self.impl.tree_core, self.snapshot_id
-        locks = {int(m.group(2)): int(m.group(4)) for m in lines}
-        ids = list(locks)
-        parent: dict[int, int | None] = {self._root_id: None}
-        for path in core.collect_path_info(ids) if ids else ():
-            for info in path:
-                parent[int(info.node_id)] = int(info.parent_id)
-        children: dict[int, list[int]] = {i: [] for i in ids}
-        for node_id in ids:
-            up = parent.get(node_id)
-            if up is not None:
-                children[up].append(node_id)
         rows: list[MambaNodeSnapshot] = []
-        order = [self._root_id] if ids else []
-        while order:
-            node_id = order.pop(0)
-            kids = sorted(children[node_id])
-            order.extend(kids)
-            got = core.get_component_device_value(node_id, self._full)
-            value = () if got is None else tuple(int(v) for v in got.tolist())
-            token = [self._slot_token.get(s, (-1, None)) for s in value]
-            up = parent.get(node_id)
-            root = node_id == self._root_id
+        for n in self.rust_nodes():
+            token = [self.slot_token(v) for v in n.value]
+            root = n.parent is None
             rows.append(MambaNodeSnapshot(
-                node_id=sid(node_id),
-                parent_id=None if up is None else sid(up),
+                node_id=sid(n.raw),
+                parent_id=None if n.parent is None else sid(n.parent),
                 key=tuple(t for t, _ in token),
                 extra_key=token[0][1] if token else None,
-                value=value,
+                value=n.value,
                 mamba_value=None if root else self._state(
-                    core.get_component_device_value(node_id, self._mamba)),
-                full_lock_ref=locks[node_id],
-                mamba_lock_ref=1 if root else len(self._receipts.get(node_id, ())),
-                child_ids=tuple(sid(k) for k in kids),
+                    core.get_component_device_value(n.raw, self._mamba)),
+                full_lock_ref=n.full_lock,
+                mamba_lock_ref=1 if root else self.open_locks(n.raw),
+                child_ids=tuple(sid(k) for k in n.children),
             ))  # fmt: skip
         return rows, (), ()
 
@@ -434,9 +319,9 @@ class SGLangUnifiedMambaRadixCache:
 __all__ = [
     "CHUNK_SIZE",
     "MAMBA_EXEC",
-    "MambaNodeRef",
     "SGLangUnifiedMambaMatch",
     "SGLangUnifiedMambaRadixCache",
     "UnifiedMambaReqProxy",
+    "UnifiedNodeRef",
     "install_mamba_runtime",
 ]

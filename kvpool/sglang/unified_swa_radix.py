@@ -8,13 +8,8 @@ which the SWA component requires) and offers the calls the ``swa_radix_cache`` a
 ``unified_swa_radix_cache`` machines make (those of
 :class:`~kvpool.sglang.swa_radix.SGLangSWARadixCache`, 0.5.16's adapter). What the adapter does:
 
-- **Nodes are ids**, handed out as :class:`SWANodeRef` (an int that also answers ``node_id``),
-  renumbered as kvpool numbers them (the root 0, the first node minted after a reset 1) and
-  read as :class:`~kvpool.sglang.unified_radix.SGLangUnifiedRadixCache` reads the FULL set:
-  the Python core's shared node counter is loaded and saved around each call, the Rust core's
-  node data comes from ``pretty_print`` (captured from file descriptor 1),
-  ``collect_path_info`` and ``get_component_device_value``, and the token each slot was
-  inserted with is recorded (the Rust core cannot report token ids).
+- **Nodes are ids**, handed out as ``UnifiedNodeRef``s and numbered, counted and read from the
+  Rust core as every unified-cache adapter does (:mod:`kvpool.sglang.unified_base`).
 - **Locks.** SGLang's ``inc_lock_ref`` returns a receipt whose ``component_lock_uuids[SWA]``
   names the node where the SWA window lock stopped (``None``: it reached the root); SGLang
   draws these uuids from a process-wide counter (``1e14 + n``). The adapter reports them in
@@ -34,38 +29,14 @@ which the SWA component requires) and offers the calls the ``swa_radix_cache`` a
 
 from __future__ import annotations
 
-import contextlib
-import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.errors import ConfigError
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.radix import to_sglang_key
-from kvpool.sglang.tree_core import TREE_CORES, load_unified
-from kvpool.sglang.unified_radix import capture_fd1
+from kvpool.sglang.unified_base import BASE as _BASE
+from kvpool.sglang.unified_base import UnifiedNodeRef, UnifiedTreeBase
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
-
-_BASE = "sglang.srt.mem_cache.base_prefix_cache"
-_CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
-_LINE = re.compile(r"^( *)\[(\d+)\] (\d+) full_lock=(-?\d+)")
-
-
-class SWANodeRef(int):
-    """A unified-cache ``NodeId`` (an int, as SGLang takes it) that also answers kvpool's
-    ``node_id``: the id kvpool's snapshot gives the node."""
-
-    cache: SGLangUnifiedSWARadixCache
-
-    def __new__(cls, raw: int, cache: SGLangUnifiedSWARadixCache) -> SWANodeRef:
-        ref = super().__new__(cls, raw)
-        ref.cache = cache
-        return ref
-
-    @property
-    def node_id(self) -> int:
-        return self.cache.snapshot_id(int(self))
 
 
 @dataclass(frozen=True)
@@ -74,11 +45,11 @@ class UnifiedSWAMatch:
     ``MatchResult``."""
 
     device_indices: Any
-    last_device_node: SWANodeRef
+    last_device_node: UnifiedNodeRef
     result: Any
 
 
-class SGLangUnifiedSWARadixCache:
+class SGLangUnifiedSWARadixCache(UnifiedTreeBase):
     """SGLang's ``UnifiedRadixCache`` with the FULL and SWA components (see the module
     docstring). ``impl`` is SGLang's object; ``tree_core`` is ``"rust"`` or ``"python"``."""
 
@@ -91,82 +62,24 @@ class SGLangUnifiedSWARadixCache:
         eviction_policy: str = "lru",
         tree_core: str = "rust",
     ) -> None:
-        if tree_core not in TREE_CORES:
-            raise ConfigError(f"tree_core must be one of {TREE_CORES}, got {tree_core!r}")
-        self.modules = modules
         self.page_size = page_size
         self.sliding_window_size = sliding_window_size
         self.disable = False
-        self.tree_core = tree_core
         self.allocator = allocator
-        self._unified = load_unified(modules)
-        kinds = self._unified.component_type
-        self._full, self._swa = kinds.FULL, kinds.SWA
-        self._node_cls = modules.attr(_CORE, "UnifiedTreeNode")
-        self._next_id = 0
-        self._slot_token: dict[int, tuple[int, str | None]] = {}
         self._uuids: dict[int, int] = {}
         """SGLang's SWA uuid -> kvpool's number (1, 2, ... in order of appearance)."""
-        params = modules.attr("sglang.srt.mem_cache.cache_init_params", "CacheInitParams")(
+        self._build(
+            modules,
+            tree_core,
+            ("full", "swa"),
             disable=False,
             req_to_token_pool=None,
             token_to_kv_pool_allocator=getattr(allocator, "impl", allocator),
             page_size=page_size,
             eviction_policy=eviction_policy,
-            tree_components=(self._full, self._swa),
-            tree_core_backend=tree_core,
             sliding_window_size=sliding_window_size,
         )
-        with self._call():
-            self.impl: Any = self._unified.cache_module.UnifiedRadixCache(params)
-        self._first_id = self._next_id
-        self._root_id = self._root()
-        chosen = type(self.impl.tree_core).__name__
-        if ("Rust" in chosen) != (tree_core == "rust"):
-            raise ConfigError(f"asked for the {tree_core} tree core, SGLang built {chosen}")
-        self.impl.insert = self._recording(self.impl.insert)
-
-    def _root(self) -> int:
-        return int(self.impl.tree_core.root_node_handle())
-
-    def snapshot_id(self, raw: int) -> int:
-        """kvpool's number of SGLang's node ``raw``: the root 0, the first node minted after
-        the last reset 1 (the Python core's reset also mints its LRU lists' sentinels)."""
-        if raw == self._root_id:
-            return 0
-        if self.tree_core == "python":
-            return raw - self._first_id + 1
-        return raw - self._root_id
-
-    def node_ref(self, node: Any) -> SWANodeRef:
-        """``node`` (a ``NodeId``) as a :class:`SWANodeRef` of this cache."""
-        return node if isinstance(node, SWANodeRef) else SWANodeRef(int(node), self)
-
-    @contextlib.contextmanager
-    def _call(self) -> Iterator[None]:
-        """One SGLang call with this cache's node counter (the Python core's is shared)."""
-        self._node_cls.counter = self._next_id
-        try:
-            yield
-        finally:
-            self._next_id = self._node_cls.counter
-
-    def _recording(self, method: Any) -> Any:
-        """SGLang's bound ``insert`` recording the token each inserted slot stands for."""
-
-        def call(params: Any) -> Any:
-            if params.value is not None:
-                extra = params.key.extra_key
-                for slot, token in zip(params.value.tolist(), params.key.raw_token_ids(),
-                                       strict=False):  # fmt: skip
-                    self._slot_token[int(slot)] = (int(token), extra)
-            return method(params)
-
-        return call
-
-    def pretty_print(self) -> str:
-        """What SGLang's ``pretty_print`` prints (the Rust core prints from Rust)."""
-        return capture_fd1(self.impl.pretty_print)
+        self._swa = self._unified.component_type.SWA
 
     @property
     def swa_lock_counts_readable(self) -> bool:
@@ -258,8 +171,7 @@ class SGLangUnifiedSWARadixCache:
         """SGLang's ``reset``; kvpool's node ids and uuids restart."""
         with self._call():
             self.impl.reset()
-        self._first_id = self._next_id
-        self._root_id = self._root()
+        self._after_reset()
         self._uuids.clear()
 
     # ------------------------------------------------------------------ snapshot
@@ -308,52 +220,25 @@ class SGLangUnifiedSWARadixCache:
         return rows
 
     def _rust_swa_rows(self) -> list[NodeSnapshot]:
-        core = self.impl.tree_core
-        lines = [m for m in map(_LINE.match, self.pretty_print().splitlines()) if m]
-        if not lines:
-            return []
-        base = int(lines[0].group(2))
-        sid = self.snapshot_id
-        locks = {int(m.group(2)): int(m.group(4)) for m in lines}
-        ids = list(locks)
-        parent: dict[int, int | None] = {base: None}
-        for path in core.collect_path_info(ids):
-            for info in path:
-                parent[int(info.node_id)] = int(info.parent_id)
-        children: dict[int, list[int]] = {i: [] for i in ids}
-        for node_id in ids:
-            up = parent.get(node_id)
-            if up is not None:
-                children[up].append(node_id)
-        values: dict[int, tuple[int, ...]] = {}
-        tomb: dict[int, bool] = {}
-        for node_id in ids:
-            got = core.get_component_device_value(node_id, self._full)
-            values[node_id] = () if got is None else tuple(int(v) for v in got.tolist())
-            tomb[node_id] = node_id != base and (
-                core.get_component_device_value(node_id, self._swa) is None
-            )
-        keys = {i: tuple(self._slot_token.get(s, (-1, None))[0] for s in values[i]) for i in ids}
+        core, sid = self.impl.tree_core, self.snapshot_id
+        nodes = self.rust_nodes()
+        keys = {n.raw: tuple(self.slot_token(v)[0] for v in n.value) for n in nodes}
         rows: list[NodeSnapshot] = []
-        order = [base]
-        while order:
-            node_id = order.pop(0)
-            kids = sorted(children[node_id])
-            order.extend(kids)
-            up = parent.get(node_id)
-            first = values[node_id][0] if values[node_id] else None
+        for n in nodes:
+            root = n.parent is None
+            tomb = not root and core.get_component_device_value(n.raw, self._swa) is None
             rows.append(NodeSnapshot(
-                node_id=sid(node_id),
-                parent_id=None if up is None else sid(up),
-                key=keys[node_id],
-                extra_key=None if first is None else self._slot_token.get(first, (-1, None))[1],
-                value=values[node_id],
-                lock_ref=locks[node_id],
-                child_ids=tuple(sid(k) for k in kids),
-                child_keys=tuple(keys[k][: self.page_size] for k in kids),
+                node_id=sid(n.raw),
+                parent_id=None if n.parent is None else sid(n.parent),
+                key=keys[n.raw],
+                extra_key=self.slot_token(n.value[0])[1] if n.value else None,
+                value=n.value,
+                lock_ref=n.full_lock,
+                child_ids=tuple(sid(k) for k in n.children),
+                child_keys=tuple(keys[k][: self.page_size] for k in n.children),
                 last_access_time=0.0,
-                swa_tombstone=tomb[node_id],
-                swa_lock_ref=1 if node_id == base else 0,
+                swa_tombstone=tomb,
+                swa_lock_ref=1 if root else 0,
             ))  # fmt: skip
         return rows
 

@@ -18,7 +18,8 @@ from kvpool.errors import ConfigError
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.allocators import SGLangAllocator
 from kvpool.sglang.req_to_token import SGLangReqToTokenPool
-from kvpool.sglang.unified_radix import NodeRef, SGLangUnifiedRadixCache
+from kvpool.sglang.unified_base import UnifiedNodeRef
+from kvpool.sglang.unified_radix import SGLangUnifiedRadixCache
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import reference_implementation
 from kvpool.testing.machines.coverage import CATALOGUE
@@ -98,7 +99,7 @@ def test_match_returns_a_node_ref_with_kvpools_id(core: str) -> None:
     assert ref.radix_key is not None
     cache.insert(ref.radix_key([5, 6, 7], None), alloc.alloc(3), prev_prefix_len=0)
     match = cache.match_prefix(ref.radix_key([5, 6], None))  # splits: the upper half is id 2
-    assert isinstance(match.last_device_node, NodeRef)
+    assert isinstance(match.last_device_node, UnifiedNodeRef)
     assert match.last_device_node.node_id == 2
     assert cache.inc_lock_ref(match.last_device_node) == -2
     assert cache.dec_lock_ref(match.last_device_node) == 2
