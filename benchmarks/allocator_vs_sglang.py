@@ -27,6 +27,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -191,9 +192,7 @@ class Bench:
         p = torch.tensor(prefix)
         none = torch.full((bs,), NO_LAST_LOC, dtype=torch.int64)
         dev = self.device
-        got = twin.alloc.alloc_extend(
-            zeros.to(dev), zeros, p.to(dev), p, none.to(dev), sum(prefix)
-        )
+        got = twin.alloc.alloc_extend(zeros.to(dev), zeros, p.to(dev), p, none.to(dev), sum(prefix))
         want = sg.alloc.alloc_extend(zeros, zeros, p, p, none, sum(prefix))
         assert got is not None and want is not None and got.tolist() == want.tolist()
         ends = torch.cumsum(p, 0) - 1
@@ -208,8 +207,8 @@ class Bench:
                 f"alloc {n} slots, page size {ps}",
                 twin,
                 sg,
-                lambda t=twin, n=n: t.alloc.alloc(n),
-                lambda s=sg, n=n: s.alloc.alloc(n),
+                partial(twin.alloc.alloc, n),
+                partial(sg.alloc.alloc, n),
             )
 
     def extend_rows(self) -> None:
@@ -226,8 +225,8 @@ class Bench:
             f"alloc_extend {bs} reqs x ~512 new tokens, page size 16",
             twin,
             sg,
-            lambda: twin.alloc.alloc_extend(p_t, p_cpu, s_t, s_cpu, l_t, total),
-            lambda: sg.alloc.alloc_extend(p_cpu, p_cpu, s_cpu, s_cpu, last, total),
+            partial(twin.alloc.alloc_extend, p_t, p_cpu, s_t, s_cpu, l_t, total),
+            partial(sg.alloc.alloc_extend, p_cpu, p_cpu, s_cpu, s_cpu, last, total),
             note=f"{total} tokens",
         )
 
@@ -244,17 +243,17 @@ class Bench:
                 s_t, l_t = seq.to(self.device), last.to(self.device)
                 sg_call: Callable[[], object]
                 if ps == 1:
-                    sg_call = lambda s=sg, bs=bs: s.alloc.alloc(bs)  # noqa: E731
+                    sg_call = partial(sg.alloc.alloc, bs)
                     note = "SGLang: alloc(batch size), its page-size-1 decode step"
                 else:
-                    sg_call = lambda s=sg, q=seq, l=last: s.alloc.alloc_decode(q, q, l)  # noqa: E731
+                    sg_call = partial(sg.alloc.alloc_decode, seq, seq, last)
                     opening = sum(1 for p in prefix if p % ps == 0)
                     note = f"{opening} of {bs} requests open a page"
                 self.time(
                     f"alloc_decode {bs} reqs, page size {ps}",
                     twin,
                     sg,
-                    lambda t=twin, s=s_t, c=seq, l=l_t: t.alloc.alloc_decode(s, c, l),
+                    partial(twin.alloc.alloc_decode, s_t, seq, l_t),
                     sg_call,
                     DECODE_TARGET,
                     note,
@@ -264,11 +263,12 @@ class Bench:
         rng = self.rng
         batch = [rng.randrange(256) + rng.randrange(480, 545) for _ in range(64)]
         small = [rng.randrange(16, 81) for _ in range(1024)]
+        halves = "1,024 partial pages (8 of 16 slots each)"
         shapes = (  # (what, page size, pool, lens, kept slots, one call too)
             ("a finished batch of 64 reqs", 16, 1 << 17, batch, batch, True),
             ("1 req", 16, 1 << 17, small[:1], small[:1], False),
             ("1,024 reqs", 16, 1 << 17, small, small, False),
-            ("1,024 partial pages (8 of 16 slots each)", 16, 1 << 17, [16] * 1024, [8] * 1024, False),
+            (halves, 16, 1 << 17, [16] * 1024, [8] * 1024, False),
             ("a finished batch of 64 reqs, page size 1", 1, 1 << 16, batch, batch, True),
             ("1,024 reqs, page size 1", 1, 1 << 17, small, small, False),
         )
@@ -282,8 +282,8 @@ class Bench:
                     f"free {what} (one call)",
                     twin,
                     sg,
-                    lambda t=twin, x=t_all: t.alloc.free(x),
-                    lambda s=sg, x=s_all: s.alloc.free(x),
+                    partial(twin.alloc.free, t_all),
+                    partial(sg.alloc.free, s_all),
                     note=note,
                 )
             self.time(
@@ -305,8 +305,8 @@ class Bench:
                 f"free_segment one segment of {segs[0]} slots, page size {ps}",
                 twin,
                 sg,
-                lambda t=twin, x=tb[0]: t.alloc.free_segment(x, 0),
-                lambda s=sg, x=sb[0]: s.alloc.free_segment(x, start_pos=0),
+                partial(twin.alloc.free_segment, tb[0], start_pos=0),
+                partial(sg.alloc.free_segment, sb[0], start_pos=0),
             )
             self.time(
                 f"free group of {len(segs)} free_segment calls, page size {ps}",
@@ -323,8 +323,8 @@ class Bench:
                     f"free_page_ids {tp.numel()} pages (one call), page size {ps}",
                     twin,
                     sg,
-                    lambda t=twin, x=tp: t.alloc.free_page_ids(x),
-                    lambda s=sg, x=sp: s.alloc.free_page_ids(x),
+                    partial(twin.alloc.free_page_ids, tp),
+                    partial(sg.alloc.free_page_ids, sp),
                 )
 
     def need_sort_rows(self) -> None:
@@ -334,29 +334,38 @@ class Bench:
             tb, sb = self.blocks(twin, sg, lens, lens)
             what = f"page size {ps}, need_sort"
             self.time(
-                f"free one request's {lens[0]} slots, {what}",
+                f"free one request's {lens[0]} slots, nothing staged, {what}",
                 twin,
                 sg,
-                lambda t=twin, x=tb[0]: t.alloc.free(x),
-                lambda s=sg, x=sb[0]: s.alloc.free(x),
+                partial(twin.alloc.free, tb[0]),
+                partial(sg.alloc.free, sb[0]),
             )
-            for t_block, s_block in zip(tb, sb, strict=True):  # 64 staged frees
+            for t_block, s_block in zip(tb[1:], sb[1:], strict=True):  # 63 staged frees
                 twin.alloc.free(t_block)
                 sg.alloc.free(s_block)
+            self.time(
+                f"free one request's {lens[0]} slots, 63 frees staged, {what}",
+                twin,
+                sg,
+                partial(twin.alloc.free, tb[0]),
+                partial(sg.alloc.free, sb[0]),
+            )
+            twin.alloc.free(tb[0])
+            sg.alloc.free(sb[0])
             self.time(
                 f"merge_and_sort_free of 64 staged frees, {what}",
                 twin,
                 sg,
-                lambda t=twin: t.alloc.merge_and_sort_free(),
-                lambda s=sg: s.alloc.merge_and_sort_free(),
+                twin.alloc.merge_and_sort_free,
+                sg.alloc.merge_and_sort_free,
             )
             need = (twin.alloc.free_pages.numel() + 1) * ps  # past free_pages: merges first
             self.time(
                 f"alloc {need} slots that merges first, {what}",
                 twin,
                 sg,
-                lambda t=twin, n=need: t.alloc.alloc(n),
-                lambda s=sg, n=need: s.alloc.alloc(n),
+                partial(twin.alloc.alloc, need),
+                partial(sg.alloc.alloc, need),
             )
 
 

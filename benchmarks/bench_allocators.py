@@ -24,6 +24,16 @@ frees (requests of 16-80 tokens) and the page-size-1 allocators. When SGLang can
 
 The twin gets its host copies of the lengths as CPU tensors (as an engine keeps them), the
 reference plain lists. Single torch thread. ``--quick`` makes fewer calls (under a minute).
+
+Mode: the twin runs **unchecked** in every row (``checked=False``: no device read; the mode an
+engine runs on CUDA), like with like against SGLang, which checks nothing (the ``mode`` column).
+
+"vs SGLang" rows (:mod:`allocator_vs_sglang`, beside this file): every allocator operation
+(``alloc``, ``alloc_extend``, ``alloc_decode`` at batch 1-1,024 and page sizes 16 and 1,
+``free`` as one call and in free groups, partial pages and page size 1 included,
+``free_segment``, ``free_page_ids``, ``need_sort`` frees, merges and merging allocs), the twin
+and SGLang timed interleaved, each row with its target (``twin/sglang <= 1.0``; ``alloc_decode``
+``<= 0.67``).
 """
 
 from __future__ import annotations
@@ -31,8 +41,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +54,9 @@ from kvpool.optimized import PagedTokenToKVPoolAllocator as TwinAllocator
 from kvpool.optimized import TokenToKVPoolAllocator as TwinTokenAllocator
 from kvpool.reference import PagedTokenToKVPoolAllocator as RefAllocator
 from kvpool.reference import TokenToKVPoolAllocator as RefTokenAllocator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # allocator_vs_sglang, whoever loads us
+from allocator_vs_sglang import sglang_rows
 
 PAGE_SIZE = 16
 SGLANG_RELEASE = "0.5.23"
@@ -220,6 +235,7 @@ def _row(
     return {
         "bench": "allocators",
         "op": op,
+        "mode": "twin unchecked",
         "reference_us": round(ref_us, 1),
         "twin_us": round(twin_us, 1),
         "ref/twin": round(ref_us / twin_us, 2),
@@ -280,6 +296,8 @@ def run(
         _free_rows(device, seq, calls, ref_calls, sg, "64 reqs, page size 1", 1 << 16, False, 1)
     )
     rows.extend(_scaling_rows(device, calls, ref_calls))
+    if sg is not None:
+        rows.extend(sglang_rows(sg, quick, device))
     return rows
 
 

@@ -131,10 +131,7 @@ def alloc_decode_torch(
 
 def _host_int64(*tensors: torch.Tensor) -> bool:
     """True when every tensor is a 1-D int64 CPU tensor (numpy can view it without a copy)."""
-    for t in tensors:
-        if not (t.is_cpu and t.dtype is torch.int64 and t.dim() == 1):
-            return False
-    return True
+    return all(t.is_cpu and t.dtype is torch.int64 and t.dim() == 1 for t in tensors)
 
 
 def _alloc_decode_host(

@@ -61,33 +61,26 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             )
         return super().alloc(need_size)
 
-    def _return_pages_in_order(self, pages: torch.Tensor) -> None:
-        # SGLang 0.5.23's free_page_ids: the pages as given, no sort.
+    def _return_pages_in_order(self, pages: torch.Tensor, owned: bool = False) -> None:
+        # SGLang 0.5.23's free_page_ids: the pages as given, no sort. ``owned``: ``pages`` is a
+        # fresh tensor (else staging copies it: it may be the caller's).
         if self._free_mask is not None:
             self._free_mask[pages] = True
         if not self.need_sort:
             self.free_pages = torch.cat((pages, self.free_pages))
-        elif self.rules.release_order == "append":
-            self.release_pages = torch.cat((self.release_pages, pages))
         else:
-            self.release_pages = torch.cat((pages, self.release_pages))
+            self._stage(pages if owned else pages.clone(), self.rules.release_order == "append")
 
     def _return_pages(self, slots: torch.Tensor) -> None:
-        pages = self._sorted_unique_pages(slots)  # a fresh tensor, owned here
-        if self.need_sort and self.release_pages.numel() == 0:
-            # nothing staged: the pages become the staged list (either order), no copy
-            self._mark_free(pages)
-            self.release_pages = pages
-            return
-        self._return_pages_in_order(pages)
+        self._return_pages_in_order(self._sorted_unique_pages(slots), owned=True)
 
     def _sorted_unique_pages(self, slots: torch.Tensor) -> torch.Tensor:
         """The sorted unique pages of ``slots`` (valid slots, so >= 0: a shift divides), as a
         fresh tensor."""
         on_cpu = slots.device.type == "cpu"
-        if on_cpu and slots.numel() * _BITMAP_SLOTS_PER_PAGE < self.num_pages:
-            if slots.dtype is torch.int64:
-                return torch.from_numpy(_sorted_unique_host(slots.numpy() >> self._page_shift))
+        few = slots.numel() * _BITMAP_SLOTS_PER_PAGE < self.num_pages
+        if on_cpu and few and slots.dtype is torch.int64:
+            return torch.from_numpy(_sorted_unique_host(slots.numpy() >> self._page_shift))
         pages = slots >> self._page_shift
         if on_cpu and slots.numel() * _BITMAP_SLOTS_PER_PAGE >= self.num_pages:
             # Many slots for the pool: mark a per-page bitmap and read it back in page order,

@@ -86,3 +86,21 @@ def test_allocator_benchmark_times_sglang_on_the_same_inputs() -> None:
     for ps in (1, 16):
         rows = bench._free_rows("cpu", [20, 40, 3], 2, 2, modules, "3 reqs", 1 << 12, True, ps)
         assert all(r["twin/sglang"] is not None for r in rows)
+
+
+@pytest.mark.sglang_wheel
+def test_allocator_vs_sglang_rows_check_results_and_carry_targets() -> None:
+    """The "vs SGLang" cases first check that both allocators return the same slots and leave
+    the same free lists (an assertion fails otherwise), then give each row its target."""
+    bench = _load("bench_allocators")
+    modules, why = bench.load_sglang_or_reason("0.5.23")
+    assert modules is not None, why
+    cases = _load("allocator_vs_sglang")
+    b = cases.Bench(modules, quick=True)
+    b.budget_s = 0.0  # the minimum number of timed pairs
+    b.segment_rows()
+    b.need_sort_rows()
+    assert len(b.rows) == 13
+    for row in b.rows:
+        assert row["mode"] == "twin unchecked" and row["target"] == "<= 1.0"
+        assert row["twin_us"] > 0 and row["twin/sglang"] > 0

@@ -54,8 +54,9 @@ DATA_DEPENDENT = frozenset(
 )  # fmt: skip
 """Operators whose result size (or value on the host) needs the device's data."""
 
-PAGE_DEDUP = frozenset({"read:aten.masked_select", "read:aten.unique_consecutive"})
-"""How the paged allocator finds the distinct pages of a ``free`` (bitmap or sort)."""
+PAGE_DEDUP = frozenset({"read:aten.masked_select", "read:aten.unique_consecutive", "read:numpy"})
+"""How the paged allocator finds the distinct pages of a ``free``: a bitmap, a sort, or (a few
+slots on a CPU) a sort of a numpy view of the slots; one read each."""
 
 TREE_METHODS = ("match_prefix", "evict")
 
