@@ -64,9 +64,13 @@ def coverage_lines(component: str, coverage: dict[str, int]) -> list[str]:
     for tag in known:
         count = coverage.get(tag, 0)
         lines.append(f"    {tag:<32} {count if count else 'never'}")
-    extra = sorted(t for t in coverage if t not in known)
+    glue = sorted(t for t in coverage if t.startswith("sglang:"))
+    extra = sorted(t for t in coverage if t not in known and t not in glue)
     if extra:
         lines.append("    also: " + ", ".join(f"{t} {coverage[t]}" for t in extra))
+    if glue:  # SGLang's own scheduler glue that ran (kvpool.sglang.glue_manager), with calls
+        lines.append("  SGLang glue that ran (calls):")
+        lines.extend(f"    {t.removeprefix('sglang:'):<44} {coverage[t]}" for t in glue)
     return lines
 
 

@@ -33,3 +33,13 @@ def test_other_steps_and_invalid_calls_are_direct_only() -> None:
     bad = reachability(CONFIG, [*base, Op("abort", ("gone",), expect_error=True)])
     assert bad == "direct only: step 3 (abort) is a deliberately invalid call"
     assert reachability(CONFIG, base, covered=False).startswith("direct only: this configuration")
+
+
+def test_the_summary_lists_the_glue_that_ran_apart() -> None:
+    from kvpool.testing.verify_run import coverage_lines
+
+    lines = coverage_lines("manager", {"extend:ok": 2, "sglang:allocation.alloc_for_extend": 3})
+    at = lines.index("  SGLang glue that ran (calls):")
+    assert lines[at + 1].split() == ["allocation.alloc_for_extend", "3"]
+    assert not any("sglang:" in line for line in lines)
+    assert "  SGLang glue that ran (calls):" not in coverage_lines("manager", {"extend:ok": 2})
