@@ -233,13 +233,11 @@ class LifecyclePrimitives(HiCacheLifecycle):
             raise OutOfMemoryError(f"need rows; {self.req_to_token_pool.available_size()} free")
         return rows
 
-    def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> list[int]:
-        """Rows, then slots for ``[len(prefix_indices), seq_len)`` of each request (evicting
-        first), then ``row[:seq] = prefix_indices + new``; ``kv_allocated_len = seq_len``.
-        Returns the new slots in batch order. Every check comes before any change: row misuse
-        (see ``ReqToTokenPool.check_alloc``), ``len(seq_lens) != len(reqs)`` or a ``seq_len``
-        shorter than the prefix (InvalidArgumentError), a ``seq_len`` past ``max_context_len``
-        (ContextOverflowError), too few rows or slots (OutOfMemoryError)."""
+    def _check_extend(
+        self, reqs: Sequence[Req], seq_lens: Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        """The checks :meth:`alloc_for_extend` makes before any change, but capacity: row
+        misuse, lengths, ``max_context_len``, free rows. Returns ``(prefix_lens, seq_lens)``."""
         fresh = self.req_to_token_pool.check_alloc(reqs)
         prefix_lens = [len(r.prefix_indices) for r in reqs]
         seqs = [int(s) for s in seq_lens]
@@ -249,6 +247,33 @@ class LifecyclePrimitives(HiCacheLifecycle):
             raise ContextOverflowError(f"seq_lens {seqs} past max_context_len")
         if fresh > self.req_to_token_pool.available_size():
             raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
+        return prefix_lens, seqs
+
+    def _check_decode(self, reqs: Sequence[Req]) -> tuple[list[int], int]:
+        """The checks :meth:`alloc_for_decode` makes before any change, but capacity: every
+        request holds a row and stays within ``max_context_len``. Returns each request's new
+        column and the tokens the step needs (new pages times the page size)."""
+        rowless = [r.rid for r in reqs if r.req_pool_idx is None]
+        if rowless:
+            raise InvalidArgumentError(f"requests {rowless} hold no row")
+        cols = [r.kv_allocated_len for r in reqs]
+        over = [
+            r.rid for r, c in zip(reqs, cols, strict=True) if c + 1 > self.config.max_context_len
+        ]
+        if over:
+            raise ContextOverflowError(f"requests {over} would pass max_context_len")
+        seq_lens = [c + 1 for c in cols]
+        ps = self.page_size
+        return cols, len(reqs) if ps == 1 else decode_new_pages(seq_lens, ps) * ps
+
+    def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> list[int]:
+        """Rows, then slots for ``[len(prefix_indices), seq_len)`` of each request (evicting
+        first), then ``row[:seq] = prefix_indices + new``; ``kv_allocated_len = seq_len``.
+        Returns the new slots in batch order. Every check comes before any change: row misuse
+        (see ``ReqToTokenPool.check_alloc``), ``len(seq_lens) != len(reqs)`` or a ``seq_len``
+        shorter than the prefix (InvalidArgumentError), a ``seq_len`` past ``max_context_len``
+        (ContextOverflowError), too few rows or slots (OutOfMemoryError)."""
+        prefix_lens, seqs = self._check_extend(reqs, seq_lens)
         if self.mamba_hooks is not None:
             self.mamba_hooks.check_admission(reqs)
         last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens, strict=True)]
@@ -272,21 +297,8 @@ class LifecyclePrimitives(HiCacheLifecycle):
         the row; ``kv_allocated_len += 1``. Every check comes before any change: a request
         without a row (InvalidArgumentError), a column past ``max_context_len``
         (ContextOverflowError), too few slots (OutOfMemoryError)."""
-        rowless = [r.rid for r in reqs if r.req_pool_idx is None]
-        if rowless:
-            raise InvalidArgumentError(f"requests {rowless} hold no row")
-        cols = [r.kv_allocated_len for r in reqs]
-        over = [
-            r.rid for r, c in zip(reqs, cols, strict=True) if c + 1 > self.config.max_context_len
-        ]
-        if over:
-            raise ContextOverflowError(f"requests {over} would pass max_context_len")
+        cols, needed = self._check_decode(reqs)
         seq_lens = [c + 1 for c in cols]
-        needed = (
-            len(reqs)
-            if self.page_size == 1
-            else decode_new_pages(seq_lens, self.page_size) * self.page_size
-        )
         self._evict_for(needed, 0, len(reqs))
         alloc = self.token_to_kv_pool_allocator
         if self.page_size == 1:

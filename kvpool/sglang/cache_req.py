@@ -112,7 +112,7 @@ class CacheReq:
         object.__setattr__(self, "_tree_lock", tree_lock)
         object.__setattr__(self, "_done", False)
         # how a node SGLang hands back is kept on the kvpool request (the unified cache's
-        # NodeId becomes a NodeRef that kvpool's snapshot can number); None: as it is
+        # NodeId becomes a UnifiedNodeRef that kvpool's snapshot can number); None: as it is
         object.__setattr__(self, "_node", node if node is not None else (lambda n: n))
         object.__setattr__(self, "_tokens", None)
 

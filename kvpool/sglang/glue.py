@@ -20,8 +20,8 @@ Which fields map where (SGLang name: kvpool field):
 ``kv.req_pool_idx`` (read / write)     ``req_pool_idx``
 ``kv.holds_kv``, ``kv.is_kv_released`` a row is held / not
 ``kv.kv_allocated_len`` (read / write) ``kv_allocated_len``
-``kv.kv_committed_len`` (read / write) ``kv_committed_len`` (written with the value kvpool's
-                                       lifecycle sets right after)
+``kv.kv_committed_len`` (read / write) ``kv_committed_len`` (a write is dropped: kvpool's
+                                       lifecycle sets the same value right after)
 ``kv.mark_kv_released()``              nothing: kvpool forgets the fields after the release
 ``kv.holds_mamba``,                    False / None: no hybrid model on this path
 ``kv.mamba_ping_pong_track_buffer``
@@ -101,16 +101,15 @@ class GlueKv(CacheReqKv):
 
     @kv_committed_len.setter
     def kv_committed_len(self, value: int) -> None:
-        # SGLang advances the committed length where its scheduler computed the KV; kvpool's
-        # lifecycle writes the same value right after (its decode appends the token then)
-        self._owner.wrote_committed = int(value)
+        """Nothing to write: SGLang advances the committed length where its scheduler computed
+        the KV, and kvpool's lifecycle owns that step (its decode appends the token and sets
+        the same length right after)."""
 
 
 class GlueReq(CacheReq):
     """A kvpool request as SGLang 0.5.23's memory glue sees it (see the module docstring)."""
 
-    __slots__ = ("matched", "wrote_committed")
-    wrote_committed: int | None
+    __slots__ = ("matched",)
     matched: dict[str, Any]
     """What ``match_kv_cache`` wrote: ``prefix_len`` and the host / branching fields."""
 
@@ -124,13 +123,10 @@ class GlueReq(CacheReq):
 
     def __init__(self, req: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(req, *args, **kwargs)
-        object.__setattr__(self, "wrote_committed", None)
         object.__setattr__(self, "matched", {})
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "wrote_committed":
-            object.__setattr__(self, name, value)
-        elif name in self.SINKS:
+        if name in self.SINKS:
             self.matched[name] = value
         else:
             _mapped(self, name).fset(self, value)  # type: ignore[misc]

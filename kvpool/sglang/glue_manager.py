@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from kvpool.config import PoolConfig
-from kvpool.errors import ContextOverflowError, InvalidArgumentError, OutOfMemoryError
+from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.memory_manager import MemoryManager
 from kvpool.optimized.req import Req
 from kvpool.sglang.cache_req import as_prefix, row_prefix
@@ -123,7 +123,7 @@ class SGLangGlueManager(MemoryManager):
         self._common.match_kv_cache(
             glue, tree.impl, tokens, max_prefix_len=glue._compute_max_prefix_len(len(tokens))
         )
-        last = req.last_node  # SGLang set it (GlueReq: kvpool's NodeRef of its NodeId)
+        last = req.last_node  # SGLang set it (GlueReq: kvpool's UnifiedNodeRef of its NodeId)
         prefix = (
             tree.impl.prefix_device_indices(glue)
             if glue.prefix_len
@@ -140,15 +140,7 @@ class SGLangGlueManager(MemoryManager):
     # ----------------------------------------------------------------- primitives
     def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> torch.Tensor:
         """kvpool's checks (see the twin's), then SGLang's ``alloc_for_extend``."""
-        fresh = self.req_to_token_pool.check_alloc(reqs)
-        prefix_lens = [len(r.prefix_indices) for r in reqs]
-        seqs = [int(s) for s in seq_lens]
-        if len(seqs) != len(reqs) or any(s < p for p, s in zip(prefix_lens, seqs, strict=True)):
-            raise InvalidArgumentError(f"need one seq_len >= prefix_len per request, got {seqs}")
-        if any(s > self.config.max_context_len for s in seqs):
-            raise ContextOverflowError(f"seq_lens {seqs} past max_context_len")
-        if fresh > self.req_to_token_pool.available_size():
-            raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
+        prefix_lens, seqs = self._check_extend(reqs, seq_lens)
         self._check_capacity(self._tokens_needed(prefix_lens, seqs))
         batch = self._glue_batch(reqs).for_extend(prefix_lens, seqs)
         out: torch.Tensor = self._allocation.alloc_for_extend(batch)[0]
@@ -156,19 +148,9 @@ class SGLangGlueManager(MemoryManager):
 
     def alloc_for_decode(self, reqs: Sequence[Req]) -> torch.Tensor:
         """kvpool's checks (see the twin's), then SGLang's ``alloc_for_decode(batch, 1)``."""
-        rowless = [r.rid for r in reqs if r.req_pool_idx is None]
-        if rowless:
-            raise InvalidArgumentError(f"requests {rowless} hold no row")
-        cols = [int(r.kv_allocated_len) for r in reqs]
-        over = [
-            r.rid for r, c in zip(reqs, cols, strict=True) if c + 1 > self.config.max_context_len
-        ]
-        if over:
-            raise ContextOverflowError(f"requests {over} would pass max_context_len")
+        cols, needed = self._check_decode(reqs)
         if not reqs:
             return torch.empty((0,), dtype=torch.int64)
-        ps = self.page_size
-        needed = len(reqs) if ps == 1 else sum(1 for c in cols if c % ps == 0) * ps
         self._check_capacity(needed)
         rows = [int(r.req_pool_idx) for r in reqs if r.req_pool_idx is not None]
         batch = self._glue_batch(reqs).for_decode(rows, cols)

@@ -138,6 +138,7 @@ class SGLangRadixCache:
         _install_node_id(self._radix)
         self._now = 0.0
         self._next_id = 0
+        self._depth = 0
         self._inserted = InsertedLen()
         tree_lock = modules.attr(_BASE, "TreeLock")
         dec_params = modules.attr(_BASE, "DecLockRefParams")
@@ -172,7 +173,7 @@ class SGLangRadixCache:
         """Run one SGLang call with this cache's node counter, at the current tick;
         re-entrant: only the outermost call loads and saves the counter."""
         node_cls = self._radix.TreeNode
-        depth = self.__dict__.get("_depth", 0)
+        depth = self._depth
         self._depth = depth + 1
         if depth == 0:
             node_cls.counter = self._next_id

@@ -245,6 +245,17 @@ class UnifiedTreeBase:
         """What SGLang's ``pretty_print`` prints (the Rust core prints from Rust)."""
         return capture_fd1(self.impl.pretty_print)
 
+    def python_nodes(self) -> list[tuple[Any, list[Any]]]:
+        """The Python core's tree: ``(node, children in id order)``, breadth-first."""
+        out: list[tuple[Any, list[Any]]] = []
+        queue = [self.impl.tree_core.root_node]
+        while queue:
+            node = queue.pop(0)
+            children = sorted(node.children.values(), key=lambda n: int(n.id))
+            queue.extend(children)
+            out.append((node, children))
+        return out
+
     def rust_nodes(self) -> list[RustNode]:
         """The Rust core's tree, breadth-first from the root, children in id order."""
         lines = [m for m in map(_LINE.match, self.pretty_print().splitlines()) if m]

@@ -276,11 +276,7 @@ class SGLangUnifiedMambaRadixCache(UnifiedTreeBase):
     def _python_rows(self) -> tuple[list[MambaNodeSnapshot], tuple[int, ...], tuple[int, ...]]:
         sid, full, mamba = self.snapshot_id, int(self._full), int(self._mamba)
         rows: list[MambaNodeSnapshot] = []
-        queue = [self.impl.tree_core.root_node]
-        while queue:
-            node = queue.pop(0)
-            kids = sorted(node.children.values(), key=lambda n: int(n.id))
-            queue.extend(kids)
+        for node, kids in self.python_nodes():
             kv, state = node.component_data[full], node.component_data[mamba]
             rows.append(MambaNodeSnapshot(
                 node_id=sid(int(node.id)),

@@ -11,19 +11,7 @@ legacy tree drives this one. What differs from the legacy adapter:
   unified-cache adapter shares (:mod:`kvpool.sglang.unified_base`: kvpool's numbering of
   SGLang's node ids, ``UnifiedNodeRef``, this cache's node counter, lock receipts, the token each
   slot was inserted with, the Rust core's tree read through its binding).
-- **Snapshot ids** are renumbered as kvpool numbers them (the root 0, the first node minted
-  after a reset 1): both cores mint ids from a counter that a reset does not restart (the
-  Python core's reset also mints its LRU lists' sentinel nodes). The Python core's counter is the
-  class attribute ``UnifiedTreeNode.counter``, shared by every cache of the process: the adapter
-  loads this cache's own counter before each call and saves it after (as the legacy adapter
-  does), so two caches in one process number their nodes independently.
-- **The Rust core keeps no Python nodes.** Its snapshot is read through the binding's own
-  queries: the node ids and lock counts from ``pretty_print`` (written by Rust to file
-  descriptor 1, captured there), parents and key spans from ``collect_path_info``, values from
-  ``get_component_device_value``. It cannot report a node's token ids, so the adapter records
-  the token (and namespace) each slot was inserted with, on every insert, including those
-  SGLang makes inside ``checkpoint``; a slot the tree holds was inserted with exactly that
-  token. Neither core's snapshot reports access times, hit counts or priorities (the Rust core
+- **No times, hit counts or priorities.** Neither core's snapshot reports them (the Rust core
   does not expose them): they are 0, and the ``unified_radix_cache`` machine compares trees
   without them (:func:`kvpool.testing.machines.unified.coarse_tree`); an order they decide
   shows in which slots an eviction frees.
@@ -145,20 +133,15 @@ class SGLangUnifiedRadixCache(UnifiedTreeBase, SGLangRadixCache):
             self.impl.dec_lock_ref(int(node), self.newest_receipt(node))
         return int(self.impl.evictable_size()) - before
 
-    def evict(self, num_tokens: int) -> int:
-        """Tokens SGLang freed (whole leaves, may exceed ``num_tokens``)."""
-        params = self.modules.attr(BASE, "EvictParams")(num_tokens=num_tokens)
-        with self._call():
-            return int(self.impl.evict(params).num_tokens_evicted)
-
     def reset(self) -> None:
         """SGLang's ``reset``; kvpool's numbering restarts, open receipts are dropped."""
         with self._call():
             self.impl.reset()
         self._after_reset()
 
-    def pretty_print(self) -> str:
-        return UnifiedTreeBase.pretty_print(self)
+    def total_size(self) -> int:
+        """Tokens the tree holds (the unified cache's ``total_size()`` is ``(full, aux)``)."""
+        return int(self.impl.total_size()[0])
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self) -> TreeSnapshot:
@@ -180,14 +163,9 @@ class SGLangUnifiedRadixCache(UnifiedTreeBase, SGLangRadixCache):
         return self._rust_rows()
 
     def _python_rows(self) -> list[NodeSnapshot]:
-        root = self.impl.tree_core.root_node
         sid = self.snapshot_id
         rows: list[NodeSnapshot] = []
-        queue = [root]
-        while queue:
-            node = queue.pop(0)
-            children = sorted(node.children.values(), key=lambda n: int(n.id))
-            queue.extend(children)
+        for node, children in self.python_nodes():
             data = node.component_data[int(self._full)]
             value = () if data.value is None else tuple(int(v) for v in list(data.value))
             key = () if node.key is None else tuple(int(t) for t in node.key.raw_token_ids())

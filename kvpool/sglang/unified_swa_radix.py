@@ -191,17 +191,12 @@ class SGLangUnifiedSWARadixCache(UnifiedTreeBase):
         )
 
     def _python_swa_rows(self) -> list[NodeSnapshot]:
-        root = self.impl.tree_core.root_node
         sid = self.snapshot_id
         rows: list[NodeSnapshot] = []
-        queue = [root]
-        while queue:
-            node = queue.pop(0)
-            children = sorted(node.children.values(), key=lambda n: int(n.id))
-            queue.extend(children)
+        for node, children in self.python_nodes():
             full = node.component_data[int(self._full)]
             swa = node.component_data[int(self._swa)]
-            is_root = node is root
+            is_root = node.parent is None
             value = () if full.value is None else tuple(int(v) for v in list(full.value))
             rows.append(NodeSnapshot(
                 node_id=sid(int(node.id)),

@@ -98,6 +98,8 @@ def test_match_returns_a_node_ref_with_kvpools_id(core: str) -> None:
     ref = reference_implementation()
     assert ref.radix_key is not None
     cache.insert(ref.radix_key([5, 6, 7], None), alloc.alloc(3), prev_prefix_len=0)
+    # SGLang's total_size() is (full, aux): the adapter answers full tokens, as kvpool's tree
+    assert cache.total_size() == 3 == cache.evictable_size() + cache.protected_size()
     match = cache.match_prefix(ref.radix_key([5, 6], None))  # splits: the upper half is id 2
     assert isinstance(match.last_device_node, UnifiedNodeRef)
     assert match.last_device_node.node_id == 2
