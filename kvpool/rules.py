@@ -26,8 +26,11 @@ TREE_FREES = ("free", "segment")
 HIT_COUNTS = ("chunked", "inserted_len")
 RELEASE_PATHS = ("finished_req", "checkpoint")
 MAMBA_SLOT_SHORTAGES = ("refuse", "assert")
+MAMBA_TREES = ("mamba_radix", "unified")
 SWA_FREE_RESOLVES = ("free", "group_end")
 SWA_FREE_UNMAPPED = ("skip", "caller")
+SWA_WINDOW_RELEASES = ("decode", "scheduler")
+HICACHE_HOST_TIERS = ("hiradix", "unified")
 SGLANG_RELEASES = ("0.5.16", "0.5.23")
 """SGLang releases with a preset (:meth:`Rules.for_sglang`); audited in specs/fidelity.md."""
 
@@ -91,6 +94,17 @@ class Rules:
       (SGLang): ``alloc`` takes the rows, then asserts; the match asserts. Like
       ``rejects_misuse``, kvpool still refuses; a harness does not drive an implementation
       with these rules into the shortage.
+    - ``mamba_tree``: the prefix cache of a hybrid (Mamba) model with the radix cache on, in
+      the lifecycle. ``"mamba_radix"`` (kvpool; SGLang 0.5.16): the ``MambaRadixCache`` with
+      0.5.16's release path (``release_path="finished_req"``; a chunk's checkpoint re-matches;
+      admission evicts cached states down to a headroom of three slots per request).
+      ``"unified"`` (SGLang 0.5.23): the FULL+MAMBA ``UnifiedRadixCache`` (tombstone leaves,
+      one eviction's two amounts counted together) with 0.5.23's release path
+      (``release_path="checkpoint"``: a finished request's state is donated by ``checkpoint``,
+      a chunk's checkpoint moves the lock without a re-match); admission
+      (``ensure_mamba_capacity``) evicts exactly the shortfall of the slots the batch needs,
+      before the KV is allocated. The two knobs go together (other pairs are ConfigError for a
+      hybrid configuration with the radix cache on).
     - ``swa_free_resolve``: when an SWA allocator's ``free`` inside a free group reads the
       mapping of the freed full slots. ``"free"`` (kvpool; SGLang 0.5.23): at the call (the
       SWA slots go to the SWA pool's group, the entries are zeroed at once). ``"group_end"``
@@ -119,6 +133,31 @@ class Rules:
       with ``free_full`` (0.5.23's ``free_kv_row_segments`` does: the window-dead range goes
       to ``free_full_segments``). kvpool's twins always skip and offer ``free_full``; a harness
       must split such a free for an implementation with these rules.
+    - ``swa_window_release`` (with ``swa_eviction_interval``, tokens): how the SWA lifecycle
+      (``SWAMemoryManager``) slides a request's window and releases its KV.
+      ``"decode"`` (kvpool; the SWA lifecycle modelled on SGLang 0.5.16): after every decode,
+      the window keeps ``sliding_window`` tokens (chunk cache) or ``max(sliding_window,
+      page_size)`` (radix cache, the 0.5.16 ``SWARadixCache``); a release frees the row with
+      the allocator's ``free``. ``"scheduler"`` (SGLang 0.5.23's ``maybe_evict_swa`` and
+      ``free_kv_row_segments``): the window slides at the start of a decode's (or EAGLE v2
+      step's) allocation, for the requests decoded at least once since their row was handed
+      out, once ``swa_eviction_interval`` tokens (``SGLANG_SWA_EVICTION_INTERVAL``) left it;
+      with the radix cache (the unified FULL+SWA tree, ``checkpoint`` release) it keeps
+      ``ceil_align(max(sliding_window, page_size), page_size)`` tokens and a checkpoint of a
+      running request slides it first; with the chunk cache it keeps ``sliding_window``
+      tokens and also slides at a later prefill chunk's allocation; a release frees the
+      window-dead columns ``[cache_protected_len, swa_evicted_seqlen)`` full-side only
+      (``free_full_segment``) and the rest with ``free_segment``.
+    - ``hicache_host_tier``: how ``HiRadixCache`` runs its host tier. ``"hiradix"`` (kvpool;
+      SGLang 0.5.16's ``HiRadixCache``). ``"unified"`` (SGLang 0.5.23: the host tier inside
+      ``UnifiedRadixCache``, specs/unified_cache.md): writes to host are queued and issued
+      together at the next ``writing_check`` (one acknowledgement for all); a write-through
+      also backs up the node's unbacked ancestors; ``insert`` frees the caller's duplicate
+      device slots itself and counts matched host-only tokens in its prefix; a load-back
+      short of device slots evicts the shortfall before allocating and holds the anchor's host
+      lock until its acknowledgement; write-back eviction demotes leaf by leaf and, short of
+      host room, first reclaims host copies of nodes on device; ``last_host_node`` is the
+      deepest matched node; a split keeps the creation time (kvpool.reference.hiradix_unified).
     """
 
     row_order: str = "lifo"
@@ -133,10 +172,14 @@ class Rules:
     hit_count: str = "chunked"
     release_path: str = "finished_req"
     mamba_slot_shortage: str = "refuse"
+    mamba_tree: str = "mamba_radix"
     swa_free_resolve: str = "free"
     swa_restore_mapping: bool = True
     swa_decode_refusal_clean: bool = True
     swa_free_unmapped: str = "skip"
+    swa_window_release: str = "decode"
+    swa_eviction_interval: int = 1
+    hicache_host_tier: str = "hiradix"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -150,11 +193,17 @@ class Rules:
             ("hit_count", self.hit_count, HIT_COUNTS),
             ("release_path", self.release_path, RELEASE_PATHS),
             ("mamba_slot_shortage", self.mamba_slot_shortage, MAMBA_SLOT_SHORTAGES),
+            ("mamba_tree", self.mamba_tree, MAMBA_TREES),
             ("swa_free_resolve", self.swa_free_resolve, SWA_FREE_RESOLVES),
             ("swa_free_unmapped", self.swa_free_unmapped, SWA_FREE_UNMAPPED),
+            ("swa_window_release", self.swa_window_release, SWA_WINDOW_RELEASES),
+            ("hicache_host_tier", self.hicache_host_tier, HICACHE_HOST_TIERS),
         ):
             if value not in allowed:
                 raise ConfigError(f"Rules.{name} must be one of {allowed}, got {value!r}")
+        interval = self.swa_eviction_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ConfigError(f"Rules.swa_eviction_interval must be an int >= 1, got {interval!r}")
 
     @classmethod
     def for_sglang(cls, version: str) -> Rules:
@@ -194,7 +243,11 @@ class Rules:
             tree_free="segment",
             hit_count="inserted_len",
             release_path="checkpoint",
+            mamba_tree="unified",
             swa_free_unmapped="caller",
+            swa_window_release="scheduler",
+            swa_eviction_interval=128,
+            hicache_host_tier="unified",
         )
 
 

@@ -281,6 +281,9 @@ class MambaTreeSnapshot:
     nodes: tuple[MambaNodeSnapshot, ...] = ()
     full_lru: tuple[int, ...] = ()
     mamba_lru: tuple[int, ...] = ()
+    unified: bool = False
+    """SGLang 0.5.23's FULL+MAMBA unified tree (``Rules.mamba_tree == "unified"``): the pool
+    runs the ``"unified_mamba_tree"`` invariants on it instead of the ``"mamba_tree"`` ones."""
 
     def as_tree_snapshot(self) -> TreeSnapshot:
         """The tree's KV side as a radix :class:`TreeSnapshot` (page size 1, LRU, ``lock_ref``

@@ -163,6 +163,18 @@ def fail(message: str) -> NoReturn:
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
 
 
+def check_checked_env(command: str) -> None:
+    """Refuse (one line, exit 2) a ``$KVPOOL_CHECKED`` other than unset, ``0`` or ``1``: the
+    twin reads it to choose its checked mode, and a typo must not silently change the mode."""
+    from kvpool.errors import ConfigError
+    from kvpool.optimized.checked import resolve_checked
+
+    try:
+        resolve_checked(None)
+    except ConfigError as exc:
+        fail(f"{command}: {exc}")
+
+
 def plain(text: str) -> str:
     """A docstring as terminal text: ``code`` and :role:`target` markup dropped."""
     return _ROLE.sub(r"\1", text).replace("``", "")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvpool.cli.args import (
     add_parser,
+    check_checked_env,
     fail,
     non_negative_int,
     output_path,
@@ -215,6 +216,7 @@ def load_records(args: argparse.Namespace) -> list[TraceRecord]:
 def run(args: argparse.Namespace) -> int:
     """Run the replays; 0 on success, 1 when a lockstep comparison or an invariant fails (the
     report is printed). Rows go to stdout as each run ends; the progress bar to stderr."""
+    check_checked_env("replay")
     validate(args)
     records = load_records(args)
     from tqdm import tqdm

@@ -26,6 +26,7 @@ from typing import Any
 from kvpool.cli.args import (
     add_parser,
     callable_spec,
+    check_checked_env,
     fail,
     non_negative_int,
     output_path,
@@ -43,6 +44,7 @@ COMPONENTS = (
     "swa_allocator",
     "swa_radix_cache",
     "swa_manager",
+    "mamba_manager",
     "hiradix_cache",
     "kv_pool",
     "unified_radix_cache",
@@ -219,6 +221,7 @@ def _env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Run both phases (see the module docstring)."""
+    check_checked_env("verify")
     if args.impl and args.sglang:
         fail("verify: give --impl or --sglang, not both")
     if args.naive and not (args.sglang or str(args.impl or "").startswith("sglang")):

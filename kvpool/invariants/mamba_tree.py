@@ -82,11 +82,13 @@ def check_tree_locks(tree: MambaTreeSnapshot) -> None:
 def _pool_scope(check: Callable[[MambaTreeSnapshot], None]) -> Callable[
     [PoolSnapshot, PoolSnapshot | None], None
 ]:  # fmt: skip
-    """``check`` at pool scope: on the Mamba radix cache of a hybrid manager's snapshot."""
+    """``check`` at pool scope: on the Mamba radix cache of a hybrid manager's snapshot
+    (SGLang 0.5.23's unified tree has its own: :mod:`kvpool.invariants.unified_mamba_tree`)."""
 
     def run(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
-        if snap.mamba is not None and snap.mamba.tree is not None:
-            check(snap.mamba.tree)
+        tree = None if snap.mamba is None else snap.mamba.tree
+        if tree is not None and not tree.unified:
+            check(tree)
 
     return run
 

@@ -12,11 +12,12 @@ no KV order: the unified tree evicts KV by its policy's heap).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.failure import fail
-from kvpool.invariants.registry import invariant, run_scope
-from kvpool.snapshot import MambaTreeSnapshot
+from kvpool.invariants.registry import INVARIANTS, invariant, run_scope
+from kvpool.snapshot import MambaTreeSnapshot, PoolSnapshot
 
 
 @invariant(
@@ -76,6 +77,27 @@ def check_unified_locks(tree: MambaTreeSnapshot) -> None:
             f"sizes (full evictable, mamba evictable, full protected, mamba protected) are "
             f"{kept}, the locks say {sizes}",
         )
+
+
+def _pool_scope(check: Callable[[MambaTreeSnapshot], None]) -> Callable[
+    [PoolSnapshot, PoolSnapshot | None], None
+]:  # fmt: skip
+    """``check`` at pool scope: on a hybrid manager's unified FULL+MAMBA tree
+    (``MambaTreeSnapshot.unified``; SGLang 0.5.23's rules, ``Rules.mamba_tree``)."""
+
+    def run(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+        tree = None if snap.mamba is None else snap.mamba.tree
+        if tree is not None and tree.unified:
+            check(tree)
+
+    return run
+
+
+for _id, _check in (
+    ("INV-UMAMBA-TREE-SHAPE", check_unified_shape),
+    ("INV-UMAMBA-TREE-LOCKS", check_unified_locks),
+):
+    invariant(_id, INVARIANTS[_id].description, scope="pool")(_pool_scope(_check))
 
 
 def check_unified_mamba_tree(tree: MambaTreeSnapshot) -> int:

@@ -71,6 +71,7 @@ class HiCacheController:
         self.page_size = page_size
         self.write_policy = write_policy
         self.device = torch.device(getattr(token_to_kv_pool_allocator, "device", "cpu"))
+        self.segment_frees = False
         self.reset()
 
     def reset(self) -> None:
@@ -83,14 +84,17 @@ class HiCacheController:
         self.host_mem_release_queue: list[torch.Tensor] = []
         self.producer_count = 0
 
-    def write(self, device_indices: torch.Tensor, node_id: int = -1) -> torch.Tensor | None:
-        """Reserve host slots for ``device_indices`` and issue the copy; None when the host pool
-        cannot hold them (nothing changed)."""
+    def write(
+        self, device_indices: torch.Tensor, node_id: int = -1, *, flush: bool = True
+    ) -> torch.Tensor | None:
+        """Reserve host slots for ``device_indices`` and queue the copy, issued at once unless
+        ``flush`` is False; None when the host pool cannot hold them (nothing changed)."""
         host_indices: torch.Tensor | None = self.mem_pool_host.alloc(int(device_indices.numel()))
         if host_indices is None:
             return None
         self.write_queue.append(HiCacheAck("write", [node_id], host_indices, device_indices))
-        self.start_writing()
+        if flush:
+            self.start_writing()
         return host_indices
 
     def start_writing(self) -> None:
@@ -128,8 +132,11 @@ class HiCacheController:
             host.load_to_device_all_layer(device, ack.host_indices, ack.device_indices)
 
     def evict_device(self, device_indices: torch.Tensor) -> int:
-        """Free device slots; returns how many."""
-        self.mem_pool_device_allocator.free(device_indices)
+        """Free device slots (``free_segment`` when ``segment_frees``); returns how many."""
+        if self.segment_frees:
+            self.mem_pool_device_allocator.free_segment(device_indices, 0)
+        else:
+            self.mem_pool_device_allocator.free(device_indices)
         return int(device_indices.numel())
 
     def evict_host(self, host_indices: torch.Tensor) -> int:

@@ -6,6 +6,7 @@ Mirrors :mod:`kvpool.reference.hicache_lifecycle` step by step; prefixes are int
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,12 +27,14 @@ def build_hiradix_tree(
 ) -> HiRadixCache:
     """The manager's ``HiRadixCache``: a host pool of ``hicache_ratio`` times ``kv_cache`` (the
     manager's KV buffers, so transfers copy what the lifecycle computed) and the config's write
-    policy and thresholds."""
+    policy and thresholds; 0.5.16's host tier whatever ``Rules.hicache_host_tier`` says (see
+    the reference)."""
     host = host_pool_for(kv_cache, config.hicache_ratio)
+    rules = replace(config.rules, hicache_host_tier="hiradix")
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
                         clock, config.hicache_write_policy, config.hicache_load_back_threshold,
                         config.hicache_prefetch_threshold, config.hicache_storage,
-                        rules=config.rules)  # fmt: skip
+                        rules=rules)  # fmt: skip
 
 
 class HiCacheLifecycle:

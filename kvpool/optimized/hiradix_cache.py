@@ -5,6 +5,8 @@ Same decisions, results, node ids and eviction order as
 are int64 tensors; keys are compared as token arrays (:mod:`kvpool.optimized.key_match`). The
 eviction heaps are built per call from a walk of the tree (the device/host states a node can
 move between do not fit the plain twin's persistent heap), so the plain tree's heap is unused.
+Under ``Rules.hicache_host_tier == "unified"`` the differences are those of the reference
+(:mod:`kvpool.optimized.hiradix_unified` and the branches here).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from kvpool.optimized.cache_controller import HiCacheController
 from kvpool.optimized.hiradix_evict import HiRadixEvict, _hi
 from kvpool.optimized.hiradix_node import HiTreeNode
 from kvpool.optimized.hiradix_prefetch import HiRadixPrefetch
+from kvpool.optimized.hiradix_unified import HiRadixUnified
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.radix_cache import RadixCache
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode, as_slots
@@ -33,7 +36,7 @@ from kvpool.snapshot import HostTierSnapshot, TreeSnapshot
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
-class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
+class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
     """Prefix cache over device slots with host backups in ``token_to_kv_pool_host``."""
 
     root_node: HiTreeNode
@@ -67,6 +70,9 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
         self.load_back_threshold = load_back_threshold
         self.prefetch_threshold = prefetch_threshold
         self.enable_storage = enable_storage
+        resolved = rules if rules is not None else Rules()
+        self.unified = resolved.hicache_host_tier == "unified"
+        self.cache_controller.segment_frees = self.unified and resolved.tree_free == "segment"
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, disable,
                          eviction_policy, clock, rules=rules)  # fmt: skip
 
@@ -77,8 +83,14 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
         self.ongoing_write_through: dict[int, tuple[HiTreeNode, list[HiTreeNode]]] = {}
         self.ongoing_load_back: dict[int, HiTreeNode] = {}
         self.reset_prefetch()
+        self.reset_unified()
         super().reset()
         self.root_node.host_value = _EMPTY
+
+    @property
+    def frees_duplicates(self) -> bool:
+        """Whether ``insert`` frees the caller's duplicate device slots itself (unified rules)."""
+        return self.unified
 
     def _new_node(self, key: RadixKey, value: torch.Tensor, parent: TreeNode | None, now: float,
                   priority: int = 0) -> HiTreeNode:  # fmt: skip
@@ -124,6 +136,8 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
                 i = next(k for k, n in enumerate(nodes) if n is low)
                 nodes[i : i + 1] = [upper, low]
                 upper.write_through_pending_id = ack
+        if self.unified:
+            self._split_unified(low, upper)
         return upper
 
     def _hwalk(self, key: RadixKey, stop: int) -> tuple[list[torch.Tensor], HiTreeNode]:
@@ -162,7 +176,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
             host_hit += int(device_node.host_value.numel())
             device_node = _hi(device_node.parent)
         host_node = last
-        while not host_node.backuped:
+        while not host_node.backuped and not self.unified:
             host_node = _hi(host_node.parent)
         indices = torch.cat(values) if values else _EMPTY.to(self.device)
         return MatchResult(indices, device_node, host_node, host_hit)
@@ -175,8 +189,9 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
         chunked: bool = False,
         inserted_len: int | None = None,
     ) -> int:
-        """Insert ``key`` at ``value`` slots; returns the tokens already on device (see the
-        reference)."""
+        """Insert ``key`` at ``value`` slots; returns the tokens already on device (unified
+        rules: also the matched host-only ones, and the caller's duplicates are freed here; see
+        the reference)."""
         value = as_slots(key.array if value is None else value, self.device)
         if value.shape[0] < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
@@ -205,7 +220,13 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
                 hi.value = value[pos : pos + n].clone()
                 hi.evicted = False
                 self.evictable_size_ += n
+                if self.unified:
+                    total_prefix += n
+                    self._track_duplicate(hi)
+                    self._inc_hit_count(hi, total_prefix > floor)
             else:
+                if self.unified:  # the caller's duplicates
+                    self.cache_controller.evict_device(value[pos : pos + n])
                 total_prefix += n
                 self._inc_hit_count(hi, total_prefix > floor)
             pos += n
@@ -225,7 +246,10 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
             return
         node.hit_count += 1
         if not node.backuped and node.hit_count >= self.write_through_threshold:
-            self.write_backup(node)
+            if self.unified:
+                self._backup_chain(node)
+            else:
+                self.write_backup(node)
 
     # ----------------------------------------------------------------- writes
     def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
@@ -252,15 +276,20 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
         for n in nodes:
             if n.write_through_pending_id == ack_id:
                 n.write_through_pending_id = None
+                if self.unified:
+                    self._track_duplicate(n)
         if release_lock:
             self.dec_lock_ref(lock_node)
 
     def writing_check(self, num_acks: int | None = None, write_back: bool = False) -> int:
-        """Deliver the first ``num_acks`` write acknowledgements (all when None)."""
+        """Deliver the first ``num_acks`` write acknowledgements (all when None; unified rules:
+        the queued writes are issued first)."""
         cc = self.cache_controller
+        if num_acks is not None and num_acks < 0:
+            raise InvalidArgumentError(f"num_acks must be >= 0, got {num_acks}")
+        if self.unified:
+            cc.start_writing()
         count = len(cc.ack_write_queue) if num_acks is None else num_acks
-        if count < 0:
-            raise InvalidArgumentError(f"num_acks must be >= 0, got {count}")
         done = 0
         while done < count and cc.ack_write_queue:
             ack = cc.ack_write_queue.pop(0)
@@ -281,7 +310,10 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
             ack = cc.ack_load_queue.pop(0)
             cc.complete(ack)
             for ack_id in ack.node_ids:
-                self.dec_lock_ref(self.ongoing_load_back.pop(ack_id))
+                node = self.ongoing_load_back.pop(ack_id)
+                self.dec_lock_ref(node)
+                if self.unified:
+                    self._finish_load_back(node)
             done += 1
         return done
 
@@ -293,6 +325,8 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
     def load_back(self, node: TreeNode, mem_quota: int | None = None) -> torch.Tensor | None:
         """Restore the host-only nodes from ``node`` up to the first device node; see the
         reference."""
+        if self.unified:
+            return self._load_back_unified(_hi(node), mem_quota)
         node = last_hit_node = _hi(node)
         nodes_to_load: list[HiTreeNode] = []
         while node.evicted:
@@ -362,7 +396,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
     def host_snapshot(self) -> HostTierSnapshot:
         """The whole host tier; see the reference."""
         cc = self.cache_controller
-        acks = cc.ack_write_queue + cc.ack_load_queue + cc.load_queue
+        acks = cc.ack_write_queue + cc.write_queue + cc.ack_load_queue + cc.load_queue
         rows = cc.mem_pool_device.num_rows
         released = [int(s) for page in cc.host_mem_release_queue for s in page.tolist()]
         return HostTierSnapshot(

@@ -42,6 +42,10 @@ class HiRadixEvict:
     _device_nodes: Any
     write_backup: Any
     writing_check: Any
+    unified: bool
+    full_host_duplicates: dict[int, HiTreeNode]
+    _evict_write_back_unified: Any
+    _reclaim_host_duplicates: Any
 
     def _device_leaves(self) -> list[HiTreeNode]:
         nodes = self._device_nodes()
@@ -70,6 +74,8 @@ class HiRadixEvict:
             return 0
         self._dirty.clear()  # the plain twin's heap queue is not used here
         if self.write_policy == "write_back":
+            if self.unified:
+                return int(self._evict_write_back_unified(num_tokens))
             return self._evict_write_back(num_tokens)
         heap = self._make_heap(self._device_leaves())
         evicted = 0
@@ -146,6 +152,7 @@ class HiRadixEvict:
         del parent.children[node.child_key]
         node.parent = None
         self._num_nodes -= 1
+        self.full_host_duplicates.pop(node.node_id, None)
 
     def _drop_subtree_no_host(self, top: HiTreeNode) -> int:
         nodes = [_hi(n) for n in bfs_nodes(top)]
@@ -169,13 +176,16 @@ class HiRadixEvict:
         return freed
 
     def evict_host(self, num_tokens: int) -> int:
-        """Free the host copies of unpinned host-only leaves by policy; see the reference."""
+        """Free the host copies of unpinned host-only leaves by policy (unified write-back:
+        host duplicates first); see the reference."""
         if num_tokens < 0:
             raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+        evicted = 0
+        if self.unified and self.write_policy == "write_back":
+            evicted = int(self._reclaim_host_duplicates(num_tokens))
         leaves = [n for n in self._all() if n.evicted and not any(
             _hi(c).backuped for c in n.children.values())]  # fmt: skip
         heap = self._make_heap(leaves)
-        evicted = 0
         while evicted < num_tokens and heap:
             _, x = heapq.heappop(heap)
             if not x.evicted or x.host_ref_counter > 0 or x.host_value is None:

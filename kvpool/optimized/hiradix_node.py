@@ -18,7 +18,13 @@ from kvpool.optimized.radix_key import RadixKey, TreeNode
 class HiTreeNode(TreeNode):
     """A :class:`~kvpool.optimized.radix_key.TreeNode` plus the host-tier fields."""
 
-    __slots__ = ("_host_only", "host_ref_counter", "host_value", "write_through_pending_id")
+    __slots__ = (
+        "_host_only",
+        "host_ref_counter",
+        "host_value",
+        "load_back_pending_id",
+        "write_through_pending_id",
+    )
 
     def __init__(
         self,
@@ -34,6 +40,7 @@ class HiTreeNode(TreeNode):
         self.host_value: torch.Tensor | None = None
         self.host_ref_counter = 0
         self.write_through_pending_id: int | None = None
+        self.load_back_pending_id: int | None = None
 
     @property
     def evicted(self) -> bool:

@@ -42,7 +42,12 @@ from kvpool.optimized.chunk_cache import ChunkCache
 from kvpool.optimized.hicache_lifecycle import HiCacheLifecycle, build_hiradix_tree
 from kvpool.optimized.kv_cache import KVCache, kv_cache_from_config
 from kvpool.optimized.layer_transfer import LayerDoneCounter
-from kvpool.optimized.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
+from kvpool.optimized.mamba_hooks import (
+    check_hybrid_config,
+    hybrid_pool,
+    mamba_hooks_for,
+    mamba_lifecycle_tree,
+)
 from kvpool.optimized.mamba_radix_release import MambaLifecycleCache
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
@@ -128,7 +133,7 @@ class LifecyclePrimitives(HiCacheLifecycle, BatchRows):
                     pool, alloc, ps, False, config.eviction_policy, clock, rules=config.rules
                 )
                 if config.mamba_slots is None
-                else MambaLifecycleCache(pool, alloc, ps, options=opts)
+                else mamba_lifecycle_tree(config, pool, alloc, options=opts)
             ),
             config,
             pool,

@@ -25,6 +25,7 @@ from kvpool.optimized.mamba_radix_release import MambaLifecycleCache
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.req import Req
+from kvpool.optimized.unified_mamba_release import UnifiedMambaLifecycleCache
 from kvpool.reference.mamba_hooks import check_hybrid_config
 from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot, MambaTreeSnapshot
 from kvpool.tags import mamba_state_tag
@@ -36,6 +37,16 @@ def hybrid_pool(config: PoolConfig, options: TwinOptions | None = None) -> Hybri
     return HybridReqToTokenPool(config.req_pool_size, config.max_context_len, config.mamba_slots,
                                 config.mamba_layers, config.mamba_track_buffers,
                                 rules=config.rules, options=twin_options(options))  # fmt: skip
+
+
+def mamba_lifecycle_tree(
+    config: PoolConfig, pool: Any, alloc: Any, options: TwinOptions | None = None
+) -> MambaLifecycleCache:
+    """The prefix cache of a hybrid configuration with the radix cache on: SGLang 0.5.16's
+    Mamba radix cache or, under ``Rules.mamba_tree == "unified"``, 0.5.23's unified tree."""
+    if config.rules.mamba_tree == "unified":
+        return UnifiedMambaLifecycleCache(pool, alloc, config.page_size, options=options)
+    return MambaLifecycleCache(pool, alloc, config.page_size, options=options)
 
 
 def mamba_hooks_for(pool: object) -> MambaHooks | None:
@@ -50,6 +61,11 @@ class MambaHooks:
         self.pool = pool
         self.tree: MambaLifecycleCache | None = None
         """The Mamba radix cache when the radix cache is on (set by the lifecycle)."""
+
+    @property
+    def unified(self) -> bool:
+        """Whether the tree is SGLang 0.5.23's unified FULL+MAMBA tree."""
+        return isinstance(self.tree, UnifiedMambaLifecycleCache)
 
     def check_admission(self, reqs: Sequence[Req], chunks: int = 0) -> None:
         """OutOfMemoryError (nothing changed) when the batch needs more Mamba slots than are
@@ -94,13 +110,23 @@ class MambaHooks:
     def evict_for_admission(self, reqs: Sequence[Req]) -> None:
         """SGLang's ``alloc_req_slots`` with a Mamba prefix cache: when fewer slots are
         schedulable than the headroom (or than the batch needs), evict the difference in cached
-        states first."""
-        if self.tree is None:
+        states first. Nothing under 0.5.23's rules (:meth:`reclaim_before_alloc` did it)."""
+        if self.tree is None or self.unified:
             return
         free = self.pool.mamba_allocator.schedulable_available_size()
         want = max(admission_headroom(len(reqs), True), self.pool.mamba_slots_needed(reqs))
         if free < want:
             self.tree.evict_mamba(want - free)
+
+    def reclaim_before_alloc(self, reqs: Sequence[Req]) -> None:
+        """SGLang 0.5.23's ``ensure_mamba_capacity`` (unified tree only), before the batch's KV
+        is allocated: evict exactly the shortfall of the slots the batch needs."""
+        if self.tree is None or not self.unified:
+            return
+        need = self.pool.mamba_slots_needed(reqs)
+        free = self.pool.mamba_allocator.schedulable_available_size()
+        if free < need:
+            self.tree.evict_mamba(need - free)
 
     def release_waiting(self, req: Req) -> None:
         """A waiting request leaves (abort, or a refused admission that matched it): its
@@ -179,4 +205,10 @@ def _state_len(req: Req) -> int:
     return req.kv_committed_len if req.req_pool_idx is not None else len(req.prefix_indices)
 
 
-__all__ = ["MambaHooks", "check_hybrid_config", "hybrid_pool", "mamba_hooks_for"]
+__all__ = [
+    "MambaHooks",
+    "check_hybrid_config",
+    "hybrid_pool",
+    "mamba_hooks_for",
+    "mamba_lifecycle_tree",
+]

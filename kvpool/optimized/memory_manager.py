@@ -180,6 +180,7 @@ class MemoryManager(LifecyclePrimitives):
             raise
         if self.mamba_hooks is not None:
             self.mamba_hooks.stage_cow([r for r in reqs if r.state == "waiting"])
+            self.mamba_hooks.reclaim_before_alloc(reqs)  # 0.5.23: states before the KV
         held = [s for s in restoring if s is not None]
         reads = iter(SessionSlot.read_rows(held, self.req_to_token_pool, self.device))
         for req, session in zip(reqs, restoring, strict=True):

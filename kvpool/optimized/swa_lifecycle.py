@@ -25,6 +25,17 @@ class WindowAllocator(Protocol):
     def free_swa(self, free_index: torch.Tensor) -> None: ...
 
 
+class SegmentAllocator(Protocol):
+    """What SGLang 0.5.23's window slide and row release use of an SWA allocator: segment
+    frees of a request's row columns starting at ``start_pos`` (SWA side, full side, both)."""
+
+    def free_swa_segment(self, free_index: torch.Tensor, start_pos: int = 0) -> None: ...
+
+    def free_full_segment(self, free_index: torch.Tensor, start_pos: int = 0) -> None: ...
+
+    def free_segment(self, free_index: torch.Tensor, start_pos: int = 0) -> None: ...
+
+
 class DeficitAllocator(Protocol):
     """What the eviction before an allocation reads of an SWA allocator (tokens)."""
 
@@ -77,6 +88,68 @@ def free_swa_out_of_window_slots(
     return frontier
 
 
+def slide_swa_window(
+    row: torch.Tensor,
+    swa_evicted_seqlen: int,
+    pre_len: int,
+    cache_protected_len: int,
+    sliding_window_size: int,
+    page_size: int,
+    allocator: SegmentAllocator,
+    prefix_sharing: bool,
+) -> int:
+    """SGLang 0.5.23's window slide (``Rules.swa_window_release == "scheduler"``) before the
+    request computes token ``pre_len``; returns the new ``swa_evicted_seqlen``.
+
+    Nothing changes unless more than ``sliding_window_size`` tokens lie past the cursor
+    (``pre_len - sliding_window_size > swa_evicted_seqlen``). Otherwise the cursor first rises
+    to ``cache_protected_len`` (the tree owns that prefix), then to the frontier: ``pre_len -
+    sliding_window_size`` without prefix sharing (the chunk cache), ``pre_len -
+    ceil_align(max(sliding_window_size, page_size), page_size)`` with it (a radix cache),
+    rounded down to a page; the columns between the two go back with one
+    ``allocator.free_swa_segment`` at the old cursor. InvalidArgumentError for a protected
+    prefix that is not page-aligned or a row shorter than the frontier."""
+    if cache_protected_len % page_size:
+        raise InvalidArgumentError(f"cache_protected_len {cache_protected_len} is not aligned")
+    if pre_len - sliding_window_size < swa_evicted_seqlen + 1:
+        return swa_evicted_seqlen
+    evicted = max(swa_evicted_seqlen, cache_protected_len)
+    if prefix_sharing:
+        threshold = pre_len - ceil_align(max(sliding_window_size, page_size), page_size)
+    else:
+        threshold = pre_len - sliding_window_size
+    frontier = floor_align(max(evicted, threshold), page_size)
+    if frontier <= evicted:
+        return evicted
+    if row.numel() < frontier:
+        raise InvalidArgumentError(f"row of {row.numel()} slots for a frontier at {frontier}")
+    allocator.free_swa_segment(row[evicted:frontier], evicted)
+    return frontier
+
+
+def free_kv_row_segment(
+    slots: torch.Tensor,
+    start: int,
+    swa_evicted_seqlen: int,
+    cache_protected_len: int,
+    allocator: SegmentAllocator,
+) -> None:
+    """SGLang 0.5.23's ``free_kv_row_segments`` of one segment: the row columns ``[start,
+    start + len(slots))`` holding ``slots``. The window-dead columns ``[cache_protected_len,
+    max(swa_evicted_seqlen, cache_protected_len))`` inside it go back full-side only
+    (``free_full_segment``: their SWA slots are gone), then the rest with ``free_segment``
+    (each live piece at its first column)."""
+    stop = start + slots.numel()
+    lo = min(max(cache_protected_len, start), stop)
+    hi = min(max(swa_evicted_seqlen, cache_protected_len, start), stop)
+    if hi > lo:
+        allocator.free_full_segment(slots[lo - start : hi - start], lo)
+    alive = [(start, lo), (hi, stop)] if hi > lo else [(start, stop)]
+    for a, b in alive:
+        if b > a:
+            allocator.free_segment(slots[a - start : b - start], a)
+
+
 def evict_for_swa_alloc(
     tree_cache: SWAEvictor, allocator: DeficitAllocator, num_tokens: int
 ) -> tuple[int, int]:
@@ -98,7 +171,10 @@ def evict_for_swa_alloc(
 __all__ = [
     "DeficitAllocator",
     "SWAEvictor",
+    "SegmentAllocator",
     "WindowAllocator",
     "evict_for_swa_alloc",
+    "free_kv_row_segment",
     "free_swa_out_of_window_slots",
+    "slide_swa_window",
 ]

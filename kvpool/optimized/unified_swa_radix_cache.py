@@ -113,11 +113,19 @@ class UnifiedSWARadixCache(SWARadixCache):
         return result
 
     def insert(self, key: RadixKey, value: torch.Tensor, prev_prefix_len: int = 0,
-               swa_evicted_seqlen: int = 0) -> int:  # fmt: skip
+               swa_evicted_seqlen: int = 0, inserted_len: int = 0) -> int:  # fmt: skip
         """Insert the page-aligned part of ``key`` at full slots ``value`` (module docstring);
-        returns the tokens that were already cached. InvalidArgumentError (nothing changed) for
-        fewer slots than tokens, an ``swa_evicted_seqlen`` that is not a page multiple in
-        ``[0, len(key)]`` or a ``prev_prefix_len`` outside ``[0, len(key)]``."""
+        returns the tokens that were already cached. A hit counts on each walked node and the new
+        leaf that ends past ``inserted_len`` tokens (SGLang 0.5.23's ``InsertParams.inserted_len``:
+        a request's own earlier checkpoints counted the rest). InvalidArgumentError (nothing
+        changed) for fewer slots than tokens, an ``swa_evicted_seqlen`` that is not a page multiple
+        in ``[0, len(key)]``, a negative ``prev_prefix_len`` (one past the key frees nothing), or
+        any of the three that is not an int (a bool or a float is refused, not truncated)."""
+        for name, given in (("prev_prefix_len", prev_prefix_len),
+                            ("swa_evicted_seqlen", swa_evicted_seqlen),
+                            ("inserted_len", inserted_len)):  # fmt: skip
+            if isinstance(given, bool) or not isinstance(given, int):
+                raise InvalidArgumentError(f"{name} must be an int, got {given!r}")
         if len(value) < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
         value = tree_value(value, self.device).reshape(-1)
@@ -127,10 +135,11 @@ class UnifiedSWARadixCache(SWARadixCache):
         value = value[: len(key)]
         if not 0 <= swa_evicted_seqlen <= len(key) or swa_evicted_seqlen % self.page_size:
             raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")
-        if isinstance(prev_prefix_len, bool) or not isinstance(prev_prefix_len, int):
-            raise InvalidArgumentError(f"prev_prefix_len must be an int, got {prev_prefix_len!r}")
         if prev_prefix_len < 0:
             raise InvalidArgumentError(f"prev_prefix_len must be >= 0, got {prev_prefix_len}")
+        self.last_insert_node = self.root_node
+        """The node the last insert's key ended on (SGLang's ``InsertResult.last_device_node``;
+        the root for an empty key)."""
         if len(key) == 0:
             return 0
         self._start_walk()
@@ -146,15 +155,17 @@ class UnifiedSWARadixCache(SWARadixCache):
             node = child
             if prev_prefix_len < total + n:
                 node = self._overlap(node, value[:n], total, prev_prefix_len, swa_evicted_seqlen)
-            node.hit_count += 1
+            node.hit_count += 1 if total + n > inserted_len else 0
             total += n
             key, value = key[n:], value[n:]
         target = node
         if len(key) > 0:
+            end = total + len(key)
             target = self._new_tail(node, key, value, total, swa_evicted_seqlen)
-            target.hit_count += 1
+            target.hit_count += 1 if end > inserted_len else 0
         if target is not self.root_node:
             self._refresh_window(target)
+        self.last_insert_node = target
         return total
 
     def _overlap(self, node: SWATreeNode, incoming: torch.Tensor, start: int,

@@ -5,8 +5,10 @@ Units: device indices are device token slots, host indices host slots; both page
 
 - ``write(device_indices, node_id)`` reserves host slots (None when the host pool is full,
   nothing changed) and issues the copy at once: one :class:`HiCacheAck` joins
-  ``ack_write_queue``. The copy itself (the device tags into the host pool) happens when the
-  acknowledgement is delivered (:meth:`complete`): until then the transfer is in flight.
+  ``ack_write_queue``. With ``flush=False`` (SGLang 0.5.23) the copy waits in ``write_queue``
+  until ``start_writing`` merges every queued write into one acknowledgement. The copy itself
+  (the device tags into the host pool) happens when the acknowledgement is delivered
+  (:meth:`complete`): until then the transfer is in flight.
 - ``load(host_indices, node_id)`` reserves device slots (None when the allocator is full) and
   queues the copy in ``load_queue``; ``start_loading`` merges the queue into one acknowledgement
   on ``ack_load_queue`` (SGLang issues it before the forward pass); delivery copies the host
@@ -85,6 +87,7 @@ class HiCacheController:
         self.mem_pool_device = mem_pool_host.device_pool
         self.page_size = page_size
         self.write_policy = write_policy
+        self.segment_frees = False
         self.reset()
 
     def reset(self) -> None:
@@ -98,15 +101,18 @@ class HiCacheController:
         self.producer_count = 0
 
     # ----------------------------------------------------------------- device <-> host
-    def write(self, device_indices: Sequence[int], node_id: int = -1) -> list[int] | None:
-        """Reserve host slots for ``device_indices`` and issue the copy; None when the host pool
-        cannot hold them (nothing changed)."""
+    def write(
+        self, device_indices: Sequence[int], node_id: int = -1, *, flush: bool = True
+    ) -> list[int] | None:
+        """Reserve host slots for ``device_indices`` and queue the copy, issued at once unless
+        ``flush`` is False; None when the host pool cannot hold them (nothing changed)."""
         host_indices = self.mem_pool_host.alloc(len(device_indices))
         if host_indices is None:
             return None
         host: list[int] = list(host_indices)
         self.write_queue.append(HiCacheAck("write", [node_id], host, list(device_indices)))
-        self.start_writing()
+        if flush:
+            self.start_writing()
         return host
 
     def start_writing(self) -> None:
@@ -144,9 +150,14 @@ class HiCacheController:
             host.load_to_device_all_layer(device, ack.host_indices, ack.device_indices)
 
     def evict_device(self, device_indices: Sequence[int]) -> int:
-        """Free device slots; returns how many."""
-        self.mem_pool_device_allocator.free(list(device_indices))
-        return len(device_indices)
+        """Free device slots (``free``, or ``free_segment`` when the cache sets
+        ``segment_frees``: SGLang 0.5.23's tree frees); returns how many."""
+        slots = list(device_indices)
+        if self.segment_frees:
+            self.mem_pool_device_allocator.free_segment(slots, 0)
+        else:
+            self.mem_pool_device_allocator.free(slots)
+        return len(slots)
 
     def evict_host(self, host_indices: Sequence[int]) -> int:
         """Free host slots; returns how many."""

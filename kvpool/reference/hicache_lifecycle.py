@@ -30,6 +30,7 @@ The steps, as SGLang 0.5.16's scheduler takes them:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kvpool.config import PoolConfig
@@ -48,12 +49,15 @@ def build_hiradix_tree(
 ) -> HiRadixCache:
     """The manager's ``HiRadixCache``: a host pool of ``hicache_ratio`` times ``kv_cache`` (the
     manager's KV buffers, so transfers copy what the lifecycle computed) and the config's write
-    policy and thresholds."""
+    policy and thresholds. The lifecycle runs 0.5.16's host tier whatever
+    ``Rules.hicache_host_tier`` says: the unified one (an insert that frees the request's
+    duplicates itself) is modelled for the cache alone, not inside the request lifecycle."""
     host = host_pool_for(kv_cache, config.hicache_ratio)
+    rules = replace(config.rules, hicache_host_tier="hiradix")
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
                         clock, config.hicache_write_policy, config.hicache_load_back_threshold,
                         config.hicache_prefetch_threshold, config.hicache_storage,
-                        rules=config.rules)  # fmt: skip
+                        rules=rules)  # fmt: skip
 
 
 class HiCacheLifecycle:

@@ -24,6 +24,14 @@ count device tokens only (a host-only node is never locked).
 - ``match_prefix`` also reports ``host_hit_length`` (tokens in host-only nodes at the end of the
   match) and ``last_host_node`` (the deepest backed-up matched node; the root counts).
 - Storage prefetches: :class:`~kvpool.reference.hiradix_prefetch.HiRadixPrefetch`.
+
+Under ``Rules.hicache_host_tier == "unified"`` (SGLang 0.5.23's host tier inside
+``UnifiedRadixCache``) the differences are in :mod:`~kvpool.reference.hiradix_unified`, and
+here: writes are queued and issued together by the next ``writing_check``; ``insert`` frees the
+caller's duplicate device slots itself (one free per matched node) and counts matched host-only
+tokens (and a hit on them) in its result; ``match_prefix``'s ``last_host_node`` is the deepest
+matched node; device slots go back through ``free_segment`` when ``Rules.tree_free ==
+"segment"``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from kvpool.reference.cache_controller import HiCacheController
 from kvpool.reference.hiradix_evict import HiRadixEvict, _hi
 from kvpool.reference.hiradix_node import HiTreeNode
 from kvpool.reference.hiradix_prefetch import HiRadixPrefetch
+from kvpool.reference.hiradix_unified import HiRadixUnified
 from kvpool.reference.radix_cache import RadixCache, hit_floor
 from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.reference.tree_view import bfs_nodes, snapshot_tree
@@ -46,7 +55,7 @@ from kvpool.snapshot import HostTierSnapshot, TreeSnapshot
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
-class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
+class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
     """Prefix cache over device slots with host backups in ``token_to_kv_pool_host`` (see the
     module docstring)."""
 
@@ -81,6 +90,9 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
         self.load_back_threshold = load_back_threshold
         self.prefetch_threshold = prefetch_threshold
         self.enable_storage = enable_storage
+        resolved = rules if rules is not None else Rules()
+        self.unified = resolved.hicache_host_tier == "unified"
+        self.cache_controller.segment_frees = self.unified and resolved.tree_free == "segment"
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, disable,
                          eviction_policy, clock, rules=rules)  # fmt: skip
 
@@ -91,8 +103,14 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
         self.ongoing_write_through: dict[int, tuple[HiTreeNode, list[HiTreeNode]]] = {}
         self.ongoing_load_back: dict[int, HiTreeNode] = {}
         self.reset_prefetch()
+        self.reset_unified()
         super().reset()
         self.root_node.host_value = []
+
+    @property
+    def frees_duplicates(self) -> bool:
+        """Whether ``insert`` frees the caller's duplicate device slots itself (unified rules)."""
+        return self.unified
 
     def _new_node(self, key: RadixKey, value: list[int], parent: TreeNode | None, now: float,
                   priority: int = 0) -> HiTreeNode:  # fmt: skip
@@ -126,6 +144,8 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
                 nodes[i : i + 1] = [upper, low]
                 upper.write_through_pending_id = ack
                 self.ongoing_write_through[ack] = (lock_node, nodes)
+        if self.unified:
+            self._split_unified(low, upper)
         return upper
 
     def _walk(self, key: RadixKey) -> tuple[list[int], HiTreeNode]:
@@ -168,7 +188,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
             host_hit += len(device_node.host_value)
             device_node = _hi(device_node.parent)
         host_node = last
-        while not host_node.backuped:
+        while not host_node.backuped and not self.unified:
             host_node = _hi(host_node.parent)
         return MatchResult(values, device_node, host_node, host_hit)
 
@@ -183,7 +203,9 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
         """Insert ``key`` at ``value`` slots. A matched host-only node takes the caller's slots
         for its tokens (they become the tree's, not duplicates); other matched nodes count a
         hit (write policy permitting), which may start a write-through. Returns the tokens
-        already on device. Under write-back no hit is counted."""
+        already on device. Under write-back no hit is counted. Unified rules (module
+        docstring): the caller's duplicates are freed here, and the result and the hits count
+        the matched host-only tokens too."""
         if value is None:
             value = list(key.token_ids)
         if len(value) < len(key):
@@ -213,7 +235,13 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
                 hi.value = value[:n]
                 hi.evicted = False
                 self.evictable_size_ += n
+                if self.unified:
+                    total_prefix += n
+                    self._track_duplicate(hi)
+                    self._inc_hit_count(hi, total_prefix > floor)
             else:
+                if self.unified:  # the caller's duplicates
+                    self.cache_controller.evict_device(value[:n])
                 total_prefix += n
                 self._inc_hit_count(hi, total_prefix > floor)
             key, value = key[n:], value[n:]
@@ -232,7 +260,10 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
             return
         node.hit_count += 1
         if not node.backuped and node.hit_count >= self.write_through_threshold:
-            self.write_backup(node)
+            if self.unified:
+                self._backup_chain(node)
+            else:
+                self.write_backup(node)
 
     # ----------------------------------------------------------------- writes
     def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
@@ -261,16 +292,21 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
         for n in nodes:
             if n.write_through_pending_id == ack_id:
                 n.write_through_pending_id = None
+                if self.unified:
+                    self._track_duplicate(n)
         if release_lock:
             self.dec_lock_ref(lock_node)
 
     def writing_check(self, num_acks: int | None = None, write_back: bool = False) -> int:
         """Deliver the first ``num_acks`` write acknowledgements (all when None): copy the
-        content, clear the pending state and (write-through) unlock. Returns how many."""
+        content, clear the pending state and (write-through) unlock. Returns how many. Under
+        the unified rules the queued writes are issued first (one acknowledgement)."""
         cc = self.cache_controller
+        if num_acks is not None and num_acks < 0:
+            raise InvalidArgumentError(f"num_acks must be >= 0, got {num_acks}")
+        if self.unified:
+            cc.start_writing()
         count = len(cc.ack_write_queue) if num_acks is None else num_acks
-        if count < 0:
-            raise InvalidArgumentError(f"num_acks must be >= 0, got {count}")
         done = 0
         while done < count and cc.ack_write_queue:
             ack = cc.ack_write_queue.pop(0)
@@ -292,7 +328,10 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
             ack = cc.ack_load_queue.pop(0)
             cc.complete(ack)
             for ack_id in ack.node_ids:
-                self.dec_lock_ref(self.ongoing_load_back.pop(ack_id))
+                node = self.ongoing_load_back.pop(ack_id)
+                self.dec_lock_ref(node)
+                if self.unified:
+                    self._finish_load_back(node)
             done += 1
         return done
 
@@ -305,7 +344,9 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
         """Restore the host-only nodes from ``node`` up to the first device node into new
         device slots; returns them (None: below the threshold, over the quota, or no room even
         after one eviction; nothing changed then). The restored path is locked until the load's
-        acknowledgement."""
+        acknowledgement. Unified rules: :meth:`HiRadixUnified._load_back_unified`."""
+        if self.unified:
+            return self._load_back_unified(_hi(node), mem_quota)
         node = last_hit_node = _hi(node)
         nodes_to_load: list[HiTreeNode] = []
         while node.evicted:
@@ -375,7 +416,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, RadixCache):
         """The whole host tier: device allocator, tree, host pool, transfers in flight (queued
         loads included), prefetches, the release queue, the worker-held slots, device tags."""
         cc = self.cache_controller
-        acks = cc.ack_write_queue + cc.ack_load_queue + cc.load_queue
+        acks = cc.ack_write_queue + cc.write_queue + cc.ack_load_queue + cc.load_queue
         device = self.token_to_kv_pool_allocator.snapshot()
         rows = cc.mem_pool_device.num_rows
         return HostTierSnapshot(

@@ -38,6 +38,10 @@ class HiRadixEvict:
     _device_nodes: Any
     write_backup: Any
     writing_check: Any
+    unified: bool
+    full_host_duplicates: dict[int, HiTreeNode]
+    _evict_write_back_unified: Any
+    _reclaim_host_duplicates: Any
 
     def _device_leaves(self) -> list[HiTreeNode]:
         nodes = self._device_nodes()
@@ -70,6 +74,8 @@ class HiRadixEvict:
         if self.disable or num_tokens == 0:
             return 0
         if self.write_policy == "write_back":
+            if self.unified:
+                return int(self._evict_write_back_unified(num_tokens))
             return self._evict_write_back(num_tokens)
         heap = self._make_heap(self._device_leaves())
         evicted = 0
@@ -142,6 +148,7 @@ class HiRadixEvict:
         assert parent is not None
         del parent.children[self._child_key(parent, node.key)]
         node.parent = None
+        self.full_host_duplicates.pop(node.node_id, None)
 
     def _drop_subtree_no_host(self, top: HiTreeNode) -> int:
         """Write-back with a full host: drop ``top`` and its host-only subtree, host and device
@@ -166,14 +173,17 @@ class HiRadixEvict:
 
     def evict_host(self, num_tokens: int) -> int:
         """Free the host copies of unpinned host-only leaves by policy until ``num_tokens``
-        host tokens are freed; such a node leaves the tree. Returns the host tokens freed."""
+        host tokens are freed; such a node leaves the tree. Returns the host tokens freed.
+        Under the unified write-back rules host duplicates are reclaimed first."""
         if num_tokens < 0:
             raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+        evicted = 0
+        if self.unified and self.write_policy == "write_back":
+            evicted = int(self._reclaim_host_duplicates(num_tokens))
         leaves = [_hi(n) for n in bfs_nodes(self.root_node)[1:]]
         leaves = [n for n in leaves if n.evicted and not any(
             _hi(c).backuped for c in n.children.values())]  # fmt: skip
         heap = self._make_heap(leaves)
-        evicted = 0
         while evicted < num_tokens and heap:
             _, x = heapq.heappop(heap)
             if not x.evicted or x.host_ref_counter > 0 or x.host_value is None:

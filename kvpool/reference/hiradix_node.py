@@ -11,6 +11,9 @@ A node is in one of three places (SGLang 0.5.16's ``evicted`` / ``backuped``):
 
 ``host_ref_counter`` pins the host copy: ``evict_host`` never frees a pinned node's host slots.
 ``write_through_pending_id`` names the write whose acknowledgement has not arrived (None: none).
+``load_back_pending_id`` (SGLang 0.5.23's unified host tier under write-back only) names the
+load-back whose acknowledgement has not arrived and that pins this node's host copy against the
+reclaim of host duplicates (None: none).
 The root is never evicted and counts as backed up (``host_value == []``).
 """
 
@@ -24,7 +27,13 @@ class HiTreeNode(TreeNode):
     """A :class:`~kvpool.reference.radix_key.TreeNode` plus the host-tier fields (see the module
     docstring)."""
 
-    __slots__ = ("evicted", "host_ref_counter", "host_value", "write_through_pending_id")
+    __slots__ = (
+        "evicted",
+        "host_ref_counter",
+        "host_value",
+        "load_back_pending_id",
+        "write_through_pending_id",
+    )
 
     def __init__(
         self,
@@ -40,6 +49,7 @@ class HiTreeNode(TreeNode):
         self.host_value: list[int] | None = None
         self.host_ref_counter = 0
         self.write_through_pending_id: int | None = None
+        self.load_back_pending_id: int | None = None
 
     @property
     def backuped(self) -> bool:

@@ -32,7 +32,12 @@ from kvpool.reference.chunk_cache import ChunkCache
 from kvpool.reference.hicache_lifecycle import HiCacheLifecycle, build_hiradix_tree
 from kvpool.reference.kv_cache import KVCache, kv_cache_from_config
 from kvpool.reference.layer_transfer import LayerDoneCounter
-from kvpool.reference.mamba_hooks import check_hybrid_config, hybrid_pool, mamba_hooks_for
+from kvpool.reference.mamba_hooks import (
+    check_hybrid_config,
+    hybrid_pool,
+    mamba_hooks_for,
+    mamba_lifecycle_tree,
+)
 from kvpool.reference.mamba_radix_release import MambaLifecycleCache
 from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.paged_ops import decode_new_pages, eviction_target, extend_new_pages
@@ -102,7 +107,7 @@ class LifecyclePrimitives(HiCacheLifecycle):
                 if config.enable_hierarchical_cache
                 else RadixCache(pool, alloc, ps, False, config.eviction_policy, clock, rules=rules)
                 if config.mamba_slots is None
-                else MambaLifecycleCache(pool, alloc, ps)
+                else mamba_lifecycle_tree(config, pool, alloc)
             ),
             config,
             pool,

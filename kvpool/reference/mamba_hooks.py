@@ -26,9 +26,16 @@ headroom of ``MAMBA_STATE_PER_REQ_PREFIX_CACHE`` per request) and :meth:`release
 aborted or refused waiting request returns its copy-on-write slot). A finished request's state
 goes to the tree or back through the tree's ``cache_finished_req``.
 
+Under SGLang 0.5.23's rules (``Rules.mamba_tree == "unified"``) the tree is
+:class:`~kvpool.reference.unified_mamba_release.UnifiedMambaLifecycleCache` and admission
+follows 0.5.23's ``ensure_mamba_capacity``: :meth:`reclaim_before_alloc` evicts exactly the
+shortfall of the slots the batch needs, before any KV is allocated (and
+:meth:`evict_for_admission` does nothing).
+
 Scope: with the Mamba radix cache, kvpool models SGLang's strategy without track buffers (page
-size 1, LRU eviction, SGLang 0.5.16's release path) and no sessions (``open_session`` raises
-ConfigError); other hybrid configurations with the radix cache on are ConfigError. With the
+size 1, LRU eviction, SGLang 0.5.16's or 0.5.23's release path with its tree) and no sessions
+(``open_session`` raises ConfigError); other hybrid configurations with the radix cache on are
+ConfigError. With the
 radix cache off, a session keeps its last turn's Mamba slot and track buffers between turns
 with its row (:class:`~kvpool.reference.session.SessionSlot`).
 """
@@ -51,20 +58,38 @@ from kvpool.reference.mamba_radix_cache import MambaMatchResult
 from kvpool.reference.mamba_radix_release import MambaLifecycleCache
 from kvpool.reference.radix_key import RadixKey
 from kvpool.reference.req import Req
+from kvpool.reference.unified_mamba_release import UnifiedMambaLifecycleCache
 from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot, MambaTreeSnapshot
 from kvpool.tags import mamba_state_tag
+
+MAMBA_TREE_RELEASE = {"mamba_radix": "finished_req", "unified": "checkpoint"}
+"""The release path (``Rules.release_path``) each Mamba tree (``Rules.mamba_tree``) is
+modelled with: SGLang 0.5.16's and 0.5.23's."""
 
 
 def check_hybrid_config(config: PoolConfig) -> None:
     """ConfigError for a hybrid configuration the lifecycle does not model: with the radix
-    cache on, track buffers, a page size above 1, an eviction policy other than LRU, or a release
-    path other than SGLang 0.5.16's."""
+    cache on, track buffers, a page size above 1, an eviction policy other than LRU, or a
+    release path other than the one of the rules' Mamba tree (:data:`MAMBA_TREE_RELEASE`)."""
     if config.mamba_slots is None or config.disable_radix_cache:
         return
     if config.mamba_track_buffers or config.page_size != 1:
         raise ConfigError("the Mamba radix cache is modelled without track buffers, page size 1")
-    if config.eviction_policy != "lru" or config.rules.release_path != "finished_req":
-        raise ConfigError("the Mamba radix cache evicts LRU and releases as SGLang 0.5.16")
+    rules = config.rules
+    paired = MAMBA_TREE_RELEASE[rules.mamba_tree] == rules.release_path
+    if config.eviction_policy != "lru" or not paired:
+        raise ConfigError(
+            "the Mamba radix cache evicts LRU and releases as SGLang 0.5.16 (mamba_radix, "
+            "finished_req) or 0.5.23 (unified, checkpoint)"
+        )
+
+
+def mamba_lifecycle_tree(config: PoolConfig, pool: Any, alloc: Any) -> MambaLifecycleCache:
+    """The prefix cache of a hybrid configuration with the radix cache on: SGLang 0.5.16's
+    Mamba radix cache or, under ``Rules.mamba_tree == "unified"``, 0.5.23's unified tree."""
+    if config.rules.mamba_tree == "unified":
+        return UnifiedMambaLifecycleCache(pool, alloc, config.page_size)
+    return MambaLifecycleCache(pool, alloc, config.page_size)
 
 
 def hybrid_pool(config: PoolConfig) -> HybridReqToTokenPool:
@@ -87,6 +112,11 @@ class MambaHooks:
         self.pool = pool
         self.tree: MambaLifecycleCache | None = None
         """The Mamba radix cache when the radix cache is on (set by the lifecycle)."""
+
+    @property
+    def unified(self) -> bool:
+        """Whether the tree is SGLang 0.5.23's unified FULL+MAMBA tree."""
+        return isinstance(self.tree, UnifiedMambaLifecycleCache)
 
     def check_admission(self, reqs: Sequence[Req], chunks: int = 0) -> None:
         """OutOfMemoryError (nothing changed) when the batch needs more Mamba slots than are
@@ -131,13 +161,24 @@ class MambaHooks:
     def evict_for_admission(self, reqs: Sequence[Req]) -> None:
         """SGLang's ``alloc_req_slots`` with a Mamba prefix cache: when fewer slots are
         schedulable than the headroom (or than the batch needs), evict the difference in cached
-        states first."""
-        if self.tree is None:
+        states first. Nothing under 0.5.23's rules (:meth:`reclaim_before_alloc` did it)."""
+        if self.tree is None or self.unified:
             return
         free = self.pool.mamba_allocator.schedulable_available_size()
         want = max(admission_headroom(len(reqs), True), self.pool.mamba_slots_needed(reqs))
         if free < want:
             self.tree.evict_mamba(want - free)
+
+    def reclaim_before_alloc(self, reqs: Sequence[Req]) -> None:
+        """SGLang 0.5.23's ``ensure_mamba_capacity`` (unified tree only), before the batch's KV
+        is allocated: when fewer slots are schedulable than the batch needs, evict exactly the
+        shortfall in cached states (admission checked it can be had)."""
+        if self.tree is None or not self.unified:
+            return
+        need = self.pool.mamba_slots_needed(reqs)
+        free = self.pool.mamba_allocator.schedulable_available_size()
+        if free < need:
+            self.tree.evict_mamba(need - free)
 
     def release_waiting(self, req: Req) -> None:
         """A waiting request leaves (abort, or a refused admission that matched it): its
@@ -206,4 +247,11 @@ def _state_len(req: Req) -> int:
     return req.kv_committed_len if req.req_pool_idx is not None else len(req.prefix_indices)
 
 
-__all__ = ["MambaHooks", "check_hybrid_config", "hybrid_pool", "mamba_hooks_for"]
+__all__ = [
+    "MAMBA_TREE_RELEASE",
+    "MambaHooks",
+    "check_hybrid_config",
+    "hybrid_pool",
+    "mamba_hooks_for",
+    "mamba_lifecycle_tree",
+]

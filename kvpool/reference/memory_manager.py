@@ -183,6 +183,7 @@ class MemoryManager(LifecyclePrimitives):
             raise
         if self.mamba_hooks is not None:
             self.mamba_hooks.stage_cow([r for r in reqs if r.state == "waiting"])
+            self.mamba_hooks.reclaim_before_alloc(reqs)  # 0.5.23: states before the KV
         for req, session in zip(reqs, restoring, strict=True):
             if session is not None:
                 session.restore_into(

@@ -28,6 +28,7 @@ multiple). Units: tokens; slots are full slots.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -37,6 +38,7 @@ from kvpool.reference.radix_key import RadixKey
 from kvpool.reference.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.swa_radix_cache import SWAMatchResult, SWARadixCache, SWATreeNode
+from kvpool.reference.unified_swa_radix_cache import UnifiedSWARadixCache
 from kvpool.snapshot import TreeSnapshot
 
 
@@ -46,6 +48,7 @@ class SWAReq(Protocol):
 
     last_node: SWATreeNode | None
     cache_protected_len: int
+    cache_inserted_len: int
     prefix_indices: list[int]
 
     @property
@@ -185,4 +188,103 @@ class SWARadixLifecycle:
         req.last_node = match.last_device_node
 
 
-__all__ = ["SWARadixLifecycle"]
+class UnifiedSWARadixLifecycle(SWARadixLifecycle):
+    """SGLang 0.5.23's FULL+SWA unified tree (:class:`UnifiedSWARadixCache`) behind the
+    lifecycle's tree calls (``Rules.swa_window_release == "scheduler"``). The locks, sizes and
+    eviction are :class:`SWARadixLifecycle`'s; the hand-over is SGLang 0.5.23's
+    ``checkpoint`` (:meth:`checkpoint`), which the lifecycle
+    (:class:`~kvpool.reference.swa_memory_manager.SWAMemoryManager`) calls with the request's
+    window cursor after sliding the window; the row release is the lifecycle's."""
+
+    def __init__(
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator: SWATokenToKVPoolAllocator,
+        page_size: int,
+        sliding_window_size: int,
+        clock: Callable[[], float] | None = None,
+        eviction_policy: str = "lru",
+    ) -> None:
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
+                         sliding_window_size, clock)  # fmt: skip
+        self.eviction_policy = eviction_policy
+        self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
+                                            sliding_window_size, clock,
+                                            eviction_policy=eviction_policy)  # fmt: skip
+        self.tree = self.unified
+
+    def snapshot(self) -> TreeSnapshot:
+        """The tree's snapshot with every tombstone's ``swa_lock_ref`` reported as 0: 0.5.23's
+        window lock counts tombstones too (:class:`UnifiedSWARadixCache`, difference 4), but
+        only nodes holding SWA slots move the SWA sizes, and the pool invariants
+        (``INV-SWA-TREE-LOCKS``) hold a tombstone to no SWA lock."""
+        snap = self.tree.snapshot()
+        nodes = tuple(dataclasses.replace(n, swa_lock_ref=0) if n.swa_tombstone else n
+                      for n in snap.nodes)  # fmt: skip
+        return dataclasses.replace(snap, nodes=nodes)
+
+    def full_hit_length(self, key: RadixKey) -> int:
+        """Tokens of the page-aligned ``key`` whose full KV the tree holds (the walk a match
+        makes, tombstones included; changes nothing): SGLang's ``full_kv_hit_length``."""
+        key = key[: floor_align(len(key), self.page_size)]
+        node, total = self.tree.root_node, 0
+        while len(key) > 0:
+            child = node.children.get(self.tree._child_key(node, key))
+            if child is None:
+                break
+            n = self.tree._match_len(child.key, key)
+            total += n
+            if n < len(child.key):
+                break
+            node, key = child, key[n:]
+        return total
+
+    def branching_seqlen(self, key: RadixKey, device_prefix_len: int) -> int | None:
+        """SGLang's ``swa_branching_seqlen`` of a match of ``key`` that found
+        ``device_prefix_len`` usable tokens: the page-aligned full hit when it reaches past
+        them, else None."""
+        full = floor_align(self.full_hit_length(key), self.page_size)
+        return full if full > device_prefix_len else None
+
+    def checkpoint(self, req: SWAReq, stop: int, swa_evicted_seqlen: int) -> int:
+        """SGLang 0.5.23's ``checkpoint_into_tree`` of ``row[:stop]`` with the window cursor
+        ``swa_evicted_seqlen`` (tokens; the lifecycle slid the window first): insert the
+        page-aligned key with ``prev_prefix_len = cache_protected_len`` (the tree frees the
+        duplicates and recovers tombstones; hits count past ``cache_inserted_len``, which then
+        rises to the key's length), rewrite ``row[cache_protected_len:len(path)]`` with the
+        slots of the path to the node the insert ended on, move the lock there and set
+        ``cache_protected_len`` (returned), ``prefix_indices`` (``row[:stop]`` after the
+        rewrite) and ``last_node``. InvalidArgumentError for a request without a row."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        row = req.req_pool_idx
+        kv = self.req_to_token_pool.read(row, 0, stop)
+        aligned = floor_align(stop, self.page_size)
+        protected = req.cache_protected_len
+        if aligned <= 0:
+            req.prefix_indices = kv
+            return protected
+        evicted = min(swa_evicted_seqlen, aligned)
+        self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted,
+                            inserted_len=req.cache_inserted_len)  # fmt: skip
+        req.cache_inserted_len = max(req.cache_inserted_len, aligned)
+        node = self.unified.last_insert_node
+        path = self._path_values(node)
+        self.req_to_token_pool.write((row, slice(protected, len(path))), path[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(node)
+        req.cache_protected_len = len(path)
+        req.prefix_indices = path + kv[len(path) :]
+        req.last_node = node
+        return len(path)
+
+    def _path_values(self, node: SWATreeNode) -> list[int]:
+        """Full slots of the path from the root to ``node``."""
+        parts: list[list[int]] = []
+        while node is not self.tree.root_node and node.parent is not None:
+            parts.append(list(node.value))
+            node = node.parent
+        return [s for part in reversed(parts) for s in part]
+
+
+__all__ = ["SWARadixLifecycle", "UnifiedSWARadixLifecycle"]

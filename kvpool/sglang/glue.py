@@ -237,17 +237,18 @@ _COUNTS = "__kvpool_glue_calls__"
 
 def count_calls(module: Any, short: str) -> Counter[str]:
     """The calls made so far of each function defined in SGLang's loaded ``module``, as
-    ``SHORT.NAME`` -> count. The first call wraps every such function once (the counter lives
-    on the module, shared by every manager of the process); calls between them, made through
-    the module's globals, are counted too."""
+    ``SHORT.NAME`` -> count. Every such function is wrapped once (the counter lives on the
+    module, shared by every manager of the process); calls between them, made through the
+    module's globals, are counted too. Each call wraps again what is not wrapped: a function
+    that was put back unwrapped (a test's monkeypatch undone after it had been patched over
+    the original before the first wrap) is counted from then on."""
     counts: Counter[str] | None = vars(module).get(_COUNTS)
-    if counts is not None:
-        return counts
-    counts = Counter()
+    if counts is None:
+        counts = Counter()
+        setattr(module, _COUNTS, counts)
     for name, fn in list(vars(module).items()):
         if isinstance(fn, _FUNCTION) and fn.__module__ == module.__name__:
             setattr(module, name, _counted(counts, f"{short}.{name}", fn))
-    setattr(module, _COUNTS, counts)
     return counts
 
 

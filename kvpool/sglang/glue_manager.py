@@ -120,9 +120,11 @@ class SGLangGlueManager(MemoryManager):
         glue = self._glue(req)
         tokens = glue.full_untruncated_fill_ids
         old = req.last_node if req.matched else None
-        self._common.match_kv_cache(
-            glue, tree.impl, tokens, max_prefix_len=glue._compute_max_prefix_len(len(tokens))
-        )
+        result = self._common.match_kv_cache(
+            glue, tree.impl, tokens, cow_mamba=self._cow_mamba(req, cow),
+            max_prefix_len=glue._compute_max_prefix_len(len(tokens)),
+        )  # fmt: skip
+        self._after_match(req, result, cow)
         last = req.last_node  # SGLang set it (GlueReq: kvpool's UnifiedNodeRef of its NodeId)
         prefix = (
             tree.impl.prefix_device_indices(glue)
@@ -136,6 +138,15 @@ class SGLangGlueManager(MemoryManager):
         req.last_node = last
         req.matched = True
         return len(req.prefix_indices)
+
+    def _cow_mamba(self, req: Req, cow: bool) -> bool:
+        """``match_kv_cache``'s ``cow_mamba``: whether the match copies a cached Mamba state
+        into the request's own slot (a hybrid model's glue, :mod:`kvpool.sglang.glue_mamba`)."""
+        return False
+
+    def _after_match(self, req: Req, result: Any, cow: bool) -> None:
+        """Called with ``match_kv_cache``'s result before the lock moves (a hybrid model's
+        glue finishes a copy-on-write there); nothing here."""
 
     # ----------------------------------------------------------------- primitives
     def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> torch.Tensor:

@@ -141,6 +141,18 @@ def implementation(
                                   config.eviction_policy, config.hicache_write_policy,
                                   config.hicache_load_back_threshold)  # fmt: skip
 
+    def unified_hiradix_cache(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        """0.5.23's host tier: the unified cache with ``init_hicache``'s host tier attached
+        (kvpool.sglang.unified_hicache), for the ``hiradix_cache`` machine only."""
+        from kvpool.optimized.kv_cache import kv_cache_from_config
+        from kvpool.sglang.unified_hicache import SGLangUnifiedHiCache
+
+        return SGLangUnifiedHiCache(modules, pool, alloc, config.page_size,
+                                    kv_cache_from_config(config), config.hicache_ratio,
+                                    config.eviction_policy, config.hicache_write_policy,
+                                    config.hicache_load_back_threshold, tree_core)  # fmt: skip
+
+    unified_hicache = unified_hiradix_cache if has_unified_cache(modules) else None
     unified = None
     if has_unified_cache(modules):
 
@@ -180,6 +192,11 @@ def implementation(
             from kvpool.sglang.glue_manager import SGLangGlueManager
             from kvpool.testing.machines.lifecycle import manager_factory
 
+            if config.mamba_slots is not None:  # over the FULL+MAMBA set, the only hybrid manager
+                from kvpool.sglang.glue_mamba import SGLangMambaGlueManager
+
+                return SGLangMambaGlueManager(config, modules, tree_core=tree_core,
+                                              token_to_kv_pool_allocator=allocator)  # fmt: skip
             if not glue_covers(config):
                 return manager_factory(own_lifecycle, unified_lifecycle)(config)
             # a disabled cache is a disabled UnifiedRadixCache in 0.5.23's registry, whichever
@@ -189,6 +206,34 @@ def implementation(
             return SGLangGlueManager(config, modules, token_to_kv_pool_allocator=allocator,
                                      req_to_token_pool=req_to_token_pool,
                                      tree_cache=tree)  # fmt: skip
+
+    from kvpool.sglang.glue_v0516 import has_glue_v0516
+
+    def host_tier_manager(config: PoolConfig) -> Any:
+        """kvpool's lifecycle and host-tier tree over SGLang's allocator and ``ReqToTokenPool``
+        (kvpool's lifecycle does not drive the ``HiRadixCache`` adapter, which the
+        ``hiradix_cache`` machine compares on its own)."""
+        from kvpool.optimized.memory_manager import MemoryManager
+
+        return MemoryManager(config, checked=True, token_to_kv_pool_allocator=allocator,
+                             req_to_token_pool=req_to_token_pool)  # fmt: skip
+
+    manager_v0516 = None
+    if glue and unified is None and has_glue_v0516(modules):
+
+        def manager_v0516(config: PoolConfig, tree_cache: Any = None) -> Any:
+            """SGLang 0.5.16's scheduler glue over its components (kvpool.sglang.glue_v0516);
+            a configuration it does not cover gets kvpool's lifecycle over them."""
+            from kvpool.sglang.glue_v0516 import SGLangGlueManagerV0516, glue_covers_v0516
+            from kvpool.testing.machines.lifecycle import manager_factory
+
+            if config.enable_hierarchical_cache and config.mamba_slots is None:
+                return host_tier_manager(config)
+            if not glue_covers_v0516(config):
+                return manager_factory(own_lifecycle)(config)
+            return SGLangGlueManagerV0516(config, modules, token_to_kv_pool_allocator=allocator,
+                                          req_to_token_pool=req_to_token_pool,
+                                          tree_cache=tree_cache or radix_cache)  # fmt: skip
 
     core = f"-{tree_core}-core" if unified is not None else ""
     built = Implementation(
@@ -204,7 +249,7 @@ def implementation(
         swa_radix_cache=swa_radix_cache if swa_audited else None,
         rules=rules,
         index=index,
-        hiradix_cache=hiradix_cache if _has_hiradix(modules) else None,
+        hiradix_cache=hiradix_cache if _has_hiradix(modules) else unified_hicache,
         hiradix_storage=False,
         unified_radix_cache=unified,
         unified_mamba_radix_cache=unified_mamba,
@@ -214,6 +259,10 @@ def implementation(
     if unified is not None:
         built = dataclasses.replace(built, absent=REMOVED_IN_0_5_23)
     own_lifecycle = built
+    if manager_v0516 is not None:
+        from kvpool.sglang.glue_v0516 import with_glue_v0516
+
+        return with_glue_v0516(built, manager_v0516)
     if manager is None:
         return built
 
@@ -222,7 +271,12 @@ def implementation(
 
         return reachability(config, ops, covered=glue_covers(config))
 
-    return dataclasses.replace(built, manager=manager, manager_runs_hybrid=False,
+    from kvpool.sglang.glue_swa import swa_manager_factory
+
+    # a sliding-window model's lifecycle: SGLang's glue over its SWA allocator and the tree its
+    # registry builds (kvpool.sglang.glue_swa)
+    return dataclasses.replace(built, manager=manager, manager_runs_hybrid=True,
+                               swa_manager=swa_manager_factory(modules, tree_core),
                                reachability=reach, label=f"{built.label}-glue")  # fmt: skip
 
 
@@ -233,26 +287,19 @@ REMOVED_IN_0_5_23 = (
     ("swa_radix_cache", "SGLang 0.5.23 removed mem_cache/swa_radix_cache.py; a sliding-window "
      "model's prefix cache is the unified cache's SWA component: --component "
      "unified_radix_cache --tree-components full,swa"),
-    ("hiradix_cache", "SGLang 0.5.23 removed mem_cache/hiradix_cache.py; the host tier lives "
-     "inside the unified cache (init_hicache), which kvpool does not model yet"),
-    ("swa_manager", "kvpool's sliding-window lifecycle is not wired to SGLang 0.5.23's SWA "
-     "allocator, unified SWA tree and glue yet (the components alone are: --component "
-     "swa_allocator, --component unified_radix_cache --tree-components full,swa)"),
 )  # fmt: skip
 """Components of 0.5.16's adapters that 0.5.23 cannot provide, and why (``kvpool verify``
 names the reason)."""
 
 
 def glue_covers(config: PoolConfig) -> bool:
-    """Whether SGLang's glue drives this lifecycle configuration: no host tier, no hybrid model,
-    no layer-wise loading (kvpool's own lifecycle runs the others over SGLang's components).
-    With the radix cache disabled the glue runs over a disabled ``UnifiedRadixCache``, which is
-    what 0.5.23's registry builds for ``--disable-radix-cache``."""
-    return not (
-        config.enable_hierarchical_cache
-        or config.mamba_slots is not None
-        or config.layerwise_loading
-    )
+    """Whether SGLang's glue drives this lifecycle configuration: no host tier, no layer-wise
+    loading (kvpool's own lifecycle runs the others over SGLang's components). With the radix
+    cache disabled the glue runs over a disabled ``UnifiedRadixCache``, which is what 0.5.23's
+    registry builds for ``--disable-radix-cache``; a hybrid (Mamba) model runs over its FULL+MAMBA
+    set (:mod:`kvpool.sglang.glue_mamba`; with the radix cache on, against kvpool's model of
+    that tree in the lifecycle, ``Rules.mamba_tree == "unified"``)."""
+    return not (config.enable_hierarchical_cache or config.layerwise_loading)
 
 
 def _has_hiradix(modules: Any) -> bool:

@@ -78,6 +78,8 @@ UNIFIED_MODULES = (
     # the scheduler's memory glue (kvpool.sglang.glue_manager): allocation and release
     "sglang.srt.mem_cache.allocation",
     "sglang.srt.mem_cache.common",
+    # the host tier's transfer records (PoolName, PoolTransfer: kvpool.sglang.unified_hicache)
+    "sglang.srt.mem_cache.hicache_storage",
 )
 """Also real for a release with the unified radix cache (0.5.23; :data:`UNIFIED_MARKER`): the
 cache, its tree cores and components, the tree-core registry, SGLang's environment switches
@@ -125,6 +127,23 @@ PARTIAL_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 """Module -> (file, names): only those definitions are real (a name ending in ``?`` when the
 release defines it); other attributes are stubs."""
+
+GLUE_MARKER = "sglang/srt/mem_cache/allocation.py"
+"""A release without the unified cache (0.5.16) that holds this file gets
+:data:`GLUE_PARTS`: its scheduler's memory glue (:mod:`kvpool.sglang.glue_v0516`)."""
+
+GLUE_PARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    # the glue itself, real (no real module of these releases imports either)
+    ("sglang.srt.mem_cache.allocation", "", ()),
+    ("sglang.srt.mem_cache.common", "", ()),
+    # alloc_for_extend builds the request's KV record from schedule_batch.py's ReqKvInfo (a
+    # dataclass); write_cache_indices asks support_triton (utils/common.py) for its writer
+    ("sglang.srt.managers.schedule_batch", "sglang/srt/managers/schedule_batch.py",
+     ("ReqKvInfo?",)),
+    ("sglang.srt.utils", _COMMON, (*_HELPERS, "support_triton?")),
+    ("sglang.srt.utils.common", _COMMON, (*_HELPERS, "support_triton?")),
+)  # fmt: skip
+"""Module, file, names: real when the file is empty, else partial (see :data:`PARTIAL_MODULES`)."""
 
 _LOADED: dict[str, SGLangModules] = {}
 
@@ -232,6 +251,10 @@ def load_sglang(
     if unified:
         real = REAL_MODULES + UNIFIED_MODULES
         partial = {k: v for k, v in partial.items() if k not in UNIFIED_MODULES}
+    elif GLUE_MARKER in resolved.names(GLUE_MARKER.rpartition("/")[0] + "/"):
+        real = real + tuple(m for m, f, _ in GLUE_PARTS if not f)
+        partial = {k: v for k, v in partial.items() if k not in real}
+        partial.update({m: (f, names) for m, f, names in GLUE_PARTS if f})
     importer = PrivateSGLang(resolved, _prefix(resolved), real, partial)
     importer.install()
     modules = SGLangModules(resolved, importer)
@@ -253,6 +276,8 @@ def load_sglang(
 
 
 __all__ = [
+    "GLUE_MARKER",
+    "GLUE_PARTS",
     "PARTIAL_MODULES",
     "REAL_MODULES",
     "UNIFIED_MARKER",

@@ -136,6 +136,12 @@ class Implementation:
                 f is not None
                 for f in (self.manager, self.allocator, self.req_to_token_pool, self.radix_cache)
             )
+        if component == "mamba_manager":  # a whole manager that runs hybrid models
+            return (
+                self.manager is not None
+                and self.manager_runs_hybrid
+                and self.hybrid_req_to_token_pool is not None
+            )
         if component == "unified_radix_cache":
             return self.unified_radix_cache is not None and all(
                 f is not None for f in (self.radix_key, self.allocator, self.req_to_token_pool)

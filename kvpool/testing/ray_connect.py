@@ -84,11 +84,15 @@ class Connection:
             self.owned = False
 
 
-def connect(address: str, local_cpus: int | None = None) -> Connection:
+def connect(
+    address: str, local_cpus: int | None = None, runtime_env: dict[str, Any] | None = None
+) -> Connection:
     """Connect to ``address``: ``local`` starts a private cluster on this machine
     (``local_cpus`` CPUs), ``auto`` joins the running one (``RAY_ADDRESS`` or this machine's),
-    ``ray://HOST:PORT`` (Ray client) or ``HOST:PORT`` (the head's GCS) join that one. Reuses a
-    connection this process already has (``ray.init`` called by the caller)."""
+    ``ray://HOST:PORT`` (Ray client) or ``HOST:PORT`` (the head's GCS) join that one, as a job
+    with ``runtime_env`` (Ray uploads its ``working_dir`` to the cluster once). Reuses a
+    connection this process already has (``ray.init`` called by the caller: its job keeps its
+    own runtime environment, and the connection is not ``owned``)."""
     ray = import_ray()
     if not ray.is_initialized():
         options: dict[str, Any] = {
@@ -96,8 +100,15 @@ def connect(address: str, local_cpus: int | None = None) -> Connection:
             "logging_level": "ERROR",
             "log_to_driver": False,
         }
+        if runtime_env:
+            options["runtime_env"] = runtime_env
         if address == "local":
             options["num_cpus"] = local_cpus
+            # Ray starts its workers at niceness 15, so on a busy machine they yield to every
+            # other process and a campaign crawls (0.1x the local workers' steps per CPU,
+            # measured: benchmarks/bench_ray.py); this private cluster's workers run at the
+            # driver's priority, as the local campaign's worker processes do
+            options["_system_config"] = {"worker_niceness": 0}
         else:
             if address != "auto":
                 _reachable(address)

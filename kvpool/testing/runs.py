@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -62,7 +63,12 @@ def execute(
     result = RunResult()
     pair: Pair | None = None
     try:
-        pair = make_pair(TARGETS[target], impl_a, impl_b, config, labels)
+        try:
+            pair = make_pair(TARGETS[target], impl_a, impl_b, config, labels)
+        except LockstepFailure:
+            raise
+        except Exception as exc:  # a side that cannot be built: a failure, not a dead worker
+            raise build_failure(target, exc) from exc
         todo = list(ops) if ops is not None else None
         count = len(todo) if todo is not None else steps
         for i in range(count):
@@ -81,6 +87,17 @@ def execute(
         result.checks, result.ops = pair.checks, list(pair.ops)
         result.coverage.update(pair.coverage)
     return result
+
+
+def build_failure(target: str, exc: BaseException) -> LockstepFailure:
+    """The failure of a run whose implementations could not be built (detector ``build``,
+    step 0): one line naming the exception and where it was raised (the deepest frame)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    text = (f"=== kvpool lockstep failure: build ({target}) ===\n"
+            f"building the two sides raised {type(exc).__name__}: {exc}{where} "
+            f"(before step 1)")  # fmt: skip
+    return LockstepFailure("build", 0, text)
 
 
 Replayer = Callable[[Sequence[Op]], "tuple[str, int] | None"]
@@ -117,4 +134,4 @@ def shrink_ops(
     return best
 
 
-__all__ = ["Labels", "RunResult", "execute", "run_config", "shrink_ops"]
+__all__ = ["Labels", "RunResult", "build_failure", "execute", "run_config", "shrink_ops"]

@@ -123,9 +123,10 @@ def draw_config(
         and not fields["disable_radix_cache"]
         and fields["need_sort"]
         and ps == 1
-        and getattr(fields.get("rules"), "release_path", "finished_req") == "finished_req"
+        and models_mamba_tree(fields.get("rules"))
         and "mamba_slots" not in overrides
-    ):  # the Mamba radix cache: page size 1, LRU, no track buffers, few slots
+    ):  # the Mamba radix cache (0.5.16's, or 0.5.23's unified tree): page size 1, LRU, no
+        # track buffers, few slots
         fields["mamba_slots"] = 3 + pages % 5
         fields["mamba_layers"] = 1 + pages % 2
         fields["eviction_policy"] = "lru"
@@ -138,6 +139,15 @@ def draw_config(
     ):
         fields.update(host_tier_fields(pages, ps))
     return PoolConfig(**fields)
+
+
+def models_mamba_tree(rules: Any) -> bool:
+    """Whether the lifecycle models the Mamba tree under ``rules`` (None: the default): SGLang
+    0.5.16's tree with its release path, or 0.5.23's unified tree with its
+    (:func:`kvpool.reference.mamba_hooks.check_hybrid_config`)."""
+    release = getattr(rules, "release_path", "finished_req")
+    tree = getattr(rules, "mamba_tree", "mamba_radix")
+    return (tree, release) in (("mamba_radix", "finished_req"), ("unified", "checkpoint"))
 
 
 def shared_prefix(index: int, length: int) -> list[int]:

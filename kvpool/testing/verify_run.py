@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvpool.testing import selfcheck
@@ -21,6 +23,8 @@ from kvpool.testing.machines.coverage import CATALOGUE
 if TYPE_CHECKING:
     from kvpool.testing.bundle import Implementation
     from kvpool.testing.ray_campaign import Connection
+    from kvpool.testing.ray_ship import Shipment
+    from kvpool.testing.workers import CampaignSpec
 
 SELF_CHECK_SECONDS = 0.5
 """Budget of phase 1 (it always runs every page size once)."""
@@ -130,20 +134,32 @@ def verify(options: VerifyOptions) -> VerifyOutcome:
         "oracle": options.oracle,
         "component": options.component,
     }
-    cluster = None
-    if options.ray is not None:
-        from kvpool.testing.ray_campaign import RayUnavailable, connect
+    if options.ray is None:
+        return _verify(options, out, impl_a, impl_b, None, None)
+    from kvpool.testing.ray_campaign import RayUnavailable, connect
+    from kvpool.testing.ray_ship import stage
 
-        try:
-            cluster = connect(options.ray, options.workers or None)
-        except RayUnavailable as exc:
+    with tempfile.TemporaryDirectory(prefix="kvpool-ray-") as folder:
+        try:  # what the nodes need of this machine, shipped as the job's working directory
+            shipment = stage(_campaign_spec(options), Path(folder))
+            env = shipment.runtime_env() if shipment is not None else None
+            cluster = connect(options.ray, options.workers or None, env)
+        except (RayUnavailable, ValueError) as exc:
             out.usage_error = f"--ray: {exc}"
             return out
-    try:
-        return _verify(options, out, impl_a, impl_b, cluster)
-    finally:
-        if cluster is not None:
+        try:  # a connection the caller made keeps its job's environment: nothing is shipped
+            return _verify(options, out, impl_a, impl_b, cluster,
+                           shipment if cluster.owned else None)  # fmt: skip
+        finally:
             cluster.close()
+
+
+def _campaign_spec(options: VerifyOptions) -> CampaignSpec:
+    from kvpool.testing.workers import CampaignSpec
+
+    labels = (options.oracle, options.candidate)
+    return CampaignSpec(options.component, options.oracle, options.candidate, options.seed,
+                        options.steps_per_run, labels, options.env)  # fmt: skip
 
 
 def _verify(
@@ -152,8 +168,9 @@ def _verify(
     impl_a: Implementation,
     impl_b: Implementation,
     cluster: Connection | None,
+    shipment: Shipment | None,
 ) -> VerifyOutcome:
-    from kvpool.testing.workers import CampaignSpec, run_parallel
+    from kvpool.testing.workers import run_parallel
 
     try:
         pools = selfcheck.run_campaign(SELF_CHECK_SECONDS, options.seed)
@@ -181,19 +198,16 @@ def _verify(
         if cluster is not None:
             from kvpool.testing.ray_campaign import run_ray
 
-            spec = CampaignSpec(options.component, options.oracle, options.candidate, options.seed,
-                                options.steps_per_run, labels, options.env)  # fmt: skip
             out.payload["ray"] = {"address": cluster.address, "tasks": 0, "cpus": cluster.cpus}
-            result, out.payload["ray"] = run_ray(spec, options.seconds, cluster,
-                                                 options.step_timeout, progress)  # fmt: skip
+            result, out.payload["ray"] = run_ray(_campaign_spec(options), options.seconds,
+                                                 cluster, options.step_timeout, progress,
+                                                 shipment=shipment)  # fmt: skip
         elif options.workers == 0:
             result = run_machine(options.component, impl_a, impl_b, options.seconds,
                                  options.seed, options.steps_per_run, labels, progress)  # fmt: skip
         else:
-            spec = CampaignSpec(options.component, options.oracle, options.candidate, options.seed,
-                                options.steps_per_run, labels, options.env)  # fmt: skip
-            result = run_parallel(spec, options.seconds, options.workers, options.step_timeout,
-                                  progress)  # fmt: skip
+            result = run_parallel(_campaign_spec(options), options.seconds, options.workers,
+                                  options.step_timeout, progress)  # fmt: skip
     except Exception:  # an internal error: still report what is known
         result.error = traceback.format_exc(limit=8)
         result.seconds = time.monotonic() - started
@@ -207,8 +221,10 @@ def _verify(
     out.lines += summary_lines(result, options.candidate, options.oracle)
     if "ray" in out.payload:
         ray = out.payload["ray"]
-        out.lines.append(f"  ray              {ray['address']}: {ray['tasks']} tasks on "
-                         f"{ray['cpus']} CPUs")  # fmt: skip
+        shipped = f"; shipped {', '.join(ray['shipped'])}" if ray.get("shipped") else ""
+        out.lines.append(f"  ray              {ray['address']}: {ray['tasks']} blocks on "
+                         f"{ray.get('actors', 0)} actors, {ray.get('nodes', 0)} nodes, "
+                         f"{ray['cpus']} CPUs{shipped}")  # fmt: skip
     out.lines += coverage_lines(options.component, result.coverage)
     out.payload.update(result.to_json())
     out.exit_code = 1 if result.failures or result.error else 0

@@ -209,6 +209,7 @@ def run_block(
     end_run: int | None = None,
     observe: Observer | None = None,
     budget_includes_start_up: bool = False,
+    kept: list[_Worker] | None = None,
 ) -> tuple[CampaignResult, dict[int, Found], int]:
     """Runs ``first_run``, ``first_run + 1``, ... (before ``end_run``; None: no bound) of
     ``spec``'s campaign over ``workers`` processes until ``seconds`` have passed (counted once
@@ -216,13 +217,18 @@ def run_block(
     shrunk) and the first run not started. Runs are handed out in order and every started run
     ends (passes, fails or crashes), so exactly the runs ``first_run`` ... ``end - 1`` ran.
     ``budget_includes_start_up``: ``seconds`` counts from this call, not from ready workers
-    (a slice of a larger campaign's budget, as in :mod:`kvpool.testing.ray_campaign`)."""
+    (a slice of a larger campaign's budget, as in :mod:`kvpool.testing.ray_campaign`).
+    ``kept``: worker processes that outlive the call (a long-lived Ray actor's): started into
+    the list when it has fewer than ``workers``, left running at the end (a worker that died
+    or hung is removed from it), stopped only when the call raises."""
     max_runs = end_run
     result = CampaignResult(seed=spec.seed, seconds=0.0, component=spec.component,
                             workers=workers)  # fmt: skip
     called = time.monotonic()
-    pool = [_start(spec) for _ in range(max(workers, 1))]
-    _await_ready(pool, spec)
+    pool = kept if kept is not None else []
+    fresh = [_start(spec) for _ in range(max(workers, 1) - len(pool))]
+    pool += fresh
+    _await_ready(fresh, spec)
     start = time.monotonic()
     if budget_includes_start_up:
         seconds -= start - called
@@ -287,7 +293,12 @@ def run_block(
                         progress(time.monotonic() - start, result.steps)
             if not pool and stop_at is None and time.monotonic() - start < seconds:
                 pool.append(_start(spec))  # every worker died without a failure: go on
-    finally:
+    except BaseException:  # (KeyboardInterrupt: a cancelled Ray task) nothing keeps running
+        for w in pool:
+            _stop(w)
+        pool.clear()
+        raise
+    if kept is None:
         for w in pool:
             _stop(w)
     result.seconds = time.monotonic() - start

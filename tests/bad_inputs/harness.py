@@ -42,6 +42,8 @@ MODULES = (
     "swa_radix_cache",
     "mamba_radix_cache",
     "unified_mamba_radix_cache",
+    "unified_radix_cache",
+    "unified_swa_radix_cache",
     "memory_manager",
     "swa_memory_manager",
     "req",

@@ -83,6 +83,49 @@ def unified_mamba(tw: Twin) -> SimpleNamespace:
     return fixture((cache, alloc, pool.mamba_allocator), cache=cache, node=node)
 
 
+def unified(tw: Twin) -> SimpleNamespace:
+    """SGLang 0.5.23's FULL tree over 16 slots at page size 1 holding tokens 1..4 at slots
+    1..4, unlocked (:func:`radix`'s state)."""
+    alloc = tw.new("TokenToKVPoolAllocator", 16)
+    cache = tw.new("UnifiedRadixCache", None, alloc, 1)
+    cache.insert(tw.ns.RadixKey([1, 2, 3, 4]), alloc.alloc(4), prev_prefix_len=0)
+    node = cache.match_prefix(tw.ns.RadixKey([1, 2, 3, 4])).last_device_node
+    return fixture((cache, alloc), cache=cache, node=node)
+
+
+def unified_swa(tw: Twin) -> SimpleNamespace:
+    """SGLang 0.5.23's FULL+SWA tree over :func:`swa_radix`'s pools, window 4: 8 tokens cached
+    at full slots 4..11."""
+    alloc = tw.new("SWATokenToKVPoolAllocator", 16, 8, 4)
+    cache = tw.new("UnifiedSWARadixCache", alloc, 4, 4)
+    slots = alloc.alloc_extend(tw.idx([0]), [0], tw.idx([8]), [8], tw.idx([-1]), 8)
+    cache.insert(tw.ns.RadixKey(list(range(1, 9))), slots)
+    node = cache.match_prefix(tw.ns.RadixKey(list(range(1, 9)))).last_device_node
+    head = list(slots) if tw.is_ref else slots.tolist()
+    return fixture((cache, alloc), cache=cache, node=node, head=head)
+
+
+def unified_swa_insert(**kwargs: Any) -> Any:
+    """An insert of tokens 1..12 (the first 8 cached, at their own slots; 4 new slots), with
+    ``kwargs``."""
+
+    def call(tw: Twin, fx: SimpleNamespace) -> Any:
+        head = fx.head
+        return fx.cache.insert(
+            tw.ns.RadixKey(list(range(1, 13))), tw.idx([*head, 12, 13, 14, 15]), **kwargs
+        )
+
+    return call
+
+
+def unified_insert(tokens: list[int], slots: list[int], prev_prefix_len: Any) -> Any:
+    """``cache.insert(RadixKey(tokens), slots, prev_prefix_len=...)`` (0.5.23's tree frees
+    the duplicates from ``prev_prefix_len`` on)."""
+    return lambda tw, fx: fx.cache.insert(
+        tw.ns.RadixKey(tokens), tw.idx(slots), prev_prefix_len=prev_prefix_len
+    )
+
+
 def insert(tokens: list[int], slots: list[int], *extra: Any, floats: bool = False) -> Any:
     """``cache.insert(RadixKey(tokens), slots, *extra)``."""
 
@@ -212,6 +255,88 @@ CASES = [
         InvalidArgumentError,
     ),
     Case("unified-mamba-unlock-unlocked-node", unified_mamba, unlock, LockError),
+    Case(
+        "unified-insert-slot-0",
+        unified,
+        unified_insert([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 0], 4),
+        ReservedIndexError,
+        host=False,
+    ),
+    Case(
+        "unified-insert-mismatched",
+        unified,
+        unified_insert([5, 6], [9], 0),
+        InvalidArgumentError,
+    ),
+    Case(
+        "unified-insert-prev-prefix-negative",
+        unified,
+        unified_insert([1, 2, 3, 4, 5], [9, 10, 11, 12, 13], -1),
+        InvalidArgumentError,
+    ),
+    Case(
+        "unified-insert-prev-prefix-past-key",
+        unified,
+        unified_insert([1, 2, 3, 4, 5], [9, 10, 11, 12, 13], 6),
+        InvalidArgumentError,
+    ),
+    Case(
+        "unified-insert-prev-prefix-bool",
+        unified,
+        unified_insert([1, 2, 3, 4, 5], [9, 10, 11, 12, 13], True),
+        InvalidArgumentError,
+    ),
+    Case(
+        "unified-insert-prev-prefix-float",
+        unified,
+        unified_insert([1, 2, 3, 4, 5], [9, 10, 11, 12, 13], 2.0),
+        InvalidArgumentError,
+    ),
+    Case("unified-unlock-unlocked-node", unified, unlock, LockError),
+    Case(
+        "unified-swa-insert-evicted-float",
+        unified_swa,
+        unified_swa_insert(prev_prefix_len=8, swa_evicted_seqlen=4.0),
+        InvalidArgumentError,
+    ),
+    Case(
+        "unified-swa-insert-evicted-bool",
+        unified_swa,
+        unified_swa_insert(prev_prefix_len=8, swa_evicted_seqlen=True),
+        InvalidArgumentError,
+    ),
+    Case(
+        "unified-swa-insert-evicted-unaligned",
+        unified_swa,
+        unified_swa_insert(prev_prefix_len=8, swa_evicted_seqlen=3),
+        InvalidArgumentError,
+    ),
+    Case(
+        "unified-swa-insert-evicted-past-key",
+        unified_swa,
+        unified_swa_insert(prev_prefix_len=8, swa_evicted_seqlen=16),
+        InvalidArgumentError,
+    ),
+    Case(
+        "unified-swa-insert-prev-prefix-negative",
+        unified_swa,
+        unified_swa_insert(prev_prefix_len=-4),
+        InvalidArgumentError,
+    ),
+    Case(
+        "unified-swa-insert-prev-prefix-float",
+        unified_swa,
+        unified_swa_insert(prev_prefix_len=8.0),
+        InvalidArgumentError,
+    ),
+    Case(
+        "unified-swa-insert-inserted-len-float",
+        unified_swa,
+        unified_swa_insert(prev_prefix_len=8, inserted_len=0.5),
+        InvalidArgumentError,
+    ),
+    Case("unified-swa-unlock-unlocked-node", unified_swa, unlock, LockError),
+    Case("unified-evict-negative", unified, evict(-1), InvalidArgumentError),
     Case("unified-mamba-evict-negative", unified_mamba, evict(-1, 0), InvalidArgumentError),
     Case("unified-mamba-evict-negative-states", unified_mamba, evict(0, -1), InvalidArgumentError),
     Case(

@@ -7,6 +7,7 @@ and what is expected, exit code 2, before any work starts (nothing on stdout, no
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -208,3 +209,35 @@ def test_an_internal_error_is_one_line_exit_3_and_debug_shows_it(
         main(["--debug", "bench", "--quick"])
     with pytest.raises(RuntimeError, match="boom"):
         main(["bench", "--quick", "--debug"])  # after the subcommand too
+
+
+@pytest.mark.parametrize("command", ["verify --seconds 1", "replay conversation --requests 1"])
+def test_a_bad_kvpool_checked_value_is_one_line(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KVPOOL_CHECKED", "maybe")
+    assert main(command.split()) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == "kvpool: error: "
+        + command.split()[0]
+        + ": $KVPOOL_CHECKED must be '0' or '1', got 'maybe'"
+    )
+
+
+def test_a_candidate_that_raises_while_built_is_one_summary_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad_factory.py"
+    bad.write_text("def factory(config):\n    raise RuntimeError('boom while building')\n")
+    report = tmp_path / "r.json"
+    code = main(["verify", "--impl", f"{bad}:factory", "--seconds", "5", "--workers", "1",
+                 "--no-progress", "--report", str(report)])  # fmt: skip
+    out = capsys.readouterr()
+    assert code == 1
+    assert "Traceback" not in out.out + out.err
+    line = f"building the two sides raised RuntimeError: boom while building at {bad}:2 in factory"
+    assert line in out.out
+    failure = json.loads(report.read_text())["failure"]
+    assert failure["detector"] == "build" and failure["ops"] == []

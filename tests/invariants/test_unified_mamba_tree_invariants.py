@@ -27,7 +27,8 @@ def test_tombstone_leaves_and_locks_pass_here_not_under_0_5_16() -> None:
     assert check_unified_mamba_tree(_tree()) == 2
     with pytest.raises(InvariantViolation):
         check_mamba_tree(_tree())
-    assert set(INVARIANTS["INV-UMAMBA-TREE-SHAPE"].scopes) == {"unified_mamba_tree"}
+    # at pool scope too, on a hybrid manager's tree marked unified (Rules.mamba_tree)
+    assert set(INVARIANTS["INV-UMAMBA-TREE-SHAPE"].scopes) == {"unified_mamba_tree", "pool"}
 
 
 @pytest.mark.parametrize(

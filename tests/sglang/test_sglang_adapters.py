@@ -54,9 +54,9 @@ def _assert_same(ours: Recorder, theirs: Recorder) -> None:
 def test_implementation_bundle(sgl: SGLangModules) -> None:
     impl = implementation(sgl.source.origin if sgl.source.wheel is None else str(sgl.source.wheel))
     assert impl.rules == Rules.for_sglang(sgl.version)
-    # 0.5.16: the lifecycle runs kvpool's manager around the components; 0.5.23: SGLang's own
-    # scheduler glue (kvpool.sglang.glue_manager), kvpool's around them when asked
-    assert (impl.manager is not None) == (sgl.version == "0.5.23")
+    # both releases: SGLang's own scheduler glue (kvpool.sglang.glue_manager, glue_v0516);
+    # kvpool's lifecycle around the components when asked
+    assert impl.manager is not None and impl.label.endswith("-glue")
     assert impl.provides("manager")
     kvpool_lifecycle = implementation(str(sgl.source.wheel or sgl.source.origin), glue=False)
     assert kvpool_lifecycle.manager is None

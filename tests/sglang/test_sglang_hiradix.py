@@ -3,8 +3,9 @@
 ``hiradix_cache`` machine: every result and every snapshot (tree with host fields, host pool,
 transfers in flight, content tags) equal after every step, every ``INV-HOST-*`` invariant on
 both, under all three write policies and every eviction policy (no storage: the adapter runs
-none). SGLang 0.5.23 has no ``mem_cache/hiradix_cache.py``: its implementation offers no
-``hiradix_cache``. The wheels come from ``$KVPOOL_SGLANG_CACHE``."""
+none). SGLang 0.5.23 has no ``mem_cache/hiradix_cache.py``: its implementation offers the host
+tier inside the unified cache as ``hiradix_cache`` (tests/sglang/test_sglang_unified_hicache.py).
+The wheels come from ``$KVPOOL_SGLANG_CACHE``."""
 
 from __future__ import annotations
 
@@ -40,6 +41,15 @@ def test_sglang_hiradix_cache_in_lockstep_with_the_reference(
     assert not any(t.startswith("prefetch") for t in result.coverage)
 
 
-def test_sglang_0_5_23_offers_no_hiradix_cache() -> None:
+def test_sglang_0_5_23_offers_its_unified_host_tier_as_hiradix_cache() -> None:
+    from kvpool.config import PoolConfig
+    from kvpool.rules import Rules
+    from kvpool.sglang.unified_hicache import SGLangUnifiedHiCache
+
     impl = implementation("0.5.23")
-    assert impl.hiradix_cache is None and not impl.provides("hiradix_cache")
+    assert impl.hiradix_cache is not None and impl.provides("hiradix_cache")
+    assert impl.rules_or_default().hicache_host_tier == "unified" and not impl.hiradix_storage
+    config = PoolConfig(size=16, rules=Rules.for_sglang("0.5.23"))
+    assert impl.req_to_token_pool and impl.allocator
+    tree = impl.hiradix_cache(config, impl.req_to_token_pool(config), impl.allocator(config))
+    assert isinstance(tree, SGLangUnifiedHiCache)

@@ -118,6 +118,8 @@ def test_loader_choices() -> None:
         _cache("java")
     # what 0.5.23 removed is named, with where its behaviour went
     absent = dict(implementation("0.5.23").absent)
-    assert set(absent) == {"mamba_radix_cache", "swa_radix_cache", "hiradix_cache", "swa_manager"}
+    assert set(absent) == {"mamba_radix_cache", "swa_radix_cache"}
+    assert implementation("0.5.23").provides("swa_manager")  # the SWA glue (glue_swa.py)
+    assert implementation("0.5.23").provides("hiradix_cache")  # the unified host tier
     assert "full,mamba" in absent["mamba_radix_cache"] and "full,swa" in absent["swa_radix_cache"]
     assert not implementation("0.5.16").absent

@@ -8,7 +8,8 @@ and ``mamba_radix_cache`` (the hybrid prefix tree with state checkpoints, :mod:`
 Each is driven by
 (:mod:`.radix`), ``swa_allocator`` (:mod:`.swa_allocator`), ``swa_radix_cache``
 (:mod:`.swa_radix`), ``manager`` (the whole lifecycle, :mod:`.lifecycle`) and ``swa_manager``
-(the lifecycle of a hybrid sliding-window model, :mod:`.swa_manager`), ``hiradix_cache``
+(the lifecycle of a hybrid sliding-window model, :mod:`.swa_manager`), ``mamba_manager``
+(the lifecycle of hybrid Mamba models only, :mod:`.mamba_manager`), ``hiradix_cache``
 (the hierarchical cache with its host tier, :mod:`.hiradix`) and ``kv_pool`` (a KV storage
 variant and layer-wise loading, :mod:`.kv_pool`). Each is driven by
 :class:`~kvpool.testing.machines.base.ComponentPair` (or, for the lifecycle, the existing
@@ -30,6 +31,7 @@ from kvpool.testing.machines.hiradix import HiRadixTarget
 from kvpool.testing.machines.hybrid import HybridTarget
 from kvpool.testing.machines.kv_pool import KVPoolTarget
 from kvpool.testing.machines.lifecycle import LifecycleTarget
+from kvpool.testing.machines.mamba_manager import MambaLifecycleTarget
 from kvpool.testing.machines.mamba_tree import MambaTreeTarget
 from kvpool.testing.machines.radix import RadixTarget
 from kvpool.testing.machines.swa_allocator import SWAAllocatorTarget
@@ -46,6 +48,7 @@ TARGETS: dict[str, Target | LifecycleTarget] = {
     "req_to_token_pool": TableTarget(),
     "radix_cache": RadixTarget(),
     "manager": LifecycleTarget(),
+    "mamba_manager": MambaLifecycleTarget(),
     "hybrid_req_to_token_pool": HybridTarget(),
     "mamba_radix_cache": MambaTreeTarget(),
     "swa_allocator": SWAAllocatorTarget(),

@@ -67,6 +67,12 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "mamba-radix:refused", "mamba-radix:extend-cow", "layer_load:ok", "layer_load:LockError",
         "layer_done:ok", "layer_read:ok", "layer_read:LayerNotLoadedError",
     ),
+    "mamba_manager": (
+        "extend:ok", "extend:oom", "extend:chunked", "decode:ok", "finish:ok", "abort:ok",
+        "retract:ok", "session:hybrid-restore", "mamba-radix:cow", "mamba-radix:abort-cow",
+        "mamba-radix:donated", "mamba-radix:chunk-copy", "mamba-radix:evicted",
+        "mamba-radix:refused", "mamba-radix:extend-cow", "invalid:refused",
+    ),
     "hybrid_req_to_token_pool": (
         "admit:ok", "admit:refused", "admit:evicted", "admit:chunk-keeps-slot", "admit:after-cow",
         "stage_cow:ok", "stage_cow:refused", "prepare_forward:copied", "prepare_forward:cleared",

@@ -30,6 +30,7 @@ allocator's invariants against the on-device nodes' pages, and ``INV-TREE-SHAPE`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ from kvpool.invariants.host import check_host_tier
 from kvpool.invariants.tree import check_locks, check_tree_shape, device_view
 from kvpool.snapshot import (
     HostTierSnapshot,
+    NodeSnapshot,
     PoolSnapshot,
     ReqSnapshot,
     ReqToTokenSnapshot,
@@ -64,6 +66,30 @@ class HiSide:
     key: Any
     index: Any
     nodes: dict[Handle, Any] = field(default_factory=dict)
+    coarse: bool = False
+    """Compare trees as 0.5.23's unified cache reports them (:func:`coarse_host_tier`)."""
+
+
+def coarse_host_tier(snap: HostTierSnapshot) -> HostTierSnapshot:
+    """``snap`` as the machine compares a unified-cache host tier (``Rules.hicache_host_tier
+    == "unified"``): children in id order, no access times, hit counts, priorities, host pins
+    or policy name (SGLang 0.5.23's cores do not report them; the orders they decide show in
+    the slots an eviction frees, which the allocator and host pool snapshots compare)."""
+    tree = snap.tree
+    by_id = {n.node_id: n for n in tree.nodes}
+    rows: list[NodeSnapshot] = []
+    queue = [tree.nodes[0]] if tree.nodes else []
+    while queue:
+        node = queue.pop(0)
+        order = sorted(range(len(node.child_ids)), key=lambda i: node.child_ids[i])
+        queue.extend(by_id[node.child_ids[i]] for i in order)
+        rows.append(dataclasses.replace(
+            node, child_ids=tuple(node.child_ids[i] for i in order),
+            child_keys=tuple(node.child_keys[i] for i in order), last_access_time=0.0,
+            hit_count=0, priority=0, host_ref_counter=0,
+        ))  # fmt: skip
+    tree = dataclasses.replace(tree, nodes=tuple(rows), eviction_policy="")
+    return dataclasses.replace(snap, tree=tree)
 
 
 @dataclass
@@ -95,18 +121,22 @@ class HiRadixTarget:
             hicache_write_policy=policy,
             hicache_load_back_threshold=c.choice((0, ps, 3 * ps)),
             hicache_prefetch_threshold=c.choice((ps, 2 * ps)),
-            hicache_storage=impl.hiradix_storage and c.choice((False, True, True)),
+            # storage prefetches are 0.5.16's flow: not drawn under the unified host tier
+            hicache_storage=impl.hiradix_storage
+            and impl.rules_or_default().hicache_host_tier == "hiradix"
+            and c.choice((False, True, True)),
         )
 
     def build(self, impl: Implementation, config: PoolConfig) -> HiSide:
         assert impl.hiradix_cache and impl.allocator and impl.req_to_token_pool and impl.radix_key
         pool, alloc = impl.req_to_token_pool(config), impl.allocator(config)
         tree = impl.hiradix_cache(config, pool, alloc)
-        return HiSide(pool, alloc, tree, impl.radix_key, impl.index)
+        coarse = config.rules.hicache_host_tier == "unified"
+        return HiSide(pool, alloc, tree, impl.radix_key, impl.index, coarse=coarse)
 
     def snapshot(self, side: HiSide) -> HostTierSnapshot:
         snap: HostTierSnapshot = side.tree.host_snapshot()
-        return snap
+        return coarse_host_tier(snap) if side.coarse else snap
 
     def new_model(self, config: PoolConfig) -> HiModel:
         return HiModel(config)
@@ -217,7 +247,7 @@ class HiRadixTarget:
                 return None
             tree.cache_controller.mem_pool_device.write_tags(slots, kv_tags(tokens[:n], extra))
             cached = tree.insert(side.key(tokens[:n], extra), slots)
-            if cached:
+            if cached and not getattr(tree, "frees_duplicates", False):
                 side.alloc.free(slots[:cached])  # the caller frees its duplicates
             return [slots, cached]
         if op.name == "match_prefix":
@@ -318,10 +348,11 @@ class HiRadixTarget:
             host_only = sum(n.evicted for n in after.tree.nodes) > sum(
                 n.evicted for n in before.tree.nodes
             )
-            return ["evict:to-host" if host_only else "evict:freed" if out.result else
-                    "evict:nothing"]  # fmt: skip
+            tag = "evict:to-host" if host_only else "evict:freed" if out.result else "evict:nothing"
+            return [tag, *_reclaimed(before.tree, after.tree)]
         if op.name == "evict_host":
-            return ["evict_host:freed" if out.result else "evict_host:nothing"]
+            tag = "evict_host:freed" if out.result else "evict_host:nothing"
+            return [tag, *_reclaimed(before.tree, after.tree)]
         if op.name == "insert" and out.result is not None:
             pending = len(after.transfers) > len(before.transfers)
             return ["insert:write-issued" if pending else "insert:ok"]
@@ -329,6 +360,14 @@ class HiRadixTarget:
             grew = len(after.tree.nodes) > len(before.tree.nodes)
             return ["prefetch:inserted" if grew else "prefetch:ended"]
         return [tag]
+
+
+def _reclaimed(before: TreeSnapshot, after: TreeSnapshot) -> list[str]:
+    """``["host:duplicate-reclaimed"]`` when a node kept its device copy and lost its host copy
+    (the unified write-back reclaim of host duplicates), else ``[]``."""
+    had = {n.node_id for n in before.nodes if not n.evicted and n.host_value and n.parent_id}
+    lost = [n for n in after.nodes if n.node_id in had and not n.evicted and n.host_value is None]
+    return ["host:duplicate-reclaimed"] if lost else []
 
 
 def _on_device(tree: TreeSnapshot, handle: Handle) -> bool:
@@ -342,4 +381,4 @@ def _unlocked(tree: TreeSnapshot, handle: Handle) -> bool:
     return node_id is not None and not by_id[node_id].evicted and by_id[node_id].lock_ref == 0
 
 
-__all__ = ["HiModel", "HiRadixTarget", "HiSide", "device_view"]
+__all__ = ["HiModel", "HiRadixTarget", "HiSide", "coarse_host_tier", "device_view"]

@@ -22,6 +22,7 @@ from kvpool.testing.lockstep_driver import Factory, Lockstep, LockstepFailure
 from kvpool.testing.machines.coverage import outcome_tag
 from kvpool.testing.machines.mamba_lifecycle import mamba_radix_tags
 from kvpool.testing.machines.unified import coarse_tree
+from kvpool.testing.machines.unified_mamba import coarse_mamba_tree
 from kvpool.testing.swarm import HOST_KINDS, KINDS, Chooser, Op, draw_config
 
 
@@ -69,7 +70,11 @@ def coarse_pool(snap: PoolSnapshot) -> PoolSnapshot:
     (:func:`~kvpool.testing.machines.unified.coarse_tree`)."""
     if snap.tree is None:
         return snap
-    return dataclasses.replace(snap, tree=coarse_tree(snap.tree))
+    coarse = dataclasses.replace(snap, tree=coarse_tree(snap.tree))
+    if snap.mamba is not None and snap.mamba.tree is not None:  # a hybrid model's Mamba tree
+        mamba = dataclasses.replace(snap.mamba, tree=coarse_mamba_tree(snap.mamba.tree))
+        coarse = dataclasses.replace(coarse, mamba=mamba)
+    return coarse
 
 
 class LifecyclePair:
@@ -212,8 +217,13 @@ class LifecycleTarget:
             and impl.manager is not None
             and impl.manager_runs_hybrid
         )
-        # the host tier lives in the implementation's own manager
-        host = impl.manager is not None and impl.provides("hiradix_cache")
+        # the host tier lives in the implementation's own manager; kvpool's lifecycle runs
+        # 0.5.16's host tier only (SGLang 0.5.23's unified one is verified on the cache alone)
+        host = (
+            impl.manager is not None
+            and impl.provides("hiradix_cache")
+            and impl.rules_or_default().hicache_host_tier == "hiradix"
+        )
         config = draw_config(c, hybrid=hybrid, host=host, rules=impl.rules_or_default())
         return dataclasses.replace(config, **layer_fields(config))
 

@@ -19,16 +19,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvpool.config import PoolConfig
-from kvpool.snapshot import NodeSnapshot
+from kvpool.snapshot import NodeSnapshot, PoolSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.lockstep_driver import Factory, Lockstep
-from kvpool.testing.machines.lifecycle import LifecyclePair, LifecycleTarget
+from kvpool.testing.machines.lifecycle import LifecyclePair, LifecycleTarget, component_misuse
 from kvpool.testing.swarm import KINDS, Chooser, Op, draw_config, draw_op
 
 _SESSION_KINDS = ("session_turn", "open_session", "close_session")
 SWA_KINDS = (*(k for k in KINDS if k not in _SESSION_KINDS), "decode", "decode", *_SESSION_KINDS)
 """The lifecycle's operation kinds with more decodes (the window slides on decode) and each
 session kind once."""
+SCHEDULER_KINDS = tuple(k for k in SWA_KINDS if k != "spec_step")
+""":data:`SWA_KINDS` without EAGLE v2 steps (``Rules.swa_window_release == "scheduler"``:
+SGLang's step slides windows first, which is not modelled; invalid spec steps are still drawn
+through ``invalid``)."""
 
 
 def swa_manager_factory(impl: Implementation) -> Factory:
@@ -36,6 +40,25 @@ def swa_manager_factory(impl: Implementation) -> Factory:
     if impl.swa_manager is None:
         raise ValueError(f"{impl.label} provides no swa_manager")
     return impl.swa_manager
+
+
+def coarse_swa_pool(snap: PoolSnapshot, swa_locks: bool = True) -> PoolSnapshot:
+    """``snap`` with its tree as the unified SWA machine compares it
+    (:func:`~kvpool.testing.machines.unified_swa.coarse_swa_tree`: no access times, hit counts
+    or priorities); ``swa_locks`` False (a side cannot read per-node SWA lock counts: SGLang's
+    Rust core) also drops the per-node SWA locks and compares the SWA sizes' total only."""
+    from kvpool.testing.machines.unified_swa import coarse_swa_tree
+
+    if snap.tree is None:
+        return snap
+    if snap.tree.disabled:  # the chunk cache names no policy; SGLang's disabled tree does
+        return dataclasses.replace(snap, tree=dataclasses.replace(snap.tree, eviction_policy=""))
+    tree = coarse_swa_tree(snap.tree, swa_locks=swa_locks)
+    if not swa_locks:
+        tree = dataclasses.replace(
+            tree, swa_evictable_size=tree.swa_evictable_size + tree.swa_protected_size,
+            swa_protected_size=0)  # fmt: skip
+    return dataclasses.replace(snap, tree=tree)
 
 
 def radix_tags(before: Sequence[NodeSnapshot], after: Sequence[NodeSnapshot]) -> list[str]:
@@ -61,12 +84,35 @@ class SWALifecyclePair(LifecyclePair):
         labels: tuple[str, str],
     ) -> None:
         self.coverage: Counter[str] = Counter()
+        # SGLang 0.5.23's unified tree reports no times, hit counts or priorities, and its Rust
+        # core no per-node SWA lock counts: compare as the unified SWA machine does
+        unified = (impl_b.rules or config.rules).swa_window_release == "scheduler"
+        self._swa_locks = True
         self.lockstep = Lockstep(
-            swa_manager_factory(impl_a), swa_manager_factory(impl_b), config, labels
+            swa_manager_factory(impl_a), swa_manager_factory(impl_b), config, labels,
+            normalize=self._normalize if unified else None,
+        )  # fmt: skip
+        # set once both sides are built (the first comparison comes after the first step)
+        self._swa_locks = all(
+            getattr(m.tree_cache, "swa_lock_counts_readable", True)
+            for m in (self.lockstep.a, self.lockstep.b)
         )
+        self.reachability = impl_b.reachability
+        self.rejects_misuse = (impl_b.rules or config.rules).rejects_misuse
+        # SGLang 0.5.23 slides windows at the start of an EAGLE v2 step too
+        # (eagle_prepare_for_decode calls maybe_evict_swa), which neither kvpool's SWA
+        # lifecycle nor the glue manager's spec step models: under the scheduler rule no valid
+        # spec step is drawn (specs/swa.md)
+        self.kinds = SCHEDULER_KINDS if unified else SWA_KINDS
+
+    def _normalize(self, snap: PoolSnapshot) -> PoolSnapshot:
+        return coarse_swa_pool(snap, self._swa_locks)
 
     def draw(self, c: Chooser) -> Op:
-        return draw_op(c, self.lockstep.view(), c.choice(SWA_KINDS))
+        op = draw_op(c, self.lockstep.view(), c.choice(self.kinds))
+        while not self.rejects_misuse and component_misuse(op):  # SGLang accepts it silently
+            op = draw_op(c, self.lockstep.view(), c.choice(self.kinds))
+        return op
 
     def run(self, op: Op) -> Any:
         before = self.lockstep.snap_a
@@ -98,6 +144,13 @@ class SWALifecycleTarget(LifecycleTarget):
         if radix:
             ratio = min(ratio, c.choice((0.5, 0.8)))
         base = dataclasses.replace(base, disable_radix_cache=not radix)
+        rules = base.rules
+        if rules.swa_window_release == "scheduler":
+            # SGLANG_SWA_EVICTION_INTERVAL is a server setting: draw small ones so that windows
+            # slide within a run's short requests
+            interval = c.choice((1, 2, ps, 2 * ps + 1))
+            base = dataclasses.replace(base, rules=dataclasses.replace(
+                rules, swa_eviction_interval=interval))  # fmt: skip
         # SWA models keep their KV in SWAKVPool (check_swa_config refuses a storage variant)
         return dataclasses.replace(base, sliding_window=window, kv_layout="mha", kv_storage="plain",
                                    num_layers=max(base.num_layers, 2),
@@ -114,6 +167,7 @@ class SWALifecycleTarget(LifecycleTarget):
 
 
 __all__ = [
+    "SCHEDULER_KINDS",
     "SWA_KINDS",
     "SWALifecyclePair",
     "SWALifecycleTarget",
