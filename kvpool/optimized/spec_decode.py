@@ -6,7 +6,7 @@ slot tensors. Units: tokens for lengths, slots for results.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -64,12 +64,21 @@ class SpecDecodeHost(Protocol):
     ) -> torch.Tensor: ...
 
 
+SpecPrepare = Callable[[list[Req], list[int], list[int]], None]
+"""A step's preparation before its allocation (see the reference's)."""
+
+
 def spec_step(
-    mm: SpecDecodeHost, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
+    mm: SpecDecodeHost,
+    rids: Sequence[str],
+    accepted: Sequence[Sequence[int]],
+    reserve: int,
+    prepare: SpecPrepare | None = None,
 ) -> torch.Tensor:
     """Grow each allocation to ``ceil_align(committed + 2 * reserve)``, then commit
     ``accepted[i]``. Returns the newly allocated slots (batch order). OutOfMemoryError /
-    ContextOverflowError / InvalidArgumentError leave everything unchanged."""
+    ContextOverflowError / InvalidArgumentError leave everything unchanged. ``prepare`` (if
+    given) runs after every other check, before the allocation (:data:`SpecPrepare`)."""
     reqs = mm._running_full(rids)
     reserve = as_int("reserve", reserve)
     if reserve < 0:
@@ -90,6 +99,8 @@ def spec_step(
     grow = [(r, t) for r, t in zip(reqs, targets, strict=True) if t > r.kv_allocated_len]
     starts = [r.kv_allocated_len for r, _ in grow]
     ends = [t for _, t in grow]
+    if prepare is not None:
+        prepare(reqs, starts, ends)
     grown = [r for r, _ in grow]
     out = mm._alloc_slots(starts, ends, mm._row_last_locs(grown, starts)) if grow else mm._empty
     if grow:
@@ -137,4 +148,4 @@ def spec_draft_v1(mm: SpecDecodeHost, rids: Sequence[str], num_draft: int) -> to
     return out
 
 
-__all__ = ["SpecDecodeHost", "TagWriter", "spec_draft_v1", "spec_step"]
+__all__ = ["SpecDecodeHost", "SpecPrepare", "TagWriter", "spec_draft_v1", "spec_step"]

@@ -47,6 +47,7 @@ from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.req import Req
 from kvpool.optimized.req_to_token_pool import ReqToTokenPool
+from kvpool.optimized.spec_decode import spec_step
 from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa_chunk_cache import SWAChunkCache
 from kvpool.optimized.swa_kv_pool import SWAKVPool
@@ -245,12 +246,21 @@ class SWAMemoryManager(MemoryManager):
     def spec_step(
         self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
     ) -> torch.Tensor:
-        """The manager's EAGLE v2 step; under the scheduler rule each request's decode step
-        counts (kvpool's spec step slides no window)."""
-        out = super().spec_step(rids, accepted, reserve)
-        if self.scheduler:
-            self._count_decode([self.reqs[r] for r in rids])
+        """The manager's EAGLE v2 step; scheduler rule: the windows slide after the step's
+        checks, before its allocation (see the reference's)."""
+        if not self.scheduler:
+            return super().spec_step(rids, accepted, reserve)
+        out = spec_step(self, rids, accepted, reserve, prepare=self._prepare_spec_step)
+        self._count_decode([self.reqs[r] for r in rids])
         return out
+
+    def _prepare_spec_step(self, reqs: list[Req], starts: list[int], ends: list[int]) -> None:
+        """Before an EAGLE v2 step's allocation (scheduler rule): capacity, then the decode
+        batch's window slide (see the reference's)."""
+        if starts:
+            self._check_capacity(self._tokens_needed(starts, ends))
+        if reqs:
+            self._slide_windows(reqs, None)
 
     def _match(self, req: Req, cow: bool, load_back: bool) -> int:
         """The manager's match; under the scheduler rule with the radix cache, the request's

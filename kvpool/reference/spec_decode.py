@@ -16,7 +16,7 @@ Units: tokens for lengths, slots for results.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from kvpool.config import PoolConfig
@@ -57,12 +57,24 @@ class SpecDecodeHost(Protocol):
     def write_kv(self, req: Req, start: int, stop: int) -> None: ...
 
 
+SpecPrepare = Callable[[list[Req], list[int], list[int]], None]
+"""A step's preparation before its allocation, called with (the batch's requests, the grown
+requests' first new columns, their new allocated lengths): SGLang 0.5.23's
+``eagle_prepare_for_decode`` slides sliding windows there (``SWAMemoryManager``). It checks
+capacity before changing anything, so a refused step still changes nothing."""
+
+
 def spec_step(
-    mm: SpecDecodeHost, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
+    mm: SpecDecodeHost,
+    rids: Sequence[str],
+    accepted: Sequence[Sequence[int]],
+    reserve: int,
+    prepare: SpecPrepare | None = None,
 ) -> list[int]:
     """Grow each allocation to ``ceil_align(committed + 2 * reserve)``, then commit
     ``accepted[i]``. Returns the newly allocated slots (batch order). OutOfMemoryError /
-    ContextOverflowError / InvalidArgumentError leave everything unchanged."""
+    ContextOverflowError / InvalidArgumentError leave everything unchanged. ``prepare`` (if
+    given) runs after every other check, before the allocation (:data:`SpecPrepare`)."""
     reqs = mm._running_full(rids)
     reserve = as_int("reserve", reserve)
     if reserve < 0:
@@ -83,6 +95,8 @@ def spec_step(
     grow = [(r, t) for r, t in zip(reqs, targets, strict=True) if t > r.kv_allocated_len]
     starts = [r.kv_allocated_len for r, _ in grow]
     ends = [t for _, t in grow]
+    if prepare is not None:
+        prepare(reqs, starts, ends)
     last = [mm._last_loc(r, s) for (r, _), s in zip(grow, starts, strict=True)]
     out = mm._alloc_slots(starts, ends, last) if grow else []
     pos = 0
@@ -132,4 +146,4 @@ def spec_draft_v1(mm: SpecDecodeHost, rids: Sequence[str], num_draft: int) -> li
     return out
 
 
-__all__ = ["SpecDecodeHost", "TagWriter", "spec_draft_v1", "spec_step"]
+__all__ = ["SpecDecodeHost", "SpecPrepare", "TagWriter", "spec_draft_v1", "spec_step"]

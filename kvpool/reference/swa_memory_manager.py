@@ -42,6 +42,7 @@ from kvpool.reference.memory_manager import MemoryManager
 from kvpool.reference.radix_key import RadixKey
 from kvpool.reference.req import Req
 from kvpool.reference.req_to_token_pool import ReqToTokenPool
+from kvpool.reference.spec_decode import spec_step
 from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.swa_chunk_cache import SWAChunkCache
 from kvpool.reference.swa_kv_pool import SWAKVPool
@@ -240,12 +241,25 @@ class SWAMemoryManager(MemoryManager):
     def spec_step(
         self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
     ) -> list[int]:
-        """The manager's EAGLE v2 step; under the scheduler rule each request's decode step
-        counts (kvpool's spec step slides no window)."""
-        out = super().spec_step(rids, accepted, reserve)
-        if self.scheduler:
-            self._count_decode([self.reqs[r] for r in rids])
+        """The manager's EAGLE v2 step. Scheduler rule: SGLang 0.5.23's
+        ``eagle_prepare_for_decode``: after the step's checks the windows slide as a decode's do
+        (:meth:`_prepare_spec_step`), then the reserve is allocated and the accepted tokens
+        committed; each request's decode step counts."""
+        if not self.scheduler:
+            return super().spec_step(rids, accepted, reserve)
+        out = spec_step(self, rids, accepted, reserve, prepare=self._prepare_spec_step)
+        self._count_decode([self.reqs[r] for r in rids])
         return out
+
+    def _prepare_spec_step(self, reqs: list[Req], starts: list[int], ends: list[int]) -> None:
+        """Before an EAGLE v2 step's allocation (scheduler rule): capacity for the grown
+        columns ``[starts[i], ends[i])`` (OutOfMemoryError, nothing changed), then the decode
+        batch's window slide (:meth:`_slide_windows`: each request decoded before whose window
+        is due, at its committed length, the token the step computes first)."""
+        if starts:
+            self._check_capacity(self._tokens_needed(starts, ends))
+        if reqs:
+            self._slide_windows(reqs, None)
 
     def _match(self, req: Req, cow: bool, load_back: bool) -> int:
         """The manager's match; under the scheduler rule with the radix cache, the request's

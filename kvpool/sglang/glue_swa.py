@@ -13,6 +13,8 @@ allocator's mapping. The glue's SWA paths run as SGLang wrote them:
   the :class:`SWAGlueBatch` as ``self``; they call the tree's ``evict_sliding_windows``, i.e.
   ``common.free_swa_out_of_window_slots``. ``SGLANG_SWA_EVICTION_INTERVAL`` is
   ``Rules.swa_eviction_interval`` during the call.
+- An EAGLE v2 step runs ``maybe_evict_swa`` on the decode batch, then advances the decode
+  counts, then calls ``alloc_for_spec_decode``, in ``eagle_prepare_for_decode``'s order.
 - ``release_kv_cache`` and ``checkpoint_kv_cache`` read and move the request's SWA cursor
   (``req.kv.get_evicted_seqlen`` / ``set_evicted_seqlen``, ``swa_dead_lo``); the tree's
   ``free_kv_row`` is ``common.free_kv_row_segments`` (window-dead columns full-side only).
@@ -20,8 +22,9 @@ allocator's mapping. The glue's SWA paths run as SGLang wrote them:
 
 Scheduler state SGLang keeps on its ``Req`` and kvpool's request does not, the manager keeps per
 request (:class:`SWAReqState`): the SWA cursor (``component_evicted_seqlens``), the decode
-steps since admission (``decode_batch_idx``, advanced after each decode allocation and EAGLE v2
-step, as ``prepare_for_decode`` does) and the branching point; SGLang's ``mark_kv_released``
+steps since admission (``decode_batch_idx``, advanced after each decode allocation, as
+``prepare_for_decode`` does, and after an EAGLE v2 step's slide, as
+``eagle_prepare_for_decode`` does) and the branching point; SGLang's ``mark_kv_released``
 forgets them. kvpool's streaming sessions (kvpool's emulation) carry a turn's cursor with its
 row, as :class:`~kvpool.optimized.swa_memory_manager.SWAMemoryManager` does.
 
@@ -43,6 +46,7 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, OutOfMemoryError
 from kvpool.optimized.req import Req
+from kvpool.optimized.spec_decode import spec_step
 from kvpool.optimized.swa_kv_pool import SWAKVPool
 from kvpool.reference.swa_lifecycle import swa_eviction_demand
 from kvpool.reference.swa_memory_manager import check_swa_config
@@ -375,10 +379,31 @@ class SGLangSWAGlueManager(SGLangGlueManager):
     def spec_step(
         self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
     ) -> torch.Tensor:
-        out = super().spec_step(rids, accepted, reserve)
-        for rid in rids:
-            self._state(self.reqs[rid]).decode_batch_idx += 1
-        return out
+        """The glue manager's EAGLE v2 step (SGLang's ``alloc_for_spec_decode`` allocates the
+        reserve), prepared as SGLang's ``eagle_prepare_for_decode`` prepares it: after kvpool's
+        checks, :meth:`_prepare_spec_step` (the window slide, the decode count)."""
+        self._spec_glue = True  # the glue manager's _alloc_slots: alloc_for_spec_decode
+        try:
+            return spec_step(self, rids, accepted, reserve, prepare=self._prepare_spec_step)
+        finally:
+            self._spec_glue = False
+
+    def _prepare_spec_step(self, reqs: list[Req], starts: list[int], ends: list[int]) -> None:
+        """``eagle_prepare_for_decode`` before its allocation: kvpool's capacity check for the
+        grown columns ``[starts[i], ends[i])`` (a refused step changes nothing), then SGLang's
+        own ``maybe_evict_swa`` on the decode batch, then each request's ``decode_batch_idx``
+        advances (SGLang's order)."""
+        if starts:
+            self._check_capacity(self._tokens_needed(starts, ends))
+        if not reqs:
+            return
+        batch = self._glue_batch(reqs)
+        assert isinstance(batch, SWAGlueBatch)
+        batch.forward_mode = _Mode(decode=True)
+        with self._interval():
+            batch.maybe_evict_swa()
+        for req in reqs:
+            self._state(req).decode_batch_idx += 1
 
     def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
         super().release_kv_cache(req, is_insert)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvpool.config import PoolConfig
-from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.errors import ConfigError, InvalidArgumentError, OutOfMemoryError
 from kvpool.invariants import check_all
 from kvpool.optimized import swa_lifecycle as twin_lifecycle
 from kvpool.optimized.swa_memory_manager import SWAMemoryManager as TwinSWAMemoryManager
@@ -121,6 +121,62 @@ def test_the_window_slides_from_the_second_decode_once_the_interval_is_due(cls: 
 
 
 @pytest.mark.parametrize("cls", MANAGERS)
+def test_an_eagle_v2_step_slides_the_window_before_its_allocation(cls: type) -> None:
+    """Chunk cache, page 1, window 2, interval 1, a 6-token prompt, three EAGLE v2 steps of
+    reserve 1 (accepting 2, 1, then 0 tokens). 0.5.23 slides as a decode does
+    (``eagle_prepare_for_decode`` calls ``maybe_evict_swa`` first): not at the first step after
+    the prefill; at the second, at the 8 tokens committed before it (cursor 8 - 2 = 6), not at
+    the 9 after it; at the third, to 7. kvpool's rule slides nothing in a spec step. Each step
+    allocates the reserve (up to committed + 2) in both pools; the slid columns go back
+    SWA-side only."""
+    expected = {
+        Rules(): [(2, 0, 43), (2, 0, 41), (1, 0, 40)],
+        # (slots allocated, cursor, free SWA slots): 43 + 6 slid - 2 = 47, + 1 slid - 1 = 47
+        dataclasses.replace(RULES, swa_eviction_interval=1): [(2, 0, 43), (2, 6, 47),
+                                                              (1, 7, 47)],
+    }  # fmt: skip
+    for rules, steps in expected.items():
+        mm = cls(PoolConfig(size=64, page_size=1, disable_radix_cache=True, sliding_window=2,
+                            rules=rules))  # fmt: skip
+        mm.new_req("a", [1, 2, 3, 4, 5, 6])
+        mm.extend(["a"])
+        got = []
+        for accepted in ([7, 8], [9], []):
+            out = mm.spec_step(["a"], [accepted], 1)
+            snap = mm.snapshot()
+            check_all(snap)
+            assert snap.swa is not None
+            got.append((len(out), snap.reqs[0].swa_evicted_seqlen,
+                        snap.swa.swa.available_size()))  # fmt: skip
+        assert snap.reqs[0].kv_committed_len == 9
+        assert got == steps, rules.swa_window_release
+
+
+@pytest.mark.parametrize("cls", MANAGERS)
+def test_a_refused_eagle_v2_step_slides_no_window(cls: type) -> None:
+    """Capacity is checked before the slide: with 1 free SWA slot, a step that needs 2 raises
+    OutOfMemoryError and changes nothing, although its due slide would have freed 6. A step
+    that grows nothing (reserve 0) still slides; the next one then fits."""
+    rules = dataclasses.replace(RULES, swa_eviction_interval=1)
+    mm = cls(PoolConfig(size=12, page_size=1, disable_radix_cache=True, sliding_window=2,
+                        rules=rules))  # fmt: skip
+    mm.new_req("a", [1, 2, 3, 4, 5, 6])
+    mm.extend(["a"])
+    mm.spec_step(["a"], [[7, 8]], 1)
+    before = mm.snapshot()
+    assert before.swa is not None and before.swa.swa.available_size() == 1
+    with pytest.raises(OutOfMemoryError):
+        mm.spec_step(["a"], [[9]], 1)
+    assert mm.snapshot() == before
+    assert len(mm.spec_step(["a"], [[]], 0)) == 0
+    snap = mm.snapshot()
+    assert snap.reqs[0].swa_evicted_seqlen == 6
+    assert snap.swa is not None and snap.swa.swa.available_size() == 7
+    mm.spec_step(["a"], [[9]], 1)
+    check_all(mm.snapshot())
+
+
+@pytest.mark.parametrize("cls", MANAGERS)
 def test_a_finish_on_the_unified_tree_checkpoints_and_frees_dead_columns_full_side(
     cls: type,
 ) -> None:
@@ -164,5 +220,12 @@ def test_reference_and_twin_agree_under_the_0_5_23_rules() -> None:
                          steps_per_run=60, max_runs=30)  # fmt: skip
     assert result.failure is None, result.failure and result.failure.report
     assert result.steps >= 30 * 40
-    for tag in ("decode:window-slid", "radix:tombstoned", "session:restore", "extend:chunked"):
+    for tag in (
+        "decode:window-slid",
+        "radix:tombstoned",
+        "session:restore",
+        "extend:chunked",
+        "spec_step:ok",
+        "spec_step:window-slid",
+    ):
         assert result.coverage.get(tag), (tag, dict(result.coverage))

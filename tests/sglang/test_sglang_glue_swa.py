@@ -1,7 +1,8 @@
 """Opt-in (``--run-sglang-wheel``): SGLang 0.5.23's scheduler glue for a sliding-window model in
 lockstep (:mod:`kvpool.sglang.glue_swa`): kvpool's SWA lifecycle over SGLang's own SWA allocator,
 ``ReqToTokenPool`` and FULL+SWA ``UnifiedRadixCache`` (or the disabled one) runs SGLang's
-``alloc_for_extend`` / ``alloc_for_decode`` with ``ScheduleBatch.maybe_evict_swa``, the tree's
+``alloc_for_extend`` / ``alloc_for_decode`` with ``ScheduleBatch.maybe_evict_swa`` (and an EAGLE
+v2 step's, before ``alloc_for_spec_decode``), the tree's
 ``evict_sliding_windows`` (``common.free_swa_out_of_window_slots``), ``checkpoint_kv_cache``
 and ``release_kv_cache`` (``free_kv_row_segments``), checked step by step against kvpool's
 reference SWA lifecycle under ``Rules.for_sglang("0.5.23")``, on both tree cores; a planted
@@ -32,6 +33,7 @@ SWA_GLUE = (
     "sglang:common.release_kv_cache",
     "sglang:allocation.alloc_for_extend",
     "sglang:allocation.alloc_for_decode",
+    "sglang:allocation.alloc_for_spec_decode",
 )
 """The SWA glue a campaign must have run (coverage tags ``sglang:MODULE.FUNCTION``)."""
 
@@ -56,7 +58,9 @@ def test_swa_glue_campaign_passes_and_counts_the_swa_glue(tree_core: str) -> Non
     assert result.failure is None, result.failure.report
     missing = [name for name in SWA_GLUE if not result.coverage.get(name)]
     assert not missing, (missing, dict(result.coverage))
-    assert result.coverage.get("decode:window-slid"), dict(result.coverage)
+    # EAGLE v2 steps run, and eagle_prepare_for_decode's maybe_evict_swa slides windows there
+    for tag in ("decode:window-slid", "spec_step:ok", "spec_step:window-slid"):
+        assert result.coverage.get(tag), (tag, dict(result.coverage))
     assert result.coverage.get("radix:tombstoned"), dict(result.coverage)
 
 

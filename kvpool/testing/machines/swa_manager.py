@@ -29,10 +29,6 @@ _SESSION_KINDS = ("session_turn", "open_session", "close_session")
 SWA_KINDS = (*(k for k in KINDS if k not in _SESSION_KINDS), "decode", "decode", *_SESSION_KINDS)
 """The lifecycle's operation kinds with more decodes (the window slides on decode) and each
 session kind once."""
-SCHEDULER_KINDS = tuple(k for k in SWA_KINDS if k != "spec_step")
-""":data:`SWA_KINDS` without EAGLE v2 steps (``Rules.swa_window_release == "scheduler"``:
-SGLang's step slides windows first, which is not modelled; invalid spec steps are still drawn
-through ``invalid``)."""
 
 
 def swa_manager_factory(impl: Implementation) -> Factory:
@@ -99,19 +95,14 @@ class SWALifecyclePair(LifecyclePair):
         )
         self.reachability = impl_b.reachability
         self.rejects_misuse = (impl_b.rules or config.rules).rejects_misuse
-        # SGLang 0.5.23 slides windows at the start of an EAGLE v2 step too
-        # (eagle_prepare_for_decode calls maybe_evict_swa), which neither kvpool's SWA
-        # lifecycle nor the glue manager's spec step models: under the scheduler rule no valid
-        # spec step is drawn (specs/swa.md)
-        self.kinds = SCHEDULER_KINDS if unified else SWA_KINDS
 
     def _normalize(self, snap: PoolSnapshot) -> PoolSnapshot:
         return coarse_swa_pool(snap, self._swa_locks)
 
     def draw(self, c: Chooser) -> Op:
-        op = draw_op(c, self.lockstep.view(), c.choice(self.kinds))
+        op = draw_op(c, self.lockstep.view(), c.choice(SWA_KINDS))
         while not self.rejects_misuse and component_misuse(op):  # SGLang accepts it silently
-            op = draw_op(c, self.lockstep.view(), c.choice(self.kinds))
+            op = draw_op(c, self.lockstep.view(), c.choice(SWA_KINDS))
         return op
 
     def run(self, op: Op) -> Any:
@@ -121,6 +112,8 @@ class SWALifecyclePair(LifecyclePair):
         was = {r.rid: r.swa_evicted_seqlen for r in before.reqs}
         if any(r.swa_evicted_seqlen > was.get(r.rid, 0) for r in after.reqs):
             self.coverage["decode:window-slid"] += 1
+            if op.name == "spec_step":  # SGLang 0.5.23's eagle_prepare_for_decode slides too
+                self.coverage["spec_step:window-slid"] += 1
         slid = {s.session_id for s in before.sessions if s.row and s.swa_evicted_seqlen}
         if any(s.session_id in slid and not s.row for s in after.sessions):
             self.coverage["session:window-carried"] += 1
@@ -167,7 +160,6 @@ class SWALifecycleTarget(LifecycleTarget):
 
 
 __all__ = [
-    "SCHEDULER_KINDS",
     "SWA_KINDS",
     "SWALifecyclePair",
     "SWALifecycleTarget",
