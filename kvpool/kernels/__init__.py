@@ -5,16 +5,19 @@ Every function writes into preallocated outputs (``get_last_loc`` returns a new 
 takes ``backend``: ``"triton"`` (compiled, CUDA tensors), ``"interpret"`` (the same kernel
 through Triton's interpreter on the host), ``"torch"`` (vectorised fallback), ``"python"`` (the
 pure reference), or a name added with :func:`register_kernel_backend`. ``None`` picks triton
-for CUDA tensors, else ``$KVPOOL_KERNEL_BACKEND``, else torch. Inputs are assumed valid: the
-callers (the allocators, the lifecycle) check before launching.
+for CUDA tensors, else ``$KVPOOL_KERNEL_BACKEND``, else torch. Every public function refuses bad
+metadata (shapes, dtypes, lengths, devices) before any backend runs
+(:mod:`~kvpool.kernels.checks`; InvalidArgumentError, KernelError for devices); values (ranges,
+fits) are assumed valid: the callers (the allocators, the lifecycle) check them before launching.
 
 Each kernel module exposes the same layers, for harnesses that test a part in isolation:
 ``_<name>_kernel`` (the plain kernel function, wrapped per backend), ``<name>_kernel_launch``
 (launch of any wrapped form), ``<name>_torch`` and the pure reference. :data:`KERNEL_FUNCTIONS`
 maps each public name to its plain kernel function. The plumbing they share lives in
-:mod:`~kvpool.kernels.dispatch` (backend choice; ``run_backend`` runs one call),
-:mod:`~kvpool.kernels.launch` (grid, empty batches, ``tl``) and :mod:`~kvpool.kernels.host`
-(host copies of lengths, the python backend's lists and write-back).
+:mod:`~kvpool.kernels.checks` (the metadata contract), :mod:`~kvpool.kernels.dispatch` (backend
+choice; ``run_backend`` runs one call), :mod:`~kvpool.kernels.launch` (grid, empty batches,
+dense inputs, ``tl``) and :mod:`~kvpool.kernels.host` (host copies of lengths, the python
+backend's lists and write-back).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ out in batch order from the head of ``free_pages``; any other request gets ``las
     (S-1) % ps   0         2          0         1
     slot         f[0]*ps   loc1 + 1   f[1]*ps   loc3 + 1      (f = free_pages)
 
-The kernel only reads ``free_pages``; capacity is the caller's job.
+The kernel only reads ``free_pages``; capacity and values are the caller's job, bad metadata
+(shapes, dtypes, lengths, devices) is refused by the wrapper before any backend runs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kvpool.kernels import checks
 from kvpool.kernels.dispatch import (
     check_page_size,
     nonempty,
@@ -25,7 +27,7 @@ from kvpool.kernels.dispatch import (
     write_back,
 )
 from kvpool.kernels.host import HostLens, Int64Array, host_copy, page_opening_requests, to_device
-from kvpool.kernels.launch import exclusive_cumsum, launch, tl
+from kvpool.kernels.launch import dense, exclusive_cumsum, launch, tl
 from kvpool.reference.paged_ops import alloc_decode_slots
 
 _REQUESTS_PER_PROGRAM = 128
@@ -74,9 +76,9 @@ def alloc_decode_kernel_launch(
         kernel,
         bs,
         _REQUESTS_PER_PROGRAM,
-        seq_lens,
-        last_loc,
-        nonempty(free_pages),  # empty when no request opens a page
+        dense(seq_lens),
+        dense(last_loc),
+        nonempty(dense(free_pages)),  # empty when no request opens a page
         rank,
         out_indices,
         bs,
@@ -193,6 +195,33 @@ def alloc_decode_python(
     write_back(out_indices, slots)
 
 
+def check_alloc_decode_args(
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+    seq_lens_cpu: HostLens | None = None,
+    opens_cpu: Int64Array | None = None,
+) -> None:
+    """:func:`alloc_decode`'s metadata contract (:mod:`kvpool.kernels.checks`): power-of-two
+    ``page_size``; 1-D int32/int64 ``seq_lens``, ``last_loc`` (and host copy) and 1-D int64
+    ``out_indices`` of one length ``bs``; 1-D int32/int64 ``free_pages``; ``opens_cpu`` a 1-D
+    integer array of at most ``bs`` entries; one device. No device read."""
+    op = "alloc_decode"
+    check_page_size(page_size)
+    bs = checks.vector(op, "seq_lens", seq_lens).numel()
+    checks.vector(op, "last_loc", last_loc)
+    checks.vector(op, "free_pages", free_pages)
+    checks.vector(op, "out_indices", out_indices, checks.SLOT_DTYPES, output=True)
+    checks.batch_lengths(op, "seq_lens", bs, last_loc=last_loc, out_indices=out_indices)
+    checks.host_lens(op, "seq_lens_cpu", seq_lens_cpu, bs)
+    checks.page_indices(op, "opens_cpu", opens_cpu, bs)
+    checks.same_device(
+        op, seq_lens=seq_lens, last_loc=last_loc, free_pages=free_pages, out_indices=out_indices
+    )
+
+
 def alloc_decode(
     seq_lens: torch.Tensor,
     last_loc: torch.Tensor,
@@ -208,12 +237,40 @@ def alloc_decode(
 
     Units: ``seq_lens`` tokens including the new one (``>= 1``), ``last_loc`` the slot of token
     ``S_i - 2`` (ignored when the new token opens a page), ``free_pages`` page ids (read, not
-    modified). ``page_size`` must be a power of two. Inputs are assumed valid and to fit.
-    ``seq_lens_cpu``: optional host copy of ``seq_lens`` for the torch backend (CPU tensors are
-    their own host copies); ``opens_cpu``: the page-opening requests already found from it
+    modified), ``out_indices`` int64 slots. ``seq_lens_cpu``: optional host copy of
+    ``seq_lens`` for the torch backend (CPU tensors are their own host copies); ``opens_cpu``:
+    the page-opening requests already found from it
     (:func:`~kvpool.kernels.host.page_opening_requests`). The other backends ignore both.
+
+    Checked before any backend runs, from metadata only (:func:`check_alloc_decode_args`):
+    ``page_size`` a power of two (PageSizeError); dimensions, int32/int64 dtypes (int64
+    ``out_indices``, contiguous), one length ``bs`` for ``seq_lens``, ``last_loc``, ``out_indices``
+    and the host copy (InvalidArgumentError); one device, not ``meta`` (KernelError). Nothing is
+    written when refused. Values are not read: ``S >= 1``, ``last_loc`` and enough ``free_pages``
+    for the page-opening requests are the caller's to check.
     """
-    check_page_size(page_size)
+    check_alloc_decode_args(
+        seq_lens, last_loc, free_pages, out_indices, page_size, seq_lens_cpu, opens_cpu
+    )
+    alloc_decode_unchecked(
+        seq_lens, last_loc, free_pages, out_indices, page_size, backend,
+        seq_lens_cpu=seq_lens_cpu, opens_cpu=opens_cpu,
+    )  # fmt: skip
+
+
+def alloc_decode_unchecked(
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+    backend: str | None = None,
+    *,
+    seq_lens_cpu: HostLens | None = None,
+    opens_cpu: Int64Array | None = None,
+) -> None:
+    """:func:`alloc_decode` without its metadata checks, for a caller that has made the same
+    checks itself (the optimized allocator); not part of the public kernel API."""
     if resolve_backend(backend, seq_lens, last_loc, free_pages, out_indices) == "torch":
         # the CPU hot path: straight to the fallback, without run_backend's generic dispatch
         alloc_decode_torch(

@@ -16,8 +16,8 @@ plans the output on the host as runs of consecutive slots (a part 1, then one ru
 and writes them with a difference array and one running sum.
 
 The kernel only reads ``free_pages``; the caller drops the consumed head afterwards, and checks
-capacity and validity beforehand (inputs are assumed valid: see
-:func:`kvpool.reference.paged_ops.validate_extend_args`).
+capacity and the values beforehand (see :func:`kvpool.reference.paged_ops.validate_extend_args`);
+the wrapper refuses bad metadata (shapes, dtypes, lengths, devices) before any backend runs.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ import functools
 import numpy as np
 import torch
 
+from kvpool.kernels import checks
 from kvpool.kernels.dispatch import block_for, check_page_size, nonempty, run_backend, write_back
 from kvpool.kernels.host import HostLens as HostLens
 from kvpool.kernels.host import Int64Array, host_copy, to_device
 from kvpool.kernels.host import host_array as host_array
-from kvpool.kernels.launch import exclusive_cumsum, launch, tl
+from kvpool.kernels.launch import dense, exclusive_cumsum, launch, tl
 from kvpool.reference.paged_ops import alloc_extend_slots
 
 
@@ -95,10 +96,10 @@ def alloc_extend_kernel_launch(
         kernel,
         prefix_lens.numel(),
         1,
-        prefix_lens,
-        seq_lens,
-        last_loc,
-        nonempty(free_pages),  # empty when every token finishes a prefix page
+        dense(prefix_lens),
+        dense(seq_lens),
+        dense(last_loc),
+        nonempty(dense(free_pages)),  # empty when every token finishes a prefix page
         out_start,
         page_start,
         nonempty(out_indices),  # empty when every S == P
@@ -241,6 +242,41 @@ def alloc_extend_python(
     write_back(out_indices, slots)
 
 
+def check_alloc_extend_args(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+    prefix_lens_cpu: HostLens | None = None,
+    seq_lens_cpu: HostLens | None = None,
+) -> None:
+    """:func:`alloc_extend`'s metadata contract (:mod:`kvpool.kernels.checks`): power-of-two
+    ``page_size``; 1-D int32/int64 ``prefix_lens``, ``seq_lens``, ``last_loc`` (and host
+    copies) of one length ``bs``; 1-D int32/int64 ``free_pages``; 1-D int64 ``out_indices``,
+    empty when ``bs == 0``; one device. No device read."""
+    op = "alloc_extend"
+    check_page_size(page_size)
+    bs = checks.vector(op, "prefix_lens", prefix_lens).numel()
+    checks.vector(op, "seq_lens", seq_lens)
+    checks.vector(op, "last_loc", last_loc)
+    checks.vector(op, "free_pages", free_pages)
+    checks.vector(op, "out_indices", out_indices, checks.SLOT_DTYPES, output=True)
+    checks.batch_lengths(op, "prefix_lens", bs, seq_lens=seq_lens, last_loc=last_loc)
+    checks.empty_with_batch(op, bs, out_indices=out_indices)
+    checks.host_lens(op, "prefix_lens_cpu", prefix_lens_cpu, bs)
+    checks.host_lens(op, "seq_lens_cpu", seq_lens_cpu, bs)
+    checks.same_device(
+        op,
+        prefix_lens=prefix_lens,
+        seq_lens=seq_lens,
+        last_loc=last_loc,
+        free_pages=free_pages,
+        out_indices=out_indices,
+    )
+
+
 def alloc_extend(
     prefix_lens: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -257,13 +293,43 @@ def alloc_extend(
 
     Units: ``prefix_lens`` / ``seq_lens`` tokens (one per request), ``last_loc`` the slot of
     token ``P_i - 1`` (or -1 when ``P_i == 0``), ``free_pages`` page ids (read from the head,
-    not modified), ``out_indices`` int64 slots of length ``sum(S - P)``. ``page_size`` must be a
-    power of two. Inputs are assumed valid and to fit (the allocator checks before calling).
+    not modified), ``out_indices`` int64 slots of length ``sum(S - P)``.
     ``prefix_lens_cpu`` / ``seq_lens_cpu``: optional host copies of the lengths, which let the
     torch backend plan the output on the host for device tensors too (CPU tensors are their own
     host copies); the other backends ignore them.
+
+    Checked before any backend runs, from metadata only (:func:`check_alloc_extend_args`):
+    ``page_size`` a power of two (PageSizeError); dimensions, int32/int64 dtypes (int64
+    ``out_indices``, contiguous), one length for the per-request arrays and the host copies, an
+    empty ``out_indices`` for an empty batch (InvalidArgumentError); one device, not ``meta``
+    (KernelError). Nothing is written when refused. Values are not read: ``0 <= P <= S``,
+    ``last_loc``, ``len(out_indices) == sum(S - P)`` and enough ``free_pages`` are the caller's to
+    check (the allocator does, :func:`kvpool.reference.paged_ops.validate_extend_args`).
     """
-    check_page_size(page_size)
+    check_alloc_extend_args(
+        prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size,
+        prefix_lens_cpu, seq_lens_cpu,
+    )  # fmt: skip
+    alloc_extend_unchecked(
+        prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size, backend,
+        prefix_lens_cpu=prefix_lens_cpu, seq_lens_cpu=seq_lens_cpu,
+    )  # fmt: skip
+
+
+def alloc_extend_unchecked(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+    backend: str | None = None,
+    *,
+    prefix_lens_cpu: HostLens | None = None,
+    seq_lens_cpu: HostLens | None = None,
+) -> None:
+    """:func:`alloc_extend` without its metadata checks, for a caller that has made the same
+    checks itself (the optimized allocator); not part of the public kernel API."""
     run_backend(
         backend,
         (prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size),

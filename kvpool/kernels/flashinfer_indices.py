@@ -9,8 +9,10 @@ start ``s_b = kv_start_idx[b]`` (0 when ``kv_start_idx`` is None)::
     kv_indptr   0        len_0          len_0 + len_1
     kv_indices  | row r_0 slice | row r_1 slice | ... | untouched tail of the buffer |
 
-``kv_indptr`` has ``bs + 1`` entries (callers build ``[0, cumsum(lens)]``); ``kv_indices`` is an
-int32 buffer at least ``kv_indptr[bs]`` long; entries past the batch's total are untouched.
+``kv_indptr`` has ``bs + 1`` entries (callers build ``[0, cumsum(lens)]``; more are ignored);
+``kv_indices`` is an int32 buffer at least ``kv_indptr[bs]`` long; entries past the batch's
+total are untouched. The wrapper refuses bad metadata before any backend runs; values are the
+caller's to check.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from kvpool.kernels import checks
 from kvpool.kernels.dispatch import block_for, nonempty, run_backend
 from kvpool.kernels.host import batch_rows, copy_back, optional_list
-from kvpool.kernels.launch import exclusive_cumsum, launch, tl
+from kvpool.kernels.launch import dense, exclusive_cumsum, launch, tl
 
 
 def _flashinfer_kv_indices_kernel(  # type: ignore[no-untyped-def]
@@ -62,16 +65,17 @@ def flashinfer_kv_indices_kernel_launch(
     kv_indices: torch.Tensor,
 ) -> None:
     """Launch ``kernel``: grid = batch size."""
+    req_to_token = dense(req_to_token)
     launch(
         kernel,
         req_pool_indices.numel(),
         1,
         req_to_token,
         req_to_token.stride(0),
-        req_pool_indices,
-        page_kernel_lens,
-        kv_indptr,
-        kv_indptr if kv_start_idx is None else kv_start_idx,  # never read without HAS_START
+        dense(req_pool_indices),
+        dense(page_kernel_lens),
+        dense(kv_indptr),
+        kv_indptr if kv_start_idx is None else dense(kv_start_idx),  # unread without HAS_START
         nonempty(kv_indices),
         HAS_START=kv_start_idx is not None,
         BLOCK=block_for(1),
@@ -141,6 +145,43 @@ def flashinfer_kv_indices_python(
     copy_back(kv_indices, out)
 
 
+def check_flashinfer_kv_indices_args(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    page_kernel_lens: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_start_idx: torch.Tensor | None,
+    kv_indices: torch.Tensor,
+) -> None:
+    """:func:`create_flashinfer_kv_indices`'s metadata contract (:mod:`kvpool.kernels.checks`):
+    a 2-D int32/int64 table (with rows when the batch is not empty); 1-D int32/int64
+    ``req_pool_indices``, ``page_kernel_lens`` and ``kv_start_idx`` (when given) of one length
+    ``bs``; 1-D int32/int64 ``kv_indptr`` of ``bs + 1`` entries or more; 1-D int32/int64
+    ``kv_indices``; one device."""
+    op = "create_flashinfer_kv_indices"
+    checks.table(op, "req_to_token", req_to_token)
+    bs = checks.vector(op, "req_pool_indices", req_pool_indices).numel()
+    checks.vector(op, "page_kernel_lens", page_kernel_lens)
+    checks.vector(op, "kv_indptr", kv_indptr)
+    checks.vector(op, "kv_indices", kv_indices, output=True)
+    checks.batch_lengths(op, "req_pool_indices", bs, page_kernel_lens=page_kernel_lens)
+    if kv_start_idx is not None:
+        checks.vector(op, "kv_start_idx", kv_start_idx)
+        checks.batch_lengths(op, "req_pool_indices", bs, kv_start_idx=kv_start_idx)
+    if kv_indptr.shape[0] < bs + 1:
+        checks.length(op, "kv_indptr", kv_indptr, bs + 1, "at least bs + 1: [0, cumsum(lens)]")
+    checks.table_rows(op, "req_to_token", req_to_token, bs)
+    checks.same_device(
+        op,
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        page_kernel_lens=page_kernel_lens,
+        kv_indptr=kv_indptr,
+        kv_start_idx=kv_start_idx,
+        kv_indices=kv_indices,
+    )
+
+
 def create_flashinfer_kv_indices(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -151,7 +192,18 @@ def create_flashinfer_kv_indices(
     backend: str | None = None,
 ) -> None:
     """Fill ``kv_indices`` (int32 slots) with each request's slice of its table row, at
-    ``kv_indptr[b]``. Units: rows, tokens (``page_kernel_lens``, ``kv_start_idx``), slots."""
+    ``kv_indptr[b]``. Units: rows, tokens (``page_kernel_lens``, ``kv_start_idx``), slots.
+
+    Checked before any backend runs, from metadata only (:func:`check_flashinfer_kv_indices_args`):
+    dimensions, int32/int64 dtypes, a contiguous output, one length ``bs`` for the per-request
+    arrays, ``bs + 1`` entries or more in ``kv_indptr``, a table with rows for a non-empty batch
+    (InvalidArgumentError); one device, not ``meta`` (KernelError). Nothing is written when refused.
+    Values are not read: rows in range, ``s_b + len_b`` within the row, ``kv_indptr`` the running
+    sum of the lengths and ``kv_indices`` at least ``kv_indptr[bs]`` long are the caller's to check.
+    """
+    check_flashinfer_kv_indices_args(
+        req_to_token, req_pool_indices, page_kernel_lens, kv_indptr, kv_start_idx, kv_indices
+    )
     run_backend(
         backend,
         (req_to_token, req_pool_indices, page_kernel_lens, kv_indptr, kv_start_idx, kv_indices),

@@ -21,7 +21,8 @@ entry per virtual page id) the table's slots are virtual and each entry is trans
 
 so a ``-1`` slot and a freed (``-1``) v2p entry both land on entry 0 (the reserved padding
 page), as 0.5.23's FlashMLA / DCP block-table kernel does (specs/sglang_behaviour.md).
-``v2p`` must cover every virtual page the windows reach.
+``v2p`` must cover every virtual page the windows reach (a value the caller checks; the
+wrapper refuses bad metadata before any backend runs).
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from kvpool.constants import ceil_div
+from kvpool.errors import InvalidArgumentError
+from kvpool.kernels import checks
 from kvpool.kernels.dispatch import check_page_size, nonempty, run_backend
 from kvpool.kernels.host import batch_rows, copy_back, optional_list
-from kvpool.kernels.launch import launch, tl
+from kvpool.kernels.launch import dense, launch, tl
 
 _PAGES_PER_ITERATION = 64
 
@@ -86,18 +89,21 @@ def flashmla_kv_indices_kernel_launch(
     v2p: torch.Tensor | None = None,
 ) -> None:
     """Launch ``kernel``: grid = batch size."""
+    req_to_token = dense(req_to_token)
     launch(
         kernel,
         req_pool_indices.numel(),
         1,
         req_to_token,
         req_to_token.stride(0),
-        req_pool_indices,
-        page_kernel_lens,
-        page_kernel_lens if kv_start_idx is None else kv_start_idx,  # unread without HAS_START
+        dense(req_pool_indices),
+        dense(page_kernel_lens),
+        page_kernel_lens
+        if kv_start_idx is None
+        else dense(kv_start_idx),  # unread unless HAS_START
         nonempty(kv_indices),
         kv_indices.stride(0),
-        page_kernel_lens if v2p is None else v2p,  # unread without HAS_V2P
+        page_kernel_lens if v2p is None else dense(v2p),  # unread without HAS_V2P
         HAS_START=kv_start_idx is not None,
         HAS_V2P=v2p is not None,
         PAGE_SIZE=page_size,
@@ -183,6 +189,49 @@ def flashmla_kv_indices_python(
     copy_back(kv_indices, out)
 
 
+def check_flashmla_kv_indices_args(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    page_kernel_lens: torch.Tensor,
+    kv_start_idx: torch.Tensor | None,
+    kv_indices: torch.Tensor,
+    page_size: int,
+    v2p: torch.Tensor | None = None,
+) -> None:
+    """:func:`create_flashmla_kv_indices`'s metadata contract (:mod:`kvpool.kernels.checks`):
+    power-of-two ``page_size``; a 2-D int32/int64 table (with rows when the batch is not
+    empty); 1-D int32/int64 ``req_pool_indices``, ``page_kernel_lens`` and ``kv_start_idx``
+    (when given) of one length ``bs``; a 2-D int32/int64 ``kv_indices`` of at least ``bs``
+    rows; 1-D int32/int64 ``v2p`` (when given); one device."""
+    op = "create_flashmla_kv_indices"
+    check_page_size(page_size)
+    checks.table(op, "req_to_token", req_to_token)
+    bs = checks.vector(op, "req_pool_indices", req_pool_indices).numel()
+    checks.vector(op, "page_kernel_lens", page_kernel_lens)
+    checks.table(op, "kv_indices", kv_indices, output=True)
+    checks.batch_lengths(op, "req_pool_indices", bs, page_kernel_lens=page_kernel_lens)
+    if kv_start_idx is not None:
+        checks.vector(op, "kv_start_idx", kv_start_idx)
+        checks.batch_lengths(op, "req_pool_indices", bs, kv_start_idx=kv_start_idx)
+    if v2p is not None:
+        checks.vector(op, "v2p", v2p)
+    if kv_indices.shape[0] < bs:
+        raise InvalidArgumentError(
+            f"{op}: kv_indices has shape {tuple(kv_indices.shape)}, fewer rows than the "
+            f"batch's {bs} requests (one row per request)"
+        )
+    checks.table_rows(op, "req_to_token", req_to_token, bs)
+    checks.same_device(
+        op,
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        page_kernel_lens=page_kernel_lens,
+        kv_start_idx=kv_start_idx,
+        kv_indices=kv_indices,
+        v2p=v2p,
+    )
+
+
 def create_flashmla_kv_indices(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -196,8 +245,20 @@ def create_flashmla_kv_indices(
 ) -> None:
     """Fill row ``b`` of the int32 block table ``kv_indices`` with request ``b``'s page ids
     (physical ids through ``v2p`` when given: virtual page -> physical page, int64).
-    Units: rows, tokens (``page_kernel_lens``, ``kv_start_idx``), page ids (output)."""
-    check_page_size(page_size)
+    Units: rows, tokens (``page_kernel_lens``, ``kv_start_idx``), page ids (output).
+
+    Checked before any backend runs, from metadata only (:func:`check_flashmla_kv_indices_args`):
+    ``page_size`` a power of two (PageSizeError); dimensions, int32/int64 dtypes, the output's
+    column stride 1, one length ``bs`` for the per-request arrays, at least ``bs`` rows of
+    ``kv_indices``, a table with rows for a non-empty batch (InvalidArgumentError); one device, not
+    ``meta`` (KernelError). Nothing is written when refused. Values are not read: rows in range,
+    each window within its row, enough columns of ``kv_indices`` for ``ceil(len_b / ps)`` pages and
+    ``v2p`` covering every virtual page are the caller's to check.
+    """
+    check_flashmla_kv_indices_args(
+        req_to_token, req_pool_indices, page_kernel_lens, kv_start_idx, kv_indices, page_size,
+        v2p,
+    )  # fmt: skip
     run_backend(
         backend,
         (
@@ -227,7 +288,9 @@ def create_flashmla_kv_indices_v2p(
     backend: str | None = None,
 ) -> None:
     """:func:`create_flashmla_kv_indices` with a virtual-to-physical page map (positional, so
-    the kernel harness can check it as its own op)."""
+    the kernel harness can check it as its own op). ``v2p`` is required: a 1-D int32/int64
+    tensor (InvalidArgumentError otherwise); the rest is checked as there."""
+    checks.vector("create_flashmla_kv_indices_v2p", "v2p", v2p)
     create_flashmla_kv_indices(
         req_to_token, req_pool_indices, page_kernel_lens, kv_start_idx, kv_indices, page_size,
         backend, v2p=v2p,

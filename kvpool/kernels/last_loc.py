@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from kvpool.constants import NO_LAST_LOC
+from kvpool.kernels import checks
 from kvpool.kernels.dispatch import get_kernel, is_kernel_backend, resolve_backend, write_back
 from kvpool.kernels.host import batch_rows
-from kvpool.kernels.launch import launch, tl
+from kvpool.kernels.launch import dense, launch, tl
 
 _REQUESTS_PER_PROGRAM = 128
 
@@ -49,14 +50,15 @@ def get_last_loc_kernel_launch(
 ) -> None:
     """Launch ``kernel`` into int64 ``out``: one program per ``BLOCK`` requests."""
     bs = req_pool_indices.numel()
+    req_to_token = dense(req_to_token)
     launch(
         kernel,
         bs,
         _REQUESTS_PER_PROGRAM,
         req_to_token,
         req_to_token.stride(0),
-        req_pool_indices,
-        prefix_lens,
+        dense(req_pool_indices),
+        dense(prefix_lens),
         out,
         bs,
         NO_LAST=NO_LAST_LOC,
@@ -87,6 +89,23 @@ def get_last_loc_ref(
     ]
 
 
+def check_get_last_loc_args(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor
+) -> None:
+    """:func:`get_last_loc`'s metadata contract (:mod:`kvpool.kernels.checks`): a 2-D
+    int32/int64 table (with rows when the batch is not empty), 1-D int32/int64
+    ``req_pool_indices`` and ``prefix_lens`` of one length, one device."""
+    op = "get_last_loc"
+    checks.table(op, "req_to_token", req_to_token)
+    bs = checks.vector(op, "req_pool_indices", req_pool_indices).numel()
+    checks.vector(op, "prefix_lens", prefix_lens)
+    checks.batch_lengths(op, "req_pool_indices", bs, prefix_lens=prefix_lens)
+    checks.table_rows(op, "req_to_token", req_to_token, bs)
+    checks.same_device(
+        op, req_to_token=req_to_token, req_pool_indices=req_pool_indices, prefix_lens=prefix_lens
+    )
+
+
 def get_last_loc(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -94,7 +113,14 @@ def get_last_loc(
     backend: str | None = None,
 ) -> torch.Tensor:
     """Return int64 ``(bs,)`` on ``req_to_token``'s device: the slot of token ``P_b - 1`` of each
-    request's row, or ``NO_LAST_LOC`` (-1) where ``P_b == 0``. Units: rows, tokens, slots."""
+    request's row, or ``NO_LAST_LOC`` (-1) where ``P_b == 0``. Units: rows, tokens, slots.
+
+    Checked before any backend runs, from metadata only (:func:`check_get_last_loc_args`):
+    dimensions, int32/int64 dtypes, one length, a table with rows for a non-empty batch
+    (InvalidArgumentError); one device, not ``meta`` (KernelError). Values are not read: rows in
+    range and ``0 <= P_b <= max_context_len`` are the caller's to check.
+    """
+    check_get_last_loc_args(req_to_token, req_pool_indices, prefix_lens)
     name = resolve_backend(backend, req_to_token, req_pool_indices, prefix_lens)
     if name == "torch":
         return get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)

@@ -8,8 +8,9 @@ Contract: for request ``b`` with table row ``r_b = req_pool_indices[b]``::
     row r_b:  | prefix slots (P_b columns) | new slots (S_b - P_b columns) | untouched ... |
 
 ``req_to_token`` is int32 ``(rows, max_context_len)``; slot tensors are int64 and flat in batch
-order. Rows are distinct and ``S_b <= max_context_len`` (the caller checks). Columns at or past
-``S_b`` and rows not in the batch are left untouched.
+order. Rows are distinct and ``S_b <= max_context_len`` (the caller checks values; the wrapper
+refuses bad metadata before any backend runs). Columns at or past ``S_b`` and rows not in the
+batch are left untouched.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import MutableMapping, Sequence
 
 import torch
 
+from kvpool.kernels import checks
 from kvpool.kernels.dispatch import block_for, nonempty, run_backend
 from kvpool.kernels.host import batch_rows
-from kvpool.kernels.launch import exclusive_cumsum, launch, tl
+from kvpool.kernels.launch import dense, exclusive_cumsum, launch, tl
 
 
 def _write_req_to_token_kernel(  # type: ignore[no-untyped-def]
@@ -72,12 +74,12 @@ def write_req_to_token_kernel_launch(
         1,
         req_to_token,
         req_to_token.stride(0),
-        req_pool_indices,
-        nonempty(prefix_slots),  # empty when every prefix is
+        dense(req_pool_indices),
+        nonempty(dense(prefix_slots)),  # empty when every prefix is
         exclusive_cumsum(prefix_lens),
-        prefix_lens,
-        seq_lens,
-        nonempty(out_cache_loc),  # empty when every S == P
+        dense(prefix_lens),
+        dense(seq_lens),
+        nonempty(dense(out_cache_loc)),  # empty when every S == P
         exclusive_cumsum(seq_lens.to(torch.int64) - prefix_lens.to(torch.int64)),
         BLOCK=block_for(1),
     )
@@ -160,6 +162,39 @@ def write_req_to_token_python(
         req_to_token[r] = torch.tensor(values, dtype=req_to_token.dtype)
 
 
+def check_write_req_to_token_args(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+) -> None:
+    """:func:`write_req_to_token`'s metadata contract (:mod:`kvpool.kernels.checks`): a 2-D
+    int32/int64 table (with rows when the batch is not empty); 1-D int32/int64
+    ``req_pool_indices``, ``prefix_lens``, ``seq_lens`` of one length ``bs``; 1-D int32/int64
+    ``prefix_slots`` and ``out_cache_loc``, empty when ``bs == 0``; one device."""
+    op = "write_req_to_token"
+    checks.table(op, "req_to_token", req_to_token, output=True)
+    bs = checks.vector(op, "req_pool_indices", req_pool_indices).numel()
+    checks.vector(op, "prefix_slots", prefix_slots)
+    checks.vector(op, "prefix_lens", prefix_lens)
+    checks.vector(op, "seq_lens", seq_lens)
+    checks.vector(op, "out_cache_loc", out_cache_loc)
+    checks.batch_lengths(op, "req_pool_indices", bs, prefix_lens=prefix_lens, seq_lens=seq_lens)
+    checks.empty_with_batch(op, bs, prefix_slots=prefix_slots, out_cache_loc=out_cache_loc)
+    checks.table_rows(op, "req_to_token", req_to_token, bs)
+    checks.same_device(
+        op,
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        prefix_slots=prefix_slots,
+        prefix_lens=prefix_lens,
+        seq_lens=seq_lens,
+        out_cache_loc=out_cache_loc,
+    )
+
+
 def write_req_to_token(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -173,7 +208,17 @@ def write_req_to_token(
 
     Units: ``req_pool_indices`` rows, ``prefix_lens`` / ``seq_lens`` tokens, ``prefix_slots``
     (length ``sum(P)``) and ``out_cache_loc`` (length ``sum(S - P)``) slots, flat in batch order.
+
+    Checked before any backend runs, from metadata only (:func:`check_write_req_to_token_args`):
+    dimensions, int32/int64 dtypes, the table's column stride 1, one length for the per-request
+    arrays, empty slot arrays for an empty batch, a table with rows for a non-empty one
+    (InvalidArgumentError); one device, not ``meta`` (KernelError). Nothing is written when refused.
+    Values are not read: distinct rows in range, ``0 <= P <= S <= max_context_len`` and the slot
+    arrays' lengths ``sum(P)`` / ``sum(S - P)`` are the caller's to check.
     """
+    check_write_req_to_token_args(
+        req_to_token, req_pool_indices, prefix_slots, prefix_lens, seq_lens, out_cache_loc
+    )
     run_backend(
         backend,
         (req_to_token, req_pool_indices, prefix_slots, prefix_lens, seq_lens, out_cache_loc),

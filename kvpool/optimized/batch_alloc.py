@@ -4,7 +4,11 @@ A mixin of :class:`~kvpool.optimized.allocator.BaseTokenToKVPoolAllocator`, whic
 free lists, the ``need_sort`` merge and the page taking. Units: lengths are tokens, results are
 int64 slot tensors. The page counts come from the host copies of the lengths and the work runs
 :func:`kvpool.kernels.alloc_extend` / ``alloc_decode``: no device-to-host sync unless checked
-(see :mod:`kvpool.optimized.allocator`).
+(see :mod:`kvpool.optimized.allocator`). They run through the kernels' unchecked entries
+(``*_unchecked``): what the kernels need of the metadata is established here (lengths made 1-D
+on the device by ``_as_index``, integer dtypes and one batch size for them and their host copies
+checked, the allocator's own pages and int64 output), so the hot path does not pay for the
+wrappers' checks too.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ from collections.abc import Callable
 
 import torch
 
-from kvpool import kernels
 from kvpool.errors import InvalidArgumentError
-from kvpool.kernels.alloc_decode import next_slots_if_torch
+from kvpool.kernels.alloc_decode import alloc_decode_unchecked, next_slots_if_torch
+from kvpool.kernels.alloc_extend import alloc_extend_unchecked
 from kvpool.optimized.paged_ops import (
     HostLens,
     check_decode_host,
@@ -76,7 +80,7 @@ class BatchAllocs:
         if pages is None:
             return None
         out = torch.empty(extend_num_tokens, dtype=torch.int64, device=self.device)
-        kernels.alloc_extend(
+        alloc_extend_unchecked(
             prefix_lens,
             seq_lens,
             last_loc,
@@ -130,7 +134,7 @@ class BatchAllocs:
                 return quick
             pages = self.free_pages
         out = torch.empty(bs, dtype=torch.int64, device=self.device)
-        kernels.alloc_decode(
+        alloc_decode_unchecked(
             seq_lens,
             last_loc,
             pages,
