@@ -45,6 +45,7 @@ COMPONENTS = (
     "swa_radix_cache",
     "swa_manager",
     "mamba_manager",
+    "hicache_manager",
     "hiradix_cache",
     "kv_pool",
     "unified_radix_cache",

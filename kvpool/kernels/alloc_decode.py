@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvpool.kernels import checks
+import kvpool.kernels.checks as checks
 from kvpool.kernels.dispatch import (
     check_page_size,
     nonempty,

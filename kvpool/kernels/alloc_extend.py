@@ -27,7 +27,7 @@ import functools
 import numpy as np
 import torch
 
-from kvpool.kernels import checks
+import kvpool.kernels.checks as checks
 from kvpool.kernels.dispatch import block_for, check_page_size, nonempty, run_backend, write_back
 from kvpool.kernels.host import HostLens as HostLens
 from kvpool.kernels.host import Int64Array, host_copy, to_device

@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+import kvpool.kernels.checks as checks
 from kvpool.constants import ceil_div
 from kvpool.errors import InvalidArgumentError
-from kvpool.kernels import checks
 from kvpool.kernels.dispatch import check_page_size, nonempty, run_backend
 from kvpool.kernels.host import batch_rows, copy_back, optional_list
 from kvpool.kernels.launch import dense, launch, tl

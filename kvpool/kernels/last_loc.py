@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+import kvpool.kernels.checks as checks
 from kvpool.constants import NO_LAST_LOC
-from kvpool.kernels import checks
 from kvpool.kernels.dispatch import get_kernel, is_kernel_backend, resolve_backend, write_back
 from kvpool.kernels.host import batch_rows
 from kvpool.kernels.launch import dense, launch, tl

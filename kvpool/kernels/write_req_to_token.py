@@ -19,7 +19,7 @@ from collections.abc import MutableMapping, Sequence
 
 import torch
 
-from kvpool.kernels import checks
+import kvpool.kernels.checks as checks
 from kvpool.kernels.dispatch import block_for, nonempty, run_backend
 from kvpool.kernels.host import batch_rows
 from kvpool.kernels.launch import dense, exclusive_cumsum, launch, tl

@@ -6,7 +6,6 @@ Mirrors :mod:`kvpool.reference.hicache_lifecycle` step by step; prefixes are int
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,10 +26,10 @@ def build_hiradix_tree(
 ) -> HiRadixCache:
     """The manager's ``HiRadixCache``: a host pool of ``hicache_ratio`` times ``kv_cache`` (the
     manager's KV buffers, so transfers copy what the lifecycle computed) and the config's write
-    policy and thresholds; 0.5.16's host tier whatever ``Rules.hicache_host_tier`` says (see
-    the reference)."""
+    policy and thresholds; the host tier ``Rules.hicache_host_tier`` names (see the
+    reference)."""
     host = host_pool_for(kv_cache, config.hicache_ratio)
-    rules = replace(config.rules, hicache_host_tier="hiradix")
+    rules = config.rules
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
                         clock, config.hicache_write_policy, config.hicache_load_back_threshold,
                         config.hicache_prefetch_threshold, config.hicache_storage,
@@ -73,6 +72,13 @@ class HiCacheLifecycle:
         cc = tree.cache_controller
         for ack in cc.ack_load_queue:
             cc.complete(ack)
+
+    def _flush_backups(self) -> None:
+        """The end of a batch under the unified host tier: issue the queued writes as one
+        transfer (SGLang 0.5.23's ``flush_pending_backups``); nothing otherwise."""
+        tree = self.hiradix()
+        if tree is not None and tree.unified:
+            tree.cache_controller.start_writing()
 
     def _host_tier(self, num_acks: int) -> HiRadixCache:
         tree = self.hiradix()

@@ -27,6 +27,7 @@ from kvpool.optimized.hiradix_unified import HiRadixUnified
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.radix_cache import RadixCache
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode, as_slots
+from kvpool.optimized.req import Req
 from kvpool.optimized.tree_view import bfs_nodes, snapshot_tree
 from kvpool.reference.hiradix_cache import WRITE_POLICIES
 from kvpool.reference.radix_cache import hit_floor
@@ -188,10 +189,11 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         priority: int = 0,
         chunked: bool = False,
         inserted_len: int | None = None,
+        prev_prefix_len: int = 0,
     ) -> int:
         """Insert ``key`` at ``value`` slots; returns the tokens already on device (unified
-        rules: also the matched host-only ones, and the caller's duplicates are freed here; see
-        the reference)."""
+        rules: also the matched host-only ones, and the caller's duplicates past
+        ``prev_prefix_len`` are freed here; see the reference)."""
         value = as_slots(key.array if value is None else value, self.device)
         if value.shape[0] < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
@@ -210,11 +212,13 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             if child is None:
                 break
             child.last_access_time = now
-            child.priority = max(child.priority, priority)
+            if not self.unified:
+                # 0.5.16 raises the node before splitting it: the lower half keeps the raise
+                child.priority = max(child.priority, priority)
             n = self._matched(child, key, pos, aligned)
             if n < len(child):
                 child = self._split(child, n)
-                child.priority = max(child.priority, priority)
+            child.priority = max(child.priority, priority)  # unified: the matched part only
             hi = _hi(child)
             if hi.evicted:
                 hi.value = value[pos : pos + n].clone()
@@ -225,8 +229,9 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
                     self._track_duplicate(hi)
                     self._inc_hit_count(hi, total_prefix > floor)
             else:
-                if self.unified:  # the caller's duplicates
-                    self.cache_controller.evict_device(value[pos : pos + n])
+                lo = pos + max(0, prev_prefix_len - pos)
+                if self.unified and lo < pos + n:  # the caller's duplicates
+                    self.cache_controller.evict_device(value[lo : pos + n])
                 total_prefix += n
                 self._inc_hit_count(hi, total_prefix > floor)
             pos += n
@@ -240,6 +245,13 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             self.evictable_size_ += aligned - pos
             self._inc_hit_count(leaf, total_prefix + aligned - pos > floor)
         return total_prefix
+
+    def checkpoint(self, req: Req, up_to: int, chunked: bool = False) -> torch.Tensor:
+        """SGLang 0.5.23's ``checkpoint``; under the unified rules the inserts free the
+        duplicates themselves (see the reference)."""
+        if self.unified:
+            return self._checkpoint_unified(req, up_to, chunked)
+        return super().checkpoint(req, up_to, chunked)
 
     def _inc_hit_count(self, node: HiTreeNode, counts: bool) -> None:
         if self.write_policy == "write_back" or not counts:

@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 
+from kvpool.constants import floor_align
 from kvpool.optimized.hiradix_node import HiTreeNode
-from kvpool.optimized.radix_key import TreeNode
+from kvpool.optimized.radix_key import TreeNode, req_key
+from kvpool.optimized.req import Req
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -47,6 +49,12 @@ class HiRadixUnified:
     _make_heap: Any
     _promote_from: Any
     _device_leaves: Any
+    page_size: int
+    rules: Any
+    req_to_token_pool: Any
+    insert: Any
+    match_prefix: Any
+    _read_row: Any
 
     def reset_unified(self) -> None:
         """Forget the duplicate registry and the load-backs' host pins (frees nothing)."""
@@ -197,6 +205,39 @@ class HiRadixUnified:
         self.full_host_duplicates.pop(top.node_id, None)
         self._delete(top)
         return int(freed)
+
+    # ----------------------------------------------------------------- checkpoint
+    def _checkpoint_unified(self, req: Req, up_to: int, chunked: bool = False) -> torch.Tensor:
+        """SGLang 0.5.23's ``checkpoint_into_tree`` with the host tier (see the reference):
+        the inserts free the duplicates past ``cache_protected_len`` (the prompt re-insert
+        none), then the match, the row rewrite and the lock move. Returns ``row[:up_to]`` as
+        it is afterwards (int64)."""
+        assert req.req_pool_idx is not None
+        row = req.req_pool_idx
+        kv = self._read_row(row, up_to)
+        aligned = floor_align(up_to, self.page_size)
+        key = req_key(req, aligned)
+        protected = req.cache_protected_len
+        if self.rules.hit_count == "chunked":
+            self.insert(key, kv[:aligned], priority=req.priority, chunked=chunked,
+                        prev_prefix_len=protected)  # fmt: skip
+        else:
+            self.insert(key, kv[:aligned], priority=req.priority,
+                        inserted_len=req.cache_inserted_len, prev_prefix_len=protected)  # fmt: skip
+            req.cache_inserted_len = max(req.cache_inserted_len, len(key))
+        prompt = floor_align(min(up_to, len(req.origin_input_ids)), self.page_size)
+        if 0 < prompt < aligned:
+            self.insert(req_key(req, prompt), kv[:prompt], priority=req.priority + 1,
+                        inserted_len=prompt, prev_prefix_len=prompt)  # fmt: skip
+        match = self.match_prefix(key)
+        new_indices = match.device_indices
+        num_new = len(new_indices)
+        self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_device_node)
+        req.cache_protected_len = num_new
+        req.last_node = match.last_device_node
+        return torch.cat((new_indices, kv[num_new:]))
 
     # ----------------------------------------------------------------- load back
     def _load_back_unified(

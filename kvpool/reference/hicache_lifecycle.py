@@ -20,6 +20,11 @@ The steps, as SGLang 0.5.16's scheduler takes them:
 - **Finish** inserts as the radix cache does; a write-through insert writes the hit nodes to
   host (locked until the write's acknowledgement); **eviction** keeps backed-up nodes as
   host-only nodes (write-back writes them first).
+- **Issuing writes** (``Rules.hicache_host_tier == "unified"``, SGLang 0.5.23): write-through
+  backups are queued where an insert starts them; the scheduler issues the queue as one
+  transfer after each batch (``flush_pending_backups`` after ``process_batch_result``), so
+  ``extend`` and ``finish`` end by issuing what they queued (:meth:`HiCacheLifecycle.
+  _flush_backups`). Under 0.5.16's rules each write is issued when it is made.
 - **Acknowledgements** are lifecycle operations: :meth:`HiCacheLifecycle.hicache_ack_writes`
   and :meth:`HiCacheLifecycle.hicache_ack_loads` deliver the first ``k`` (SGLang's
   ``check_hicache_events``: ``writing_check`` then ``loading_check``).
@@ -30,7 +35,6 @@ The steps, as SGLang 0.5.16's scheduler takes them:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from kvpool.config import PoolConfig
@@ -49,11 +53,10 @@ def build_hiradix_tree(
 ) -> HiRadixCache:
     """The manager's ``HiRadixCache``: a host pool of ``hicache_ratio`` times ``kv_cache`` (the
     manager's KV buffers, so transfers copy what the lifecycle computed) and the config's write
-    policy and thresholds. The lifecycle runs 0.5.16's host tier whatever
-    ``Rules.hicache_host_tier`` says: the unified one (an insert that frees the request's
-    duplicates itself) is modelled for the cache alone, not inside the request lifecycle."""
+    policy and thresholds; the host tier ``Rules.hicache_host_tier`` names (the unified one:
+    the checkpoint's inserts free the request's duplicates themselves)."""
     host = host_pool_for(kv_cache, config.hicache_ratio)
-    rules = replace(config.rules, hicache_host_tier="hiradix")
+    rules = config.rules
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
                         clock, config.hicache_write_policy, config.hicache_load_back_threshold,
                         config.hicache_prefetch_threshold, config.hicache_storage,
@@ -96,6 +99,13 @@ class HiCacheLifecycle:
         cc = tree.cache_controller
         for ack in cc.ack_load_queue:
             cc.complete(ack)
+
+    def _flush_backups(self) -> None:
+        """The end of a batch under the unified host tier: issue the queued writes as one
+        transfer (SGLang 0.5.23's ``flush_pending_backups``); nothing otherwise."""
+        tree = self.hiradix()
+        if tree is not None and tree.unified:
+            tree.cache_controller.start_writing()
 
     def _host_tier(self, num_acks: int) -> HiRadixCache:
         tree = self.hiradix()

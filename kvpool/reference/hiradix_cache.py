@@ -31,7 +31,8 @@ here: writes are queued and issued together by the next ``writing_check``; ``ins
 caller's duplicate device slots itself (one free per matched node) and counts matched host-only
 tokens (and a hit on them) in its result; ``match_prefix``'s ``last_host_node`` is the deepest
 matched node; device slots go back through ``free_segment`` when ``Rules.tree_free ==
-"segment"``.
+"segment"``; an insert raises the priority of the matched nodes only (a split node's lower half
+keeps its own; 0.5.16 raised the node before cutting it, so both halves).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from kvpool.reference.hiradix_prefetch import HiRadixPrefetch
 from kvpool.reference.hiradix_unified import HiRadixUnified
 from kvpool.reference.radix_cache import RadixCache, hit_floor
 from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
+from kvpool.reference.req import Req
 from kvpool.reference.tree_view import bfs_nodes, snapshot_tree
 from kvpool.rules import Rules
 from kvpool.snapshot import HostTierSnapshot, TreeSnapshot
@@ -199,13 +201,18 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         priority: int = 0,
         chunked: bool = False,
         inserted_len: int | None = None,
+        prev_prefix_len: int = 0,
     ) -> int:
         """Insert ``key`` at ``value`` slots. A matched host-only node takes the caller's slots
         for its tokens (they become the tree's, not duplicates); other matched nodes count a
         hit (write policy permitting), which may start a write-through. Returns the tokens
         already on device. Under write-back no hit is counted. Unified rules (module
-        docstring): the caller's duplicates are freed here, and the result and the hits count
-        the matched host-only tokens too."""
+        docstring): the caller's duplicates ``value[prev_prefix_len:]`` of matched device
+        nodes are freed here (one free per node; the first ``prev_prefix_len`` tokens are the
+        caller's own copy of the tree's slots), and the result and the hits count the matched
+        host-only tokens too. Priority: each matched node's becomes ``max(old, priority)``, the
+        new leaf's is ``priority``; a split node's lower half is raised too by default, not
+        under the unified rules."""
         if value is None:
             value = list(key.token_ids)
         if len(value) < len(key):
@@ -220,16 +227,19 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         floor = hit_floor(chunked, inserted_len)
         node = self.root_node
         total_prefix = 0
+        pos = 0  # tokens walked so far
         while len(key) > 0:
             child = node.children.get(self._child_key(node, key))
             if child is None:
                 break
             child.last_access_time = now
-            child.priority = max(child.priority, priority)
+            if not self.unified:
+                # 0.5.16 raises the node before splitting it: the lower half keeps the raise
+                child.priority = max(child.priority, priority)
             n = self._match_len(child.key, key)
             if n < len(child.key):
                 child = self._split_node(child, n)
-                child.priority = max(child.priority, priority)
+            child.priority = max(child.priority, priority)  # unified: the matched part only
             hi = _hi(child)
             if hi.evicted:
                 hi.value = value[:n]
@@ -240,11 +250,13 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
                     self._track_duplicate(hi)
                     self._inc_hit_count(hi, total_prefix > floor)
             else:
-                if self.unified:  # the caller's duplicates
-                    self.cache_controller.evict_device(value[:n])
+                lo = max(0, prev_prefix_len - pos)
+                if self.unified and lo < n:  # the caller's duplicates
+                    self.cache_controller.evict_device(value[lo:n])
                 total_prefix += n
                 self._inc_hit_count(hi, total_prefix > floor)
             key, value = key[n:], value[n:]
+            pos += n
             node = hi
         if len(key) > 0:
             leaf = self._new_node(key, value, node, now, priority)
@@ -252,6 +264,14 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             self.evictable_size_ += len(key)
             self._inc_hit_count(leaf, total_prefix + len(key) > floor)
         return total_prefix
+
+    def checkpoint(self, req: Req, up_to: int, chunked: bool = False) -> list[int]:
+        """SGLang 0.5.23's ``checkpoint`` (see the radix cache's); under the unified rules the
+        inserts free the duplicates themselves
+        (:meth:`~kvpool.reference.hiradix_unified.HiRadixUnified._checkpoint_unified`)."""
+        if self.unified:
+            return self._checkpoint_unified(req, up_to, chunked)
+        return super().checkpoint(req, up_to, chunked)
 
     def _inc_hit_count(self, node: HiTreeNode, counts: bool) -> None:
         """Count a hit (not under write-back, nor when ``counts`` is False) and write the node

@@ -26,6 +26,11 @@ unified rule (the default, ``"hiradix"``, never reaches them); mirrored in the t
   (``writing_check(write_back=True)``), then demoted; with no host room its subtree is dropped
   (:meth:`HiRadixUnified._drop_subtree_unified`) unless a node there is locked, pinned or in
   flight.
+- **Checkpoint** (:meth:`HiRadixUnified._checkpoint_unified`, the request lifecycle's insert of
+  a finished request or a prefill chunk): as the radix cache's ``checkpoint``, except that the
+  insert frees the duplicates itself past the request's ``cache_protected_len``
+  (``prev_prefix_len``) and the prompt re-insert frees none (``prev_prefix_len`` = the prompt):
+  no separate free follows.
 - **Load-back** (:meth:`HiRadixUnified._load_back_unified`): the anchor's host copy is pinned
   until the load's acknowledgement; fewer than ``max(1, load_back_threshold)`` tokens do not
   move; a device shortfall is evicted before allocating (only the shortfall); under
@@ -37,8 +42,10 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
+from kvpool.constants import floor_align
 from kvpool.reference.hiradix_node import HiTreeNode
-from kvpool.reference.radix_key import TreeNode
+from kvpool.reference.radix_key import RadixKey, TreeNode
+from kvpool.reference.req import Req
 
 
 def _hi(node: TreeNode | None) -> HiTreeNode:
@@ -70,6 +77,11 @@ class HiRadixUnified:
     _make_heap: Any
     _promote_from: Any
     _device_leaves: Any
+    page_size: int
+    rules: Any
+    req_to_token_pool: Any
+    insert: Any
+    match_prefix: Any
 
     def reset_unified(self) -> None:
         """Forget the duplicate registry and the load-backs' host pins (frees nothing)."""
@@ -222,6 +234,43 @@ class HiRadixUnified:
         self.full_host_duplicates.pop(top.node_id, None)
         self._delete(top)
         return freed
+
+    # ----------------------------------------------------------------- checkpoint
+    def _checkpoint_unified(self, req: Req, up_to: int, chunked: bool = False) -> list[int]:
+        """SGLang 0.5.23's ``checkpoint_into_tree`` with the host tier: insert the page-aligned
+        part of the first ``up_to`` tokens (the row's slots; hits by ``rules.hit_count``),
+        freeing the duplicates past ``cache_protected_len``; when the page-aligned prompt is
+        shorter but not empty, insert it again with ``priority + 1``, no hit and no free; match
+        again, rewrite ``row[cache_protected_len:matched]`` with the tree's slots, move
+        ``cache_protected_len`` and the lock to the matched node. Returns ``row[:up_to]`` as it
+        is afterwards. Writes the inserts start are queued (the lifecycle issues them)."""
+        assert req.req_pool_idx is not None
+        row = req.req_pool_idx
+        kv: list[int] = list(self.req_to_token_pool.read(row, 0, up_to))
+        aligned = floor_align(up_to, self.page_size)
+        key = RadixKey(req.all_token_ids[:aligned], req.extra_key)
+        protected = req.cache_protected_len
+        if self.rules.hit_count == "chunked":
+            self.insert(key, kv[:aligned], priority=req.priority, chunked=chunked,
+                        prev_prefix_len=protected)  # fmt: skip
+        else:
+            self.insert(key, kv[:aligned], priority=req.priority,
+                        inserted_len=req.cache_inserted_len, prev_prefix_len=protected)  # fmt: skip
+            req.cache_inserted_len = max(req.cache_inserted_len, len(key))
+        prompt = floor_align(min(up_to, len(req.origin_input_ids)), self.page_size)
+        if 0 < prompt < aligned:
+            self.insert(key[:prompt], kv[:prompt], priority=req.priority + 1,
+                        inserted_len=prompt, prev_prefix_len=prompt)  # fmt: skip
+        match = self.match_prefix(key)
+        new_indices: list[int] = list(match.device_indices)
+        self.req_to_token_pool.write(
+            (row, slice(protected, len(new_indices))), new_indices[protected:]
+        )
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_device_node)
+        req.cache_protected_len = len(new_indices)
+        req.last_node = match.last_device_node
+        return new_indices + kv[len(new_indices) :]
 
     # ----------------------------------------------------------------- load back
     def _load_back_unified(

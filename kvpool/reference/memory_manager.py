@@ -208,6 +208,7 @@ class MemoryManager(LifecyclePrimitives):
                 self.tree_cache.cache_unfinished_req(req, chunked=True)
             else:
                 req.is_chunked = 0
+        self._flush_backups()  # the unified host tier issues the batch's writes
         return out
 
     def decode(self, rids: Sequence[str], token_ids: Sequence[int]) -> list[int]:
@@ -258,6 +259,7 @@ class MemoryManager(LifecyclePrimitives):
         for req in reqs:
             req.state = "finished"
             del self.reqs[req.rid]
+        self._flush_backups()
 
     def _session_of(self, req: Req) -> SessionSlot | None:
         session = self.sessions.get(req.session_id) if req.session_id else None

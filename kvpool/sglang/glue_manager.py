@@ -248,21 +248,28 @@ GLUE_STEPS = frozenset(
 """Lifecycle steps whose memory work SGLang's scheduler does through its glue (the request's
 arrival, its match, prefill chunks, decode, an EAGLE v2 step, finish, abort, retract). The
 others are kvpool's own emulation over SGLang's components: EAGLE v1 draft borrowing,
-streaming sessions, a direct ``evict``, layer-wise loading, host-tier acknowledgements."""
+streaming sessions, a direct ``evict``, layer-wise loading, host-tier acknowledgements (which
+the host-tier glue makes SGLang's event checks: :mod:`kvpool.sglang.glue_hicache`)."""
 
 
-def reachability(config: PoolConfig, ops: Sequence[Any], covered: bool = True) -> str:
+def reachability(
+    config: PoolConfig,
+    ops: Sequence[Any],
+    covered: bool = True,
+    extra: frozenset[str] = frozenset(),
+) -> str:
     """Whether a lifecycle trace (its ops, ``.name`` and ``.expect_error``) is reachable through
     SGLang's scheduler paths: every step is a :data:`GLUE_STEPS` step issued to the glue manager
     (``covered``: the configuration is one the glue drives), none deliberately invalid. One line:
     ``reachable through SGLang's scheduler glue`` or ``direct only: ...`` naming the first step
-    that is not. A sub-list of a reachable trace is reachable, so shrinking keeps it so."""
+    that is not. A sub-list of a reachable trace is reachable, so shrinking keeps it so.
+    ``extra``: further steps the configuration's glue makes as SGLang's calls."""
     if not covered:
         return "direct only: this configuration runs kvpool's lifecycle over SGLang's components"
     for i, op in enumerate(ops, 1):
         if op.expect_error:
             return f"direct only: step {i} ({op.name}) is a deliberately invalid call"
-        if op.name not in GLUE_STEPS:
+        if op.name not in GLUE_STEPS and op.name not in extra:
             return f"direct only: step {i} ({op.name}) is kvpool's emulation, not SGLang's glue"
     return "reachable through SGLang's scheduler glue (every step is a call it makes)"
 

@@ -182,6 +182,11 @@ def implementation(
             return SGLangUnifiedMambaRadixCache(modules, pool, alloc, config.page_size,
                                                 tree_core=tree_core)  # fmt: skip
 
+    def covered(config: PoolConfig) -> bool:
+        """The glue drives ``config`` (a host tier only over the unified cache: the host tier
+        lives there, so ``+legacy-tree`` runs kvpool's host-tier lifecycle)."""
+        return glue_covers(config) and (unified_lifecycle or not config.enable_hierarchical_cache)
+
     manager = None
     if glue and unified is not None:
 
@@ -197,8 +202,16 @@ def implementation(
 
                 return SGLangMambaGlueManager(config, modules, tree_core=tree_core,
                                               token_to_kv_pool_allocator=allocator)  # fmt: skip
-            if not glue_covers(config):
+            if not covered(config):
+                if config.enable_hierarchical_cache:  # storage, layer-wise, the legacy tree
+                    return host_tier_manager(config)
                 return manager_factory(own_lifecycle, unified_lifecycle)(config)
+            if config.enable_hierarchical_cache:  # the unified cache's host tier
+                from kvpool.sglang.glue_hicache import SGLangHiCacheGlueManager
+
+                return SGLangHiCacheGlueManager(config, modules, tree_core=tree_core,
+                                                token_to_kv_pool_allocator=allocator,
+                                                req_to_token_pool=req_to_token_pool)  # fmt: skip
             # a disabled cache is a disabled UnifiedRadixCache in 0.5.23's registry, whichever
             # tree an enabled one would be
             legacy = not unified_lifecycle and not config.disable_radix_cache
@@ -267,9 +280,11 @@ def implementation(
         return built
 
     def reach(config: PoolConfig, ops: Sequence[Any]) -> str:
+        from kvpool.sglang.glue_hicache import HOST_GLUE_STEPS
         from kvpool.sglang.glue_manager import reachability
 
-        return reachability(config, ops, covered=glue_covers(config))
+        extra = HOST_GLUE_STEPS if config.enable_hierarchical_cache else frozenset()
+        return reachability(config, ops, covered=covered(config), extra=extra)
 
     from kvpool.sglang.glue_swa import swa_manager_factory
 
@@ -293,13 +308,19 @@ names the reason)."""
 
 
 def glue_covers(config: PoolConfig) -> bool:
-    """Whether SGLang's glue drives this lifecycle configuration: no host tier, no layer-wise
-    loading (kvpool's own lifecycle runs the others over SGLang's components). With the radix
+    """Whether SGLang's glue drives this lifecycle configuration: no layer-wise loading, and a
+    host tier only as 0.5.23's unified cache runs it without storage
+    (:func:`kvpool.sglang.glue_hicache.covers_host_tier`; kvpool's own lifecycle runs the others
+    over SGLang's components). With the radix
     cache disabled the glue runs over a disabled ``UnifiedRadixCache``, which is what 0.5.23's
     registry builds for ``--disable-radix-cache``; a hybrid (Mamba) model runs over its FULL+MAMBA
     set (:mod:`kvpool.sglang.glue_mamba`; with the radix cache on, against kvpool's model of
     that tree in the lifecycle, ``Rules.mamba_tree == "unified"``)."""
-    return not (config.enable_hierarchical_cache or config.layerwise_loading)
+    if config.enable_hierarchical_cache:
+        from kvpool.sglang.glue_hicache import covers_host_tier
+
+        return covers_host_tier(config)
+    return not config.layerwise_loading
 
 
 def _has_hiradix(modules: Any) -> bool:

@@ -52,6 +52,7 @@ import torch
 from kvpool.optimized.cache_controller import HiCacheAck, HiCacheController, _merge
 from kvpool.reference.memory_pool_host import host_pool_size
 from kvpool.sglang.allocators import as_index_tensor
+from kvpool.sglang.cache_req import InsertedLen
 from kvpool.sglang.hiradix import _TaggedHostPool
 from kvpool.sglang.loader import SGLangModules
 from kvpool.sglang.radix import to_sglang_key
@@ -230,8 +231,11 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
         self.eviction_policy = eviction_policy.lower()
         self.write_policy = write_policy
         self.allocator = allocator
-        per_token = 2 * device_pool.head_num * device_pool.head_dim * device_pool.layer_num * 4
-        size = host_pool_size(device_pool.size, per_token, host_to_device_ratio, 0, page_size)
+        self._inserted = InsertedLen()
+        """0.5.23's ``req.kv.cache_inserted_len`` per request (the glue manager's requests)."""
+        # no byte budget (host size 0): the host pool is the device pool's size times the
+        # ratio, whatever a token's bytes (MHA, MLA or a quantized layout)
+        size = host_pool_size(device_pool.size, 1, host_to_device_ratio, 0, page_size)
         self.token_to_kv_pool_host = _TaggedHostPool(modules, device_pool, size, page_size)
         group = _HostGroup(self.token_to_kv_pool_host)
         self.cache_controller = _Controller(allocator, group, page_size, write_policy)
@@ -248,6 +252,7 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
         self.cache_controller.token_of = self.slot_token
         self.cache_controller.loaded_token = self._slot_token.__setitem__
         impl = self.impl
+        impl.insert = self._adopting(impl.insert)
         impl.load_cache_event = threading.Event()
         impl.host_pool_group = group
         impl.cache_controller = self.cache_controller
@@ -257,7 +262,18 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
         impl.write_through_threshold = 1 if write_policy == "write_through" else 2
         impl.is_write_back = write_policy == "write_back"
         impl.load_back_threshold = load_back_threshold
+        self._tree_lock = self._lock_of
         self.reset()
+
+    def _lock_of(self, node: Any) -> Any:
+        """SGLang's ``TreeLock`` on ``node`` with the receipt of its newest open lock (the
+        request's: kvpool keeps one lock per request, on ``last_node``)."""
+        return self.modules.attr(BASE, "TreeLock")(int(node), self.newest_receipt(node))
+
+    def total_size(self) -> int:
+        """Device tokens the tree holds (the unified cache's ``total_size()`` is ``(full,
+        aux)``)."""
+        return int(self.impl.total_size()[0])
 
     def _p(self, name: str, **kw: Any) -> Any:
         return self.modules.attr(BASE, name)(**kw)
@@ -268,15 +284,28 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
         returns its ``prefix_len`` (host-only matched tokens included)."""
         params = self._p("InsertParams", key=to_sglang_key(self.modules, key), priority=priority,
                          value=None if value is None else as_index_tensor(value))  # fmt: skip
-        before = self._host_paths() if self.tree_core == "rust" else []
-        written = len(self.cache_controller.d2h_log)
         with self._call():
-            got = int(self.impl.insert(params).prefix_len)
-        if before and value is not None:
-            fresh = set(as_index_tensor(value).tolist())
-            fresh -= set(self.cache_controller.d2h_log[written:])
-            self._adopted(before, fresh)
-        return got
+            return int(self.impl.insert(params).prefix_len)
+
+    def _adopting(self, method: Any) -> Any:
+        """SGLang's bound ``insert`` (whoever calls it: this adapter, or SGLang's own
+        ``checkpoint`` in the request lifecycle) with the Rust core's backups kept readable:
+        host-only nodes an insert gives the caller's device slots keep their host slots
+        (:meth:`_adopted`)."""
+
+        def call(params: Any) -> Any:
+            if self.tree_core != "rust" or params.value is None:
+                return method(params)
+            before = self._host_paths()
+            written = len(self.cache_controller.d2h_log)
+            result = method(params)
+            if before:
+                fresh = set(as_index_tensor(params.value).tolist())
+                fresh -= set(self.cache_controller.d2h_log[written:])
+                self._adopted(before, fresh)
+            return result
+
+        return call
 
     def _paths(self) -> dict[int, tuple[str | None, tuple[int, ...]]]:
         """Rust core: each node's extra key and tokens from the root to its end (raw ids)."""
@@ -407,12 +436,20 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
             return int(self.impl.evict_host(num_tokens))
 
     def inc_lock_ref(self, node: Any) -> int:
+        """Lock ``node`` (None: nothing, as a session turn's request names no node); the change
+        in ``evictable_size``."""
+        if node is None:
+            return 0
         before = int(self.impl.evictable_size())
         with self._call():
             self.impl.inc_lock_ref(int(node))
         return int(self.impl.evictable_size()) - before
 
     def dec_lock_ref(self, node: Any) -> int:
+        """Unlock ``node`` with its newest receipt (None: nothing); the change in
+        ``evictable_size``."""
+        if node is None:
+            return 0
         before = int(self.impl.evictable_size())
         with self._call():
             self.impl.dec_lock_ref(int(node), self.newest_receipt(node))

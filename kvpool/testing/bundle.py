@@ -136,6 +136,8 @@ class Implementation:
                 f is not None
                 for f in (self.manager, self.allocator, self.req_to_token_pool, self.radix_cache)
             )
+        if component == "hicache_manager":  # a whole manager with a host tier
+            return self.manager is not None and self.hiradix_cache is not None
         if component == "mamba_manager":  # a whole manager that runs hybrid models
             return (
                 self.manager is not None

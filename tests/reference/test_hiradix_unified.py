@@ -35,13 +35,17 @@ class Rig:
     key: Any
     dev: Any
 
-    def insert(self, tokens: list[int], inserted_len: int | None = None) -> tuple[list[int], int]:
-        """A finishing request: fresh slots, their KV written, ``insert``; the caller frees its
-        duplicates unless the tree does. Returns the slots and ``insert``'s result."""
+    def insert(
+        self, tokens: list[int], inserted_len: int | None = None, priority: int = 0
+    ) -> tuple[list[int], int]:
+        """A finishing request (of ``priority``): fresh slots, their KV written, ``insert``;
+        the caller frees its duplicates unless the tree does. Returns the slots and
+        ``insert``'s result."""
         slots = self.alloc.alloc(len(tokens))
         assert slots is not None
         self.dev.write_tags(slots, kv_tags(tokens))
-        cached = int(self.tree.insert(self.key(tokens), slots, inserted_len=inserted_len))
+        cached = int(self.tree.insert(self.key(tokens), slots, priority=priority,
+                                      inserted_len=inserted_len))  # fmt: skip
         if cached and not self.tree.frees_duplicates:
             self.alloc.free(slots[:cached])
         check_host_tier(self.tree.host_snapshot())
@@ -57,7 +61,12 @@ class Rig:
 
 
 def rig(
-    twin: str, rules: Rules, policy: str = "write_through", ratio: float = 1.0, page_size: int = 1
+    twin: str,
+    rules: Rules,
+    policy: str = "write_through",
+    ratio: float = 1.0,
+    page_size: int = 1,
+    eviction_policy: str = "lru",
 ) -> Rig:
     """16 device slots, a host pool of ``ratio`` times that, under ``rules``."""
     mod = {name: importlib.import_module(f"kvpool.{twin}.{name}") for name in (
@@ -71,6 +80,7 @@ def rig(
     host = mod["memory_pool_host"].MHATokenToKVPoolHost(dev, ratio, 0, page_size)
     pool = mod["req_to_token_pool"].ReqToTokenPool(4, 32)
     tree = mod["hiradix_cache"].HiRadixCache(pool, alloc, page_size, host, write_policy=policy,
+                                             eviction_policy=eviction_policy,
                                              load_back_threshold=1, rules=rules)  # fmt: skip
     return Rig(alloc, host, tree, mod["radix_key"].RadixKey, dev)
 
@@ -229,3 +239,22 @@ def test_9_a_split_keeps_the_creation_time(twin: str) -> None:
         upper = r.tree.match_prefix(r.key([1, 2])).last_device_node  # splits [1, 2, 3, 4]
         low = next(iter(upper.children.values()))
         assert (upper.creation_time == low.creation_time) is kept, rules.hicache_host_tier
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_11_a_split_raises_the_priority_of_the_matched_part_only(twin: str) -> None:
+    # the campaign's case (hicache_manager, seed 3): a finished request's prompt is inserted
+    # again with priority + 1, which splits its leaf; 0.5.16 raised the node before cutting it,
+    # so the output part kept the raise too and outlived an older priority-0 leaf
+    for rules, low_priority, first_out in ((UNIFIED, 0, [3, 4]), (HIRADIX, 1, [7, 7])):
+        r = rig(twin, rules, eviction_policy="priority")
+        r.insert([1, 2, 3, 4])
+        r.insert([1, 2], priority=1)  # splits [1, 2, 3, 4]
+        r.insert([7, 7])  # a newer priority-0 leaf
+        assert r.node([1, 2]).priority == 1
+        assert r.node([3, 4]).priority == low_priority, rules.hicache_host_tier
+        r.tree.writing_check()  # every write acknowledged: both leaves are demoted, not deleted
+        assert r.tree.evict(1) == 2
+        evicted = [list(n.key) for n in r.tree.host_snapshot().tree.nodes[1:] if n.evicted]
+        assert evicted == [first_out], rules.hicache_host_tier
+        check_host_tier(r.tree.host_snapshot())

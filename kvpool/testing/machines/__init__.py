@@ -9,7 +9,8 @@ Each is driven by
 (:mod:`.radix`), ``swa_allocator`` (:mod:`.swa_allocator`), ``swa_radix_cache``
 (:mod:`.swa_radix`), ``manager`` (the whole lifecycle, :mod:`.lifecycle`) and ``swa_manager``
 (the lifecycle of a hybrid sliding-window model, :mod:`.swa_manager`), ``mamba_manager``
-(the lifecycle of hybrid Mamba models only, :mod:`.mamba_manager`), ``hiradix_cache``
+(the lifecycle of hybrid Mamba models only, :mod:`.mamba_manager`), ``hicache_manager`` (the
+lifecycle with the host tier only, :mod:`.hicache_manager`), ``hiradix_cache``
 (the hierarchical cache with its host tier, :mod:`.hiradix`) and ``kv_pool`` (a KV storage
 variant and layer-wise loading, :mod:`.kv_pool`). Each is driven by
 :class:`~kvpool.testing.machines.base.ComponentPair` (or, for the lifecycle, the existing
@@ -27,6 +28,7 @@ from kvpool.testing.machines.allocator import AllocatorTarget
 from kvpool.testing.machines.base import ComponentPair as ComponentPair
 from kvpool.testing.machines.base import Outcome as Outcome
 from kvpool.testing.machines.base import Target as Target
+from kvpool.testing.machines.hicache_manager import HostLifecycleTarget
 from kvpool.testing.machines.hiradix import HiRadixTarget
 from kvpool.testing.machines.hybrid import HybridTarget
 from kvpool.testing.machines.kv_pool import KVPoolTarget
@@ -49,6 +51,7 @@ TARGETS: dict[str, Target | LifecycleTarget] = {
     "radix_cache": RadixTarget(),
     "manager": LifecycleTarget(),
     "mamba_manager": MambaLifecycleTarget(),
+    "hicache_manager": HostLifecycleTarget(),
     "hybrid_req_to_token_pool": HybridTarget(),
     "mamba_radix_cache": MambaTreeTarget(),
     "swa_allocator": SWAAllocatorTarget(),

@@ -67,6 +67,12 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "mamba-radix:refused", "mamba-radix:extend-cow", "layer_load:ok", "layer_load:LockError",
         "layer_done:ok", "layer_read:ok", "layer_read:LayerNotLoadedError",
     ),
+    "hicache_manager": (
+        "extend:ok", "extend:oom", "extend:chunked", "decode:ok", "finish:ok", "abort:ok",
+        "retract:ok", "match_prefix:ok", "hicache_ack_writes:acked", "hicache_ack_loads:acked",
+        "host:write-issued", "host:to-host-only", "host:load-back", "host:abort-in-flight",
+        "invalid:refused",
+    ),
     "mamba_manager": (
         "extend:ok", "extend:oom", "extend:chunked", "decode:ok", "finish:ok", "abort:ok",
         "retract:ok", "session:hybrid-restore", "mamba-radix:cow", "mamba-radix:abort-cow",

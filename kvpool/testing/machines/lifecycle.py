@@ -20,6 +20,7 @@ from kvpool.testing.bundle import Implementation
 from kvpool.testing.layer_ops import draw_lifecycle_op, layer_fields
 from kvpool.testing.lockstep_driver import Factory, Lockstep, LockstepFailure
 from kvpool.testing.machines.coverage import outcome_tag
+from kvpool.testing.machines.hiradix import coarse_host_tier
 from kvpool.testing.machines.mamba_lifecycle import mamba_radix_tags
 from kvpool.testing.machines.unified import coarse_tree
 from kvpool.testing.machines.unified_mamba import coarse_mamba_tree
@@ -67,9 +68,14 @@ def manager_factory(impl: Implementation, unified: bool = False) -> Factory:
 
 def coarse_pool(snap: PoolSnapshot) -> PoolSnapshot:
     """``snap`` with its tree as the unified machine compares it
-    (:func:`~kvpool.testing.machines.unified.coarse_tree`)."""
+    (:func:`~kvpool.testing.machines.unified.coarse_tree`); with a host tier, its tree and host
+    tier as the hiradix machine compares a unified one
+    (:func:`~kvpool.testing.machines.hiradix.coarse_host_tier`)."""
     if snap.tree is None:
         return snap
+    if snap.host is not None:  # a host tier: its tree and transfers as the hiradix machine's
+        host = coarse_host_tier(snap.host)
+        return dataclasses.replace(snap, tree=host.tree, host=host)
     coarse = dataclasses.replace(snap, tree=coarse_tree(snap.tree))
     if snap.mamba is not None and snap.mamba.tree is not None:  # a hybrid model's Mamba tree
         mamba = dataclasses.replace(snap.mamba, tree=coarse_mamba_tree(snap.mamba.tree))
@@ -217,13 +223,9 @@ class LifecycleTarget:
             and impl.manager is not None
             and impl.manager_runs_hybrid
         )
-        # the host tier lives in the implementation's own manager; kvpool's lifecycle runs
-        # 0.5.16's host tier only (SGLang 0.5.23's unified one is verified on the cache alone)
-        host = (
-            impl.manager is not None
-            and impl.provides("hiradix_cache")
-            and impl.rules_or_default().hicache_host_tier == "hiradix"
-        )
+        # the host tier lives in the implementation's own manager: 0.5.16's host tier, or
+        # 0.5.23's inside the unified cache (SGLang's glue over it: kvpool.sglang.glue_hicache)
+        host = impl.manager is not None and impl.provides("hiradix_cache")
         config = draw_config(c, hybrid=hybrid, host=host, rules=impl.rules_or_default())
         return dataclasses.replace(config, **layer_fields(config))
 
