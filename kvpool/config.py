@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from kvpool.constants import EVICTION_POLICIES, is_power_of_two
 from kvpool.errors import ConfigError, PageSizeError
+from kvpool.field_types import check_field_types
 from kvpool.rules import Rules
 
 KV_STORAGES: tuple[str, ...] = ("plain", "fp4", "mxfp8", "page_major", "noop")
@@ -78,6 +79,7 @@ class PoolConfig:
     complete the layer)."""
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # types first: the checks below compare and do arithmetic
         self._check_kv_storage()
         if not is_power_of_two(self.page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {self.page_size}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvpool.errors import ConfigError
+from kvpool.field_types import check_field_types
 
 ROW_ORDERS = ("lifo", "fifo")
 UNALIGNED_ALLOC = ("error", "floor")
@@ -185,6 +186,7 @@ class Rules:
     hicache_host_tier: str = "hiradix"
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         for name, value, allowed in (
             ("row_order", self.row_order, ROW_ORDERS),
             ("unaligned_paged_alloc", self.unaligned_paged_alloc, UNALIGNED_ALLOC),
