@@ -98,11 +98,16 @@ class ReqToTokenPool:
         """Validate a batch for :meth:`alloc` without changing anything; returns the number of
         fresh rows it needs. A request with ``req_pool_idx`` set may keep it only when
         ``is_chunked > 0`` or ``kv_committed_len > 0`` (else RowReuseError), and a kept row must
-        be neither free nor named twice (RowReuseError)."""
+        be neither free nor named twice (RowReuseError); a request without a row named twice in
+        the batch is InvalidArgumentError."""
         kept: set[int] = set()
+        seen: set[int] = set()
         fresh = 0
         for i, req in enumerate(reqs):
             if req.req_pool_idx is None:
+                if id(req) in seen:  # it would take two rows and keep one: a leaked row
+                    raise InvalidArgumentError(f"request {i} appears twice in the batch")
+                seen.add(id(req))
                 fresh += 1
                 continue
             row = self._check_row(req.req_pool_idx)

@@ -78,11 +78,16 @@ class ReqToTokenPool:
         fresh rows it needs. A request with ``req_pool_idx`` set may keep it only when
         ``is_chunked > 0`` or ``kv_committed_len > 0`` and the row is held and named by no other
         request of the batch (else RowReuseError; a row 0 / out-of-range ``req_pool_idx`` raises
-        ReservedIndexError / IndexOutOfRangeError)."""
+        ReservedIndexError / IndexOutOfRangeError). InvalidArgumentError for a request without a
+        row named twice in the batch (it would take two rows and keep one)."""
         kept: set[int] = set()
+        seen: set[int] = set()
         fresh = 0
         for i, req in enumerate(reqs):
             if req.req_pool_idx is None:
+                if id(req) in seen:  # it would take two rows and keep one: a leaked row
+                    raise InvalidArgumentError(f"request {i} appears twice in the batch")
+                seen.add(id(req))
                 fresh += 1
                 continue
             row = self._check_row(req.req_pool_idx)

@@ -68,6 +68,12 @@ TABLE = [
     Case("table-keep-row-past", table, alloc_rows(Row(3, 1)), IndexOutOfRangeError),
     Case("table-keep-row-float", table, alloc_rows(Row(2.0, 1)), InvalidArgumentError),  # type: ignore[arg-type]
     Case("table-alloc-too-many-rows", table, alloc_rows(Row(), Row()), None),
+    Case(
+        "table-alloc-same-request-twice",
+        lambda tw: fixture(tw.new("ReqToTokenPool", 4, 4)),
+        lambda tw, fx: fx.target.alloc([twice := Row(), twice]),
+        InvalidArgumentError,
+    ),
     Case("table-free-free-row", table, lambda tw, fx: fx.target.free(Row(1)), DoubleFreeError),
     Case("table-free-no-row", table, lambda tw, fx: fx.target.free(Row()), InvalidArgumentError),
     Case("table-free-row-0", table, lambda tw, fx: fx.target.free(Row(0)), ReservedIndexError),
