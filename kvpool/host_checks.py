@@ -31,4 +31,22 @@ def int_list(name: str, values: Iterable[object]) -> list[int]:
         raise InvalidArgumentError(f"{name} must hold integers, got {values!r}") from None
 
 
-__all__ = ["as_int", "int_list"]
+TOKEN_ID_LIMIT = 2**31
+"""Token ids are vocabulary ids in ``[0, TOKEN_ID_LIMIT)``: the twin keeps keys as int32 arrays
+(an engine's token ids fit; SGLang's vocabularies are far smaller)."""
+
+
+def token_list(name: str, values: Iterable[object]) -> list[int]:
+    """Every element of ``values`` as a token id (see :data:`TOKEN_ID_LIMIT`):
+    InvalidArgumentError for a non-integer, a bool, or an id out of range, before any change."""
+    items = list(values)
+    tokens = int_list(name, items)
+    for v, t in zip(items, tokens, strict=True):
+        if isinstance(v, bool):
+            raise InvalidArgumentError(f"{name} must hold token ids, not bools, got {v!r}")
+        if not 0 <= t < TOKEN_ID_LIMIT:
+            raise InvalidArgumentError(f"{name}: token id {t} outside [0, {TOKEN_ID_LIMIT})")
+    return tokens
+
+
+__all__ = ["TOKEN_ID_LIMIT", "as_int", "int_list", "token_list"]

@@ -28,7 +28,7 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvpool.host_checks import int_list
+from kvpool.host_checks import token_list
 from kvpool.injection import check_shared, resolve
 from kvpool.optimized.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvpool.optimized.batch_rows import BatchRows
@@ -64,7 +64,7 @@ def as_token_list(input_ids: Sequence[int]) -> list[int]:
     for anything that is not an integer (a float tensor included), before any change."""
     tolist = getattr(input_ids, "tolist", None)
     values = tolist() if tolist is not None else input_ids
-    return int_list("input_ids", values)
+    return token_list("input_ids", values)
 
 
 class LifecyclePrimitives(HiCacheLifecycle, BatchRows):

@@ -38,7 +38,7 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvpool.host_checks import int_list
+from kvpool.host_checks import token_list
 from kvpool.optimized.lifecycle_primitives import LifecyclePrimitives, as_token_list
 from kvpool.optimized.pool_snapshot import build_pool_snapshot
 from kvpool.optimized.radix_key import RadixKey
@@ -220,7 +220,7 @@ class MemoryManager(LifecyclePrimitives):
         reqs = self._running_full(rids)
         if len(token_ids) != len(reqs):
             raise InvalidArgumentError(f"{len(token_ids)} tokens for {len(reqs)} requests")
-        tokens = int_list("token_ids", token_ids)  # before anything changes
+        tokens = token_list("token_ids", token_ids)  # before anything changes
         over = [r.rid for r in reqs if r.kv_committed_len + 1 > self.config.max_context_len]
         if over:
             raise ContextOverflowError(f"requests {over} would pass max_context_len")

@@ -41,7 +41,7 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvpool.host_checks import int_list
+from kvpool.host_checks import token_list
 from kvpool.reference.lifecycle_primitives import LifecyclePrimitives
 from kvpool.reference.pool_snapshot import build_pool_snapshot
 from kvpool.reference.radix_key import RadixKey
@@ -85,7 +85,7 @@ class MemoryManager(LifecyclePrimitives):
                     )
                 extra_key = session.extra_key
             history = list(session.tokens)
-        tokens = history + int_list("input_ids", input_ids)
+        tokens = history + token_list("input_ids", input_ids)
         if len(tokens) > self.config.max_context_len:
             raise ContextOverflowError(
                 f"{len(tokens)} tokens past max_context_len={self.config.max_context_len}"
@@ -217,7 +217,7 @@ class MemoryManager(LifecyclePrimitives):
         reqs = self._running_full(rids)
         if len(token_ids) != len(reqs):
             raise InvalidArgumentError(f"{len(token_ids)} tokens for {len(reqs)} requests")
-        tokens = int_list("token_ids", token_ids)  # before anything changes
+        tokens = token_list("token_ids", token_ids)  # before anything changes
         over = [r.rid for r in reqs if r.kv_committed_len + 1 > self.config.max_context_len]
         if over:
             raise ContextOverflowError(f"requests {over} would pass max_context_len")
