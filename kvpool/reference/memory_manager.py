@@ -31,6 +31,7 @@ Decisions (both twins follow them):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 from typing import Any
 
 from kvpool.errors import (
@@ -142,6 +143,12 @@ class MemoryManager(LifecyclePrimitives):
         sizes = list(chunk_sizes) if chunk_sizes is not None else [None] * len(reqs)
         if len(sizes) != len(reqs):
             raise InvalidArgumentError(f"{len(sizes)} chunk sizes for {len(reqs)} requests")
+        # a float or a bool would pass the comparison below and fail inside the batch's writes,
+        # after its rows, slots and locks were taken
+        if any(
+            c is not None and (isinstance(c, bool) or not isinstance(c, Integral)) for c in sizes
+        ):
+            raise InvalidArgumentError(f"chunk sizes must be ints or None, got {sizes}")
         if any(c is not None and c < 1 for c in sizes):
             raise InvalidArgumentError(f"chunk sizes must be >= 1, got {sizes}")
         bad = [r.rid for r in reqs if r.state == "running" and not r.is_chunked]
