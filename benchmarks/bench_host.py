@@ -37,10 +37,10 @@ PAGE, DEVICE, SEQS, LEN = 16, 8192, 64, 128
 def _build(twin: str) -> tuple[Any, Any, Any, Any]:
     if twin == "reference":
         from kvpool.reference import RadixKey, ReqToTokenPool
-        from kvpool.reference.hiradix_cache import HiRadixCache
-        from kvpool.reference.kv_cache import MHATokenToKVPool
-        from kvpool.reference.memory_pool_host import MHATokenToKVPoolHost
-        from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
+        from kvpool.reference.hicache.hiradix_cache import HiRadixCache
+        from kvpool.reference.hicache.memory_pool_host import MHATokenToKVPoolHost
+        from kvpool.reference.kv.kv_cache import MHATokenToKVPool
+        from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
 
         alloc: Any = PagedTokenToKVPoolAllocator(DEVICE, PAGE)
         dev: Any = MHATokenToKVPool(DEVICE, PAGE, "float32", 1, 2, 2)
@@ -49,10 +49,10 @@ def _build(twin: str) -> tuple[Any, Any, Any, Any]:
         return tree, alloc, dev, RadixKey
     from kvpool.optimized import RadixKey as TwinKey
     from kvpool.optimized import ReqToTokenPool as TwinPool
-    from kvpool.optimized.hiradix_cache import HiRadixCache as TwinTree
-    from kvpool.optimized.kv_cache import MHATokenToKVPool as TwinKV
-    from kvpool.optimized.memory_pool_host import MHATokenToKVPoolHost as TwinHost
-    from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator as TwinAlloc
+    from kvpool.optimized.hicache.hiradix_cache import HiRadixCache as TwinTree
+    from kvpool.optimized.hicache.memory_pool_host import MHATokenToKVPoolHost as TwinHost
+    from kvpool.optimized.kv.kv_cache import MHATokenToKVPool as TwinKV
+    from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator as TwinAlloc
 
     alloc = TwinAlloc(DEVICE, PAGE, checked=False)
     dev = TwinKV(DEVICE, PAGE, "float32", 1, 2, 2, checked=False)

@@ -32,7 +32,7 @@ from kvpool.kernels import (
     get_last_loc,
     write_req_to_token,
 )
-from kvpool.reference.paged_ops import extend_new_pages
+from kvpool.reference.pools.paged_ops import extend_new_pages
 
 Run = Callable[[str], object]
 

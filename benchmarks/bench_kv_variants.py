@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
-import kvpool.optimized.kv_fp4 as opt_fp4
-import kvpool.optimized.kv_mla_fp4 as opt_mla
-import kvpool.optimized.kv_mxfp8 as opt_mx
-import kvpool.optimized.kv_page_major as opt_pm
-import kvpool.reference.kv_fp4 as ref_fp4
-import kvpool.reference.kv_mla_fp4 as ref_mla
-import kvpool.reference.kv_mxfp8 as ref_mx
-import kvpool.reference.kv_page_major as ref_pm
+import kvpool.optimized.kv.fp4 as opt_fp4
+import kvpool.optimized.kv.mla_fp4 as opt_mla
+import kvpool.optimized.kv.mxfp8 as opt_mx
+import kvpool.optimized.kv.page_major as opt_pm
+import kvpool.reference.kv.fp4 as ref_fp4
+import kvpool.reference.kv.mla_fp4 as ref_mla
+import kvpool.reference.kv.mxfp8 as ref_mx
+import kvpool.reference.kv.page_major as ref_pm
 
 SIZE, PAGE, LAYERS, HEADS, DIM, TOKENS = 1024, 16, 2, 8, 64, 256
 

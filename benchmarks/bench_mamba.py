@@ -33,15 +33,15 @@ from typing import Any
 
 import torch
 
-from kvpool.optimized import mamba_lifecycle as twin_steps
-from kvpool.optimized.allocator import TokenToKVPoolAllocator as TwinKV
-from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool as TwinPool
-from kvpool.optimized.mamba_radix_cache import MambaRadixCache as TwinTree
+from kvpool.optimized.mamba import lifecycle as twin_steps
+from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool as TwinPool
+from kvpool.optimized.mamba.radix_cache import MambaRadixCache as TwinTree
+from kvpool.optimized.pools.allocator import TokenToKVPoolAllocator as TwinKV
 from kvpool.optimized.radix_key import RadixKey as TwinKey
-from kvpool.reference import mamba_lifecycle as ref_steps
-from kvpool.reference.allocator import TokenToKVPoolAllocator as RefKV
-from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool as RefPool
-from kvpool.reference.mamba_radix_cache import MambaRadixCache as RefTree
+from kvpool.reference.mamba import lifecycle as ref_steps
+from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool as RefPool
+from kvpool.reference.mamba.radix_cache import MambaRadixCache as RefTree
+from kvpool.reference.pools.allocator import TokenToKVPoolAllocator as RefKV
 from kvpool.reference.radix_key import RadixKey as RefKey
 from kvpool.testing.machines.hybrid import MachineMambaReq as Req
 

@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from kvpool.optimized.options import TwinOptions
-from kvpool.optimized.radix_cache import RadixCache as OptRadixCache
+from kvpool.optimized.radix.radix_cache import RadixCache as OptRadixCache
 from kvpool.optimized.radix_key import RadixKey as OptKey
-from kvpool.reference.radix_cache import RadixCache as RefRadixCache
+from kvpool.reference.radix.radix_cache import RadixCache as RefRadixCache
 from kvpool.reference.radix_key import RadixKey as RefKey
 
 SGLANG_RELEASE = "0.5.23"

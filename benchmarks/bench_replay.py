@@ -31,12 +31,12 @@ from typing import Any
 import torch
 
 from kvpool.config import PoolConfig
-from kvpool.optimized.memory_manager import MemoryManager as OptMM
+from kvpool.optimized.lifecycle.memory_manager import MemoryManager as OptMM
 from kvpool.optimized.options import TwinOptions
-from kvpool.optimized.radix_cache import RadixCache as OptRadixCache
+from kvpool.optimized.radix.radix_cache import RadixCache as OptRadixCache
 from kvpool.optimized.radix_key import RadixKey as OptKey
-from kvpool.reference.memory_manager import MemoryManager as RefMM
-from kvpool.reference.radix_cache import RadixCache as RefRadixCache
+from kvpool.reference.lifecycle.memory_manager import MemoryManager as RefMM
+from kvpool.reference.radix.radix_cache import RadixCache as RefRadixCache
 from kvpool.reference.radix_key import RadixKey as RefKey
 from kvpool.traces import (
     CONVERSATION_TRACE,

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from kvpool.constants import NO_LAST_LOC
-from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator as Twin
-from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator as Ref
+from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator as Twin
+from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator as Ref
 
 PAGE_SIZE, SIZE, SIZE_SWA, WINDOW = 16, 65536, 32768, 256
 

@@ -63,7 +63,7 @@ import numpy.typing as npt
 import torch
 
 from kvpool.optimized.radix_key import RadixKey as OptKey
-from kvpool.optimized.unified_radix_cache import UnifiedRadixCache as OptUnified
+from kvpool.optimized.unified.radix_cache import UnifiedRadixCache as OptUnified
 from kvpool.traces import SAMPLE_TRACE, TraceError, load_trace, request_token_array
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_radix, whoever loads this file

@@ -30,7 +30,7 @@ from kvpool.kernels import (
     get_last_loc,
     write_req_to_token,
 )
-from kvpool.reference.paged_ops import extend_new_pages
+from kvpool.reference.pools.paged_ops import extend_new_pages
 
 KNOWN_PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "H800": 3350.0, "A100": 2039.0, "L40S": 864.0}
 """Fallback peaks (GB/s) matched against the device name when its properties lack the clock."""

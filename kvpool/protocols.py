@@ -374,7 +374,8 @@ class MemoryManagerProtocol(Protocol[IdxT_co]):
 
 class SegmentAllocatorProtocol(TokenAllocatorProtocol[IdxT], Protocol[IdxT]):
     """A token allocator that also frees SGLang 0.5.23's way (``Rules.tree_free == "segment"``,
-    :mod:`kvpool.reference.segment_free`): what the radix cache and the sessions hand slots to."""
+    :mod:`kvpool.reference.pools.segment_free`): what the radix cache and the sessions hand slots
+    to."""
 
     def free_page_ids(self, page_ids: IdxT) -> None:
         """Free exactly these pages (page ids, not slots), in the given order."""

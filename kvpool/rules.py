@@ -158,7 +158,7 @@ class Rules:
       short of device slots evicts the shortfall before allocating and holds the anchor's host
       lock until its acknowledgement; write-back eviction demotes leaf by leaf and, short of
       host room, first reclaims host copies of nodes on device; ``last_host_node`` is the
-      deepest matched node; a split keeps the creation time (kvpool.reference.hiradix_unified).
+      deepest matched node; a split keeps the creation time (kvpool.reference.hicache.unified_tier).
       In the request lifecycle: the checkpoint's inserts free the request's duplicates past its
       ``cache_protected_len`` (no free of the lifecycle's own), and ``extend`` / ``finish`` end
       by issuing the batch's queued writes (``flush_pending_backups``).

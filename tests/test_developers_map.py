@@ -2,8 +2,9 @@
 
 A module ``kvpool/PKG/NAME.py`` is named when ```NAME.py``` appears in the map's section for
 ``kvpool/PKG/`` (a ``### kvpool/PKG/`` heading under "## Module map"); a package is named by its
-heading. The twins' mirrored files are named by the "## Mirrored files" table, which covers both
-``kvpool/reference/`` and ``kvpool/optimized/``."""
+heading. The twins' files are named by the "## Wings" block: one row per wing with its floor and
+its files (``*``: the optimized twin only), which :func:`wing_floors` also hands to the import
+graph test, so the floors drawn for readers are the floors checked."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ import kvpool
 
 ROOT = Path(kvpool.__file__).parent
 DEVELOPERS = ROOT.parent / "DEVELOPERS.md"
-TWINS = ("kvpool/reference/", "kvpool/optimized/")
+TWINS = ("reference", "optimized")
 _FILE = re.compile(r"`([A-Za-z_][\w]*\.py)`")
 _PACKAGE = re.compile(r"kvpool/(?:\w+/)*")
+_WING_ROW = re.compile(r"^\s*(\d+)\s+(\w+/|\(root\))\s+(.*)$")
+_CONTINUATION = re.compile(r"^\s{8,}([\w.* ]+\.py\*?)\s*$")
+ROOT_WING = ""
 
 
 def _section(text: str, title: str) -> str:
@@ -27,23 +31,65 @@ def _section(text: str, title: str) -> str:
 
 
 def named_modules(text: str) -> dict[str, set[str]]:
-    """Package path (``kvpool/.../``) -> the file names its map section names."""
+    """Package path (``kvpool/.../``) -> the file names its map section names (the twins
+    excluded: see :func:`wing_files`)."""
     named: dict[str, set[str]] = {}
     for part in re.split(r"^### ", _section(text, "Module map"), flags=re.M)[1:]:
         heading, _, body = part.partition("\n")
         for package in _PACKAGE.findall(heading):
             named.setdefault(package, set()).update(_FILE.findall(body))
-    mirrored = set(_FILE.findall(_section(text, "Mirrored files")))
-    for twin in TWINS:
-        named.setdefault(twin, set()).update(mirrored)
     return named
 
 
+def wing_table(text: str) -> dict[str, tuple[int, dict[str, bool]]]:
+    """Wing (``"pools"``, ..., ``""`` for the root) -> (its floor, file name -> twin only)."""
+    block = _section(text, "Wings").split("```")[1]
+    table: dict[str, tuple[int, dict[str, bool]]] = {}
+    current = None
+    for line in block.splitlines():
+        if row := _WING_ROW.match(line):
+            current = ROOT_WING if row.group(2) == "(root)" else row.group(2).rstrip("/")
+            table[current] = (int(row.group(1)), {})
+            names = row.group(3)
+        elif (cont := _CONTINUATION.match(line)) and current is not None:
+            names = cont.group(1)
+        else:
+            continue
+        for name in names.split():
+            table[current][1][name.rstrip("*")] = name.endswith("*")
+    return table
+
+
+def wing_floors() -> dict[str, int]:
+    """Wing -> its floor, as DEVELOPERS.md draws them (``""``: the twin's root)."""
+    return {w: floor for w, (floor, _) in wing_table(DEVELOPERS.read_text("utf-8")).items()}
+
+
+def wing_files(text: str, twin: str) -> set[str]:
+    """``W/X.py`` (``X.py`` at the root) of every file the wing block names for ``twin``."""
+    out = set()
+    for wing, (_, files) in wing_table(text).items():
+        for name, twin_only in files.items():
+            if twin == "optimized" or not twin_only:
+                out.add(f"{wing}/{name}" if wing else name)
+    return out
+
+
+def twin_files(twin: str) -> set[str]:
+    """The twin's modules as ``W/X.py`` (package ``__init__`` files excluded)."""
+    base = ROOT / twin
+    return {p.relative_to(base).as_posix() for p in base.rglob("*.py") if p.name != "__init__.py"}
+
+
 def unnamed_modules(text: str) -> list[str]:
-    """Every ``kvpool/**/*.py`` the map does not name (packages by their heading)."""
+    """Every ``kvpool/**/*.py`` outside the twins that the map does not name (packages by their
+    heading)."""
     named = named_modules(text)
     missing = []
     for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in TWINS:
+            continue
         package = path.parent.relative_to(ROOT.parent).as_posix() + "/"
         if package not in named:
             missing.append(package)
@@ -54,12 +100,20 @@ def unnamed_modules(text: str) -> list[str]:
 
 def test_parser_reads_sections() -> None:
     text = (
-        "## Mirrored files\n| `a.py` | A |\n## Module map\n### kvpool/\n| `b.py` | B |\n"
+        "## Wings\n```\nfloor wing files\n  1    pools/  a.py b.py*\n"
+        "                 c.py\n  0    (root)  r.py\n```\n"
+        "## Module map\n### kvpool/\n| `b.py` | B |\n"
         "### kvpool/cli/\n| `c.py` | C |\n## Rules\n`d.py`\n"
     )
     named = named_modules(text)
     assert named["kvpool/"] == {"b.py"} and named["kvpool/cli/"] == {"c.py"}
-    assert named["kvpool/reference/"] == named["kvpool/optimized/"] == {"a.py"}
+    table = wing_table(text)
+    assert table == {
+        "pools": (1, {"a.py": False, "b.py": True, "c.py": False}),
+        "": (0, {"r.py": False}),
+    }
+    assert wing_files(text, "reference") == {"pools/a.py", "pools/c.py", "r.py"}
+    assert wing_files(text, "optimized") == {"pools/a.py", "pools/b.py", "pools/c.py", "r.py"}
 
 
 def test_every_module_is_on_the_map() -> None:
@@ -73,12 +127,23 @@ def test_the_map_names_no_missing_module() -> None:
         package + name
         for package, names in named.items()
         for name in names
-        if package not in TWINS and not (ROOT.parent / package / name).is_file()
-    ]
-    mirrored = named["kvpool/reference/"] | named["kvpool/optimized/"]
-    stale += [
-        name
-        for name in mirrored
-        if not any((ROOT.parent / twin / name).is_file() for twin in TWINS)
+        if not (ROOT.parent / package / name).is_file()
     ]
     assert stale == []
+
+
+def test_the_wings_are_the_twins_files() -> None:
+    """Each twin holds exactly the files the wing block names for it: the same wings and files
+    on both sides, the twin-only files marked."""
+    text = DEVELOPERS.read_text(encoding="utf-8")
+    for twin in TWINS:
+        assert twin_files(twin) == wing_files(text, twin), twin
+
+
+def test_every_wing_exports_its_package() -> None:
+    """Each wing is a package whose ``__init__`` names its public classes in ``__all__``."""
+    for twin in TWINS:
+        for wing in wing_floors():
+            if wing:
+                init = ROOT / twin / wing / "__init__.py"
+                assert init.is_file() and "__all__" in init.read_text(encoding="utf-8"), init

@@ -87,8 +87,14 @@ def test_annotation_only_imports_are_edges() -> None:
 
 def test_graph_covers_the_twins() -> None:
     graph = import_graph()
-    assert "kvpool.optimized.spec_decode" in graph["kvpool.optimized.memory_manager"]
-    assert "kvpool.reference.pool_snapshot" in graph["kvpool.reference.memory_manager"]
+    assert (
+        "kvpool.optimized.lifecycle.spec_decode"
+        in graph["kvpool.optimized.lifecycle.memory_manager"]
+    )
+    assert (
+        "kvpool.reference.lifecycle.pool_snapshot"
+        in graph["kvpool.reference.lifecycle.memory_manager"]
+    )
 
 
 def test_no_import_circle() -> None:

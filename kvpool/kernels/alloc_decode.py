@@ -28,7 +28,7 @@ from kvpool.kernels.dispatch import (
 )
 from kvpool.kernels.host import HostLens, Int64Array, host_copy, page_opening_requests, to_device
 from kvpool.kernels.launch import dense, exclusive_cumsum, launch, tl
-from kvpool.reference.paged_ops import alloc_decode_slots
+from kvpool.reference.pools.paged_ops import alloc_decode_slots
 
 _REQUESTS_PER_PROGRAM = 128
 
@@ -190,7 +190,8 @@ def alloc_decode_python(
     out_indices: torch.Tensor,
     page_size: int,
 ) -> None:
-    """The pure reference (:func:`kvpool.reference.paged_ops.alloc_decode_slots`) over lists."""
+    """The pure reference (:func:`kvpool.reference.pools.paged_ops.alloc_decode_slots`) over
+    lists."""
     slots = alloc_decode_slots(seq_lens.tolist(), last_loc.tolist(), free_pages.tolist(), page_size)
     write_back(out_indices, slots)
 

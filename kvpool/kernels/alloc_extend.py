@@ -16,8 +16,9 @@ plans the output on the host as runs of consecutive slots (a part 1, then one ru
 and writes them with a difference array and one running sum.
 
 The kernel only reads ``free_pages``; the caller drops the consumed head afterwards, and checks
-capacity and the values beforehand (see :func:`kvpool.reference.paged_ops.validate_extend_args`);
-the wrapper refuses bad metadata (shapes, dtypes, lengths, devices) before any backend runs.
+capacity and the values beforehand (see
+:func:`kvpool.reference.pools.paged_ops.validate_extend_args`); the wrapper refuses bad metadata
+(shapes, dtypes, lengths, devices) before any backend runs.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from kvpool.kernels.host import HostLens as HostLens
 from kvpool.kernels.host import Int64Array, host_copy, to_device
 from kvpool.kernels.host import host_array as host_array
 from kvpool.kernels.launch import dense, exclusive_cumsum, launch, tl
-from kvpool.reference.paged_ops import alloc_extend_slots
+from kvpool.reference.pools.paged_ops import alloc_extend_slots
 
 
 def _alloc_extend_kernel(  # type: ignore[no-untyped-def]
@@ -235,7 +236,8 @@ def alloc_extend_python(
     out_indices: torch.Tensor,
     page_size: int,
 ) -> None:
-    """The pure reference (:func:`kvpool.reference.paged_ops.alloc_extend_slots`) over lists."""
+    """The pure reference (:func:`kvpool.reference.pools.paged_ops.alloc_extend_slots`) over
+    lists."""
     slots = alloc_extend_slots(
         prefix_lens.tolist(), seq_lens.tolist(), last_loc.tolist(), free_pages.tolist(), page_size
     )
@@ -304,7 +306,7 @@ def alloc_extend(
     empty ``out_indices`` for an empty batch (InvalidArgumentError); one device, not ``meta``
     (KernelError). Nothing is written when refused. Values are not read: ``0 <= P <= S``,
     ``last_loc``, ``len(out_indices) == sum(S - P)`` and enough ``free_pages`` are the caller's to
-    check (the allocator does, :func:`kvpool.reference.paged_ops.validate_extend_args`).
+    check (the allocator does, :func:`kvpool.reference.pools.paged_ops.validate_extend_args`).
     """
     check_alloc_extend_args(
         prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size,

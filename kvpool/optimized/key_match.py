@@ -29,6 +29,19 @@ TokenArray = npt.NDArray[np.signedinteger[Any]]
 comparison), else int64. Arrays of either width compare correctly with each other."""
 
 
+_INTEGER_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+    if hasattr(torch, name)
+)
+"""torch's plain integer dtypes (one set lookup on a hot path)."""
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """True for torch's integer dtypes (bool excluded): tensor metadata, no device read."""
+    return dtype in _INTEGER_DTYPES
+
+
 @lru_cache(maxsize=512)
 def _uint32_packer(count: int) -> struct.Struct:
     """A packer of ``count`` native unsigned 32-bit ints (cached: building one parses a format)."""
@@ -94,4 +107,11 @@ def child_key(arr: TokenArray, pos: int, page_size: int) -> int | tuple[int, ...
     return tuple(arr[pos : pos + page_size].tolist())
 
 
-__all__ = ["TokenArray", "as_token_array", "child_key", "compact_tokens", "matched_tokens"]
+__all__ = [
+    "TokenArray",
+    "as_token_array",
+    "child_key",
+    "compact_tokens",
+    "is_integer_dtype",
+    "matched_tokens",
+]

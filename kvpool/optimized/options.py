@@ -1,6 +1,6 @@
 """TwinOptions: how one optimized twin runs (device, checked mode, kernel backend).
 
-One frozen value is built once, at the top (a :class:`~kvpool.optimized.memory_manager.
+One frozen value is built once, at the top (a :class:`~kvpool.optimized.lifecycle.memory_manager.
 MemoryManager`, or any component built alone), and handed down unchanged to every component it
 creates, so that a whole twin shares one device, one checked mode and one kernel backend.
 Components built alone also accept the shorthand keywords ``device`` / ``checked`` /

@@ -26,8 +26,13 @@ import torch
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import IndexOutOfRangeError, InvalidArgumentError, ReservedIndexError
-from kvpool.optimized.key_match import TokenArray, as_token_array, child_key, compact_tokens
-from kvpool.optimized.paged_ops import is_integer_dtype
+from kvpool.optimized.key_match import (
+    TokenArray,
+    as_token_array,
+    child_key,
+    compact_tokens,
+    is_integer_dtype,
+)
 
 ChildKey = int | tuple[int, ...] | tuple[str | None, int | tuple[int, ...]]
 """A ``children`` dict key, as :data:`kvpool.reference.radix_key.ChildKey`: the first token id

@@ -43,17 +43,17 @@ kvpool keeps, as for any model, what the scheduler decides before it calls the g
 admission checks (rows, tokens, and here Mamba slots: kvpool refuses a batch whose slots are
 short, where SGLang's pool asserts, ``Rules.mamba_slot_shortage``), the model's forward (the
 deferred clear of a fresh slot and the state tag each forward writes:
-:mod:`kvpool.reference.mamba_lifecycle`'s ``prepare_forward`` / ``forward_state``, the
+:mod:`kvpool.reference.mamba.lifecycle`'s ``prepare_forward`` / ``forward_state``, the
 scheduler's part, run over SGLang's pool) and streaming sessions.
 
 Scope: the radix cache off and on. With it on, kvpool's reference is 0.5.23's unified tree in
-the lifecycle (:class:`~kvpool.reference.unified_mamba_release.UnifiedMambaLifecycleCache`,
+the lifecycle (:class:`~kvpool.reference.unified.mamba_release.UnifiedMambaLifecycleCache`,
 ``Rules.mamba_tree == "unified"``), page size 1, no track slots, no sessions (as kvpool's
-reference: :func:`kvpool.reference.mamba_hooks.check_hybrid_config`). Where SGLang asserts (a
-copy-on-write that finds no slot even by evicting a state) kvpool leaves the request without
-one (``Rules.mamba_slot_shortage``), so the glue asks ``match_kv_cache`` for ``cow_mamba``
-only when a slot is free and otherwise finishes the match itself when eviction can give one.
-``mamba_glue`` counts the Mamba paths taken (coverage tags ``sglang:mamba.NAME``).
+reference: :func:`kvpool.reference.lifecycle.mamba_hooks.check_hybrid_config`). Where SGLang asserts
+(a copy-on-write that finds no slot even by evicting a state) kvpool leaves the request without one
+(``Rules.mamba_slot_shortage``), so the glue asks ``match_kv_cache`` for ``cow_mamba`` only when a
+slot is free and otherwise finishes the match itself when eviction can give one. ``mamba_glue``
+counts the Mamba paths taken (coverage tags ``sglang:mamba.NAME``).
 
 Requests reach SGLang as :class:`MambaGlueReq` (a :class:`~kvpool.sglang.glue.GlueReq` whose
 ``kv`` also maps the Mamba fields; unknown ones still raise).
@@ -70,9 +70,9 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.errors import InvalidArgumentError, RowReuseError
-from kvpool.optimized.mamba_hooks import MambaHooks
+from kvpool.optimized.lifecycle.mamba_hooks import MambaHooks
 from kvpool.optimized.req import Req
-from kvpool.reference import mamba_lifecycle
+from kvpool.reference.mamba import lifecycle as mamba_lifecycle
 from kvpool.sglang.cache_req import InsertedLen
 from kvpool.sglang.glue import GlueKv, GlueReq
 from kvpool.sglang.glue_manager import SGLangGlueManager
@@ -330,7 +330,7 @@ class SGLangMambaGlueTree(SGLangUnifiedRadixCache):
 class GlueMambaHooks(MambaHooks):
     """The twin's Mamba hooks over SGLang's hybrid pool: the scheduler's part (the forward's
     deferred clear and state writes, the copy a copy-on-write records) through
-    :mod:`kvpool.reference.mamba_lifecycle`, which takes the adapter's lists; the tree's parts
+    :mod:`kvpool.reference.mamba.lifecycle`, which takes the adapter's lists; the tree's parts
     (copy-on-write at admission, the early free of a waiting request's slot) are SGLang's,
     through ``manager``; the release is SGLang's glue (:meth:`before_release` is not called
     by this manager)."""

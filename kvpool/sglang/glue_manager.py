@@ -3,8 +3,8 @@
 SGLang's scheduler decides what to allocate, keep and free through the functions of
 ``mem_cache/allocation.py`` and ``mem_cache/common.py``; that glue is where the field's memory
 bugs lived (leaks on retract, double frees of rejected drafts, stale prefixes after a chunk).
-This manager is the twin's :class:`~kvpool.optimized.memory_manager.MemoryManager` over SGLang
-0.5.23's own allocator, ``ReqToTokenPool`` and unified radix cache, in which the memory steps
+This manager is the twin's :class:`~kvpool.optimized.lifecycle.memory_manager.MemoryManager` over
+SGLang 0.5.23's own allocator, ``ReqToTokenPool`` and unified radix cache, in which the memory steps
 call SGLang's glue instead of kvpool's primitives, in the order SGLang's scheduler calls them:
 
 =============================  ==========================================================
@@ -48,7 +48,7 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.errors import InvalidArgumentError
-from kvpool.optimized.memory_manager import MemoryManager
+from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.optimized.req import Req
 from kvpool.sglang.cache_req import as_prefix, row_prefix
 from kvpool.sglang.glue import GlueBatch, GlueReq, count_calls, link_counted
@@ -171,10 +171,11 @@ class SGLangGlueManager(MemoryManager):
     def spec_step(
         self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
     ) -> torch.Tensor:
-        """EAGLE v2 step: kvpool's checks and commits (:func:`kvpool.optimized.spec_decode.
-        spec_step`), with the reserve allocated by SGLang's ``alloc_for_spec_decode`` (each
-        request grows to ``ceil_align(committed + 2 * reserve)``, rows written by SGLang's
-        ``assign_req_to_token_pool`` kernel). Returns the new slots in batch order."""
+        """EAGLE v2 step: kvpool's checks and commits
+        (:func:`kvpool.optimized.lifecycle.spec_decode. spec_step`), with the reserve allocated by
+        SGLang's ``alloc_for_spec_decode`` (each request grows to ``ceil_align(committed + 2 *
+        reserve)``, rows written by SGLang's ``assign_req_to_token_pool`` kernel). Returns the new
+        slots in batch order."""
         self._spec_glue = True
         try:
             return super().spec_step(rids, accepted, reserve)

@@ -26,7 +26,7 @@ steps since admission (``decode_batch_idx``, advanced after each decode allocati
 ``prepare_for_decode`` does, and after an EAGLE v2 step's slide, as
 ``eagle_prepare_for_decode`` does) and the branching point; SGLang's ``mark_kv_released``
 forgets them. kvpool's streaming sessions (kvpool's emulation) carry a turn's cursor with its
-row, as :class:`~kvpool.optimized.swa_memory_manager.SWAMemoryManager` does.
+row, as :class:`~kvpool.optimized.lifecycle.swa_memory_manager.SWAMemoryManager` does.
 
 The oracle is kvpool's SWA lifecycle under ``Rules.for_sglang("0.5.23")``
 (``swa_window_release="scheduler"``: specs/fidelity.md).
@@ -45,11 +45,11 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, OutOfMemoryError
+from kvpool.optimized.lifecycle.spec_decode import spec_step
 from kvpool.optimized.req import Req
-from kvpool.optimized.spec_decode import spec_step
-from kvpool.optimized.swa_kv_pool import SWAKVPool
-from kvpool.reference.swa_lifecycle import swa_eviction_demand
-from kvpool.reference.swa_memory_manager import check_swa_config
+from kvpool.optimized.swa.kv_pool import SWAKVPool
+from kvpool.reference.lifecycle.swa_memory_manager import check_swa_config
+from kvpool.reference.swa.lifecycle import swa_eviction_demand
 from kvpool.sglang.glue import GlueBatch, GlueKv, GlueReq, link_counted
 from kvpool.sglang.glue_manager import SGLangGlueManager
 from kvpool.sglang.loader import SGLangModules

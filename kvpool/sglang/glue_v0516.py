@@ -58,7 +58,7 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.errors import InvalidArgumentError
-from kvpool.optimized.memory_manager import MemoryManager
+from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.optimized.req import Req
 from kvpool.sglang.cache_req import CacheReq
 from kvpool.sglang.glue_manager import GLUE_MODULES, SGLangGlueManager

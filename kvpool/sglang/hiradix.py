@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 from kvpool.errors import SGLangLoadError
-from kvpool.optimized.cache_controller import HiCacheAck, HiCacheController
-from kvpool.reference.memory_pool_host import host_pool_size
+from kvpool.optimized.hicache.cache_controller import HiCacheAck, HiCacheController
+from kvpool.reference.hicache.memory_pool_host import host_pool_size
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.clock import frozen_at, install_clock
 from kvpool.sglang.host_pool import SGLangHostPool

@@ -9,7 +9,7 @@
   a concrete subclass whose buffer methods are empty, and sets ``size``, ``page_size``,
   ``device`` ("cpu"), ``dcp_size`` (1: 0.5.23's decode context parallelism off) and the lock
   itself, then calls SGLang's ``clear``. The sizing formula is kvpool's restatement
-  (:func:`kvpool.reference.memory_pool_host.host_pool_size`), not exercised here;
+  (:func:`kvpool.reference.hicache.memory_pool_host.host_pool_size`), not exercised here;
 - errors: SGLang asserts; the adapter turns an ``AssertionError`` of ``alloc`` (a size not a page
   multiple) into :class:`~kvpool.errors.AlignmentError` and of ``free`` (a double free) into
   :class:`~kvpool.errors.DoubleFreeError`; both asserts come before any change (a slot named

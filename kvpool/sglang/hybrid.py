@@ -1,5 +1,6 @@
 """SGLang's ``HybridReqToTokenPool`` (with its ``MambaPool`` and ``MambaSlotAllocator``) behind
-the interface of kvpool's :class:`~kvpool.reference.hybrid_req_to_token_pool.HybridReqToTokenPool`.
+the interface of kvpool's
+:class:`~kvpool.reference.mamba.hybrid_req_to_token_pool.HybridReqToTokenPool`.
 
 SGLang builds its Mamba state buffers on a device from the model's state shapes; the adapter
 builds them on the CPU with the smallest shapes (one conv state of 1 x 1, one temporal state of
@@ -15,7 +16,7 @@ mappings, frees, copies and clears) is SGLang's code; the adapter only converts:
 - **Track buffers.** kvpool's ``track_buffers`` 0, 1, 2 are SGLang's extra buffer off, on with
   the overlap scheduler off (one ping-pong slot), on with it (two). The lazy mode is off.
 - **Results.** Slots come back as lists of ints, as the reference's; the Mamba steps of
-  :mod:`kvpool.reference.mamba_lifecycle` (the scheduler's part, which kvpool models) then run
+  :mod:`kvpool.reference.mamba.lifecycle` (the scheduler's part, which kvpool models) then run
   unchanged over this adapter.
 - **Open alloc group.** SGLang keeps no group when ``alloc_group_begin`` prefetched nothing (no
   request, or too few free slots); kvpool's snapshot still says a group is open. The adapter

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvpool.config import PoolConfig
-from kvpool.reference import mamba_lifecycle
+from kvpool.reference.mamba import lifecycle as mamba_lifecycle
 from kvpool.rules import Rules
 from kvpool.sglang.allocators import SGLangAllocator
 from kvpool.sglang.hybrid import (
@@ -133,7 +133,7 @@ def implementation(
         return torch.tensor(list(values), dtype=torch.int64)
 
     def hiradix_cache(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        from kvpool.optimized.kv_cache import kv_cache_from_config
+        from kvpool.optimized.kv.kv_cache import kv_cache_from_config
         from kvpool.sglang.hiradix import SGLangHiRadixCache
 
         return SGLangHiRadixCache(modules, pool, alloc, config.page_size,
@@ -144,7 +144,7 @@ def implementation(
     def unified_hiradix_cache(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         """0.5.23's host tier: the unified cache with ``init_hicache``'s host tier attached
         (kvpool.sglang.unified_hicache), for the ``hiradix_cache`` machine only."""
-        from kvpool.optimized.kv_cache import kv_cache_from_config
+        from kvpool.optimized.kv.kv_cache import kv_cache_from_config
         from kvpool.sglang.unified_hicache import SGLangUnifiedHiCache
 
         return SGLangUnifiedHiCache(modules, pool, alloc, config.page_size,
@@ -226,7 +226,7 @@ def implementation(
         """kvpool's lifecycle and host-tier tree over SGLang's allocator and ``ReqToTokenPool``
         (kvpool's lifecycle does not drive the ``HiRadixCache`` adapter, which the
         ``hiradix_cache`` machine compares on its own)."""
-        from kvpool.optimized.memory_manager import MemoryManager
+        from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 
         return MemoryManager(config, checked=True, token_to_kv_pool_allocator=allocator,
                              req_to_token_pool=req_to_token_pool)  # fmt: skip

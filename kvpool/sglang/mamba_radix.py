@@ -1,5 +1,5 @@
 """SGLang's ``MambaRadixCache`` behind the interface of kvpool's
-:class:`~kvpool.reference.mamba_radix_cache.MambaRadixCache`.
+:class:`~kvpool.reference.mamba.radix_cache.MambaRadixCache`.
 
 :class:`SGLangMambaRadixCache` builds SGLang's class from ``CacheInitParams`` over SGLang's
 ``HybridReqToTokenPool`` and token allocator (the adapters' ``impl``) and calls it with SGLang's

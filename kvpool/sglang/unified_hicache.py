@@ -49,8 +49,8 @@ from typing import Any
 
 import torch
 
-from kvpool.optimized.cache_controller import HiCacheAck, HiCacheController, _merge
-from kvpool.reference.memory_pool_host import host_pool_size
+from kvpool.optimized.hicache.cache_controller import HiCacheAck, HiCacheController, _merge
+from kvpool.reference.hicache.memory_pool_host import host_pool_size
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.cache_req import InsertedLen
 from kvpool.sglang.hiradix import _TaggedHostPool

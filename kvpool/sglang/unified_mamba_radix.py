@@ -1,5 +1,5 @@
 """SGLang 0.5.23's ``UnifiedRadixCache`` with the FULL and MAMBA components behind the interface
-of kvpool's :class:`~kvpool.reference.unified_mamba_radix_cache.UnifiedMambaRadixCache` (the
+of kvpool's :class:`~kvpool.reference.unified.mamba_radix_cache.UnifiedMambaRadixCache` (the
 Mamba radix cache's: :mod:`kvpool.sglang.mamba_radix` is the 0.5.16 adapter).
 
 :class:`SGLangUnifiedMambaRadixCache` builds SGLang's own cache from

@@ -23,7 +23,7 @@ Factory shapes (every size comes from the :class:`~kvpool.config.PoolConfig`):
   ``config.mamba_track_buffers`` track buffers per request), with ``mamba_steps``: the module
   (or any object) holding the scheduler's Mamba steps over it (``admit``, ``stage_cow``,
   ``prepare_forward``, ``forward_state``, ``release_waiting``, ``release_running``; see
-  :mod:`kvpool.reference.mamba_lifecycle`);
+  :mod:`kvpool.reference.mamba.lifecycle`);
 - ``mamba_radix_cache(config, hybrid_req_to_token_pool, allocator)``: a ``MambaRadixCache`` over
   the two objects given (page size 1), its keys made by ``radix_key``.
 - ``swa_allocator(config)``: a sliding-window hybrid allocator (SGLang's

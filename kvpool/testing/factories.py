@@ -22,7 +22,7 @@ from kvpool.testing.lockstep_driver import Factory
 
 def reference_factory(config: PoolConfig) -> Any:
     """The pure-Python reference memory manager."""
-    from kvpool.reference.memory_manager import MemoryManager
+    from kvpool.reference.lifecycle.memory_manager import MemoryManager
 
     return MemoryManager(config)
 
@@ -38,7 +38,7 @@ def optimized_factory(backend: str | None = "torch", checked: bool = True) -> Fa
     def build(config: PoolConfig) -> Any:
         import torch
 
-        from kvpool.optimized.memory_manager import MemoryManager
+        from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 
         if torch.get_num_threads() != 1:
             torch.set_num_threads(1)

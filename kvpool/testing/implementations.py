@@ -23,19 +23,20 @@ from kvpool.testing.bundle import Implementation
 
 def reference_implementation() -> Implementation:
     """Every component of the pure-Python reference."""
-    from kvpool.reference import mamba_lifecycle, radix_key
-    from kvpool.reference.allocator import TokenToKVPoolAllocator
-    from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool
-    from kvpool.reference.kv_cache import kv_cache_from_config
-    from kvpool.reference.layer_transfer import LayerDoneCounter
-    from kvpool.reference.mamba_radix_cache import MambaRadixCache
-    from kvpool.reference.memory_manager import MemoryManager
-    from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
-    from kvpool.reference.radix_cache import RadixCache
-    from kvpool.reference.req_to_token_pool import ReqToTokenPool
-    from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
-    from kvpool.reference.swa_memory_manager import SWAMemoryManager
-    from kvpool.reference.swa_radix_cache import SWARadixCache
+    from kvpool.reference import radix_key
+    from kvpool.reference.kv.kv_cache import kv_cache_from_config
+    from kvpool.reference.kv.layer_transfer import LayerDoneCounter
+    from kvpool.reference.lifecycle.memory_manager import MemoryManager
+    from kvpool.reference.lifecycle.swa_memory_manager import SWAMemoryManager
+    from kvpool.reference.mamba import lifecycle as mamba_lifecycle
+    from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
+    from kvpool.reference.mamba.radix_cache import MambaRadixCache
+    from kvpool.reference.pools.allocator import TokenToKVPoolAllocator
+    from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
+    from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
+    from kvpool.reference.radix.radix_cache import RadixCache
+    from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
+    from kvpool.reference.swa.radix_cache import SWARadixCache
 
     def allocator(config: PoolConfig) -> Any:
         if config.page_size == 1:
@@ -56,12 +57,12 @@ def reference_implementation() -> Implementation:
         return MambaRadixCache(pool, alloc, config.page_size)
 
     def unified_mamba(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        from kvpool.reference.unified_mamba_radix_cache import UnifiedMambaRadixCache
+        from kvpool.reference.unified.mamba_radix_cache import UnifiedMambaRadixCache
 
         return UnifiedMambaRadixCache(pool, alloc, config.page_size)
 
     def unified(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        from kvpool.reference.unified_radix_cache import UnifiedRadixCache
+        from kvpool.reference.unified.radix_cache import UnifiedRadixCache
 
         return UnifiedRadixCache(
             pool, alloc, config.page_size, False, config.eviction_policy, rules=config.rules
@@ -100,7 +101,7 @@ def reference_implementation() -> Implementation:
 
 def _reference_unified_swa(config: PoolConfig, alloc: Any) -> Any:
     """The reference ``UnifiedSWARadixCache`` (SGLang 0.5.23's FULL+SWA tree) over ``alloc``."""
-    from kvpool.reference.unified_swa_radix_cache import UnifiedSWARadixCache
+    from kvpool.reference.unified.swa_radix_cache import UnifiedSWARadixCache
 
     return UnifiedSWARadixCache(alloc, config.page_size, config.sliding_window or 1,
                                 eviction_policy=config.eviction_policy)  # fmt: skip
@@ -108,7 +109,7 @@ def _reference_unified_swa(config: PoolConfig, alloc: Any) -> Any:
 
 def _optimized_unified_swa(config: PoolConfig, alloc: Any) -> Any:
     """The twin's ``UnifiedSWARadixCache`` over ``alloc``."""
-    from kvpool.optimized.unified_swa_radix_cache import UnifiedSWARadixCache
+    from kvpool.optimized.unified.swa_radix_cache import UnifiedSWARadixCache
 
     return UnifiedSWARadixCache(alloc, config.page_size, config.sliding_window or 1,
                                 eviction_policy=config.eviction_policy)  # fmt: skip
@@ -116,9 +117,9 @@ def _optimized_unified_swa(config: PoolConfig, alloc: Any) -> Any:
 
 def _reference_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
     """The reference ``HiRadixCache`` with its own KV buffers and host pool (``config``)."""
-    from kvpool.reference.hiradix_cache import HiRadixCache
-    from kvpool.reference.kv_cache import kv_cache_from_config
-    from kvpool.reference.memory_pool_host import host_pool_for
+    from kvpool.reference.hicache.hiradix_cache import HiRadixCache
+    from kvpool.reference.hicache.memory_pool_host import host_pool_for
+    from kvpool.reference.kv.kv_cache import kv_cache_from_config
 
     host = host_pool_for(kv_cache_from_config(config), config.hicache_ratio)
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
@@ -129,9 +130,9 @@ def _reference_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
 
 def _optimized_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
     """The twin's ``HiRadixCache`` with its own KV buffers and host pool (``config``)."""
-    from kvpool.optimized.hiradix_cache import HiRadixCache
-    from kvpool.optimized.kv_cache import kv_cache_from_config
-    from kvpool.optimized.memory_pool_host import host_pool_for
+    from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
+    from kvpool.optimized.hicache.memory_pool_host import host_pool_for
+    from kvpool.optimized.kv.kv_cache import kv_cache_from_config
 
     host = host_pool_for(kv_cache_from_config(config), config.hicache_ratio)
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
@@ -144,20 +145,21 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     """Every component of the torch twin on the CPU, its kernels run by ``backend``."""
     import torch
 
-    from kvpool.optimized import mamba_lifecycle, radix_key
-    from kvpool.optimized.allocator import TokenToKVPoolAllocator
-    from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool
-    from kvpool.optimized.kv_cache import kv_cache_from_config
-    from kvpool.optimized.layer_transfer import LayerDoneCounter
-    from kvpool.optimized.mamba_radix_cache import MambaRadixCache
-    from kvpool.optimized.memory_manager import MemoryManager
+    from kvpool.optimized import radix_key
+    from kvpool.optimized.kv.kv_cache import kv_cache_from_config
+    from kvpool.optimized.kv.layer_transfer import LayerDoneCounter
+    from kvpool.optimized.lifecycle.memory_manager import MemoryManager
+    from kvpool.optimized.lifecycle.swa_memory_manager import SWAMemoryManager
+    from kvpool.optimized.mamba import lifecycle as mamba_lifecycle
+    from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
+    from kvpool.optimized.mamba.radix_cache import MambaRadixCache
     from kvpool.optimized.options import twin_options
-    from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
-    from kvpool.optimized.radix_cache import RadixCache
-    from kvpool.optimized.req_to_token_pool import ReqToTokenPool
-    from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
-    from kvpool.optimized.swa_memory_manager import SWAMemoryManager
-    from kvpool.optimized.swa_radix_cache import SWARadixCache
+    from kvpool.optimized.pools.allocator import TokenToKVPoolAllocator
+    from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator
+    from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
+    from kvpool.optimized.radix.radix_cache import RadixCache
+    from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
+    from kvpool.optimized.swa.radix_cache import SWARadixCache
 
     if torch.get_num_threads() != 1:  # tiny tensors: OpenMP workers only contend
         torch.set_num_threads(1)
@@ -186,7 +188,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         return MemoryManager(config, checked=checked, kernel_backend=backend)
 
     def unified(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        from kvpool.optimized.unified_radix_cache import UnifiedRadixCache
+        from kvpool.optimized.unified.radix_cache import UnifiedRadixCache
 
         return UnifiedRadixCache(
             pool, alloc, config.page_size, False, config.eviction_policy, rules=config.rules
@@ -196,7 +198,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         return MambaRadixCache(pool, alloc, config.page_size)
 
     def unified_mamba(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        from kvpool.optimized.unified_mamba_radix_cache import UnifiedMambaRadixCache
+        from kvpool.optimized.unified.mamba_radix_cache import UnifiedMambaRadixCache
 
         return UnifiedMambaRadixCache(pool, alloc, config.page_size)
 

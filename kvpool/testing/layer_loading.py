@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpool.errors import LayerNotLoadedError
-from kvpool.reference.layer_transfer import LayerDoneCounter as RefCounter
+from kvpool.reference.kv.layer_transfer import LayerDoneCounter as RefCounter
 
 PROBE_SLOTS = (1, 2)
 

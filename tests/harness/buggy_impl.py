@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvpool.config import PoolConfig
-from kvpool.reference.memory_manager import MemoryManager
+from kvpool.reference.lifecycle.memory_manager import MemoryManager
 
 
 def leaky_factory(config: PoolConfig) -> MemoryManager:

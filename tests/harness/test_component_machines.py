@@ -11,8 +11,8 @@ import pytest
 from hypothesis import settings
 
 from kvpool.config import PoolConfig
-from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
-from kvpool.reference.req_to_token_pool import ReqToTokenPool
+from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.component_machine import (

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvpool.config import PoolConfig
-from kvpool.optimized.memory_manager import MemoryManager
+from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.testing.factories import load_factory, optimized_factory, reference_factory
 
 

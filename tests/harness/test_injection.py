@@ -8,8 +8,8 @@ import pytest
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError
-from kvpool.optimized.memory_manager import MemoryManager as OptimizedManager
-from kvpool.reference.memory_manager import MemoryManager as ReferenceManager
+from kvpool.optimized.lifecycle.memory_manager import MemoryManager as OptimizedManager
+from kvpool.reference.lifecycle.memory_manager import MemoryManager as ReferenceManager
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 
 CONFIG = PoolConfig(size=32, page_size=2, req_pool_size=3, max_context_len=16)

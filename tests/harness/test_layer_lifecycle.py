@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-import kvpool.optimized.memory_manager as opt
-import kvpool.reference.memory_manager as ref
+import kvpool.optimized.lifecycle.memory_manager as opt
+import kvpool.reference.lifecycle.memory_manager as ref
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, LayerNotLoadedError, LockError
 from kvpool.testing.bundle import Implementation

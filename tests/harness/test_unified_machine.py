@@ -13,13 +13,13 @@ import pytest
 from kvpool.config import PoolConfig
 from kvpool.errors import InvalidArgumentError
 from kvpool.optimized import radix_key as opt_key
-from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator as OptPaged
-from kvpool.optimized.req_to_token_pool import ReqToTokenPool as OptTable
-from kvpool.optimized.unified_radix_cache import UnifiedRadixCache as OptUnified
+from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator as OptPaged
+from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool as OptTable
+from kvpool.optimized.unified.radix_cache import UnifiedRadixCache as OptUnified
 from kvpool.reference import radix_key as ref_key
-from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator as RefPaged
-from kvpool.reference.req_to_token_pool import ReqToTokenPool as RefTable
-from kvpool.reference.unified_radix_cache import UnifiedRadixCache as RefUnified
+from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator as RefPaged
+from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool as RefTable
+from kvpool.reference.unified.radix_cache import UnifiedRadixCache as RefUnified
 from kvpool.rules import Rules
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation

@@ -16,14 +16,14 @@ from kvpool.config import PoolConfig
 from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.invariants.unified_mamba_tree import check_unified_mamba_tree
 from kvpool.optimized import radix_key as opt_key
-from kvpool.optimized.allocator import TokenToKVPoolAllocator as OptAlloc
-from kvpool.optimized.hybrid_req_to_token_pool import HybridReqToTokenPool as OptPool
-from kvpool.optimized.mamba_radix_cache import MambaRadixCache as OptMamba
-from kvpool.optimized.unified_mamba_radix_cache import UnifiedMambaRadixCache as OptUnified
+from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool as OptPool
+from kvpool.optimized.mamba.radix_cache import MambaRadixCache as OptMamba
+from kvpool.optimized.pools.allocator import TokenToKVPoolAllocator as OptAlloc
+from kvpool.optimized.unified.mamba_radix_cache import UnifiedMambaRadixCache as OptUnified
 from kvpool.reference import radix_key as ref_key
-from kvpool.reference.allocator import TokenToKVPoolAllocator as RefAlloc
-from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool as RefPool
-from kvpool.reference.unified_mamba_radix_cache import UnifiedMambaRadixCache as RefUnified
+from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool as RefPool
+from kvpool.reference.pools.allocator import TokenToKVPoolAllocator as RefAlloc
+from kvpool.reference.unified.mamba_radix_cache import UnifiedMambaRadixCache as RefUnified
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines.coverage import CATALOGUE

@@ -15,11 +15,11 @@ import pytest
 from kvpool.config import PoolConfig
 from kvpool.errors import AlignmentError, InvalidArgumentError, KVPoolError
 from kvpool.optimized import radix_key as opt_key
-from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator as OptAlloc
-from kvpool.optimized.unified_swa_radix_cache import UnifiedSWARadixCache as OptTree
+from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator as OptAlloc
+from kvpool.optimized.unified.swa_radix_cache import UnifiedSWARadixCache as OptTree
 from kvpool.reference import radix_key as ref_key
-from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator as RefAlloc
-from kvpool.reference.unified_swa_radix_cache import UnifiedSWARadixCache as RefTree
+from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator as RefAlloc
+from kvpool.reference.unified.swa_radix_cache import UnifiedSWARadixCache as RefTree
 from kvpool.rules import Rules
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation

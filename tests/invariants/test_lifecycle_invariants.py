@@ -12,7 +12,7 @@ from kvpool.errors import InvariantViolation
 from kvpool.invariants import INVARIANTS, check_all
 from kvpool.invariants import lifecycle as lc
 from kvpool.invariants import tree as tr
-from kvpool.reference.memory_manager import MemoryManager
+from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.snapshot import PoolSnapshot
 
 Check = Callable[[PoolSnapshot, PoolSnapshot | None], None]

@@ -10,7 +10,7 @@ import pytest
 from kvpool.errors import InvariantViolation
 from kvpool.invariants import INVARIANTS
 from kvpool.invariants.mamba import MambaContext, MambaReqView, check_mamba
-from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool
+from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.snapshot import (
     HybridReqToTokenSnapshot,
     MambaAllocatorSnapshot,
@@ -115,7 +115,7 @@ def test_state_integrity() -> None:
 
 
 def test_reference_pool_snapshots_pass() -> None:
-    from kvpool.reference import mamba_lifecycle as life
+    from kvpool.reference.mamba import lifecycle as life
     from kvpool.testing.machines.hybrid import MachineMambaReq as Req
 
     pool = HybridReqToTokenPool(4, 8, 6, num_mamba_layers=2, track_buffers=2)

@@ -10,9 +10,9 @@ import pytest
 from kvpool.errors import InvariantViolation
 from kvpool.invariants import INVARIANTS
 from kvpool.invariants.mamba_tree import check_mamba_tree
-from kvpool.reference.allocator import TokenToKVPoolAllocator
-from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool
-from kvpool.reference.mamba_radix_cache import MambaRadixCache
+from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
+from kvpool.reference.mamba.radix_cache import MambaRadixCache
+from kvpool.reference.pools.allocator import TokenToKVPoolAllocator
 from kvpool.reference.radix_key import RadixKey
 from kvpool.snapshot import MambaTreeSnapshot
 

@@ -12,8 +12,8 @@ from kvpool.config import PoolConfig
 from kvpool.errors import InvariantViolation, OutOfMemoryError
 from kvpool.invariants import INVARIANTS, check_all
 from kvpool.invariants import promises as pr
-from kvpool.reference.memory_manager import MemoryManager
-from kvpool.reference.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.reference.lifecycle.memory_manager import MemoryManager
+from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.snapshot import PoolSnapshot
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from kvpool.errors import InvariantViolation
 from kvpool.invariants import INVARIANTS, check_swa_allocator, checks_for
-from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
+from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.snapshot import NodeSnapshot, SWAAllocatorSnapshot, TreeSnapshot
 
 SWA_IDS = (
@@ -141,7 +141,7 @@ def test_tree_locks_and_sizes() -> None:
 def test_window_of_a_pool_snapshot() -> None:
     from kvpool.config import PoolConfig
     from kvpool.invariants import check_all
-    from kvpool.reference.swa_memory_manager import SWAMemoryManager
+    from kvpool.reference.lifecycle.swa_memory_manager import SWAMemoryManager
 
     mm = SWAMemoryManager(PoolConfig(size=32, disable_radix_cache=True, sliding_window=2))
     mm.new_req("a", [1, 2, 3, 4])

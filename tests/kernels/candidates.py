@@ -11,7 +11,7 @@ import torch
 import triton.language as tl
 
 from kvpool.constants import NO_LAST_LOC, ceil_div, floor_align
-from kvpool.reference.paged_ops import alloc_decode_slots, alloc_extend_slots
+from kvpool.reference.pools.paged_ops import alloc_decode_slots, alloc_extend_slots
 from kvpool.testing.kernel_harness.interpreter import interpreted
 
 Tensor = torch.Tensor

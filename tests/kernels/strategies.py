@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, SUPPORTED_PAGE_SIZES_TESTED, ceil_div
-from kvpool.reference.paged_ops import extend_new_pages
+from kvpool.reference.pools.paged_ops import extend_new_pages
 
 SENTINEL = -7
 """Initial value of output cells a kernel must leave untouched."""

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 
 from kvpool.kernels import alloc_decode, alloc_extend
 from kvpool.kernels.dispatch import triton_installed
-from kvpool.reference.paged_ops import alloc_decode_slots, alloc_extend_slots
+from kvpool.reference.pools.paged_ops import alloc_decode_slots, alloc_extend_slots
 from tests.kernels.strategies import (
     SENTINEL,
     DecodeBatch,

@@ -33,7 +33,7 @@ from kvpool.optimized import (
     TwinOptions,
     resolve_checked,
 )
-from kvpool.optimized.swa_memory_manager import SWAMemoryManager
+from kvpool.optimized.lifecycle.swa_memory_manager import SWAMemoryManager
 from tests.optimized.test_diff_req_to_token_pool import Req
 
 T = torch.tensor

@@ -20,10 +20,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from kvpool import reference as ref
 from kvpool.constants import NO_LAST_LOC, SUPPORTED_PAGE_SIZES_TESTED
 from kvpool.errors import KVPoolError
-from kvpool.optimized import allocator as opt_allocator
-from kvpool.optimized import paged_allocator as opt_paged
-from kvpool.optimized.paged_ops import decode_new_pages_host, extend_new_pages_host
-from kvpool.reference import paged_ops as ref_ops
+from kvpool.optimized.pools import allocator as opt_allocator
+from kvpool.optimized.pools import paged_allocator as opt_paged
+from kvpool.optimized.pools.paged_ops import decode_new_pages_host, extend_new_pages_host
+from kvpool.reference.pools import paged_ops as ref_ops
 from kvpool.rules import RELEASE_ORDERS, UNALIGNED_ALLOC, Rules
 
 

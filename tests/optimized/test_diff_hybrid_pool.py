@@ -96,7 +96,7 @@ def test_kept_slot_must_be_held_and_unshared(twin: Any) -> None:
 
 @TWINS
 def test_steps_validate_before_changing(twin: Any) -> None:
-    steps = import_module(f"{twin.__name__}.mamba_lifecycle")
+    steps = import_module(f"{twin.__name__}.mamba.lifecycle")
     pool = make(twin, 3, 8, 4)
     a = Req()
     steps.admit(pool, [a])

@@ -11,18 +11,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kvpool.optimized.kv_fp4 as opt_fp4
-import kvpool.optimized.kv_mla_fp4 as opt_mla
-import kvpool.optimized.kv_mxfp8 as opt_mx
-import kvpool.optimized.kv_noop as opt_noop
-import kvpool.optimized.kv_page_major as opt_pm
-import kvpool.reference.kv_fp4 as ref_fp4
-import kvpool.reference.kv_mla_fp4 as ref_mla
-import kvpool.reference.kv_mxfp8 as ref_mx
-import kvpool.reference.kv_noop as ref_noop
-import kvpool.reference.kv_page_major as ref_pm
+import kvpool.optimized.kv.fp4 as opt_fp4
+import kvpool.optimized.kv.mla_fp4 as opt_mla
+import kvpool.optimized.kv.mxfp8 as opt_mx
+import kvpool.optimized.kv.noop as opt_noop
+import kvpool.optimized.kv.page_major as opt_pm
+import kvpool.reference.kv.fp4 as ref_fp4
+import kvpool.reference.kv.mla_fp4 as ref_mla
+import kvpool.reference.kv.mxfp8 as ref_mx
+import kvpool.reference.kv.noop as ref_noop
+import kvpool.reference.kv.page_major as ref_pm
 from kvpool.errors import KVStorageError
-from kvpool.reference.kv_quant import e4m3_code, f32
+from kvpool.reference.kv.quant import e4m3_code, f32
 
 SIZE, PAGE = 12, 4
 

@@ -26,8 +26,8 @@ from kvpool.errors import (
     OutOfMemoryError,
     RowReuseError,
 )
-from kvpool.optimized.memory_manager import MemoryManager as OptMM
-from kvpool.reference.memory_manager import MemoryManager as RefMM
+from kvpool.optimized.lifecycle.memory_manager import MemoryManager as OptMM
+from kvpool.reference.lifecycle.memory_manager import MemoryManager as RefMM
 from kvpool.snapshot import PoolSnapshot
 
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from kvpool.constants import EVICTION_POLICIES, SUPPORTED_PAGE_SIZES_TESTED
 from kvpool.errors import InvalidArgumentError, KVPoolError, LockError
-from kvpool.optimized.radix_cache import RadixCache as OptRadixCache
+from kvpool.optimized.radix.radix_cache import RadixCache as OptRadixCache
 from kvpool.optimized.radix_key import RadixKey as OptKey
-from kvpool.reference.radix_cache import RadixCache as RefRadixCache
+from kvpool.reference.radix.radix_cache import RadixCache as RefRadixCache
 from kvpool.reference.radix_key import RadixKey as RefKey
 
 
@@ -177,8 +177,8 @@ def test_array_and_list_keys_agree() -> None:
 def test_twins_satisfy_the_protocols() -> None:
     # mypy checks these assignments statically; the runtime asserts keep the test honest.
     from kvpool.config import PoolConfig
-    from kvpool.optimized.chunk_cache import ChunkCache
-    from kvpool.optimized.memory_manager import MemoryManager
+    from kvpool.optimized.lifecycle.memory_manager import MemoryManager
+    from kvpool.optimized.radix.chunk_cache import ChunkCache
     from kvpool.protocols import MemoryManagerProtocol, RadixCacheProtocol
 
     tree: RadixCacheProtocol[torch.Tensor] = OptRadixCache(None, RecordingAllocator(2), 2)  # type: ignore[arg-type]

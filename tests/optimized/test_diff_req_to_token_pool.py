@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from kvpool import reference as ref
 from kvpool.errors import ContextOverflowError
-from kvpool.optimized import req_to_token_pool as opt
+from kvpool.optimized.pools import req_to_token_pool as opt
 from kvpool.rules import GENERATION_ON_CLEAR, ROW_ORDERS, Rules
 from tests.optimized.test_diff_allocators import same_outcome
 

@@ -11,8 +11,8 @@ import torch
 
 from kvpool import reference as ref
 from kvpool.errors import AlignmentError
-from kvpool.optimized import allocator as opt_allocator
-from kvpool.optimized import paged_allocator as opt_paged
+from kvpool.optimized.pools import allocator as opt_allocator
+from kvpool.optimized.pools import paged_allocator as opt_paged
 from kvpool.rules import Rules
 
 TWINS = ("reference", "optimized")

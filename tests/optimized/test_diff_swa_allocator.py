@@ -15,9 +15,9 @@ import torch
 from kvpool.cli import main
 from kvpool.errors import DoubleFreeError, InvalidArgumentError
 from kvpool.invariants import check_swa_allocator
-from kvpool.optimized.pure_swa_allocator import PureSWATokenToKVPoolAllocator
-from kvpool.optimized.swa_allocator import SWATokenToKVPoolAllocator
-from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator as ReferenceSWA
+from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
+from kvpool.optimized.swa.pure_allocator import PureSWATokenToKVPoolAllocator
+from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator as ReferenceSWA
 from kvpool.rules import Rules
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation

@@ -15,8 +15,8 @@ from kvpool.cli import main
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError
 from kvpool.invariants import check_all
-from kvpool.optimized.swa_memory_manager import SWAMemoryManager as TwinSWAMemoryManager
-from kvpool.reference.swa_memory_manager import SWAMemoryManager
+from kvpool.optimized.lifecycle.swa_memory_manager import SWAMemoryManager as TwinSWAMemoryManager
+from kvpool.reference.lifecycle.swa_memory_manager import SWAMemoryManager
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines.coverage import CATALOGUE

@@ -17,7 +17,7 @@ from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError
 from kvpool.invariants import check_all
 from kvpool.invariants.mamba import tree_checkpoints
-from kvpool.reference.unified_mamba_release import UnifiedMambaLifecycleCache
+from kvpool.reference.unified.mamba_release import UnifiedMambaLifecycleCache
 from kvpool.rules import Rules
 from kvpool.snapshot import PoolSnapshot
 from kvpool.tags import mamba_state_tag

@@ -14,8 +14,8 @@ import pytest
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, InvalidArgumentError, InvariantViolation
 from kvpool.invariants import check_all
-from kvpool.optimized.memory_manager import MemoryManager as TwinManager
-from kvpool.reference.memory_manager import MemoryManager as RefManager
+from kvpool.optimized.lifecycle.memory_manager import MemoryManager as TwinManager
+from kvpool.reference.lifecycle.memory_manager import MemoryManager as RefManager
 from kvpool.testing.config_variants import WRITE_POLICIES
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines.lifecycle import LifecyclePair, LifecycleTarget

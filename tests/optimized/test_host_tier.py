@@ -51,10 +51,22 @@ class Rig:
         return list(self.dev.read_tags(got))
 
 
+WINGED = {
+    "radix_key": "radix_key",
+    "req_to_token_pool": "pools.req_to_token_pool",
+    "allocator": "pools.allocator",
+    "paged_allocator": "pools.paged_allocator",
+    "kv_cache": "kv.kv_cache",
+    "memory_pool_host": "hicache.memory_pool_host",
+    "hiradix_cache": "hicache.hiradix_cache",
+}
+"""Each module the rig takes: its path inside the twin."""
+
+
 def rig(twin: str, policy: str = "write_through", page_size: int = 1, **kw: Any) -> Rig:
     """A 16-slot device pool (MHA, 2 layers), its allocator and a host pool of ``ratio`` times
     its size, under a ``HiRadixCache`` of ``twin``."""
-    mod = {name: importlib.import_module(f"kvpool.{twin}.{name}") for name in (
+    mod = {name: importlib.import_module(f"kvpool.{twin}.{WINGED[name]}") for name in (
         "radix_key", "req_to_token_pool", "allocator", "paged_allocator", "kv_cache",
         "memory_pool_host", "hiradix_cache")}  # fmt: skip
     dev = mod["kv_cache"].MHATokenToKVPool(16, page_size, "float32", 1, 2, 2)

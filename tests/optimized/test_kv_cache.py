@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.optimized import kv_cache as opt
-from kvpool.reference import kv_cache as ref
+from kvpool.optimized.kv import kv_cache as opt
+from kvpool.reference.kv import kv_cache as ref
 from kvpool.tags import TAG_MODULUS
 
 

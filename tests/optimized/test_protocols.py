@@ -16,8 +16,8 @@ import torch
 from kvpool import optimized as opt
 from kvpool import reference as ref
 from kvpool.config import PoolConfig
-from kvpool.optimized.memory_manager import MemoryManager as TwinManager
-from kvpool.optimized.radix_cache import RadixCache as TwinRadixCache
+from kvpool.optimized.lifecycle.memory_manager import MemoryManager as TwinManager
+from kvpool.optimized.radix.radix_cache import RadixCache as TwinRadixCache
 from kvpool.protocols import (
     KVCacheProtocol,
     MemoryManagerProtocol,
@@ -27,9 +27,9 @@ from kvpool.protocols import (
     ReqToTokenPoolProtocol,
     TokenAllocatorProtocol,
 )
-from kvpool.reference import kv_cache as ref_kv
-from kvpool.reference.memory_manager import MemoryManager as RefManager
-from kvpool.reference.radix_cache import RadixCache as RefRadixCache
+from kvpool.reference.kv import kv_cache as ref_kv
+from kvpool.reference.lifecycle.memory_manager import MemoryManager as RefManager
+from kvpool.reference.radix.radix_cache import RadixCache as RefRadixCache
 from tests.optimized.test_diff_req_to_token_pool import Req
 
 # ----------------------------------------------------------------------------- static (mypy)

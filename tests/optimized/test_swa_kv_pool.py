@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError
-from kvpool.optimized import swa_allocator as opt_alloc
-from kvpool.optimized import swa_kv_pool as opt_pool
-from kvpool.reference import swa_allocator as ref_alloc
-from kvpool.reference import swa_kv_pool as ref_pool
+from kvpool.optimized.swa import allocator as opt_alloc
+from kvpool.optimized.swa import kv_pool as opt_pool
+from kvpool.reference.swa import allocator as ref_alloc
+from kvpool.reference.swa import kv_pool as ref_pool
 
 
 def scenario(alloc_mod: Any, pool_mod: Any, index: Any) -> dict[str, Any]:

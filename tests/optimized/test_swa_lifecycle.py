@@ -19,18 +19,18 @@ from kvpool.constants import ceil_align
 from kvpool.invariants import check_swa_allocator
 from kvpool.optimized import radix_key as opt_key
 from kvpool.optimized import req as opt_req
-from kvpool.optimized import req_to_token_pool as opt_table
-from kvpool.optimized import swa_allocator as opt_alloc
-from kvpool.optimized import swa_chunk_cache as opt_chunk
-from kvpool.optimized import swa_lifecycle as opt_life
-from kvpool.optimized import swa_radix_cache as opt_tree
+from kvpool.optimized.pools import req_to_token_pool as opt_table
+from kvpool.optimized.swa import allocator as opt_alloc
+from kvpool.optimized.swa import chunk_cache as opt_chunk
+from kvpool.optimized.swa import lifecycle as opt_life
+from kvpool.optimized.swa import radix_cache as opt_tree
 from kvpool.reference import radix_key as ref_key
 from kvpool.reference import req as ref_req
-from kvpool.reference import req_to_token_pool as ref_table
-from kvpool.reference import swa_allocator as ref_alloc
-from kvpool.reference import swa_chunk_cache as ref_chunk
-from kvpool.reference import swa_lifecycle as ref_life
-from kvpool.reference import swa_radix_cache as ref_tree
+from kvpool.reference.pools import req_to_token_pool as ref_table
+from kvpool.reference.swa import allocator as ref_alloc
+from kvpool.reference.swa import chunk_cache as ref_chunk
+from kvpool.reference.swa import lifecycle as ref_life
+from kvpool.reference.swa import radix_cache as ref_tree
 
 TWINS: dict[str, tuple[ModuleType, ...]] = {
     "reference": (ref_pkg, ref_alloc, ref_table, ref_chunk, ref_life, ref_tree, ref_key, ref_req),

@@ -14,10 +14,10 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, InvalidArgumentError, OutOfMemoryError
 from kvpool.invariants import check_all
-from kvpool.optimized import swa_lifecycle as twin_lifecycle
-from kvpool.optimized.swa_memory_manager import SWAMemoryManager as TwinSWAMemoryManager
-from kvpool.reference import swa_lifecycle as ref_lifecycle
-from kvpool.reference.swa_memory_manager import SWAMemoryManager
+from kvpool.optimized.lifecycle.swa_memory_manager import SWAMemoryManager as TwinSWAMemoryManager
+from kvpool.optimized.swa import lifecycle as twin_lifecycle
+from kvpool.reference.lifecycle.swa_memory_manager import SWAMemoryManager
+from kvpool.reference.swa import lifecycle as ref_lifecycle
 from kvpool.rules import Rules
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation

@@ -1,7 +1,8 @@
 """The twin's lifecycle as an engine would run it: per batch, not per request, and sync-free.
 
-Every step of the unchecked :class:`~kvpool.optimized.memory_manager.MemoryManager` (extend,
-decode, EAGLE v2 and v1 steps, finish, abort, retract, session turns) runs under two counters:
+Every step of the unchecked :class:`~kvpool.optimized.lifecycle.memory_manager.MemoryManager`
+(extend, decode, EAGLE v2 and v1 steps, finish, abort, retract, session turns) runs under two
+counters:
 
 - **device reads**: ``item`` / ``int`` / ``bool`` / ``tolist`` / ``numpy`` / ``cpu`` of a tensor
   and operations whose result size depends on tensor data (``nonzero``, ``masked_select``,
@@ -39,9 +40,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvpool.config import PoolConfig
-from kvpool.optimized.memory_manager import MemoryManager
-from kvpool.optimized.paged_allocator import PagedTokenToKVPoolAllocator
-from kvpool.optimized.radix_cache import RadixCache
+from kvpool.optimized.lifecycle.memory_manager import MemoryManager
+from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.optimized.radix.radix_cache import RadixCache
 
 HOST_READS = frozenset(
     {"item", "tolist", "numpy", "cpu", "__int__", "__bool__", "__float__", "__index__"}
@@ -323,7 +324,7 @@ def test_the_counters_see_a_per_request_release(
 def test_batched_lifecycle_matches_the_reference() -> None:
     """The batched steps still give the reference's results (the lockstep tests check every
     step; this is the run above, end to end)."""
-    from kvpool.reference.memory_manager import MemoryManager as RefManager
+    from kvpool.reference.lifecycle.memory_manager import MemoryManager as RefManager
 
     twin, _ = run_lifecycle(4, 16, log=False)
     config = twin.config

@@ -1,7 +1,7 @@
 """Seeded host-tier bugs (the field bugs of hierarchical caches): :data:`HOST_MUTANTS`.
 
-Each patch takes one built :class:`kvpool.optimized.hiradix_cache.HiRadixCache` and re-creates,
-on that instance only, a bug seen in the field; the ``hiradix_cache`` machine hunts it
+Each patch takes one built :class:`kvpool.optimized.hicache.hiradix_cache.HiRadixCache` and
+re-creates, on that instance only, a bug seen in the field; the ``hiradix_cache`` machine hunts it
 (:func:`kvpool.testing.quality.hunt_component`).
 """
 

@@ -1,7 +1,7 @@
 """Seeded host-tier bugs on the lifecycle path: :data:`HOST_LIFECYCLE_MUTANTS`.
 
-Each patch takes one built :class:`kvpool.optimized.memory_manager.MemoryManager` with the host
-tier (``enable_hierarchical_cache``) and re-creates, on that instance only, a bug of the
+Each patch takes one built :class:`kvpool.optimized.lifecycle.memory_manager.MemoryManager` with the
+host tier (``enable_hierarchical_cache``) and re-creates, on that instance only, a bug of the
 request lifecycle around host memory; the lifecycle machine hunts it
 (:func:`kvpool.testing.quality.hunt`).
 """

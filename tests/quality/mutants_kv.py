@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from kvpool.optimized.kv_cache import MHATokenToKVPool
-from kvpool.optimized.layer_transfer import LayerDoneCounter
+from kvpool.optimized.kv.kv_cache import MHATokenToKVPool
+from kvpool.optimized.kv.layer_transfer import LayerDoneCounter
 from kvpool.testing.layer_loading import run_twin
 from kvpool.testing.layer_ops import LAYER_KINDS
 from kvpool.testing.quality import Mutant, need, wrap

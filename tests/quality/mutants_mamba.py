@@ -3,7 +3,7 @@
 
 Each :class:`~kvpool.testing.quality.ImplementationMutant` turns the unchecked torch twin's
 :class:`~kvpool.testing.bundle.Implementation` into a buggy one (a patched step of
-:mod:`kvpool.optimized.mamba_lifecycle`, or a patched pool method on each pool built) and names
+:mod:`kvpool.optimized.mamba.lifecycle`, or a patched pool method on each pool built) and names
 the detectors that must catch it; :func:`kvpool.testing.quality.hunt_implementation` hunts it
 with the component machine. The lifecycle form is a manager patch
 (:class:`~kvpool.testing.quality.Mutant`) hunted by :func:`kvpool.testing.quality.hunt`.

@@ -1,9 +1,9 @@
 """Seeded SWA bugs (the field bugs of sliding-window KV caches): :data:`SWA_MUTANTS`.
 
-Each patch takes one built :class:`kvpool.optimized.swa_allocator.SWATokenToKVPoolAllocator`
-(or :class:`kvpool.optimized.swa_radix_cache.SWARadixCache`, or
-:class:`kvpool.optimized.swa_memory_manager.SWAMemoryManager`) and re-creates, on that instance
-only, a bug seen in the field; the component's machine hunts it
+Each patch takes one built :class:`kvpool.optimized.swa.allocator.SWATokenToKVPoolAllocator`
+(or :class:`kvpool.optimized.swa.radix_cache.SWARadixCache`, or
+:class:`kvpool.optimized.lifecycle.swa_memory_manager.SWAMemoryManager`) and re-creates, on that
+instance only, a bug seen in the field; the component's machine hunts it
 (:func:`kvpool.testing.quality.hunt_component`).
 """
 

@@ -60,6 +60,18 @@ class Rig:
         return sorted(list(n.key) for n in self.tree.host_snapshot().tree.nodes[1:])
 
 
+WINGED = {
+    "radix_key": "radix_key",
+    "req_to_token_pool": "pools.req_to_token_pool",
+    "allocator": "pools.allocator",
+    "paged_allocator": "pools.paged_allocator",
+    "kv_cache": "kv.kv_cache",
+    "memory_pool_host": "hicache.memory_pool_host",
+    "hiradix_cache": "hicache.hiradix_cache",
+}
+"""Each module the rig takes: its path inside the twin."""
+
+
 def rig(
     twin: str,
     rules: Rules,
@@ -69,7 +81,7 @@ def rig(
     eviction_policy: str = "lru",
 ) -> Rig:
     """16 device slots, a host pool of ``ratio`` times that, under ``rules``."""
-    mod = {name: importlib.import_module(f"kvpool.{twin}.{name}") for name in (
+    mod = {name: importlib.import_module(f"kvpool.{twin}.{WINGED[name]}") for name in (
         "radix_key", "req_to_token_pool", "allocator", "paged_allocator", "kv_cache",
         "memory_pool_host", "hiradix_cache")}  # fmt: skip
     dev = mod["kv_cache"].MHATokenToKVPool(16, page_size, "float32", 1, 2, 2)

@@ -10,12 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError, KVStorageError
-from kvpool.reference.kv_fp4 import MHATokenToKVPoolFP4
-from kvpool.reference.kv_mla_fp4 import MLATokenToKVPoolFP4
-from kvpool.reference.kv_mxfp8 import MHATokenToKVPoolMXFP8
-from kvpool.reference.kv_noop import NoOpMHATokenToKVPool
-from kvpool.reference.kv_page_major import PageMajorMHATokenToKVPool
-from kvpool.reference.kv_quant import (
+from kvpool.reference.kv.fp4 import MHATokenToKVPoolFP4
+from kvpool.reference.kv.mla_fp4 import MLATokenToKVPoolFP4
+from kvpool.reference.kv.mxfp8 import MHATokenToKVPoolMXFP8
+from kvpool.reference.kv.noop import NoOpMHATokenToKVPool
+from kvpool.reference.kv.page_major import PageMajorMHATokenToKVPool
+from kvpool.reference.kv.quant import (
     E2M1_VALUES,
     e4m3_code,
     e4m3_value,
@@ -49,12 +49,12 @@ def variants() -> list[Any]:
 @pytest.mark.parametrize(
     "module",
     [
-        "kvpool.reference.kv_fp4",
-        "kvpool.reference.kv_mxfp8",
-        "kvpool.reference.kv_mla_fp4",
-        "kvpool.reference.kv_page_major",
-        "kvpool.reference.kv_noop",
-        "kvpool.reference.layer_transfer",
+        "kvpool.reference.kv.fp4",
+        "kvpool.reference.kv.mxfp8",
+        "kvpool.reference.kv.mla_fp4",
+        "kvpool.reference.kv.page_major",
+        "kvpool.reference.kv.noop",
+        "kvpool.reference.kv.layer_transfer",
     ],
 )
 def test_variant_modules_do_not_import_torch(module: str) -> None:

@@ -19,8 +19,8 @@ from kvpool.errors import (
 )
 from kvpool.invariants import check_all
 from kvpool.protocols import KVCacheProtocol, MemoryManagerProtocol, RadixCacheProtocol
-from kvpool.reference.kv_cache import MHATokenToKVPool, MLATokenToKVPool
-from kvpool.reference.memory_manager import MemoryManager
+from kvpool.reference.kv.kv_cache import MHATokenToKVPool, MLATokenToKVPool
+from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.reference.req import Req
 from kvpool.tags import kv_tags
 

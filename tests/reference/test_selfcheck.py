@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpool.reference.allocator import BaseTokenToKVPoolAllocator
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.testing.selfcheck import SelfCheckFailure, run_campaign, run_configuration
 
 

@@ -7,7 +7,7 @@ import pytest
 from kvpool.config import PoolConfig
 from kvpool.errors import InvalidArgumentError, RequestStateError, UnknownRequestError
 from kvpool.invariants import check_all
-from kvpool.reference.memory_manager import MemoryManager
+from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from tests.reference.test_memory_manager import refused
 
 

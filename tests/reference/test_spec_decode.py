@@ -12,7 +12,7 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.invariants import check_all
-from kvpool.reference.memory_manager import MemoryManager
+from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.tags import kv_tags
 from tests.reference.test_memory_manager import refused
 

@@ -20,7 +20,7 @@ from kvpool.config import PoolConfig
 from kvpool.constants import EVICTION_POLICIES, SUPPORTED_PAGE_SIZES_TESTED
 from kvpool.errors import ContextOverflowError, OutOfMemoryError
 from kvpool.invariants import check_all
-from kvpool.reference.memory_manager import MemoryManager
+from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.snapshot import PoolSnapshot
 
 ALPHABET = st.integers(min_value=1, max_value=3)

@@ -14,8 +14,8 @@ from kvpool.errors import (
     ReservedIndexError,
 )
 from kvpool.invariants import check_swa_allocator
-from kvpool.reference.pure_swa_allocator import PureSWATokenToKVPoolAllocator
-from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
+from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
+from kvpool.reference.swa.pure_allocator import PureSWATokenToKVPoolAllocator
 
 
 def paged(size: int = 32, size_swa: int = 16, ps: int = 4) -> SWATokenToKVPoolAllocator:

@@ -9,8 +9,8 @@ import pytest
 from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.invariants import check_swa_allocator
 from kvpool.reference.radix_key import RadixKey
-from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
-from kvpool.reference.swa_radix_cache import SWARadixCache
+from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
+from kvpool.reference.swa.radix_cache import SWARadixCache
 
 
 def setup(window: int = 2) -> tuple[SWATokenToKVPoolAllocator, SWARadixCache]:

@@ -37,11 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
-import kvpool.optimized.kv_fp4 as opt_fp4
-import kvpool.optimized.kv_page_major as opt_pm
-from kvpool.optimized.kv_quant import fp4_dequantize, fp4_quantize, mxfp8_quantize
-from kvpool.reference.kv_quant import f32, fp4_quantize_row
-from kvpool.reference.kv_tag_codec import fp4_tag_row, mxfp8_tag_head
+import kvpool.optimized.kv.fp4 as opt_fp4
+import kvpool.optimized.kv.page_major as opt_pm
+from kvpool.optimized.kv.quant import fp4_dequantize, fp4_quantize, mxfp8_quantize
+from kvpool.reference.kv.quant import f32, fp4_quantize_row
+from kvpool.reference.kv.tag_codec import fp4_tag_row, mxfp8_tag_head
 from kvpool.sglang import load_sglang
 from kvpool.sglang.rewrite import rewrite_imports
 from kvpool.sglang.source import resolve_source

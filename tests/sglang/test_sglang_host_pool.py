@@ -12,8 +12,8 @@ import random
 import pytest
 
 from kvpool.errors import AlignmentError, DoubleFreeError
-from kvpool.reference.kv_cache import MHATokenToKVPool
-from kvpool.reference.memory_pool_host import MHATokenToKVPoolHost
+from kvpool.reference.hicache.memory_pool_host import MHATokenToKVPoolHost
+from kvpool.reference.kv.kv_cache import MHATokenToKVPool
 from kvpool.sglang import SGLangHostPool, SGLangModules, load_sglang
 
 pytestmark = pytest.mark.sglang_wheel

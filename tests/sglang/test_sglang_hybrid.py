@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from kvpool.config import PoolConfig
-from kvpool.reference import mamba_lifecycle as life
-from kvpool.reference.hybrid_req_to_token_pool import HybridReqToTokenPool
+from kvpool.reference.mamba import lifecycle as life
+from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.sglang import implementation
 from kvpool.tags import mamba_state_tag
 from kvpool.testing.campaign import run_machine

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from kvpool.config import PoolConfig
-from kvpool.optimized.memory_manager import MemoryManager
+from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.optimized.radix_key import RadixKey as TwinKey
 from kvpool.reference.radix_key import RadixKey as RefKey
 from kvpool.rules import Rules

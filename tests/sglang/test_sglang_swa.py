@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kvpool.reference.swa_allocator import SWATokenToKVPoolAllocator
+from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.swa import SGLangSWAAllocator
 from kvpool.testing.bundle import Implementation

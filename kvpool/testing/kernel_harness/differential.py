@@ -45,7 +45,7 @@ from kvpool.constants import (
     ceil_div,
 )
 from kvpool.errors import InvalidArgumentError
-from kvpool.reference.paged_ops import extend_new_pages
+from kvpool.reference.pools.paged_ops import extend_new_pages
 from kvpool.testing.kernel_harness.inputs import (
     ALLOC_OPS,
     INDEX_OPS,

@@ -19,7 +19,7 @@ import random
 from hypothesis import strategies as st
 
 from kvpool.constants import KERNEL_OPS, NO_LAST_LOC, RESERVED_INDEX, ceil_div
-from kvpool.reference.paged_ops import alloc_extend_slots, extend_new_pages
+from kvpool.reference.pools.paged_ops import alloc_extend_slots, extend_new_pages
 
 OPS: tuple[str, ...] = KERNEL_OPS
 """The kernel ops the harness knows, by their :mod:`kvpool.kernels` function names."""

@@ -24,7 +24,7 @@ from kvpool.kernels.flashinfer_indices import flashinfer_kv_indices_ref
 from kvpool.kernels.flashmla_indices import flashmla_kv_indices_ref
 from kvpool.kernels.last_loc import get_last_loc_ref
 from kvpool.kernels.write_req_to_token import write_req_to_token_ref
-from kvpool.reference.paged_ops import alloc_decode_slots, alloc_extend_slots
+from kvpool.reference.pools.paged_ops import alloc_decode_slots, alloc_extend_slots
 from kvpool.testing.kernel_harness.inputs import KernelCase
 from kvpool.testing.kernel_harness.interpreter import allow_access
 

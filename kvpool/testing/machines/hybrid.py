@@ -1,7 +1,7 @@
 """The HybridReqToTokenPool machine: hybrid requests' rows, Mamba slots and states, in lockstep.
 
 Each side is a ``HybridReqToTokenPool`` and its implementation's Mamba steps
-(:mod:`kvpool.reference.mamba_lifecycle`); the machine plays the prefix cache as a queue of
+(:mod:`kvpool.reference.mamba.lifecycle`); the machine plays the prefix cache as a queue of
 state checkpoints (``tree``, oldest first) that it fills (a copy of a running state, or the
 slot a finishing request donates) and evicts. Operations follow a hybrid request's life: copy a
 cached state into a waiting request (``stage_cow``), admission with or without eviction

@@ -51,7 +51,7 @@ def manager_factory(impl: Implementation, unified: bool = False) -> Factory:
         return impl.manager
 
     def build(config: PoolConfig) -> Any:
-        from kvpool.optimized.memory_manager import MemoryManager
+        from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 
         parts: dict[str, Any] = {}
         if impl.allocator is not None:

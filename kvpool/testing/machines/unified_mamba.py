@@ -4,7 +4,7 @@ The Mamba radix-cache machine's operations, draws and model
 (:class:`~kvpool.testing.machines.mamba_tree.MambaTreeTarget`: inserts carrying a state slot,
 matches with copy-on-write that lock their node while the request runs, copies, forwards,
 releases, evictions of KV and states) over the implementation's ``unified_mamba_radix_cache``
-factory (kvpool's :class:`~kvpool.reference.unified_mamba_radix_cache.UnifiedMambaRadixCache`,
+factory (kvpool's :class:`~kvpool.reference.unified.mamba_radix_cache.UnifiedMambaRadixCache`,
 its twin, or SGLang 0.5.23's own cache over either tree core). After every step the Mamba
 invariants (slot accounting, checkpoints, state integrity), 0.5.23's tree invariants
 (:mod:`kvpool.invariants.unified_mamba_tree`: tombstone leaves and tombstone locks allowed) and

@@ -1,11 +1,11 @@
 """A seeded bug (:class:`Mutant`) and the helpers its patches use.
 
-A mutant patches one freshly built :class:`kvpool.optimized.memory_manager.MemoryManager` in
-place (instance attributes only: no file is edited and other instances are untouched) and names
-the detectors expected to catch it: invariant ids or ``lockstep-diff``. The mutated twin runs
-with checked mode OFF, as in production, so that the harness's invariants, not the twin's own
-misuse checks, have to find the damage. ``page_sizes``, ``overrides`` (config fields) and
-``kinds`` (operation kinds) focus the runs where the bug can show.
+A mutant patches one freshly built :class:`kvpool.optimized.lifecycle.memory_manager.MemoryManager`
+in place (instance attributes only: no file is edited and other instances are untouched) and names
+the detectors expected to catch it: invariant ids or ``lockstep-diff``. The mutated twin runs with
+checked mode OFF, as in production, so that the harness's invariants, not the twin's own misuse
+checks, have to find the damage. ``page_sizes``, ``overrides`` (config fields) and ``kinds``
+(operation kinds) focus the runs where the bug can show.
 """
 
 from __future__ import annotations

@@ -1,0 +1,427 @@
+"""The optimized twin's ``HiRadixCache``: the radix cache with a host tier, on index tensors.
+
+Same decisions, results, node ids and eviction order as
+:class:`kvpool.reference.hicache.hiradix_cache.HiRadixCache` (see its docstring). Device and host
+slots are int64 tensors; keys are compared as token arrays (:mod:`kvpool.optimized.key_match`). The
+eviction heaps are built per call from a walk of the tree (the device/host states a node can move
+between do not fit the plain twin's persistent heap), so the plain tree's heap is unused. Under
+``Rules.hicache_host_tier == "unified"`` the differences are those of the reference
+(:mod:`kvpool.optimized.hicache.unified_tier` and the branches here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from kvpool.constants import floor_align
+from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.optimized.hicache.cache_controller import HiCacheController
+from kvpool.optimized.hicache.evict import HiRadixEvict, _hi
+from kvpool.optimized.hicache.prefetch import HiRadixPrefetch
+from kvpool.optimized.hicache.tree_node import HiTreeNode
+from kvpool.optimized.hicache.unified_tier import HiRadixUnified
+from kvpool.optimized.key_match import child_key, matched_tokens
+from kvpool.optimized.radix.radix_cache import RadixCache
+from kvpool.optimized.radix.tree_view import bfs_nodes, snapshot_tree
+from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode, as_slots
+from kvpool.optimized.req import Req
+from kvpool.reference.hicache.hiradix_cache import WRITE_POLICIES
+from kvpool.reference.radix.radix_cache import hit_floor
+from kvpool.rules import Rules
+from kvpool.snapshot import HostTierSnapshot, TreeSnapshot
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
+    """Prefix cache over device slots with host backups in ``token_to_kv_pool_host``."""
+
+    root_node: HiTreeNode
+
+    def __init__(
+        self,
+        req_to_token_pool: Any,
+        token_to_kv_pool_allocator: Any,
+        page_size: int,
+        token_to_kv_pool_host: Any,
+        disable: bool = False,
+        eviction_policy: str = "lru",
+        clock: Callable[[], float] | None = None,
+        write_policy: str = "write_through",
+        load_back_threshold: int = 10,
+        prefetch_threshold: int = 256,
+        enable_storage: bool = False,
+        *,
+        rules: Rules | None = None,
+    ) -> None:
+        if write_policy not in WRITE_POLICIES:
+            raise ConfigError(f"unknown write_policy {write_policy!r}; known: {WRITE_POLICIES}")
+        if token_to_kv_pool_host.page_size != page_size:
+            raise ConfigError("the host pool's page size differs from the cache's")
+        self.token_to_kv_pool_host = token_to_kv_pool_host
+        self.cache_controller = HiCacheController(
+            token_to_kv_pool_allocator, token_to_kv_pool_host, page_size, write_policy
+        )
+        self.write_policy = write_policy
+        self.write_through_threshold = 1 if write_policy == "write_through" else 2
+        self.load_back_threshold = load_back_threshold
+        self.prefetch_threshold = prefetch_threshold
+        self.enable_storage = enable_storage
+        resolved = rules if rules is not None else Rules()
+        self.unified = resolved.hicache_host_tier == "unified"
+        self.cache_controller.segment_frees = self.unified and resolved.tree_free == "segment"
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, disable,
+                         eviction_policy, clock, rules=rules)  # fmt: skip
+
+    def reset(self) -> None:
+        """Forget the tree, every transfer and prefetch, and clear the host pool."""
+        self.cache_controller.reset()
+        self.token_to_kv_pool_host.clear()
+        self.ongoing_write_through: dict[int, tuple[HiTreeNode, list[HiTreeNode]]] = {}
+        self.ongoing_load_back: dict[int, HiTreeNode] = {}
+        self.reset_prefetch()
+        self.reset_unified()
+        super().reset()
+        self.root_node.host_value = _EMPTY
+
+    @property
+    def frees_duplicates(self) -> bool:
+        """Whether ``insert`` frees the caller's duplicate device slots itself (unified rules)."""
+        return self.unified
+
+    def _new_node(self, key: RadixKey, value: torch.Tensor, parent: TreeNode | None, now: float,
+                  priority: int = 0) -> HiTreeNode:  # fmt: skip
+        node = HiTreeNode(self._next_id, key, value, parent, now, priority)
+        self._next_id += 1
+        return node
+
+    def _all(self) -> list[HiTreeNode]:
+        return [_hi(n) for n in bfs_nodes(self.root_node)[1:]]
+
+    def _device_nodes(self) -> list[HiTreeNode]:
+        return [n for n in self._all() if not n.evicted]
+
+    def total_size(self) -> int:
+        """Device tokens in the tree (host-only nodes excluded)."""
+        return sum(len(n) for n in self._device_nodes())
+
+    # ----------------------------------------------------------------- split / match / insert
+    def _ck(self, node: TreeNode, key: RadixKey, pos: int) -> Any:
+        """The children key of ``key[pos:]`` below ``node``."""
+        if node is self.root_node:
+            return (key.extra_key, child_key(key.array, pos, self.page_size))
+        return child_key(key.array, pos, self.page_size)
+
+    def _matched(self, child: TreeNode, key: RadixKey, pos: int, stop: int) -> int:
+        ps = self.page_size
+        return matched_tokens(child.arr, key.array, pos, stop) // ps * ps
+
+    def _split(self, child: TreeNode, at: int) -> HiTreeNode:
+        """As the plain twin's split; the halves share the device or host state, both host
+        values are cut at ``at``, a pending write covers both halves; the upper half starts
+        with no host pin."""
+        low = _hi(child)
+        upper = _hi(super()._split(low, at))
+        upper.evicted = low.evicted
+        if low.host_value is not None:
+            upper.host_value = low.host_value[:at]
+            low.host_value = low.host_value[at:]
+        ack = low.write_through_pending_id
+        if ack is not None and ack in self.ongoing_write_through:
+            nodes = self.ongoing_write_through[ack][1]
+            if any(n is low for n in nodes):
+                i = next(k for k, n in enumerate(nodes) if n is low)
+                nodes[i : i + 1] = [upper, low]
+                upper.write_through_pending_id = ack
+        if self.unified:
+            self._split_unified(low, upper)
+        return upper
+
+    def _hwalk(self, key: RadixKey, stop: int) -> tuple[list[torch.Tensor], HiTreeNode]:
+        now = self.clock()
+        node = self.root_node
+        values: list[torch.Tensor] = []
+        pos = 0
+        while pos < stop:
+            child = node.children.get(self._ck(node, key, pos))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = self._matched(child, key, pos, stop)
+            split = n < len(child)
+            if split:
+                child = self._split(child, n)
+            hi = _hi(child)
+            if not hi.evicted:
+                values.append(hi.value)
+            node = hi
+            pos += n
+            if split:
+                break
+        return values, node
+
+    def match_prefix(self, key: RadixKey) -> MatchResult:
+        """Longest cached page-aligned prefix (device and host); see the reference."""
+        aligned = floor_align(len(key), self.page_size)
+        if self.disable or aligned == 0:
+            return MatchResult(_EMPTY.to(self.device), self.root_node, self.root_node)
+        values, last = self._hwalk(key, aligned)
+        host_hit = 0
+        device_node = last
+        while device_node.evicted:
+            assert device_node.host_value is not None
+            host_hit += int(device_node.host_value.numel())
+            device_node = _hi(device_node.parent)
+        host_node = last
+        while not host_node.backuped and not self.unified:
+            host_node = _hi(host_node.parent)
+        indices = torch.cat(values) if values else _EMPTY.to(self.device)
+        return MatchResult(indices, device_node, host_node, host_hit)
+
+    def insert(
+        self,
+        key: RadixKey,
+        value: torch.Tensor | None = None,
+        priority: int = 0,
+        chunked: bool = False,
+        inserted_len: int | None = None,
+        prev_prefix_len: int = 0,
+    ) -> int:
+        """Insert ``key`` at ``value`` slots; returns the tokens already on device (unified
+        rules: also the matched host-only ones, and the caller's duplicates past
+        ``prev_prefix_len`` are freed here; see the reference)."""
+        value = as_slots(key.array if value is None else value, self.device)
+        if value.shape[0] < len(key):
+            raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        if self.disable:
+            return 0
+        aligned = floor_align(len(key), self.page_size)
+        if aligned == 0:
+            return 0
+        now = self.clock()
+        floor = hit_floor(chunked, inserted_len)
+        node = self.root_node
+        pos = 0
+        total_prefix = 0
+        while pos < aligned:
+            child = node.children.get(self._ck(node, key, pos))
+            if child is None:
+                break
+            child.last_access_time = now
+            if not self.unified:
+                # 0.5.16 raises the node before splitting it: the lower half keeps the raise
+                child.priority = max(child.priority, priority)
+            n = self._matched(child, key, pos, aligned)
+            if n < len(child):
+                child = self._split(child, n)
+            child.priority = max(child.priority, priority)  # unified: the matched part only
+            hi = _hi(child)
+            if hi.evicted:
+                hi.value = value[pos : pos + n].clone()
+                hi.evicted = False
+                self.evictable_size_ += n
+                if self.unified:
+                    total_prefix += n
+                    self._track_duplicate(hi)
+                    self._inc_hit_count(hi, total_prefix > floor)
+            else:
+                lo = pos + max(0, prev_prefix_len - pos)
+                if self.unified and lo < pos + n:  # the caller's duplicates
+                    self.cache_controller.evict_device(value[lo : pos + n])
+                total_prefix += n
+                self._inc_hit_count(hi, total_prefix > floor)
+            pos += n
+            node = hi
+        if pos < aligned:
+            leaf_key = RadixKey.from_array(key.array[pos:aligned], key.extra_key)
+            leaf = self._new_node(leaf_key, value[pos:aligned].clone(), node, now, priority)
+            leaf.child_key = self._ck(node, key, pos)
+            node.children[leaf.child_key] = leaf
+            self._num_nodes += 1
+            self.evictable_size_ += aligned - pos
+            self._inc_hit_count(leaf, total_prefix + aligned - pos > floor)
+        return total_prefix
+
+    def checkpoint(self, req: Req, up_to: int, chunked: bool = False) -> torch.Tensor:
+        """SGLang 0.5.23's ``checkpoint``; under the unified rules the inserts free the
+        duplicates themselves (see the reference)."""
+        if self.unified:
+            return self._checkpoint_unified(req, up_to, chunked)
+        return super().checkpoint(req, up_to, chunked)
+
+    def _inc_hit_count(self, node: HiTreeNode, counts: bool) -> None:
+        if self.write_policy == "write_back" or not counts:
+            return
+        node.hit_count += 1
+        if not node.backuped and node.hit_count >= self.write_through_threshold:
+            if self.unified:
+                self._backup_chain(node)
+            else:
+                self.write_backup(node)
+
+    # ----------------------------------------------------------------- writes
+    def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
+        """Write ``node``'s device slots to new host slots; see the reference."""
+        parent = _hi(node.parent)
+        if not write_back and parent is not self.root_node and not parent.backuped:
+            return 0
+        cc = self.cache_controller
+        host_indices = cc.write(node.value, node.node_id)
+        if host_indices is None:
+            self.evict_host(len(node))
+            host_indices = cc.write(node.value, node.node_id)
+        if host_indices is None:
+            return 0
+        node.host_value = host_indices.clone()
+        node.write_through_pending_id = node.node_id
+        self.ongoing_write_through[node.node_id] = (node, [node])
+        if not write_back:
+            self.inc_lock_ref(node)
+        return int(host_indices.numel())
+
+    def _finish_write_through_ack(self, ack_id: int, release_lock: bool) -> None:
+        lock_node, nodes = self.ongoing_write_through.pop(ack_id)
+        for n in nodes:
+            if n.write_through_pending_id == ack_id:
+                n.write_through_pending_id = None
+                if self.unified:
+                    self._track_duplicate(n)
+        if release_lock:
+            self.dec_lock_ref(lock_node)
+
+    def writing_check(self, num_acks: int | None = None, write_back: bool = False) -> int:
+        """Deliver the first ``num_acks`` write acknowledgements (all when None; unified rules:
+        the queued writes are issued first)."""
+        cc = self.cache_controller
+        if num_acks is not None and num_acks < 0:
+            raise InvalidArgumentError(f"num_acks must be >= 0, got {num_acks}")
+        if self.unified:
+            cc.start_writing()
+        count = len(cc.ack_write_queue) if num_acks is None else num_acks
+        done = 0
+        while done < count and cc.ack_write_queue:
+            ack = cc.ack_write_queue.pop(0)
+            cc.complete(ack)
+            for ack_id in ack.node_ids:
+                self._finish_write_through_ack(ack_id, release_lock=not write_back)
+            done += 1
+        return done
+
+    def loading_check(self, num_acks: int | None = None) -> int:
+        """Deliver the first ``num_acks`` load acknowledgements (all when None)."""
+        cc = self.cache_controller
+        count = len(cc.ack_load_queue) if num_acks is None else num_acks
+        if count < 0:
+            raise InvalidArgumentError(f"num_acks must be >= 0, got {count}")
+        done = 0
+        while done < count and cc.ack_load_queue:
+            ack = cc.ack_load_queue.pop(0)
+            cc.complete(ack)
+            for ack_id in ack.node_ids:
+                node = self.ongoing_load_back.pop(ack_id)
+                self.dec_lock_ref(node)
+                if self.unified:
+                    self._finish_load_back(node)
+            done += 1
+        return done
+
+    def ready_to_load_host_cache(self) -> int:
+        """Issue the queued loads (one transfer); its producer index, -1 if none."""
+        return int(self.cache_controller.start_loading())
+
+    # ----------------------------------------------------------------- load back
+    def load_back(self, node: TreeNode, mem_quota: int | None = None) -> torch.Tensor | None:
+        """Restore the host-only nodes from ``node`` up to the first device node; see the
+        reference."""
+        if self.unified:
+            return self._load_back_unified(_hi(node), mem_quota)
+        node = last_hit_node = _hi(node)
+        nodes_to_load: list[HiTreeNode] = []
+        while node.evicted:
+            assert node.host_value is not None, f"node {node.node_id} is evicted without backup"
+            nodes_to_load.insert(0, node)
+            node = _hi(node.parent)
+        ancestor = node
+        delta = self.inc_lock_ref(ancestor)
+        parts = [n.host_value for n in nodes_to_load if n.host_value is not None]
+        host_indices = torch.cat(parts) if parts else _EMPTY
+        total = int(host_indices.numel())
+        if total < self.load_back_threshold or (
+            mem_quota is not None and total > mem_quota + delta
+        ):
+            self.dec_lock_ref(ancestor)
+            return None
+        for n in nodes_to_load:
+            n.protect_host()
+        cc = self.cache_controller
+        device_indices: torch.Tensor | None = cc.load(host_indices, last_hit_node.node_id)
+        if device_indices is None:
+            self.evict(total)
+            device_indices = cc.load(host_indices, last_hit_node.node_id)
+        self.dec_lock_ref(ancestor)
+        for n in nodes_to_load:
+            n.release_host()
+        if device_indices is None:
+            return None
+        self.ongoing_load_back[last_hit_node.node_id] = last_hit_node
+        offset = 0
+        for n in nodes_to_load:
+            size = len(n)
+            n.value = device_indices[offset : offset + size].clone()
+            n.evicted = False
+            offset += size
+        self.evictable_size_ += total
+        self.inc_lock_ref(last_hit_node)
+        return device_indices
+
+    def init_load_back(
+        self, node: TreeNode, mem_quota: int | None = None
+    ) -> tuple[torch.Tensor, HiTreeNode]:
+        """Load back ``last_node`` if it is host-only; see the reference."""
+        last_node = _hi(node)
+        if last_node.evicted:
+            loaded = self.load_back(last_node, mem_quota)
+            if loaded is not None:
+                return loaded, last_node
+            while last_node.evicted:
+                last_node = _hi(last_node.parent)
+        return _EMPTY.to(self.device), last_node
+
+    # ----------------------------------------------------------------- views
+    def snapshot(self) -> TreeSnapshot:
+        """The tree snapshot; nodes carry their host fields."""
+        tree = snapshot_tree(self)
+        by_id = {n.node_id: _hi(n) for n in bfs_nodes(self.root_node)}
+        nodes = []
+        for s in tree.nodes:
+            n = by_id[s.node_id]
+            host = None if n.host_value is None else tuple(n.host_value.tolist())
+            nodes.append(replace(s, evicted=n.evicted, host_value=host,
+                                 host_ref_counter=n.host_ref_counter,
+                                 write_pending=n.write_through_pending_id is not None))  # fmt: skip
+        return replace(tree, nodes=tuple(nodes))
+
+    def host_snapshot(self) -> HostTierSnapshot:
+        """The whole host tier; see the reference."""
+        cc = self.cache_controller
+        acks = cc.ack_write_queue + cc.write_queue + cc.ack_load_queue + cc.load_queue
+        rows = cc.mem_pool_device.num_rows
+        released = [int(s) for page in cc.host_mem_release_queue for s in page.tolist()]
+        return HostTierSnapshot(
+            write_policy=self.write_policy,
+            device=self.token_to_kv_pool_allocator.snapshot(),
+            tree=self.snapshot(),
+            host=self.token_to_kv_pool_host.snapshot(),
+            transfers=tuple(a.snapshot() for a in acks),
+            prefetches=self.prefetch_snapshots(),
+            release_queue=tuple(released),
+            worker_held=tuple(cc.worker_held()),
+            device_tags=tuple(cc.mem_pool_device.read_tags(torch.arange(rows))),
+        )
+
+
+__all__ = ["HiRadixCache"]

@@ -1,0 +1,175 @@
+"""The optimized twin's host KV pool: ``HostKVCache`` and its MHA / MLA kinds, on torch tensors.
+
+Same sizes, allocation order, errors and tags as :mod:`kvpool.reference.hicache.memory_pool_host`
+(see its docstring). What differs is the containers: ``free_slots`` is an int64 tensor, freed chunks
+are kept as tensors in ``release_slots`` (concatenated only when an allocation needs them, as SGLang
+does), ``slot_used`` is a bool tensor checked with one gather per call, and the tags are an int64
+tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvpool.errors import AlignmentError, ConfigError, DoubleFreeError, InvalidArgumentError
+from kvpool.reference.hicache.memory_pool_host import (  # pure helpers, shared
+    ITEMSIZE,
+    host_pool_size,
+)
+from kvpool.snapshot import HostPoolSnapshot
+
+_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+
+def _dtype_name(dtype: Any) -> str:
+    """A store dtype as the reference names it (torch dtypes or names)."""
+    if isinstance(dtype, torch.dtype):
+        names = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+        return names.get(dtype, "uint8")
+    return str(dtype)
+
+
+class HostKVCache:
+    """A host KV pool sized from ``device_pool`` (see the reference's module docstring)."""
+
+    def __init__(
+        self,
+        device_pool: Any,
+        host_to_device_ratio: float,
+        host_size: float = 0,
+        page_size: int = 1,
+        layout: str = "layer_first",
+    ) -> None:
+        if host_to_device_ratio <= 0 and host_size <= 0:
+            raise ConfigError("host_to_device_ratio or host_size must be positive")
+        if page_size != device_pool.page_size:
+            raise ConfigError(f"page_size {page_size} != device pool's {device_pool.page_size}")
+        if layout not in _LAYOUTS:
+            raise ConfigError(f"unknown host layout {layout!r}")
+        self.device_pool = device_pool
+        self.page_size = page_size
+        self.layout = layout
+        self.dtype = _dtype_name(device_pool.store_dtype)
+        self.layer_num = device_pool.layer_num
+        self.size_per_token = self.get_size_per_token()
+        self.size = host_pool_size(
+            device_pool.size, self.size_per_token, host_to_device_ratio, host_size, page_size
+        )
+        self.page_num = self.size // page_size
+        self.clear()
+
+    def get_size_per_token(self) -> int:
+        """Bytes one token takes on the host, all layers (the kind decides)."""
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        """Every slot free (in order), no release chunk, every tag 0."""
+        self.free_slots = torch.arange(self.size, dtype=torch.int64)
+        self.release_slots: list[torch.Tensor] = []
+        self.num_release_slots = 0
+        self.slot_used = torch.zeros(self.size, dtype=torch.bool)
+        self.tags = torch.zeros(self.size, dtype=torch.int64)
+
+    def available_size(self) -> int:
+        """Free slots (tokens): ``free_slots`` plus the released chunks."""
+        return int(self.free_slots.numel()) + self.num_release_slots
+
+    def _merge_release_slots(self) -> None:
+        if self.num_release_slots == 0:
+            return
+        self.free_slots = torch.cat([self.free_slots, *self.release_slots])
+        self.release_slots = []
+        self.num_release_slots = 0
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` slots (a page multiple) from the front of the free list; None (nothing
+        changed) when fewer are available."""
+        if need_size < 0:
+            raise InvalidArgumentError(f"need_size must be >= 0, got {need_size}")
+        if need_size % self.page_size:
+            raise AlignmentError(f"{need_size} is not a multiple of page size {self.page_size}")
+        if need_size > self.available_size():
+            return None
+        if need_size > self.free_slots.numel():
+            self._merge_release_slots()
+        out = self.free_slots[:need_size]
+        self.free_slots = self.free_slots[need_size:]
+        self.slot_used[out] = True
+        return out
+
+    def free(self, indices: Any) -> int:
+        """Release held slots (one chunk, kept as given: the caller must not modify it, as in
+        SGLang); DoubleFreeError (nothing changed) if one is free or listed twice;
+        InvalidArgumentError for a slot outside the pool."""
+        slots = torch.as_tensor(indices, dtype=torch.int64).reshape(-1).cpu()
+        n = int(slots.numel())
+        if n == 0:
+            return 0
+        if int(slots.min()) < 0 or int(slots.max()) >= self.size:
+            outside = (slots < 0) | (slots >= self.size)
+            raise InvalidArgumentError(
+                f"host slots {slots[outside].tolist()} outside 0..{self.size - 1}"
+            )
+        used = self.slot_used[slots]
+        repeated = n > 1 and bool((slots.sort().values.diff() == 0).any())
+        if repeated or not bool(used.all()):
+            unique, counts = torch.unique(slots, return_counts=True)
+            bad = unique[(counts > 1) | ~self.slot_used[unique]]
+            raise DoubleFreeError(f"host slots {bad.tolist()} are not currently allocated")
+        self.slot_used[slots] = False
+        self.release_slots.append(slots)
+        self.num_release_slots += n
+        return n
+
+    def backup_from_device_all_layer(
+        self, device_pool: Any, host_indices: torch.Tensor, device_indices: torch.Tensor
+    ) -> None:
+        """Copy the device slots' content (their tags) into the host slots, all layers."""
+        tags = torch.as_tensor(device_pool.read_tags(device_indices), dtype=torch.int64)
+        self.tags[torch.as_tensor(host_indices, dtype=torch.int64).cpu()] = tags
+
+    def load_to_device_all_layer(
+        self, device_pool: Any, host_indices: torch.Tensor, device_indices: torch.Tensor
+    ) -> None:
+        """Copy the host slots' content (their tags) into the device slots, all layers."""
+        hosts = torch.as_tensor(host_indices, dtype=torch.int64).cpu()
+        device_pool.write_tags(device_indices, self.tags[hosts])
+
+    def snapshot(self) -> HostPoolSnapshot:
+        """Plain snapshot: free list, released chunks (flattened, in order) and tags."""
+        released = torch.cat(self.release_slots).tolist() if self.release_slots else []
+        return HostPoolSnapshot(self.size, self.page_size, tuple(self.free_slots.tolist()),
+                                tuple(released), tuple(self.tags.tolist()))  # fmt: skip
+
+
+class MHATokenToKVPoolHost(HostKVCache):
+    """Host pool of an MHA device pool: K and V of ``head_num * head_dim`` per layer."""
+
+    def get_size_per_token(self) -> int:
+        pool = self.device_pool
+        return int(pool.head_dim * pool.head_num * pool.layer_num * ITEMSIZE[self.dtype] * 2)
+
+
+class MLATokenToKVPoolHost(HostKVCache):
+    """Host pool of an MLA device pool: one ``kv_lora_rank + qk_rope_head_dim`` row per layer."""
+
+    def get_size_per_token(self) -> int:
+        pool = self.device_pool
+        dim = pool.kv_lora_rank + pool.qk_rope_head_dim
+        return int(dim * pool.layer_num * ITEMSIZE[self.dtype])
+
+
+def host_pool_for(device_pool: Any, ratio: float, host_size: float = 0) -> HostKVCache:
+    """The host pool kind matching ``device_pool`` (MLA when it has ``kv_lora_rank``)."""
+    kind = MLATokenToKVPoolHost if hasattr(device_pool, "kv_lora_rank") else MHATokenToKVPoolHost
+    return kind(device_pool, ratio, host_size, device_pool.page_size)
+
+
+__all__ = [
+    "HostKVCache",
+    "MHATokenToKVPoolHost",
+    "MLATokenToKVPoolHost",
+    "host_pool_for",
+]

@@ -1,0 +1,141 @@
+"""``MHATokenToKVPoolFP4`` (torch twin of :mod:`kvpool.reference.kv.fp4`; the same bytes).
+
+Per layer: ``k_buffer[l]`` / ``v_buffer[l]`` uint8 ``(rows, head_num, head_dim // 2)`` (two e2m1
+codes a byte) and ``k_scale_buffer[l]`` / ``v_scale_buffer[l]`` uint8
+``(rows, head_num * head_dim // 16)``, SGLang's shapes. Reads dequantise to a new float32
+tensor; ``get_raw_kv_buffer`` returns the stored tensors themselves.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.kv.quant import as_float32, check_finite, fp4_dequantize, fp4_quantize
+from kvpool.optimized.kv.tag_codec import fp4_read_tags, fp4_tag_rows
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.reference.kv.fp4 import check_fp4_width
+from kvpool.reference.kv.quant import FP4_BLOCK
+
+
+def quantizable(
+    device: torch.device, what: str, data: TensorLike, shape: tuple[int, ...], scale: float | None
+) -> torch.Tensor:
+    """``data / scale`` as a new, finite float32 tensor of ``shape`` (InvalidArgumentError
+    otherwise); the caller's tensor is never touched."""
+    x = torch.as_tensor(data, device=device)
+    if tuple(x.shape) != shape:
+        raise InvalidArgumentError(f"{what} must have shape {list(shape)}, got {list(x.shape)}")
+    x = as_float32(x, scale)
+    check_finite(x)
+    return x
+
+
+class MHATokenToKVPoolFP4(KVCache):
+    """FP4 K and V per layer (see the module docstring and the reference)."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: str | torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        start_layer: int = 0,
+        v_head_dim: int | None = None,
+        device: str | torch.device | None = None,
+        checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
+    ) -> None:
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            layer_num,
+            start_layer,
+            options=twin_options(options, device, checked),
+        )
+        if head_num <= 0 or head_dim <= 0:
+            raise ConfigError("head_num and head_dim must be positive")
+        if v_head_dim not in (None, head_dim):
+            raise ConfigError("the FP4 pool sizes V with head_dim: v_head_dim must equal it")
+        check_fp4_width(head_num, head_dim)
+        self.store_dtype = torch.uint8
+        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, head_dim
+        rows, sf = self.num_rows, head_num * head_dim // FP4_BLOCK
+        self.k_buffer = [self._bytes(rows, head_num, head_dim // 2) for _ in range(layer_num)]
+        self.v_buffer = [self._bytes(rows, head_num, head_dim // 2) for _ in range(layer_num)]
+        self.k_scale_buffer = [self._bytes(rows, sf) for _ in range(layer_num)]
+        self.v_scale_buffer = [self._bytes(rows, sf) for _ in range(layer_num)]
+
+    def _bytes(self, *shape: int) -> torch.Tensor:
+        return torch.zeros(shape, dtype=torch.uint8, device=self.device)
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: TensorLike,
+        cache_k: TensorLike,
+        cache_v: TensorLike,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Quantise ``cache_k / k_scale``, ``cache_v / v_scale`` ``(n, head_num, head_dim)`` and
+        store bytes and scales at ``loc``. All checks before any write."""
+        local = self._layer(layer_id)
+        slots = self._slots(loc)
+        shape = (slots.numel(), self.head_num, self.head_dim)
+        k = quantizable(self.device, "cache_k", cache_k, shape, k_scale)
+        v = quantizable(self.device, "cache_v", cache_v, shape, v_scale)
+        k_packed, k_sf = fp4_quantize(k)
+        v_packed, v_sf = fp4_quantize(v)
+        self.k_buffer[local][slots] = k_packed
+        self.v_buffer[local][slots] = v_packed
+        self.k_scale_buffer[local][slots] = k_sf
+        self.v_scale_buffer[local][slots] = v_sf
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """K of ``layer_id`` dequantised: a new float32 ``(rows, head_num, head_dim)``."""
+        local = self._wait(layer_id)
+        return fp4_dequantize(self.k_buffer[local], self.k_scale_buffer[local])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """V of ``layer_id`` dequantised (a new tensor)."""
+        local = self._wait(layer_id)
+        return fp4_dequantize(self.v_buffer[local], self.v_scale_buffer[local])
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(get_key_buffer, get_value_buffer)``."""
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def get_raw_kv_buffer(
+        self, layer_id: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The stored tensors of ``layer_id``: ``(k, v, k_scales, v_scales)``."""
+        local = self._wait(layer_id)
+        return (self.k_buffer[local], self.v_buffer[local],
+                self.k_scale_buffer[local], self.v_scale_buffer[local])  # fmt: skip
+
+    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+        """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
+        buffers = (*self.k_buffer, *self.v_buffer, *self.k_scale_buffer, *self.v_scale_buffer)
+        self._move(buffers, tgt_loc, src_loc)
+
+    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
+        """Store each tag in FP4 form (kv_tag_codec) in K and V of every held layer."""
+        values = [int(t) for t in torch.as_tensor(tags).reshape(-1).tolist()]
+        rows = fp4_tag_rows(values, self.head_num, self.head_dim, self.device)
+        for layer_id in range(self.start_layer, self.end_layer + 1):
+            self.set_kv_buffer(layer_id, loc, rows, rows)
+
+    def read_tags(self, loc: TensorLike) -> list[int]:
+        """The tag each slot stores (K of the first held layer; 0 if none)."""
+        slots = self._slots(loc)
+        flat = fp4_dequantize(self.k_buffer[0][slots], self.k_scale_buffer[0][slots])
+        return fp4_read_tags(flat.reshape(slots.numel(), -1))
+
+
+__all__ = ["MHATokenToKVPoolFP4", "quantizable"]

@@ -1,0 +1,118 @@
+"""``MLATokenToKVPoolFP4`` (torch twin of :mod:`kvpool.reference.kv.mla_fp4`; the same bytes).
+
+Per layer: ``kv_buffer[l]`` uint8 ``(rows, 1, kv_dim // 2)`` and ``kv_scale_buffer[l]`` uint8
+``(rows, kv_dim // 16)``, SGLang's shapes. Reads dequantise to a new float32 tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.errors import ConfigError
+from kvpool.optimized.kv.fp4 import quantizable
+from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.kv.quant import fp4_dequantize, fp4_quantize
+from kvpool.optimized.kv.tag_codec import fp4_read_tags, fp4_tag_rows
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.reference.kv.fp4 import check_fp4_width
+from kvpool.reference.kv.quant import FP4_BLOCK
+
+
+class MLATokenToKVPoolFP4(KVCache):
+    """FP4 fused KV per layer (see the reference)."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        start_layer: int = 0,
+        dtype: str | torch.dtype = "float32",
+        device: str | torch.device | None = None,
+        checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
+    ) -> None:
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            layer_num,
+            start_layer,
+            options=twin_options(options, device, checked),
+        )
+        if kv_lora_rank <= 0 or qk_rope_head_dim < 0:
+            raise ConfigError("kv_lora_rank must be positive and qk_rope_head_dim >= 0")
+        self.head_num = 1
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.kv_dim = kv_lora_rank + qk_rope_head_dim
+        check_fp4_width(1, self.kv_dim)
+        self.store_dtype = torch.uint8
+        rows = self.num_rows
+        self.kv_buffer = [
+            torch.zeros((rows, 1, self.kv_dim // 2), dtype=torch.uint8, device=self.device)
+            for _ in range(layer_num)
+        ]
+        self.kv_scale_buffer = [
+            torch.zeros((rows, self.kv_dim // FP4_BLOCK), dtype=torch.uint8, device=self.device)
+            for _ in range(layer_num)
+        ]
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: TensorLike,
+        cache_k: TensorLike,
+        cache_v: object = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Quantise and store ``cache_k / k_scale`` ``(n, 1, kv_dim)`` at ``loc``."""
+        local = self._layer(layer_id)
+        slots = self._slots(loc)
+        k = quantizable(self.device, "cache_k", cache_k, (slots.numel(), 1, self.kv_dim), k_scale)
+        packed, sf = fp4_quantize(k)
+        self.kv_buffer[local][slots] = packed
+        self.kv_scale_buffer[local][slots] = sf
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """The fused buffer of ``layer_id`` dequantised: new float32 ``(rows, 1, kv_dim)``."""
+        local = self._wait(layer_id)
+        return fp4_dequantize(self.kv_buffer[local], self.kv_scale_buffer[local])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """The first ``kv_lora_rank`` channels of the dequantised buffer."""
+        return self.get_key_buffer(layer_id)[..., : self.kv_lora_rank]
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(get_key_buffer, get_value_buffer)``."""
+        key = self.get_key_buffer(layer_id)
+        return key, key[..., : self.kv_lora_rank]
+
+    def get_raw_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored tensors of ``layer_id``: ``(kv, kv_scales)``."""
+        local = self._wait(layer_id)
+        return self.kv_buffer[local], self.kv_scale_buffer[local]
+
+    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+        """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
+        self._move((*self.kv_buffer, *self.kv_scale_buffer), tgt_loc, src_loc)
+
+    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
+        """Store each tag in FP4 form in every held layer."""
+        values = [int(t) for t in torch.as_tensor(tags).reshape(-1).tolist()]
+        rows = fp4_tag_rows(values, 1, self.kv_dim, self.device)
+        for layer_id in range(self.start_layer, self.end_layer + 1):
+            self.set_kv_buffer(layer_id, loc, rows)
+
+    def read_tags(self, loc: TensorLike) -> list[int]:
+        """The tag each slot stores (the first held layer; 0 if none)."""
+        slots = self._slots(loc)
+        flat = fp4_dequantize(self.kv_buffer[0][slots], self.kv_scale_buffer[0][slots])
+        return fp4_read_tags(flat.reshape(slots.numel(), -1))
+
+
+__all__ = ["MLATokenToKVPoolFP4"]

@@ -1,0 +1,142 @@
+"""``MHATokenToKVPoolMXFP8`` (torch twin of :mod:`kvpool.reference.kv.mxfp8`; the same bytes).
+
+Per layer: ``k_buffer[l]`` ``(rows, head_num, head_dim)`` and ``v_buffer[l]``
+``(rows, head_num, v_head_dim)`` of e4m3 codes (SGLang's ``float8_e4m3fn`` store dtype, kept as
+uint8 because indexed writes do not take fp8; ``get_raw_kv_buffer`` views them as e4m3), and UE8M0
+scale bytes ``k_scale_buffer[l]`` ``(rows, head_num, head_dim // 32)`` (V likewise) kept as uint8
+(the flat, non-interleaved layout). Writes quantise float K/V; reads dequantise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.errors import ConfigError
+from kvpool.optimized.kv.fp4 import quantizable
+from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.kv.quant import mxfp8_dequantize, mxfp8_quantize
+from kvpool.optimized.kv.tag_codec import mxfp8_read_tags, mxfp8_tag_rows
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.reference.kv.quant import MXFP8_BLOCK
+
+
+class MHATokenToKVPoolMXFP8(KVCache):
+    """MXFP8 K and V per layer (see the reference)."""
+
+    MXFP8_SCALE_BLOCK_SIZE = MXFP8_BLOCK
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: str | torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        start_layer: int = 0,
+        v_head_dim: int | None = None,
+        device: str | torch.device | None = None,
+        checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
+    ) -> None:
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            layer_num,
+            start_layer,
+            options=twin_options(options, device, checked),
+        )
+        v_dim = head_dim if v_head_dim is None else v_head_dim
+        if head_num <= 0 or head_dim <= 0 or v_dim <= 0:
+            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
+        if head_dim % MXFP8_BLOCK or v_dim % MXFP8_BLOCK:
+            raise ConfigError(f"MXFP8 needs head_dim and v_head_dim divisible by {MXFP8_BLOCK}")
+        self.store_dtype = torch.float8_e4m3fn
+        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_dim
+        rows = self.num_rows
+        self.k_buffer = [self._zeros8(rows, head_num, head_dim) for _ in range(layer_num)]
+        self.v_buffer = [self._zeros8(rows, head_num, v_dim) for _ in range(layer_num)]
+        k_sf, v_sf = head_dim // MXFP8_BLOCK, v_dim // MXFP8_BLOCK
+        self.k_scale_buffer = [self._sf(rows, head_num, k_sf) for _ in range(layer_num)]
+        self.v_scale_buffer = [self._sf(rows, head_num, v_sf) for _ in range(layer_num)]
+
+    def _zeros8(self, *shape: int) -> torch.Tensor:
+        # Kept as uint8 (indexed writes do not take fp8); viewed as e4m3 on the way out.
+        return torch.zeros(shape, dtype=torch.uint8, device=self.device)
+
+    def _sf(self, *shape: int) -> torch.Tensor:
+        return torch.zeros(shape, dtype=torch.uint8, device=self.device)
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: TensorLike,
+        cache_k: TensorLike,
+        cache_v: TensorLike,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Quantise ``cache_k / k_scale`` ``(n, head_num, head_dim)`` and ``cache_v / v_scale``
+        ``(n, head_num, v_head_dim)``; store bytes and scales at ``loc``. Checks first."""
+        local = self._layer(layer_id)
+        slots = self._slots(loc)
+        n = slots.numel()
+        k = quantizable(self.device, "cache_k", cache_k, (n, self.head_num, self.head_dim), k_scale)
+        v = quantizable(
+            self.device, "cache_v", cache_v, (n, self.head_num, self.v_head_dim), v_scale
+        )
+        k_q, k_sf = mxfp8_quantize(k)
+        v_q, v_sf = mxfp8_quantize(v)
+        self.k_buffer[local][slots] = k_q
+        self.v_buffer[local][slots] = v_q
+        self.k_scale_buffer[local][slots] = k_sf
+        self.v_scale_buffer[local][slots] = v_sf
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """K of ``layer_id`` dequantised: a new float32 ``(rows, head_num, head_dim)``."""
+        local = self._wait(layer_id)
+        return mxfp8_dequantize(self.k_buffer[local], self.k_scale_buffer[local])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """V of ``layer_id`` dequantised (a new tensor)."""
+        local = self._wait(layer_id)
+        return mxfp8_dequantize(self.v_buffer[local], self.v_scale_buffer[local])
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(get_key_buffer, get_value_buffer)``."""
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def get_raw_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The e4m3 tensors of ``layer_id`` (views of the stored bytes): ``(k, v)``."""
+        local = self._wait(layer_id)
+        return (self.k_buffer[local].view(torch.float8_e4m3fn),
+                self.v_buffer[local].view(torch.float8_e4m3fn))  # fmt: skip
+
+    def get_kv_scale_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The UE8M0 scale bytes of ``layer_id``: ``(k_scales, v_scales)``."""
+        local = self._layer(layer_id)
+        return self.k_scale_buffer[local], self.v_scale_buffer[local]
+
+    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+        """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
+        buffers = (*self.k_buffer, *self.v_buffer, *self.k_scale_buffer, *self.v_scale_buffer)
+        self._move(buffers, tgt_loc, src_loc)
+
+    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
+        """Store each tag in MXFP8 form in every head of K and V of every held layer."""
+        values = [int(t) for t in torch.as_tensor(tags).reshape(-1).tolist()]
+        k = mxfp8_tag_rows(values, self.head_num, self.head_dim, self.device)
+        v = mxfp8_tag_rows(values, self.head_num, self.v_head_dim, self.device)
+        for layer_id in range(self.start_layer, self.end_layer + 1):
+            self.set_kv_buffer(layer_id, loc, k, v)
+
+    def read_tags(self, loc: TensorLike) -> list[int]:
+        """The tag each slot stores (head 0 of K on the first held layer; 0 if none)."""
+        slots = self._slots(loc)
+        heads = mxfp8_dequantize(self.k_buffer[0][slots], self.k_scale_buffer[0][slots])
+        return mxfp8_read_tags(heads[:, 0, :])
+
+
+__all__ = ["MHATokenToKVPoolMXFP8"]

@@ -1,0 +1,98 @@
+"""``NoOpMHATokenToKVPool`` (torch twin of :mod:`kvpool.reference.kv.noop`).
+
+Per layer a ``(page_size, head_num, head_dim)`` zero placeholder (SGLang's shape) for K and V;
+``set_kv_buffer`` raises :class:`~kvpool.errors.KVStorageError`; tags live in the side table
+``tag_record`` (slot -> tag), which ``move_kv_cache`` moves.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.errors import ConfigError, InvalidArgumentError, KVStorageError
+from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.options import TwinOptions, twin_options
+
+
+class NoOpMHATokenToKVPool(KVCache):
+    """Capacity without storage (see the reference)."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: str | torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        start_layer: int = 0,
+        v_head_dim: int | None = None,
+        device: str | torch.device | None = None,
+        checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
+    ) -> None:
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            layer_num,
+            start_layer,
+            options=twin_options(options, device, checked),
+        )
+        v_dim = head_dim if v_head_dim is None else v_head_dim
+        if head_num <= 0 or head_dim <= 0 or v_dim <= 0:
+            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
+        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_dim
+        self.k_buffer = [self._placeholder(head_dim) for _ in range(layer_num)]
+        self.v_buffer = [self._placeholder(v_dim) for _ in range(layer_num)]
+        self.tag_record: dict[int, int] = {}
+
+    def _placeholder(self, dim: int) -> torch.Tensor:
+        shape = (self.page_size, self.head_num, dim)
+        return torch.zeros(shape, dtype=self.store_dtype, device=self.device)
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """``(0, 0)``, as SGLang reports."""
+        return 0, 0
+
+    def set_kv_buffer(self, *args: object, **kwargs: object) -> None:
+        """Always KVStorageError: nothing may write KV into this pool."""
+        raise KVStorageError("NoOpMHATokenToKVPool stores no KV: set_kv_buffer is not allowed")
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """The placeholder of ``layer_id``: ``(page_size, head_num, head_dim)`` zeros."""
+        return self._view(self.k_buffer[self._wait(layer_id)])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """The V placeholder of ``layer_id``."""
+        return self._view(self.v_buffer[self._wait(layer_id)])
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(get_key_buffer, get_value_buffer)``."""
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+        """No KV moves; the tag record follows the slots (sources read before any write)."""
+        tgt, src = self._slots(tgt_loc).tolist(), self._slots(src_loc).tolist()
+        if len(tgt) != len(src):
+            raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        moved = [self.tag_record.get(s, 0) for s in src]
+        for t, tag in zip(tgt, moved, strict=True):
+            self.tag_record[t] = tag
+
+    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
+        """Record ``tags[i]`` for slot ``loc[i]`` (the side table; no KV is written)."""
+        slots = self._slots(loc).tolist()
+        values = [int(t) for t in torch.as_tensor(tags).reshape(-1).tolist()]
+        if len(slots) != len(values):
+            raise InvalidArgumentError(f"{len(values)} tags for {len(slots)} slots")
+        for slot, tag in zip(slots, values, strict=True):
+            self.tag_record[slot] = tag
+
+    def read_tags(self, loc: TensorLike) -> list[int]:
+        """The recorded tag of each slot (0 if never tagged)."""
+        return [self.tag_record.get(s, 0) for s in self._slots(loc).tolist()]
+
+
+__all__ = ["NoOpMHATokenToKVPool"]

@@ -1,0 +1,39 @@
+"""The KV pool a :class:`~kvpool.config.PoolConfig` names by ``kv_storage`` (torch twin of
+:mod:`kvpool.reference.kv.storage`)."""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.config import PoolConfig
+from kvpool.errors import ConfigError
+from kvpool.optimized.kv.fp4 import MHATokenToKVPoolFP4
+from kvpool.optimized.kv.kv_cache import KVCache
+from kvpool.optimized.kv.mla_fp4 import MLATokenToKVPoolFP4
+from kvpool.optimized.kv.mxfp8 import MHATokenToKVPoolMXFP8
+from kvpool.optimized.kv.noop import NoOpMHATokenToKVPool
+from kvpool.optimized.kv.page_major import PageMajorMHATokenToKVPool
+from kvpool.optimized.options import TwinOptions
+
+MHA_VARIANTS = {
+    "fp4": MHATokenToKVPoolFP4,
+    "mxfp8": MHATokenToKVPoolMXFP8,
+    "page_major": PageMajorMHATokenToKVPool,
+    "noop": NoOpMHATokenToKVPool,
+}
+
+
+def storage_variant_from_config(config: PoolConfig, options: TwinOptions | None = None) -> KVCache:
+    """The variant pool for ``config.kv_storage`` (not ``plain``)."""
+    c = config
+    if c.kv_layout == "mla":
+        if c.kv_storage != "fp4":
+            raise ConfigError(f"kv_storage {c.kv_storage!r} has no MLA pool")
+        return MLATokenToKVPoolFP4(c.size, c.page_size, c.kv_lora_rank, c.qk_rope_head_dim,
+                                   c.num_layers, c.start_layer, options=options)  # fmt: skip
+    cls = MHA_VARIANTS[c.kv_storage]
+    return cls(c.size, c.page_size, torch.float32, c.head_num, c.head_dim, c.num_layers,
+               c.start_layer, c.v_head_dim, options=options)  # fmt: skip
+
+
+__all__ = ["MHA_VARIANTS", "storage_variant_from_config"]

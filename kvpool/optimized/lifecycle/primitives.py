@@ -1,0 +1,382 @@
+"""The pools of one optimized memory manager and the SGLang-named lifecycle primitives.
+
+Mirrors :mod:`kvpool.reference.lifecycle.primitives`: :class:`LifecyclePrimitives` builds the
+torch pools from a :class:`~kvpool.config.PoolConfig` and offers ``alloc_req_slots``,
+``alloc_for_extend``, ``alloc_for_decode`` and ``release_kv_cache`` with the same capacity rule
+(rows first; ``available + evictable >= needed`` else OutOfMemoryError with nothing changed; then
+evict exactly the shortfall). Slots come from the allocator's vectorised ``alloc_extend`` /
+``alloc_decode``; KV tags continue each request's running hash (:meth:`Req.kv_tags_upto`).
+Every primitive works per batch: ``last_loc``, row writes, slot reads and KV-tag writes are a
+fixed number of tensor operations whatever the batch size, planned from host-side lengths, with
+no device read (:mod:`kvpool.optimized.lifecycle.batch_table`). Results are int64 slot tensors.
+Units: tokens for lengths, rows, slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from kvpool.config import PoolConfig
+from kvpool.constants import NO_LAST_LOC, ceil_align
+from kvpool.errors import (
+    ContextOverflowError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    RequestStateError,
+    UnknownRequestError,
+)
+from kvpool.host_checks import token_list
+from kvpool.injection import check_shared, resolve
+from kvpool.optimized.kv.kv_cache import KVCache, kv_cache_from_config
+from kvpool.optimized.kv.layer_transfer import LayerDoneCounter
+from kvpool.optimized.lifecycle.batch_rows import BatchRows
+from kvpool.optimized.lifecycle.batch_table import (
+    device_ints,
+    rows_of,
+    scatter_columns,
+    write_rows,
+)
+from kvpool.optimized.lifecycle.hicache_lifecycle import HiCacheLifecycle, build_hiradix_tree
+from kvpool.optimized.lifecycle.mamba_hooks import (
+    check_hybrid_config,
+    hybrid_pool,
+    mamba_hooks_for,
+    mamba_lifecycle_tree,
+)
+from kvpool.optimized.lifecycle.session import SessionSlot
+from kvpool.optimized.mamba.radix_release import MambaLifecycleCache
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
+from kvpool.optimized.radix.chunk_cache import ChunkCache
+from kvpool.optimized.radix.radix_cache import RadixCache
+from kvpool.optimized.req import Req
+from kvpool.reference.pools.paged_ops import decode_new_pages, eviction_target, extend_new_pages
+from kvpool.rules import Rules
+
+
+def as_token_list(input_ids: Sequence[int]) -> list[int]:
+    """Token ids as a list of ints (arrays and tensors through ``tolist``); InvalidArgumentError
+    for anything that is not an integer (a float tensor included), before any change."""
+    tolist = getattr(input_ids, "tolist", None)
+    values = tolist() if tolist is not None else input_ids
+    return token_list("input_ids", values)
+
+
+class LifecyclePrimitives(HiCacheLifecycle, BatchRows):
+    """The pools (``req_to_token_pool``, ``token_to_kv_pool_allocator``, ``tree_cache``,
+    ``kv_cache``), the request and session tables, and the SGLang-named primitives.
+    ``options`` (:class:`~kvpool.optimized.options.TwinOptions`, or the shorthand ``device`` /
+    ``checked`` / ``kernel_backend``) go down unchanged to every pool it builds: one device, one
+    checked mode, one kernel backend for the whole twin."""
+
+    def __init__(
+        self,
+        config: PoolConfig,
+        clock: Callable[[], float] | None = None,
+        device: str | torch.device | None = None,
+        checked: bool | None = None,
+        kernel_backend: str | None = None,
+        *,
+        req_to_token_pool: Any = None,
+        token_to_kv_pool_allocator: Any = None,
+        tree_cache: Any = None,
+        kv_cache: Any = None,
+        options: TwinOptions | None = None,
+    ) -> None:
+        """Each component may be injected (see :mod:`kvpool.injection`): an object, a factory
+        (``(config)``; the tree cache's ``(config, req_to_token_pool, allocator)``) or None for
+        the twin's own."""
+        self.config = config
+        self.options = opts = twin_options(options, device, checked, kernel_backend)
+        self.device = dev = opts.device
+        ps = self.page_size = config.page_size
+        check_hybrid_config(config)
+        self.req_to_token_pool: ReqToTokenPool = resolve(
+            "req_to_token_pool",
+            req_to_token_pool,
+            lambda: (
+                ReqToTokenPool(
+                    config.req_pool_size, config.max_context_len, rules=config.rules, options=opts
+                )
+                if config.mamba_slots is None
+                else hybrid_pool(config, opts)
+            ),
+            config,
+        )
+        self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = resolve(
+            "token_to_kv_pool_allocator",
+            token_to_kv_pool_allocator,
+            lambda: self._default_allocator(opts),
+            config,
+        )
+        pool, alloc = self.req_to_token_pool, self.token_to_kv_pool_allocator
+        # the KV buffers first: a host tier's pool backs them
+        self.kv_cache: KVCache = resolve(
+            "kv_cache", kv_cache, lambda: kv_cache_from_config(config, opts), config
+        )
+        # A hybrid model with the radix cache on gets a MambaLifecycleCache, which offers the
+        # same lifecycle calls (its own snapshot and eviction results are handled where read).
+        self.tree_cache: RadixCache | ChunkCache = resolve(
+            "tree_cache",
+            tree_cache,
+            lambda: (
+                ChunkCache(pool, alloc, ps, config.eviction_policy, rules=config.rules)
+                if config.disable_radix_cache
+                else build_hiradix_tree(config, pool, alloc, self.kv_cache, clock)
+                if config.enable_hierarchical_cache
+                else RadixCache(
+                    pool, alloc, ps, False, config.eviction_policy, clock, rules=config.rules
+                )
+                if config.mamba_slots is None
+                else mamba_lifecycle_tree(config, pool, alloc, options=opts)
+            ),
+            config,
+            pool,
+            alloc,
+        )
+        check_shared(self.tree_cache, pool, alloc)
+        self.layer_done_counter: LayerDoneCounter | None = None
+        """``config.layerwise_loading``: the counter registered on ``kv_cache`` (a read of a
+        layer waits for the load in progress to complete it); None otherwise."""
+        if config.layerwise_loading:
+            counter = LayerDoneCounter(config.num_layers, timeout=config.layer_wait_s)
+            self.layer_done_counter = counter
+            self.kv_cache.register_layer_transfer_counter(counter)
+        self.mamba_hooks = mamba_hooks_for(self.req_to_token_pool)
+        """Hybrid (Mamba) models' work on every lifecycle path (None for other models)."""
+        if self.mamba_hooks is not None and isinstance(self.tree_cache, MambaLifecycleCache):
+            self.mamba_hooks.tree = self.tree_cache
+        self.capacity_refusals = 0
+        """Allocations the allocator refused after the capacity check admitted them."""
+        self.reqs: dict[str, Req] = {}
+        self.sessions: dict[str, SessionSlot] = {}
+        self._empty = torch.empty(0, dtype=torch.int64, device=dev)
+        self._no_last_loc = torch.full((1,), NO_LAST_LOC, dtype=torch.int64, device=dev)
+        self._rows_read: dict[str, tuple[int, int, torch.Tensor]] = {}
+        self.kernel_backend = opts.backend
+        """Backend of the kernels the lifecycle runs on the table (``None``: the default); the
+        options' one, as every component's."""
+
+    def _default_allocator(self, opts: TwinOptions) -> BaseTokenToKVPoolAllocator:
+        config = self.config
+        if config.page_size == 1:
+            return TokenToKVPoolAllocator(
+                config.size, config.need_sort, rules=config.rules, options=opts
+            )
+        return PagedTokenToKVPoolAllocator(
+            config.size, config.page_size, config.need_sort, rules=config.rules, options=opts
+        )
+
+    # ----------------------------------------------------------------- lookups
+    def get_req(self, rid: str, *states: str) -> Req:
+        """The request ``rid``; UnknownRequestError if unknown, RequestStateError if its state is
+        not one of ``states`` (any state when none given)."""
+        req = self.reqs.get(rid)
+        if req is None:
+            raise UnknownRequestError(f"unknown request {rid!r}")
+        if states and req.state not in states:
+            raise RequestStateError(f"request {rid!r} is {req.state}, expected {'/'.join(states)}")
+        return req
+
+    def _batch(self, rids: Sequence[str], *states: str) -> list[Req]:
+        if len(set(rids)) != len(rids):
+            raise InvalidArgumentError(f"a batch names a request twice: {list(rids)}")
+        return [self.get_req(rid, *states) for rid in rids]
+
+    def _running_full(self, rids: Sequence[str]) -> list[Req]:
+        """Running requests whose prompt is fully prefilled (decode / speculative / finish)."""
+        reqs = self._batch(rids, "running")
+        chunked = [r.rid for r in reqs if r.is_chunked]
+        if chunked:
+            raise RequestStateError(f"requests {chunked} are between prefill chunks")
+        return reqs
+
+    def _restoring_session(self, req: Req) -> SessionSlot | None:
+        """The session whose KV ``req``'s first extend restores, if any."""
+        if req.session_id is None or req.state != "waiting":
+            return None
+        session = self.sessions.get(req.session_id)
+        return session if session is not None and session.holds_kv() else None
+
+    # ----------------------------------------------------------------- capacity
+    def _tokens_needed(self, prefix_lens: Sequence[int], seq_lens: Sequence[int]) -> int:
+        """Slots to take from the allocator for columns ``[P_i, S_i)``, in tokens."""
+        if self.page_size == 1:
+            return sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
+        ps = self.page_size
+        pages = sum(extend_new_pages(p, s, ps) for p, s in zip(prefix_lens, seq_lens, strict=True))
+        return pages * ps
+
+    def _check_capacity(self, needed: int, extra_available: int = 0) -> None:
+        """OutOfMemoryError unless ``available + extra + evictable >= needed``."""
+        available = self.token_to_kv_pool_allocator.available_size() + extra_available
+        evictable = self.tree_cache.evictable_size()
+        if available + evictable < needed:
+            raise OutOfMemoryError(
+                f"need {needed} tokens; available {available}, evictable {evictable}"
+            )
+
+    def _evict_for_alloc(self, prefix_lens: list[int], seq_lens: list[int]) -> None:
+        """The eviction :meth:`_alloc_slots` makes for columns ``[P_i, S_i)`` (the rules'
+        demand for an extend of this batch)."""
+        new_tokens = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
+        self._evict_for(self._tokens_needed(prefix_lens, seq_lens), new_tokens, len(seq_lens))
+
+    def _evict_for(self, needed: int, new_tokens: int = 0, batch_size: int = 0) -> None:
+        """Check capacity for ``needed`` tokens, then evict what ``config.rules`` asks for
+        (:func:`~kvpool.reference.pools.paged_ops.eviction_target`: by default exactly the
+        shortfall); nothing changes on failure. ``new_tokens`` / ``batch_size`` describe the
+        step for SGLang's eviction bound (``batch_size`` 0: no bound, e.g. speculative)."""
+        self._check_capacity(needed)
+        available = self.token_to_kv_pool_allocator.available_size()
+        rules = self.config.rules if batch_size else Rules()
+        amount = eviction_target(rules, needed, new_tokens, batch_size, self.page_size, available)
+        if amount > 0:
+            self.tree_cache.evict(amount)
+
+    def _alloc_slots(
+        self,
+        prefix_lens: list[int],
+        seq_lens: list[int],
+        last_loc: torch.Tensor,
+        evict: bool = True,
+    ) -> torch.Tensor:
+        """Slots for columns ``[P_i, S_i)`` of every request (batch order), evicting first
+        (unless ``evict`` is False: the caller evicted already, see :meth:`_evict_for_alloc`);
+        OutOfMemoryError (nothing changed) when they cannot be had. ``last_loc``: int64 on the
+        device, the slot of column ``P_i - 1`` (-1 for 0; unused at page size 1)."""
+        if evict:
+            self._evict_for_alloc(prefix_lens, seq_lens)
+        alloc = self.token_to_kv_pool_allocator
+        total = sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
+        if self.page_size == 1:
+            out = alloc.alloc(total)
+        else:
+            lens = device_ints([prefix_lens, seq_lens], self.device)  # one host-to-device copy
+            out = alloc.alloc_extend(lens[0], prefix_lens, lens[1], seq_lens, last_loc, total)
+        if out is None:  # only a candidate allocator that ignores capacity gets here
+            self.capacity_refusals += 1
+            raise OutOfMemoryError("allocator refused after eviction")
+        return out
+
+    # ----------------------------------------------------------------- primitives
+    def alloc_req_slots(self, reqs: Sequence[Req]) -> list[int]:
+        """Rows for the batch (reusing rows legally kept); OutOfMemoryError if too few are free."""
+        rows = self.req_to_token_pool.alloc(reqs)
+        if rows is None:
+            raise OutOfMemoryError(f"need rows; {self.req_to_token_pool.available_size()} free")
+        return rows
+
+    def _check_extend(
+        self, reqs: Sequence[Req], seq_lens: Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        """The checks :meth:`alloc_for_extend` makes before any change, but capacity: row
+        misuse, lengths, ``max_context_len``, free rows. Returns ``(prefix_lens, seq_lens)``."""
+        fresh = self.req_to_token_pool.check_alloc(reqs)
+        prefix_lens = [len(r.prefix_indices) for r in reqs]
+        seqs = [int(s) for s in seq_lens]
+        if len(seqs) != len(reqs) or any(s < p for p, s in zip(prefix_lens, seqs, strict=True)):
+            raise InvalidArgumentError(f"need one seq_len >= prefix_len per request, got {seqs}")
+        if any(s > self.config.max_context_len for s in seqs):
+            raise ContextOverflowError(f"seq_lens {seqs} past max_context_len")
+        if fresh > self.req_to_token_pool.available_size():
+            raise OutOfMemoryError(f"need {fresh} rows; {self.req_to_token_pool.available_size()}")
+        return prefix_lens, seqs
+
+    def _check_decode(self, reqs: Sequence[Req]) -> tuple[list[int], int]:
+        """The checks :meth:`alloc_for_decode` makes before any change, but capacity: every
+        request holds a row and stays within ``max_context_len``. Returns each request's new
+        column and the tokens the step needs (new pages times the page size)."""
+        rowless = [r.rid for r in reqs if r.req_pool_idx is None]
+        if rowless:
+            raise InvalidArgumentError(f"requests {rowless} hold no row")
+        cols = [r.kv_allocated_len for r in reqs]
+        over = [
+            r.rid for r, c in zip(reqs, cols, strict=True) if c + 1 > self.config.max_context_len
+        ]
+        if over:
+            raise ContextOverflowError(f"requests {over} would pass max_context_len")
+        seq_lens = [c + 1 for c in cols]
+        ps = self.page_size
+        return cols, len(reqs) if ps == 1 else decode_new_pages(seq_lens, ps) * ps
+
+    def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> torch.Tensor:
+        """Rows, then slots for ``[len(prefix_indices), seq_len)`` of each request (evicting
+        first), then ``row[:seq] = prefix_indices + new``; ``kv_allocated_len = seq_len``.
+        Returns the new slots in batch order. Every check comes before any change: row misuse
+        (see ``ReqToTokenPool.check_alloc``), ``len(seq_lens) != len(reqs)`` or a ``seq_len``
+        shorter than the prefix (InvalidArgumentError), a ``seq_len`` past ``max_context_len``
+        (ContextOverflowError), too few rows or slots (OutOfMemoryError)."""
+        prefix_lens, seqs = self._check_extend(reqs, seq_lens)
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.check_admission(reqs)
+        out = self._alloc_slots(prefix_lens, seqs, self._prefix_last_locs(reqs))
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.evict_for_admission(reqs)
+        rows = self.alloc_req_slots(reqs)
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.after_admission(reqs)
+        prefixes = [r.prefix_indices for r in reqs]
+        write_rows(
+            self.req_to_token_pool, rows, prefixes, prefix_lens, seqs, out, self.kernel_backend
+        )
+        for req, s in zip(reqs, seqs, strict=True):
+            req.kv_allocated_len = s
+        return out
+
+    def alloc_for_decode(self, reqs: Sequence[Req]) -> torch.Tensor:
+        """One slot per request for column ``kv_allocated_len`` (evicting first), written into
+        the row; ``kv_allocated_len += 1``. Every check comes before any change: a request
+        without a row (InvalidArgumentError), a column past ``max_context_len``
+        (ContextOverflowError), too few slots (OutOfMemoryError)."""
+        cols, needed = self._check_decode(reqs)
+        seq_lens = [c + 1 for c in cols]
+        ps = self.page_size
+        self._evict_for(needed, 0, len(reqs))
+        alloc = self.token_to_kv_pool_allocator
+        if ps == 1:
+            out = alloc.alloc(len(reqs))
+        else:
+            last = self._row_last_locs(reqs, cols)
+            out = alloc.alloc_decode(device_ints(seq_lens, self.device), seq_lens, last)
+        if out is None:  # only a candidate allocator that ignores capacity gets here
+            self.capacity_refusals += 1
+            raise OutOfMemoryError("allocator refused after eviction")
+        rows = rows_of(reqs)
+        scatter_columns(self.req_to_token_pool, rows, cols, seq_lens, out)
+        for req, col in zip(reqs, cols, strict=True):
+            req.kv_allocated_len = col + 1
+        return out
+
+    def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
+        """``cache_finished_req``; free the over-allocation ``[ceil_align(committed),
+        allocated)`` (``free``, or ``free_segment`` under ``rules.release_path ==
+        "checkpoint"``: SGLang 0.5.23's ``free_kv_row``); free the row; forget the request's
+        pool fields. InvalidArgumentError (nothing changed) for a request without a row.
+
+        The row ``[0, allocated)`` is read once (the view :meth:`_read_held_rows` read for the
+        batch, else one gather for this request); the tree gets ``row[:committed]`` and the
+        over-allocation ``row[start:allocated]``, both views of it."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        held = self._held_row(req, req.req_pool_idx)
+        self.tree_cache.cache_finished_req(req, is_insert, row_read=held[: req.kv_committed_len])
+        start = ceil_align(req.kv_committed_len, self.page_size)
+        if req.kv_allocated_len > start:
+            over = held[start : req.kv_allocated_len]
+            if self.config.rules.release_path == "checkpoint":
+                self.token_to_kv_pool_allocator.free_segment(over, start)
+            else:
+                self.token_to_kv_pool_allocator.free(over)
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.before_release(req)
+        self.req_to_token_pool.free(req)
+        req.reset_kv_fields()
+
+
+__all__ = ["LifecyclePrimitives"]

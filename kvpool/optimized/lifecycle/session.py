@@ -1,0 +1,161 @@
+"""``SessionSlot`` (optimized twin): streaming-session ownership transfer between turns.
+
+Mirrors :mod:`kvpool.reference.lifecycle.session` exactly (see there for the rules): a finished
+turn's row, KV lengths, ``cache_protected_len`` and ``last_node`` move into the slot (the tree lock
+stays held); the next turn's first ``extend`` restores them, freeing the orphan tail
+``[ceil_align(kv_committed_len, ps), kv_allocated_len)``; closing frees ``[cache_protected_len,
+kv_allocated_len)`` and returns the row through the pool's own ``free``.
+
+Units: lengths are tokens, ``req_pool_idx`` a row, the rest slots (int64 tensors here).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.constants import ceil_align
+from kvpool.optimized.lifecycle.batch_table import gather_columns, rows_of
+from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
+from kvpool.optimized.radix_key import TreeNode
+from kvpool.optimized.req import Req
+from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+
+
+class SessionSlot:
+    """What a session holds between turns. Satisfies ``ReqLike`` (``is_chunked`` is always 0)."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.req_pool_idx: int | None = None
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self.cache_protected_len = 0
+        self.last_node: TreeNode | None = None
+        self.tokens: list[int] = []
+        self.extra_key: str | None = None
+        self.has_namespace = False
+        self.busy_with: str | None = None
+        self.is_chunked = 0
+        self._forget_mamba()
+
+    def _forget_mamba(self) -> None:
+        """Hybrid models: the Mamba slot and track buffers the slot holds (the state after the
+        session's committed tokens); None when it holds none (:class:`MambaReqLike` fields)."""
+        self.mamba_pool_idx: int | None = None
+        self.mamba_needs_clear = False
+        self.mamba_cow_src_index: int | None = None
+        self.mamba_ping_pong_track_buffer: list[int] | None = None
+        self.mamba_next_track_idx: int | None = None
+
+    def holds_kv(self) -> bool:
+        """True while the slot holds a finished turn's row."""
+        return self.req_pool_idx is not None
+
+    def forget(self) -> None:
+        """Drop every field about KV and history (the resources were released elsewhere)."""
+        self.req_pool_idx = None
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self.cache_protected_len = 0
+        self.last_node = None
+        self.tokens = []
+        self._forget_mamba()
+
+    def take_from(self, req: Req) -> None:
+        """A turn finished: take its row, lengths, protected length and lock; null the request."""
+        self.req_pool_idx = req.req_pool_idx
+        self.kv_committed_len = req.kv_committed_len
+        self.kv_allocated_len = req.kv_allocated_len
+        self.cache_protected_len = req.cache_protected_len
+        self.last_node = req.last_node
+        self.tokens = req.all_token_ids[: req.kv_committed_len]
+        self.extra_key = req.extra_key
+        self.has_namespace = True
+        self.busy_with = None
+        # A hybrid turn's Mamba slot holds the state after exactly these committed tokens: the
+        # next turn resumes from it (its track buffers stay with it, as the row does).
+        self.mamba_pool_idx = req.mamba_pool_idx
+        self.mamba_ping_pong_track_buffer = req.mamba_ping_pong_track_buffer
+        self.mamba_next_track_idx = req.mamba_next_track_idx
+        req.reset_kv_fields()
+
+    def orphan_tail_tokens(self, page_size: int) -> int:
+        """Tokens that :meth:`restore_into` frees: ``allocated - ceil_align(committed)`` (>= 0)."""
+        return max(0, self.kv_allocated_len - ceil_align(self.kv_committed_len, page_size))
+
+    def restore_into(
+        self,
+        req: Req,
+        req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+        allocator: SegmentAllocatorProtocol[torch.Tensor],
+        page_size: int,
+        segments: bool = False,
+        row_read: torch.Tensor | None = None,
+    ) -> None:
+        """Hand the row, KV and lock to the next turn ``req``; free the orphan tail (``free``, or
+        with ``segments`` ``free_segment``). Afterwards
+        ``req.kv_allocated_len == req.kv_committed_len``. ``row_read``: the row's columns
+        ``[0, kv_allocated_len)`` as int64 when the caller read them already (a batch of
+        restores reads every row in one gather, see :meth:`read_rows`)."""
+        assert self.req_pool_idx is not None
+        row = self.req_pool_idx
+        if row_read is None:
+            row_read = req_to_token_pool.read(row, 0, self.kv_allocated_len).to(torch.int64)
+        start = ceil_align(self.kv_committed_len, page_size)
+        if self.kv_allocated_len > start:
+            tail = row_read[start : self.kv_allocated_len]
+            if segments:
+                allocator.free_segment(tail, start)
+            else:
+                allocator.free(tail)
+        req.req_pool_idx = row
+        req.kv_committed_len = self.kv_committed_len
+        req.kv_allocated_len = self.kv_committed_len
+        req.cache_protected_len = self.cache_protected_len
+        req.last_node = self.last_node
+        req.prefix_indices = row_read[: self.kv_committed_len]
+        req.mamba_pool_idx = self.mamba_pool_idx
+        req.mamba_ping_pong_track_buffer = self.mamba_ping_pong_track_buffer
+        req.mamba_next_track_idx = self.mamba_next_track_idx
+        self.forget()
+
+    @staticmethod
+    def read_rows(
+        slots: list[SessionSlot],
+        req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+        device: torch.device,
+    ) -> list[torch.Tensor]:
+        """Each slot's row ``[0, kv_allocated_len)`` as int64 views of one gather (the
+        ``row_read`` of :meth:`restore_into`)."""
+        if not slots:
+            return []
+        rows = rows_of(slots)
+        stops = [s.kv_allocated_len for s in slots]
+        flat = gather_columns(req_to_token_pool, rows, [0] * len(slots), stops, device)
+        return list(torch.split(flat, stops))
+
+    def close(
+        self,
+        req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+        allocator: SegmentAllocatorProtocol[torch.Tensor],
+        segments: bool = False,
+    ) -> None:
+        """Free ``[cache_protected_len, kv_allocated_len)`` (``free``, or with ``segments``
+        ``free_segment``) and the row (the caller drops the lock, see
+        :meth:`MemoryManager.close_session`)."""
+        if self.req_pool_idx is None:
+            return
+        row = self.req_pool_idx
+        held = req_to_token_pool.read(row, self.cache_protected_len, self.kv_allocated_len)
+        if segments:
+            allocator.free_segment(held.to(torch.int64), self.cache_protected_len)
+        else:
+            allocator.free(held.to(torch.int64))
+        if self.mamba_pool_idx is not None:  # a hybrid model: the state goes back with the row
+            assert isinstance(req_to_token_pool, HybridReqToTokenPool)
+            req_to_token_pool.free_mamba_cache(self)
+        req_to_token_pool.free(self)
+        self.forget()
+
+
+__all__ = ["SessionSlot"]

@@ -1,0 +1,147 @@
+"""``MambaPool`` (optimized twin): per-layer conv and temporal state buffers on the device.
+
+Units: slots ``0..size`` (slot 0 the reserved dummy). ``conv[0]`` is a float32 tensor
+``[num_layers, size + 1, conv_width]`` (the sliding window of recent inputs) and ``temporal``
+``[num_layers, size + 1, state_dim]`` (the SSM state), as SGLang lays them out (SGLang keeps a
+list of conv tensors; one suffices here). The model writes a state tag
+(:func:`kvpool.tags.mamba_state_tag`, exact in float32) into every element of a slot's state;
+the snapshot reads it back and reports -1 for a slot whose elements disagree. Same API, results
+and errors as :mod:`kvpool.reference.mamba.pool`; every operation is one batched index op per
+buffer, with no device-to-host sync unless ``checked`` (then slot ranges are checked first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvpool.constants import RESERVED_INDEX
+from kvpool.errors import (
+    ConfigError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    ReservedIndexError,
+)
+from kvpool.host_checks import int_list
+from kvpool.optimized.key_match import is_integer_dtype
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.snapshot import MambaPoolSnapshot
+
+IndexLike = torch.Tensor | Sequence[int]
+
+
+class MambaPool:
+    """``conv`` (list of one tensor) and ``temporal`` state buffers; every element of a slot's
+    state holds its tag (0: cleared)."""
+
+    def __init__(
+        self,
+        size: int,
+        num_layers: int = 1,
+        conv_width: int = 3,
+        state_dim: int = 4,
+        device: str | torch.device | None = None,
+        checked: bool | None = None,
+        *,
+        options: TwinOptions | None = None,
+    ) -> None:
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise ConfigError(f"size must be a positive number of Mamba slots, got {size!r}")
+        if not isinstance(num_layers, int) or num_layers <= 0:
+            raise ConfigError(f"num_layers must be positive, got {num_layers!r}")
+        self.size = size
+        self.num_layers = num_layers
+        self.options = opts = twin_options(options, device, checked)
+        self.device = opts.device
+        self.checked = opts.checked
+        shape = (num_layers, size + 1)
+        self.conv: list[torch.Tensor] = [
+            torch.zeros((*shape, conv_width), dtype=torch.float32, device=self.device)
+        ]
+        self.temporal = torch.zeros((*shape, state_dim), dtype=torch.float32, device=self.device)
+
+    def _buffers(self) -> list[torch.Tensor]:
+        return [*self.conv, self.temporal]
+
+    def check_slots_host(self, slots: Sequence[int]) -> list[int]:
+        """Host ints: ReservedIndexError for slot 0, IndexOutOfRangeError outside ``1..size``."""
+        out = int_list("Mamba slots", slots)
+        for s in out:
+            if s == RESERVED_INDEX:
+                raise ReservedIndexError(f"Mamba slot {RESERVED_INDEX} is reserved")
+            if not RESERVED_INDEX < s <= self.size:
+                raise IndexOutOfRangeError(f"Mamba slot {s} outside 1..{self.size}")
+        return out
+
+    def check_slots(self, indices: IndexLike) -> torch.Tensor:
+        """``indices`` as an int64 tensor on the device; a host sequence is always checked as
+        :meth:`check_slots_host`, a tensor only in checked mode (that syncs)."""
+        if not isinstance(indices, torch.Tensor):
+            return torch.tensor(self.check_slots_host(indices), dtype=torch.int64).to(self.device)
+        if indices.numel() and not is_integer_dtype(indices.dtype):  # metadata: both modes
+            raise InvalidArgumentError(f"Mamba slots must be integers, got dtype {indices.dtype}")
+        slots = indices.to(device=self.device, dtype=torch.int64).reshape(-1)
+        if self.checked:
+            self.check_slots_host(slots.tolist())
+        return slots
+
+    def clear_slots(self, indices: IndexLike) -> None:
+        """Zero every layer's conv and temporal state of ``indices``."""
+        slots = self.check_slots(indices)
+        for buf in self._buffers():
+            buf[:, slots] = 0
+
+    def copy_from(self, src_indices: IndexLike, dst_indices: IndexLike) -> None:
+        """``state[dst[i]] = state[src[i]]`` in every layer (copy-on-write of a cached state);
+        one length, no shared slot (InvalidArgumentError; the overlap check syncs and runs in
+        checked mode or for host sequences)."""
+        host = not isinstance(src_indices, torch.Tensor)
+        src, dst = self.check_slots(src_indices), self.check_slots(dst_indices)
+        if src.numel() != dst.numel():
+            raise InvalidArgumentError(f"{src.numel()} source slots for {dst.numel()} destinations")
+        if self.checked or host:
+            s, d = src.tolist(), dst.tolist()
+            if set(s) & set(d) or len(set(d)) != len(d):
+                raise InvalidArgumentError(
+                    "copy_from needs distinct destinations apart from sources"
+                )
+        for buf in self._buffers():
+            buf[:, dst] = buf[:, src]
+
+    def write_state(self, indices: IndexLike, tags: IndexLike) -> None:
+        """The forward pass: every element of the state of ``indices[i]`` becomes ``tags[i]``."""
+        host = not isinstance(indices, torch.Tensor)
+        slots = self.check_slots(indices)
+        if not isinstance(tags, torch.Tensor):
+            tags = int_list("tags", tags)
+        values = torch.as_tensor(tags, dtype=torch.float32, device=self.device).reshape(-1)
+        if values.numel() != slots.numel():
+            raise InvalidArgumentError(f"{values.numel()} tags for {slots.numel()} slots")
+        if (self.checked or host) and len(set(slots.tolist())) != slots.numel():
+            raise InvalidArgumentError(f"{values.numel()} tags for repeated slots")
+        for buf in self._buffers():
+            buf[:, slots] = values.view(1, -1, 1).expand(buf.shape[0], -1, buf.shape[2])
+
+    def state_tags(self, indices: IndexLike) -> list[int]:
+        """Each slot's tag (-1 where layers or elements disagree); syncs."""
+        snap = self.snapshot()
+        return [snap.state_tag(int(s)) for s in self.check_slots(indices).tolist()]
+
+    def _tags(self, buf: torch.Tensor) -> tuple[tuple[int, ...], ...]:
+        first = buf[:, :, 0]
+        agree = (buf == first.unsqueeze(-1)).all(dim=-1)
+        tags = torch.where(agree, first, torch.full_like(first, -1.0)).to(torch.int64)
+        return tuple(tuple(int(v) for v in row) for row in tags.tolist())
+
+    def snapshot(self) -> MambaPoolSnapshot:
+        """Plain copy of every layer's tags (one device-to-host copy per buffer)."""
+        return MambaPoolSnapshot(
+            size=self.size,
+            num_layers=self.num_layers,
+            conv=self._tags(self.conv[0]),
+            temporal=self._tags(self.temporal),
+        )
+
+
+__all__ = ["MambaPool"]

@@ -1,0 +1,106 @@
+"""The Mamba radix cache inside the request lifecycle (optimized twin).
+
+Same contract, results and errors as :mod:`kvpool.reference.mamba.radix_release` (read its
+docstring); KV slots are int64 tensors, keys come from the request's cached token array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvpool.errors import InvalidArgumentError, OutOfMemoryError
+from kvpool.optimized.mamba.radix_cache import MambaRadixCache
+from kvpool.optimized.radix_key import req_key
+from kvpool.optimized.req import Req
+
+
+class MambaLifecycleCache(MambaRadixCache):
+    """A :class:`MambaRadixCache` with the lifecycle's release path."""
+
+    def evictable_size(self) -> int:
+        """Unlocked KV in the tree (tokens): what KV eviction can free."""
+        return self.full_evictable_size_
+
+    def protected_size(self) -> int:
+        """Locked KV in the tree (tokens)."""
+        return self.full_protected_size_
+
+    def inc_lock_ref(self, node: Any) -> None:
+        """:meth:`MambaRadixCache.inc_lock_ref`; None (a request never matched) is a no-op."""
+        if node is not None:
+            super().inc_lock_ref(node)
+
+    def dec_lock_ref(self, node: Any) -> None:
+        """:meth:`MambaRadixCache.dec_lock_ref`; None is a no-op."""
+        if node is not None:
+            super().dec_lock_ref(node)
+
+    def alloc_mamba_slot(self) -> int:
+        """One Mamba slot, evicting one cached state when none is free; OutOfMemoryError when
+        none can be had."""
+        got = self.req_to_token_pool.mamba_allocator.alloc(1)
+        if got is None:
+            self.evict_mamba(1)
+            got = self.req_to_token_pool.mamba_allocator.alloc(1)
+        if got is None:
+            raise OutOfMemoryError("no Mamba slot for the tree's checkpoint")
+        return got[0]
+
+    def _read_row(self, row: int, stop: int) -> torch.Tensor:
+        kv: torch.Tensor = self.req_to_token_pool.read(row, 0, stop)
+        return kv.to(torch.int64)
+
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: torch.Tensor | None = None
+    ) -> None:
+        """Hand a finished request's committed KV and state to the tree (or free them), then
+        unlock its node."""
+        if req.req_pool_idx is None or req.mamba_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
+        committed = req.kv_committed_len
+        # row_read: the caller's read of row[:committed] (one gather for the batch)
+        kv = self._read_row(req.req_pool_idx, committed) if row_read is None else row_read
+        if is_insert:
+            key = req_key(req, committed)
+            _, mamba_exist = self.insert(key, kv, req.mamba_pool_idx, req.cache_protected_len)
+        else:
+            self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len :])
+            mamba_exist = True
+        if mamba_exist:
+            self.req_to_token_pool.free_mamba_cache(req)
+        else:  # the slot is the tree's checkpoint now
+            req.mamba_pool_idx = None
+            req.mamba_needs_clear = False
+            req.mamba_cow_src_index = None
+        self.dec_lock_ref(req.last_node)
+
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
+        """Between prefill chunks: cache ``fill_ids`` with a copy of the request's state,
+        re-match, rewrite the row, move the lock; the request keeps its row and slot."""
+        if req.req_pool_idx is None or req.mamba_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
+        row, num_tokens = req.req_pool_idx, len(req.fill_ids)
+        kv = self._read_row(row, num_tokens) if row_read is None else row_read
+        donated = self.alloc_mamba_slot()
+        self.req_to_token_pool.mamba_pool.copy_from([req.mamba_pool_idx], [donated])
+        key = req_key(req, num_tokens)
+        _, mamba_exist = self.insert(key, kv, donated, req.cache_protected_len)
+        if mamba_exist:
+            self.req_to_token_pool.mamba_allocator.free([donated])
+        match = self.match_prefix(key)
+        new_indices, protected = match.device_indices, req.cache_protected_len
+        num_new = len(new_indices)
+        self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_device_node)
+        req.prefix_indices = torch.cat((new_indices, kv[num_new:]))
+        req.cache_protected_len = num_new
+        last: Any = match.last_device_node  # the request's node is this tree's
+        req.last_node = last
+
+
+__all__ = ["MambaLifecycleCache"]

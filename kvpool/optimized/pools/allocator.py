@@ -1,0 +1,409 @@
+"""Token-slot allocators (optimized twin): the shared base and the page-size-1 allocator.
+
+Units: ``size`` and lengths are tokens; ``free_pages`` / ``release_pages`` are int64 tensors of
+page ids ``1..num_pages`` on ``device`` (page ``p`` owns slots ``[p * ps, (p + 1) * ps)``); every
+result is an int64 slot tensor equal, element by element, to the reference's list.
+
+Hot paths launch tensor work only: page counts come from host copies of the lengths
+(:mod:`kvpool.optimized.pools.paged_ops`), capacity is compared with tensor lengths (host metadata),
+and the batch operations run :func:`kvpool.kernels.alloc_extend` / ``alloc_decode``. No
+device-to-host sync, unless ``checked`` (see :mod:`kvpool.optimized.checked`): then every misuse
+raises the reference's error before any change, using a device bool mask of free pages kept up to
+date incrementally. Checks that need no device read (dtypes, array lengths, the host copies of the
+lengths: :func:`~kvpool.optimized.pools.paged_ops.check_extend_host`) run in both modes.
+
+``need_sort`` merges and refusals follow the reference (SGLang's pre-tests on host lengths; see
+:mod:`kvpool.reference.pools.allocator`) and ``rules`` (:class:`~kvpool.rules.Rules`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from kvpool.constants import RESERVED_INDEX, is_power_of_two
+from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError, PageSizeError
+from kvpool.optimized.key_match import is_integer_dtype
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.pools.batch_alloc import BatchAllocs
+from kvpool.optimized.pools.paged_ops import (
+    check_free_list_shape,
+    check_free_list_state,
+    check_free_slots,
+    pages_to_slots,
+)
+from kvpool.optimized.pools.segment_free import SegmentFrees
+from kvpool.rules import Rules
+from kvpool.snapshot import AllocatorSnapshot
+
+FreeListState = tuple[torch.Tensor, torch.Tensor]
+"""What :meth:`BaseTokenToKVPoolAllocator.backup_state` returns: ``(free_pages, release_pages)``."""
+
+IndexLike = torch.Tensor | Sequence[int]
+
+
+class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
+    """Page allocator over ``size // page_size`` pages with ids ``1..num_pages`` (twin of
+    :class:`kvpool.reference.pools.allocator.BaseTokenToKVPoolAllocator`; same methods and results).
+
+    ``options`` (:class:`~kvpool.optimized.options.TwinOptions`; or the shorthand ``device`` /
+    ``checked`` / ``kernel_backend``) place the free lists, set checked mode and the kernels'
+    backend."""
+
+    _dedup_pages: bool = True
+    """True: freeing two slots of one page (in a call or a group) frees the page once."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        need_sort: bool = False,
+        *,
+        device: str | torch.device | None = None,
+        checked: bool | None = None,
+        kernel_backend: str | None = None,
+        rules: Rules | None = None,
+        options: TwinOptions | None = None,
+    ) -> None:
+        if not isinstance(page_size, int) or not is_power_of_two(page_size):
+            raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
+        if not isinstance(size, int) or size <= 0 or size % page_size:
+            raise ConfigError(
+                f"size must be a positive multiple of page_size={page_size} tokens, got {size!r}"
+            )
+        self.size = size
+        self.page_size = page_size
+        self.need_sort = bool(need_sort)
+        self.rules = rules if rules is not None else Rules()
+        self.num_pages = size // page_size
+        self.options = opts = twin_options(options, device, checked, kernel_backend)
+        self.device = opts.device
+        self.checked = opts.checked
+        self.kernel_backend = opts.backend
+        self._on_cpu = self.device.type == "cpu"  # a tensor's is_cpu is cheaper than its device
+        self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+        self.free_pages = self._empty()
+        self._release_parts: list[torch.Tensor] = []  # release_pages, joined on read
+        self._release_count = 0  # pages in release_pages
+        # Checked mode only: free_mask[page] is True while the page is in either free list;
+        # pending_mask[slot] (page size 1) while the slot waits in the open free group.
+        self._free_mask: torch.Tensor | None = None
+        self._pending_mask: torch.Tensor | None = None
+        if self.checked:
+            self._free_mask = torch.zeros(self.num_pages + 1, dtype=torch.bool, device=self.device)
+            if not self._dedup_pages:
+                self._pending_mask = torch.zeros_like(self._free_mask)
+        self._in_free_group = False
+        self._pending_free: list[torch.Tensor] = []
+        self._pending_pages: list[torch.Tensor] = []  # paged free_page_ids inside a group
+        self.clear()
+
+    # ----------------------------------------------------------------- state helpers
+    def _empty(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int64, device=self.device)
+
+    def _as_index(self, values: IndexLike) -> torch.Tensor:
+        """Slots/lengths as a 1-D tensor on the device (no copy when already there)."""
+        if (
+            type(values) is torch.Tensor
+            and values.dim() == 1
+            and (values.is_cpu if self._on_cpu else values.device == self.device)
+        ):
+            return values  # the common case, without as_tensor's and reshape's per-call cost
+        return torch.as_tensor(values, device=self.device).reshape(-1)
+
+    @property
+    def release_pages(self) -> torch.Tensor:
+        """The ``need_sort`` staging list (int64 page ids, in order). Held as parts joined on
+        the first read: staging a free adds a part (as SGLang 0.5.23's staged list), not a copy
+        of everything staged so far."""
+        parts = self._release_parts
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return self._empty()
+        joined = torch.cat(parts)
+        self._release_parts = [joined]
+        return joined
+
+    @release_pages.setter
+    def release_pages(self, pages: torch.Tensor) -> None:
+        self._release_parts = [pages] if pages.numel() else []
+        self._release_count = pages.numel()
+
+    def _stage(self, pages: torch.Tensor, at_tail: bool) -> None:
+        """Add ``pages`` (a tensor owned here) to ``release_pages``: at its tail or its head."""
+        if at_tail:
+            self._release_parts.append(pages)
+        else:
+            self._release_parts.insert(0, pages)
+        self._release_count += pages.numel()
+
+    def _set_free_lists(self, free_pages: torch.Tensor, release_pages: torch.Tensor) -> None:
+        """Replace both free lists (rebuilding the checked-mode mask)."""
+        self.free_pages = free_pages
+        self.release_pages = release_pages
+        if self._free_mask is not None:
+            self._free_mask.zero_()
+            self._free_mask[free_pages] = True
+            self._free_mask[release_pages] = True
+
+    def _return_pages(self, slots: torch.Tensor) -> None:
+        """Put the pages of freed ``slots`` (already validated) back; subclasses fix the order."""
+        raise NotImplementedError
+
+    def _mark_free(self, pages: torch.Tensor) -> None:
+        if self._free_mask is not None:
+            self._free_mask[pages] = True
+
+    def _merge_before_take(self, merge_test: bool, num_pages: int) -> None:
+        """SGLang's ``need_sort`` merge when its pre-test ``merge_test`` holds (see the
+        reference); skipped when the allocation would still be refused and
+        ``refused_alloc_unchanged`` holds. Lengths are tensor shapes: no sync."""
+        if not (self.need_sort and merge_test and self._release_count > 0):
+            return
+        short = num_pages > self.free_pages.numel() + self._release_count
+        if not (short and self.rules.refused_alloc_unchanged):
+            self.merge_and_sort_free()
+
+    def _take_pages(self, num_pages: int) -> torch.Tensor | None:
+        """Remove ``num_pages`` from the head of ``free_pages``; ``None`` and no change when
+        they do not fit (call :meth:`_merge_before_take` first)."""
+        if num_pages > self.free_pages.numel():
+            return None
+        if num_pages == 0:  # nothing leaves the free list (a decode step that opens no page)
+            return self.free_pages[:0]
+        taken = self.free_pages[:num_pages]
+        self.free_pages = self.free_pages[num_pages:]
+        if self._free_mask is not None:
+            self._free_mask[taken] = False
+        return taken
+
+    def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
+        """SGLang's ``alloc_extend`` pre-test bound in pages (see the reference)."""
+        return extend_num_tokens // self.page_size + batch_size + 1
+
+    # ----------------------------------------------------------------- queries
+    def available_size(self) -> int:
+        """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
+        return (self.free_pages.numel() + self._release_count) * self.page_size
+
+    def snapshot(self) -> AllocatorSnapshot:
+        """Plain copy of the free lists and the free-group state (device-to-host copies)."""
+        pending = torch.cat(self._pending_free).tolist() if self._pending_free else []
+        return AllocatorSnapshot(
+            page_size=self.page_size,
+            num_pages=self.num_pages,
+            size=self.size,
+            free_pages=tuple(self.free_pages.tolist()),
+            release_pages=tuple(self.release_pages.tolist()),
+            need_sort=self.need_sort,
+            in_free_group=self._in_free_group,
+            pending_free=tuple(pending),
+        )
+
+    # ----------------------------------------------------------------- alloc / free
+    def _check_need_size(self, need_size: int) -> None:
+        if not isinstance(need_size, int) or need_size < 0:
+            raise InvalidArgumentError(f"need_size must be a non-negative int, got {need_size!r}")
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` slots: ``need_size // page_size`` whole pages from the head of
+        ``free_pages``, expanded page by page; ``None`` (no change) if they do not fit.
+        InvalidArgumentError for a negative size."""
+        self._check_need_size(need_size)
+        num_pages = need_size // self.page_size
+        self._merge_before_take(num_pages > self.free_pages.numel(), num_pages)
+        pages = self._take_pages(num_pages)
+        if pages is None or self.page_size == 1:
+            return pages
+        return pages_to_slots(pages, self._offsets)
+
+    def free(self, free_index: IndexLike) -> None:
+        """Return slots. Empty input is a no-op. Inside a free group the slots are only buffered
+        until :meth:`free_group_end`. Checked mode validates first, as the reference.
+
+        Unchecked, inside a group, a 1-D int64 tensor already on the device is buffered as it
+        is (no conversion, no tensor operation: the lifecycle frees one tensor per request
+        there); anything else is converted first, exactly as outside a group."""
+        if (
+            self._in_free_group
+            and self._free_mask is None
+            and type(free_index) is torch.Tensor
+            and free_index.dtype is torch.int64
+            and free_index.dim() == 1
+            and (free_index.is_cpu if self._on_cpu else free_index.device == self.device)
+        ):
+            if free_index.numel():
+                self._pending_free.append(free_index)
+            return
+        slots = self._as_index(free_index)
+        if slots.numel() == 0:
+            return
+        if not is_integer_dtype(slots.dtype):  # metadata: checked in both modes
+            raise IndexOutOfRangeError(f"slots must be integers, got dtype {slots.dtype}")
+        if self._free_mask is not None:
+            check_free_slots(
+                slots, self._free_mask, self.page_size, not self._dedup_pages, self._pending_mask
+            )
+        if slots.dtype is not torch.int64:
+            slots = slots.to(torch.int64)
+        if self._in_free_group:
+            self._pending_free.append(slots)
+            if self._pending_mask is not None:
+                self._pending_mask[slots] = True
+            return
+        self._return_pages(slots)
+
+    def _return_pages_in_order(self, pages: torch.Tensor) -> None:
+        """Put ``pages`` back in the given order (page size 1: as :meth:`_return_pages`)."""
+        self._return_pages(pages)
+
+    def free_group_begin(self) -> None:
+        """Start buffering frees. Not nestable: a second begin raises InvalidArgumentError."""
+        if self._in_free_group:
+            raise InvalidArgumentError("free_group_begin inside an open free group")
+        self._in_free_group = True
+        self._pending_free = []
+        self._pending_pages = []
+
+    def free_group_end(self) -> None:
+        """Close the group and perform its buffered frees as ONE :meth:`free` of their
+        concatenation, then return the pages a paged ``free_page_ids`` buffered, in order (see
+        the reference). InvalidArgumentError without an open group; in checked mode, buffered
+        frees that are no longer valid (or a page buffered both ways) raise their error and
+        leave the group open."""
+        if not self._in_free_group:
+            raise InvalidArgumentError("free_group_end without free_group_begin")
+        ps = self.page_size
+        slots = _joined(self._pending_free, self._empty)
+        staged = _joined(self._pending_pages, self._empty)
+        if self._free_mask is not None and slots.numel():
+            check_free_slots(slots, self._free_mask, ps, not self._dedup_pages)
+        if self._free_mask is not None and staged.numel():
+            firsts = torch.cat((torch.unique(slots // ps), staged)) * ps
+            check_free_slots(firsts, self._free_mask, ps, True)
+        self._in_free_group = False
+        self._pending_free = []
+        self._pending_pages = []
+        if self._pending_mask is not None:
+            self._pending_mask.zero_()
+        if slots.numel():
+            self._return_pages(slots)
+        if staged.numel():
+            self._return_pages_in_order(staged)
+
+    # ----------------------------------------------------------------- free-list state
+    def backup_state(self) -> FreeListState:
+        """``(free_pages, release_pages)`` as clones (EAGLE v1 borrows draft slots with it)."""
+        return (self.free_pages.clone(), self.release_pages.clone())
+
+    def restore_state(self, state: object) -> None:
+        """Put back free lists taken by :meth:`backup_state`. Checked mode raises
+        InvalidArgumentError for anything but two tensors of distinct page ids in
+        ``1..num_pages``."""
+        free_pages: IndexLike
+        release_pages: IndexLike
+        if self.checked:
+            free_pages, release_pages = check_free_list_state(state, self.num_pages)
+        else:  # the shape of the state (host metadata), not its page ids
+            free_pages, release_pages = check_free_list_shape(state)
+        self._set_free_lists(
+            self._as_index(free_pages).to(torch.int64),
+            self._as_index(release_pages).to(torch.int64),
+        )
+
+    def merge_and_sort_free(self) -> None:
+        """``free_pages = sorted(free_pages + release_pages)``; ``release_pages`` empty. A no-op
+        when ``release_pages`` is empty."""
+        if self._release_count == 0:
+            return
+        merged = torch.cat((self.free_pages, *self._release_parts))
+        self.free_pages = sorted_pages(merged, self.num_pages)
+        self.release_pages = self._empty()
+
+    def clear(self) -> None:
+        """Every page free (ids ascending), no release pages, no open free group."""
+        every = torch.arange(
+            RESERVED_INDEX + 1, self.num_pages + 1, dtype=torch.int64, device=self.device
+        )
+        self._set_free_lists(every, self._empty())
+        self._in_free_group = False
+        self._pending_free = []
+        self._pending_pages = []
+        if self._pending_mask is not None:
+            self._pending_mask.zero_()
+
+
+_COUNTING_SORT_PAGES_PER_ID = 8
+"""Counting sort when ``pages * this >= num_pages``: its cost is linear in the pool's page ids."""
+
+
+def sorted_pages(pages: torch.Tensor, num_pages: int) -> torch.Tensor:
+    """``torch.sort(pages).values``. For many page ids of a CPU pool, a counting sort over the
+    ids ``0..num_pages`` instead (linear, about 3x faster than torch's comparison sort on a
+    50k-page merge); it keeps duplicates, so it equals the sort on any state, even one an
+    unchecked misuse corrupted (ids out of ``0..num_pages`` take the sort)."""
+    n = pages.numel()
+    if (
+        n
+        and pages.is_cpu
+        and pages.dtype is torch.int64
+        and n * _COUNTING_SORT_PAGES_PER_ID >= num_pages
+    ):
+        ids = pages.numpy()
+        if ids.min() >= 0 and ids.max() <= num_pages:
+            counts = np.bincount(ids, minlength=num_pages + 1)
+            return torch.from_numpy(np.repeat(np.arange(num_pages + 1, dtype=np.int64), counts))
+    return torch.sort(pages).values
+
+
+def _joined(parts: list[torch.Tensor], empty: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The buffered tensors of a free group as one (no copy for a single one)."""
+    if not parts:
+        return empty()
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """Page size 1: every slot is a page. ``alloc`` takes from the head of ``free_pages`` and
+    ``free`` appends (FIFO reuse), or appends to ``release_pages`` under ``need_sort``. Naming a
+    slot twice in one call or one free group is a double free (checked mode)."""
+
+    _dedup_pages = False
+
+    def __init__(
+        self,
+        size: int,
+        need_sort: bool = False,
+        *,
+        device: str | torch.device | None = None,
+        checked: bool | None = None,
+        kernel_backend: str | None = None,
+        rules: Rules | None = None,
+        options: TwinOptions | None = None,
+    ) -> None:
+        super().__init__(
+            size,
+            1,
+            need_sort,
+            rules=rules,
+            options=twin_options(options, device, checked, kernel_backend),
+        )
+
+    def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
+        """Page size 1: ``alloc(extend_num_tokens)``'s pre-test (see the reference)."""
+        return extend_num_tokens
+
+    def _return_pages(self, slots: torch.Tensor) -> None:
+        if self._free_mask is not None:
+            self._free_mask[slots] = True
+        if self.need_sort:  # a copy: the slots may be the caller's tensor
+            self._stage(slots.clone(), True)
+        else:
+            self.free_pages = torch.cat((self.free_pages, slots))
+
+
+__all__ = ["BaseTokenToKVPoolAllocator", "FreeListState", "TokenToKVPoolAllocator"]

@@ -1,0 +1,311 @@
+"""Host-side helpers of the optimized allocators: page counts and checked-mode preconditions.
+
+Page counts are computed from the HOST copies of the lengths (``*_cpu``: a CPU tensor or a list
+of ints), so an allocation never waits for the device. The ``check_*`` functions are the
+vectorised form of the reference's precondition checks (:mod:`kvpool.reference.pools.paged_ops` and
+the reference allocator): a handful of tensor operations and one device-to-host read, raising
+the error type the reference raises for the same input (the first offending request decides, and
+for that request the first failing check, in the reference's order). They run in checked mode
+only; the "always on" helpers (``check_extend_host``, ``check_decode_host``, dtypes, the shape of
+a free-list state) read no device value and run in both modes. Units: lengths are tokens, pages
+are page ids, slots are slot ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
+from kvpool.errors import (
+    AlignmentError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    ReservedIndexError,
+)
+from kvpool.host_checks import int_list
+from kvpool.kernels.alloc_extend import HostLens, host_array
+from kvpool.kernels.host import Int64Array
+from kvpool.optimized.key_match import is_integer_dtype
+
+PageIds = torch.Tensor | Sequence[int]
+"""A free list as a caller hands it back: a 1-D integer tensor or a sequence of page ids."""
+
+
+def _host(values: HostLens | Int64Array) -> Int64Array:
+    return values if isinstance(values, np.ndarray) else host_array(values)
+
+
+def extend_new_pages_host(
+    prefix_lens_cpu: HostLens | Int64Array, seq_lens_cpu: HostLens | Int64Array, page_size: int
+) -> int:
+    """``sum(ceil(S/ps) - ceil(P/ps))`` from host copies (pages); no device work."""
+    shift, mask = page_size.bit_length() - 1, page_size - 1  # page_size is a power of two
+    s, p = _host(seq_lens_cpu), _host(prefix_lens_cpu)
+    return int(((s + mask) >> shift).sum() - ((p + mask) >> shift).sum())
+
+
+def decode_new_pages_host(seq_lens_cpu: HostLens | Int64Array, page_size: int) -> int:
+    """Requests whose new token (position ``S - 1``) opens a page, from host copies (pages)."""
+    return int(np.count_nonzero(((_host(seq_lens_cpu) - 1) & (page_size - 1)) == 0))
+
+
+def pages_to_slots(pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Slots of ``pages`` page by page: ``page * ps + offsets`` flattened (``offsets`` is
+    ``arange(ps)`` on the pages' device)."""
+    return (pages.unsqueeze(1) * offsets.numel() + offsets).reshape(-1)
+
+
+# --------------------------------------------------------------------------- always on
+
+
+def check_integer_tensors(**tensors: torch.Tensor) -> None:
+    """InvalidArgumentError unless every non-empty tensor has an integer dtype (metadata only;
+    ``torch.tensor([])`` is float32 and holds nothing to misread)."""
+    for name, t in tensors.items():
+        if not is_integer_dtype(t.dtype) and t.numel():
+            raise InvalidArgumentError(f"{name} must hold integers, got dtype {t.dtype}")
+
+
+def host_ints(name: str, values: HostLens) -> Int64Array:
+    """A host copy of lengths as a 1-D int64 array; InvalidArgumentError unless it holds
+    integers (a float list or tensor is refused, never truncated)."""
+    if (
+        type(values) is torch.Tensor
+        and values.dtype is torch.int64
+        and values.is_cpu
+        and values.dim() == 1
+    ):
+        return values.numpy()  # the common case (an engine's host copy): a view, no checks due
+    if isinstance(values, torch.Tensor):
+        check_integer_tensors(**{name: values})
+        return host_array(values)
+    arr = np.asarray(values)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{name} must hold integers, got {list(values)!r}")
+    return arr.astype(np.int64, copy=False).reshape(-1)
+
+
+def check_extend_host(
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: HostLens,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: HostLens,
+    last_loc: torch.Tensor,
+    extend_num_tokens: object,
+) -> tuple[Int64Array, Int64Array]:
+    """The preconditions of ``alloc_extend`` that need no device read, done in both modes:
+    integer dtypes, one length for the five arrays, ``0 <= P <= S`` and
+    ``extend_num_tokens == sum(S - P)`` on the host copies (InvalidArgumentError, as the
+    reference). Returns the host copies as int64 arrays."""
+    check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
+    p, s = host_ints("prefix_lens_cpu", prefix_lens_cpu), host_ints("seq_lens_cpu", seq_lens_cpu)
+    sizes = (prefix_lens.numel(), p.size, seq_lens.numel(), s.size, last_loc.numel())
+    if len(set(sizes)) != 1:
+        raise InvalidArgumentError(
+            f"batch arrays differ in length (prefix_lens, prefix_lens_cpu, seq_lens, "
+            f"seq_lens_cpu, last_loc): {sizes}"
+        )
+    new = s - p  # tokens to allocate per request
+    if p.size and (p.min() < 0 or new.min() < 0):
+        raise InvalidArgumentError(
+            f"need 0 <= prefix_len <= seq_len, got {p.tolist()}, {s.tolist()}"
+        )
+    expected = int(new.sum())
+    if not isinstance(extend_num_tokens, int) or extend_num_tokens != expected:
+        raise InvalidArgumentError(
+            f"extend_num_tokens={extend_num_tokens!r} but sum(seq_lens - prefix_lens)={expected}"
+        )
+    return p, s
+
+
+def check_decode_host(
+    seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
+) -> Int64Array:
+    """``alloc_decode``'s preconditions that need no device read, done in both modes: integer
+    dtypes, one length for the three arrays, every host ``S >= 1`` (InvalidArgumentError)."""
+    if not (is_integer_dtype(seq_lens.dtype) and is_integer_dtype(last_loc.dtype)):
+        check_integer_tensors(seq_lens=seq_lens, last_loc=last_loc)  # raises for a non-empty one
+    s = host_ints("seq_lens_cpu", seq_lens_cpu)
+    n = s.size
+    if seq_lens.numel() != n or last_loc.numel() != n:
+        sizes = (seq_lens.numel(), n, last_loc.numel())
+        raise InvalidArgumentError(
+            f"batch arrays differ in length (seq_lens, seq_lens_cpu, last_loc): {sizes}"
+        )
+    if n and s[s.argmin()] < 1:  # argmin: a fraction of min()'s fixed cost on small arrays
+        raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1, got {s.tolist()}")
+    return s
+
+
+# --------------------------------------------------------------------------- checked mode
+def check_host_copy(name: str, device_lens: torch.Tensor, host_lens: HostLens) -> torch.Tensor:
+    """The device lengths as int64, after checking they equal their host copy
+    (InvalidArgumentError otherwise, as the reference)."""
+    dev = device_lens.to(torch.int64).reshape(-1)
+    host = torch.from_numpy(host_ints(f"{name}_cpu", host_lens)).to(dev.device)
+    if dev.shape != host.shape or not torch.equal(dev, host):
+        raise InvalidArgumentError(
+            f"{name} and {name}_cpu differ: {dev.tolist()} vs {host.tolist()}"
+        )
+    return dev
+
+
+def check_extend_args(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    extend_num_tokens: int,
+    page_size: int,
+) -> None:
+    """Vectorised :func:`kvpool.reference.pools.paged_ops.validate_extend_args` (int64 inputs on one
+    device): equal lengths, ``0 <= P <= S``, ``last_loc == -1`` exactly when ``P == 0``, an
+    allocatable ``last_loc`` when ``P > 0``, ``(last_loc + 1) % ps == P % ps`` mid-page, and
+    ``extend_num_tokens == sum(S - P)``."""
+    p, s, loc = prefix_lens, seq_lens, last_loc
+    if not p.numel() == s.numel() == loc.numel():
+        raise InvalidArgumentError(
+            f"batch arrays differ in length: prefix_lens={p.numel()}, "
+            f"seq_lens={s.numel()}, last_loc={loc.numel()}"
+        )
+    # One code per request: its first failing check, in the reference's order (0 = fine).
+    code = torch.zeros_like(p)
+    checks = (
+        (p < 0) | (s < p),
+        (p == 0) != (loc == NO_LAST_LOC),
+        (p > 0) & (loc <= RESERVED_INDEX),
+        (p % page_size != 0) & ((loc + 1) % page_size != p % page_size),
+    )
+    for number, failed in reversed(list(enumerate(checks, start=1))):
+        code = torch.where(failed, number, code)
+    bad = torch.nonzero(code)
+    if bad.numel():
+        i = int(bad[0, 0].item())
+        which, pi, si, li = (int(x) for x in (code[i], p[i], s[i], loc[i]))
+        message = f"request {i}: prefix_len={pi}, seq_len={si}, last_loc={li} breaks check {which}"
+        raise (AlignmentError if which == 4 else InvalidArgumentError)(message)
+    expected = int(torch.sum(s - p).item())
+    if extend_num_tokens != expected:
+        raise InvalidArgumentError(
+            f"extend_num_tokens={extend_num_tokens} but sum(seq_lens - prefix_lens)={expected}"
+        )
+
+
+def check_prefix_pages_held(
+    prefix_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_mask: torch.Tensor,
+    page_size: int,
+) -> None:
+    """A prefix ending mid-page continues in ``last_loc``'s page, which must exist
+    (IndexOutOfRangeError), not be page 0 (ReservedIndexError) and not be free
+    (InvalidArgumentError). ``free_mask[page]`` is True for free pages (length num_pages + 1)."""
+    num_pages = free_mask.numel() - 1
+    mid = prefix_lens % page_size != 0
+    page = last_loc // page_size
+    is_free = free_mask[page.clamp(0, num_pages)]
+    code = torch.zeros_like(page)
+    code = torch.where(mid & is_free, 3, code)
+    code = torch.where(mid & (page == RESERVED_INDEX), 2, code)
+    code = torch.where(mid & (page > num_pages), 1, code)
+    bad = torch.nonzero(code)
+    if bad.numel():
+        i = int(bad[0, 0].item())
+        which, loc = int(code[i].item()), int(last_loc[i].item())
+        error = (IndexOutOfRangeError, ReservedIndexError, InvalidArgumentError)[which - 1]
+        raise error(f"request {i}: last_loc {loc} is not in an allocated page")
+
+
+def check_free_slots(
+    slots: torch.Tensor,
+    free_mask: torch.Tensor,
+    page_size: int,
+    no_duplicates: bool = False,
+    pending_mask: torch.Tensor | None = None,
+) -> None:
+    """The reference's free checks, in its precedence, over the whole call: every slot in
+    ``[0, (num_pages + 1) * ps)`` (IndexOutOfRangeError; non-integer tensors too), no slot of page
+    0 (ReservedIndexError), no page already free (DoubleFreeError). With ``no_duplicates`` (page
+    size 1) a slot named twice in the call, or marked in ``pending_mask`` (slots buffered by the
+    open free group), is a DoubleFreeError as well."""
+    limit = free_mask.numel() * page_size
+    if slots.dtype.is_floating_point or slots.dtype.is_complex or slots.dtype == torch.bool:
+        raise IndexOutOfRangeError(f"slots must be integers, got dtype {slots.dtype}")
+    out_of_range = (slots < 0) | (slots >= limit)
+    if bool(out_of_range.any()):
+        raise IndexOutOfRangeError(
+            f"slots out of range [0, {limit}): {slots[out_of_range].tolist()}"
+        )
+    pages = slots // page_size
+    reserved = pages == RESERVED_INDEX
+    if bool(reserved.any()):
+        raise ReservedIndexError(
+            f"slots of reserved page {RESERVED_INDEX}: {slots[reserved].tolist()}"
+        )
+    already_free = free_mask[pages]
+    if bool(already_free.any()):
+        pages_free = torch.unique(pages[already_free]).tolist()
+        raise DoubleFreeError("freeing pages that are already free", pages_free)
+    if not no_duplicates:
+        return
+    twice = torch.unique(slots).numel() != slots.numel()
+    if pending_mask is not None:
+        twice = twice or bool(pending_mask[slots].any())
+    if twice:
+        raise DoubleFreeError("slots freed twice in one call or free group")
+
+
+def check_free_list_shape(state: object) -> tuple[PageIds, PageIds]:
+    """Always on (no device read): a pair whose tensors are 1-D and integer (a list of pages is
+    checked for integers); InvalidArgumentError otherwise. Returns the pair."""
+    if not (isinstance(state, tuple) and len(state) == 2):
+        raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
+    for part in state:
+        if isinstance(part, torch.Tensor):
+            if part.dim() != 1 or (part.numel() and not is_integer_dtype(part.dtype)):
+                raise InvalidArgumentError("state must hold two 1-D integer tensors of page ids")
+        else:
+            int_list("page ids", part)
+    return state[0], state[1]
+
+
+def check_free_list_state(state: object, num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``backup_state`` value: two 1-D integer tensors of distinct page ids in
+    ``1..num_pages`` (InvalidArgumentError otherwise, as the reference)."""
+    if not (isinstance(state, tuple) and len(state) == 2):
+        raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
+    free_pages, release_pages = state
+    if not all(
+        isinstance(t, torch.Tensor) and t.dim() == 1 and not t.dtype.is_floating_point
+        for t in (free_pages, release_pages)
+    ):
+        raise InvalidArgumentError("state must hold two 1-D integer tensors of page ids")
+    every = torch.cat((free_pages.to(torch.int64), release_pages.to(torch.int64)))
+    if every.numel() and (
+        bool(((every < 1) | (every > num_pages)).any())
+        or torch.unique(every).numel() != every.numel()
+    ):
+        raise InvalidArgumentError(f"state holds bad or repeated page ids: {every.tolist()}")
+    return free_pages, release_pages
+
+
+__all__ = [
+    "HostLens",
+    "PageIds",
+    "check_decode_host",
+    "check_extend_args",
+    "check_extend_host",
+    "check_free_list_shape",
+    "check_free_list_state",
+    "check_free_slots",
+    "check_host_copy",
+    "check_integer_tensors",
+    "check_prefix_pages_held",
+    "decode_new_pages_host",
+    "extend_new_pages_host",
+    "host_ints",
+    "pages_to_slots",
+]

@@ -1,0 +1,381 @@
+"""Sliding-window (SWA) hybrid allocators (optimized twin): ``SWATokenToKVPoolAllocator`` and
+the pure-SWA one.
+
+Twin of :mod:`kvpool.reference.swa.allocator` (same methods, results and errors; read its module
+docstring for the contract). ``full_to_swa_index_mapping`` is an int64 tensor of
+``size + page_size + 1`` entries on ``device`` (the last is -1). Allocations and the mapping
+updates are tensor work; capacity is compared on host metadata (free-list lengths). A free reads
+the mapping and drops the sentinel entries with a mask, whose data-dependent size waits for the
+device (SGLang's free does the same); at page size > 1 the freed pages are expanded to their
+slots once each, in ascending order, as the reference does. ``checked`` validates every
+call as the reference does, before any change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
+from kvpool.errors import (
+    AlignmentError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    KVPoolError,
+)
+from kvpool.optimized.key_match import is_integer_dtype
+from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.pools.allocator import (
+    BaseTokenToKVPoolAllocator,
+    FreeListState,
+    TokenToKVPoolAllocator,
+)
+from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.optimized.pools.paged_ops import (
+    HostLens,
+    check_decode_host,
+    check_extend_args,
+    check_extend_host,
+    check_free_list_shape,
+    check_free_list_state,
+    check_host_copy,
+    check_integer_tensors,
+    check_prefix_pages_held,
+    decode_new_pages_host,
+    extend_new_pages_host,
+)
+from kvpool.optimized.swa.free import SWAFrees
+from kvpool.rules import Rules
+from kvpool.snapshot import SWAAllocatorSnapshot
+
+IndexLike = torch.Tensor | Sequence[int]
+SWAState = tuple[FreeListState, FreeListState, torch.Tensor]
+"""What :meth:`SWATokenToKVPoolAllocator.backup_state` returns: (full, SWA, mapping clone)."""
+
+
+def _page_allocator(
+    size: int, page_size: int, need_sort: bool, rules: Rules | None, options: TwinOptions
+) -> BaseTokenToKVPoolAllocator:
+    if page_size == 1:
+        return TokenToKVPoolAllocator(size, need_sort, rules=rules, options=options)
+    return PagedTokenToKVPoolAllocator(size, page_size, need_sort, rules=rules, options=options)
+
+
+class SWATokenToKVPoolAllocator(SWAFrees):
+    """A full pool of ``size`` tokens and an SWA pool of ``size_swa`` tokens joined by
+    ``full_to_swa_index_mapping`` (twin of the reference class)."""
+
+    def __init__(
+        self,
+        size: int,
+        size_swa: int,
+        page_size: int,
+        need_sort: bool = False,
+        *,
+        device: str | torch.device | None = None,
+        checked: bool | None = None,
+        kernel_backend: str | None = None,
+        rules: Rules | None = None,
+        options: TwinOptions | None = None,
+    ) -> None:
+        self.options = twin_options(options, device, checked, kernel_backend)
+        self.checked = self.options.checked
+        opts = self.options
+        self.full_attn_allocator = _page_allocator(size, page_size, need_sort, rules, opts)
+        self.swa_attn_allocator = _page_allocator(size_swa, page_size, need_sort, rules, opts)
+        self._size_full, self._size_swa = size, size_swa
+        self.page_size = page_size
+        self.need_sort = bool(need_sort)
+        self.device = self.options.device
+        self.full_to_swa_index_mapping = torch.zeros(
+            size + page_size + 1, dtype=torch.int64, device=self.device
+        )
+        self.full_to_swa_index_mapping[-1] = NO_LAST_LOC
+        self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+        self.rules = rules if rules is not None else Rules()
+        self._in_free_group = False
+        self._group_slots: list[torch.Tensor] = []
+        self.clear()
+
+    # ----------------------------------------------------------------- sizes
+    @property
+    def size(self) -> int:
+        """Tokens both pools can hold: ``min(size_full, size_swa)``."""
+        return min(self._size_full, self._size_swa)
+
+    @property
+    def size_full(self) -> int:
+        return self._size_full
+
+    @property
+    def size_swa(self) -> int:
+        return self._size_swa
+
+    def available_size(self) -> int:
+        """Tokens allocatable now in both pools: the smaller free count."""
+        return min(self.full_available_size(), self.swa_available_size())
+
+    def full_available_size(self) -> int:
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    def snapshot(self) -> SWAAllocatorSnapshot:
+        """Both pools' snapshots and the mapping (device-to-host copies)."""
+        return SWAAllocatorSnapshot(
+            full=self.full_attn_allocator.snapshot(),
+            swa=self.swa_attn_allocator.snapshot(),
+            full_to_swa=tuple(self.full_to_swa_index_mapping.tolist()),
+            resolves_at_group_end=self._resolves_at_group_end(),
+        )
+
+    # ----------------------------------------------------------------- mapping
+    def _as_index(
+        self, values: IndexLike, error: type[KVPoolError] = InvalidArgumentError
+    ) -> torch.Tensor:
+        """``values`` as 1-D int64 on the device; ``error`` for a non-integer dtype (metadata:
+        checked in both modes; frees raise IndexOutOfRangeError, as the reference)."""
+        t = torch.as_tensor(values, device=self.device).reshape(-1)
+        if not is_integer_dtype(t.dtype) and t.numel():
+            raise error(f"slots and lengths must be integers, got dtype {t.dtype}")
+        return t.to(torch.int64)
+
+    def _check_range(self, slots: torch.Tensor, low: int) -> None:
+        limit = self._size_full + self.page_size
+        bad = (slots < low) | (slots >= limit)
+        if bool(bad.any()):
+            raise IndexOutOfRangeError(f"full slots out of range: {slots[bad].tolist()}")
+
+    def translate_loc_from_full_to_swa(self, kv_indices: IndexLike) -> torch.Tensor:
+        """SWA slot of each full slot (0 where it has none; -1 stays -1: it indexes the tail).
+        Checked mode: IndexOutOfRangeError outside ``[-1, size + page_size)``."""
+        locs = self._as_index(kv_indices)
+        if self.checked:
+            self._check_range(locs, NO_LAST_LOC)
+        return self.full_to_swa_index_mapping[locs]
+
+    def set_full_to_swa_mapping(self, full_indices: IndexLike, swa_indices: IndexLike) -> None:
+        """``mapping[full_indices[i]] = swa_indices[i]`` (0 unmaps). Checked mode:
+        InvalidArgumentError for different lengths, IndexOutOfRangeError out of range."""
+        full, swa = self._as_index(full_indices), self._as_index(swa_indices)
+        if full.numel() != swa.numel():  # metadata: checked in both modes
+            raise InvalidArgumentError(f"{full.numel()} full slots but {swa.numel()} SWA slots")
+        if self.checked:
+            self._check_range(full, 0)
+            swa_limit = self._size_swa + self.page_size
+            bad = (swa < 0) | (swa >= swa_limit)
+            if bool(bad.any()):
+                raise IndexOutOfRangeError(f"SWA slots out of range: {swa[bad].tolist()}")
+        self.full_to_swa_index_mapping[full] = swa
+
+    # ----------------------------------------------------------------- alloc
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` full slots mapped to new SWA slots; ``None`` (no change) unless both
+        pools have room. Page size 1 only (InvalidArgumentError above)."""
+        if self.page_size != 1:
+            raise InvalidArgumentError("SWA alloc needs page_size 1; use alloc_extend")
+        self.full_attn_allocator._check_need_size(need_size)
+        if need_size > self.available_size():
+            return None
+        full = self.full_attn_allocator.alloc(need_size)
+        swa = self.swa_attn_allocator.alloc(need_size)
+        assert full is not None and swa is not None
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    def _check_batch(
+        self,
+        prefix: torch.Tensor,
+        seq: torch.Tensor,
+        last_loc: torch.Tensor,
+        n: int,
+    ) -> torch.Tensor:
+        """The translated ``last_loc``; checked mode first runs both sides' extend checks.
+        Unchecked, the caller has run the host checks (the translation indexes a tensor)."""
+        if not self.checked:
+            return self.full_to_swa_index_mapping[last_loc]
+        full_mask = self.full_attn_allocator._free_mask
+        swa_mask = self.swa_attn_allocator._free_mask
+        assert full_mask is not None and swa_mask is not None
+        check_extend_args(prefix, seq, last_loc, n, self.page_size)
+        check_prefix_pages_held(prefix, last_loc, full_mask, self.page_size)
+        swa_loc = self.translate_loc_from_full_to_swa(last_loc)
+        check_extend_args(prefix, seq, swa_loc, n, self.page_size)
+        check_prefix_pages_held(prefix, swa_loc, swa_mask, self.page_size)
+        return swa_loc
+
+    def _pages_fit(self, full_pages: int, swa_pages: int) -> bool:
+        ps = self.page_size
+        return full_pages * ps <= self.full_available_size() and (
+            swa_pages * ps <= self.swa_available_size()
+        )
+
+    def _host_checked(
+        self, name: str, device_lens: torch.Tensor, host_lens: HostLens
+    ) -> torch.Tensor:
+        if self.checked:
+            return check_host_copy(name, device_lens, host_lens)
+        return device_lens
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: HostLens,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: HostLens,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
+        """Full slots for tokens ``[P_i, S_i)`` mapped to SWA slots extended the same way from
+        the translated ``last_loc``; ``None`` (no change) unless both pools fit. Page size > 1."""
+        if self.page_size == 1:
+            raise InvalidArgumentError("SWA alloc_extend needs page_size > 1; use alloc")
+        prefix, seq = self._as_index(prefix_lens), self._as_index(seq_lens)
+        loc = self._as_index(last_loc)
+        check_integer_tensors(prefix_lens=prefix, seq_lens=seq, last_loc=loc)
+        if self.checked:  # device reads first: the reference's order of checks
+            prefix = check_host_copy("prefix_lens", prefix, prefix_lens_cpu)
+            seq = check_host_copy("seq_lens", seq, seq_lens_cpu)
+            swa_loc = self._check_batch(prefix, seq, loc, extend_num_tokens)
+        host = check_extend_host(prefix, prefix_lens_cpu, seq, seq_lens_cpu, loc, extend_num_tokens)
+        if not self.checked:
+            swa_loc = self._check_batch(prefix, seq, loc, extend_num_tokens)
+        pages = extend_new_pages_host(*host, self.page_size)
+        if not self._pages_fit(pages, pages):
+            return None
+        args = (prefix, prefix_lens_cpu, seq, seq_lens_cpu)
+        full = self.full_attn_allocator.alloc_extend(*args, loc, extend_num_tokens)
+        swa = self.swa_attn_allocator.alloc_extend(*args, swa_loc, extend_num_tokens)
+        assert full is not None and swa is not None
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    def alloc_extend_swa_tail(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: HostLens,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: HostLens,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        swa_tail_len: int,
+    ) -> torch.Tensor | None:
+        """One request: full slots for the whole extend, SWA slots from fresh pages for its
+        last ``swa_tail_len`` tokens only (the others map to 0); ``None`` (no change) unless
+        both pools fit. Page size > 1, a batch of one."""
+        if self.page_size == 1:
+            raise InvalidArgumentError("SWA alloc_extend_swa_tail needs page_size > 1")
+        prefix = self._host_checked("prefix_lens", self._as_index(prefix_lens), prefix_lens_cpu)
+        seq = self._host_checked("seq_lens", self._as_index(seq_lens), seq_lens_cpu)
+        loc = self._as_index(last_loc)
+        check_extend_host(prefix, prefix_lens_cpu, seq, seq_lens_cpu, loc, extend_num_tokens)
+        if len(prefix_lens_cpu) != 1 or len(seq_lens_cpu) != 1:
+            raise InvalidArgumentError("alloc_extend_swa_tail takes a batch of one request")
+        if not isinstance(swa_tail_len, int) or not 0 <= swa_tail_len <= extend_num_tokens:
+            raise InvalidArgumentError(
+                f"swa_tail_len must be in [0, {extend_num_tokens}], got {swa_tail_len!r}"
+            )
+        if swa_tail_len and (int(seq_lens_cpu[0]) - swa_tail_len) % self.page_size:
+            # the tail must start on a page boundary so that its SWA pages pair with full pages
+            raise AlignmentError(f"the SWA tail of {swa_tail_len} tokens starts mid-page")
+        loc = self._as_index(last_loc)
+        full_alloc = self.full_attn_allocator
+        if full_alloc._free_mask is not None:
+            check_extend_args(prefix, seq, loc, extend_num_tokens, self.page_size)
+            check_prefix_pages_held(prefix, loc, full_alloc._free_mask, self.page_size)
+        full_pages = extend_new_pages_host(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        swa_pages = extend_new_pages_host([0], [swa_tail_len], self.page_size)
+        if not self._pages_fit(full_pages, swa_pages):
+            return None
+        args = (prefix, prefix_lens_cpu, seq, seq_lens_cpu, loc, extend_num_tokens)
+        full = full_alloc.alloc_extend(*args)
+        assert full is not None
+        head = full.numel() - swa_tail_len
+        if swa_tail_len:
+            zero, tail = self._as_index([0]), self._as_index([swa_tail_len])
+            no_loc = self._as_index([NO_LAST_LOC])
+            swa = self.swa_attn_allocator.alloc_extend(
+                zero, [0], tail, [swa_tail_len], no_loc, swa_tail_len
+            )
+            assert swa is not None
+            self.full_to_swa_index_mapping[full[head:]] = swa
+        self.full_to_swa_index_mapping.index_fill_(0, full[:head], RESERVED_INDEX)
+        return full
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        """One full slot per request for token ``S_i - 1`` mapped to an SWA slot decoded from
+        the translated ``last_loc``; ``None`` (no change) unless both pools fit. Page size > 1."""
+        if self.page_size == 1:
+            raise InvalidArgumentError("SWA alloc_decode needs page_size > 1; use alloc")
+        seq, loc = self._as_index(seq_lens), self._as_index(last_loc)
+        check_integer_tensors(seq_lens=seq, last_loc=loc)
+        if self.checked:  # device reads first: the reference's order of checks
+            seq = check_host_copy("seq_lens", seq, seq_lens_cpu)
+            if bool((seq < 1).any()):
+                raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1: {seq.tolist()}")
+            swa_loc = self._check_batch(seq - 1, seq, loc, seq.numel())
+        host_s = check_decode_host(seq, seq_lens_cpu, loc)
+        if not self.checked:
+            swa_loc = self._check_batch(seq - 1, seq, loc, seq.numel())
+        pages = decode_new_pages_host(host_s, self.page_size)
+        if not self._pages_fit(pages, pages):
+            return None
+        full = self.full_attn_allocator.alloc_decode(seq, seq_lens_cpu, loc)
+        swa = self.swa_attn_allocator.alloc_decode(seq, seq_lens_cpu, swa_loc)
+        assert full is not None and swa is not None
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    # ----------------------------------------------------------------- state
+    def backup_state(self) -> SWAState:
+        """Both pools' free lists and a clone of the mapping. InvalidArgumentError inside an
+        open free group (kvpool): the group's SWA slots are already unmapped but not yet free,
+        so a restore to that state would leak them."""
+        if self._in_free_group:
+            raise InvalidArgumentError("backup_state inside an open free group")
+        return (
+            self.full_attn_allocator.backup_state(),
+            self.swa_attn_allocator.backup_state(),
+            self.full_to_swa_index_mapping.clone(),
+        )
+
+    def restore_state(self, state: object) -> None:
+        """Put back a :meth:`backup_state` (checked mode validates it in full first)."""
+        if not isinstance(state, tuple) or len(state) != 3:
+            raise InvalidArgumentError("state must be the (full, swa, mapping) tuple")
+        mapping = state[2]
+        shape_ok = isinstance(mapping, torch.Tensor) and mapping.shape == (
+            self.full_to_swa_index_mapping.shape
+        )
+        if not shape_ok:  # metadata, like both free lists' shapes: checked in both modes
+            raise InvalidArgumentError("state holds a mapping of the wrong shape")
+        check_free_list_shape(state[0])
+        check_free_list_shape(state[1])
+        if self.checked:
+            if int(mapping[-1]) != NO_LAST_LOC:
+                raise InvalidArgumentError("state holds a mapping without its -1 sentinel")
+            check_free_list_state(state[0], self.full_attn_allocator.num_pages)
+            check_free_list_state(state[1], self.swa_attn_allocator.num_pages)
+        self.full_attn_allocator.restore_state(state[0])
+        self.swa_attn_allocator.restore_state(state[1])
+        self.full_to_swa_index_mapping.copy_(mapping)
+
+    def merge_and_sort_free(self) -> None:
+        """Merge and sort both pools' release pages into their free pages."""
+        self.full_attn_allocator.merge_and_sort_free()
+        self.swa_attn_allocator.merge_and_sort_free()
+
+    def clear(self) -> None:
+        """Both pools empty, every entry 0 but the -1 tail, no open free group."""
+        self.full_attn_allocator.clear()
+        self.swa_attn_allocator.clear()
+        self.full_to_swa_index_mapping[:-1].fill_(RESERVED_INDEX)
+        self._in_free_group = False
+        self._group_slots = []
+
+
+__all__ = ["SWAState", "SWATokenToKVPoolAllocator"]

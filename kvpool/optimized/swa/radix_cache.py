@@ -1,0 +1,283 @@
+"""``SWARadixCache`` (optimized twin): the prefix tree of a hybrid sliding-window model.
+
+Twin of :mod:`kvpool.reference.swa.radix_cache` (same rules, node ids, results and errors; read
+its module docstring). Node values are int64 slot tensors on the allocator's device and every
+allocator call passes tensors; keys are :class:`kvpool.optimized.radix_key.RadixKey`. The tree
+walk itself is plain Python over token lists, as in the reference: a sliding-window tree is
+walked per request, and its cost is dominated by the allocator calls it makes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kvpool.constants import floor_align
+from kvpool.errors import InvalidArgumentError
+from kvpool.optimized.options import TwinOptions, options_of
+from kvpool.optimized.radix_key import RadixKey, check_tree_range, tree_value
+from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
+from kvpool.optimized.swa.radix_evict import SWARadixEviction
+from kvpool.optimized.swa.radix_locks import SWARadixLocks
+from kvpool.optimized.swa.tree_node import SWATreeNode
+from kvpool.reference.radix.radix_cache import logical_clock
+from kvpool.reference.radix_key import ChildKey, tree_slot_limit
+from kvpool.reference.swa.radix_cache import STAMP_STEP
+from kvpool.snapshot import NodeSnapshot, TreeSnapshot
+
+
+@dataclass
+class SWAMatchResult:
+    """What ``match_prefix`` returns: the matched full slots and the deepest usable node."""
+
+    device_indices: torch.Tensor
+    last_device_node: SWATreeNode
+
+
+class SWARadixCache(SWARadixLocks, SWARadixEviction):
+    """Prefix tree over an :class:`SWATokenToKVPoolAllocator` (see the module docstring)."""
+
+    def __init__(
+        self,
+        token_to_kv_pool_allocator: SWATokenToKVPoolAllocator,
+        page_size: int,
+        sliding_window_size: int,
+        clock: Callable[[], float] | None = None,
+        *,
+        options: TwinOptions | None = None,
+    ) -> None:
+        if sliding_window_size < 1:
+            raise InvalidArgumentError(f"sliding_window_size must be >= 1: {sliding_window_size}")
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.page_size = page_size
+        self.sliding_window_size = sliding_window_size
+        self.clock = clock if clock is not None else logical_clock()
+        self.options = options if options is not None else options_of(token_to_kv_pool_allocator)
+        self.device = self.options.device
+        self._walk_now, self._walk_seq = 0.0, 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the tree (frees nothing); node ids and swa_uuids restart."""
+        self._next_id, self._next_uuid = 0, 0
+        self.root_node = self._new_node(RadixKey([]), self._slots([]), None, 0.0)
+        self.root_node.full_lock_ref = self.root_node.swa_lock_ref = 1
+        self.full_evictable_size_ = self.full_protected_size_ = 0
+        self.swa_evictable_size_ = self.swa_protected_size_ = 0
+
+    def _slots(self, values: list[int] | torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.int64, device=self.device).reshape(-1)
+
+    def _new_node(self, key: RadixKey, value: torch.Tensor, parent: SWATreeNode | None,
+                  now: float) -> SWATreeNode:  # fmt: skip
+        node = SWATreeNode(self._next_id, key, value, parent, now)
+        self._next_id += 1
+        return node
+
+    # ----------------------------------------------------------------- sizes
+    def full_evictable_size(self) -> int:
+        return self.full_evictable_size_
+
+    def full_protected_size(self) -> int:
+        return self.full_protected_size_
+
+    def swa_evictable_size(self) -> int:
+        return self.swa_evictable_size_
+
+    def swa_protected_size(self) -> int:
+        return self.swa_protected_size_
+
+    # ----------------------------------------------------------------- tree helpers
+    def _child_key(self, parent: SWATreeNode, key: RadixKey) -> ChildKey:
+        plain = key.plain_child_key(self.page_size)
+        return (key.extra_key, plain) if parent is self.root_node else plain
+
+    def _match_len(self, node_key: RadixKey, key: RadixKey) -> int:
+        a, b, ps = node_key.token_ids, key.token_ids, self.page_size
+        n, limit = 0, min(len(a), len(b))
+        while n + ps <= limit and a[n : n + ps] == b[n : n + ps]:
+            n += ps
+        return n
+
+    def _split_node(self, child: SWATreeNode, split_len: int) -> SWATreeNode:
+        """Cut ``child`` after ``split_len`` tokens; the new upper node (next id) copies the
+        locks and the tombstone flag and takes the swa_uuid; both halves become the most
+        recently used, the upper one first (SGLang re-inserts them into its LRU lists)."""
+        parent = child.parent
+        assert parent is not None
+        dict_key = self._child_key(parent, child.key)
+        upper = self._new_node(child.key[:split_len], child.value[:split_len], parent,
+                               self._stamp())  # fmt: skip
+        child.last_access_time = self._stamp()
+        upper.full_lock_ref, upper.swa_lock_ref = child.full_lock_ref, child.swa_lock_ref
+        upper.swa_tombstone = child.swa_tombstone
+        upper.swa_uuid, child.swa_uuid = child.swa_uuid, None
+        child.key, child.value = child.key[split_len:], child.value[split_len:]
+        child.parent = upper
+        upper.children[self._child_key(upper, child.key)] = child
+        parent.children[dict_key] = upper
+        return upper
+
+    def _add_node(self, parent: SWATreeNode, key: RadixKey, value: torch.Tensor,
+                  tombstone: bool) -> SWATreeNode:  # fmt: skip
+        node = self._new_node(key, value.clone(), parent, self._stamp())  # not the caller's view
+        node.swa_tombstone = tombstone
+        parent.children[self._child_key(parent, key)] = node
+        self.full_evictable_size_ += len(key)
+        if not tombstone:
+            self.swa_evictable_size_ += len(key)
+        return node
+
+    def _start_walk(self) -> None:
+        """One clock read per walk; :meth:`_stamp` orders the stamps inside it."""
+        self._walk_now, self._walk_seq = self.clock(), 0
+
+    def _stamp(self) -> float:
+        """The current walk's time plus a tiny step per stamp: each stamp is more recent than
+        the one before (SGLang moves nodes to the front of its LRU lists one at a time)."""
+        self._walk_seq += 1
+        return self._walk_now + self._walk_seq * STAMP_STEP
+
+    def _touch_path(self, node: SWATreeNode) -> None:
+        """Stamp ``node`` and its ancestors, nearest the root first (so ``node`` is the most
+        recent, as SGLang's ``reset_node_and_parents_mru``)."""
+        path = []
+        while node is not self.root_node and node.parent is not None:
+            path.append(node)
+            node = node.parent
+        for cur in reversed(path):
+            cur.last_access_time = self._stamp()
+
+    # ----------------------------------------------------------------- match / insert
+    def match_prefix(self, key: RadixKey) -> SWAMatchResult:
+        """Slots of the longest usable cached prefix (see the module docstring) and its node;
+        splits a node where the walk ends inside it."""
+        key = key[: floor_align(len(key), self.page_size)]
+        if len(key) == 0:
+            return SWAMatchResult(self._slots([]), self.root_node)
+        self._start_walk()
+        node, values = self.root_node, list[torch.Tensor]()
+        since_tombstone = float("inf")  # a path from the root without tombstone always counts
+        best_len, best = 0, self.root_node
+        window = self.sliding_window_size
+        while len(key) > 0:
+            child = node.children.get(self._child_key(node, key))
+            if child is None:
+                break
+            if child.swa_tombstone:
+                if since_tombstone >= window:
+                    best_len, best = len(values), node
+                since_tombstone = 0
+            n = self._match_len(child.key, key)
+            split = n < len(child.key)
+            if split:
+                child = self._split_node(child, n)
+            values.append(child.value)
+            if not child.swa_tombstone:
+                since_tombstone += len(child.value)
+            node = child
+            if split:
+                break
+            key = key[n:]
+        if since_tombstone >= window:
+            best_len, best = len(values), node
+        self._touch_path(best)
+        parts = values[:best_len]
+        return SWAMatchResult(torch.cat(parts) if parts else self._slots([]), best)
+
+    def insert(self, key: RadixKey, value: torch.Tensor, prev_prefix_len: int = 0,
+               swa_evicted_seqlen: int = 0) -> int:  # fmt: skip
+        """Insert the page-aligned part of ``key`` at full slots ``value``; frees the incoming
+        duplicates past ``prev_prefix_len`` and recovers matched tombstones (module docstring).
+        Returns the tokens that were already cached. InvalidArgumentError for fewer slots than
+        tokens or an ``swa_evicted_seqlen`` that is not a page multiple in ``[0, len(key)]``."""
+        if len(value) < len(key):
+            raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        value = tree_value(value, self.device).reshape(-1)
+        if self.options.checked:
+            check_tree_range(value[: len(key)], tree_slot_limit(self.token_to_kv_pool_allocator))
+        key = key[: floor_align(len(key), self.page_size)]
+        value = value[: len(key)]
+        ps = self.page_size
+        if not 0 <= swa_evicted_seqlen <= len(key) or swa_evicted_seqlen % ps:
+            raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")
+        if len(key) == 0:
+            return 0
+        self._start_walk()
+        alloc = self.token_to_kv_pool_allocator
+        node, total = self.root_node, 0
+        while len(key) > 0:
+            child = node.children.get(self._child_key(node, key))
+            if child is None:
+                break
+            child.last_access_time = self._stamp()
+            n = self._match_len(child.key, key)
+            if n < len(child.key):
+                child = self._split_node(child, n)
+            node = child
+            if prev_prefix_len < total + n:
+                self._merge_matched(node, value[:n], total, swa_evicted_seqlen)
+            total += n
+            key, value = key[n:], value[n:]
+        if len(key) > 0:
+            if swa_evicted_seqlen == total + len(key):
+                alloc.free(value)  # no window KV left: a tombstone leaf is never created
+                return total
+            if swa_evicted_seqlen > total:
+                cut = swa_evicted_seqlen - total
+                node = self._add_node(node, key[:cut], value[:cut], tombstone=True)
+                key, value = key[cut:], value[cut:]
+            self._add_node(node, key, value, tombstone=False)
+        return total
+
+    def _merge_matched(self, node: SWATreeNode, incoming: torch.Tensor, start: int,
+                       swa_evicted_seqlen: int) -> None:  # fmt: skip
+        """The incoming slots of a matched node (tokens ``[start, start + len(incoming))``):
+        free them as duplicates, or recover the node from them if it is a tombstone."""
+        alloc = self.token_to_kv_pool_allocator
+        n = len(incoming)
+        if not node.swa_tombstone or swa_evicted_seqlen >= start + n:
+            alloc.free(incoming)  # a duplicate (or a tombstone whose window KV is gone too)
+            return
+        cut = max(swa_evicted_seqlen - start, 0)
+        if cut:
+            # the first `cut` tokens stay a tombstone (upper half); recover the lower half
+            self._split_node(node, cut)
+        if node.full_lock_ref > 0:
+            # a running request reads these full slots: keep them, adopt the incoming SWA
+            alloc.set_full_to_swa_mapping(node.value, alloc.translate_loc_from_full_to_swa(
+                incoming[cut:]))  # fmt: skip
+            alloc.set_full_to_swa_mapping(incoming[cut:], torch.zeros_like(incoming[cut:]))
+            alloc.full_attn_allocator.free(incoming[cut:])
+        else:
+            alloc.free(node.value)
+            node.value = incoming[cut:].clone()
+        if cut:
+            alloc.free(incoming[:cut])  # after the recovery's frees, as SGLang orders them
+        node.swa_tombstone = False
+        self.swa_evictable_size_ += n - cut
+
+    # ----------------------------------------------------------------- views
+    def snapshot(self) -> TreeSnapshot:
+        """Nodes in BFS order (children in insertion order), root first; ``lock_ref`` is the full
+        lock count."""
+        nodes, queue = [], [self.root_node]
+        while queue:
+            node = queue.pop(0)
+            kids = list(node.children.values())
+            nodes.append(NodeSnapshot(
+                node.node_id, None if node.parent is None else node.parent.node_id,
+                tuple(node.key.token_ids), node.key.extra_key, tuple(node.value.tolist()),
+                node.full_lock_ref, tuple(c.node_id for c in kids),
+                tuple(tuple(c.key.token_ids[: self.page_size]) for c in kids),
+                node.last_access_time, swa_tombstone=node.swa_tombstone,
+                swa_lock_ref=node.swa_lock_ref))  # fmt: skip
+            queue.extend(kids)
+        return TreeSnapshot(self.page_size, False, "lru", self.full_evictable_size_,
+                            self.full_protected_size_, tuple(nodes), self.swa_evictable_size_,
+                            self.swa_protected_size_)  # fmt: skip
+
+
+__all__ = ["SWAMatchResult", "SWARadixCache", "SWATreeNode"]

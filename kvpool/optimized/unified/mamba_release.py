@@ -1,0 +1,108 @@
+"""SGLang 0.5.23's FULL+MAMBA unified tree inside the request lifecycle (optimized twin).
+
+Same contract, results and errors as :mod:`kvpool.reference.unified.mamba_release` (read its
+docstring); KV slots are int64 tensors, keys come from the request's cached token array.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from kvpool.errors import InvalidArgumentError
+from kvpool.optimized.mamba.radix_release import MambaLifecycleCache
+from kvpool.optimized.mamba.tree_node import MambaTreeNode
+from kvpool.optimized.radix_key import RadixKey, req_key
+from kvpool.optimized.req import Req
+from kvpool.optimized.unified.mamba_radix_cache import UnifiedMambaRadixCache
+from kvpool.snapshot import MambaTreeSnapshot
+
+
+class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
+    """:class:`UnifiedMambaRadixCache` with SGLang 0.5.23's release path."""
+
+    def inc_lock_ref(self, node: Any) -> None:
+        """:meth:`UnifiedMambaRadixCache.inc_lock_ref`; None (never matched) and the root (SGLang's
+        components lock no root) are no-ops."""
+        if node is not None and node is not self.root_node:
+            super().inc_lock_ref(node)
+
+    def dec_lock_ref(self, node: Any) -> None:
+        """:meth:`UnifiedMambaRadixCache.dec_lock_ref`; None and the root are no-ops."""
+        if node is not None and node is not self.root_node:
+            super().dec_lock_ref(node)
+
+    def _inserted_node(self, key: RadixKey) -> MambaTreeNode:
+        """The node an insert of ``key`` just ended on."""
+        node = self._end_node(key)
+        assert node is not None  # the insert made the key end exactly on a node
+        return node
+
+    def _path_indices(self, node: MambaTreeNode) -> torch.Tensor:
+        """KV slots of the path from the root to ``node``."""
+        parts = [cur.value for cur in reversed(self._path(node))]
+        return torch.cat(parts) if parts else self._empty()
+
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: torch.Tensor | None = None
+    ) -> None:
+        """Checkpoint a finished request into the tree or free its KV past
+        ``cache_protected_len``, drop its lock, give its state to the tree or back."""
+        if req.req_pool_idx is None or req.mamba_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
+        committed, protected = req.kv_committed_len, req.cache_protected_len
+        # row_read: the caller's read of row[:committed] (one gather for the batch)
+        kv = self._read_row(req.req_pool_idx, committed) if row_read is None else row_read
+        pool = self.req_to_token_pool
+        if is_insert and committed > 0:
+            key = req_key(req, committed)
+            _, mamba_exist = self.insert(key, kv, req.mamba_pool_idx, protected)
+            # the lock moves to the end node and is dropped there with the release
+            self.dec_lock_ref(req.last_node)
+            req.cache_protected_len = committed
+            if mamba_exist:
+                pool.free_mamba_cache(req)
+            else:  # the slot is the end node's state now
+                req.mamba_pool_idx = None
+                req.mamba_needs_clear = False
+                req.mamba_cow_src_index = None
+            return
+        if committed > protected:
+            self.token_to_kv_pool_allocator.free_segment(kv[protected:committed], protected)
+        self.dec_lock_ref(req.last_node)
+        pool.free_mamba_cache(req)
+
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
+        """A chunk boundary: cache ``fill_ids`` with a copy of the request's state, rewrite the
+        row with the tree's slots, move the lock to the end node (no second match)."""
+        if req.req_pool_idx is None or req.mamba_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
+        row, num_tokens = req.req_pool_idx, len(req.fill_ids)
+        kv = self._read_row(row, num_tokens) if row_read is None else row_read
+        donated = self.alloc_mamba_slot()
+        self.req_to_token_pool.mamba_pool.copy_from([req.mamba_pool_idx], [donated])
+        key = req_key(req, num_tokens)
+        _, mamba_exist = self.insert(key, kv, donated, req.cache_protected_len)
+        if mamba_exist:
+            self.req_to_token_pool.mamba_allocator.free([donated])
+        node = self._inserted_node(key)
+        new_indices, protected = self._path_indices(node), req.cache_protected_len
+        num_new = len(new_indices)
+        self.req_to_token_pool.write((row, slice(protected, num_new)), new_indices[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(node)
+        req.prefix_indices = torch.cat((new_indices, kv[num_new:]))
+        req.cache_protected_len = num_new
+        last: Any = node  # the request's node is this tree's
+        req.last_node = last
+
+    def snapshot(self) -> MambaTreeSnapshot:
+        """The snapshot marked ``unified``."""
+        return dataclasses.replace(super().snapshot(), unified=True)
+
+
+__all__ = ["UnifiedMambaLifecycleCache"]

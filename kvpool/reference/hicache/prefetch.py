@@ -1,0 +1,192 @@
+"""Prefetches from storage into the host tier: the part of ``HiRadixCache`` that runs them.
+
+Units: tokens; host indices are host slots. A mixin of
+:class:`~kvpool.reference.hicache.hiradix_cache.HiRadixCache` (which provides the tree, the
+controller and ``evict_host``); mirrored in both twins.
+
+A prefetch (SGLang 0.5.16, ``best_effort`` stop policy, one rank) goes through:
+
+1. ``prefetch_from_storage(rid, last_host_node, tokens)``: nothing unless storage is enabled and
+   the page-aligned ``tokens`` reach ``prefetch_threshold``; else ``last_host_node`` is pinned
+   and the operation is ongoing (no host slot reserved yet).
+2. ``storage_hit(rid, tokens)``: storage reports how many tokens it holds. Below the threshold,
+   or when the operation was terminated meanwhile, it is revoked (the pin dropped). Otherwise
+   host slots are reserved for the hit (evicting host leaves once, then trying the largest
+   page-aligned part that fits and still reaches the threshold), or the prefetch is revoked.
+3. The worker fetches pages (the controller's ``prefetch_io``; :meth:`HiRadixPrefetch.prefetch_io`).
+4. ``check_prefetch_progress(rid)`` ends it: the fetched tokens go below ``last_host_node`` as
+   host-only nodes (the slots of tokens already in the tree are freed at once), the pin is
+   dropped, and the unfetched slots are left to the worker, which releases them when it sees
+   the termination.
+5. ``release_aborted_request(rid)`` (abort) instead queues the fetched slots for release and
+   leaves the unfetched ones to the worker, likewise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpool.constants import floor_align
+from kvpool.errors import InvalidArgumentError
+from kvpool.reference.hicache.cache_controller import PrefetchOperation
+from kvpool.reference.radix_key import RadixKey
+from kvpool.snapshot import PrefetchSnapshot
+from kvpool.tags import kv_tags
+
+
+class HiRadixPrefetch:
+    """The storage-prefetch methods of ``HiRadixCache`` (see the module docstring)."""
+
+    page_size: int
+    cache_controller: Any
+    token_to_kv_pool_host: Any
+    prefetch_threshold: int
+    enable_storage: bool
+    clock: Any
+    _child_key: Any
+    _match_len: Any
+    _split_node: Any
+    _new_node: Any
+    evict_host: Any
+
+    def reset_prefetch(self) -> None:
+        """Forget every prefetch (frees nothing)."""
+        self.ongoing_prefetch: dict[str, tuple[Any, RadixKey, PrefetchOperation]] = {}
+
+    def prefetch_from_storage(
+        self, req_id: str, last_host_node: Any, new_input_tokens: list[int]
+    ) -> bool:
+        """Start a prefetch of ``new_input_tokens`` (page-aligned) below ``last_host_node``;
+        returns whether it started. Its stored content is the KV of the node's path followed by
+        these tokens."""
+        if req_id in self.ongoing_prefetch:
+            raise InvalidArgumentError(f"request {req_id!r} already prefetches")
+        tokens = list(new_input_tokens)[: floor_align(len(new_input_tokens), self.page_size)]
+        if not self.enable_storage or not tokens or len(tokens) < self.prefetch_threshold:
+            return False
+        path: list[int] = []
+        cur = last_host_node
+        while cur.parent is not None:
+            path = list(cur.key.token_ids) + path
+            cur = cur.parent
+        tags = kv_tags(path + tokens, last_host_node.key.extra_key)[len(path) :]
+        last_host_node.protect_host()
+        key = RadixKey(tokens, last_host_node.key.extra_key)
+        op = self.cache_controller.prefetch(req_id, tags)
+        self.ongoing_prefetch[req_id] = (last_host_node, key, op)
+        return True
+
+    def _revoke_pending_prefetch(self, req_id: str) -> None:
+        info = self.ongoing_prefetch.pop(req_id, None)
+        if info is not None:
+            info[0].release_host()
+
+    def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
+        """Storage holds the first ``hit_tokens`` tokens (page-aligned, capped at the request):
+        reserve host slots for them or revoke (see the module docstring). Returns whether the
+        transfer started."""
+        info = self.ongoing_prefetch.get(req_id)
+        if info is None or info[2].host_indices is not None:
+            return False
+        _, key, op = info
+        hit = floor_align(min(max(hit_tokens, 0), len(key)), self.page_size)
+        if hit < self.prefetch_threshold or hit == 0 or op.terminated:
+            self._revoke_pending_prefetch(req_id)
+            return False
+        host = self.token_to_kv_pool_host
+        host_indices = host.alloc(hit)
+        if host_indices is None:
+            self.evict_host(hit)
+            host_indices = host.alloc(hit)
+        if host_indices is None:
+            avail = floor_align(host.available_size(), self.page_size)
+            hit = min(hit, avail)
+            if hit >= self.prefetch_threshold and hit > 0:
+                host_indices = host.alloc(hit)
+        if host_indices is None:
+            self._revoke_pending_prefetch(req_id)
+            return False
+        op.storage_hit_count = hit
+        op.host_indices = list(host_indices)
+        self.cache_controller.prefetch_buffer.append(op)
+        return True
+
+    def check_prefetch_progress(self, req_id: str) -> bool:
+        """End ``req_id``'s prefetch now (best effort): insert what was fetched as host-only
+        nodes, free the slots of tokens already cached, drop the pin. True when no prefetch is
+        left for the request."""
+        info = self.ongoing_prefetch.get(req_id)
+        if info is None:
+            return True
+        last_host_node, key, op = info
+        if op.host_indices is None:
+            self.cache_controller.terminate_prefetch(op)
+            self._revoke_pending_prefetch(req_id)
+            return True
+        completed = self.cache_controller.terminate_prefetch(op)
+        written = op.host_indices[:completed]
+        matched = self._insert_helper_host(last_host_node, key[:completed], written)
+        self.token_to_kv_pool_host.free(op.host_indices[:matched])
+        last_host_node.release_host()
+        del self.ongoing_prefetch[req_id]
+        return True
+
+    def release_aborted_request(self, rid: str) -> None:
+        """An aborted request's prefetch: stop it, queue its fetched host slots for release,
+        drop the pin (the worker releases the unfetched slots)."""
+        info = self.ongoing_prefetch.get(rid)
+        if info is None:
+            return
+        last_host_node, _, op = info
+        if op.host_indices is None:
+            self.cache_controller.terminate_prefetch(op)
+            self._revoke_pending_prefetch(rid)
+            return
+        completed = self.cache_controller.terminate_prefetch(op)
+        last_host_node.release_host()
+        del self.ongoing_prefetch[rid]
+        self.cache_controller.append_host_mem_release(op.host_indices[:completed])
+
+    def prefetch_io(self, req_id: str, num_pages: int) -> int:
+        """The worker of ``req_id``'s transfer runs ``num_pages`` more pages (see the
+        controller); returns the tokens fetched."""
+        if num_pages < 0:
+            raise InvalidArgumentError(f"num_pages must be >= 0, got {num_pages}")
+        return int(self.cache_controller.prefetch_io(req_id, num_pages))
+
+    def drain_storage_control_queues(self) -> int:
+        """Free the host slots queued for release; returns how many."""
+        return int(self.cache_controller.drain_release())
+
+    def _insert_helper_host(self, node: Any, key: RadixKey, host_value: list[int]) -> int:
+        """Insert ``key`` below ``node`` as host-only content at ``host_value``; returns the
+        tokens that were already in the tree (their host slots are the caller's to free)."""
+        now = self.clock()
+        node.last_access_time = now
+        matched = 0
+        while len(key) > 0:
+            child = node.children.get(self._child_key(node, key))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = self._match_len(child.key, key)
+            key, host_value = key[n:], host_value[n:]
+            matched += n
+            if n < len(child.key):
+                child = self._split_node(child, n)
+            node = child
+        if len(key) > 0:
+            leaf = self._new_node(key, [], node, now, node.priority)
+            leaf.evicted = True
+            leaf.host_value = list(host_value)
+            node.children[self._child_key(node, key)] = leaf
+        return matched
+
+    def prefetch_snapshots(self) -> tuple[PrefetchSnapshot, ...]:
+        """The ongoing prefetches, by request id."""
+        out = []
+        for rid in sorted(self.ongoing_prefetch):
+            node, key, op = self.ongoing_prefetch[rid]
+            out.append(PrefetchSnapshot(rid, node.node_id, len(key), tuple(op.host_indices or ()),
+                                        op.completed_tokens, op.terminated))  # fmt: skip
+        return tuple(out)

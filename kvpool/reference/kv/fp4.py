@@ -1,0 +1,176 @@
+"""``MHATokenToKVPoolFP4``: MHA KV stored as FP4 (e2m1, two values a byte) with one scale byte per
+16 values (SGLang's ``MHATokenToKVPoolFP4``; the format: :mod:`kvpool.reference.kv.quant`).
+
+Per layer and slot (row), K keeps ``[head_num][head_dim // 2]`` packed bytes and
+``(head_num * head_dim) // 16`` scale bytes; V the same (SGLang sizes V with ``head_dim``, so
+``v_head_dim`` must equal it). Scale blocks run over the token's heads flattened. All buffers start
+at byte 0, which dequantises to 0.0.
+
+- ``set_kv_buffer`` quantises ``cache_k / k_scale`` and ``cache_v / v_scale`` (float32
+  arithmetic; the inputs are never mutated, where SGLang divides them in place); validates the
+  layer, slots, shapes and finiteness before any write.
+- ``get_key_buffer`` / ``get_value_buffer`` return the layer dequantised (a fresh
+  ``[rows][head_num][head_dim]`` list, as SGLang returns a new tensor); ``get_raw_kv_buffer``
+  the stored bytes ``(k, v, k_scales, v_scales)`` (live lists).
+- Tags use the FP4 encoding of :mod:`kvpool.reference.kv.tag_codec`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer, Row
+from kvpool.reference.kv.quant import (
+    FP4_BLOCK,
+    check_finite,
+    div32,
+    fp4_dequantize_row,
+    fp4_quantize_row,
+)
+from kvpool.reference.kv.tag_codec import fp4_read_tag, fp4_tag_row
+
+ByteRows = list[list[list[int]]]
+"""One layer's packed bytes: ``[rows][heads][dim // 2]``."""
+ScaleRows = list[list[int]]
+"""One layer's scale bytes: ``[rows][heads * dim // 16]``."""
+
+
+def flatten(row: Sequence[Sequence[float]], scale: float | None) -> list[float]:
+    """A ``[heads][dim]`` row as one float32 list, divided by ``scale`` when given."""
+    return [div32(float(x), scale) for head in row for x in head]
+
+
+def unflatten(values: Sequence[float], heads: int, dim: int) -> Row:
+    """A flat list back to ``[heads][dim]``."""
+    return [list(values[h * dim : (h + 1) * dim]) for h in range(heads)]
+
+
+def pack_rows(packed: Sequence[int], heads: int) -> list[list[int]]:
+    """Packed bytes of one token as ``[heads][dim // 2]``."""
+    per = len(packed) // heads
+    return [list(packed[h * per : (h + 1) * per]) for h in range(heads)]
+
+
+class FP4Layer:
+    """Packed bytes and scales of one tensor (K, V or MLA's fused row) on one layer."""
+
+    def __init__(self, rows: int, heads: int, dim: int) -> None:
+        self.heads, self.dim = heads, dim
+        self.data: ByteRows = [[[0] * (dim // 2) for _ in range(heads)] for _ in range(rows)]
+        self.scales: ScaleRows = [[0] * (heads * dim // FP4_BLOCK) for _ in range(rows)]
+
+    def store(self, slot: int, flat: Sequence[float]) -> None:
+        packed, scales = fp4_quantize_row(flat)
+        self.data[slot] = pack_rows(packed, self.heads)
+        self.scales[slot] = scales
+
+    def flat(self, slot: int) -> list[float]:
+        packed = [b for head in self.data[slot] for b in head]
+        return fp4_dequantize_row(packed, self.scales[slot])
+
+    def dequantized(self) -> LayerBuffer:
+        return [unflatten(self.flat(s), self.heads, self.dim) for s in range(len(self.data))]
+
+    def move(self, tgt: Sequence[int], src: Sequence[int]) -> None:
+        rows = [([list(h) for h in self.data[s]], list(self.scales[s])) for s in src]
+        for t, (data, scales) in zip(tgt, rows, strict=True):
+            self.data[t], self.scales[t] = data, scales
+
+
+def check_fp4_width(heads: int, dim: int) -> None:
+    """ConfigError unless ``dim`` is even and ``heads * dim`` a multiple of 16."""
+    if dim % 2 or (heads * dim) % FP4_BLOCK:
+        raise ConfigError(
+            f"FP4 needs an even head_dim and head_num * head_dim divisible by {FP4_BLOCK}"
+        )
+
+
+class MHATokenToKVPoolFP4(KVCache):
+    """FP4 K and V per layer (see the module docstring)."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: str,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        start_layer: int = 0,
+        v_head_dim: int | None = None,
+    ) -> None:
+        super().__init__(size, page_size, dtype, layer_num, start_layer)
+        if head_num <= 0 or head_dim <= 0:
+            raise ConfigError("head_num and head_dim must be positive")
+        if v_head_dim not in (None, head_dim):
+            raise ConfigError("the FP4 pool sizes V with head_dim: v_head_dim must equal it")
+        check_fp4_width(head_num, head_dim)
+        self.store_dtype = "uint8"
+        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, head_dim
+        self.k_layers = [FP4Layer(self.num_rows, head_num, head_dim) for _ in range(layer_num)]
+        self.v_layers = [FP4Layer(self.num_rows, head_num, head_dim) for _ in range(layer_num)]
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: Sequence[int],
+        cache_k: Sequence[Sequence[Sequence[float]]],
+        cache_v: Sequence[Sequence[Sequence[float]]],
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Quantise and store ``cache_k / k_scale``, ``cache_v / v_scale``
+        (``[n][head_num][head_dim]``) at slots ``loc`` of ``layer_id``."""
+        local = self._layer(layer_id)
+        slots = self._slots(loc)
+        self._check_shape("cache_k", cache_k, len(slots), self.head_num, self.head_dim)
+        self._check_shape("cache_v", cache_v, len(slots), self.head_num, self.head_dim)
+        ks = [flatten(r, k_scale) for r in cache_k]
+        vs = [flatten(r, v_scale) for r in cache_v]
+        for flat in (*ks, *vs):
+            check_finite(flat)
+        for slot, k, v in zip(slots, ks, vs, strict=True):
+            self.k_layers[local].store(slot, k)
+            self.v_layers[local].store(slot, v)
+
+    def get_key_buffer(self, layer_id: int) -> LayerBuffer:
+        """K of global layer ``layer_id``, dequantised: rows (by slot) of
+        ``[head_num][head_dim]`` floats (a fresh list)."""
+        return self.k_layers[self._wait(layer_id)].dequantized()
+
+    def get_value_buffer(self, layer_id: int) -> LayerBuffer:
+        """V of global layer ``layer_id``, dequantised (a fresh list)."""
+        return self.v_layers[self._wait(layer_id)].dequantized()
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[LayerBuffer, LayerBuffer]:
+        """``(get_key_buffer, get_value_buffer)`` of global layer ``layer_id``."""
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def get_raw_kv_buffer(self, layer_id: int) -> tuple[ByteRows, ByteRows, ScaleRows, ScaleRows]:
+        """The stored bytes of ``layer_id``: ``(k, v, k_scales, v_scales)`` (live lists)."""
+        local = self._wait(layer_id)
+        k, v = self.k_layers[local], self.v_layers[local]
+        return k.data, v.data, k.scales, v.scales
+
+    def move_kv_cache(self, tgt_loc: Sequence[int], src_loc: Sequence[int]) -> None:
+        """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
+        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
+        if len(tgt) != len(src):
+            raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        for layer in (*self.k_layers, *self.v_layers):
+            layer.move(tgt, src)
+
+    def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
+        """Store each tag in FP4 form (kv_tag_codec) in K and V of every held layer."""
+        width = self.head_num * self.head_dim
+        rows = [unflatten(fp4_tag_row(t, width), self.head_num, self.head_dim) for t in tags]
+        for layer_id in range(self.start_layer, self.end_layer + 1):
+            self.set_kv_buffer(layer_id, loc, rows, rows)
+
+    def read_tags(self, loc: Sequence[int]) -> list[int]:
+        """The tag each slot stores (K of the first held layer; 0 if none)."""
+        return [fp4_read_tag(self.k_layers[0].flat(s)) for s in self._slots(loc)]
+
+
+__all__ = ["FP4Layer", "MHATokenToKVPoolFP4", "check_fp4_width", "flatten", "unflatten"]

@@ -1,0 +1,101 @@
+"""``MLATokenToKVPoolFP4``: MLA's fused row stored as FP4 (SGLang's ``MLATokenToKVPoolFP4``).
+
+Per layer and slot: ``[1][kv_dim // 2]`` packed e2m1 bytes and ``kv_dim // 16`` scale bytes,
+``kv_dim = kv_lora_rank + qk_rope_head_dim`` (a multiple of 16). ``set_kv_buffer`` quantises the
+fused ``cache_k`` (``cache_v`` ignored, as MLA); ``get_key_buffer`` dequantises the layer,
+``get_value_buffer`` is its first ``kv_lora_rank`` channels. Format and tags as
+:mod:`kvpool.reference.kv.fp4`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.reference.kv.fp4 import ByteRows, FP4Layer, ScaleRows, check_fp4_width, flatten
+from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer
+from kvpool.reference.kv.quant import check_finite
+from kvpool.reference.kv.tag_codec import fp4_read_tag, fp4_tag_row
+
+
+class MLATokenToKVPoolFP4(KVCache):
+    """FP4 fused KV per layer (see the module docstring)."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        start_layer: int = 0,
+        dtype: str = "float32",
+    ) -> None:
+        super().__init__(size, page_size, dtype, layer_num, start_layer)
+        if kv_lora_rank <= 0 or qk_rope_head_dim < 0:
+            raise ConfigError("kv_lora_rank must be positive and qk_rope_head_dim >= 0")
+        self.head_num = 1
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.kv_dim = kv_lora_rank + qk_rope_head_dim
+        check_fp4_width(1, self.kv_dim)
+        self.store_dtype = "uint8"
+        self.kv_layers = [FP4Layer(self.num_rows, 1, self.kv_dim) for _ in range(layer_num)]
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: Sequence[int],
+        cache_k: Sequence[Sequence[Sequence[float]]],
+        cache_v: object = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Quantise and store ``cache_k / k_scale`` (``[n][1][kv_dim]``) at slots ``loc``."""
+        local = self._layer(layer_id)
+        slots = self._slots(loc)
+        self._check_shape("cache_k", cache_k, len(slots), 1, self.kv_dim)
+        rows = [flatten(r, k_scale) for r in cache_k]
+        for flat in rows:
+            check_finite(flat)
+        for slot, flat in zip(slots, rows, strict=True):
+            self.kv_layers[local].store(slot, flat)
+
+    def get_key_buffer(self, layer_id: int) -> LayerBuffer:
+        """The fused buffer of ``layer_id`` dequantised: rows of ``[1][kv_dim]`` (fresh)."""
+        return self.kv_layers[self._wait(layer_id)].dequantized()
+
+    def get_value_buffer(self, layer_id: int) -> LayerBuffer:
+        """The first ``kv_lora_rank`` channels of each dequantised row."""
+        return [[row[0][: self.kv_lora_rank]] for row in self.get_key_buffer(layer_id)]
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[LayerBuffer, LayerBuffer]:
+        """``(get_key_buffer, get_value_buffer)`` of global layer ``layer_id``."""
+        key = self.get_key_buffer(layer_id)
+        return key, [[row[0][: self.kv_lora_rank]] for row in key]
+
+    def get_raw_kv_buffer(self, layer_id: int) -> tuple[ByteRows, ScaleRows]:
+        """The stored bytes of ``layer_id``: ``(kv, kv_scales)`` (live lists)."""
+        layer = self.kv_layers[self._wait(layer_id)]
+        return layer.data, layer.scales
+
+    def move_kv_cache(self, tgt_loc: Sequence[int], src_loc: Sequence[int]) -> None:
+        """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
+        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
+        if len(tgt) != len(src):
+            raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        for layer in self.kv_layers:
+            layer.move(tgt, src)
+
+    def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
+        """Store each tag in FP4 form in every held layer."""
+        rows = [[fp4_tag_row(t, self.kv_dim)] for t in tags]
+        for layer_id in range(self.start_layer, self.end_layer + 1):
+            self.set_kv_buffer(layer_id, loc, rows)
+
+    def read_tags(self, loc: Sequence[int]) -> list[int]:
+        """The tag each slot stores (the first held layer; 0 if none)."""
+        return [fp4_read_tag(self.kv_layers[0].flat(s)) for s in self._slots(loc)]
+
+
+__all__ = ["MLATokenToKVPoolFP4"]

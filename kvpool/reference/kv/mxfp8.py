@@ -1,0 +1,159 @@
+"""``MHATokenToKVPoolMXFP8``: MHA KV stored as float8 e4m3fn with one power-of-two (UE8M0) scale
+byte per 32 channels of a head (SGLang's ``MHATokenToKVPoolMXFP8``; the format:
+:mod:`kvpool.reference.kv.quant`).
+
+Per layer and slot: K ``[head_num][head_dim]`` e4m3 bytes and ``[head_num][head_dim // 32]``
+scale bytes; V the same with ``v_head_dim``; both dims multiples of 32 (else ConfigError, as
+SGLang). Scales are kept flat per slot (SGLang interleaves them for FA4 when ``page_size == 128``;
+the bytes are the same, only their order differs, and that order is not modelled).
+
+``set_kv_buffer`` takes float K/V and quantises them with SGLang's MXFP8 recipe (its fused
+quantise-and-store path; the variant where the caller passes pre-quantised data and scale
+tensors is not modelled), after dividing by ``k_scale`` / ``v_scale`` when given. Reads
+dequantise (fresh lists); ``get_raw_kv_buffer`` returns the bytes, ``get_kv_scale_buffer`` the
+scales. Tags use the MXFP8 encoding of :mod:`kvpool.reference.kv.tag_codec` in every head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer
+from kvpool.reference.kv.quant import (
+    MXFP8_BLOCK,
+    check_finite,
+    div32,
+    mxfp8_dequantize_head,
+    mxfp8_quantize_head,
+)
+from kvpool.reference.kv.tag_codec import mxfp8_read_tag, mxfp8_tag_head
+
+ByteRows = list[list[list[int]]]
+"""One layer's bytes (values or scales): ``[rows][heads][n]``."""
+
+
+class MXFP8Layer:
+    """e4m3 bytes and UE8M0 scales of K or V on one layer."""
+
+    def __init__(self, rows: int, heads: int, dim: int) -> None:
+        self.data: ByteRows = [[[0] * dim for _ in range(heads)] for _ in range(rows)]
+        self.scales: ByteRows = [[[0] * (dim // MXFP8_BLOCK) for _ in range(heads)]
+                                 for _ in range(rows)]  # fmt: skip
+
+    def store(self, slot: int, row: Sequence[Sequence[float]]) -> None:
+        quantized = [mxfp8_quantize_head(head) for head in row]
+        self.data[slot] = [codes for codes, _ in quantized]
+        self.scales[slot] = [scales for _, scales in quantized]
+
+    def row(self, slot: int) -> list[list[float]]:
+        data, scales = self.data[slot], self.scales[slot]
+        return [mxfp8_dequantize_head(c, s) for c, s in zip(data, scales, strict=True)]
+
+    def dequantized(self) -> LayerBuffer:
+        return [self.row(s) for s in range(len(self.data))]
+
+    def move(self, tgt: Sequence[int], src: Sequence[int]) -> None:
+        rows = [([list(h) for h in self.data[s]], [list(h) for h in self.scales[s]]) for s in src]
+        for t, (data, scales) in zip(tgt, rows, strict=True):
+            self.data[t], self.scales[t] = data, scales
+
+
+def _scaled(row: Sequence[Sequence[float]], scale: float | None) -> list[list[float]]:
+    out = [[div32(float(x), scale) for x in head] for head in row]
+    for head in out:
+        check_finite(head)
+    return out
+
+
+class MHATokenToKVPoolMXFP8(KVCache):
+    """MXFP8 K and V per layer (see the module docstring)."""
+
+    MXFP8_SCALE_BLOCK_SIZE = MXFP8_BLOCK
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: str,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        start_layer: int = 0,
+        v_head_dim: int | None = None,
+    ) -> None:
+        super().__init__(size, page_size, dtype, layer_num, start_layer)
+        v_dim = head_dim if v_head_dim is None else v_head_dim
+        if head_num <= 0 or head_dim <= 0 or v_dim <= 0:
+            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
+        if head_dim % MXFP8_BLOCK or v_dim % MXFP8_BLOCK:
+            raise ConfigError(f"MXFP8 needs head_dim and v_head_dim divisible by {MXFP8_BLOCK}")
+        self.store_dtype = "float8_e4m3fn"
+        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_dim
+        self.k_layers = [MXFP8Layer(self.num_rows, head_num, head_dim) for _ in range(layer_num)]
+        self.v_layers = [MXFP8Layer(self.num_rows, head_num, v_dim) for _ in range(layer_num)]
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: Sequence[int],
+        cache_k: Sequence[Sequence[Sequence[float]]],
+        cache_v: Sequence[Sequence[Sequence[float]]],
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Quantise and store ``cache_k / k_scale`` (``[n][head_num][head_dim]``) and
+        ``cache_v / v_scale`` (``[n][head_num][v_head_dim]``) at ``loc``; all checks first."""
+        local = self._layer(layer_id)
+        slots = self._slots(loc)
+        self._check_shape("cache_k", cache_k, len(slots), self.head_num, self.head_dim)
+        self._check_shape("cache_v", cache_v, len(slots), self.head_num, self.v_head_dim)
+        ks = [_scaled(r, k_scale) for r in cache_k]
+        vs = [_scaled(r, v_scale) for r in cache_v]
+        for slot, k, v in zip(slots, ks, vs, strict=True):
+            self.k_layers[local].store(slot, k)
+            self.v_layers[local].store(slot, v)
+
+    def get_key_buffer(self, layer_id: int) -> LayerBuffer:
+        """K of ``layer_id`` dequantised: rows of ``[head_num][head_dim]`` (fresh)."""
+        return self.k_layers[self._wait(layer_id)].dequantized()
+
+    def get_value_buffer(self, layer_id: int) -> LayerBuffer:
+        """V of ``layer_id`` dequantised: rows of ``[head_num][v_head_dim]`` (fresh)."""
+        return self.v_layers[self._wait(layer_id)].dequantized()
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[LayerBuffer, LayerBuffer]:
+        """``(get_key_buffer, get_value_buffer)`` of global layer ``layer_id``."""
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def get_raw_kv_buffer(self, layer_id: int) -> tuple[ByteRows, ByteRows]:
+        """The e4m3 bytes of ``layer_id``: ``(k, v)`` (live lists)."""
+        local = self._wait(layer_id)
+        return self.k_layers[local].data, self.v_layers[local].data
+
+    def get_kv_scale_buffer(self, layer_id: int) -> tuple[ByteRows, ByteRows]:
+        """The UE8M0 scale bytes of ``layer_id``: ``(k_scales, v_scales)`` (live lists)."""
+        local = self._layer(layer_id)
+        return self.k_layers[local].scales, self.v_layers[local].scales
+
+    def move_kv_cache(self, tgt_loc: Sequence[int], src_loc: Sequence[int]) -> None:
+        """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
+        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
+        if len(tgt) != len(src):
+            raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        for layer in (*self.k_layers, *self.v_layers):
+            layer.move(tgt, src)
+
+    def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
+        """Store each tag in MXFP8 form in every head of K and V of every held layer."""
+        k = [[mxfp8_tag_head(t, self.head_dim)] * self.head_num for t in tags]
+        v = [[mxfp8_tag_head(t, self.v_head_dim)] * self.head_num for t in tags]
+        for layer_id in range(self.start_layer, self.end_layer + 1):
+            self.set_kv_buffer(layer_id, loc, k, v)
+
+    def read_tags(self, loc: Sequence[int]) -> list[int]:
+        """The tag each slot stores (head 0 of K on the first held layer; 0 if none)."""
+        return [mxfp8_read_tag(self.k_layers[0].row(s)[0]) for s in self._slots(loc)]
+
+
+__all__ = ["MHATokenToKVPoolMXFP8"]

@@ -1,0 +1,141 @@
+"""The memory manager's whole-state snapshot (:class:`kvpool.snapshot.PoolSnapshot`).
+
+Requests are listed in the manager's table order (registration order; finished and aborted
+requests have left the table), sessions in opening order. Rows are read up to
+``kv_allocated_len``; KV tags are read for every committed token (``kv_tags``) next to what they
+must be (``expected_tags``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
+from kvpool.reference.lifecycle.mamba_hooks import MambaHooks
+from kvpool.reference.lifecycle.session import SessionSlot
+from kvpool.reference.req import Req
+from kvpool.snapshot import (
+    HostTierSnapshot,
+    MambaTreeSnapshot,
+    PoolSnapshot,
+    ReqSnapshot,
+    SessionSnapshot,
+    TreeSnapshot,
+)
+from kvpool.tags import kv_tags
+
+
+class _Snapshots(Protocol):
+    """A component that snapshots itself (the tree cache, radix or chunk)."""
+
+    def snapshot(self) -> TreeSnapshot | MambaTreeSnapshot: ...
+
+
+class _TagReader(Protocol):
+    """The KV cache as the snapshot reads it: the tag stored at each slot."""
+
+    def read_tags(self, loc: Sequence[int]) -> list[int]: ...
+
+
+class SnapshotHost(Protocol):
+    """What :func:`build_pool_snapshot` reads of a memory manager (nothing is written)."""
+
+    @property
+    def req_to_token_pool(self) -> ReqToTokenPoolProtocol[list[int]]: ...
+    @property
+    def token_to_kv_pool_allocator(self) -> TokenAllocatorProtocol[list[int]]: ...
+    @property
+    def tree_cache(self) -> _Snapshots: ...
+    @property
+    def kv_cache(self) -> _TagReader: ...
+    @property
+    def mamba_hooks(self) -> MambaHooks | None: ...
+    @property
+    def reqs(self) -> Mapping[str, Req]: ...
+    @property
+    def sessions(self) -> Mapping[str, SessionSlot]: ...
+    @property
+    def capacity_refusals(self) -> int: ...
+
+
+def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
+    """Snapshot every pool, request and session of ``mm``."""
+    pool = mm.req_to_token_pool
+    held_rows: list[tuple[int, int]] = []
+    reqs: list[ReqSnapshot] = []
+    for req in mm.reqs.values():
+        row: tuple[int, ...] = ()
+        tags: tuple[int, ...] = ()
+        expected: tuple[int, ...] = ()
+        if req.req_pool_idx is not None:
+            held_rows.append((req.req_pool_idx, req.kv_allocated_len))
+            row = tuple(pool.read(req.req_pool_idx, 0, req.kv_allocated_len))
+            committed = req.kv_committed_len
+            tags = tuple(mm.kv_cache.read_tags(row[:committed]))
+            expected = tuple(kv_tags(req.all_token_ids[:committed], req.extra_key))
+        reqs.append(
+            ReqSnapshot(
+                rid=req.rid,
+                state=req.state,
+                req_pool_idx=req.req_pool_idx,
+                input_len=len(req.origin_input_ids),
+                output_len=len(req.output_ids),
+                prefix_len=len(req.prefix_indices),
+                kv_committed_len=req.kv_committed_len,
+                kv_allocated_len=req.kv_allocated_len,
+                cache_protected_len=req.cache_protected_len,
+                is_chunked=req.is_chunked,
+                last_node_id=None if req.last_node is None else req.last_node.node_id,
+                session_id=req.session_id,
+                extra_key=req.extra_key,
+                row=row,
+                kv_tags=tags,
+                expected_tags=expected,
+            )
+        )
+    sessions: list[SessionSnapshot] = []
+    for s in mm.sessions.values():
+        srow: tuple[int, ...] = ()
+        if s.req_pool_idx is not None:
+            held_rows.append((s.req_pool_idx, s.kv_allocated_len))
+            srow = tuple(pool.read(s.req_pool_idx, 0, s.kv_allocated_len))
+        sessions.append(
+            SessionSnapshot(
+                session_id=s.session_id,
+                req_pool_idx=s.req_pool_idx,
+                kv_committed_len=s.kv_committed_len,
+                kv_allocated_len=s.kv_allocated_len,
+                cache_protected_len=s.cache_protected_len,
+                last_node_id=None if s.last_node is None else s.last_node.node_id,
+                row=srow,
+                busy_with=s.busy_with,
+            )
+        )
+    tree = mm.tree_cache.snapshot()
+    mamba_tree = tree if isinstance(tree, MambaTreeSnapshot) else None
+    return PoolSnapshot(
+        allocator=mm.token_to_kv_pool_allocator.snapshot(),
+        req_to_token=pool.snapshot(held_rows),
+        tree=tree.as_tree_snapshot() if isinstance(tree, MambaTreeSnapshot) else tree,
+        reqs=tuple(reqs),
+        sessions=tuple(sessions),
+        max_total_num_tokens=mm.token_to_kv_pool_allocator.size,
+        extra={"capacity_refusals": mm.capacity_refusals},
+        mamba=None
+        if mm.mamba_hooks is None
+        else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values(), mamba_tree),
+        host=_host_snapshot(mm.tree_cache),
+    )
+
+
+def _host_snapshot(tree: object) -> HostTierSnapshot | None:
+    """The host tier's snapshot when the tree cache has one (a ``HiRadixCache``)."""
+    take = getattr(tree, "host_snapshot", None)
+    if take is None:
+        return None
+    snap: HostTierSnapshot = take()
+    return snap
+
+
+__all__ = ["SnapshotHost", "build_pool_snapshot"]

@@ -1,0 +1,290 @@
+"""``SWARadixLifecycle``: the SWA radix cache as the request lifecycle uses it.
+
+The lifecycle (:class:`~kvpool.reference.lifecycle.swa_memory_manager.SWAMemoryManager`) talks to
+its tree the way it talks to a :class:`~kvpool.reference.radix.radix_cache.RadixCache`:
+``match_prefix``, ``inc_lock_ref(node)`` / ``dec_lock_ref(node)``, ``cache_finished_req`` /
+``cache_unfinished_req``, the sizes and the snapshot. This class gives an
+:class:`~kvpool.reference.swa.radix_cache.SWARadixCache` that shape, with SGLang 0.5.16's SWA
+hand-overs (its ``SWARadixCache.cache_finished_req`` / ``cache_unfinished_req``):
+
+- **Locks.** SGLang keeps a request's ``swa_uuid_for_lock`` on the request; here every
+  ``inc_lock_ref(node)`` pushes the uuid it got on a stack per node and ``dec_lock_ref(node)``
+  pops it (the counts a release takes back are the same whichever of a node's holders
+  releases first).
+- **Finish** (``is_insert``): insert the committed page-aligned tokens at their row slots with
+  ``prev_prefix_len = cache_protected_len`` and the request's ``swa_evicted_seqlen`` (the
+  tokens whose SWA slots its window released become a tombstone node; the tree frees the
+  duplicates and recovers tombstones itself), then free the unaligned tail, then unlock.
+  Without insert: free ``row[cache_protected_len:aligned]``, then the tail, then unlock.
+- **Between prefill chunks**: insert ``fill_ids`` (no window release yet), match again (the
+  SWA-aware match), rewrite ``row[cache_protected_len:len(match)]`` with the tree's slots, move
+  the lock, set ``cache_protected_len``, ``prefix_indices`` and ``last_node``.
+- **Eviction** ``evict(num_tokens, swa_num_tokens)`` is the tree's: separate full and SWA
+  deficits, returning both amounts freed (tokens).
+
+``swa_evicted_seqlen`` comes from the lifecycle through ``evicted_of(req)`` (tokens, a page
+multiple). Units: tokens; slots are full slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from kvpool.constants import floor_align
+from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
+from kvpool.reference.radix_key import RadixKey
+from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
+from kvpool.reference.swa.radix_cache import SWAMatchResult, SWARadixCache, SWATreeNode
+from kvpool.reference.unified.swa_radix_cache import UnifiedSWARadixCache
+from kvpool.snapshot import TreeSnapshot
+
+
+class SWAReq(Protocol):
+    """What the SWA tree's hand-overs read and write of a request (lengths in tokens): its
+    lock is on an :class:`SWATreeNode`."""
+
+    last_node: SWATreeNode | None
+    cache_protected_len: int
+    cache_inserted_len: int
+    prefix_indices: list[int]
+
+    @property
+    def rid(self) -> str: ...
+    @property
+    def req_pool_idx(self) -> int | None: ...
+    @property
+    def kv_committed_len(self) -> int: ...
+    @property
+    def fill_ids(self) -> Sequence[int]: ...
+    @property
+    def extra_key(self) -> str | None: ...
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+
+
+class SWARadixLifecycle:
+    """An :class:`SWARadixCache` behind the lifecycle's tree calls (module docstring)."""
+
+    def __init__(
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator: SWATokenToKVPoolAllocator,
+        page_size: int,
+        sliding_window_size: int,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.page_size = page_size
+        self.sliding_window_size = sliding_window_size
+        self.disable = False
+        self.eviction_policy = "lru"
+        self.tree = SWARadixCache(token_to_kv_pool_allocator, page_size, sliding_window_size, clock)
+        self.evicted_of: Callable[[SWAReq], int] = lambda req: 0
+        """The request's ``swa_evicted_seqlen`` (set by the lifecycle)."""
+        self._uuids: dict[int, list[int | None]] = {}
+
+    # ----------------------------------------------------------------- tree calls
+    def match_prefix(self, key: RadixKey) -> SWAMatchResult:
+        return self.tree.match_prefix(key)
+
+    def inc_lock_ref(self, node: SWATreeNode | None) -> int:
+        """Lock ``node`` (None: nothing) and remember the swa_uuid for its release."""
+        if node is None or node is self.tree.root_node:
+            return 0
+        uuid = self.tree.inc_lock_ref(node)
+        self._uuids.setdefault(node.node_id, []).append(uuid)
+        return 0
+
+    def dec_lock_ref(self, node: SWATreeNode | None) -> int:
+        """Release the last lock taken on ``node`` (None: nothing). LockError if none."""
+        if node is None or node is self.tree.root_node:
+            return 0
+        held = self._uuids.get(node.node_id)
+        if not held:
+            raise LockError(f"node {node.node_id} holds no lifecycle lock")
+        self.tree.dec_lock_ref(node, held[-1])
+        held.pop()
+        if not held:
+            del self._uuids[node.node_id]
+        return 0
+
+    def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
+        """The tree's eviction: (full tokens freed, SWA tokens freed)."""
+        return self.tree.evict(num_tokens, swa_num_tokens)
+
+    def evictable_size(self) -> int:
+        return self.tree.full_evictable_size()
+
+    def protected_size(self) -> int:
+        return self.tree.full_protected_size()
+
+    def swa_evictable_size(self) -> int:
+        return self.tree.swa_evictable_size()
+
+    def reset(self) -> None:
+        self.tree.reset()
+        self._uuids = {}
+
+    def snapshot(self) -> TreeSnapshot:
+        return self.tree.snapshot()
+
+    # ----------------------------------------------------------------- hand-overs
+    def _key(self, req: SWAReq, stop: int) -> RadixKey:
+        return RadixKey(list(req.all_token_ids[:stop]), req.extra_key)
+
+    def cache_finished_req(
+        self, req: SWAReq, is_insert: bool = True, row_read: list[int] | None = None
+    ) -> None:
+        """Hand a finished (or retracted) request's committed KV to the tree, or free it; free
+        the unaligned tail; unlock (module docstring). InvalidArgumentError for a request
+        without a row. ``row_read``: ``row[:committed]`` as the caller already read it, used
+        instead of a read of the row."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        committed = req.kv_committed_len
+        if row_read is not None:
+            kv = list(row_read[:committed])
+        else:
+            kv = self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
+        aligned = floor_align(committed, self.page_size)
+        protected = req.cache_protected_len
+        alloc = self.token_to_kv_pool_allocator
+        if is_insert:
+            evicted = min(self.evicted_of(req), aligned)
+            self.tree.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
+        else:
+            alloc.free(kv[protected:aligned])
+        alloc.free(kv[aligned:committed])
+        self.dec_lock_ref(req.last_node)
+
+    def cache_unfinished_req(
+        self, req: SWAReq, chunked: bool = False, row_read: list[int] | None = None
+    ) -> None:
+        """Between prefill chunks (module docstring); ``row_read``: ``row[:len(fill_ids)]`` as
+        the caller already read it, used instead of a read of the row."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        row = req.req_pool_idx
+        filled = len(req.fill_ids)
+        if row_read is not None:
+            kv = list(row_read[:filled])
+        else:
+            kv = self.req_to_token_pool.read(row, 0, filled)
+        aligned = floor_align(filled, self.page_size)
+        key = self._key(req, aligned)
+        protected = req.cache_protected_len
+        self.tree.insert(key, kv[:aligned], protected)
+        match = self.tree.match_prefix(key)
+        new = list(match.device_indices)
+        self.req_to_token_pool.write((row, slice(protected, len(new))), new[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_device_node)
+        req.cache_protected_len = len(new)
+        req.prefix_indices = new + kv[len(new) :]
+        req.last_node = match.last_device_node
+
+
+class UnifiedSWARadixLifecycle(SWARadixLifecycle):
+    """SGLang 0.5.23's FULL+SWA unified tree (:class:`UnifiedSWARadixCache`) behind the
+    lifecycle's tree calls (``Rules.swa_window_release == "scheduler"``). The locks, sizes and
+    eviction are :class:`SWARadixLifecycle`'s; the hand-over is SGLang 0.5.23's
+    ``checkpoint`` (:meth:`checkpoint`), which the lifecycle
+    (:class:`~kvpool.reference.lifecycle.swa_memory_manager.SWAMemoryManager`) calls with the
+    request's window cursor after sliding the window; the row release is the lifecycle's."""
+
+    def __init__(
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator: SWATokenToKVPoolAllocator,
+        page_size: int,
+        sliding_window_size: int,
+        clock: Callable[[], float] | None = None,
+        eviction_policy: str = "lru",
+    ) -> None:
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
+                         sliding_window_size, clock)  # fmt: skip
+        self.eviction_policy = eviction_policy
+        self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
+                                            sliding_window_size, clock,
+                                            eviction_policy=eviction_policy)  # fmt: skip
+        self.tree = self.unified
+
+    def snapshot(self) -> TreeSnapshot:
+        """The tree's snapshot with every tombstone's ``swa_lock_ref`` reported as 0: 0.5.23's
+        window lock counts tombstones too (:class:`UnifiedSWARadixCache`, difference 4), but
+        only nodes holding SWA slots move the SWA sizes, and the pool invariants
+        (``INV-SWA-TREE-LOCKS``) hold a tombstone to no SWA lock."""
+        snap = self.tree.snapshot()
+        nodes = tuple(dataclasses.replace(n, swa_lock_ref=0) if n.swa_tombstone else n
+                      for n in snap.nodes)  # fmt: skip
+        return dataclasses.replace(snap, nodes=nodes)
+
+    def full_hit_length(self, key: RadixKey) -> int:
+        """Tokens of the page-aligned ``key`` whose full KV the tree holds (the walk a match
+        makes, tombstones included; changes nothing): SGLang's ``full_kv_hit_length``."""
+        key = key[: floor_align(len(key), self.page_size)]
+        node, total = self.tree.root_node, 0
+        while len(key) > 0:
+            child = node.children.get(self.tree._child_key(node, key))
+            if child is None:
+                break
+            n = self.tree._match_len(child.key, key)
+            total += n
+            if n < len(child.key):
+                break
+            node, key = child, key[n:]
+        return total
+
+    def branching_seqlen(self, key: RadixKey, device_prefix_len: int) -> int | None:
+        """SGLang's ``swa_branching_seqlen`` of a match of ``key`` that found
+        ``device_prefix_len`` usable tokens: the page-aligned full hit when it reaches past
+        them, else None."""
+        full = floor_align(self.full_hit_length(key), self.page_size)
+        return full if full > device_prefix_len else None
+
+    def checkpoint(self, req: SWAReq, stop: int, swa_evicted_seqlen: int) -> int:
+        """SGLang 0.5.23's ``checkpoint_into_tree`` of ``row[:stop]`` with the window cursor
+        ``swa_evicted_seqlen`` (tokens; the lifecycle slid the window first): insert the
+        page-aligned key with ``prev_prefix_len = cache_protected_len`` (the tree frees the
+        duplicates and recovers tombstones; hits count past ``cache_inserted_len``, which then
+        rises to the key's length), rewrite ``row[cache_protected_len:len(path)]`` with the
+        slots of the path to the node the insert ended on, move the lock there and set
+        ``cache_protected_len`` (returned), ``prefix_indices`` (``row[:stop]`` after the
+        rewrite) and ``last_node``. InvalidArgumentError for a request without a row."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        row = req.req_pool_idx
+        kv = self.req_to_token_pool.read(row, 0, stop)
+        aligned = floor_align(stop, self.page_size)
+        protected = req.cache_protected_len
+        if aligned <= 0:
+            req.prefix_indices = kv
+            return protected
+        evicted = min(swa_evicted_seqlen, aligned)
+        self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted,
+                            inserted_len=req.cache_inserted_len)  # fmt: skip
+        req.cache_inserted_len = max(req.cache_inserted_len, aligned)
+        node = self.unified.last_insert_node
+        path = self._path_values(node)
+        self.req_to_token_pool.write((row, slice(protected, len(path))), path[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(node)
+        req.cache_protected_len = len(path)
+        req.prefix_indices = path + kv[len(path) :]
+        req.last_node = node
+        return len(path)
+
+    def _path_values(self, node: SWATreeNode) -> list[int]:
+        """Full slots of the path from the root to ``node``."""
+        parts: list[list[int]] = []
+        while node is not self.tree.root_node and node.parent is not None:
+            parts.append(list(node.value))
+            node = node.parent
+        return [s for part in reversed(parts) for s in part]
+
+
+__all__ = ["SWARadixLifecycle", "UnifiedSWARadixLifecycle"]

@@ -1,0 +1,280 @@
+"""Token-slot allocators: the shared base and the page-size-1 ``TokenToKVPoolAllocator``.
+
+Units: ``size`` and lengths are tokens; ``free_pages`` / ``release_pages`` hold page ids
+``1..num_pages`` (page ``p`` owns slots ``[p * page_size, (p + 1) * page_size)``); every result
+is a list of slot ids. With ``page_size == 1`` page ids and slot ids coincide.
+
+Checked always (the reference has no unchecked mode): every misuse raises a typed
+:class:`~kvpool.errors.KVPoolError` before any change, and an allocation that does not fit
+returns ``None`` and changes nothing (not even a ``need_sort`` merge), unless
+``rules.refused_alloc_unchanged`` is False (:class:`~kvpool.rules.Rules`).
+
+``need_sort`` merges follow SGLang's pre-tests, made on the lengths before anything is taken
+(specs/fidelity.md): ``alloc(n)`` merges when ``n // page_size > len(free_pages)``;
+``alloc_extend`` when ``extend_num_tokens // page_size + batch_size + 1 > len(free_pages)``
+(page size 1: ``extend_num_tokens > len(free_pages)``, as SGLang's ``alloc``); ``alloc_decode``
+when ``batch_size > len(free_pages)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvpool.constants import RESERVED_INDEX, is_power_of_two
+from kvpool.errors import (
+    ConfigError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    PageSizeError,
+    ReservedIndexError,
+)
+from kvpool.reference.pools.batch_alloc import BatchAllocs
+from kvpool.reference.pools.segment_free import SegmentFrees
+from kvpool.rules import Rules
+from kvpool.snapshot import AllocatorSnapshot
+
+FreeListState = tuple[tuple[int, ...], tuple[int, ...]]
+"""What :meth:`BaseTokenToKVPoolAllocator.backup_state` returns: ``(free_pages, release_pages)``."""
+
+
+class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
+    """Page allocator over ``size // page_size`` pages with ids ``1..num_pages``.
+
+    Subclasses choose how freed pages re-enter the free list (:meth:`_return_pages`) and whether a
+    slot may be named twice in one free (:attr:`_dedup_pages`). Everything else, including the
+    batch operations ``alloc_extend`` / ``alloc_decode``, is shared.
+    """
+
+    _dedup_pages: bool = True
+    """True: freeing two slots of one page (in a call or a group) frees the page once."""
+
+    def __init__(
+        self, size: int, page_size: int, need_sort: bool = False, *, rules: Rules | None = None
+    ) -> None:
+        if not isinstance(page_size, int) or not is_power_of_two(page_size):
+            raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
+        if not isinstance(size, int) or size <= 0 or size % page_size:
+            raise ConfigError(
+                f"size must be a positive multiple of page_size={page_size} tokens, got {size!r}"
+            )
+        self.size = size
+        self.page_size = page_size
+        self.need_sort = bool(need_sort)
+        self.rules = rules if rules is not None else Rules()
+        self.num_pages = size // page_size
+        self.free_pages: list[int] = []
+        self.release_pages: list[int] = []
+        self._free_set: set[int] = set()
+        self._in_free_group = False
+        self._pending_free: list[int] = []
+        self._pending_pages: list[int] = []  # paged free_page_ids inside a group (segment_free)
+        self.clear()
+
+    # ----------------------------------------------------------------- state helpers
+    def _set_free_lists(self, free_pages: list[int], release_pages: list[int]) -> None:
+        """The one place the free lists change, so the membership set never drifts."""
+        self.free_pages = free_pages
+        self.release_pages = release_pages
+        self._free_set = set(free_pages) | set(release_pages)
+
+    def _return_pages(self, pages: list[int]) -> None:
+        """Put freed ``pages`` (already validated) back; subclasses fix the order."""
+        raise NotImplementedError
+
+    def _merge_before_take(self, merge_test: bool, num_pages: int) -> None:
+        """SGLang's ``need_sort`` merge: when ``merge_test`` (the caller's pre-test on the lengths
+        before anything is taken) holds, merge ``release_pages`` in. Skipped when the
+        ``num_pages`` would not fit even then and ``refused_alloc_unchanged`` holds, so that a
+        refused allocation changes nothing."""
+        if not (self.need_sort and merge_test and self.release_pages):
+            return
+        short = num_pages > len(self.free_pages) + len(self.release_pages)
+        if not (short and self.rules.refused_alloc_unchanged):
+            self.merge_and_sort_free()
+
+    def _take_pages(self, num_pages: int) -> list[int] | None:
+        """Remove ``num_pages`` from the head of ``free_pages``; ``None`` and no change when
+        they do not fit (call :meth:`_merge_before_take` first)."""
+        if num_pages > len(self.free_pages):
+            return None
+        taken = self.free_pages[:num_pages]
+        self._set_free_lists(self.free_pages[num_pages:], self.release_pages)
+        return taken
+
+    def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
+        """SGLang's ``alloc_extend`` pre-test bound (pages): ``need_sort`` merges when it
+        exceeds ``len(free_pages)``. Paged: ``extend_num_tokens // page_size + batch_size + 1``."""
+        return extend_num_tokens // self.page_size + batch_size + 1
+
+    def _slots_of(self, pages: Sequence[int]) -> list[int]:
+        ps = self.page_size
+        return [page * ps + offset for page in pages for offset in range(ps)]
+
+    def _validate_free(self, slots: Sequence[int], pending: Sequence[int]) -> list[int]:
+        """Pages named by ``slots`` in first-seen order, after checking (in this precedence, over
+        the whole call): every slot in ``[0, (num_pages + 1) * page_size)`` else
+        IndexOutOfRangeError; no slot in page 0 else ReservedIndexError; no page already free,
+        and (page size 1) no slot named twice in ``slots`` + ``pending``, else DoubleFreeError."""
+        limit = (self.num_pages + 1) * self.page_size
+        bad = [s for s in slots if not isinstance(s, int) or s < 0 or s >= limit]
+        if bad:
+            raise IndexOutOfRangeError(f"slots out of range [0, {limit}): {bad}")
+        pages = [s // self.page_size for s in slots]
+        reserved = [s for s, p in zip(slots, pages, strict=True) if p == RESERVED_INDEX]
+        if reserved:
+            raise ReservedIndexError(f"slots of reserved page {RESERVED_INDEX}: {reserved}")
+        already_free = sorted({p for p in pages if p in self._free_set})
+        if already_free:
+            raise DoubleFreeError("freeing pages that are already free", already_free)
+        if not self._dedup_pages:
+            seen = set(pending)
+            twice = []
+            for s in slots:
+                if s in seen:
+                    twice.append(s)
+                seen.add(s)
+            if twice:
+                raise DoubleFreeError("slots freed twice in one call or free group", twice)
+        return list(dict.fromkeys(pages))
+
+    # ----------------------------------------------------------------- queries
+    def available_size(self) -> int:
+        """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
+        return (len(self.free_pages) + len(self.release_pages)) * self.page_size
+
+    def snapshot(self) -> AllocatorSnapshot:
+        """Plain copy of the free lists and the free-group state."""
+        return AllocatorSnapshot(
+            page_size=self.page_size,
+            num_pages=self.num_pages,
+            size=self.size,
+            free_pages=tuple(self.free_pages),
+            release_pages=tuple(self.release_pages),
+            need_sort=self.need_sort,
+            in_free_group=self._in_free_group,
+            pending_free=tuple(self._pending_free),
+        )
+
+    # ----------------------------------------------------------------- alloc / free
+    def alloc(self, need_size: int) -> list[int] | None:
+        """``need_size`` slots: ``need_size // page_size`` whole pages from the head of
+        ``free_pages``, expanded to slots page by page; ``None`` (no change) if they do not fit.
+        Raises InvalidArgumentError for a negative size and AlignmentError (paged) for a size
+        that is not a multiple of ``page_size``."""
+        self._check_need_size(need_size)
+        num_pages = need_size // self.page_size
+        self._merge_before_take(num_pages > len(self.free_pages), num_pages)
+        pages = self._take_pages(num_pages)
+        return None if pages is None else self._slots_of(pages)
+
+    def _check_need_size(self, need_size: int) -> None:
+        if not isinstance(need_size, int) or need_size < 0:
+            raise InvalidArgumentError(f"need_size must be a non-negative int, got {need_size!r}")
+
+    def free(self, free_index: Sequence[int]) -> None:
+        """Return slots (validated before any change, see :meth:`_validate_free`). Empty input is a
+        no-op. Inside a free group the slots are only buffered (validated against the free lists
+        and the buffer) until :meth:`free_group_end`."""
+        slots = list(free_index)
+        if not slots:
+            return
+        pending = self._pending_free if self._in_free_group else []
+        pages = self._validate_free(slots, pending)
+        if self._in_free_group:
+            self._pending_free.extend(slots)
+            return
+        self._return_pages(pages)
+
+    def _return_pages_in_order(self, pages: list[int]) -> None:
+        """Put ``pages`` back in the given order (page size 1: as :meth:`_return_pages`)."""
+        self._return_pages(pages)
+
+    def free_group_begin(self) -> None:
+        """Start buffering frees. Not nestable: a second begin raises InvalidArgumentError."""
+        if self._in_free_group:
+            raise InvalidArgumentError("free_group_begin inside an open free group")
+        self._in_free_group = True
+        self._pending_free = []
+        self._pending_pages = []
+
+    def free_group_end(self) -> None:
+        """Close the group and perform its buffered frees as ONE :meth:`free` of their
+        concatenation (so the paged allocator de-duplicates pages across the whole group), then
+        return the pages buffered by a paged ``free_page_ids`` in their order (SGLang 0.5.23).
+        Raises InvalidArgumentError without an open group; if the buffered frees are no longer
+        valid (a ``restore_state`` in between, or a page buffered both ways: DoubleFreeError),
+        raises their error and leaves the group open."""
+        if not self._in_free_group:
+            raise InvalidArgumentError("free_group_end without free_group_begin")
+        pending, staged = self._pending_free, self._pending_pages
+        pages = self._validate_free(pending, []) if pending else []
+        if staged:
+            self._validate_free(self._slots_of(staged)[:: self.page_size], [])
+            twice = sorted(set(pages) & set(staged))
+            if twice:
+                raise DoubleFreeError("pages freed twice in one free group", twice)
+        self._in_free_group = False
+        self._pending_free = []
+        self._pending_pages = []
+        if pages:
+            self._return_pages(pages)
+        if staged:
+            self._return_pages_in_order(staged)
+
+    # ----------------------------------------------------------------- free-list state
+    def backup_state(self) -> FreeListState:
+        """``(free_pages, release_pages)`` as tuples (EAGLE v1 borrows draft slots with it)."""
+        return (tuple(self.free_pages), tuple(self.release_pages))
+
+    def restore_state(self, state: object) -> None:
+        """Put back free lists taken by :meth:`backup_state`. Raises InvalidArgumentError for
+        anything but two sequences of distinct page ids in ``1..num_pages``."""
+        if not isinstance(state, tuple) or len(state) != 2:
+            raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
+        free_pages, release_pages = (list(part) for part in state)
+        every = free_pages + release_pages
+        bad = [
+            p for p in every if not isinstance(p, int) or not RESERVED_INDEX < p <= self.num_pages
+        ]
+        if bad or len(set(every)) != len(every):
+            raise InvalidArgumentError(f"state holds bad or repeated page ids: {bad or every}")
+        self._set_free_lists(free_pages, release_pages)
+
+    def merge_and_sort_free(self) -> None:
+        """``free_pages = sorted(free_pages + release_pages)``; ``release_pages = []``. A no-op
+        when ``release_pages`` is empty (``free_pages`` keeps its order), as in SGLang."""
+        if self.release_pages:
+            self._set_free_lists(sorted(self.free_pages + self.release_pages), [])
+
+    def clear(self) -> None:
+        """Every page free (ids ascending), no release pages, no open free group."""
+        self._set_free_lists(list(range(RESERVED_INDEX + 1, self.num_pages + 1)), [])
+        self._in_free_group = False
+        self._pending_free = []
+        self._pending_pages = []
+
+
+class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """Page size 1: every slot is a page. ``alloc`` takes from the head of ``free_pages`` and
+    ``free`` appends (FIFO reuse), or appends to ``release_pages`` under ``need_sort``. Naming a
+    slot twice in one call or one free group is a double free."""
+
+    _dedup_pages = False
+
+    def __init__(self, size: int, need_sort: bool = False, *, rules: Rules | None = None) -> None:
+        super().__init__(size, 1, need_sort, rules=rules)
+
+    def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
+        """Page size 1: SGLang allocates an extend with ``alloc(extend_num_tokens)``, so the
+        pre-test is ``alloc``'s."""
+        return extend_num_tokens
+
+    def _return_pages(self, pages: list[int]) -> None:
+        if self.need_sort:
+            self._set_free_lists(self.free_pages, self.release_pages + pages)
+        else:
+            self._set_free_lists(self.free_pages + pages, self.release_pages)
+
+
+__all__ = ["BaseTokenToKVPoolAllocator", "FreeListState", "TokenToKVPoolAllocator"]

@@ -1,0 +1,339 @@
+"""Sliding-window (SWA) hybrid allocators: ``SWATokenToKVPoolAllocator`` and the pure-SWA one.
+
+A hybrid model has full-attention layers, whose KV every later token reads, and sliding-window
+layers, whose KV only the next ``sliding_window`` tokens read. The KV of the two kinds lives in
+two pools of different sizes (tokens): a *full* pool of ``size`` tokens and a smaller *SWA* pool
+of ``size_swa`` tokens, each with its own page allocator. A token is named by its full slot (the
+request table holds full slots); ``full_to_swa_index_mapping[f]`` names the SWA slot of full slot
+``f``, or 0 (the sentinel: no SWA slot; index 0 is reserved in both pools). The mapping has
+``size + page_size + 1`` entries; the last is ``-1`` so that translating a ``last_loc`` of -1
+(no prefix) gives -1.
+
+Contract (kvpool's, stricter than SGLang where noted):
+
+- every allocation takes slots in both pools, in step (the same page counts), or returns
+  ``None`` and changes nothing: both capacities are checked first (SGLang's ``alloc_decode``
+  takes full pages before it finds the SWA pool short, and drops them);
+- ``free(full slots)`` frees the full slots and, resolved *at the call* (also inside a free
+  group), the SWA slots their mapping names, then zeroes those entries: the mapping of a slot
+  that is not allocated is always 0, so a recycled full slot never carries a stale SWA slot;
+- ``free_swa(full slots)`` frees only the SWA slots (tokens that slid out of the window) and
+  zeroes their entries; the full slots stay allocated. The sentinel 0 is never freed;
+- ``backup_state`` / ``restore_state`` include the mapping (SGLang restores the free lists only,
+  which leaves stale entries for the slots allocated in between).
+
+At page size > 1 both pools page in step: frees act on whole pages of the full pool and on the
+SWA pages their slots map to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
+from kvpool.errors import AlignmentError, IndexOutOfRangeError, InvalidArgumentError
+from kvpool.host_checks import int_list
+from kvpool.reference.pools.allocator import (
+    BaseTokenToKVPoolAllocator,
+    FreeListState,
+    TokenToKVPoolAllocator,
+)
+from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.reference.pools.paged_ops import (
+    decode_new_pages,
+    extend_new_pages,
+    validate_extend_args,
+)
+from kvpool.reference.swa.free import SWAFrees
+from kvpool.rules import Rules
+from kvpool.snapshot import SWAAllocatorSnapshot
+
+SWAState = tuple[FreeListState, FreeListState, tuple[int, ...]]
+"""What :meth:`SWATokenToKVPoolAllocator.backup_state` returns: (full, SWA, mapping)."""
+
+
+def _page_allocator(
+    size: int, page_size: int, need_sort: bool, rules: Rules | None = None
+) -> BaseTokenToKVPoolAllocator:
+    if page_size == 1:
+        return TokenToKVPoolAllocator(size, need_sort, rules=rules)
+    return PagedTokenToKVPoolAllocator(size, page_size, need_sort, rules=rules)
+
+
+class SWATokenToKVPoolAllocator(SWAFrees):
+    """A full pool of ``size`` tokens and an SWA pool of ``size_swa`` tokens, both of
+    ``page_size``, joined by ``full_to_swa_index_mapping`` (see the module docstring).
+
+    Raises PageSizeError / ConfigError for a bad page size or sizes that are not positive
+    multiples of it. ``rules`` go to both page allocators (kvpool's by default)."""
+
+    def __init__(
+        self,
+        size: int,
+        size_swa: int,
+        page_size: int,
+        need_sort: bool = False,
+        *,
+        rules: Rules | None = None,
+    ) -> None:
+        self.full_attn_allocator = _page_allocator(size, page_size, need_sort, rules)
+        self.swa_attn_allocator = _page_allocator(size_swa, page_size, need_sort, rules)
+        self._size_full, self._size_swa = size, size_swa
+        self.page_size = page_size
+        self.need_sort = bool(need_sort)
+        self.full_to_swa_index_mapping: list[int] = [0] * (size + page_size) + [NO_LAST_LOC]
+        self.rules = rules if rules is not None else Rules()
+        self._in_free_group = False
+        self._group_slots: list[int] = []
+        self.clear()
+
+    # ----------------------------------------------------------------- sizes
+    @property
+    def size(self) -> int:
+        """Tokens both pools can hold: ``min(size_full, size_swa)``."""
+        return min(self._size_full, self._size_swa)
+
+    @property
+    def size_full(self) -> int:
+        return self._size_full
+
+    @property
+    def size_swa(self) -> int:
+        return self._size_swa
+
+    def available_size(self) -> int:
+        """Tokens allocatable now in both pools: the smaller free count."""
+        return min(self.full_available_size(), self.swa_available_size())
+
+    def full_available_size(self) -> int:
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    def snapshot(self) -> SWAAllocatorSnapshot:
+        """Both pools' snapshots and the mapping (tail included)."""
+        return SWAAllocatorSnapshot(
+            full=self.full_attn_allocator.snapshot(),
+            swa=self.swa_attn_allocator.snapshot(),
+            full_to_swa=tuple(self.full_to_swa_index_mapping),
+            resolves_at_group_end=self._resolves_at_group_end(),
+        )
+
+    # ----------------------------------------------------------------- mapping
+    def _slot_limit(self) -> int:
+        return self._size_full + self.page_size
+
+    def translate_loc_from_full_to_swa(self, kv_indices: Sequence[int]) -> list[int]:
+        """SWA slot of each full slot (0 where it has none; -1 stays -1). Raises
+        IndexOutOfRangeError for an index outside ``[-1, size + page_size)``."""
+        locs = int_list("slots", kv_indices)
+        bad = [x for x in locs if not NO_LAST_LOC <= x < self._slot_limit()]
+        if bad:
+            raise IndexOutOfRangeError(f"full slots out of range: {bad}")
+        return [self.full_to_swa_index_mapping[x] for x in locs]
+
+    def set_full_to_swa_mapping(
+        self, full_indices: Sequence[int], swa_indices: Sequence[int]
+    ) -> None:
+        """``mapping[full_indices[i]] = swa_indices[i]`` (0 unmaps): the SWA radix cache moves a
+        request's SWA slots onto a tree node's full slots with it. Raises InvalidArgumentError
+        for lists of different lengths, IndexOutOfRangeError for a slot outside its pool."""
+        full, swa = int_list("full slots", full_indices), int_list("SWA slots", swa_indices)
+        if len(full) != len(swa):
+            raise InvalidArgumentError(f"{len(full)} full slots but {len(swa)} SWA slots")
+        self._check_full_range(full)
+        swa_limit = self._size_swa + self.page_size
+        bad = [s for s in swa if not 0 <= s < swa_limit]
+        if bad:
+            raise IndexOutOfRangeError(f"SWA slots out of range [0, {swa_limit}): {bad}")
+        self._set_mapping(full, swa)
+
+    # ----------------------------------------------------------------- alloc
+    def alloc(self, need_size: int) -> list[int] | None:
+        """``need_size`` full slots, each mapped to a new SWA slot; ``None`` (no change) unless
+        both pools have room. Page size 1 only (InvalidArgumentError above, as SGLang asserts);
+        InvalidArgumentError for a negative size."""
+        if self.page_size != 1:
+            raise InvalidArgumentError("SWA alloc needs page_size 1; use alloc_extend")
+        self.full_attn_allocator._check_need_size(need_size)
+        if need_size > self.available_size():
+            return None
+        full = self.full_attn_allocator.alloc(need_size)
+        swa = self.swa_attn_allocator.alloc(need_size)
+        assert full is not None and swa is not None
+        self._set_mapping(full, swa)
+        return full
+
+    def _set_mapping(self, full: Sequence[int], swa: Sequence[int]) -> None:
+        for f, s in zip(full, swa, strict=True):
+            self.full_to_swa_index_mapping[f] = s
+
+    def _check_batch(
+        self, prefix: list[int], seq: list[int], last_loc: Sequence[int], n: int
+    ) -> tuple[list[int], list[int]]:
+        """Both sides' checks of an extend (full ``last_loc`` and its SWA translation), before
+        any change; returns (full last_loc, SWA last_loc)."""
+        full_alloc, swa_alloc = self.full_attn_allocator, self.swa_attn_allocator
+        locs = int_list("last_loc", last_loc)
+        validate_extend_args(prefix, seq, locs, n, self.page_size)
+        full_alloc._check_prefix_pages_held(prefix, locs)
+        swa_locs = self.translate_loc_from_full_to_swa(locs)
+        validate_extend_args(prefix, seq, swa_locs, n, self.page_size)
+        swa_alloc._check_prefix_pages_held(prefix, swa_locs)
+        return locs, swa_locs
+
+    def _pages_fit(self, full_pages: int, swa_pages: int) -> bool:
+        ps = self.page_size
+        return full_pages * ps <= self.full_available_size() and (
+            swa_pages * ps <= self.swa_available_size()
+        )
+
+    def alloc_extend(
+        self,
+        prefix_lens: Sequence[int],
+        prefix_lens_cpu: Sequence[int],
+        seq_lens: Sequence[int],
+        seq_lens_cpu: Sequence[int],
+        last_loc: Sequence[int],
+        extend_num_tokens: int,
+    ) -> list[int] | None:
+        """Full slots for tokens ``[P_i, S_i)`` of every request (as the paged allocator gives
+        them), each mapped to an SWA slot taken the same way from the SWA pool with the
+        translated ``last_loc``; ``None`` (no change) unless both pools fit the new pages. Page
+        size > 1 (InvalidArgumentError at 1, as SGLang asserts). The paged allocator's errors,
+        for either side (a prefix's last token must still hold its SWA slot)."""
+        if self.page_size == 1:
+            raise InvalidArgumentError("SWA alloc_extend needs page_size > 1; use alloc")
+        full_alloc = self.full_attn_allocator
+        prefix, _ = full_alloc._check_batch("prefix_lens", prefix_lens, prefix_lens_cpu)
+        seq, _ = full_alloc._check_batch("seq_lens", seq_lens, seq_lens_cpu)
+        locs, swa_locs = self._check_batch(prefix, seq, last_loc, extend_num_tokens)
+        ps = self.page_size
+        pages = sum(extend_new_pages(p, s, ps) for p, s in zip(prefix, seq, strict=True))
+        if not self._pages_fit(pages, pages):
+            return None
+        full = full_alloc.alloc_extend(prefix, prefix, seq, seq, locs, extend_num_tokens)
+        swa = self.swa_attn_allocator.alloc_extend(
+            prefix, prefix, seq, seq, swa_locs, extend_num_tokens
+        )
+        assert full is not None and swa is not None
+        self._set_mapping(full, swa)
+        return full
+
+    def alloc_extend_swa_tail(
+        self,
+        prefix_lens: Sequence[int],
+        prefix_lens_cpu: Sequence[int],
+        seq_lens: Sequence[int],
+        seq_lens_cpu: Sequence[int],
+        last_loc: Sequence[int],
+        extend_num_tokens: int,
+        swa_tail_len: int,
+    ) -> list[int] | None:
+        """One request (batch of 1): full slots for the whole extend, SWA slots (from fresh
+        pages) only for its last ``swa_tail_len`` tokens; the other new full slots map to 0.
+        ``None`` (no change) unless both pools fit. InvalidArgumentError for page size 1, a
+        batch of another size or ``swa_tail_len`` outside ``[0, extend_num_tokens]``;
+        AlignmentError for a tail that starts mid-page (kvpool: SGLang's caller, disaggregated
+        decode, starts it at a page boundary, which keeps the two pools' pages paired)."""
+        if self.page_size == 1:
+            raise InvalidArgumentError("SWA alloc_extend_swa_tail needs page_size > 1")
+        full_alloc = self.full_attn_allocator
+        prefix, _ = full_alloc._check_batch("prefix_lens", prefix_lens, prefix_lens_cpu)
+        seq, _ = full_alloc._check_batch("seq_lens", seq_lens, seq_lens_cpu)
+        if len(prefix) != 1 or len(seq) != 1:
+            raise InvalidArgumentError("alloc_extend_swa_tail takes a batch of one request")
+        if not isinstance(swa_tail_len, int) or not 0 <= swa_tail_len <= extend_num_tokens:
+            raise InvalidArgumentError(
+                f"swa_tail_len must be in [0, {extend_num_tokens}], got {swa_tail_len!r}"
+            )
+        if swa_tail_len and (seq[0] - swa_tail_len) % self.page_size:
+            # the tail must start on a page boundary so that its SWA pages pair with full pages
+            raise AlignmentError(f"the SWA tail of {swa_tail_len} tokens starts mid-page")
+        locs = int_list("last_loc", last_loc)
+        validate_extend_args(prefix, seq, locs, extend_num_tokens, self.page_size)
+        full_alloc._check_prefix_pages_held(prefix, locs)
+        ps = self.page_size
+        full_pages = extend_new_pages(prefix[0], seq[0], ps)
+        if not self._pages_fit(full_pages, extend_new_pages(0, swa_tail_len, ps)):
+            return None
+        full = full_alloc.alloc_extend(prefix, prefix, seq, seq, locs, extend_num_tokens)
+        assert full is not None
+        head = len(full) - swa_tail_len
+        if swa_tail_len:
+            tail = [swa_tail_len]
+            swa = self.swa_attn_allocator.alloc_extend([0], [0], tail, tail, [NO_LAST_LOC], tail[0])
+            assert swa is not None
+            self._set_mapping(full[head:], swa)
+        self._set_mapping(full[:head], [RESERVED_INDEX] * head)
+        return full
+
+    def alloc_decode(
+        self, seq_lens: Sequence[int], seq_lens_cpu: Sequence[int], last_loc: Sequence[int]
+    ) -> list[int] | None:
+        """One full slot per request for token ``S_i - 1``, mapped to an SWA slot decoded the
+        same way from the translated ``last_loc``; ``None`` (no change) unless both pools fit
+        the new pages. Page size > 1 (InvalidArgumentError at 1); the paged allocator's
+        errors for either side."""
+        if self.page_size == 1:
+            raise InvalidArgumentError("SWA alloc_decode needs page_size > 1; use alloc")
+        full_alloc = self.full_attn_allocator
+        seq, _ = full_alloc._check_batch("seq_lens", seq_lens, seq_lens_cpu)
+        if any(s < 1 for s in seq):
+            raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1, got {seq}")
+        locs, swa_locs = self._check_batch([s - 1 for s in seq], seq, last_loc, len(seq))
+        pages = decode_new_pages(seq, self.page_size)
+        if not self._pages_fit(pages, pages):
+            return None
+        full = full_alloc.alloc_decode(seq, seq, locs)
+        swa = self.swa_attn_allocator.alloc_decode(seq, seq, swa_locs)
+        assert full is not None and swa is not None
+        self._set_mapping(full, swa)
+        return full
+
+    # ----------------------------------------------------------------- state
+    def backup_state(self) -> SWAState:
+        """Both pools' free lists and the mapping. InvalidArgumentError inside an open free group
+        (kvpool): the group's SWA slots are already unmapped but not yet free, so a restore to
+        that state would leak them."""
+        if self._in_free_group:
+            raise InvalidArgumentError("backup_state inside an open free group")
+        return (
+            self.full_attn_allocator.backup_state(),
+            self.swa_attn_allocator.backup_state(),
+            tuple(self.full_to_swa_index_mapping),
+        )
+
+    def restore_state(self, state: object) -> None:
+        """Put back a :meth:`backup_state`. InvalidArgumentError for anything else (checked
+        in full before any change)."""
+        if not isinstance(state, tuple) or len(state) != 3:
+            raise InvalidArgumentError("state must be the (full, swa, mapping) tuple")
+        mapping = list(state[2])
+        if len(mapping) != len(self.full_to_swa_index_mapping) or mapping[-1] != NO_LAST_LOC:
+            raise InvalidArgumentError("state holds a mapping of the wrong shape")
+        probe = _page_allocator(self._size_full, self.page_size, False)
+        probe.restore_state(state[0])
+        probe = _page_allocator(self._size_swa, self.page_size, False)
+        probe.restore_state(state[1])
+        self.full_attn_allocator.restore_state(state[0])
+        self.swa_attn_allocator.restore_state(state[1])
+        self.full_to_swa_index_mapping[:] = mapping  # in place: an SWAKVPool shares the list
+
+    def merge_and_sort_free(self) -> None:
+        """Merge and sort both pools' release pages into their free pages."""
+        self.full_attn_allocator.merge_and_sort_free()
+        self.swa_attn_allocator.merge_and_sort_free()
+
+    def clear(self) -> None:
+        """Both pools empty, every entry 0 but the -1 tail, no open free group."""
+        self.full_attn_allocator.clear()
+        self.swa_attn_allocator.clear()
+        limit = self._slot_limit()
+        self.full_to_swa_index_mapping[:limit] = [RESERVED_INDEX] * limit
+        self._in_free_group = False
+        self._group_slots = []
+
+
+__all__ = ["SWAState", "SWATokenToKVPoolAllocator"]

@@ -1,0 +1,177 @@
+"""``UnifiedMambaRadixCache``: SGLang 0.5.23's unified tree with the FULL and MAMBA components.
+
+SGLang 0.5.23 builds one ``UnifiedRadixCache(tree_components=(FULL, MAMBA))`` for a hybrid SSM
+model (specs/unified_cache.md). Its tree makes the decisions kvpool's :class:`MambaRadixCache`
+states (SGLang 0.5.16's Mamba tree: the same splits and node ids, the prefix up to the deepest
+node with a state, copy-on-write with one state evicted when no slot is free, KV in least
+recently used order, states in their own order, a leaf evicted whole), except where 0.5.23
+differs; this class adds those differences (found by running both against each other,
+``kvpool verify --sglang 0.5.23 --component unified_mamba_radix_cache``):
+
+- **A node whose state was evicted keeps its KV, at the bottom of the tree too.** Evicting a
+  leaf (for KV or for a state) frees that leaf only; its parent, left childless without a
+  state, stays as a *tombstone leaf* holding its KV, evictable later as any leaf (0.5.16
+  deleted such parents at once, so no leaf was a tombstone).
+- **One eviction, two amounts.** ``evict(num_tokens, mamba_num)`` evicts KV leaves until
+  ``num_tokens`` tokens are freed, then states until ``mamba_num`` states are freed, counting
+  what either walk freed: the states of the leaves the KV walk evicted count towards
+  ``mamba_num`` (and the tokens of the leaves the state walk evicted are reported with the
+  KV walk's). It returns both totals. (0.5.16 ran the two walks apart and counted each its
+  own.)
+- **An insert that finds the state cached refreshes it.** When the end node already holds a
+  state (``mamba_exist``), that state becomes the most recently used in the state order
+  (0.5.16 refreshed only the KV order there).
+- **The Mamba lock counts its anchor node, tombstone or not.** ``inc_lock_ref(node)`` always
+  raises ``node.mamba_lock_ref`` (the sizes move only for a node holding a state), so a lock
+  taken on a tombstone is undone by its unlock, and a state stored on a locked tombstone is
+  protected (0.5.16 locked only a node holding a state, at the lock and again at the unlock).
+- **The tree frees through ``free_segment``** (the insert's duplicates and evicted KV), as the
+  FULL set does (:class:`~kvpool.reference.unified.radix_cache.UnifiedRadixCache`); at page
+  size 1 that frees the same slots in the same order as ``free``.
+
+The FULL set's other difference (a split keeps the creation time) decides nothing here: the
+Mamba tree evicts in least-recently-used order only. Units: tokens and token slots for
+``full_*``, states (Mamba slots) for ``mamba_*``; page size 1.
+"""
+
+from __future__ import annotations
+
+from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.reference.mamba.radix_cache import MambaRadixCache
+from kvpool.reference.mamba.tree_node import MambaTreeNode
+from kvpool.reference.radix_key import RadixKey
+
+
+class UnifiedMambaRadixCache(MambaRadixCache):
+    """:class:`MambaRadixCache` under SGLang 0.5.23's rules (module docstring)."""
+
+    frees_duplicates = True
+    """Callers read this: an insert frees the caller's duplicate KV slots itself."""
+
+    def _free_duplicates(self, slots: list[int]) -> None:
+        self.token_to_kv_pool_allocator.free_segment(slots, 0)
+
+    # ----------------------------------------------------------------- insert
+    def insert(
+        self, key: RadixKey, value: list[int], mamba_value: int, prev_prefix_len: int = 0
+    ) -> tuple[int, bool]:
+        """:meth:`MambaRadixCache.insert`; a state stored on a locked tombstone is protected,
+        and a state found already cached becomes the most recently used."""
+        end = self._end_node(key)
+        locked = end is not None and end.mamba_value is None and end.mamba_lock_ref > 0
+        cached, exist = super().insert(key, value, mamba_value, prev_prefix_len)
+        if locked and not exist:
+            self.mamba_evictable_size_ -= 1
+            self.mamba_protected_size_ += 1
+        if exist and end is not None:
+            self.mamba_lru_list.reset_node_mru(end)
+        return cached, exist
+
+    def _end_node(self, key: RadixKey) -> MambaTreeNode | None:
+        """The node an insert of ``key`` would end on without a split or a new leaf, if any."""
+        node, rest = self.root_node, key
+        while len(rest):
+            child = node.children.get(self._child_key(node, rest))
+            if child is None or len(child.key) > len(rest):
+                return None
+            if self._match_len(child.key, rest) < len(child.key):
+                return None
+            node, rest = child, rest[len(child.key) :]
+        return None if node is self.root_node else node
+
+    # ----------------------------------------------------------------- locks
+    def inc_lock_ref(self, node: MambaTreeNode) -> None:
+        """Lock the KV of ``node``'s path to the root and ``node``'s own state lock (counted
+        even on a tombstone; the sizes move only for a node holding a state)."""
+        path = self._path(node)
+        if node.mamba_lock_ref == 0 and node.mamba_value is not None:
+            self.mamba_evictable_size_ -= 1
+            self.mamba_protected_size_ += 1
+        node.mamba_lock_ref += 1
+        for cur in path:
+            if cur.full_lock_ref == 0:
+                self.full_evictable_size_ -= len(cur.value)
+                self.full_protected_size_ += len(cur.value)
+            cur.full_lock_ref += 1
+
+    def dec_lock_ref(self, node: MambaTreeNode) -> None:
+        """Undo :meth:`inc_lock_ref`; LockError (nothing changed) if a count would go negative."""
+        path = self._path(node)
+        if node.mamba_lock_ref <= 0:
+            raise LockError(f"mamba_lock_ref would go negative on node {node.node_id}")
+        bad = [cur.node_id for cur in path if cur.full_lock_ref <= 0]
+        if bad:
+            raise LockError(f"full_lock_ref would go negative on nodes {bad}")
+        if node.mamba_lock_ref == 1 and node.mamba_value is not None:
+            self.mamba_evictable_size_ += 1
+            self.mamba_protected_size_ -= 1
+        node.mamba_lock_ref -= 1
+        for cur in path:
+            if cur.full_lock_ref == 1:
+                self.full_evictable_size_ += len(cur.value)
+                self.full_protected_size_ -= len(cur.value)
+            cur.full_lock_ref -= 1
+
+    # ----------------------------------------------------------------- eviction
+    def _evict_leaf(self, leaf: MambaTreeNode) -> tuple[int, int]:
+        """Free a whole unlocked leaf (its KV, and its state unless it is a tombstone); the
+        parent stays, whatever it holds. Returns ``(tokens, states)`` freed."""
+        assert not leaf.children and leaf.full_lock_ref == 0 and leaf.mamba_lock_ref == 0
+        self.token_to_kv_pool_allocator.free_segment(leaf.value, 0)
+        states = 0
+        if leaf.mamba_value is not None:
+            self.req_to_token_pool.mamba_allocator.free([leaf.mamba_value])
+            self.mamba_lru_list.remove(leaf)
+            self.mamba_evictable_size_ -= 1
+            states = 1
+        self.full_lru_list.remove(leaf)
+        self._detach(leaf)
+        return len(leaf.value), states
+
+    def _evict_state(self, node: MambaTreeNode) -> None:
+        """Free an inner node's state: it becomes a tombstone."""
+        assert node.mamba_value is not None and node.mamba_lock_ref == 0
+        self.req_to_token_pool.mamba_allocator.free([node.mamba_value])
+        self.mamba_lru_list.remove(node)
+        node.mamba_value = None
+        self.mamba_evictable_size_ -= 1
+
+    def evict(self, num_tokens: int = 0, mamba_num: int = 0) -> tuple[int, int]:
+        """Evict unlocked KV leaves, least recently used first, until ``num_tokens`` tokens are
+        freed, then unlocked states, least recently used first (an inner node becomes a
+        tombstone, a leaf goes whole), until ``mamba_num`` states are freed, each walk counting
+        what both freed; returns ``(tokens, states)`` freed. InvalidArgumentError (nothing
+        changed) for a negative amount."""
+        if num_tokens < 0 or mamba_num < 0:
+            raise InvalidArgumentError(
+                f"eviction sizes must be >= 0, got {num_tokens}, {mamba_num}"
+            )
+        tokens = states = 0
+        while tokens < num_tokens:
+            leaf = self.full_lru_list.lru_no_lock(leaf_only=True)
+            if leaf is None:
+                break
+            freed, gone = self._evict_leaf(leaf)
+            tokens, states = tokens + freed, states + gone
+        while states < mamba_num:
+            node = self.mamba_lru_list.lru_no_lock()
+            if node is None:
+                break
+            if node.children:
+                self._evict_state(node)
+                states += 1
+            else:
+                freed, gone = self._evict_leaf(node)
+                tokens, states = tokens + freed, states + gone
+        return tokens, states
+
+    def evict_mamba(self, mamba_num: int) -> int:
+        """:meth:`evict` of ``mamba_num`` states; returns the states freed."""
+        return self.evict(0, max(mamba_num, 0))[1]
+
+    def evict_full(self, full_num_tokens: int) -> int:
+        """:meth:`evict` of ``full_num_tokens`` tokens; returns the tokens freed."""
+        return self.evict(max(full_num_tokens, 0), 0)[0]
+
+
+__all__ = ["UnifiedMambaRadixCache"]
