@@ -1,8 +1,18 @@
-"""kvpool's modules import each other without a circle, annotation-only imports included: the
-module-level imports (those under ``if TYPE_CHECKING:`` too) of every ``kvpool/**/*.py`` form an
-acyclic graph. Imports inside functions (the command line's lazy imports) are not edges: they run
-after every module involved has loaded. A component that needs its caller's type names a
-Protocol of what it uses instead (``SpecDecodeHost``, ``SnapshotHost``, ``TreeViewHost``)."""
+"""kvpool's modules import each other along the floors and without a circle.
+
+Every import counts, annotation-only imports (under ``if TYPE_CHECKING:``) and imports inside
+functions included: a lazy import runs later, but a circle through it still ties the modules
+together, and an import against the floors is one however late it runs.
+
+The floors, bottom up: the shared types at ``kvpool/``'s root; the reference and the invariants;
+the kernels; the optimized twin; the harness (``testing``, then the replay modules); the command
+line and the SGLang adapters on top. A module imports from lower floors and from its own package
+only.
+Inside each twin the wings have floors of their own, as DEVELOPERS.md draws them
+(:func:`tests.test_developers_map.wing_floors`); the twin may import the reference's pure helpers
+on the same terms. A component that needs its caller's type names a Protocol of what it uses
+instead (``SpecDecodeHost``, ``SnapshotHost``, ``TreeViewHost``), and a harness that needs an
+implementation above it finds it as a plug-in (:mod:`kvpool.testing.plugins`)."""
 
 from __future__ import annotations
 
@@ -10,8 +20,28 @@ import ast
 from pathlib import Path
 
 import kvpool
+from tests.test_developers_map import wing_floors
 
 ROOT = Path(kvpool.__file__).parent
+
+SHARED = frozenset(
+    {"kvpool", "kvpool.errors", "kvpool.constants", "kvpool.config", "kvpool.rules",
+     "kvpool.snapshot", "kvpool.tags", "kvpool.protocols", "kvpool.injection",
+     "kvpool.host_checks", "kvpool.field_types", "kvpool.traces"}
+)  # fmt: skip
+PACKAGE_FLOORS = {
+    "reference": 1,
+    "invariants": 1,
+    "kernels": 2,
+    "optimized": 3,
+    "testing": 4,
+    "replay_stepper": 5,
+    "replay": 6,
+    "cli": 7,
+    "sglang": 7,
+    "__main__": 8,
+}
+"""Floor of each package (or top-level module) under ``kvpool``; the shared types are floor 0."""
 
 
 def _module_name(path: Path) -> str:
@@ -19,18 +49,27 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(tree: ast.Module) -> list[str]:
-    """Modules named by imports at module level, inside ``if`` / ``try`` blocks too."""
+def _imports(tree: ast.Module, lazy: bool = True) -> list[str]:
+    """Modules named by the imports of ``tree``: every import when ``lazy``, else only those at
+    module level (inside ``if`` / ``try`` blocks too)."""
     out: list[str] = []
-    stack: list[ast.stmt] = list(tree.body)
-    while stack:
-        node = stack.pop()
+    nodes = ast.walk(tree) if lazy else _module_level(tree)
+    for node in nodes:
         if isinstance(node, ast.Import):
             out.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.append(node.module)
             out.extend(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, (ast.If, ast.Try)):
+    return out
+
+
+def _module_level(tree: ast.Module) -> list[ast.stmt]:
+    out: list[ast.stmt] = []
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        if isinstance(node, (ast.If, ast.Try)):
             stack.extend(node.body)
             stack.extend(node.orelse)
             if isinstance(node, ast.Try):
@@ -40,13 +79,13 @@ def _top_level_imports(tree: ast.Module) -> list[str]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """kvpool module -> the kvpool modules it imports at module level."""
+def import_graph(lazy: bool = True) -> dict[str, set[str]]:
+    """kvpool module -> the kvpool modules it imports (``lazy``: inside functions too)."""
     paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        graph[name] = {m for m in _top_level_imports(tree) if m in paths and m != name}
+        graph[name] = {m for m in _imports(tree, lazy) if m in paths and m != name}
     return graph
 
 
@@ -73,24 +112,73 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
+def place(module: str, wings: dict[str, int]) -> tuple[str, int, str, int]:
+    """(package, its floor, wing, the wing's floor) of a kvpool module (wing ``""`` and floor
+    0 outside the twins and at a twin's root)."""
+    if module in SHARED:
+        return ("shared", 0, "", 0)
+    parts = module.split(".")
+    package = parts[1]
+    if package not in PACKAGE_FLOORS:
+        raise AssertionError(f"{module} is on no floor: add it to SHARED or PACKAGE_FLOORS")
+    wing = ""
+    if package in ("reference", "optimized"):
+        if len(parts) == 2:  # the twin's own __init__: its export surface, above every wing
+            return (package, PACKAGE_FLOORS[package], "(exports)", max(wings.values()) + 1)
+        if len(parts) > 3 or parts[2] in wings:
+            wing = parts[2]
+    return (package, PACKAGE_FLOORS[package], wing, wings.get(wing, 0))
+
+
+def against_floors(graph: dict[str, set[str]], wings: dict[str, int]) -> list[str]:
+    """Every import ``a -> b`` that runs up a floor, as ``"a -> b"``."""
+    bad = []
+    for a, targets in sorted(graph.items()):
+        pa, fa, wa, wfa = place(a, wings)
+        for b in sorted(targets):
+            pb, fb, wb, wfb = place(b, wings)
+            if pa == pb or fb < fa:
+                twins = {pa, pb} <= {"reference", "optimized"}
+                if twins and wa != wb and wfb >= wfa:
+                    bad.append(f"{a} -> {b}")
+            else:
+                bad.append(f"{a} -> {b}")
+    return bad
+
+
 def test_cycle_finder_finds_a_circle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) == []
 
 
-def test_annotation_only_imports_are_edges() -> None:
+def test_annotation_only_and_lazy_imports_are_edges() -> None:
     source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvpool.x import Y\n"
-    assert "kvpool.x" in _top_level_imports(ast.parse(source))
+    assert "kvpool.x" in _imports(ast.parse(source), lazy=False)
     lazy = "def f():\n    from kvpool.x import Y\n"
-    assert _top_level_imports(ast.parse(lazy)) == []
+    assert _imports(ast.parse(lazy), lazy=False) == []
+    assert "kvpool.x" in _imports(ast.parse(lazy))
+
+
+def test_floor_check_finds_an_import_up() -> None:
+    wings = {"pools": 1, "lifecycle": 6, "": 0}
+    graph = {
+        "kvpool.reference.pools.allocator": {"kvpool.reference.lifecycle.memory_manager"},
+        "kvpool.reference.lifecycle.memory_manager": {"kvpool.reference.pools.allocator"},
+        "kvpool.testing.runs": {"kvpool.sglang.glue"},
+        "kvpool.optimized.pools.allocator": {"kvpool.reference.pools.paged_ops"},
+        "kvpool.invariants.swa": {"kvpool.reference.req"},
+    }
+    assert against_floors(graph, wings) == [
+        "kvpool.invariants.swa -> kvpool.reference.req",
+        "kvpool.reference.pools.allocator -> kvpool.reference.lifecycle.memory_manager",
+        "kvpool.testing.runs -> kvpool.sglang.glue",
+    ]
 
 
 def test_graph_covers_the_twins() -> None:
     graph = import_graph()
-    assert (
-        "kvpool.optimized.lifecycle.spec_decode"
-        in graph["kvpool.optimized.lifecycle.memory_manager"]
-    )
+    lifecycle = "kvpool.optimized.lifecycle"
+    assert f"{lifecycle}.spec_decode" in graph[f"{lifecycle}.memory_manager"]
     assert (
         "kvpool.reference.lifecycle.pool_snapshot"
         in graph["kvpool.reference.lifecycle.memory_manager"]
@@ -99,3 +187,7 @@ def test_graph_covers_the_twins() -> None:
 
 def test_no_import_circle() -> None:
     assert find_cycle(import_graph()) == []
+
+
+def test_no_import_against_the_floors() -> None:
+    assert against_floors(import_graph(), wing_floors()) == []

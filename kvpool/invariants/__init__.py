@@ -13,8 +13,8 @@ import dataclasses
 import importlib
 from collections.abc import Iterable
 
-from kvpool.invariants import allocator as _allocator  # noqa: F401  (registers its checks)
 from kvpool.invariants import req_to_token as _req_to_token  # noqa: F401
+from kvpool.invariants.allocator import check_allocator  # (importing it registers its checks)
 from kvpool.invariants.registry import (
     INVARIANTS,
     SCOPES,
@@ -25,7 +25,6 @@ from kvpool.invariants.registry import (
     run_scope,
 )
 from kvpool.snapshot import (
-    AllocatorSnapshot,
     PoolSnapshot,
     ReqToTokenSnapshot,
     SWAAllocatorSnapshot,
@@ -49,13 +48,6 @@ for _name in _OPTIONAL_MODULES:
     except ModuleNotFoundError as _exc:
         if _exc.name != _name:
             raise
-
-
-def check_allocator(snap: AllocatorSnapshot, held_pages: Iterable[int] | None = None) -> int:
-    """Every ``"allocator"`` invariant on ``snap``. ``held_pages`` (page ids owned by someone,
-    pending-free pages included) enables the exact accounting (leaks, use after free)."""
-    held = None if held_pages is None else frozenset(held_pages)
-    return run_scope("allocator", snap, held)
 
 
 def check_req_to_token(

@@ -8,11 +8,12 @@ the tree, a test's model); pages named by ``pending_free`` count as still held.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.failure import fail
-from kvpool.invariants.registry import invariant
+from kvpool.invariants.registry import invariant, run_scope
 from kvpool.snapshot import AllocatorSnapshot
 
 
@@ -130,7 +131,15 @@ def check_token_accounting(snap: AllocatorSnapshot, held_pages: frozenset[int] |
     )
 
 
+def check_allocator(snap: AllocatorSnapshot, held_pages: Iterable[int] | None = None) -> int:
+    """Every ``"allocator"`` invariant on ``snap``. ``held_pages`` (page ids owned by someone,
+    pending-free pages included) enables the exact accounting (leaks, use after free)."""
+    held = None if held_pages is None else frozenset(held_pages)
+    return run_scope("allocator", snap, held)
+
+
 __all__ = [
+    "check_allocator",
     "check_free_group",
     "check_no_double_free",
     "check_page_range",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, ceil_align
 from kvpool.errors import InvariantViolation
+from kvpool.invariants.allocator import check_allocator
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant, run_scope
 from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, SWAAllocatorSnapshot, TreeSnapshot
@@ -267,8 +268,6 @@ def check_swa_allocator(
 ) -> int:
     """The allocator invariants on both pools (``held_full_pages``: full pages owned by someone,
     for the exact full accounting), then every ``"swa"`` invariant. Returns the checks run."""
-    from kvpool.invariants import check_allocator
-
     # The SWA checks first: they name the SWA-specific cause (a freed sentinel is also a
     # reserved-page violation of the SWA pool, but INV-SWA-SENTINEL says why).
     count = run_scope("swa", snap, SWAContext(swa_held_tokens, tree))

@@ -133,7 +133,7 @@ def implementation(
         return torch.tensor(list(values), dtype=torch.int64)
 
     def hiradix_cache(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        from kvpool.optimized.kv.kv_cache import kv_cache_from_config
+        from kvpool.optimized.kv.storage import kv_cache_from_config
         from kvpool.sglang.hiradix import SGLangHiRadixCache
 
         return SGLangHiRadixCache(modules, pool, alloc, config.page_size,
@@ -144,7 +144,7 @@ def implementation(
     def unified_hiradix_cache(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         """0.5.23's host tier: the unified cache with ``init_hicache``'s host tier attached
         (kvpool.sglang.unified_hicache), for the ``hiradix_cache`` machine only."""
-        from kvpool.optimized.kv.kv_cache import kv_cache_from_config
+        from kvpool.optimized.kv.storage import kv_cache_from_config
         from kvpool.sglang.unified_hicache import SGLangUnifiedHiCache
 
         return SGLangUnifiedHiCache(modules, pool, alloc, config.page_size,
@@ -331,4 +331,11 @@ def _has_hiradix(modules: Any) -> bool:
         return False
 
 
-__all__ = ["SPEC_OPTIONS", "from_spec", "implementation"]
+def implementation_with_host_tier(source: str = "0.5.23", tree_core: str = "rust") -> Any:
+    """SGLang ``source``'s implementation without scheduler glue (:func:`implementation`),
+    whose ``hiradix_cache`` is :class:`~kvpool.sglang.unified_hicache.SGLangUnifiedHiCache` over
+    ``tree_core``, for the ``hiradix_cache`` machine."""
+    return implementation(source, tree_core=tree_core, glue=False)
+
+
+__all__ = ["SPEC_OPTIONS", "from_spec", "implementation", "implementation_with_host_tier"]

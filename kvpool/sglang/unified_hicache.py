@@ -559,13 +559,4 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
         )
 
 
-def implementation_with_host_tier(source: str = "0.5.23", tree_core: str = "rust") -> Any:
-    """SGLang ``source``'s implementation without scheduler glue
-    (:func:`kvpool.sglang.implementation`), whose ``hiradix_cache`` is
-    :class:`SGLangUnifiedHiCache` over ``tree_core``, for the ``hiradix_cache`` machine."""
-    from kvpool.sglang.implementation import implementation
-
-    return implementation(source, tree_core=tree_core, glue=False)
-
-
-__all__ = ["SGLangUnifiedHiCache", "UnifiedHiMatch", "implementation_with_host_tier"]
+__all__ = ["SGLangUnifiedHiCache", "UnifiedHiMatch"]

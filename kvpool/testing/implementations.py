@@ -1,7 +1,8 @@
 """The implementations kvpool ships, and how a spec string names one (``--impl``).
 
 Specs: ``reference``; ``optimized`` or ``optimized[BACKEND]`` (the torch twin, kernels run by
-``torch``, ``interpret`` or ``triton``); ``sglang`` or ``sglang:SOURCE`` (SGLang's own classes
+``torch``, ``interpret`` or ``triton``); ``NAME`` or ``NAME:ARGS`` of an implementation plug-in
+(:mod:`kvpool.testing.plugins`), such as ``sglang`` or ``sglang:SOURCE`` (SGLang's own classes
 through :mod:`kvpool.sglang`; SOURCE is a release like ``0.5.16``, a source path or
 ``installed``; suffixes: ``+naive`` routes ``alloc_extend`` through SGLang's naive path,
 ``+python-core`` / ``+rust-core`` choose 0.5.23's unified-cache tree core, ``+legacy-tree``
@@ -19,13 +20,14 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.testing.bundle import Implementation
+from kvpool.testing.plugins import find_plugin
 
 
 def reference_implementation() -> Implementation:
     """Every component of the pure-Python reference."""
     from kvpool.reference import radix_key
-    from kvpool.reference.kv.kv_cache import kv_cache_from_config
     from kvpool.reference.kv.layer_transfer import LayerDoneCounter
+    from kvpool.reference.kv.storage import kv_cache_from_config
     from kvpool.reference.lifecycle.memory_manager import MemoryManager
     from kvpool.reference.lifecycle.swa_memory_manager import SWAMemoryManager
     from kvpool.reference.mamba import lifecycle as mamba_lifecycle
@@ -119,7 +121,7 @@ def _reference_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
     """The reference ``HiRadixCache`` with its own KV buffers and host pool (``config``)."""
     from kvpool.reference.hicache.hiradix_cache import HiRadixCache
     from kvpool.reference.hicache.memory_pool_host import host_pool_for
-    from kvpool.reference.kv.kv_cache import kv_cache_from_config
+    from kvpool.reference.kv.storage import kv_cache_from_config
 
     host = host_pool_for(kv_cache_from_config(config), config.hicache_ratio)
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
@@ -132,7 +134,7 @@ def _optimized_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
     """The twin's ``HiRadixCache`` with its own KV buffers and host pool (``config``)."""
     from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
     from kvpool.optimized.hicache.memory_pool_host import host_pool_for
-    from kvpool.optimized.kv.kv_cache import kv_cache_from_config
+    from kvpool.optimized.kv.storage import kv_cache_from_config
 
     host = host_pool_for(kv_cache_from_config(config), config.hicache_ratio)
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
@@ -146,8 +148,8 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     import torch
 
     from kvpool.optimized import radix_key
-    from kvpool.optimized.kv.kv_cache import kv_cache_from_config
     from kvpool.optimized.kv.layer_transfer import LayerDoneCounter
+    from kvpool.optimized.kv.storage import kv_cache_from_config
     from kvpool.optimized.lifecycle.memory_manager import MemoryManager
     from kvpool.optimized.lifecycle.swa_memory_manager import SWAMemoryManager
     from kvpool.optimized.mamba import lifecycle as mamba_lifecycle
@@ -266,11 +268,10 @@ def resolve_implementation(spec: str, component: str = "manager") -> Implementat
         if backend not in ("torch", "interpret", "triton"):
             raise ValueError(f"unknown kernel backend {backend!r} in {spec!r}")
         return optimized_implementation(backend)
-    if spec == "sglang" or spec.startswith("sglang:"):
-        from kvpool import sglang
-
-        built: Implementation = sglang.from_spec(spec.partition(":")[2])
-        return built
+    name, _, args = spec.partition(":")
+    plugin = find_plugin(name)
+    if plugin is not None:
+        return plugin.resolve(args)
     from kvpool.testing.factories import load_factory
 
     obj: Any = load_factory(spec)

@@ -11,9 +11,8 @@ cluster does not have:
   ``tests``): the ``.py`` files of its top-level package are copied under their own name, where
   :func:`~kvpool.testing.factories.import_user_module` finds them (it searches the current
   directory first);
-- ``sglang:VERSION[+...]``: the wheel of that release (fetched into the driver's cache as
-  ``kvpool verify --sglang`` does) is copied to ``sglang/`` and ``KVPOOL_SGLANG_CACHE`` points
-  there; ``sglang:path/to/a.whl`` or ``sglang:path/to/checkout`` is copied and rewritten.
+- ``NAME:ARGS`` of an implementation plug-in (:mod:`kvpool.testing.plugins`): what the plug-in
+  stages, as ``sglang:VERSION[+...]`` ships that release's wheel (:mod:`kvpool.sglang.plugin`).
 
 :func:`stage` puts them in a fresh folder, which the campaign's actors get as Ray's
 ``working_dir`` (Ray uploads it once and unpacks it on every node; its default package limit
@@ -25,7 +24,6 @@ installed on every node, as for any Ray job.
 from __future__ import annotations
 
 import importlib.util
-import re
 import shutil
 import sys
 import sysconfig
@@ -33,14 +31,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvpool.testing.plugins import find_plugin
 from kvpool.testing.workers import CampaignSpec
 
 SHIPPED_PATH_VARIABLES = frozenset({"KVPOOL_SGLANG_CACHE"})
 """Environment variables whose relative value is a path inside the shipped folder (made
 absolute by each actor, which starts there)."""
 
-_VERSION = re.compile(r"^\d+\.\d+\.\d+([.+-]?[0-9A-Za-z.]+)?$")
-_SOURCE_OPTION = re.compile(r"(\+[a-z-]+)*$")
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
 
 
@@ -76,8 +73,9 @@ def stage(spec: CampaignSpec, folder: Path) -> Shipment | None:
 def _stage_side(impl: str, side: str, folder: Path, shipped: list[str], env: dict[str, str]) -> str:
     if impl in ("reference", "optimized") or impl.startswith("optimized["):
         return impl
-    if impl == "sglang" or impl.startswith("sglang:"):
-        return _stage_sglang(impl, folder, shipped, env)
+    plugin = find_plugin(impl.partition(":")[0])
+    if plugin is not None:
+        return plugin.stage(impl, folder, shipped, env)
     module, sep, name = impl.rpartition(":")
     if not sep or not module:
         return impl  # malformed: resolving it reports the error, as locally
@@ -86,38 +84,14 @@ def _stage_side(impl: str, side: str, folder: Path, shipped: list[str], env: dic
         if not source.is_file():
             raise ValueError(f"no such file: {module}")
         relative = Path("impl") / side / source.name
-        _copy(source, folder / relative)
+        copy_into(source, folder / relative)
         shipped.append(relative.as_posix())
         return f"{relative.as_posix()}:{name}"
     top = _user_package(module.split(".")[0])
     if top is not None and top.name not in shipped:
-        _copy(top, folder / top.name)
+        copy_into(top, folder / top.name)
         shipped.append(top.name)
     return impl
-
-
-def _stage_sglang(impl: str, folder: Path, shipped: list[str], env: dict[str, str]) -> str:
-    from kvpool.sglang.source import default_cache_dir, download_wheel
-
-    after = impl.partition(":")[2]
-    options = _SOURCE_OPTION.search(after)
-    suffix = options.group(0) if options else ""
-    source = after[: len(after) - len(suffix)] or "0.5.16"
-    target = Path("sglang")
-    if _VERSION.match(source):
-        wheel = download_wheel(source, env.get("KVPOOL_SGLANG_CACHE") or default_cache_dir())
-        if (target / wheel.name).as_posix() not in shipped:
-            _copy(wheel, folder / target / wheel.name)
-            shipped.append((target / wheel.name).as_posix())
-        env["KVPOOL_SGLANG_CACHE"] = target.as_posix()
-        return impl
-    path = Path(source)
-    if not path.exists():
-        raise ValueError(f"no such SGLang source: {source}")
-    relative = target / path.name
-    _copy(path, folder / relative)
-    shipped.append(relative.as_posix())
-    return f"sglang:{relative.as_posix()}{suffix}"
 
 
 def _user_package(top: str) -> Path | None:
@@ -143,7 +117,9 @@ def _user_package(top: str) -> Path | None:
     return origin.parent if found.submodule_search_locations else origin
 
 
-def _copy(source: Path, target: Path) -> None:
+def copy_into(source: Path, target: Path) -> None:
+    """Copy file or folder ``source`` to ``target`` (parents created; caches and dot files
+    left out)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     if source.is_dir():
         shutil.copytree(source, target, ignore=_SKIP, dirs_exist_ok=True)
@@ -151,4 +127,4 @@ def _copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-__all__ = ["SHIPPED_PATH_VARIABLES", "Shipment", "stage"]
+__all__ = ["SHIPPED_PATH_VARIABLES", "Shipment", "copy_into", "stage"]

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-import kvpool.optimized.kv.kv_cache as opt
-import kvpool.reference.kv.kv_cache as ref
+import kvpool.optimized.kv.storage as opt
+import kvpool.reference.kv.storage as ref
 from kvpool.config import KV_STORAGES, PoolConfig
 from kvpool.errors import ConfigError
 from kvpool.testing.factories import optimized_factory, reference_factory

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.kv import kv_cache as opt
+from kvpool.optimized.kv import storage as opt_storage
 from kvpool.reference.kv import kv_cache as ref
 from kvpool.tags import TAG_MODULUS
 
@@ -155,7 +156,7 @@ def test_layer_transfer_hook_runs_before_reads() -> None:
 
 def test_tags_exact_in_float32_from_config() -> None:
     for layout in ("mha", "mla"):
-        kv = opt.kv_cache_from_config(PoolConfig(size=8, page_size=2, kv_layout=layout))
+        kv = opt_storage.kv_cache_from_config(PoolConfig(size=8, page_size=2, kv_layout=layout))
         top = [TAG_MODULUS, TAG_MODULUS - 1, 1]
         kv.write_tags(torch.tensor([1, 2, 9]), top)
         assert kv.read_tags([1, 2, 9, 3]) == [*top, 0]

@@ -17,7 +17,7 @@ from kvpool.config import PoolConfig
 from kvpool.reference.radix_key import RadixKey
 from kvpool.rules import Rules
 from kvpool.sglang.host_pool import SGLangHostPool
-from kvpool.sglang.unified_hicache import implementation_with_host_tier
+from kvpool.sglang.implementation import implementation_with_host_tier
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import reference_implementation
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
@@ -353,43 +352,10 @@ class MLATokenToKVPool(KVCache):
         return self._read_tags(self.kv_buffer[0], loc)
 
 
-def kv_cache_from_config(config: PoolConfig, options: TwinOptions | None = None) -> KVCache:
-    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes, or the
-    storage variant its ``kv_storage`` names (:mod:`kvpool.optimized.kv.storage`)."""
-    options = twin_options(options)
-    if config.kv_storage != "plain":
-        from kvpool.optimized.kv.storage import storage_variant_from_config  # imports this module
-
-        return storage_variant_from_config(config, options)
-    if config.kv_layout == "mha":
-        return MHATokenToKVPool(
-            config.size,
-            config.page_size,
-            torch.float32,
-            config.head_num,
-            config.head_dim,
-            config.num_layers,
-            config.start_layer,
-            config.v_head_dim,
-            options=options,
-        )
-    return MLATokenToKVPool(
-        config.size,
-        config.page_size,
-        config.kv_lora_rank,
-        config.qk_rope_head_dim,
-        config.num_layers,
-        config.start_layer,
-        torch.float32,
-        options=options,
-    )
-
-
 __all__ = [
     "FP8_DTYPES",
     "KVCache",
     "MHATokenToKVPool",
     "MLATokenToKVPool",
-    "kv_cache_from_config",
     "resolve_dtype",
 ]

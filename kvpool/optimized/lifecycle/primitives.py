@@ -30,8 +30,9 @@ from kvpool.errors import (
 )
 from kvpool.host_checks import token_list
 from kvpool.injection import check_shared, resolve
-from kvpool.optimized.kv.kv_cache import KVCache, kv_cache_from_config
+from kvpool.optimized.kv.kv_cache import KVCache
 from kvpool.optimized.kv.layer_transfer import LayerDoneCounter
+from kvpool.optimized.kv.storage import kv_cache_from_config
 from kvpool.optimized.lifecycle.batch_rows import BatchRows
 from kvpool.optimized.lifecycle.batch_table import (
     device_ints,

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.host_checks import int_list
 
@@ -308,39 +307,10 @@ class MLATokenToKVPool(KVCache):
         return [int(buf[s][0][0]) for s in self._slots(loc)]
 
 
-def kv_cache_from_config(config: PoolConfig) -> KVCache:
-    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes, or the
-    storage variant its ``kv_storage`` names (:mod:`kvpool.reference.kv.storage`)."""
-    if config.kv_storage != "plain":
-        from kvpool.reference.kv.storage import storage_variant_from_config  # imports this module
-
-        return storage_variant_from_config(config)
-    if config.kv_layout == "mha":
-        return MHATokenToKVPool(
-            config.size,
-            config.page_size,
-            "float32",
-            config.head_num,
-            config.head_dim,
-            config.num_layers,
-            config.start_layer,
-            config.v_head_dim,
-        )
-    return MLATokenToKVPool(
-        config.size,
-        config.page_size,
-        config.kv_lora_rank,
-        config.qk_rope_head_dim,
-        config.num_layers,
-        config.start_layer,
-    )
-
-
 __all__ = [
     "DTYPES",
     "FP8_DTYPES",
     "KVCache",
     "MHATokenToKVPool",
     "MLATokenToKVPool",
-    "kv_cache_from_config",
 ]

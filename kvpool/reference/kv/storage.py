@@ -2,7 +2,7 @@
 values; the pool classes are SGLang's names): ``fp4`` -> ``MHATokenToKVPoolFP4`` or
 ``MLATokenToKVPoolFP4``, ``mxfp8`` -> ``MHATokenToKVPoolMXFP8``, ``page_major`` ->
 ``PageMajorMHATokenToKVPool``, ``noop`` -> ``NoOpMHATokenToKVPool``. ``plain`` is
-:func:`kvpool.reference.kv.kv_cache.kv_cache_from_config`'s own MHA / MLA pool.
+:func:`kv_cache_from_config`'s own MHA / MLA pool.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError
 from kvpool.reference.kv.fp4 import MHATokenToKVPoolFP4
-from kvpool.reference.kv.kv_cache import KVCache
+from kvpool.reference.kv.kv_cache import KVCache, MHATokenToKVPool, MLATokenToKVPool
 from kvpool.reference.kv.mla_fp4 import MLATokenToKVPoolFP4
 from kvpool.reference.kv.mxfp8 import MHATokenToKVPoolMXFP8
 from kvpool.reference.kv.noop import NoOpMHATokenToKVPool
@@ -37,4 +37,30 @@ def storage_variant_from_config(config: PoolConfig) -> KVCache:
                c.start_layer, c.v_head_dim)  # fmt: skip
 
 
-__all__ = ["MHA_VARIANTS", "storage_variant_from_config"]
+def kv_cache_from_config(config: PoolConfig) -> KVCache:
+    """The float32 MHA or MLA buffers a :class:`~kvpool.config.PoolConfig` describes, or the
+    storage variant its ``kv_storage`` names (:func:`storage_variant_from_config`)."""
+    if config.kv_storage != "plain":
+        return storage_variant_from_config(config)
+    if config.kv_layout == "mha":
+        return MHATokenToKVPool(
+            config.size,
+            config.page_size,
+            "float32",
+            config.head_num,
+            config.head_dim,
+            config.num_layers,
+            config.start_layer,
+            config.v_head_dim,
+        )
+    return MLATokenToKVPool(
+        config.size,
+        config.page_size,
+        config.kv_lora_rank,
+        config.qk_rope_head_dim,
+        config.num_layers,
+        config.start_layer,
+    )
+
+
+__all__ = ["MHA_VARIANTS", "kv_cache_from_config", "storage_variant_from_config"]

@@ -27,8 +27,9 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.injection import check_shared, resolve
-from kvpool.reference.kv.kv_cache import KVCache, kv_cache_from_config
+from kvpool.reference.kv.kv_cache import KVCache
 from kvpool.reference.kv.layer_transfer import LayerDoneCounter
+from kvpool.reference.kv.storage import kv_cache_from_config
 from kvpool.reference.lifecycle.hicache_lifecycle import HiCacheLifecycle, build_hiradix_tree
 from kvpool.reference.lifecycle.mamba_hooks import (
     check_hybrid_config,
