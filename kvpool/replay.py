@@ -39,7 +39,7 @@ from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.errors import OutOfMemoryError
 from kvpool.replay_stepper import SoloStepper, Stepper
-from kvpool.testing.lockstep import Factory, Lockstep
+from kvpool.testing.lockstep_driver import Factory, Lockstep
 from kvpool.testing.swarm import Op
 from kvpool.traces import BLOCK_SIZE, OUTPUT_TOKEN_LIMIT, TraceRecord, blocks_token_array
 
@@ -361,8 +361,6 @@ __all__ = [
     "PreparedRequests",
     "ReplaySettings",
     "ReplayStats",
-    "SoloStepper",
-    "Stepper",
     "cache_footprint_tokens",
     "prepare_requests",
     "replay_pool_sizes",

@@ -11,7 +11,7 @@ from kvpool.config import PoolConfig
 from kvpool.errors import InvariantViolation, KVPoolError
 from kvpool.invariants import check_all
 from kvpool.snapshot import PoolSnapshot
-from kvpool.testing.lockstep import Factory, LockstepFailure
+from kvpool.testing.lockstep_driver import Factory, LockstepFailure
 from kvpool.testing.swarm import Op
 
 

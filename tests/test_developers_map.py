@@ -3,7 +3,8 @@
 A module ``kvpool/PKG/NAME.py`` is named when ```NAME.py``` appears in the map's section for
 ``kvpool/PKG/`` (a ``### kvpool/PKG/`` heading under "## Module map"); a package is named by its
 heading. The twins' files are named by the "## Wings" block: one row per wing with its floor and
-its files (``*``: the optimized twin only), which :func:`wing_floors` also hands to the import
+its files (``*``: the optimized twin only; ``+``: the reference only, a pure helper both twins
+import), which :func:`wing_floors` also hands to the import
 graph test, so the floors drawn for readers are the floors checked."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ TWINS = ("reference", "optimized")
 _FILE = re.compile(r"`([A-Za-z_][\w]*\.py)`")
 _PACKAGE = re.compile(r"kvpool/(?:\w+/)*")
 _WING_ROW = re.compile(r"^\s*(\d+)\s+(\w+/|\(root\))\s+(.*)$")
-_CONTINUATION = re.compile(r"^\s{8,}([\w.* ]+\.py\*?)\s*$")
+_CONTINUATION = re.compile(r"^\s{8,}([\w.*+ ]+\.py[*+]?)\s*$")
 ROOT_WING = ""
 
 
@@ -41,10 +42,11 @@ def named_modules(text: str) -> dict[str, set[str]]:
     return named
 
 
-def wing_table(text: str) -> dict[str, tuple[int, dict[str, bool]]]:
-    """Wing (``"pools"``, ..., ``""`` for the root) -> (its floor, file name -> twin only)."""
+def wing_table(text: str) -> dict[str, tuple[int, dict[str, str]]]:
+    """Wing (``"pools"``, ..., ``""`` for the root) -> (its floor, file name -> where it lives:
+    ``"both"``, ``"optimized"`` or ``"reference"``)."""
     block = _section(text, "Wings").split("```")[1]
-    table: dict[str, tuple[int, dict[str, bool]]] = {}
+    table: dict[str, tuple[int, dict[str, str]]] = {}
     current = None
     for line in block.splitlines():
         if row := _WING_ROW.match(line):
@@ -56,7 +58,8 @@ def wing_table(text: str) -> dict[str, tuple[int, dict[str, bool]]]:
         else:
             continue
         for name in names.split():
-            table[current][1][name.rstrip("*")] = name.endswith("*")
+            side = {"*": "optimized", "+": "reference"}.get(name[-1], "both")
+            table[current][1][name.rstrip("*+")] = side
     return table
 
 
@@ -69,8 +72,8 @@ def wing_files(text: str, twin: str) -> set[str]:
     """``W/X.py`` (``X.py`` at the root) of every file the wing block names for ``twin``."""
     out = set()
     for wing, (_, files) in wing_table(text).items():
-        for name, twin_only in files.items():
-            if twin == "optimized" or not twin_only:
+        for name, side in files.items():
+            if side in ("both", twin):
                 out.add(f"{wing}/{name}" if wing else name)
     return out
 
@@ -101,18 +104,16 @@ def unnamed_modules(text: str) -> list[str]:
 def test_parser_reads_sections() -> None:
     text = (
         "## Wings\n```\nfloor wing files\n  1    pools/  a.py b.py*\n"
-        "                 c.py\n  0    (root)  r.py\n```\n"
+        "                 c.py d.py+\n  0    (root)  r.py\n```\n"
         "## Module map\n### kvpool/\n| `b.py` | B |\n"
         "### kvpool/cli/\n| `c.py` | C |\n## Rules\n`d.py`\n"
     )
     named = named_modules(text)
     assert named["kvpool/"] == {"b.py"} and named["kvpool/cli/"] == {"c.py"}
     table = wing_table(text)
-    assert table == {
-        "pools": (1, {"a.py": False, "b.py": True, "c.py": False}),
-        "": (0, {"r.py": False}),
-    }
-    assert wing_files(text, "reference") == {"pools/a.py", "pools/c.py", "r.py"}
+    pools = {"a.py": "both", "b.py": "optimized", "c.py": "both", "d.py": "reference"}
+    assert table == {"pools": (1, pools), "": (0, {"r.py": "both"})}
+    assert wing_files(text, "reference") == {"pools/a.py", "pools/c.py", "pools/d.py", "r.py"}
     assert wing_files(text, "optimized") == {"pools/a.py", "pools/b.py", "pools/c.py", "r.py"}
 
 

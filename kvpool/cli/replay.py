@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvpool.replay import prepare_requests, replay_pool_sizes, replay_trace
     from kvpool.testing.factories import optimized_factory, reference_factory
-    from kvpool.testing.lockstep import LockstepFailure
+    from kvpool.testing.lockstep_driver import LockstepFailure
 
     solo = twin_only(args)
     many = bool(args.compare_policies or args.plot is not None)

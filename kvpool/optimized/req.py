@@ -20,7 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kvpool.optimized.radix_key import TokenArray, TreeNode, compact_tokens
+from kvpool.optimized.key_match import TokenArray, compact_tokens
+from kvpool.optimized.radix_key import TreeNode
 from kvpool.tags import TAG_MODULUS, TAG_MULTIPLIER, namespace_seed
 
 _SCAN_MIN = 64

@@ -89,7 +89,7 @@ class KernelSwitch:
 def install_interpreted(module: Any, name: str) -> None:
     """Replace Triton kernel ``name`` of SGLang's loaded ``module`` by its interpreter launch
     (idempotent): ``module.name[grid](*args)`` then runs on CPU tensors."""
-    from kvpool.testing.kernel_harness.interpreter import interpreted
+    from kvpool.testing.kernel_harness.interpreted import interpreted
 
     kernel = module.__dict__[name]
     if not getattr(kernel, "_kvpool_interpreted", False):
@@ -100,7 +100,7 @@ def install_interpreted(module: Any, name: str) -> None:
 
 def install_kernel_switches(paged: Any) -> None:
     """Replace the kernels of SGLang's loaded ``paged`` module by switches (idempotent)."""
-    from kvpool.testing.kernel_harness.interpreter import interpreted
+    from kvpool.testing.kernel_harness.interpreted import interpreted
 
     naive = paged.__dict__.get("alloc_extend_naive")
     for name, free_arg, fallback in (

@@ -318,6 +318,5 @@ __all__ = [
     "SGLangUnifiedMambaMatch",
     "SGLangUnifiedMambaRadixCache",
     "UnifiedMambaReqProxy",
-    "UnifiedNodeRef",
     "install_mamba_runtime",
 ]

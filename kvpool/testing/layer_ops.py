@@ -135,7 +135,6 @@ def draw_lifecycle_op(c: Chooser, view: View, layers: LayerLoads | None, kind: s
 
 
 __all__ = [
-    "LAYER_KINDS",
     "LAYER_OPS",
     "LayerLoads",
     "LayerSide",

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.testing.campaign import CampaignResult
-from kvpool.testing.ray_connect import Connection, RayUnavailable, connect, import_ray
+from kvpool.testing.ray_connect import Connection, import_ray
 from kvpool.testing.ray_ship import SHIPPED_PATH_VARIABLES, Shipment
 from kvpool.testing.swarm import Op
 from kvpool.testing.workers import CampaignSpec, Found, report_failure, run_block
@@ -413,4 +413,4 @@ class _Rates:
         return max(FIRST_BLOCK, min(math.ceil(per_second * min(TASK_SECONDS, left)), 100_000))
 
 
-__all__ = ["BlockRunner", "Checkpoints", "Connection", "RayUnavailable", "connect", "run_ray"]
+__all__ = ["BlockRunner", "Checkpoints", "run_ray"]

@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, SUPPORTED_PAGE_SIZES_TESTED
 from kvpool.errors import DoubleFreeError, KVPoolError, ReservedIndexError
-from kvpool.invariants import check_allocator, check_req_to_token
-from kvpool.reference import (
-    BaseTokenToKVPoolAllocator,
-    PagedTokenToKVPoolAllocator,
-    ReqToTokenPool,
-    TokenToKVPoolAllocator,
-)
+from kvpool.invariants import check_req_to_token
+from kvpool.invariants.allocator import check_allocator
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.snapshot import ReqToTokenSnapshot
 
 

@@ -22,7 +22,7 @@ from kvpool.testing.machines.coverage import CATALOGUE
 
 if TYPE_CHECKING:
     from kvpool.testing.bundle import Implementation
-    from kvpool.testing.ray_campaign import Connection
+    from kvpool.testing.ray_connect import Connection
     from kvpool.testing.ray_ship import Shipment
     from kvpool.testing.workers import CampaignSpec
 
@@ -136,7 +136,7 @@ def verify(options: VerifyOptions) -> VerifyOutcome:
     }
     if options.ray is None:
         return _verify(options, out, impl_a, impl_b, None, None)
-    from kvpool.testing.ray_campaign import RayUnavailable, connect
+    from kvpool.testing.ray_connect import RayUnavailable, connect
     from kvpool.testing.ray_ship import stage
 
     with tempfile.TemporaryDirectory(prefix="kvpool-ray-") as folder:

@@ -15,7 +15,8 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvpool.testing.factories import reference_factory
-from kvpool.testing.lockstep import LockstepFailure, make_lockstep_machine
+from kvpool.testing.lockstep_driver import LockstepFailure
+from kvpool.testing.lockstep_machine import make_lockstep_machine
 from kvpool.testing.profiles import register_profiles
 from tests.harness.buggy_impl import leaky_factory
 

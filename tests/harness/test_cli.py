@@ -12,7 +12,7 @@ from kvpool.constants import EVICTION_POLICIES
 from kvpool.replay import ReplaySettings, ReplayStats
 from kvpool.testing.campaign import run_campaign
 from kvpool.testing.factories import reference_factory
-from kvpool.testing.lockstep import Lockstep
+from kvpool.testing.lockstep_driver import Lockstep
 from kvpool.testing.swarm import Op
 
 

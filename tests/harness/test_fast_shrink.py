@@ -11,7 +11,7 @@ import pytest
 from hypothesis import settings
 
 from kvpool.testing.factories import reference_factory
-from kvpool.testing.lockstep import make_lockstep_test
+from kvpool.testing.lockstep_machine import make_lockstep_test
 from kvpool.testing.profiles import register_profiles
 from tests.harness.buggy_impl import leaky_factory
 

@@ -15,7 +15,7 @@ import kvpool.reference.kv.storage as ref
 from kvpool.config import KV_STORAGES, PoolConfig
 from kvpool.errors import ConfigError
 from kvpool.testing.factories import optimized_factory, reference_factory
-from kvpool.testing.lockstep import make_lockstep_test
+from kvpool.testing.lockstep_machine import make_lockstep_test
 from kvpool.testing.swarm import Chooser, RandomChooser, draw_config
 
 VARIANT_CONFIGS = {

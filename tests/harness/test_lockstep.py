@@ -15,7 +15,7 @@ from hypothesis import settings
 
 from kvpool.config import PoolConfig
 from kvpool.testing.factories import optimized_factory, reference_factory
-from kvpool.testing.lockstep import make_lockstep_test
+from kvpool.testing.lockstep_machine import make_lockstep_test
 from kvpool.testing.swarm import Chooser, draw_config
 
 _LOADED = settings()  # the loaded profile's values

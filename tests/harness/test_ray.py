@@ -18,7 +18,8 @@ from kvpool.testing.workers import CampaignSpec, run_parallel
 
 ray: Any = pytest.importorskip("ray")
 
-from kvpool.testing.ray_campaign import Connection, connect, run_ray  # noqa: E402
+from kvpool.testing.ray_campaign import run_ray  # noqa: E402
+from kvpool.testing.ray_connect import Connection, connect  # noqa: E402
 
 LABELS = ("reference", "candidate")
 # Budgets are generous on purpose: a campaign that finds its crash stops there, and under a

@@ -17,7 +17,7 @@ from kvpool.replay import (
     scaled_prompt,
 )
 from kvpool.testing.factories import optimized_factory, reference_factory
-from kvpool.testing.lockstep import LockstepFailure
+from kvpool.testing.lockstep_driver import LockstepFailure
 from kvpool.traces import (
     DATA_DIR,
     OUTPUT_TOKEN_LIMIT,

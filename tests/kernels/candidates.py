@@ -12,7 +12,7 @@ import triton.language as tl
 
 from kvpool.constants import NO_LAST_LOC, ceil_div, floor_align
 from kvpool.reference.pools.paged_ops import alloc_decode_slots, alloc_extend_slots
-from kvpool.testing.kernel_harness.interpreter import interpreted
+from kvpool.testing.kernel_harness.interpreted import interpreted
 
 Tensor = torch.Tensor
 

@@ -16,13 +16,13 @@ from kvpool import kernels
 from kvpool.errors import KernelError
 from kvpool.testing.kernel_harness.differential import check_kernel
 from kvpool.testing.kernel_harness.inputs import OPS
+from kvpool.testing.kernel_harness.interpreted import interpreted
 from kvpool.testing.kernel_harness.interpreter import (
     DeviceAssertFailure,
     OrderDependence,
     OutOfBoundsAccess,
     allow_access,
     checked_interpreter,
-    interpreted,
     run_checked,
 )
 from tests.kernels import candidates as C

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from kvpool.testing.kernel_harness.interpreter import interpreted
+from kvpool.testing.kernel_harness.interpreted import interpreted
 
 
 def _pages_kernel(lens_ptr, out_ptr, PAGE: tl.constexpr):  # type: ignore[no-untyped-def]

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from kvpool.sglang.source import download_wheel
 from kvpool.testing.kernel_harness.differential import check_kernel
-from kvpool.testing.kernel_harness.interpreter import interpreted
+from kvpool.testing.kernel_harness.interpreted import interpreted
 from tests.kernels.test_sglang_wheel import _extract
 
 pytestmark = pytest.mark.sglang_wheel

@@ -36,7 +36,8 @@ import triton.language as tl
 from kvpool.constants import SUPPORTED_PAGE_SIZES_TESTED
 from kvpool.sglang.source import download_wheel
 from kvpool.testing.kernel_harness.differential import KernelReport, check_kernel
-from kvpool.testing.kernel_harness.interpreter import allow_access, interpreted
+from kvpool.testing.kernel_harness.interpreted import interpreted
+from kvpool.testing.kernel_harness.interpreter import allow_access
 
 pytestmark = pytest.mark.sglang_wheel
 Tensor = torch.Tensor

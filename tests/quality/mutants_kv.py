@@ -22,8 +22,8 @@ import torch
 from kvpool.optimized.kv.kv_cache import MHATokenToKVPool
 from kvpool.optimized.kv.layer_transfer import LayerDoneCounter
 from kvpool.testing.layer_loading import run_twin
-from kvpool.testing.layer_ops import LAYER_KINDS
 from kvpool.testing.quality import Mutant, need, wrap
+from kvpool.testing.swarm import LAYER_KINDS
 
 FP4_MHA = {"kv_storage": "fp4", "kv_layout": "mha", "head_num": 2, "head_dim": 16}
 """FP4 with two scale blocks per token row (so a shifted scale lands on a different block)."""

@@ -45,7 +45,7 @@ from kvpool.reference.kv.tag_codec import fp4_tag_row, mxfp8_tag_head
 from kvpool.sglang import load_sglang
 from kvpool.sglang.rewrite import rewrite_imports
 from kvpool.sglang.source import resolve_source
-from kvpool.testing.kernel_harness.interpreter import interpreted
+from kvpool.testing.kernel_harness.interpreted import interpreted
 
 pytestmark = pytest.mark.sglang_wheel
 VERSIONS = ("0.5.16", "0.5.23")

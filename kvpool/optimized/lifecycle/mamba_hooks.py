@@ -14,19 +14,14 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
 from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
-from kvpool.optimized.mamba.lifecycle import (
-    admission_headroom,
-    forward_state,
-    prepare_forward,
-    release_waiting,
-)
+from kvpool.optimized.mamba.lifecycle import forward_state, prepare_forward, release_waiting
 from kvpool.optimized.mamba.radix_cache import MambaMatchResult
 from kvpool.optimized.mamba.radix_release import MambaLifecycleCache
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.req import Req
 from kvpool.optimized.unified.mamba_release import UnifiedMambaLifecycleCache
-from kvpool.reference.lifecycle.mamba_hooks import check_hybrid_config
+from kvpool.reference.mamba.lifecycle import admission_headroom
 from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot, MambaTreeSnapshot
 from kvpool.tags import mamba_state_tag
 
@@ -207,7 +202,6 @@ def _state_len(req: Req) -> int:
 
 __all__ = [
     "MambaHooks",
-    "check_hybrid_config",
     "hybrid_pool",
     "mamba_hooks_for",
     "mamba_lifecycle_tree",

@@ -42,7 +42,6 @@ from kvpool.optimized.lifecycle.batch_table import (
 )
 from kvpool.optimized.lifecycle.hicache_lifecycle import HiCacheLifecycle, build_hiradix_tree
 from kvpool.optimized.lifecycle.mamba_hooks import (
-    check_hybrid_config,
     hybrid_pool,
     mamba_hooks_for,
     mamba_lifecycle_tree,
@@ -56,6 +55,7 @@ from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.radix.chunk_cache import ChunkCache
 from kvpool.optimized.radix.radix_cache import RadixCache
 from kvpool.optimized.req import Req
+from kvpool.reference.lifecycle.mamba_hooks import check_hybrid_config
 from kvpool.reference.pools.paged_ops import decode_new_pages, eviction_target, extend_new_pages
 from kvpool.rules import Rules
 

@@ -42,7 +42,8 @@ from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.radix_key import RadixKey, req_key
 from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
-from kvpool.optimized.swa.radix_cache import SWAMatchResult, SWARadixCache, SWATreeNode
+from kvpool.optimized.swa.radix_cache import SWAMatchResult, SWARadixCache
+from kvpool.optimized.swa.tree_node import SWATreeNode
 from kvpool.optimized.unified.swa_radix_cache import UnifiedSWARadixCache
 from kvpool.snapshot import TreeSnapshot
 

@@ -16,8 +16,6 @@ from kvpool.errors import DoubleFreeError, InvalidArgumentError
 from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.protocols import MambaReqLike
 from kvpool.reference.mamba.lifecycle import (
-    MAMBA_STATE_PER_REQ_NO_CACHE,
-    MAMBA_STATE_PER_REQ_PREFIX_CACHE,
     admission_headroom,
 )
 
@@ -151,9 +149,6 @@ def release_running(
 
 
 __all__ = [
-    "MAMBA_STATE_PER_REQ_NO_CACHE",
-    "MAMBA_STATE_PER_REQ_PREFIX_CACHE",
-    "admission_headroom",
     "admit",
     "forward_state",
     "prepare_forward",

@@ -20,8 +20,8 @@ import torch
 from kvpool.errors import InvalidArgumentError
 from kvpool.kernels.alloc_decode import alloc_decode_unchecked, next_slots_if_torch
 from kvpool.kernels.alloc_extend import alloc_extend_unchecked
+from kvpool.kernels.host import HostLens
 from kvpool.optimized.pools.paged_ops import (
-    HostLens,
     check_decode_host,
     check_extend_args,
     check_extend_host,

@@ -27,8 +27,7 @@ from kvpool.errors import (
     ReservedIndexError,
 )
 from kvpool.host_checks import int_list
-from kvpool.kernels.alloc_extend import HostLens, host_array
-from kvpool.kernels.host import Int64Array
+from kvpool.kernels.host import HostLens, Int64Array, host_array
 from kvpool.optimized.key_match import is_integer_dtype
 
 PageIds = torch.Tensor | Sequence[int]
@@ -293,7 +292,6 @@ def check_free_list_state(state: object, num_pages: int) -> tuple[torch.Tensor, 
 
 
 __all__ = [
-    "HostLens",
     "PageIds",
     "check_decode_host",
     "check_extend_args",

@@ -30,7 +30,6 @@ from kvpool.constants import floor_align, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError, PageSizeError
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.options import TwinOptions, options_of
-from kvpool.optimized.radix.evict_policy import PriorityKey, get_priority_fn
 from kvpool.optimized.radix.radix_release import RadixRelease
 from kvpool.optimized.radix.tree_view import pretty_print_tree, snapshot_tree
 from kvpool.optimized.radix_key import (
@@ -45,6 +44,7 @@ from kvpool.optimized.radix_key import (
     tree_value,
 )
 from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.reference.radix.evict_policy import PriorityKey, get_priority_fn
 from kvpool.reference.radix.radix_cache import hit_floor, logical_clock  # pure helpers, shared
 from kvpool.reference.radix_key import tree_slot_limit
 from kvpool.rules import Rules
@@ -384,4 +384,4 @@ class RadixCache(RadixRelease):
         return snapshot_tree(self)
 
 
-__all__ = ["RadixCache", "logical_clock"]
+__all__ = ["RadixCache"]

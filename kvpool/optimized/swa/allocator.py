@@ -24,6 +24,7 @@ from kvpool.errors import (
     InvalidArgumentError,
     KVPoolError,
 )
+from kvpool.kernels.host import HostLens
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.allocator import (
@@ -33,7 +34,6 @@ from kvpool.optimized.pools.allocator import (
 )
 from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.pools.paged_ops import (
-    HostLens,
     check_decode_host,
     check_extend_args,
     check_extend_host,

@@ -280,4 +280,4 @@ class SWARadixCache(SWARadixLocks, SWARadixEviction):
                             self.swa_protected_size_)  # fmt: skip
 
 
-__all__ = ["SWAMatchResult", "SWARadixCache", "SWATreeNode"]
+__all__ = ["SWAMatchResult", "SWARadixCache"]

@@ -37,7 +37,8 @@ from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.radix_key import RadixKey
 from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
-from kvpool.reference.swa.radix_cache import SWAMatchResult, SWARadixCache, SWATreeNode
+from kvpool.reference.swa.radix_cache import SWAMatchResult, SWARadixCache
+from kvpool.reference.swa.tree_node import SWATreeNode
 from kvpool.reference.unified.swa_radix_cache import UnifiedSWARadixCache
 from kvpool.snapshot import TreeSnapshot
 

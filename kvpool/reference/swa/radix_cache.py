@@ -296,4 +296,4 @@ class SWARadixCache(SWARadixLocks, SWARadixEviction):
                             self.swa_protected_size_)  # fmt: skip
 
 
-__all__ = ["STAMP_STEP", "SWAMatchResult", "SWARadixCache", "SWATreeNode"]
+__all__ = ["STAMP_STEP", "SWAMatchResult", "SWARadixCache"]

@@ -19,6 +19,7 @@ from kvpool.testing.kernel_harness.differential import (
     assert_kernel_matches,
     check_kernel,
 )
+from kvpool.testing.kernel_harness.interpreted import interpreted
 from kvpool.testing.kernel_harness.interpreter import (
     DeviceAssertFailure,
     KernelCheckFailure,
@@ -26,7 +27,6 @@ from kvpool.testing.kernel_harness.interpreter import (
     OutOfBoundsAccess,
     allow_access,
     checked_interpreter,
-    interpreted,
 )
 
 __all__ = [

@@ -41,7 +41,6 @@ import torch
 
 from kvpool.errors import KernelError
 from kvpool.testing.kernel_harness.guarded_memory import (
-    GUARD_BYTES,
     GuardedArgs,
     Region,
     describe,
@@ -51,8 +50,6 @@ from kvpool.testing.kernel_harness.guarded_memory import (
     region_of,
 )
 from kvpool.testing.kernel_harness.interpreted import (
-    SUPPORTED_TRITON,
-    interpreted,
     jit_calls_interpreted,
     triton_interpreter,
 )
@@ -64,15 +61,12 @@ from kvpool.testing.kernel_harness.program_order import (
 )
 
 __all__ = [
-    "GUARD_BYTES",
-    "SUPPORTED_TRITON",
     "DeviceAssertFailure",
     "KernelCheckFailure",
     "OrderDependence",
     "OutOfBoundsAccess",
     "allow_access",
     "checked_interpreter",
-    "interpreted",
     "run_checked",
 ]
 

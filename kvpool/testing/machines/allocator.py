@@ -18,7 +18,7 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, SUPPORTED_PAGE_SIZES_TESTED
-from kvpool.invariants import check_allocator
+from kvpool.invariants.allocator import check_allocator
 from kvpool.snapshot import AllocatorSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.machines.base import Outcome

@@ -36,7 +36,7 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.constants import EVICTION_POLICIES
-from kvpool.invariants import check_allocator
+from kvpool.invariants.allocator import check_allocator
 from kvpool.invariants.host import check_host_tier
 from kvpool.invariants.tree import check_locks, check_tree_shape, device_view
 from kvpool.snapshot import (
@@ -381,4 +381,4 @@ def _unlocked(tree: TreeSnapshot, handle: Handle) -> bool:
     return node_id is not None and not by_id[node_id].evicted and by_id[node_id].lock_ref == 0
 
 
-__all__ = ["HiModel", "HiRadixTarget", "HiSide", "coarse_host_tier", "device_view"]
+__all__ = ["HiModel", "HiRadixTarget", "HiSide", "coarse_host_tier"]

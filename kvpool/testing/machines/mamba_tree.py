@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.config import PoolConfig
-from kvpool.invariants import check_allocator
+from kvpool.invariants.allocator import check_allocator
 from kvpool.invariants.mamba import MambaContext, MambaReqView, check_mamba
 from kvpool.invariants.mamba_tree import check_mamba_tree
 from kvpool.snapshot import AllocatorSnapshot, HybridReqToTokenSnapshot, MambaTreeSnapshot

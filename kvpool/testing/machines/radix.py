@@ -19,7 +19,7 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.constants import EVICTION_POLICIES, SUPPORTED_PAGE_SIZES_TESTED
-from kvpool.invariants import check_allocator
+from kvpool.invariants.allocator import check_allocator
 from kvpool.invariants.tree import check_locks, check_tree_shape
 from kvpool.snapshot import (
     AllocatorSnapshot,

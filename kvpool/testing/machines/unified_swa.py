@@ -121,4 +121,4 @@ class UnifiedSWARadixTarget(SWARadixTarget):
         return check_swa_allocator(alloc_snap, pages, swa_held, checked)
 
 
-__all__ = ["PAGE_SIZES", "POLICIES", "UnifiedSWARadixTarget", "coarse_swa_tree"]
+__all__ = ["POLICIES", "UnifiedSWARadixTarget", "coarse_swa_tree"]
