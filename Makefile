@@ -9,7 +9,7 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 CONSTRAINTS := $(if $(HAS_CUDA),,-c constraints-cpu.txt)
 XDIST  ?= -n 2
 
-.PHONY: install test lint typecheck pytest verify bench clean
+.PHONY: install test test-fast lint typecheck pytest verify bench clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ pytest: install
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -q $(XDIST)
 
 test: lint typecheck pytest
+
+# The edit loop: every test not marked slow (tests/README.md), under a minute on 2 cores.
+# `make test` stays the full gate.
+test-fast: install
+	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -q $(XDIST) -m "not slow"
 
 verify: install
 	$(BIN)/kvpool verify

@@ -35,6 +35,7 @@ import torch
 from kvpool.constants import NO_LAST_LOC
 from kvpool.optimized import PagedTokenToKVPoolAllocator as TwinPaged
 from kvpool.optimized import TokenToKVPoolAllocator as TwinToken
+from kvpool.optimized.options import TwinOptions
 from kvpool.rules import Rules
 
 TARGET = 1.0
@@ -70,10 +71,11 @@ def make_sides(
 
     rules = Rules.for_sglang(sglang.version) if need_sort else None
     twin: Any
+    unchecked = TwinOptions.make(device, checked=False)
     if page_size == 1:
-        twin = TwinToken(size, need_sort, device=device, checked=False, rules=rules)
+        twin = TwinToken(size, need_sort, rules=rules, options=unchecked)
     else:
-        twin = TwinPaged(size, page_size, need_sort, device=device, checked=False, rules=rules)
+        twin = TwinPaged(size, page_size, need_sort, rules=rules, options=unchecked)
     adapter = SGLangAllocator(sglang, size, page_size, need_sort, naive_extend=True)
     return Side(twin), Side(adapter.impl, adapter)
 

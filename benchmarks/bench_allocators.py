@@ -52,6 +52,7 @@ import torch
 from kvpool.constants import NO_LAST_LOC
 from kvpool.optimized import PagedTokenToKVPoolAllocator as TwinAllocator
 from kvpool.optimized import TokenToKVPoolAllocator as TwinTokenAllocator
+from kvpool.optimized.options import TwinOptions
 from kvpool.reference import PagedTokenToKVPoolAllocator as RefAllocator
 from kvpool.reference import TokenToKVPoolAllocator as RefTokenAllocator
 
@@ -83,12 +84,13 @@ class Pair:
     """The same allocator history on both twins, with a restorable starting state."""
 
     def __init__(self, size: int, device: str, sglang: Any = None, page_size: int = PAGE_SIZE):
+        unchecked = TwinOptions.make(device, checked=False)
         if page_size == 1:
             self.ref: Any = RefTokenAllocator(size)
-            self.twin: Any = TwinTokenAllocator(size, device=device, checked=False)
+            self.twin: Any = TwinTokenAllocator(size, options=unchecked)
         else:
             self.ref = RefAllocator(size, page_size)
-            self.twin = TwinAllocator(size, page_size, device=device, checked=False)
+            self.twin = TwinAllocator(size, page_size, options=unchecked)
         self.device = device
         self.ref_state: Any = None
         self.twin_state: Any = None

@@ -29,9 +29,12 @@ from typing import Any
 
 import torch
 
+from kvpool.optimized.options import TwinOptions
 from kvpool.tags import kv_tags
 
 PAGE, DEVICE, SEQS, LEN = 16, 8192, 64, 128
+UNCHECKED = TwinOptions.make("cpu", checked=False)
+"""The twin as an engine runs it: no device-to-host reads for checks."""
 
 
 def _build(twin: str) -> tuple[Any, Any, Any, Any]:
@@ -39,7 +42,7 @@ def _build(twin: str) -> tuple[Any, Any, Any, Any]:
         from kvpool.reference import RadixKey, ReqToTokenPool
         from kvpool.reference.hicache.hiradix_cache import HiRadixCache
         from kvpool.reference.hicache.memory_pool_host import MHATokenToKVPoolHost
-        from kvpool.reference.kv.kv_cache import MHATokenToKVPool
+        from kvpool.reference.kv.mha import MHATokenToKVPool
         from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
 
         alloc: Any = PagedTokenToKVPoolAllocator(DEVICE, PAGE)
@@ -51,13 +54,13 @@ def _build(twin: str) -> tuple[Any, Any, Any, Any]:
     from kvpool.optimized import ReqToTokenPool as TwinPool
     from kvpool.optimized.hicache.hiradix_cache import HiRadixCache as TwinTree
     from kvpool.optimized.hicache.memory_pool_host import MHATokenToKVPoolHost as TwinHost
-    from kvpool.optimized.kv.kv_cache import MHATokenToKVPool as TwinKV
+    from kvpool.optimized.kv.mha import MHATokenToKVPool as TwinKV
     from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator as TwinAlloc
 
-    alloc = TwinAlloc(DEVICE, PAGE, checked=False)
-    dev = TwinKV(DEVICE, PAGE, "float32", 1, 2, 2, checked=False)
+    alloc = TwinAlloc(DEVICE, PAGE, options=UNCHECKED)
+    dev = TwinKV(DEVICE, PAGE, "float32", 1, 2, 2, options=UNCHECKED)
     host = TwinHost(dev, 2.0, 0, PAGE)
-    tree = TwinTree(TwinPool(4, 8, checked=False), alloc, PAGE, host, load_back_threshold=0)
+    tree = TwinTree(TwinPool(4, 8, options=UNCHECKED), alloc, PAGE, host, load_back_threshold=0)
     return tree, alloc, dev, TwinKey
 
 

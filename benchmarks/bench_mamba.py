@@ -36,17 +36,20 @@ import torch
 from kvpool.optimized.mamba import lifecycle as twin_steps
 from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool as TwinPool
 from kvpool.optimized.mamba.radix_cache import MambaRadixCache as TwinTree
-from kvpool.optimized.pools.allocator import TokenToKVPoolAllocator as TwinKV
+from kvpool.optimized.options import TwinOptions
+from kvpool.optimized.pools.token_allocator import TokenToKVPoolAllocator as TwinKV
 from kvpool.optimized.radix_key import RadixKey as TwinKey
 from kvpool.reference.mamba import lifecycle as ref_steps
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool as RefPool
 from kvpool.reference.mamba.radix_cache import MambaRadixCache as RefTree
-from kvpool.reference.pools.allocator import TokenToKVPoolAllocator as RefKV
+from kvpool.reference.pools.token_allocator import TokenToKVPoolAllocator as RefKV
 from kvpool.reference.radix_key import RadixKey as RefKey
 from kvpool.testing.machines.hybrid import MachineMambaReq as Req
 
 ROWS, SLOTS, LAYERS, TRACK = 1024, 3080, 4, 2
 BATCHES = (64, 256, 1024)
+UNCHECKED = TwinOptions.make("cpu", checked=False)
+"""The twin as an engine runs it: no device-to-host reads for checks."""
 
 Setup = Callable[[], Callable[[], object]]
 
@@ -77,7 +80,7 @@ def _medians_us(setups: list[Setup], calls: int, block: int = 5) -> list[float]:
 
 def _pool(twin: bool) -> Any:
     if twin:
-        return TwinPool(ROWS, 16, SLOTS, LAYERS, TRACK, checked=False)
+        return TwinPool(ROWS, 16, SLOTS, LAYERS, TRACK, options=UNCHECKED)
     return RefPool(ROWS, 16, SLOTS, LAYERS, TRACK)
 
 
@@ -144,7 +147,7 @@ def tree_setups(batch: int, twin: bool) -> dict[str, Setup]:
     def filled() -> tuple[Any, Any, Any]:
         pool, size = _pool(twin), 32 * batch + 64  # tokens: the sequences, and a little more
         if twin:
-            kv: Any = TwinKV(size, checked=False)
+            kv: Any = TwinKV(size, options=UNCHECKED)
             return pool, kv, TwinTree(pool, kv)
         kv = RefKV(size)
         return pool, kv, RefTree(pool, kv)

@@ -20,7 +20,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, ReqToTokenSnapshot, TreeSnapshot
+from kvpool.snapshot import (
+    AllocatorSnapshot,
+    HostPoolSnapshot,
+    HostTierSnapshot,
+    HybridReqToTokenSnapshot,
+    MambaAllocatorSnapshot,
+    MambaPoolSnapshot,
+    MambaTreeSnapshot,
+    PoolSnapshot,
+    ReqToTokenSnapshot,
+    SWAAllocatorSnapshot,
+    TreeSnapshot,
+)
 
 IdxT = TypeVar("IdxT")
 # Variance-specific twins of IdxT for protocols that only take (or only return) index containers.
@@ -374,8 +386,8 @@ class MemoryManagerProtocol(Protocol[IdxT_co]):
 
 class SegmentAllocatorProtocol(TokenAllocatorProtocol[IdxT], Protocol[IdxT]):
     """A token allocator that also frees SGLang 0.5.23's way (``Rules.tree_free == "segment"``,
-    :mod:`kvpool.reference.pools.segment_free`): what the radix cache and the sessions hand slots
-    to."""
+    :class:`kvpool.reference.pools.allocator.BaseTokenToKVPoolAllocator`): what the radix cache
+    and the sessions hand slots to."""
 
     def free_page_ids(self, page_ids: IdxT) -> None:
         """Free exactly these pages (page ids, not slots), in the given order."""
@@ -384,4 +396,452 @@ class SegmentAllocatorProtocol(TokenAllocatorProtocol[IdxT], Protocol[IdxT]):
     def free_segment(self, free_index: IdxT, start_pos: int = 0) -> None:
         """Free the pages of a row segment starting at column ``start_pos`` (a multiple of
         ``page_size`` tokens): one page per ``page_size`` slots, in order."""
+        ...
+
+
+# ----------------------------------------------------------------- host tier (hicache/)
+# The host-tier family: a host KV pool, the controller of device <-> host transfers, and what the
+# request lifecycle uses of a tree with a host tier (kvpool's HiRadixCache of either twin, or an
+# injected tree such as an SGLang adapter). Units: tokens; device slots and host slots.
+
+AckT = TypeVar("AckT")
+NodeT = TypeVar("NodeT")
+
+
+class TaggedKVPoolProtocol(Protocol[IdxT_contra]):
+    """What the host tier uses of a device KV pool: its geometry and the KV tags
+    (:mod:`kvpool.tags`) stored at its slots."""
+
+    @property
+    def size(self) -> int:
+        """Usable device slots (tokens)."""
+        ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def num_rows(self) -> int:
+        """Rows per layer buffer: ``size + page_size``."""
+        ...
+
+    def read_tags(self, loc: IdxT_contra) -> list[int]:
+        """The tag stored at each slot of ``loc`` (0 for a slot never written)."""
+        ...
+
+    def write_tags(self, loc: IdxT_contra, tags: IdxT_contra) -> None:
+        """Store ``tags[i]`` at slot ``loc[i]`` on every layer."""
+        ...
+
+
+class HostPoolProtocol(Protocol[IdxT]):
+    """A host KV pool: host slots ``0..size-1`` handed out in whole pages, each holding one KV
+    tag (``tags``) copied from or to ``device_pool``'s slots. ``alloc`` returns None (nothing
+    changed) when fewer slots are free; ``free`` of a slot not held raises
+    :class:`kvpool.errors.DoubleFreeError` and changes nothing."""
+
+    tags: IdxT
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def device_pool(self) -> TaggedKVPoolProtocol[IdxT]:
+        """The device KV pool this pool backs."""
+        ...
+
+    def alloc(self, need_size: int) -> IdxT | None:
+        """``need_size`` host slots (a page multiple), or None."""
+        ...
+
+    def free(self, indices: IdxT) -> int:
+        """Release held host slots; returns how many."""
+        ...
+
+    def available_size(self) -> int:
+        """Free host slots (tokens)."""
+        ...
+
+    def clear(self) -> None:
+        """Every slot free, every tag 0."""
+        ...
+
+    def backup_from_device_all_layer(
+        self, device_pool: TaggedKVPoolProtocol[IdxT], host_indices: IdxT, device_indices: IdxT
+    ) -> None:
+        """Copy the device slots' content into the host slots, slot for slot, all layers."""
+        ...
+
+    def load_to_device_all_layer(
+        self, device_pool: TaggedKVPoolProtocol[IdxT], host_indices: IdxT, device_indices: IdxT
+    ) -> None:
+        """Copy the host slots' content into the device slots, slot for slot, all layers."""
+        ...
+
+    def snapshot(self) -> HostPoolSnapshot: ...
+
+
+class HostControllerProtocol(Protocol[IdxT, AckT]):
+    """The transfers between device slots and host slots (SGLang's ``HiCacheController``):
+    ``AckT`` is one transfer in flight. Writes are issued at once (or queued with
+    ``flush=False`` until ``start_writing``); loads are queued until ``start_loading``;
+    ``complete`` copies a transfer's content when it has finished."""
+
+    ack_write_queue: list[AckT]
+    ack_load_queue: list[AckT]
+
+    def write(self, device_indices: IdxT, node_id: int = -1, *, flush: bool = True) -> IdxT | None:
+        """Reserve host slots for ``device_indices`` and queue the copy; None when full."""
+        ...
+
+    def start_writing(self) -> None:
+        """Issue the queued writes as one transfer."""
+        ...
+
+    def load(self, host_indices: IdxT, node_id: int = -1) -> IdxT | None:
+        """Reserve device slots for ``host_indices`` and queue the copy; None when full."""
+        ...
+
+    def start_loading(self) -> int:
+        """Issue the queued loads as one transfer; its producer index (-1: none queued)."""
+        ...
+
+    def complete(self, ack: AckT) -> None:
+        """The transfer ``ack`` has finished: copy its content."""
+        ...
+
+
+class HostTierTreeProtocol(Protocol[IdxT, NodeT, AckT]):
+    """What the request lifecycle uses of a tree cache with a host tier (``NodeT``: the tree's
+    node type): restoring a host-only prefix at admission, issuing loads before a forward and
+    writes after a batch, and delivering acknowledgements."""
+
+    @property
+    def unified(self) -> bool:
+        """Whether SGLang 0.5.23's host tier runs (writes queued until the end of a batch)."""
+        ...
+
+    @property
+    def cache_controller(self) -> HostControllerProtocol[IdxT, AckT]: ...
+
+    def init_load_back(self, node: NodeT, mem_quota: int | None = None) -> tuple[IdxT, NodeT]:
+        """Restore ``node``'s host-only path into device slots; the restored slots (empty when
+        nothing moved) and the deepest node on device the request should lock."""
+        ...
+
+    def ready_to_load_host_cache(self) -> int:
+        """Issue the queued loads (one transfer); its producer index, -1 if none."""
+        ...
+
+    def writing_check(self, num_acks: int | None = None, write_back: bool = False) -> int:
+        """Deliver the first ``num_acks`` write acknowledgements (all when None)."""
+        ...
+
+    def loading_check(self, num_acks: int | None = None) -> int:
+        """Deliver the first ``num_acks`` load acknowledgements (all when None)."""
+        ...
+
+    def host_snapshot(self) -> HostTierSnapshot:
+        """The whole host tier for :mod:`kvpool.invariants`."""
+        ...
+
+
+# ----------------------------------------------------------------- SWA family (swa/)
+# What the SWA lifecycle (SWAMemoryManager and the window steps), the SWA radix tree and the
+# unified FULL+SWA tree use of a sliding-window hybrid allocator, and what the lifecycle uses of a
+# sliding-window prefix tree besides its walks (``match_prefix`` / ``insert`` take the twin's own
+# key). kvpool's classes of either twin and SGLang's adapters (kvpool/sglang/swa.py,
+# swa_radix.py) offer them. Units: tokens; full slots name tokens, SWA slots their window KV.
+
+SWANodeT_contra = TypeVar("SWANodeT_contra", contravariant=True)
+"""A sliding-window tree's own node class (each implementation's)."""
+
+
+class SWAAllocatorProtocol(Protocol[IdxT]):
+    """A full pool and a smaller SWA pool of the same page size, allocated in step and joined by
+    a full-to-SWA slot mapping (0: no SWA slot; see :mod:`kvpool.reference.swa.allocator`)."""
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def size(self) -> int:
+        """Tokens both pools can hold: the smaller pool's size."""
+        ...
+
+    def available_size(self) -> int:
+        """Tokens allocatable now in both pools: the smaller free count."""
+        ...
+
+    def full_available_size(self) -> int: ...
+
+    def swa_available_size(self) -> int: ...
+
+    def translate_loc_from_full_to_swa(self, kv_indices: IdxT) -> IdxT:
+        """The SWA slot of each full slot (0 where it has none; -1 stays -1)."""
+        ...
+
+    def set_full_to_swa_mapping(self, full_indices: IdxT, swa_indices: IdxT) -> None:
+        """``mapping[full_indices[i]] = swa_indices[i]`` (0 unmaps)."""
+        ...
+
+    def alloc(self, need_size: int) -> IdxT | None:
+        """Page size 1: ``need_size`` full slots, each mapped to a new SWA slot; ``None`` (no
+        change) unless both pools have room."""
+        ...
+
+    def alloc_extend(
+        self,
+        prefix_lens: IdxT,
+        prefix_lens_cpu: Sequence[int],
+        seq_lens: IdxT,
+        seq_lens_cpu: Sequence[int],
+        last_loc: IdxT,
+        extend_num_tokens: int,
+    ) -> IdxT | None:
+        """Page size > 1: :meth:`PagedAllocatorProtocol.alloc_extend` on both pools in step."""
+        ...
+
+    def alloc_decode(
+        self, seq_lens: IdxT, seq_lens_cpu: Sequence[int], last_loc: IdxT
+    ) -> IdxT | None:
+        """Page size > 1: :meth:`PagedAllocatorProtocol.alloc_decode` on both pools in step."""
+        ...
+
+    def free(self, free_index: IdxT) -> None:
+        """Free full slots and the SWA slots their mapping names, zeroing those entries."""
+        ...
+
+    def free_swa(self, free_index: IdxT) -> None:
+        """Free only the SWA slots of full slots (tokens that slid out of the window)."""
+        ...
+
+    def free_group_begin(self) -> None: ...
+
+    def free_group_end(self) -> None: ...
+
+    def backup_state(self) -> object:
+        """Opaque copy of both free lists and the mapping."""
+        ...
+
+    def restore_state(self, state: object) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def snapshot(self) -> SWAAllocatorSnapshot: ...
+
+
+class SWATreeProtocol(Protocol[SWANodeT_contra]):
+    """A sliding-window prefix tree's locks, eviction and sizes (see
+    :mod:`kvpool.reference.swa.radix_cache`): a lock takes full locks up to the root and SWA
+    locks only as far as the window reaches (returning the uuid its unlock stops at)."""
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def sliding_window_size(self) -> int: ...
+
+    def inc_lock_ref(self, node: SWANodeT_contra) -> int | None: ...
+
+    def dec_lock_ref(
+        self, node: SWANodeT_contra, swa_uuid_for_lock: int | None = None, skip_swa: bool = False
+    ) -> None: ...
+
+    def dec_swa_lock_only(
+        self, node: SWANodeT_contra, swa_uuid_for_lock: int | None = None
+    ) -> None: ...
+
+    def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
+        """Free at least ``num_tokens`` full and ``swa_num_tokens`` SWA tokens if the tree
+        allows; returns (full tokens freed, SWA tokens freed)."""
+        ...
+
+    def full_evictable_size(self) -> int: ...
+
+    def full_protected_size(self) -> int: ...
+
+    def swa_evictable_size(self) -> int: ...
+
+    def swa_protected_size(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def snapshot(self) -> TreeSnapshot: ...
+
+
+# ----------------------------------------------------------------- Mamba family (mamba/)
+# What the lifecycle (MambaHooks) and the unified FULL+MAMBA tree use of a hybrid (Mamba) model's
+# request table, its state slots and their allocator, and of the Mamba radix tree. kvpool's
+# classes of either twin and SGLang's adapters (kvpool/sglang/hybrid.py, mamba_radix.py) offer
+# them. Units: tokens for KV; one Mamba slot holds one request's (or one checkpoint's) state.
+
+MambaNodeT_contra = TypeVar("MambaNodeT_contra", contravariant=True)
+"""A Mamba tree's own node class (each implementation's)."""
+
+
+class MambaSlotAllocatorProtocol(Protocol):
+    """Mamba state slots ``1..size`` (slot 0 reserved), with SGLang's allocation groups."""
+
+    def available_size(self) -> int: ...
+
+    def schedulable_available_size(self) -> int:
+        """Free slots a new batch may count on (an open group's reservation excluded)."""
+        ...
+
+    def alloc(self, need_size: int) -> list[int] | None: ...
+
+    def free(self, indices: Sequence[int]) -> None: ...
+
+    def alloc_group_begin(self, num_reqs: int) -> None: ...
+
+    def alloc_group_end(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def snapshot(self) -> MambaAllocatorSnapshot: ...
+
+
+class MambaPoolProtocol(Protocol[IdxT_contra]):
+    """The state buffers of the Mamba slots: what the lifecycle writes, copies and reads."""
+
+    def clear_slots(self, indices: IdxT_contra) -> None: ...
+
+    def copy_from(self, src_indices: IdxT_contra, dst_indices: IdxT_contra) -> None:
+        """Copy each source slot's state into the destination slot (copy-on-write)."""
+        ...
+
+    def write_state(self, indices: IdxT_contra, tags: IdxT_contra) -> None: ...
+
+    def state_tags(self, indices: Sequence[int]) -> list[int]:
+        """The tag of the state each slot holds (:func:`kvpool.tags.mamba_state_tag`)."""
+        ...
+
+    def snapshot(self) -> MambaPoolSnapshot: ...
+
+
+class HybridReqToTokenPoolProtocol(Protocol):
+    """What the lifecycle uses of a hybrid model's request table besides the plain table's
+    calls: its Mamba slots (one per request holding a row, plus copy-on-write and track
+    buffers), their allocator and a snapshot of both."""
+
+    @property
+    def mamba_allocator(self) -> MambaSlotAllocatorProtocol: ...
+
+    def mamba_slots_needed(self, reqs: Sequence[MambaReqLike]) -> int:
+        """Mamba slots an admission of ``reqs`` takes (those not holding one yet)."""
+        ...
+
+    def free_mamba_cache(
+        self, req: MambaReqLike, mamba_ping_pong_track_buffer_to_keep: int | None = None
+    ) -> None: ...
+
+    def available_size(self) -> int: ...
+
+    def clear(self) -> None: ...
+
+    def hybrid_snapshot(self, rows: Sequence[tuple[int, int]] = ()) -> HybridReqToTokenSnapshot: ...
+
+
+class MambaTreeProtocol(Protocol[MambaNodeT_contra]):
+    """A Mamba radix tree's locks, eviction and sizes (see
+    :mod:`kvpool.reference.mamba.radix_cache`): a lock covers the node's state and the KV of its
+    path to the root; eviction frees KV tokens and cached states."""
+
+    def inc_lock_ref(self, node: MambaNodeT_contra) -> None: ...
+
+    def dec_lock_ref(self, node: MambaNodeT_contra) -> None: ...
+
+    def evict_mamba(self, mamba_num: int) -> int:
+        """Free at least ``mamba_num`` cached states if the tree allows; returns those freed."""
+        ...
+
+    def evict(self, num_tokens: int = 0, mamba_num: int = 0) -> tuple[int, int]: ...
+
+    def full_evictable_size(self) -> int: ...
+
+    def mamba_evictable_size(self) -> int: ...
+
+    def full_protected_size(self) -> int: ...
+
+    def mamba_protected_size(self) -> int: ...
+
+    def all_mamba_values(self) -> list[int]:
+        """Every Mamba slot the tree holds (its checkpoints)."""
+        ...
+
+    def reset(self) -> None: ...
+
+    def snapshot(self) -> MambaTreeSnapshot: ...
+
+
+# ----------------------------------------------------------------- KV pools (kv/)
+# The KV-pool family: the MHA and MLA pools and their storage variants (FP4, MXFP8, page-major,
+# no-op) of either twin. KVCacheProtocol above is the buffer interface the attention layers use;
+# what follows is what the request lifecycle and the host tier use of a pool beyond it: the
+# geometry, the KV tags written at allocation and checked at every read, and the layer-wise
+# loading hook. Units: tokens (slots); layers by global id.
+
+
+class LayerTransferCounter(Protocol):
+    """The layer-wise loading hook (pipeline / disaggregation): a pool's buffer reads wait on it
+    until their layer has loaded (:mod:`kvpool.reference.kv.layer_transfer`)."""
+
+    def wait_until(self, threshold: int) -> None:
+        """Return once local layer ``threshold`` (``layer_id - start_layer``) has loaded."""
+        ...
+
+
+class KVPoolProtocol(Protocol[IdxT_contra]):
+    """A KV pool as the lifecycle and the host tier use it (every storage variant of either twin
+    satisfies it; ``IdxT_contra``: the twin's slot containers, ``Sequence[int]`` in the reference,
+    a tensor or a sequence in the optimized twin)."""
+
+    @property
+    def size(self) -> int:
+        """Usable slots (tokens); the buffers hold ``size + page_size`` rows."""
+        ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def num_rows(self) -> int:
+        """Rows per layer buffer: ``size + page_size``."""
+        ...
+
+    @property
+    def layer_num(self) -> int: ...
+
+    @property
+    def start_layer(self) -> int: ...
+
+    @property
+    def end_layer(self) -> int:
+        """``start_layer + layer_num - 1`` (inclusive)."""
+        ...
+
+    @property
+    def head_num(self) -> int:
+        """Heads per row (1 for MLA's fused row)."""
+        ...
+
+    @property
+    def store_dtype(self) -> object:
+        """What a row element is stored as: a dtype name in the reference, a ``torch.dtype`` in
+        the optimized twin (fp8 and FP4 store bytes)."""
+        ...
+
+    def write_tags(self, loc: IdxT_contra, tags: IdxT_contra) -> None:
+        """Store ``tags[i]`` at slot ``loc[i]`` on every held layer (K channel 0 of every head,
+        other channels 0; the variants encode it in their own format)."""
+        ...
+
+    def read_tags(self, loc: IdxT_contra) -> list[int]:
+        """The tag stored at each slot of ``loc`` (layer ``start_layer``; 0 if never written)."""
+        ...
+
+    def register_layer_transfer_counter(self, counter: LayerTransferCounter) -> None:
+        """Make every later buffer read of layer ``l`` first call
+        ``counter.wait_until(l - start_layer)``."""
         ...

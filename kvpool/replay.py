@@ -8,11 +8,12 @@ every running request then decodes one token per step until it has produced
 into the radix tree). An admission or decode that runs out of memory aborts the youngest request
 and sends it back to the head of the queue; a request that cannot fit even in an idle pool is
 rejected (skipped: it counts as a miss in the hit ratio). By default every call runs through
-:class:`kvpool.testing.lockstep.Lockstep`, so the two implementations are compared at every step
-and every invariant is checked (every ``check_every`` steps when asked, for long prompts). With
-no second factory (``kvpool replay --twin-only``) only one implementation runs, through
-:class:`SoloStepper`: every invariant is still checked on its snapshot every ``check_every``
-steps, but nothing compares it with the reference (capacity planning at real sizes).
+:class:`kvpool.testing.lockstep_driver.Lockstep`, so the two implementations are compared at
+every step and every invariant is checked (every ``check_every`` steps when asked, for long
+prompts). With no second factory (``kvpool replay --twin-only``) only one implementation runs,
+through :class:`SoloStepper`: every invariant is still checked on its snapshot every
+``check_every`` steps, but nothing compares it with the reference (capacity planning at real
+sizes).
 
 Prompts come from :mod:`kvpool.traces` (block ids turned into tokens, each request's when it is
 admitted: a replay holds the tokens of its running requests only). ``block_tokens`` below 512
@@ -276,7 +277,7 @@ def replay_trace(
     on_request: Callable[[], None] | None = None,
 ) -> ReplayStats:
     """Replay ``records`` (in order) on A and B in lockstep; the statistics of A (equal to B's:
-    any difference raises :class:`~kvpool.testing.lockstep.LockstepFailure`). With
+    any difference raises :class:`~kvpool.testing.lockstep_driver.LockstepFailure`). With
     ``factory_b`` None, A runs alone (:class:`SoloStepper`, labelled ``labels[0]``).
     ``requests``: :func:`prepare_requests` of ``records`` when already computed;
     ``on_request`` is called once per request finished or rejected (progress bars)."""

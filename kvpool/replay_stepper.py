@@ -1,5 +1,5 @@
 """What the trace replay steps (:mod:`kvpool.replay`): both implementations in lockstep
-(:class:`~kvpool.testing.lockstep.Lockstep`) or one alone (:class:`SoloStepper`), whose every
+(:class:`~kvpool.testing.lockstep_driver.Lockstep`) or one alone (:class:`SoloStepper`), whose every
 invariant is still checked on its snapshots.
 """
 
@@ -16,8 +16,8 @@ from kvpool.testing.swarm import Op
 
 
 class Stepper(Protocol):
-    """What the driver steps: :class:`~kvpool.testing.lockstep.Lockstep` or :class:`SoloStepper`
-    (``a`` is the implementation whose statistics are reported)."""
+    """What the driver steps: :class:`~kvpool.testing.lockstep_driver.Lockstep` or
+    :class:`SoloStepper` (``a`` is the implementation whose statistics are reported)."""
 
     config: PoolConfig
     a: Any
@@ -32,7 +32,7 @@ class SoloStepper:
     against a snapshot taken just before that step: states several steps apart would make them
     report locks released and evicted in between). Returns the result or the
     :class:`~kvpool.errors.KVPoolError` instance, like :meth:`Lockstep.run`; a violation raises
-    :class:`~kvpool.testing.lockstep.LockstepFailure` named by the invariant id; any other
+    :class:`~kvpool.testing.lockstep_driver.LockstepFailure` named by the invariant id; any other
     exception propagates."""
 
     def __init__(self, factory: Factory, config: PoolConfig, label: str, check_every: int = 1):

@@ -30,8 +30,11 @@ MAMBA_SLOT_SHORTAGES = ("refuse", "assert")
 MAMBA_TREES = ("mamba_radix", "unified")
 SWA_FREE_RESOLVES = ("free", "group_end")
 SWA_FREE_UNMAPPED = ("skip", "caller")
-SWA_WINDOW_RELEASES = ("decode", "scheduler")
+SWA_WINDOW_RELEASES = ("decode", "scheduler", "maybe_evict")
 HICACHE_HOST_TIERS = ("hiradix", "unified")
+UNIFIED_FREES = ("segment", "free")
+UNIFIED_SPLIT_RECENCIES = ("beside", "front")
+UNIFIED_TOMBSTONE_LOCKS = ("count", "skip")
 SGLANG_RELEASES = ("0.5.16", "0.5.23")
 """SGLang releases with a preset (:meth:`Rules.for_sglang`); audited in specs/fidelity.md."""
 
@@ -136,7 +139,8 @@ class Rules:
       must split such a free for an implementation with these rules.
     - ``swa_window_release`` (with ``swa_eviction_interval``, tokens): how the SWA lifecycle
       (``SWAMemoryManager``) slides a request's window and releases its KV.
-      ``"decode"`` (kvpool; the SWA lifecycle modelled on SGLang 0.5.16): after every decode,
+      ``"decode"`` (kvpool; SGLang 0.5.16's window frontier, slid at kvpool's own time): after
+      every decode (its first too, at the tokens before the one just decoded),
       the window keeps ``sliding_window`` tokens (chunk cache) or ``max(sliding_window,
       page_size)`` (radix cache, the 0.5.16 ``SWARadixCache``); a release frees the row with
       the allocator's ``free``. ``"scheduler"`` (SGLang 0.5.23's ``maybe_evict_swa`` and
@@ -148,7 +152,16 @@ class Rules:
       running request slides it first; with the chunk cache it keeps ``sliding_window``
       tokens and also slides at a later prefill chunk's allocation; a release frees the
       window-dead columns ``[cache_protected_len, swa_evicted_seqlen)`` full-side only
-      (``free_full_segment``) and the rest with ``free_segment``.
+      (``free_full_segment``) and the rest with ``free_segment``. ``"maybe_evict"`` (SGLang
+      0.5.16's ``ScheduleBatch.maybe_evict_swa`` over ``free_swa_out_of_window_slots``): the
+      ``"decode"`` frontier (``free_swa``; the window keeps ``sliding_window`` tokens with the
+      chunk cache, ``max(sliding_window, page_size)`` with the radix cache) and release
+      (``free``), at the ``"scheduler"`` times: at the start of a decode's (or EAGLE v2 step's)
+      allocation for the requests decoded at least once since their row was handed out, at
+      their committed length, whatever the cursor (no interval test), and with the chunk cache
+      at a later prefill chunk's allocation, at its prefix length; no free group. 0.5.16 gates
+      the whole batch on its scheduler's forward counter modulo ``SGLANG_SWA_EVICTION_INTERVAL``,
+      which kvpool does not model: ``swa_eviction_interval`` must be 1 (ConfigError otherwise).
     - ``hicache_host_tier``: how ``HiRadixCache`` runs its host tier. ``"hiradix"`` (kvpool;
       SGLang 0.5.16's ``HiRadixCache``). ``"unified"`` (SGLang 0.5.23: the host tier inside
       ``UnifiedRadixCache``, specs/unified_cache.md): writes to host are queued and issued
@@ -162,6 +175,31 @@ class Rules:
       In the request lifecycle: the checkpoint's inserts free the request's duplicates past its
       ``cache_protected_len`` (no free of the lifecycle's own), and ``extend`` / ``finish`` end
       by issuing the batch's queued writes (``flush_pending_backups``).
+
+    Three knobs say which release's ``UnifiedRadixCache`` the unified FULL+SWA tree
+    (``UnifiedSWARadixCache``, both twins) follows; their defaults are SGLang 0.5.23's (the
+    tree's first model, specs/unified_cache.md), ``Rules.for_sglang("0.5.16")`` selects the
+    earlier design 0.5.16 builds for a hybrid model with the radix cache on:
+
+    - ``unified_free``: the slot frees of the unified SWA tree. ``"segment"`` (SGLang 0.5.23):
+      segment frees (``free_segment``, ``free_full_segment``, ``free_swa_segment``), an
+      insert's duplicates split at ``swa_evicted_seqlen`` (the part before it full-side only).
+      ``"free"`` (SGLang 0.5.16): an insert's duplicates are one ``free``; a recovered
+      tombstone's old full slots one ``free``, the incoming full slots of a locked recovery one
+      ``free_full``; an evicted leaf ``free`` (a tombstone leaf ``free_full``); a tombstoned
+      node's SWA slots ``free_swa``.
+    - ``unified_split_recency``: where a split puts the two halves in the SWA recency list.
+      ``"beside"`` (SGLang 0.5.23): the upper half right behind the node it was cut from, which
+      keeps its place. ``"front"`` (SGLang 0.5.16): both move to the front, the cut (lower)
+      node first, the upper half right behind it.
+    - ``unified_tombstone_lock``: how a window lock treats the tombstones it meets.
+      ``"count"`` (SGLang 0.5.23): it SWA-locks every node of its segment, tombstones too, and
+      counts their tokens toward the window; an unlock that would take a count below 0 is a
+      LockError. ``"skip"`` (SGLang 0.5.16): it skips tombstones (no lock, not counted: the
+      segment reaches further up); an unlock (``dec_lock_ref``, whose receipt from 0.5.16's
+      scheduler carries no skipped ids) skips nodes whose SWA count is 0 and stops after the
+      uuid's node only where it decrements it; ``dec_swa_lock_only`` skips tombstones and
+      nodes whose count is 0 and stops at the uuid's node either way.
     """
 
     row_order: str = "lifo"
@@ -184,6 +222,9 @@ class Rules:
     swa_window_release: str = "decode"
     swa_eviction_interval: int = 1
     hicache_host_tier: str = "hiradix"
+    unified_free: str = "segment"
+    unified_split_recency: str = "beside"
+    unified_tombstone_lock: str = "count"
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -203,12 +244,21 @@ class Rules:
             ("swa_free_unmapped", self.swa_free_unmapped, SWA_FREE_UNMAPPED),
             ("swa_window_release", self.swa_window_release, SWA_WINDOW_RELEASES),
             ("hicache_host_tier", self.hicache_host_tier, HICACHE_HOST_TIERS),
+            ("unified_free", self.unified_free, UNIFIED_FREES),
+            ("unified_split_recency", self.unified_split_recency, UNIFIED_SPLIT_RECENCIES),
+            ("unified_tombstone_lock", self.unified_tombstone_lock, UNIFIED_TOMBSTONE_LOCKS),
         ):
             if value not in allowed:
                 raise ConfigError(f"Rules.{name} must be one of {allowed}, got {value!r}")
         interval = self.swa_eviction_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ConfigError(f"Rules.swa_eviction_interval must be an int >= 1, got {interval!r}")
+        if self.swa_window_release == "maybe_evict" and interval != 1:
+            # 0.5.16's cadence is its scheduler's batch-wide forward counter, not the cursor
+            raise ConfigError(
+                f"Rules.swa_window_release 'maybe_evict' slides at every step: "
+                f"swa_eviction_interval must be 1, got {interval}"
+            )
 
     @classmethod
     def for_sglang(cls, version: str) -> Rules:
@@ -234,6 +284,10 @@ class Rules:
                 eviction_amount="demand",
                 swa_free_resolve="group_end",
                 swa_restore_mapping=False,
+                swa_window_release="maybe_evict",
+                unified_free="free",
+                unified_split_recency="front",
+                unified_tombstone_lock="skip",
             )
         # Rows pop from the tail from 0.5.18 on; the monotonic generation, the staged pages and
         # the shortfall eviction are 0.5.23's (audited releases only: specs/fidelity.md).

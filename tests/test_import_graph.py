@@ -19,6 +19,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import kvpool
 from tests.test_developers_map import wing_floors
 
@@ -175,6 +177,7 @@ def test_floor_check_finds_an_import_up() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_graph_covers_the_twins() -> None:
     graph = import_graph()
     lifecycle = "kvpool.optimized.lifecycle"
@@ -185,9 +188,11 @@ def test_graph_covers_the_twins() -> None:
     )
 
 
+@pytest.mark.slow
 def test_no_import_circle() -> None:
     assert find_cycle(import_graph()) == []
 
 
+@pytest.mark.slow
 def test_no_import_against_the_floors() -> None:
     assert against_floors(import_graph(), wing_floors()) == []

@@ -44,6 +44,7 @@ def test_component_pages_assert_their_examples(page: Path) -> None:
     assert any(re.search(r"^\s*assert\b", b, re.MULTILINE) for b in blocks), page.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", sorted(SPECS.glob("*.md")), ids=lambda p: p.name)
 def test_spec_page_examples_run(page: Path) -> None:
     # A real module object, registered while the page runs, so dataclasses and pickling work.

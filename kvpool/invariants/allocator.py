@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from functools import lru_cache
 
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import InvariantViolation
@@ -48,11 +49,12 @@ def check_shape(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> N
     scope="allocator",
 )
 def check_reserved_page(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
-    named = _free_listed(snap) + _pending_pages(snap) + list(held_pages or ())
+    # membership tests run in C; the one offender there can be is the reserved page itself
+    named = (snap.free_pages, snap.release_pages, _pending_pages(snap), held_pages or ())
     fail(
         "INV-RESERVED-ZERO",
         "reserved page is free-listed, pending or held",
-        [p for p in named if p == RESERVED_INDEX],
+        [RESERVED_INDEX] if any(RESERVED_INDEX in part for part in named) else [],
     )
 
 
@@ -63,6 +65,8 @@ def check_reserved_page(snap: AllocatorSnapshot, held_pages: frozenset[int] | No
 )
 def check_page_range(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
     named = _free_listed(snap) + _pending_pages(snap) + list(held_pages or ())
+    if not named or (min(named) > RESERVED_INDEX and max(named) <= snap.num_pages):
+        return  # all in range (min and max run in C; the scan below names the offenders)
     fail(
         "INV-PAGE-RANGE",
         f"page ids outside 1..{snap.num_pages}",
@@ -77,8 +81,12 @@ def check_page_range(snap: AllocatorSnapshot, held_pages: frozenset[int] | None)
     scope="allocator",
 )
 def check_no_double_free(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
-    counts = Counter(_free_listed(snap))
-    fail("INV-NO-DOUBLE-FREE", "pages free-listed twice", [p for p, n in counts.items() if n > 1])
+    listed = _free_listed(snap)
+    counts = Counter(listed)
+    if len(counts) < len(listed):  # some page is listed twice: name them
+        fail(
+            "INV-NO-DOUBLE-FREE", "pages free-listed twice", [p for p, n in counts.items() if n > 1]
+        )
     fail(
         "INV-NO-DOUBLE-FREE",
         "pages pending free in the open group are already free",
@@ -110,25 +118,31 @@ def check_free_group(snap: AllocatorSnapshot, held_pages: frozenset[int] | None)
     scope="allocator",
 )
 def check_token_accounting(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
-    if len(_free_listed(snap)) > snap.num_pages:
+    listed = _free_listed(snap)
+    if len(listed) > snap.num_pages:
         raise InvariantViolation(
             "INV-TOKEN-ACCOUNTING",
-            f"{len(_free_listed(snap))} free-listed pages but only {snap.num_pages} exist",
+            f"{len(listed)} free-listed pages but only {snap.num_pages} exist",
         )
     if held_pages is None:
         return
-    free = set(_free_listed(snap))
+    free = set(listed)
     fail(
         "INV-TOKEN-ACCOUNTING",
         "pages both free and held (use after free)",
         free & held_pages,
     )
-    every = set(range(RESERVED_INDEX + 1, snap.num_pages + 1))
     fail(
         "INV-TOKEN-ACCOUNTING",
         "pages leaked (neither free nor held)",
-        every - free - held_pages,
+        _all_pages(snap.num_pages) - free - held_pages,
     )
+
+
+@lru_cache(maxsize=64)
+def _all_pages(num_pages: int) -> frozenset[int]:
+    """Pages ``1..num_pages`` (built once per pool size: the accounting runs every step)."""
+    return frozenset(range(RESERVED_INDEX + 1, num_pages + 1))
 
 
 def check_allocator(snap: AllocatorSnapshot, held_pages: Iterable[int] | None = None) -> int:

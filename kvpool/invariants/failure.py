@@ -8,7 +8,7 @@ ascending order, so that two runs that break an invariant the same way report it
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 
 from kvpool.errors import InvariantViolation
 
@@ -16,6 +16,8 @@ from kvpool.errors import InvariantViolation
 def fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
     """Raise :class:`InvariantViolation` (``invariant_id``, ``message``, the distinct
     ``indices`` sorted) when ``indices`` names anything; return None otherwise."""
+    if isinstance(indices, Sized) and not len(indices):
+        return  # the common case, an empty collection: nothing to sort
     bad = sorted(set(indices))
     if bad:
         raise InvariantViolation(invariant_id, message, bad)

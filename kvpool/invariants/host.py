@@ -15,6 +15,7 @@ not filled, ``worker_held``), or the release queue; every other slot is free (``
 from __future__ import annotations
 
 from collections import Counter
+from itertools import chain
 
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.failure import fail
@@ -49,7 +50,7 @@ def host_holders(snap: HostTierSnapshot) -> Counter[int]:
     scope="host",
 )
 def check_host_double_free(snap: HostTierSnapshot, previous: HostTierSnapshot | None) -> None:
-    free = Counter(snap.host.free_slots) + Counter(snap.host.release_slots)
+    free = Counter(chain(snap.host.free_slots, snap.host.release_slots))  # one counting pass
     fail("INV-HOST-DOUBLE-FREE", "host slots free twice", [s for s, c in free.items() if c > 1])
     queued = Counter(snap.release_queue)
     fail(
@@ -74,9 +75,10 @@ def check_host_accounting(snap: HostTierSnapshot, previous: HostTierSnapshot | N
     host = snap.host
     if host.size <= 0 or host.size % host.page_size:
         raise InvariantViolation("INV-HOST-ACCOUNTING", f"host size {host.size} not whole pages")
-    free = Counter(host.free_slots) + Counter(host.release_slots)
-    held = host_holders(snap)
-    everything = free + held
+    # free + held counted in place (Counter's + builds and filters a new one each time)
+    everything = host_holders(snap)
+    everything.update(host.free_slots)
+    everything.update(host.release_slots)
     fail("INV-HOST-ACCOUNTING", "host slots out of range",
           [s for s in everything if not 0 <= s < host.size])  # fmt: skip
     fail("INV-HOST-ACCOUNTING", "host slots held twice, or held and free",

@@ -30,9 +30,7 @@ import torch
 
 import kvpool.kernels.checks as checks
 from kvpool.kernels.dispatch import block_for, check_page_size, nonempty, run_backend, write_back
-from kvpool.kernels.host import HostLens as HostLens
-from kvpool.kernels.host import Int64Array, host_copy, to_device
-from kvpool.kernels.host import host_array as host_array
+from kvpool.kernels.host import HostLens, Int64Array, host_array, host_copy, to_device
 from kvpool.kernels.launch import dense, exclusive_cumsum, launch, tl
 from kvpool.reference.pools.paged_ops import alloc_extend_slots
 

@@ -13,25 +13,25 @@ from kvpool.optimized.hicache.cache_controller import (
     HiCacheController,
     PrefetchOperation,
 )
-from kvpool.optimized.hicache.evict import HiRadixEvict
+from kvpool.optimized.hicache.evict import HostEviction
 from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
 from kvpool.optimized.hicache.memory_pool_host import (
     HostKVCache,
     MHATokenToKVPoolHost,
     MLATokenToKVPoolHost,
 )
-from kvpool.optimized.hicache.prefetch import HiRadixPrefetch
+from kvpool.optimized.hicache.prefetch import StoragePrefetch
 from kvpool.optimized.hicache.tree_node import HiTreeNode
-from kvpool.optimized.hicache.unified_tier import HiRadixUnified
+from kvpool.optimized.hicache.unified_tier import UnifiedHostTier
 from kvpool.optimized.kv.fp4 import MHATokenToKVPoolFP4
-from kvpool.optimized.kv.kv_cache import KVCache, MHATokenToKVPool, MLATokenToKVPool
+from kvpool.optimized.kv.kv_cache import KVCache
 from kvpool.optimized.kv.layer_transfer import LayerDoneCounter, LayerLoadingEvent
+from kvpool.optimized.kv.mha import MHATokenToKVPool
+from kvpool.optimized.kv.mla import MLATokenToKVPool
 from kvpool.optimized.kv.mla_fp4 import MLATokenToKVPoolFP4
 from kvpool.optimized.kv.mxfp8 import MHATokenToKVPoolMXFP8
 from kvpool.optimized.kv.noop import NoOpMHATokenToKVPool
 from kvpool.optimized.kv.page_major import PageMajorMHATokenToKVPool
-from kvpool.optimized.lifecycle.batch_rows import BatchRows
-from kvpool.optimized.lifecycle.hicache_lifecycle import HiCacheLifecycle
 from kvpool.optimized.lifecycle.mamba_hooks import MambaHooks
 from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.optimized.lifecycle.primitives import LifecyclePrimitives
@@ -48,24 +48,19 @@ from kvpool.optimized.mamba.radix_cache import MambaMatchResult, MambaRadixCache
 from kvpool.optimized.mamba.radix_release import MambaLifecycleCache
 from kvpool.optimized.mamba.tree_node import LRUList, MambaTreeNode
 from kvpool.optimized.options import TwinOptions
-from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvpool.optimized.pools.batch_alloc import BatchAllocs
+from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
-from kvpool.optimized.pools.segment_free import SegmentFrees
+from kvpool.optimized.pools.token_allocator import TokenToKVPoolAllocator
 from kvpool.optimized.radix.chunk_cache import ChunkCache
 from kvpool.optimized.radix.radix_cache import RadixCache
-from kvpool.optimized.radix.radix_release import RadixRelease
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.optimized.req import Req
 from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa.chunk_cache import SWAChunkCache
-from kvpool.optimized.swa.free import SWAFrees
 from kvpool.optimized.swa.kv_pool import SWAKVPool
 from kvpool.optimized.swa.pure_allocator import PureSWATokenToKVPoolAllocator
 from kvpool.optimized.swa.radix_cache import SWAMatchResult, SWARadixCache
-from kvpool.optimized.swa.radix_evict import SWARadixEviction
-from kvpool.optimized.swa.radix_locks import SWARadixLocks
 from kvpool.optimized.swa.tree_node import SWATreeNode
 from kvpool.optimized.unified.mamba_radix_cache import UnifiedMambaRadixCache
 from kvpool.optimized.unified.mamba_release import UnifiedMambaLifecycleCache
@@ -75,17 +70,12 @@ from kvpool.optimized.unified.swa_radix_cache import UnifiedSWARadixCache
 __all__ = [
     "CHECKED_ENV_VAR",
     "BaseTokenToKVPoolAllocator",
-    "BatchAllocs",
-    "BatchRows",
     "ChunkCache",
     "HiCacheAck",
     "HiCacheController",
-    "HiCacheLifecycle",
     "HiRadixCache",
-    "HiRadixEvict",
-    "HiRadixPrefetch",
-    "HiRadixUnified",
     "HiTreeNode",
+    "HostEviction",
     "HostKVCache",
     "HybridReqToTokenPool",
     "KVCache",
@@ -116,25 +106,22 @@ __all__ = [
     "PureSWATokenToKVPoolAllocator",
     "RadixCache",
     "RadixKey",
-    "RadixRelease",
     "Req",
     "ReqToTokenPool",
     "SWAChunkCache",
-    "SWAFrees",
     "SWAKVPool",
     "SWAMatchResult",
     "SWAMemoryManager",
     "SWARadixCache",
-    "SWARadixEviction",
     "SWARadixLifecycle",
-    "SWARadixLocks",
     "SWATokenToKVPoolAllocator",
     "SWATreeNode",
-    "SegmentFrees",
     "SessionSlot",
+    "StoragePrefetch",
     "TokenToKVPoolAllocator",
     "TreeNode",
     "TwinOptions",
+    "UnifiedHostTier",
     "UnifiedMambaLifecycleCache",
     "UnifiedMambaRadixCache",
     "UnifiedRadixCache",

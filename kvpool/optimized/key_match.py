@@ -18,13 +18,12 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-TokenArray = npt.NDArray[np.signedinteger[Any]]
+TokenArray = npt.NDArray[np.signedinteger]
 """A 1-D numpy array of token ids: int32 when every id fits (half the memory traffic of a key
 comparison), else int64. Arrays of either width compare correctly with each other."""
 

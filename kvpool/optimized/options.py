@@ -1,10 +1,16 @@
 """TwinOptions: how one optimized twin runs (device, checked mode, kernel backend).
 
-One frozen value is built once, at the top (a :class:`~kvpool.optimized.lifecycle.memory_manager.
-MemoryManager`, or any component built alone), and handed down unchanged to every component it
-creates, so that a whole twin shares one device, one checked mode and one kernel backend.
-Components built alone also accept the shorthand keywords ``device`` / ``checked`` /
-``kernel_backend``; they resolve through :func:`twin_options`, the one path to an options value.
+One frozen value is the one route for these three settings: it is built once, at the public
+edge, and handed down unchanged (``options=``) to every component the edge creates, so that a
+whole twin shares one device, one checked mode and one kernel backend. The edges are the
+lifecycle's entry points, :class:`~kvpool.optimized.lifecycle.memory_manager.MemoryManager` and
+:class:`~kvpool.optimized.lifecycle.swa_memory_manager.SWAMemoryManager`, which keep the
+user-facing shorthand ``device=`` / ``checked=`` / ``kernel_backend=`` and build the value from it
+(:func:`edge_options`); the harness (:mod:`kvpool.testing.implementations`) builds one per
+implementation. Every other component takes ``options: TwinOptions | None = None`` only (None:
+``TwinOptions.make()``: the CPU, checked mode by ``$KVPOOL_CHECKED``, else on), resolved by
+:func:`twin_options`. A tree built alone over collaborators (SGLang's constructor shape: an
+allocator and a table) takes, when given no options, its allocator's (:func:`options_of`).
 """
 
 from __future__ import annotations
@@ -51,30 +57,41 @@ class TwinOptions:
         return cls(dev, resolve_checked(checked, dev), backend)
 
 
-def twin_options(
-    options: TwinOptions | None = None,
-    device: str | torch.device | None = None,
-    checked: bool | None = None,
-    backend: str | None = None,
-) -> TwinOptions:
-    """``options`` when given (then the loose values must be left out: ConfigError otherwise),
-    else :meth:`TwinOptions.make` of the loose values."""
+def twin_options(options: TwinOptions | None = None) -> TwinOptions:
+    """``options`` when given (ConfigError when it is not a TwinOptions), else the defaults
+    :meth:`TwinOptions.make` gives (the CPU; checked mode by ``$KVPOOL_CHECKED``, else on)."""
     if options is None:
-        return TwinOptions.make(device, checked, backend)
+        return TwinOptions.make()
     if not isinstance(options, TwinOptions):
         raise ConfigError(f"options must be a TwinOptions, got {options!r}")
-    if device is not None or checked is not None or backend is not None:
-        raise ConfigError("pass either options or device/checked/kernel_backend, not both")
     return options
 
 
+def edge_options(
+    options: TwinOptions | None = None,
+    device: str | torch.device | None = None,
+    checked: bool | None = None,
+    kernel_backend: str | None = None,
+) -> TwinOptions:
+    """The one options value of a public edge (a memory manager) from what its caller gave:
+    ``options`` (then the shorthand must be left out: ConfigError otherwise), else
+    :meth:`TwinOptions.make` of the shorthand ``device`` / ``checked`` / ``kernel_backend``."""
+    if options is None:
+        return TwinOptions.make(device, checked, kernel_backend)
+    if device is not None or checked is not None or kernel_backend is not None:
+        raise ConfigError("pass either options or device/checked/kernel_backend, not both")
+    return twin_options(options)
+
+
 def options_of(component: object) -> TwinOptions:
-    """The options a component was built with (a collaborator that is not a twin component,
-    such as a test's stub allocator: the defaults on its ``device``, CPU when it has none)."""
+    """The options a component was built with: the default of a tree built alone over
+    collaborators and given no ``options`` (it runs as its allocator does). A collaborator that
+    is not a twin component, such as a test's stub allocator or SGLang's: the defaults on its
+    ``device``, the CPU when it has none."""
     found = getattr(component, "options", None)
     if isinstance(found, TwinOptions):
         return found
     return TwinOptions.make(getattr(component, "device", None))
 
 
-__all__ = ["TwinOptions", "options_of", "twin_options"]
+__all__ = ["TwinOptions", "edge_options", "options_of", "twin_options"]

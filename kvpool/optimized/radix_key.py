@@ -39,12 +39,13 @@ ChildKey = int | tuple[int, ...] | tuple[str | None, int | tuple[int, ...]]
 (page size 1) or the tuple of the first page of token ids; at the root the pair
 ``(extra_key, that key)``."""
 
-SlotsLike = torch.Tensor | npt.NDArray[np.integer[Any]] | Sequence[int]
+SlotsLike = torch.Tensor | npt.NDArray[np.integer] | Sequence[int]
 """Slots given by a caller: a tensor, a numpy array or a sequence of ints."""
 
+# Left open: one list serves both kinds, where a union would need a cast at every join.
 PathSlots = Any
 """One matched node's slots: a numpy view (``TreeNode.vnp``) on the CPU, else an int64 tensor;
-one path holds one kind (typed ``Any`` so that one list serves both)."""
+one path holds one kind."""
 
 
 class RadixKey:
@@ -184,7 +185,7 @@ class TreeNode:
         self._value = value
         self.children: dict[ChildKey, TreeNode] = {}
         self.parent = parent
-        # a ChildKey, None at the root only; Any because callers index ``children`` with it
+        # a ChildKey, None at the root only; left open because callers index ``children`` with it
         # once they know the node is not the root
         self.child_key: Any = None
         self.lock_ref = 0

@@ -15,24 +15,25 @@ from kvpool.reference.hicache.cache_controller import (
     HiCacheController,
     PrefetchOperation,
 )
-from kvpool.reference.hicache.evict import HiRadixEvict
+from kvpool.reference.hicache.evict import HostEviction
 from kvpool.reference.hicache.hiradix_cache import HiRadixCache
 from kvpool.reference.hicache.memory_pool_host import (
     HostKVCache,
     MHATokenToKVPoolHost,
     MLATokenToKVPoolHost,
 )
-from kvpool.reference.hicache.prefetch import HiRadixPrefetch
+from kvpool.reference.hicache.prefetch import StoragePrefetch
 from kvpool.reference.hicache.tree_node import HiTreeNode
-from kvpool.reference.hicache.unified_tier import HiRadixUnified
+from kvpool.reference.hicache.unified_tier import UnifiedHostTier
 from kvpool.reference.kv.fp4 import FP4Layer, MHATokenToKVPoolFP4
-from kvpool.reference.kv.kv_cache import KVCache, MHATokenToKVPool, MLATokenToKVPool
+from kvpool.reference.kv.kv_cache import KVCache
 from kvpool.reference.kv.layer_transfer import LayerDoneCounter, LayerLoadingEvent
+from kvpool.reference.kv.mha import MHATokenToKVPool
+from kvpool.reference.kv.mla import MLATokenToKVPool
 from kvpool.reference.kv.mla_fp4 import MLATokenToKVPoolFP4
 from kvpool.reference.kv.mxfp8 import MHATokenToKVPoolMXFP8, MXFP8Layer
 from kvpool.reference.kv.noop import NoOpMHATokenToKVPool
 from kvpool.reference.kv.page_major import PageMajorMHATokenToKVPool, PageMajorView
-from kvpool.reference.lifecycle.hicache_lifecycle import HiCacheLifecycle
 from kvpool.reference.lifecycle.mamba_hooks import MambaHooks
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.reference.lifecycle.primitives import LifecyclePrimitives
@@ -48,24 +49,19 @@ from kvpool.reference.mamba.pool import MambaPool
 from kvpool.reference.mamba.radix_cache import MambaMatchResult, MambaRadixCache
 from kvpool.reference.mamba.radix_release import MambaLifecycleCache
 from kvpool.reference.mamba.tree_node import LRUList, MambaTreeNode
-from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvpool.reference.pools.batch_alloc import BatchAllocs
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
-from kvpool.reference.pools.segment_free import SegmentFrees
+from kvpool.reference.pools.token_allocator import TokenToKVPoolAllocator
 from kvpool.reference.radix.chunk_cache import ChunkCache
 from kvpool.reference.radix.radix_cache import RadixCache, logical_clock
-from kvpool.reference.radix.radix_release import RadixRelease
 from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.reference.req import Req
 from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.swa.chunk_cache import SWAChunkCache
-from kvpool.reference.swa.free import SWAFrees
 from kvpool.reference.swa.kv_pool import SWAKVPool
 from kvpool.reference.swa.pure_allocator import PureSWATokenToKVPoolAllocator
 from kvpool.reference.swa.radix_cache import SWAMatchResult, SWARadixCache
-from kvpool.reference.swa.radix_evict import SWARadixEviction
-from kvpool.reference.swa.radix_locks import SWARadixLocks
 from kvpool.reference.swa.tree_node import SWATreeNode
 from kvpool.reference.unified.mamba_radix_cache import UnifiedMambaRadixCache
 from kvpool.reference.unified.mamba_release import UnifiedMambaLifecycleCache
@@ -74,17 +70,13 @@ from kvpool.reference.unified.swa_radix_cache import UnifiedSWARadixCache
 
 __all__ = [
     "BaseTokenToKVPoolAllocator",
-    "BatchAllocs",
     "ChunkCache",
     "FP4Layer",
     "HiCacheAck",
     "HiCacheController",
-    "HiCacheLifecycle",
     "HiRadixCache",
-    "HiRadixEvict",
-    "HiRadixPrefetch",
-    "HiRadixUnified",
     "HiTreeNode",
+    "HostEviction",
     "HostKVCache",
     "HybridReqToTokenPool",
     "KVCache",
@@ -117,24 +109,21 @@ __all__ = [
     "PureSWATokenToKVPoolAllocator",
     "RadixCache",
     "RadixKey",
-    "RadixRelease",
     "Req",
     "ReqToTokenPool",
     "SWAChunkCache",
-    "SWAFrees",
     "SWAKVPool",
     "SWAMatchResult",
     "SWAMemoryManager",
     "SWARadixCache",
-    "SWARadixEviction",
     "SWARadixLifecycle",
-    "SWARadixLocks",
     "SWATokenToKVPoolAllocator",
     "SWATreeNode",
-    "SegmentFrees",
     "SessionSlot",
+    "StoragePrefetch",
     "TokenToKVPoolAllocator",
     "TreeNode",
+    "UnifiedHostTier",
     "UnifiedMambaLifecycleCache",
     "UnifiedMambaRadixCache",
     "UnifiedRadixCache",

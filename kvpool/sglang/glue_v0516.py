@@ -73,11 +73,54 @@ def has_glue_v0516(modules: SGLangModules) -> bool:
     return GLUE_MARKER in names and UNIFIED_MARKER not in unified
 
 
+def covers_host_tier_v0516(config: PoolConfig) -> bool:
+    """Whether :class:`~kvpool.sglang.glue_v0516_host.SGLangHiCacheGlueManagerV0516` drives this
+    configuration: the host tier as 0.5.16's ``HiRadixCache`` runs it
+    (``Rules.hicache_host_tier == "hiradix"``), the radix cache on, no storage prefetches, no
+    layer-wise loading, no hybrid model (0.5.16's registry builds its own ``UnifiedRadixCache``
+    for a hybrid model with a host tier, which kvpool does not load)."""
+    return (
+        config.enable_hierarchical_cache
+        and config.rules.hicache_host_tier == "hiradix"
+        and not config.hicache_storage
+        and not config.layerwise_loading
+        and config.mamba_slots is None
+        and not config.disable_radix_cache
+    )
+
+
+def covers_mamba_v0516(config: PoolConfig) -> bool:
+    """Whether :class:`~kvpool.sglang.glue_v0516_mamba.SGLangMambaGlueManagerV0516` drives this
+    configuration: a hybrid model, the radix cache off (0.5.16's ``ChunkCache``), no host tier,
+    no layer-wise loading."""
+    return (
+        config.mamba_slots is not None
+        and config.disable_radix_cache
+        and not config.enable_hierarchical_cache
+        and not config.layerwise_loading
+    )
+
+
+MAMBA_TREE_V0516 = (
+    "SGLang 0.5.16 builds its own UnifiedRadixCache (FULL+MAMBA) for a hybrid model with the "
+    "radix cache on (mem_cache/registry.py lines 114-115), which kvpool does not load: kvpool's "
+    "lifecycle runs this configuration over SGLang's token allocator"
+)
+"""Why a hybrid configuration with the radix cache on is not driven through 0.5.16's glue (the
+reachability line of its failures)."""
+
+
 def glue_covers_v0516(config: PoolConfig) -> bool:
     """Whether 0.5.16's glue drives this lifecycle configuration: the radix cache on (0.5.16's
     registry builds SGLang's ``ChunkCache`` for ``--disable-radix-cache``, which kvpool does
     not load: kvpool's own ``ChunkCache`` runs then), no host tier, no hybrid model, no
-    layer-wise loading (kvpool's lifecycle over SGLang's components runs the others)."""
+    layer-wise loading (kvpool's lifecycle over SGLang's components runs the others). The host
+    tier and hybrid Mamba families have their own managers: see :func:`covers_host_tier_v0516`
+    and :func:`covers_mamba_v0516`."""
+    if config.enable_hierarchical_cache:
+        return covers_host_tier_v0516(config)
+    if config.mamba_slots is not None:
+        return covers_mamba_v0516(config)
     return not (
         config.disable_radix_cache
         or config.enable_hierarchical_cache
@@ -371,25 +414,33 @@ def with_glue_v0516(built: Any, manager: Any) -> Any:
     """``built`` (0.5.16's :class:`~kvpool.testing.bundle.Implementation`) with ``manager`` (the
     factory of :class:`SGLangGlueManagerV0516`, falling back to kvpool's lifecycle where
     :func:`glue_covers_v0516` says no), its reachability lines and a ``-glue`` label. The
-    manager runs no hybrid lifecycle (0.5.16's hybrid pool is driven by the hybrid machines)."""
+    manager runs hybrid Mamba lifecycles (:mod:`kvpool.sglang.glue_v0516_mamba`; with the radix
+    cache on, kvpool's lifecycle: :data:`MAMBA_TREE_V0516`)."""
     import dataclasses
 
+    from kvpool.sglang.glue_hicache import HOST_GLUE_STEPS
     from kvpool.sglang.glue_manager import reachability
 
     def reach(config: PoolConfig, ops: Any) -> str:
-        return reachability(config, ops, covered=glue_covers_v0516(config))
+        if config.mamba_slots is not None and not config.disable_radix_cache:
+            return f"direct only: {MAMBA_TREE_V0516}"
+        extra = HOST_GLUE_STEPS if config.enable_hierarchical_cache else frozenset()
+        return reachability(config, ops, covered=glue_covers_v0516(config), extra=extra)
 
-    return dataclasses.replace(built, manager=manager, manager_runs_hybrid=False,
+    return dataclasses.replace(built, manager=manager, manager_runs_hybrid=True,
                                reachability=reach, label=f"{built.label}-glue")  # fmt: skip
 
 
 __all__ = [
+    "MAMBA_TREE_V0516",
     "GlueBatchV0516",
     "GlueKvV0516",
     "GlueReqV0516",
     "GlueServerArgs",
     "KvRecords",
     "SGLangGlueManagerV0516",
+    "covers_host_tier_v0516",
+    "covers_mamba_v0516",
     "glue_covers_v0516",
     "has_glue_v0516",
     "install_server_args",

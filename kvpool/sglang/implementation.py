@@ -24,6 +24,7 @@ from kvpool.sglang.req_to_token import SGLangReqToTokenPool
 from kvpool.sglang.swa import SGLangSWAAllocator
 from kvpool.sglang.swa_radix import SGLangSWARadixCache
 from kvpool.sglang.tree_core import has_unified_cache
+from kvpool.sglang.unified16_base import has_unified16_cache
 from kvpool.sglang.unified_radix import SGLangUnifiedRadixCache
 from kvpool.testing.bundle import Implementation
 
@@ -173,6 +174,16 @@ def implementation(
                                               eviction_policy=config.eviction_policy,
                                               tree_core=tree_core)  # fmt: skip
 
+    if unified_swa is None and has_unified16_cache(modules):
+
+        def unified_swa(config: PoolConfig, alloc: Any) -> Any:
+            """0.5.16's FULL+SWA ``UnifiedRadixCache`` (kvpool.sglang.unified16_swa_radix)."""
+            from kvpool.sglang.unified16_swa_radix import SGLangUnified16SWARadixCache
+
+            return SGLangUnified16SWARadixCache(modules, alloc, config.page_size,
+                                                config.sliding_window or 1,
+                                                eviction_policy=config.eviction_policy)  # fmt: skip
+
     unified_mamba = None
     if has_unified_cache(modules) and has_hybrid:
 
@@ -240,9 +251,21 @@ def implementation(
             from kvpool.sglang.glue_v0516 import SGLangGlueManagerV0516, glue_covers_v0516
             from kvpool.testing.machines.lifecycle import manager_factory
 
+            covered_here = glue_covers_v0516(config)
             if config.enable_hierarchical_cache and config.mamba_slots is None:
-                return host_tier_manager(config)
-            if not glue_covers_v0516(config):
+                if not covered_here:  # storage, layer-wise loading
+                    return host_tier_manager(config)
+                from kvpool.sglang.glue_v0516_host import SGLangHiCacheGlueManagerV0516
+
+                return SGLangHiCacheGlueManagerV0516(
+                    config, modules, token_to_kv_pool_allocator=allocator,
+                    req_to_token_pool=req_to_token_pool,
+                )  # fmt: skip
+            if config.mamba_slots is not None:
+                from kvpool.sglang.glue_v0516_mamba import mamba_manager_v0516
+
+                return mamba_manager_v0516(config, modules, allocator)
+            if not covered_here:
                 return manager_factory(own_lifecycle)(config)
             return SGLangGlueManagerV0516(config, modules, token_to_kv_pool_allocator=allocator,
                                           req_to_token_pool=req_to_token_pool,
@@ -274,8 +297,21 @@ def implementation(
     own_lifecycle = built
     if manager_v0516 is not None:
         from kvpool.sglang.glue_v0516 import with_glue_v0516
+        from kvpool.sglang.glue_v0516_swa import reachability_v0516_swa, swa_manager_factory_v0516
 
-        return with_glue_v0516(built, manager_v0516)
+        glued = with_glue_v0516(built, manager_v0516)
+        reach_glue = glued.reachability
+        assert reach_glue is not None
+
+        def reach_v0516(config: PoolConfig, ops: Sequence[Any]) -> str:
+            if config.sliding_window is not None:  # the swa_manager's lifecycle
+                return reachability_v0516_swa(config, ops)
+            return reach_glue(config, ops)
+
+        # a sliding-window model's lifecycle: 0.5.16's glue over its SWAChunkCache with the
+        # radix cache off, kvpool's lifecycle with it on (kvpool.sglang.glue_v0516_swa)
+        return dataclasses.replace(glued, swa_manager=swa_manager_factory_v0516(modules),
+                                   reachability=reach_v0516)  # fmt: skip
     if manager is None:
         return built
 

@@ -90,7 +90,28 @@ modules those paths call. The Rust tree core's compiled module is loaded by
 UNIFIED_MARKER = "sglang/srt/mem_cache/unified_cache/tree_core_registry.py"
 """A source holding this file gets :data:`UNIFIED_MODULES` too: the tree-core registry of
 0.5.23's unified cache (0.5.16 also ships a ``unified_radix_cache.py``, an earlier design used
-only for hybrid models, without tree cores; kvpool does not load it)."""
+only for hybrid models, without tree cores: :data:`UNIFIED16_MODULES`)."""
+
+UNIFIED16_MODULES = (
+    "sglang.srt.environ",
+    "sglang.srt.mem_cache.unified_radix_cache",
+    "sglang.srt.mem_cache.unified_cache_components",
+    "sglang.srt.mem_cache.unified_cache_components.full_component",
+    "sglang.srt.mem_cache.unified_cache_components.swa_component",
+    "sglang.srt.mem_cache.unified_cache_components.mamba_component",
+    "sglang.srt.mem_cache.unified_cache_components.tree_component",
+    "sglang.srt.session.streaming_session",
+    "sglang.srt.mem_cache.hicache_storage",
+)
+"""Also real for 0.5.16 (a source holding :data:`UNIFIED16_MARKER`): the earlier
+``UnifiedRadixCache`` its registry builds for a hybrid model with the radix cache on (Python tree
+nodes, one component per file), SGLang's environment switches (``envs``: their defaults, or the
+process environment; every switch the other real modules of the release read defaults to what
+the stubs answered) and the two modules the cache imports and calls
+(:mod:`kvpool.sglang.unified16_swa_radix`)."""
+
+UNIFIED16_MARKER = "sglang/srt/mem_cache/unified_cache_components/tree_component.py"
+"""A source without :data:`UNIFIED_MARKER` that holds this file gets :data:`UNIFIED16_MODULES`."""
 
 _COMMON = "sglang/srt/utils/common.py"
 _HELPERS = ("next_power_of_2", "get_num_new_pages", "ceil_align")
@@ -136,6 +157,10 @@ GLUE_PARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # the glue itself, real (no real module of these releases imports either)
     ("sglang.srt.mem_cache.allocation", "", ()),
     ("sglang.srt.mem_cache.common", "", ()),
+    # the tree 0.5.16's registry builds for --disable-radix-cache (its only imports besides the
+    # real base_prefix_cache and allocator/swa: a DeepSeek-V4 allocator class, a stub, that only
+    # SWAChunkCache's constructor checks against)
+    ("sglang.srt.mem_cache.chunk_cache", "", ()),
     # alloc_for_extend builds the request's KV record from schedule_batch.py's ReqKvInfo (a
     # dataclass); write_cache_indices asks support_triton (utils/common.py) for its writer
     ("sglang.srt.managers.schedule_batch", "sglang/srt/managers/schedule_batch.py",
@@ -253,6 +278,8 @@ def load_sglang(
         partial = {k: v for k, v in partial.items() if k not in UNIFIED_MODULES}
     elif GLUE_MARKER in resolved.names(GLUE_MARKER.rpartition("/")[0] + "/"):
         real = real + tuple(m for m, f, _ in GLUE_PARTS if not f)
+        if UNIFIED16_MARKER in resolved.names(UNIFIED16_MARKER.rpartition("/")[0] + "/"):
+            real = real + UNIFIED16_MODULES
         partial = {k: v for k, v in partial.items() if k not in real}
         partial.update({m: (f, names) for m, f, names in GLUE_PARTS if f})
     importer = PrivateSGLang(resolved, _prefix(resolved), real, partial)
@@ -280,6 +307,8 @@ __all__ = [
     "GLUE_PARTS",
     "PARTIAL_MODULES",
     "REAL_MODULES",
+    "UNIFIED16_MARKER",
+    "UNIFIED16_MODULES",
     "UNIFIED_MARKER",
     "UNIFIED_MODULES",
     "SGLangModules",

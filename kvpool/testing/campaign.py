@@ -22,11 +22,6 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.testing.bundle import Implementation
-
-# The factories are re-exported: ``kvpool.testing.campaign.reference_factory`` is documented.
-from kvpool.testing.factories import load_factory as load_factory
-from kvpool.testing.factories import optimized_factory as optimized_factory
-from kvpool.testing.factories import reference_factory as reference_factory
 from kvpool.testing.lockstep_driver import Factory, Lockstep, LockstepFailure
 from kvpool.testing.runs import execute, run_config, shrink_ops
 from kvpool.testing.swarm import Op, RandomChooser

@@ -16,11 +16,14 @@ rebuild the same implementation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpool.config import PoolConfig
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.plugins import find_plugin
+
+if TYPE_CHECKING:  # torch is imported when the twin is built, not with the harness
+    from kvpool.optimized.options import TwinOptions
 
 
 def reference_implementation() -> Implementation:
@@ -33,19 +36,14 @@ def reference_implementation() -> Implementation:
     from kvpool.reference.mamba import lifecycle as mamba_lifecycle
     from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
     from kvpool.reference.mamba.radix_cache import MambaRadixCache
-    from kvpool.reference.pools.allocator import TokenToKVPoolAllocator
-    from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
+    from kvpool.reference.pools.allocator_choice import allocator_for
     from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
     from kvpool.reference.radix.radix_cache import RadixCache
     from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
     from kvpool.reference.swa.radix_cache import SWARadixCache
 
     def allocator(config: PoolConfig) -> Any:
-        if config.page_size == 1:
-            return TokenToKVPoolAllocator(config.size, config.need_sort, rules=config.rules)
-        return PagedTokenToKVPoolAllocator(
-            config.size, config.page_size, config.need_sort, rules=config.rules
-        )
+        return allocator_for(config.size, config.page_size, config.need_sort, rules=config.rules)
 
     def table(config: PoolConfig) -> Any:
         return ReqToTokenPool(config.req_pool_size, config.max_context_len, rules=config.rules)
@@ -106,15 +104,17 @@ def _reference_unified_swa(config: PoolConfig, alloc: Any) -> Any:
     from kvpool.reference.unified.swa_radix_cache import UnifiedSWARadixCache
 
     return UnifiedSWARadixCache(alloc, config.page_size, config.sliding_window or 1,
-                                eviction_policy=config.eviction_policy)  # fmt: skip
+                                eviction_policy=config.eviction_policy,
+                                rules=config.rules)  # fmt: skip
 
 
-def _optimized_unified_swa(config: PoolConfig, alloc: Any) -> Any:
-    """The twin's ``UnifiedSWARadixCache`` over ``alloc``."""
+def _optimized_unified_swa(config: PoolConfig, alloc: Any, options: TwinOptions) -> Any:
+    """The twin's ``UnifiedSWARadixCache`` over ``alloc``, run by ``options``."""
     from kvpool.optimized.unified.swa_radix_cache import UnifiedSWARadixCache
 
     return UnifiedSWARadixCache(alloc, config.page_size, config.sliding_window or 1,
-                                eviction_policy=config.eviction_policy)  # fmt: skip
+                                eviction_policy=config.eviction_policy, rules=config.rules,
+                                options=options)  # fmt: skip
 
 
 def _reference_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
@@ -130,21 +130,25 @@ def _reference_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
                         rules=config.rules)  # fmt: skip
 
 
-def _optimized_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-    """The twin's ``HiRadixCache`` with its own KV buffers and host pool (``config``)."""
+def _optimized_hiradix(config: PoolConfig, pool: Any, alloc: Any, options: TwinOptions) -> Any:
+    """The twin's ``HiRadixCache`` with its own KV buffers and host pool (``config``), all run
+    by ``options``."""
     from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
     from kvpool.optimized.hicache.memory_pool_host import host_pool_for
     from kvpool.optimized.kv.storage import kv_cache_from_config
 
-    host = host_pool_for(kv_cache_from_config(config), config.hicache_ratio)
+    host = host_pool_for(kv_cache_from_config(config, options), config.hicache_ratio)
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
                         None, config.hicache_write_policy, config.hicache_load_back_threshold,
                         config.hicache_prefetch_threshold, config.hicache_storage,
-                        rules=config.rules)  # fmt: skip
+                        rules=config.rules, options=options)  # fmt: skip
 
 
 def optimized_implementation(backend: str | None = "torch", checked: bool = True) -> Implementation:
-    """Every component of the torch twin on the CPU, its kernels run by ``backend``."""
+    """Every component of the torch twin on the CPU, its kernels run by ``backend``: one
+    :class:`~kvpool.optimized.options.TwinOptions` (the CPU, ``checked``, ``backend``) is built
+    here and every factory hands it to what it builds (``options=``), so no component runs with
+    another backend or checked mode."""
     import torch
 
     from kvpool.optimized import radix_key
@@ -155,9 +159,8 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     from kvpool.optimized.mamba import lifecycle as mamba_lifecycle
     from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
     from kvpool.optimized.mamba.radix_cache import MambaRadixCache
-    from kvpool.optimized.options import twin_options
-    from kvpool.optimized.pools.allocator import TokenToKVPoolAllocator
-    from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator
+    from kvpool.optimized.options import TwinOptions
+    from kvpool.optimized.pools.allocator_choice import allocator_for
     from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
     from kvpool.optimized.radix.radix_cache import RadixCache
     from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
@@ -165,61 +168,48 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
 
     if torch.get_num_threads() != 1:  # tiny tensors: OpenMP workers only contend
         torch.set_num_threads(1)
+    opts = TwinOptions.make(checked=checked, backend=backend)
 
     def allocator(config: PoolConfig) -> Any:
-        opts: dict[str, Any] = {
-            "checked": checked,
-            "kernel_backend": backend,
-            "rules": config.rules,
-        }
-        if config.page_size == 1:
-            return TokenToKVPoolAllocator(config.size, config.need_sort, **opts)
-        return PagedTokenToKVPoolAllocator(config.size, config.page_size, config.need_sort, **opts)
+        return allocator_for(config.size, config.page_size, config.need_sort,
+                             rules=config.rules, options=opts)  # fmt: skip
 
     def table(config: PoolConfig) -> Any:
         return ReqToTokenPool(
-            config.req_pool_size, config.max_context_len, checked=checked, rules=config.rules
+            config.req_pool_size, config.max_context_len, rules=config.rules, options=opts
         )
 
     def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        return RadixCache(
-            pool, alloc, config.page_size, False, config.eviction_policy, rules=config.rules
-        )
+        return RadixCache(pool, alloc, config.page_size, False, config.eviction_policy,
+                          rules=config.rules, options=opts)  # fmt: skip
 
     def manager(config: PoolConfig) -> Any:
-        return MemoryManager(config, checked=checked, kernel_backend=backend)
+        return MemoryManager(config, options=opts)
 
     def unified(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         from kvpool.optimized.unified.radix_cache import UnifiedRadixCache
 
-        return UnifiedRadixCache(
-            pool, alloc, config.page_size, False, config.eviction_policy, rules=config.rules
-        )
+        return UnifiedRadixCache(pool, alloc, config.page_size, False, config.eviction_policy,
+                                 rules=config.rules, options=opts)  # fmt: skip
 
     def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        return MambaRadixCache(pool, alloc, config.page_size)
+        return MambaRadixCache(pool, alloc, config.page_size, options=opts)
 
     def unified_mamba(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         from kvpool.optimized.unified.mamba_radix_cache import UnifiedMambaRadixCache
 
-        return UnifiedMambaRadixCache(pool, alloc, config.page_size)
+        return UnifiedMambaRadixCache(pool, alloc, config.page_size, options=opts)
 
     def hybrid(config: PoolConfig) -> Any:
         return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,
                                     _mamba_slots(config), config.mamba_layers,
-                                    config.mamba_track_buffers, checked=checked,
-                                    rules=config.rules)  # fmt: skip
+                                    config.mamba_track_buffers, rules=config.rules,
+                                    options=opts)  # fmt: skip
 
     def swa_allocator(config: PoolConfig) -> Any:
-        return SWATokenToKVPoolAllocator(
-            config.size,
-            config.swa_size,
-            config.page_size,
-            config.need_sort,
-            checked=checked,
-            kernel_backend=backend,
-            rules=config.rules,
-        )
+        return SWATokenToKVPoolAllocator(config.size, config.swa_size, config.page_size,
+                                         config.need_sort, rules=config.rules,
+                                         options=opts)  # fmt: skip
 
     def index(values: Sequence[int]) -> Any:
         return torch.tensor(list(values), dtype=torch.int64)
@@ -236,19 +226,17 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         mamba_radix_cache=mamba_tree,
         swa_allocator=swa_allocator,
         swa_radix_cache=lambda config, alloc: SWARadixCache(
-            alloc, config.page_size, config.sliding_window or 1
+            alloc, config.page_size, config.sliding_window or 1, options=opts
         ),
-        swa_manager=lambda config: SWAMemoryManager(
-            config, checked=checked, kernel_backend=backend
-        ),
+        swa_manager=lambda config: SWAMemoryManager(config, options=opts),
         index=index,
-        hiradix_cache=_optimized_hiradix,
-        kv_cache=lambda config: kv_cache_from_config(config, twin_options(checked=checked)),
+        hiradix_cache=lambda config, pool, alloc: _optimized_hiradix(config, pool, alloc, opts),
+        kv_cache=lambda config: kv_cache_from_config(config, opts),
         # Single-threaded machines: nothing else can complete a layer, so a short wait
         # turns an early read into the reference's LayerNotLoadedError.
         layer_done_counter=lambda layers: LayerDoneCounter(layers, timeout=0.002),
         unified_radix_cache=unified,
-        unified_swa_radix_cache=_optimized_unified_swa,
+        unified_swa_radix_cache=lambda config, alloc: _optimized_unified_swa(config, alloc, opts),
         unified_mamba_radix_cache=unified_mamba,
     )
 

@@ -20,8 +20,8 @@ from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, SUPPORTED_PAGE_SIZES_T
 from kvpool.errors import DoubleFreeError, KVPoolError, ReservedIndexError
 from kvpool.invariants import check_req_to_token
 from kvpool.invariants.allocator import check_allocator
-from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
+from kvpool.reference.pools.allocator_choice import allocator_for
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.snapshot import ReqToTokenSnapshot
 
@@ -59,10 +59,8 @@ class _Campaign:
     def __init__(self, page_size: int, need_sort: bool, rng: random.Random) -> None:
         self.rng, self.ps = rng, page_size
         num_pages = rng.randint(3, 12)
-        self.alloc: BaseTokenToKVPoolAllocator = (
-            TokenToKVPoolAllocator(num_pages, need_sort)
-            if page_size == 1
-            else PagedTokenToKVPoolAllocator(num_pages * page_size, page_size, need_sort)
+        self.alloc: BaseTokenToKVPoolAllocator = allocator_for(
+            num_pages * page_size, page_size, need_sort
         )
         self.table = ReqToTokenPool(rng.randint(2, 6), max_context_len=page_size * 6)
         self.blobs: list[list[int]] = []

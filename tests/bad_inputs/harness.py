@@ -26,6 +26,7 @@ from kvpool.optimized.options import TwinOptions
 
 MODULES = (
     "pools.allocator",
+    "pools.token_allocator",
     "pools.paged_allocator",
     "swa.allocator",
     "swa.pure_allocator",
@@ -33,6 +34,8 @@ MODULES = (
     "pools.req_to_token_pool",
     "mamba.hybrid_req_to_token_pool",
     "kv.kv_cache",
+    "kv.mha",
+    "kv.mla",
     "swa.kv_pool",
     "mamba.pool",
     "radix.radix_cache",

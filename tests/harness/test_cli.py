@@ -16,6 +16,7 @@ from kvpool.testing.lockstep_driver import Lockstep
 from kvpool.testing.swarm import Op
 
 
+@pytest.mark.slow
 def test_verify_reference_vs_optimized(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "verify.json"
     code = main(["verify", "--seconds", "3", "--seed", "7", "--report", str(report)])
@@ -32,6 +33,7 @@ def test_verify_reference_vs_optimized(tmp_path: Path, capsys: pytest.CaptureFix
     assert "verify" in out.err  # the progress bar
 
 
+@pytest.mark.slow
 def test_verify_third_party_implementation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -44,6 +46,7 @@ def test_verify_third_party_implementation(
     assert data["candidate"] == "tests.harness.buggy_impl:reference_copy" and data["steps"] > 0
 
 
+@pytest.mark.slow
 def test_verify_reports_a_failure_and_exits_nonzero(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -59,6 +62,7 @@ def test_verify_reports_a_failure_and_exits_nonzero(
     assert f"failed after step {len(failure['ops'])}: " in out
 
 
+@pytest.mark.slow
 def test_campaign_is_deterministic_for_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
     original = Lockstep.run
@@ -79,6 +83,7 @@ def test_campaign_is_deterministic_for_a_seed(monkeypatch: pytest.MonkeyPatch) -
     assert first == steps_of(3) != steps_of(4)
 
 
+@pytest.mark.slow
 def test_replay_compare_policies_and_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -103,6 +108,7 @@ def test_replay_compare_policies_and_plot(
     assert "hit ratio" in out
 
 
+@pytest.mark.slow
 def test_replay_lockstep_explains_rejections(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["replay", "conversation_sample.jsonl", "--requests", "12", "--pool-tokens",
                  "512", "--page-size", "4", "--block-tokens", "8", "--no-progress"])  # fmt: skip
@@ -125,6 +131,7 @@ def test_verify_rejects_an_unloadable_impl_before_running(
     assert "self-check" not in out.out  # failed fast, nothing ran
 
 
+@pytest.mark.slow
 def test_verify_impl_accepts_a_file_path(capsys: pytest.CaptureFixture[str]) -> None:
     path = Path(__file__).with_name("buggy_impl.py")
     code = main(["verify", "--seconds", "1", "--no-progress", "--impl", f"{path}:reference_copy"])
@@ -151,6 +158,7 @@ def test_replay_prints_each_row_when_its_run_ends(
     assert capsys.readouterr().out.split()[0] == EVICTION_POLICIES[-1]
 
 
+@pytest.mark.slow
 def test_replay_default_trace_is_the_shipped_sample(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["replay", "--requests", "3", "--pool-tokens", "4096", "--no-progress"])
     out = capsys.readouterr().out

@@ -160,6 +160,7 @@ def _kvpool(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
                           text=True, timeout=120, env=env, cwd=cwd or root)  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "line",
     [
@@ -226,6 +227,7 @@ def test_a_bad_kvpool_checked_value_is_one_line(
     )
 
 
+@pytest.mark.slow
 def test_a_candidate_that_raises_while_built_is_one_summary_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -79,6 +79,7 @@ def _trace_length(text: str) -> int:
     return int(line.split("minimal trace (")[1].split()[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "detector"),
     [
@@ -98,10 +99,14 @@ def test_planted_component_bugs_are_caught_short(case: Any, detector: str) -> No
 
 
 TestAllocatorTwin = make_allocator_test(optimized_implementation())
+TestAllocatorTwin = pytest.mark.slow(TestAllocatorTwin)
 TestTableTwin = make_req_to_token_pool_test(optimized_implementation())
+TestTableTwin = pytest.mark.slow(TestTableTwin)
 TestRadixTwin = make_radix_cache_test(optimized_implementation())
+TestRadixTwin = pytest.mark.slow(TestRadixTwin)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("component", ["allocator", "req_to_token_pool", "radix_cache"])
 def test_campaign_reaches_the_catalogue(component: str) -> None:
     result = run_machine(component, REF, optimized_implementation(), 3600.0, seed=3, max_runs=25)

@@ -32,6 +32,7 @@ def test_every_configuration_is_hybrid_and_half_have_the_tree(release: str | Non
     assert all(c.page_size == 1 and c.need_sort for c in tree)
 
 
+@pytest.mark.slow
 def test_a_campaign_passes_and_reaches_the_mamba_tree() -> None:
     result = run_machine("mamba_manager", reference_implementation(), optimized_implementation(),
                          seconds=120.0, seed=5, max_runs=40)  # fmt: skip
@@ -63,6 +64,7 @@ def test_every_host_configuration_has_the_host_tier_and_no_layer_loading(
     assert {c.hicache_write_policy for c in configs} >= {"write_through", "write_back"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("release", [None, "0.5.23"])
 def test_a_host_campaign_passes_and_reaches_the_host_tier(release: str | None) -> None:
     impl = optimized_implementation()

@@ -3,6 +3,8 @@ tag of its coverage catalogue; runs are deterministic; the CLI accepts the compo
 
 from __future__ import annotations
 
+import pytest
+
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines import TARGETS
@@ -35,6 +37,7 @@ def test_registered_everywhere() -> None:
     assert reference_implementation().provides(NAME) and optimized_implementation().provides(NAME)
 
 
+@pytest.mark.slow
 def test_mamba_tree_machine_is_clean_and_covers_the_catalogue() -> None:
     tree = "mamba_radix_cache"
     result = run_machine(tree, reference_implementation(), optimized_implementation(), 120.0,

@@ -35,6 +35,7 @@ def campaign(impl_b: Implementation, runs: int = RUNS) -> tuple[Counter[str], st
     return coverage, None
 
 
+@pytest.mark.slow
 def test_twin_agrees_and_reaches_the_catalogue() -> None:
     coverage, failure = campaign(optimized_implementation("torch"))
     assert failure is None

@@ -79,3 +79,4 @@ TestVariantsReferenceVsOptimized = make_lockstep_test(
     labels=("reference", "optimized"),
     name="RefOptKVVariants",
 )
+TestVariantsReferenceVsOptimized = pytest.mark.slow(TestVariantsReferenceVsOptimized)

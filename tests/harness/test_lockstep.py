@@ -11,6 +11,7 @@ All follow the loaded hypothesis profile (``ci`` in the test command; ``nightly`
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 
 from kvpool.config import PoolConfig
@@ -23,6 +24,7 @@ _LOADED = settings()  # the loaded profile's values
 TestReferenceVsReference = make_lockstep_test(
     reference_factory, reference_factory, labels=("reference", "reference"), name="RefRef"
 )
+TestReferenceVsReference = pytest.mark.slow(TestReferenceVsReference)
 
 # The twin is the project's product: it gets a deeper run than the profile's default (the
 # profile still wins when it asks for more, e.g. nightly).
@@ -39,6 +41,7 @@ TestReferenceVsOptimized = make_lockstep_test(
     labels=("reference", "optimized"),
     name="RefOpt",
 )
+TestReferenceVsOptimized = pytest.mark.slow(TestReferenceVsOptimized)
 
 _INTERPRETER_BUDGET = settings(
     _LOADED,
@@ -60,6 +63,7 @@ TestReferenceVsInterpretedKernels = make_lockstep_test(
     labels=("reference", "optimized[interpret]"),
     name="RefInterp",
 )
+TestReferenceVsInterpretedKernels = pytest.mark.slow(TestReferenceVsInterpretedKernels)
 
 
 def test_interpret_factory_runs_the_kernels_through_the_interpreter() -> None:

@@ -47,6 +47,7 @@ def local_crash() -> CampaignFailure:
     return local.failure
 
 
+@pytest.mark.slow
 def test_a_segfault_on_the_cluster_is_the_local_crash(
     cluster: Connection, local_crash: CampaignFailure, tmp_path: Path
 ) -> None:
@@ -65,6 +66,7 @@ def test_a_segfault_on_the_cluster_is_the_local_crash(
     assert (local_crash.run, local_crash.ops) == (failure["run"], failure["ops"])
 
 
+@pytest.mark.slow
 def test_a_clean_candidate_merges_totals_equal_to_the_local_runs(cluster: Connection) -> None:
     spec = _spec("reference", seed=3)
     remote, info = run_ray(spec, 60.0, cluster, max_runs=12)
@@ -75,6 +77,7 @@ def test_a_clean_candidate_merges_totals_equal_to_the_local_runs(cluster: Connec
     assert remote.coverage == local.coverage and remote.page_sizes == local.page_sizes
 
 
+@pytest.mark.slow
 def test_a_dead_ray_worker_is_a_crash_with_its_run_and_ops(
     cluster: Connection, local_crash: CampaignFailure
 ) -> None:

@@ -100,6 +100,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_campaign_runs_on_both_nodes_with_the_candidate_file_shipped(
     two_nodes: str, tmp_path: Path
 ) -> None:

@@ -43,6 +43,7 @@ def test_scaled_prompts_keep_the_block_sharing() -> None:
     assert scaled_prompt(_record((5,), 300), 512) == scaled_prompt(_record((5, 1), 300), 512)
 
 
+@pytest.mark.slow
 def test_repeated_prefixes_hit_the_cache() -> None:
     records = [_record((1, 2, 3 + i), 3 * 512) for i in range(8)]
     settings = ReplaySettings(pool_tokens=1024, page_size=4, block_tokens=16, concurrency=2)
@@ -110,6 +111,7 @@ def test_plot_pool_sizes_follow_the_trace() -> None:
     assert replay_pool_sizes(records[:1], settings) == [60]  # footprint 48 < demand
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_tokens", [16, 512])
 def test_page_sizes_report_only_the_reuse_the_block_ids_contain(block_tokens: int) -> None:
     # Blocks 5 and 32005 (and 7 and 64007) spelled the same first token before: page size 1

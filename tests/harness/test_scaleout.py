@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.harness.scaleout_case import run
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_failure_found_once_replays_in_another_process(tmp_path: Path) -> None:
     db = tmp_path / "shared-examples"
     first = run(db, "generate")

@@ -113,6 +113,7 @@ class SplitStampsNow(OptUnified):
         return upper
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("planted", "detector"), [(KeepsDuplicates, "INV-"),
                                                    (SplitStampsNow, "lockstep-diff")])  # fmt: skip
 def test_planted_unified_bugs_are_caught(planted: type, detector: str) -> None:

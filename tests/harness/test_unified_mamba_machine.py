@@ -18,11 +18,11 @@ from kvpool.invariants.unified_mamba_tree import check_unified_mamba_tree
 from kvpool.optimized import radix_key as opt_key
 from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool as OptPool
 from kvpool.optimized.mamba.radix_cache import MambaRadixCache as OptMamba
-from kvpool.optimized.pools.allocator import TokenToKVPoolAllocator as OptAlloc
+from kvpool.optimized.pools.token_allocator import TokenToKVPoolAllocator as OptAlloc
 from kvpool.optimized.unified.mamba_radix_cache import UnifiedMambaRadixCache as OptUnified
 from kvpool.reference import radix_key as ref_key
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool as RefPool
-from kvpool.reference.pools.allocator import TokenToKVPoolAllocator as RefAlloc
+from kvpool.reference.pools.token_allocator import TokenToKVPoolAllocator as RefAlloc
 from kvpool.reference.unified.mamba_radix_cache import UnifiedMambaRadixCache as RefUnified
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
@@ -129,6 +129,7 @@ def test_bad_calls_change_nothing(twin: str) -> None:
     assert (tree.snapshot(), alloc.snapshot(), pool.mamba_allocator.snapshot()) == state
 
 
+@pytest.mark.slow
 def test_twin_unified_mamba_machine_runs_clean() -> None:
     result = run_machine(MACHINE, REF, optimized_implementation(), 3600.0, seed=5, max_runs=25)
     assert result.failure is None, result.failure.report
@@ -157,6 +158,7 @@ class SkipsTombstoneLocks(OptUnified):
     dec_lock_ref = OptMamba.dec_lock_ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planted", [DeletesTombstoneParents, SkipsTombstoneLocks])
 def test_planted_unified_mamba_bugs_are_caught(planted: type) -> None:
     def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:

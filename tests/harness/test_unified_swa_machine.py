@@ -138,6 +138,7 @@ def test_segment_frees_of_the_swa_allocator(twin: str) -> None:
     assert (alloc.full_available_size(), alloc.swa_available_size()) == (32, 32)
 
 
+@pytest.mark.slow
 def test_twin_unified_swa_machine_runs_clean() -> None:
     result = run_machine("unified_swa_radix_cache", REF, optimized_implementation(), 3600.0,
                          seed=5, max_runs=12)  # fmt: skip

@@ -20,6 +20,7 @@ def _spec(impl: str, component: str = "allocator", seed: int = 0) -> CampaignSpe
                         LABELS)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_segfault_is_a_shrunk_crash_with_the_signal() -> None:
     result = run_parallel(_spec("crashy"), 20.0, 2, step_timeout=30.0, shrink_budget=60.0)
     assert result.failure is not None
@@ -29,12 +30,14 @@ def test_a_segfault_is_a_shrunk_crash_with_the_signal() -> None:
     assert any(op.startswith(("alloc(", "extend(")) for op in result.failure.ops)
 
 
+@pytest.mark.slow
 def test_a_hung_step_is_a_crash_named_by_the_timeout() -> None:
     result = run_parallel(_spec("hangy"), 20.0, 1, step_timeout=1.5, shrink_budget=30.0)
     assert result.failure is not None and result.failure.detector == "crash"
     assert "hung" in result.failure.report
 
 
+@pytest.mark.slow
 def test_same_seed_same_failure_with_two_workers() -> None:
     first = run_parallel(_spec("crashy", seed=5), 20.0, 2, step_timeout=30.0)
     second = run_parallel(_spec("crashy", seed=5), 20.0, 2, step_timeout=30.0)
@@ -42,6 +45,7 @@ def test_same_seed_same_failure_with_two_workers() -> None:
     assert (first.failure.run, first.failure.ops) == (second.failure.run, second.failure.ops)
 
 
+@pytest.mark.slow
 def test_verify_reports_a_broken_initial_state_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     code = main(["verify", "--seconds", "5", "--component", "allocator", "--workers", "1",
@@ -54,6 +58,7 @@ def test_verify_reports_a_broken_initial_state_and_writes_json(tmp_path: Path) -
     assert payload["component"] == "allocator"
 
 
+@pytest.mark.slow
 def test_verify_writes_json_after_a_crash(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     code = main(["verify", "--seconds", "5", "--component", "allocator", "--workers", "1",
@@ -65,6 +70,7 @@ def test_verify_writes_json_after_a_crash(tmp_path: Path) -> None:
     assert "coverage" in payload and payload["workers"] == 1
 
 
+@pytest.mark.slow
 def test_interpret_lets_a_module_level_triton_kernel_run_on_the_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -81,6 +87,7 @@ def test_interpret_lets_a_module_level_triton_kernel_run_on_the_cpu(
     assert json.loads(out.read_text())["failure"]["detector"] == "crash"
 
 
+@pytest.mark.slow
 def test_checked_runs_the_candidate_kernels_under_the_checked_interpreter(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     code = main(["verify", "--seconds", "3", "--component", "allocator", "--workers", "1",

@@ -15,7 +15,7 @@ from kvpool.invariants.host import check_host_tier
 from kvpool.reference import RadixKey, ReqToTokenPool, TokenToKVPoolAllocator
 from kvpool.reference.hicache.hiradix_cache import HiRadixCache
 from kvpool.reference.hicache.memory_pool_host import MHATokenToKVPoolHost
-from kvpool.reference.kv.kv_cache import MHATokenToKVPool
+from kvpool.reference.kv.mha import MHATokenToKVPool
 from kvpool.snapshot import HostTierSnapshot, NodeSnapshot
 from kvpool.tags import kv_tags
 

@@ -12,7 +12,7 @@ from kvpool.invariants import INVARIANTS
 from kvpool.invariants.mamba_tree import check_mamba_tree
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.mamba.radix_cache import MambaRadixCache
-from kvpool.reference.pools.allocator import TokenToKVPoolAllocator
+from kvpool.reference.pools.token_allocator import TokenToKVPoolAllocator
 from kvpool.reference.radix_key import RadixKey
 from kvpool.snapshot import MambaTreeSnapshot
 

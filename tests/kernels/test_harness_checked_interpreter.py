@@ -147,6 +147,7 @@ def test_other_triton_versions_are_refused(monkeypatch: pytest.MonkeyPatch) -> N
         pass
 
 
+@pytest.mark.slow
 def test_harness_reports_race_only_when_checked() -> None:
     # Page size 1: every decode token opens a page, so any batch of two races for the cursor.
     options: dict[str, Any] = {"max_examples": 15, "max_tokens": 32, "max_batch": 4}

@@ -20,6 +20,7 @@ def test_correct_kernel_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "PASS alloc_extend" in out and "edges:" in out
 
 
+@pytest.mark.slow
 def test_buggy_kernel_fails_with_the_minimal_input(capsys: pytest.CaptureFixture[str]) -> None:
     target = "tests.kernels.candidates:alloc_extend_shared_cursor"
     code = main(["diff-kernel", target, "--op", "alloc_extend", "--seed", "1", *FAST])
@@ -48,6 +49,7 @@ def test_kvpool_backend_option_and_file_path_target(capsys: pytest.CaptureFixtur
     assert "FAIL get_last_loc" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_shuffle_finds_the_race_the_plain_run_misses(capsys: pytest.CaptureFixture[str]) -> None:
     target = "tests.kernels.candidates:alloc_decode_racy_triton"
     options = [

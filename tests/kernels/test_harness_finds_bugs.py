@@ -51,6 +51,7 @@ def test_correct_candidate_passes_and_covers_the_edges() -> None:
     assert report.render().startswith("PASS alloc_extend")
 
 
+@pytest.mark.slow
 def test_tail_in_wrong_page_shrinks_to_one_request() -> None:
     failure = _fails(C.alloc_extend_tail_in_first_page, "alloc_extend").failure
     assert failure is not None and failure.kind == "mismatch"
@@ -62,6 +63,7 @@ def test_tail_in_wrong_page_shrinks_to_one_request() -> None:
     assert "free-list effect" in failure.detail
 
 
+@pytest.mark.slow
 def test_shared_page_cursor_is_shown_in_the_free_list_effect() -> None:
     failure = _fails(C.alloc_extend_shared_cursor, "alloc_extend").failure
     assert failure is not None and failure.kind == "mismatch"
@@ -84,6 +86,7 @@ def test_store_past_the_output_is_reported() -> None:
     assert "wrote past the end of out_indices" in failure.detail
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("candidate", "op"),
     [
@@ -102,6 +105,7 @@ def test_each_op_bug_is_found_on_one_request(candidate: Callable[..., Any], op: 
     assert failure.case.batch_size == 1
 
 
+@pytest.mark.slow
 def test_flashinfer_bug_needs_a_start_and_flashmla_bug_a_partial_page() -> None:
     fi = _fails(C.flashinfer_ignores_start, "create_flashinfer_kv_indices").failure
     assert fi is not None and fi.case.kv_start is not None and any(fi.case.kv_start)

@@ -135,6 +135,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_kernels_import_and_fall_back_without_triton() -> None:
     done = subprocess.run(
         [sys.executable, "-c", _WITHOUT_TRITON], capture_output=True, text=True, timeout=120

@@ -72,6 +72,7 @@ def test_write_req_to_token_interpreter(batch: TableBatch, seed: int) -> None:
     run_write(batch, seed, "interpret")
 
 
+@pytest.mark.slow
 @needs_triton
 @settings(max_examples=scaled_examples(2))
 @given(batch=table_batches(max_bs=200, max_cols=64, with_starts=False))

@@ -36,6 +36,9 @@ from kvpool.optimized import (
 from kvpool.optimized.lifecycle.swa_memory_manager import SWAMemoryManager
 from tests.optimized.test_diff_req_to_token_pool import Req
 
+CHECKED = TwinOptions.make(checked=True)
+UNCHECKED = TwinOptions.make(checked=False)
+
 T = torch.tensor
 
 
@@ -96,7 +99,7 @@ def refused(error: type[KVPoolError], call: Callable[[], Any], snapshot: Callabl
 
 def held_paged() -> tuple[PagedTokenToKVPoolAllocator, torch.Tensor]:
     """A checked ps-4 allocator of 4 pages with a 6-token sequence in pages 1-2 (slots 4..9)."""
-    a = PagedTokenToKVPoolAllocator(16, 4, checked=True)
+    a = PagedTokenToKVPoolAllocator(16, 4, options=CHECKED)
     out = a.alloc_extend(T([0]), [0], T([6]), [6], T([-1]), 6)
     assert out is not None and out.tolist() == [4, 5, 6, 7, 8, 9]
     return a, out
@@ -131,7 +134,7 @@ def test_allocator_misuse_is_refused() -> None:
 
 
 def test_page_size_one_double_frees_in_a_call_and_a_group() -> None:
-    a = TokenToKVPoolAllocator(4, checked=True)
+    a = TokenToKVPoolAllocator(4, options=CHECKED)
     got = a.alloc(3)
     assert got is not None and got.tolist() == [1, 2, 3]
     refused(DoubleFreeError, lambda: a.free(T([1, 1])), a.snapshot)
@@ -158,7 +161,7 @@ def test_stale_free_group_raises_at_end_and_stays_open() -> None:
 
 
 def test_request_table_misuse_is_refused() -> None:
-    pool = ReqToTokenPool(2, 4, checked=True)
+    pool = ReqToTokenPool(2, 4, options=CHECKED)
     a = Req()
     assert pool.alloc([a]) == [2]
     s = pool.snapshot
@@ -176,7 +179,7 @@ def test_request_table_misuse_is_refused() -> None:
 
 
 def test_kv_cache_slot_range_is_checked() -> None:
-    kv = MHATokenToKVPool(8, 4, torch.float32, 1, 2, 1, checked=True)
+    kv = MHATokenToKVPool(8, 4, torch.float32, 1, 2, 1, options=CHECKED)
     with pytest.raises(IndexOutOfRangeError):
         kv.set_kv_buffer(0, T([12]), torch.ones(1, 1, 2), torch.ones(1, 1, 2))
     with pytest.raises(IndexOutOfRangeError):
@@ -207,7 +210,7 @@ CHECKING_OPS = {"item", "tolist", "any", "__bool__", "nonzero", "equal", "isin"}
 
 
 def hot_path_ops(checked: bool) -> list[str]:
-    a = PagedTokenToKVPoolAllocator(64, 4, checked=checked)
+    a = PagedTokenToKVPoolAllocator(64, 4, options=TwinOptions.make(checked=checked))
     prefix, seq, last = T([0, 0]), T([5, 2]), T([-1, -1])
     log = OpLog()
     with log:
@@ -226,7 +229,7 @@ def test_unchecked_hot_paths_do_no_checking_work() -> None:
     """Off: alloc, alloc_extend, alloc_decode and free never read a tensor back to the host (no
     device sync) and keep no membership mask; on, they do both."""
     off, on = hot_path_ops(False), hot_path_ops(True)
-    assert PagedTokenToKVPoolAllocator(16, 4, checked=False)._free_mask is None
+    assert PagedTokenToKVPoolAllocator(16, 4, options=UNCHECKED)._free_mask is None
     assert not CHECKING_OPS & set(off), sorted(CHECKING_OPS & set(off))
     assert CHECKING_OPS & set(on)
     assert len(off) < len(on)
@@ -235,10 +238,10 @@ def test_unchecked_hot_paths_do_no_checking_work() -> None:
 def test_unchecked_mode_skips_only_the_checks_that_read_the_device() -> None:
     """Off, a double free of a slot (a device read) goes through silently, like SGLang; a row is
     a host int, so its double free is refused in both modes."""
-    a = PagedTokenToKVPoolAllocator(16, 4, checked=False)
+    a = PagedTokenToKVPoolAllocator(16, 4, options=UNCHECKED)
     a.free(T([4]))  # page 1 is already free
     assert a.snapshot().free_pages == (1, 1, 2, 3, 4)
-    pool = ReqToTokenPool(2, 2, checked=False)  # rows are host ints: checked in both modes
+    pool = ReqToTokenPool(2, 2, options=UNCHECKED)  # rows are host ints: checked in both modes
     with pytest.raises(DoubleFreeError):
         pool.free(Req(1))  # row 1 is already free
     assert pool.free_slots == [1, 2]

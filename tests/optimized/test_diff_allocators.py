@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,11 +21,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from kvpool import reference as ref
 from kvpool.constants import NO_LAST_LOC, SUPPORTED_PAGE_SIZES_TESTED
 from kvpool.errors import KVPoolError
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.pools import allocator as opt_allocator
 from kvpool.optimized.pools import paged_allocator as opt_paged
+from kvpool.optimized.pools import token_allocator as opt_token
 from kvpool.optimized.pools.paged_ops import decode_new_pages_host, extend_new_pages_host
 from kvpool.reference.pools import paged_ops as ref_ops
 from kvpool.rules import RELEASE_ORDERS, UNALIGNED_ALLOC, Rules
+
+CHECKED = TwinOptions.make(checked=True)
 
 
 # --------------------------------------------------------------------------- lockstep helpers
@@ -102,8 +107,8 @@ class AllocatorLockstep(RuleBasedStateMachine):
         super().__init__()
         self.ps = 1
         self.ref: ref.BaseTokenToKVPoolAllocator = ref.TokenToKVPoolAllocator(1)
-        self.twin: opt_allocator.BaseTokenToKVPoolAllocator = opt_allocator.TokenToKVPoolAllocator(
-            1, checked=True
+        self.twin: opt_allocator.BaseTokenToKVPoolAllocator = opt_token.TokenToKVPoolAllocator(
+            1, options=CHECKED
         )
         self.blobs: list[list[int]] = []
         self.seqs: list[list[int]] = []
@@ -133,13 +138,13 @@ class AllocatorLockstep(RuleBasedStateMachine):
         )
         if ps == 1:
             self.ref = ref.TokenToKVPoolAllocator(num_pages, need_sort, rules=rules)
-            self.twin = opt_allocator.TokenToKVPoolAllocator(
-                num_pages, need_sort, checked=True, rules=rules
+            self.twin = opt_token.TokenToKVPoolAllocator(
+                num_pages, need_sort, options=CHECKED, rules=rules
             )
         else:
             self.ref = ref.PagedTokenToKVPoolAllocator(num_pages * ps, ps, need_sort, rules=rules)
             self.twin = opt_paged.PagedTokenToKVPoolAllocator(
-                num_pages * ps, ps, need_sort, checked=True, rules=rules
+                num_pages * ps, ps, need_sort, options=CHECKED, rules=rules
             )
         assert self.ref.snapshot() == self.twin.snapshot()
 
@@ -376,6 +381,7 @@ class AllocatorLockstep(RuleBasedStateMachine):
 
 
 TestAllocatorLockstep = AllocatorLockstep.TestCase
+TestAllocatorLockstep = pytest.mark.slow(TestAllocatorLockstep)
 # Four times the profile's example count: the machine is cheap (about 3 s per 60 examples).
 TestAllocatorLockstep.settings = settings(max_examples=4 * settings().max_examples)
 
@@ -385,9 +391,13 @@ def run_fixed_batches(backend: str | None, ps: int) -> None:
     r = ref.PagedTokenToKVPoolAllocator(16 * ps, ps) if ps > 1 else ref.TokenToKVPoolAllocator(16)
     t: opt_allocator.BaseTokenToKVPoolAllocator
     if ps > 1:
-        t = opt_paged.PagedTokenToKVPoolAllocator(16 * ps, ps, checked=True, kernel_backend=backend)
+        t = opt_paged.PagedTokenToKVPoolAllocator(
+            16 * ps, ps, options=TwinOptions.make(checked=True, backend=backend)
+        )
     else:
-        t = opt_allocator.TokenToKVPoolAllocator(16, checked=True, kernel_backend=backend)
+        t = opt_token.TokenToKVPoolAllocator(
+            16, options=TwinOptions.make(checked=True, backend=backend)
+        )
     prefix, seq = [0, 0, 0], [ps + 1, 2 * ps, 1]
     out = r.alloc_extend(prefix, prefix, seq, seq, [NO_LAST_LOC] * 3, sum(seq))
     got = t.alloc_extend(
@@ -425,7 +435,7 @@ def test_kernel_backends_agree_with_reference() -> None:
 def test_alloc_extend_worked_example() -> None:
     """specs/sglang_behaviour.md (paged allocator): ps 4, free pages [9, 3, 7], P 6, last_loc
     25, S 15."""
-    t = opt_paged.PagedTokenToKVPoolAllocator(40, 4, checked=True)
+    t = opt_paged.PagedTokenToKVPoolAllocator(40, 4, options=CHECKED)
     assert t.alloc(4 * 10) is not None  # take every page, then hand back 6, 9, 3, 7 in order
     t.restore_state((torch.tensor([9, 3, 7]), torch.tensor([], dtype=torch.int64)))
     # last_loc 25 sits in page 6, which is held.

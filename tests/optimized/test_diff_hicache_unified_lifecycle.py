@@ -90,6 +90,7 @@ def test_a_finished_duplicate_is_freed_by_the_insert_once(make: Any) -> None:
     assert mm.snapshot().host.transfers == ()  # write-back writes nothing at insert
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_twins_agree_on_the_unified_host_tier_lifecycle(seed: int) -> None:
     reference = dataclasses.replace(reference_implementation(), rules=NEW)

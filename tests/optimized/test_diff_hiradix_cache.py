@@ -18,12 +18,14 @@ from kvpool.testing.implementations import optimized_implementation, reference_i
 from kvpool.testing.machines.coverage import CATALOGUE
 
 TestHiRadixTwin = make_component_test("hiradix_cache", optimized_implementation())
+TestHiRadixTwin = pytest.mark.slow(TestHiRadixTwin)
 """The same machine as a hypothesis TestCase (the ``ci`` profile: deterministic)."""
 
 RARE = {"dec_lock_ref:ok", "inc_lock_ref:ok"}
 """Tags a 40-run campaign may miss (a lock needs a match of a node still on device)."""
 
 
+@pytest.mark.slow
 def test_lockstep_campaign_is_clean_and_reaches_the_catalogue() -> None:
     result = run_machine("hiradix_cache", reference_implementation(),
                          optimized_implementation("torch", checked=True), 1e9, seed=5,
@@ -35,6 +37,7 @@ def test_lockstep_campaign_is_clean_and_reaches_the_catalogue() -> None:
     assert len(result.page_sizes) == 3
 
 
+@pytest.mark.slow
 def test_verify_component_hiradix_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "verify.json"
     code = main(["verify", "--component", "hiradix_cache", "--seconds", "2", "--seed", "1",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from kvpool.rules import Rules
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
@@ -22,6 +24,7 @@ REACHED = (
 )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_twin_and_reference_agree_under_the_unified_host_tier() -> None:
     reference = dataclasses.replace(reference_implementation(), rules=UNIFIED)
     twin = dataclasses.replace(optimized_implementation("torch", checked=True), rules=UNIFIED)

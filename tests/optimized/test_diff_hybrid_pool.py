@@ -18,14 +18,16 @@ from kvpool.errors import (
     KVPoolError,
     ReservedIndexError,
 )
+from kvpool.optimized.options import TwinOptions
 from kvpool.testing.machines.hybrid import MachineMambaReq as Req
 
+CHECKED = TwinOptions.make(checked=True)
 TWINS = pytest.mark.parametrize("twin", [reference, optimized], ids=["reference", "optimized"])
 
 
 def make(twin: Any, *args: Any, **kw: Any) -> Any:
     if twin is optimized:
-        kw["checked"] = True
+        kw["options"] = CHECKED
     return twin.HybridReqToTokenPool(*args, **kw)
 
 
@@ -41,7 +43,11 @@ def unchanged(pool: Any, action: Callable[[], object], error: type[KVPoolError] 
 
 @TWINS
 def test_allocator_queue_order_and_groups(twin: Any) -> None:
-    alloc = twin.MambaSlotAllocator(5) if twin is reference else twin.MambaSlotAllocator(5, True)
+    alloc = (
+        twin.MambaSlotAllocator(5)
+        if twin is reference
+        else twin.MambaSlotAllocator(5, options=CHECKED)
+    )
     assert list(alloc.alloc(2)) == [1, 2] and alloc.available_size() == 3
     alloc.free([2, 1])
     assert list(alloc.snapshot().free_slots) == [3, 4, 5, 2, 1]  # freed slots join the tail

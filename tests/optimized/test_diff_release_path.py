@@ -157,6 +157,7 @@ def _combinations() -> list[Rules]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rules", _combinations(), ids=repr)
 def test_twins_agree_under_every_release_rule(rules: Rules) -> None:
     ref = replace(reference_implementation(), rules=rules)

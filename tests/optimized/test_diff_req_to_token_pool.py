@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -14,9 +15,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from kvpool import reference as ref
 from kvpool.errors import ContextOverflowError
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.pools import req_to_token_pool as opt
 from kvpool.rules import GENERATION_ON_CLEAR, ROW_ORDERS, Rules
 from tests.optimized.test_diff_allocators import same_outcome
+
+CHECKED = TwinOptions.make(checked=True)
 
 
 @dataclass
@@ -44,7 +48,7 @@ class ReqToTokenLockstep(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.ref = ref.ReqToTokenPool(1, 1)
-        self.twin = opt.ReqToTokenPool(1, 1, checked=True)
+        self.twin = opt.ReqToTokenPool(1, 1, options=CHECKED)
         self.holders: list[Pair] = []
 
     @initialize(
@@ -56,7 +60,7 @@ class ReqToTokenLockstep(RuleBasedStateMachine):
     def setup(self, size: int, width: int, row_order: str, generation: str) -> None:
         rules = Rules(row_order=row_order, generation_on_clear=generation)
         self.ref = ref.ReqToTokenPool(size, width, rules=rules)
-        self.twin = opt.ReqToTokenPool(size, width, checked=True, rules=rules)
+        self.twin = opt.ReqToTokenPool(size, width, options=CHECKED, rules=rules)
 
     def snapshots(self) -> tuple[Any, Any]:
         rows = [(p.ref.req_pool_idx, len(p.tokens)) for p in self.holders if p.ref.req_pool_idx]
@@ -186,11 +190,12 @@ class ReqToTokenLockstep(RuleBasedStateMachine):
 
 
 TestReqToTokenLockstep = ReqToTokenLockstep.TestCase
+TestReqToTokenLockstep = pytest.mark.slow(TestReqToTokenLockstep)
 TestReqToTokenLockstep.settings = settings(max_examples=2 * settings().max_examples)
 
 
 def test_rows_are_lifo_and_generations_monotonic() -> None:
-    pool = opt.ReqToTokenPool(3, 4, checked=True)
+    pool = opt.ReqToTokenPool(3, 4, options=CHECKED)
     a, b = Req(), Req()
     assert pool.alloc([a, b]) == [2, 3]  # the tail block of [1, 2, 3], in list order
     pool.free(a)

@@ -11,9 +11,12 @@ import torch
 
 from kvpool import reference as ref
 from kvpool.errors import AlignmentError
-from kvpool.optimized.pools import allocator as opt_allocator
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.pools import paged_allocator as opt_paged
+from kvpool.optimized.pools import token_allocator as opt_token
 from kvpool.rules import Rules
+
+CHECKED = TwinOptions.make(checked=True)
 
 TWINS = ("reference", "optimized")
 
@@ -22,14 +25,14 @@ def paged(twin: str, num_pages: int, ps: int, need_sort: bool, rules: Rules | No
     if twin == "reference":
         return ref.PagedTokenToKVPoolAllocator(num_pages * ps, ps, need_sort, rules=rules)
     return opt_paged.PagedTokenToKVPoolAllocator(
-        num_pages * ps, ps, need_sort, checked=True, rules=rules
+        num_pages * ps, ps, need_sort, options=CHECKED, rules=rules
     )
 
 
 def token(twin: str, size: int, need_sort: bool, rules: Rules | None = None) -> Any:
     if twin == "reference":
         return ref.TokenToKVPoolAllocator(size, need_sort, rules=rules)
-    return opt_allocator.TokenToKVPoolAllocator(size, need_sort, checked=True, rules=rules)
+    return opt_token.TokenToKVPoolAllocator(size, need_sort, options=CHECKED, rules=rules)
 
 
 def lists(alloc: Any) -> tuple[list[int], list[int]]:

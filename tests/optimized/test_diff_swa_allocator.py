@@ -15,6 +15,7 @@ import torch
 from kvpool.cli import main
 from kvpool.errors import DoubleFreeError, InvalidArgumentError
 from kvpool.invariants import check_swa_allocator
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa.pure_allocator import PureSWATokenToKVPoolAllocator
 from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator as ReferenceSWA
@@ -23,7 +24,10 @@ from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines.coverage import CATALOGUE
 
+CHECKED = TwinOptions.make(checked=True)
 
+
+@pytest.mark.slow
 def test_lockstep_campaign_is_clean_and_reaches_every_tag() -> None:
     result = run_machine("swa_allocator", reference_implementation(),
                          optimized_implementation("torch", checked=True), 1e9, seed=11,
@@ -36,7 +40,7 @@ def test_lockstep_campaign_is_clean_and_reaches_every_tag() -> None:
 
 
 def test_twin_unit_behaviour_matches_the_reference_examples() -> None:
-    a = SWATokenToKVPoolAllocator(32, 16, 4, checked=True)
+    a = SWATokenToKVPoolAllocator(32, 16, 4, options=CHECKED)
     t = torch.tensor
     full = a.alloc_extend(t([0]), [0], t([10]), [10], t([-1]), 10)
     assert full is not None and full.tolist() == list(range(4, 14))
@@ -46,7 +50,7 @@ def test_twin_unit_behaviour_matches_the_reference_examples() -> None:
     assert a.full_available_size() == 32 and a.swa_available_size() == 16
     with pytest.raises(DoubleFreeError):
         a.free(full)
-    b = SWATokenToKVPoolAllocator(8, 4, 1, checked=True)
+    b = SWATokenToKVPoolAllocator(8, 4, 1, options=CHECKED)
     b.alloc(3)
     b.free_group_begin()
     b.free(t([2]))
@@ -58,13 +62,14 @@ def test_twin_unit_behaviour_matches_the_reference_examples() -> None:
 
 
 def test_pure_swa_twin() -> None:
-    a = PureSWATokenToKVPoolAllocator(6, checked=True)
+    a = PureSWATokenToKVPoolAllocator(6, options=CHECKED)
     x = a.alloc(2)
     assert x is not None and x.tolist() == [1, 2]
     a.free(torch.tensor([0, 1]))
     assert a.available_size() == 5 and a.snapshot().pure
 
 
+@pytest.mark.slow
 def test_verify_component_swa_allocator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "verify.json"
     code = main(["verify", "--component", "swa_allocator", "--seconds", "2", "--seed", "3",
@@ -75,6 +80,7 @@ def test_verify_component_swa_allocator(tmp_path: Path, capsys: pytest.CaptureFi
     assert data["component"] == "swa_allocator" and data["failures"] == 0 and data["steps"] > 0
 
 
+@pytest.mark.slow
 def test_twins_agree_under_sglang_0_5_16_free_group_resolution() -> None:
     rules = Rules(swa_free_resolve="group_end")
     ref = replace(reference_implementation(), rules=rules)
@@ -90,7 +96,7 @@ def test_group_end_resolution_reads_the_entries_when_the_group_closes(twin: str)
     if twin == "reference":
         a: object = ReferenceSWA(8, 8, 1, rules=rules)
     else:
-        a = SWATokenToKVPoolAllocator(8, 8, 1, checked=True, rules=rules)
+        a = SWATokenToKVPoolAllocator(8, 8, 1, options=CHECKED, rules=rules)
     x = [int(s) for s in a.alloc(3)]  # type: ignore[attr-defined]
     a.free_group_begin()  # type: ignore[attr-defined]
     a.free([x[0]])  # type: ignore[attr-defined]

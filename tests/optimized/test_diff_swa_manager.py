@@ -22,6 +22,7 @@ from kvpool.testing.implementations import optimized_implementation, reference_i
 from kvpool.testing.machines.coverage import CATALOGUE
 
 
+@pytest.mark.slow
 def test_lockstep_campaign_is_clean_and_reaches_every_tag() -> None:
     result = run_machine("swa_manager", reference_implementation(),
                          optimized_implementation("torch", checked=True), 1e9, seed=6,
@@ -104,6 +105,7 @@ def test_a_session_carries_its_window_to_the_next_turn(cls: type) -> None:
     assert snap.swa.full.available_size() == 32 and snap.swa.swa.available_size() == 16
 
 
+@pytest.mark.slow
 def test_verify_component_swa_manager(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "verify.json"
     code = main(["verify", "--component", "swa_manager", "--seconds", "2", "--seed", "4",

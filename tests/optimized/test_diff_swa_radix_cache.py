@@ -16,6 +16,7 @@ from kvpool.testing.implementations import optimized_implementation, reference_i
 from kvpool.testing.machines.coverage import CATALOGUE
 
 
+@pytest.mark.slow
 def test_lockstep_campaign_is_clean_and_reaches_every_tag() -> None:
     result = run_machine("swa_radix_cache", reference_implementation(),
                          optimized_implementation("torch", checked=True), 1e9, seed=5,
@@ -27,6 +28,7 @@ def test_lockstep_campaign_is_clean_and_reaches_every_tag() -> None:
     assert len(result.page_sizes) == 3
 
 
+@pytest.mark.slow
 def test_verify_component_swa_radix_cache(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -138,6 +138,7 @@ def test_the_swarm_draws_the_unified_tree_under_0_5_23_rules() -> None:
     assert config.mamba_slots is not None and not config.disable_radix_cache
 
 
+@pytest.mark.slow
 def test_reference_and_twin_agree_on_hybrid_configurations_with_the_unified_tree() -> None:
     result = run_machine("manager", reference_implementation(), optimized_implementation(),
                          3600.0, seed=7, max_runs=6, config_drawer=hybrid_tree_config)  # fmt: skip

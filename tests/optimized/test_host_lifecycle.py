@@ -123,6 +123,7 @@ FOCUS = ("new_req", "twin_req", "extend", "extend", "finish", "finish", "evict",
 host, then requests sharing their prefixes are admitted."""
 
 
+@pytest.mark.slow
 def test_lockstep_over_host_configurations_is_clean_and_loads_back() -> None:
     coverage: Counter[str] = Counter()
     ref, twin = reference_implementation(), optimized_implementation("torch", checked=True)

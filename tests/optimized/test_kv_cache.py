@@ -12,10 +12,15 @@ from hypothesis import strategies as st
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.optimized.kv import kv_cache as opt
+from kvpool.optimized.kv import mha as opt_mha
+from kvpool.optimized.kv import mla as opt_mla
 from kvpool.optimized.kv import storage as opt_storage
-from kvpool.reference.kv import kv_cache as ref
+from kvpool.optimized.options import TwinOptions
+from kvpool.reference.kv import mha as ref_mha
+from kvpool.reference.kv import mla as ref_mla
 from kvpool.tags import TAG_MODULUS
+
+CHECKED = TwinOptions.make(checked=True)
 
 
 def as_tensor(rows: Any) -> torch.Tensor:
@@ -38,13 +43,13 @@ def test_buffers_match_the_reference(
     r: Any
     t: Any
     if mla:
-        r = ref.MLATokenToKVPool(size, ps, 2, 1, layers, start_layer)
-        t = opt.MLATokenToKVPool(size, ps, 2, 1, layers, start_layer, checked=True)
+        r = ref_mla.MLATokenToKVPool(size, ps, 2, 1, layers, start_layer)
+        t = opt_mla.MLATokenToKVPool(size, ps, 2, 1, layers, start_layer, options=CHECKED)
         k_shape, v_shape = (1, 3), (1, 2)
     else:
-        r = ref.MHATokenToKVPool(size, ps, "float32", 2, 2, layers, start_layer, 3)
-        t = opt.MHATokenToKVPool(
-            size, ps, torch.float32, 2, 2, layers, start_layer, 3, checked=True
+        r = ref_mha.MHATokenToKVPool(size, ps, "float32", 2, 2, layers, start_layer, 3)
+        t = opt_mha.MHATokenToKVPool(
+            size, ps, torch.float32, 2, 2, layers, start_layer, 3, options=CHECKED
         )
         k_shape, v_shape = (2, 2), (2, 3)
     rows = size + ps
@@ -91,7 +96,7 @@ def test_buffers_match_the_reference(
 
 
 def test_shapes_rows_and_layers() -> None:
-    kv = opt.MHATokenToKVPool(16, 4, "float16", 2, 8, 3, start_layer=5, v_head_dim=4)
+    kv = opt_mha.MHATokenToKVPool(16, 4, "float16", 2, 8, 3, start_layer=5, v_head_dim=4)
     assert kv.num_rows == 20 and (kv.start_layer, kv.end_layer) == (5, 7)
     assert kv.get_key_buffer(5).shape == (20, 2, 8) and kv.get_value_buffer(7).shape == (20, 2, 4)
     assert kv.get_key_buffer(6).dtype == torch.float16
@@ -110,12 +115,12 @@ def test_shapes_rows_and_layers() -> None:
     assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
     assert kv.read_tags([1, 2, 3]) == [7, 8, 9]
     with pytest.raises(ConfigError):
-        opt.MHATokenToKVPool(16, 4, "int8", 2, 8, 3)
+        opt_mha.MHATokenToKVPool(16, 4, "int8", 2, 8, 3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, "fp8_e4m3"])
 def test_fp8_is_stored_as_bytes_and_viewed_back(dtype: Any) -> None:
-    kv = opt.MHATokenToKVPool(8, 4, dtype, 1, 4, 1)
+    kv = opt_mha.MHATokenToKVPool(8, 4, dtype, 1, 4, 1)
     assert kv.k_buffer[0].dtype == torch.uint8 and kv.store_dtype == torch.uint8
     k = torch.tensor([[[1.0, -2.0, 0.5, 4.0]]])
     before = k.clone()
@@ -130,7 +135,7 @@ def test_fp8_is_stored_as_bytes_and_viewed_back(dtype: Any) -> None:
 
 
 def test_mla_value_is_a_view_and_cache_v_is_ignored() -> None:
-    kv = opt.MLATokenToKVPool(8, 4, kv_lora_rank=3, qk_rope_head_dim=2, layer_num=2)
+    kv = opt_mla.MLATokenToKVPool(8, 4, kv_lora_rank=3, qk_rope_head_dim=2, layer_num=2)
     k = torch.arange(5, dtype=torch.float32).reshape(1, 1, 5)
     kv.set_kv_buffer(1, [2], k, cache_v=None)
     value = kv.get_value_buffer(1)
@@ -146,7 +151,7 @@ def test_layer_transfer_hook_runs_before_reads() -> None:
         def wait_until(self, layer_id: int) -> None:
             waited.append(layer_id)
 
-    kv = opt.MHATokenToKVPool(8, 4, torch.float32, 1, 2, 2, start_layer=3)
+    kv = opt_mha.MHATokenToKVPool(8, 4, torch.float32, 1, 2, 2, start_layer=3)
     kv.register_layer_transfer_counter(Counter())
     kv.get_key_buffer(3)
     kv.get_value_buffer(4)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kvpool.errors import LayerNotLoadedError, LockError
-from kvpool.optimized.kv.kv_cache import MHATokenToKVPool
 from kvpool.optimized.kv.layer_transfer import LayerDoneCounter
+from kvpool.optimized.kv.mha import MHATokenToKVPool
 from kvpool.optimized.kv.page_major import PageMajorMHATokenToKVPool
 from kvpool.testing.layer_loading import run_twin
 

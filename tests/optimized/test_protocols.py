@@ -27,7 +27,8 @@ from kvpool.protocols import (
     ReqToTokenPoolProtocol,
     TokenAllocatorProtocol,
 )
-from kvpool.reference.kv import kv_cache as ref_kv
+from kvpool.reference.kv.mha import MHATokenToKVPool as RefMHA
+from kvpool.reference.kv.mla import MLATokenToKVPool as RefMLA
 from kvpool.reference.lifecycle.memory_manager import MemoryManager as RefManager
 from kvpool.reference.radix.radix_cache import RadixCache as RefRadixCache
 from tests.optimized.test_diff_req_to_token_pool import Req
@@ -41,9 +42,9 @@ ref_paged: PagedAllocatorProtocol[list[int]] = ref.PagedTokenToKVPoolAllocator(1
 twin_paged: PagedAllocatorProtocol[torch.Tensor] = opt.PagedTokenToKVPoolAllocator(16, 4)
 ref_paged_ps1: PagedAllocatorProtocol[list[int]] = ref.TokenToKVPoolAllocator(8)
 twin_paged_ps1: PagedAllocatorProtocol[torch.Tensor] = opt.TokenToKVPoolAllocator(8)
-ref_mha: KVCacheProtocol = ref_kv.MHATokenToKVPool(8, 4, "float32", 1, 2, 2)
+ref_mha: KVCacheProtocol = RefMHA(8, 4, "float32", 1, 2, 2)
 twin_mha: KVCacheProtocol = opt.MHATokenToKVPool(8, 4, torch.float32, 1, 2, 2)
-ref_mla: KVCacheProtocol = ref_kv.MLATokenToKVPool(8, 4, 2, 1, 2)
+ref_mla: KVCacheProtocol = RefMLA(8, 4, 2, 1, 2)
 twin_mla: KVCacheProtocol = opt.MLATokenToKVPool(8, 4, 2, 1, 2)
 a_request: ReqLike = Req()
 ref_tree: RadixCacheProtocol[list[int]] = RefRadixCache(

@@ -214,6 +214,7 @@ def test_the_rules_knobs_are_checked() -> None:
             Rules(**bad)
 
 
+@pytest.mark.slow
 def test_reference_and_twin_agree_under_the_0_5_23_rules() -> None:
     twin = dataclasses.replace(optimized_implementation("torch", checked=True), rules=RULES)
     result = run_machine("swa_manager", reference_implementation(), twin, 1e9, seed=23,

@@ -231,6 +231,7 @@ BATCHED_STEPS = ("extend", "decode", "spec_step", "decode_in_allocation", "spec_
 ONE_REQUEST_STEPS = ("retract", "abort", "close_session")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("radix", [True, False], ids=["radix", "chunk_cache"])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_no_device_read_on_any_step(page_size: int, radix: bool) -> None:
@@ -321,6 +322,7 @@ def test_the_counters_see_a_per_request_release(
         assert launches(large["chunked_extend"]) > launches(small["chunked_extend"])
 
 
+@pytest.mark.slow
 def test_batched_lifecycle_matches_the_reference() -> None:
     """The batched steps still give the reference's results (the lockstep tests check every
     step; this is the run above, end to end)."""

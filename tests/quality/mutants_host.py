@@ -19,7 +19,7 @@ def prefetch_released_twice(tree: Any) -> None:
     """After a partial prefetch, the abort path queues every reserved host slot for release,
     the unfetched ones included, which the prefetch worker releases as well: two cleanup paths
     free the same host pages."""
-    need(tree, "ongoing_prefetch", "cache_controller")
+    need(tree, "ongoing_prefetch", "cache_controller", "storage_prefetch")
 
     def release_aborted_request(rid: str) -> None:
         info = tree.ongoing_prefetch.get(rid)
@@ -28,7 +28,7 @@ def prefetch_released_twice(tree: Any) -> None:
         node, _, op = info
         if op.host_indices is None:
             tree.cache_controller.terminate_prefetch(op)
-            tree._revoke_pending_prefetch(rid)
+            tree.storage_prefetch._revoke_pending_prefetch(rid)
             return
         tree.cache_controller.terminate_prefetch(op)
         node.release_host()
@@ -41,7 +41,9 @@ def prefetch_released_twice(tree: Any) -> None:
 def write_back_ack_keeps_device(tree: Any) -> None:
     """Write-back eviction waits for the acknowledgements of the writes it staged but never
     frees the staged nodes' device slots: they stay allocated, held by nobody."""
-    need(tree, "_flush_staged", "writing_check")
+    need(tree, "host_eviction", "writing_check")
+    eviction = tree.host_eviction
+    need(eviction, "_flush_staged")
 
     def flush(staged: list[tuple[Any, torch.Tensor]]) -> None:
         if not staged:
@@ -51,14 +53,15 @@ def write_back_ack_keeps_device(tree: Any) -> None:
             node.release_host()  # the evict_device of the staged slots is missing
         staged.clear()
 
-    tree._flush_staged = flush
+    eviction._flush_staged = flush
 
 
 def evicts_unacked_backup(tree: Any) -> None:
     """Eviction takes a node whose write to host is still in flight as backed up (it has host
     slots): its device copy is freed before the copy completed."""
-    need(tree, "_device_evictable")
-    tree._device_evictable = lambda node: (
+    need(tree, "host_eviction")
+    need(tree.host_eviction, "_device_evictable")
+    tree.host_eviction._device_evictable = lambda node: (
         node.lock_ref == 0 or node.write_through_pending_id is not None
     )
 

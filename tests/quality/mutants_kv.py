@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from kvpool.optimized.kv.kv_cache import MHATokenToKVPool
 from kvpool.optimized.kv.layer_transfer import LayerDoneCounter
+from kvpool.optimized.kv.mha import MHATokenToKVPool
 from kvpool.testing.layer_loading import run_twin
 from kvpool.testing.quality import Mutant, need, wrap
 from kvpool.testing.swarm import LAYER_KINDS

@@ -5,6 +5,7 @@ most 20 steps; the unmutated twin passes the same runs."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 
 from kvpool.testing.profiles import register_profiles
@@ -17,12 +18,14 @@ def _budget() -> settings:
     return settings.get_profile("mutants")
 
 
+@pytest.mark.slow
 def test_unmutated_twin_passes_the_same_budget() -> None:
     clean = Mutant("no-bug", "control", ("none",), lambda manager: None, (1, 2), _HOST, _LOAD_BACK)
     result = hunt(clean, _budget())
     assert not result.caught, result.report
 
 
+@pytest.mark.slow
 def test_every_seeded_host_lifecycle_bug_is_caught_by_its_detector() -> None:
     results = [hunt(m, _budget()) for m in HOST_LIFECYCLE_MUTANTS]
     table = format_table(results)

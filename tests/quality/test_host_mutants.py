@@ -5,6 +5,8 @@ at most 20 steps; the unmutated twin passes the same budget."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvpool.testing.quality import ComponentMutant, format_table, hunt_component
 from tests.quality.mutants_host import HOST_MUTANTS
 
@@ -20,12 +22,14 @@ def test_enough_distinct_seeded_host_bugs() -> None:
     assert all(m.component == "hiradix_cache" and len(m.expected) == 1 for m in HOST_MUTANTS)
 
 
+@pytest.mark.slow
 def test_unmutated_twin_passes_the_same_budget() -> None:
     clean = ComponentMutant("no-bug", "control", ("none",), lambda obj: None, "hiradix_cache")
     result = hunt_component(clean)
     assert not result.caught, result.report
 
 
+@pytest.mark.slow
 def test_every_seeded_host_bug_is_caught_by_its_detector() -> None:
     results = [hunt_component(m) for m in HOST_MUTANTS]
     table = format_table(results)

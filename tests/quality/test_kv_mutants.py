@@ -36,6 +36,7 @@ def test_storage_bug_is_caught_by_its_detector(mutant: Mutant) -> None:
     assert result.as_expected, f"caught by {result.detector}, expected {mutant.expected}\n{table}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [FP4_MHA, PAGE_MAJOR], ids=["fp4", "page_major"])
 def test_unmutated_variant_twin_passes_the_same_budget(overrides: dict[str, object]) -> None:
     clean = Mutant("no-bug", "control", ("none",), lambda manager: None, (1, 2, 4), overrides)
@@ -62,6 +63,7 @@ def test_layerwise_lifecycle_bug_is_caught_by_its_detector(mutant: Mutant) -> No
     assert "layer_read(" in result.report, result.report
 
 
+@pytest.mark.slow
 def test_unmutated_layerwise_lifecycle_passes_the_same_budget() -> None:
     clean = Mutant(
         "no-bug", "control", ("none",), lambda m: None, (1, 2, 4), LAYERWISE, LAYER_FOCUS

@@ -53,12 +53,14 @@ def _budget() -> settings:
     return settings.get_profile("mutants")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutant", MAMBA_LIFECYCLE_MUTANTS, ids=lambda m: m.name)
 def test_lifecycle_mamba_bug_is_caught(mutant: Mutant) -> None:
     result = hunt(mutant, _budget())
     assert result.as_expected, format_table([result])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("base", MAMBA_LIFECYCLE_MUTANTS, ids=lambda m: m.name)
 def test_hybrid_lifecycle_control_passes(base: Mutant) -> None:
     """The unmutated twin passes each hunt's budget, with that hunt's operation kinds."""

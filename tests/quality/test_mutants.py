@@ -14,6 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 from kvpool.testing.profiles import register_profiles
@@ -36,6 +37,7 @@ def test_enough_distinct_seeded_bugs() -> None:
     assert all(m.expected for m in MUTANTS)
 
 
+@pytest.mark.slow
 def test_unmutated_twin_passes_the_same_budget() -> None:
     """No false alarm: the same runs on the unmutated (unchecked) twin find nothing."""
     clean = Mutant("no-bug", "control", ("none",), lambda manager: None, (1, 2, 4))
@@ -43,6 +45,7 @@ def test_unmutated_twin_passes_the_same_budget() -> None:
     assert not result.caught, result.report
 
 
+@pytest.mark.slow
 def test_every_seeded_bug_is_caught_by_its_detector() -> None:
     results = [hunt(m, _budget()) for m in MUTANTS]
     table = format_table(results)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pytest
 from hypothesis import settings
 
 from kvpool.testing.factories import reference_factory
@@ -31,6 +32,7 @@ def _free_drops_last_slot(alloc: Any) -> None:
 LEAK = ("INV-TOKEN-ACCOUNTING", "INV-POOL-ACCOUNTING")
 
 
+@pytest.mark.slow
 def test_component_bug_in_another_implementation_is_caught() -> None:
     bug = ComponentMutant("user-free-leak", "leak", LEAK, _free_drops_last_slot, "allocator", (1,))
     result = hunt_component(bug, base=reference_implementation())
@@ -45,6 +47,7 @@ def _budget() -> settings:
     return settings.get_profile("mutants")
 
 
+@pytest.mark.slow
 def test_manager_bug_in_another_implementation_is_caught() -> None:
     def patch(manager: Any) -> None:
         _free_drops_last_slot(manager.token_to_kv_pool_allocator)

@@ -23,6 +23,7 @@ def test_enough_distinct_seeded_swa_bugs() -> None:
     assert all(m.expected for m in SWA_MUTANTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("component", ["swa_allocator", "swa_radix_cache", "swa_manager"])
 def test_unmutated_twin_passes_the_same_budget(component: str) -> None:
     clean = ComponentMutant("no-bug", "control", ("none",), lambda obj: None, component)
@@ -30,6 +31,7 @@ def test_unmutated_twin_passes_the_same_budget(component: str) -> None:
     assert not result.caught, result.report
 
 
+@pytest.mark.slow
 def test_every_seeded_swa_bug_is_caught_by_its_detector() -> None:
     results = [hunt_component(m) for m in SWA_MUTANTS]
     table = format_table(results)

@@ -63,9 +63,9 @@ class Rig:
 WINGED = {
     "radix_key": "radix_key",
     "req_to_token_pool": "pools.req_to_token_pool",
-    "allocator": "pools.allocator",
+    "allocator": "pools.token_allocator",
     "paged_allocator": "pools.paged_allocator",
-    "kv_cache": "kv.kv_cache",
+    "kv_cache": "kv.mha",
     "memory_pool_host": "hicache.memory_pool_host",
     "hiradix_cache": "hicache.hiradix_cache",
 }

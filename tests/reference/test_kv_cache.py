@@ -8,7 +8,8 @@ import pytest
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.reference.kv.kv_cache import MHATokenToKVPool, MLATokenToKVPool
+from kvpool.reference.kv.mha import MHATokenToKVPool
+from kvpool.reference.kv.mla import MLATokenToKVPool
 from kvpool.reference.kv.storage import kv_cache_from_config
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from kvpool.errors import IndexOutOfRangeError, LayerNotLoadedError, LockError
 from kvpool.reference.kv.fp4 import MHATokenToKVPoolFP4
-from kvpool.reference.kv.kv_cache import MHATokenToKVPool
 from kvpool.reference.kv.layer_transfer import LayerDoneCounter
+from kvpool.reference.kv.mha import MHATokenToKVPool
 from kvpool.testing.layer_loading import run_reference
 
 

@@ -19,7 +19,8 @@ from kvpool.errors import (
 )
 from kvpool.invariants import check_all
 from kvpool.protocols import KVCacheProtocol, MemoryManagerProtocol, RadixCacheProtocol
-from kvpool.reference.kv.kv_cache import MHATokenToKVPool, MLATokenToKVPool
+from kvpool.reference.kv.mha import MHATokenToKVPool
+from kvpool.reference.kv.mla import MLATokenToKVPool
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.reference.req import Req
 from kvpool.tags import kv_tags

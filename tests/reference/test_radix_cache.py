@@ -6,9 +6,10 @@ import pytest
 
 from kvpool.constants import ceil_align, floor_align
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError
-from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
+from kvpool.reference.pools.token_allocator import TokenToKVPoolAllocator
 from kvpool.reference.radix.chunk_cache import ChunkCache
 from kvpool.reference.radix.radix_cache import RadixCache, logical_clock
 from kvpool.reference.radix_key import RadixKey

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -289,4 +290,6 @@ class ReqToTokenMachine(RuleBasedStateMachine):
 
 
 TestAllocatorMachine = AllocatorMachine.TestCase
+TestAllocatorMachine = pytest.mark.slow(TestAllocatorMachine)
 TestReqToTokenMachine = ReqToTokenMachine.TestCase
+TestReqToTokenMachine = pytest.mark.slow(TestReqToTokenMachine)

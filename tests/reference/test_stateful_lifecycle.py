@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -297,7 +298,10 @@ class LargePages(LifecycleMachine):
 # One test per page-size group (each gets the profile's examples), with longer runs than the
 # profile's default: each step is cheap and the bugs worth finding need a few turns of traffic.
 TestSmallPages = SmallPages.TestCase
+TestSmallPages = pytest.mark.slow(TestSmallPages)
 TestMediumPages = MediumPages.TestCase
+TestMediumPages = pytest.mark.slow(TestMediumPages)
 TestLargePages = LargePages.TestCase
+TestLargePages = pytest.mark.slow(TestLargePages)
 _LONGER = settings(stateful_step_count=max(100, settings().stateful_step_count))
 TestSmallPages.settings = TestMediumPages.settings = TestLargePages.settings = _LONGER

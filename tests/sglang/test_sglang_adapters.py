@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from kvpool.config import PoolConfig
-from kvpool.reference.pools.allocator import TokenToKVPoolAllocator
 from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
+from kvpool.reference.pools.token_allocator import TokenToKVPoolAllocator
 from kvpool.reference.radix.radix_cache import RadixCache
 from kvpool.reference.radix_key import RadixKey
 from kvpool.rules import Rules

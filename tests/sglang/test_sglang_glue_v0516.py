@@ -46,9 +46,11 @@ GLUE = (
 def test_glue_campaign_passes_and_names_the_glue_that_ran() -> None:
     candidate = implementation("0.5.16")
     assert candidate.manager is not None and candidate.reachability is not None
-    assert candidate.label.endswith("-glue") and not candidate.manager_runs_hybrid
-    # seed 27: 9 of the first 16 configurations are ones the glue drives, page sizes 1 to 64
-    result = run_machine("manager", reference_implementation(), candidate, 3600.0, seed=27,
+    # hybrid lifecycles too (kvpool.sglang.glue_v0516_mamba, tests/sglang/
+    # test_sglang_glue_v0516_mamba.py)
+    assert candidate.label.endswith("-glue") and candidate.manager_runs_hybrid
+    # seed 1: the first 16 configurations reach every glue path, page size 1 included
+    result = run_machine("manager", reference_implementation(), candidate, 3600.0, seed=1,
                          max_runs=16)  # fmt: skip
     assert result.failure is None, result.failure.report
     missing = [name for name in GLUE if not result.coverage.get(name)]
@@ -62,8 +64,8 @@ def test_the_glue_manager_runs_where_the_glue_covers() -> None:
     assert isinstance(manager(config), SGLangGlueManagerV0516)
     off: tuple[dict[str, Any], ...] = (
         {"disable_radix_cache": True},
-        {"enable_hierarchical_cache": True},
-    )
+        {"layerwise_loading": True},
+    )  # the host tier has its own manager (tests/sglang/test_sglang_glue_v0516_host.py)
     for fields in off:
         other = dataclasses.replace(config, **fields)
         assert not glue_covers_v0516(other)

@@ -13,7 +13,7 @@ import pytest
 
 from kvpool.errors import AlignmentError, DoubleFreeError
 from kvpool.reference.hicache.memory_pool_host import MHATokenToKVPoolHost
-from kvpool.reference.kv.kv_cache import MHATokenToKVPool
+from kvpool.reference.kv.mha import MHATokenToKVPool
 from kvpool.sglang import SGLangHostPool, SGLangModules, load_sglang
 
 pytestmark = pytest.mark.sglang_wheel

@@ -8,27 +8,27 @@ from kvpool.optimized.hicache.cache_controller import (
     HiCacheController,
     PrefetchOperation,
 )
-from kvpool.optimized.hicache.evict import HiRadixEvict
+from kvpool.optimized.hicache.evict import HostEviction
 from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
 from kvpool.optimized.hicache.memory_pool_host import (
     HostKVCache,
     MHATokenToKVPoolHost,
     MLATokenToKVPoolHost,
 )
-from kvpool.optimized.hicache.prefetch import HiRadixPrefetch
+from kvpool.optimized.hicache.prefetch import StoragePrefetch
 from kvpool.optimized.hicache.tree_node import HiTreeNode
-from kvpool.optimized.hicache.unified_tier import HiRadixUnified
+from kvpool.optimized.hicache.unified_tier import UnifiedHostTier
 
 __all__ = [
     "HiCacheAck",
     "HiCacheController",
     "HiRadixCache",
-    "HiRadixEvict",
-    "HiRadixPrefetch",
-    "HiRadixUnified",
     "HiTreeNode",
+    "HostEviction",
     "HostKVCache",
     "MHATokenToKVPoolHost",
     "MLATokenToKVPoolHost",
     "PrefetchOperation",
+    "StoragePrefetch",
+    "UnifiedHostTier",
 ]

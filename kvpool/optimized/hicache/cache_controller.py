@@ -6,10 +6,10 @@ merged transfers and drained releases are one ``torch.cat`` each.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from kvpool.protocols import HostPoolProtocol, SegmentAllocatorProtocol
 from kvpool.snapshot import HostTransferSnapshot
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -42,7 +42,7 @@ class PrefetchOperation:
     storage_hit_count: int = 0
     completed_tokens: int = 0
     terminated: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
     def increment(self, num_tokens: int) -> bool:
         """Count fetched tokens unless terminated; returns whether they were counted."""
@@ -60,8 +60,8 @@ class HiCacheController:
 
     def __init__(
         self,
-        token_to_kv_pool_allocator: Any,
-        mem_pool_host: Any,
+        token_to_kv_pool_allocator: SegmentAllocatorProtocol[torch.Tensor],
+        mem_pool_host: HostPoolProtocol[torch.Tensor],
         page_size: int,
         write_policy: str = "write_through",
     ) -> None:

@@ -6,48 +6,54 @@ slots are int64 tensors; keys are compared as token arrays (:mod:`kvpool.optimiz
 eviction heaps are built per call from a walk of the tree (the device/host states a node can move
 between do not fit the plain twin's persistent heap), so the plain tree's heap is unused. Under
 ``Rules.hicache_host_tier == "unified"`` the differences are those of the reference
-(:mod:`kvpool.optimized.hicache.unified_tier` and the branches here).
+(:mod:`kvpool.optimized.hicache.unified_tier` and the branches here). As in the reference, the
+tree owns three collaborators: ``host_eviction``
+(:class:`~kvpool.optimized.hicache.evict.HostEviction`), ``storage_prefetch``
+(:class:`~kvpool.optimized.hicache.prefetch.StoragePrefetch`) and ``unified_tier``
+(:class:`~kvpool.optimized.hicache.unified_tier.UnifiedHostTier`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from kvpool.constants import floor_align
 from kvpool.errors import ConfigError, InvalidArgumentError
-from kvpool.optimized.hicache.cache_controller import HiCacheController
-from kvpool.optimized.hicache.evict import HiRadixEvict, _hi
-from kvpool.optimized.hicache.prefetch import HiRadixPrefetch
-from kvpool.optimized.hicache.tree_node import HiTreeNode
-from kvpool.optimized.hicache.unified_tier import HiRadixUnified
+from kvpool.optimized.hicache.cache_controller import HiCacheController, PrefetchOperation
+from kvpool.optimized.hicache.evict import HostEviction
+from kvpool.optimized.hicache.prefetch import StoragePrefetch
+from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
+from kvpool.optimized.hicache.unified_tier import UnifiedHostTier
 from kvpool.optimized.key_match import child_key, matched_tokens
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.radix.radix_cache import RadixCache
 from kvpool.optimized.radix.tree_view import bfs_nodes, snapshot_tree
-from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode, as_slots
+from kvpool.optimized.radix_key import ChildKey, MatchResult, RadixKey, TreeNode, as_slots
 from kvpool.optimized.req import Req
+from kvpool.protocols import HostPoolProtocol, ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 from kvpool.reference.hicache.hiradix_cache import WRITE_POLICIES
 from kvpool.reference.radix.radix_cache import hit_floor
 from kvpool.rules import Rules
-from kvpool.snapshot import HostTierSnapshot, TreeSnapshot
+from kvpool.snapshot import HostTierSnapshot, PrefetchSnapshot, TreeSnapshot
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
-class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
-    """Prefix cache over device slots with host backups in ``token_to_kv_pool_host``."""
+class HiRadixCache(RadixCache):
+    """Prefix cache over device slots with host backups in ``token_to_kv_pool_host``.
+    ``options``: as :class:`~kvpool.optimized.radix.radix_cache.RadixCache`'s."""
 
     root_node: HiTreeNode
 
     def __init__(
         self,
-        req_to_token_pool: Any,
-        token_to_kv_pool_allocator: Any,
+        req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+        token_to_kv_pool_allocator: SegmentAllocatorProtocol[torch.Tensor],
         page_size: int,
-        token_to_kv_pool_host: Any,
+        token_to_kv_pool_host: HostPoolProtocol[torch.Tensor],
         disable: bool = False,
         eviction_policy: str = "lru",
         clock: Callable[[], float] | None = None,
@@ -57,6 +63,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         enable_storage: bool = False,
         *,
         rules: Rules | None = None,
+        options: TwinOptions | None = None,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ConfigError(f"unknown write_policy {write_policy!r}; known: {WRITE_POLICIES}")
@@ -74,8 +81,12 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         resolved = rules if rules is not None else Rules()
         self.unified = resolved.hicache_host_tier == "unified"
         self.cache_controller.segment_frees = self.unified and resolved.tree_free == "segment"
+        # the collaborators exist before the tree's first reset, which resets them
+        self.host_eviction = HostEviction(self)
+        self.storage_prefetch = StoragePrefetch(self)
+        self.unified_tier = UnifiedHostTier(self)
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, disable,
-                         eviction_policy, clock, rules=rules)  # fmt: skip
+                         eviction_policy, clock, rules=rules, options=options)  # fmt: skip
 
     def reset(self) -> None:
         """Forget the tree, every transfer and prefetch, and clear the host pool."""
@@ -83,8 +94,8 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         self.token_to_kv_pool_host.clear()
         self.ongoing_write_through: dict[int, tuple[HiTreeNode, list[HiTreeNode]]] = {}
         self.ongoing_load_back: dict[int, HiTreeNode] = {}
-        self.reset_prefetch()
-        self.reset_unified()
+        self.storage_prefetch.reset()
+        self.unified_tier.reset()
         super().reset()
         self.root_node.host_value = _EMPTY
 
@@ -100,7 +111,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         return node
 
     def _all(self) -> list[HiTreeNode]:
-        return [_hi(n) for n in bfs_nodes(self.root_node)[1:]]
+        return [as_hi(n) for n in bfs_nodes(self.root_node)[1:]]
 
     def _device_nodes(self) -> list[HiTreeNode]:
         return [n for n in self._all() if not n.evicted]
@@ -110,7 +121,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         return sum(len(n) for n in self._device_nodes())
 
     # ----------------------------------------------------------------- split / match / insert
-    def _ck(self, node: TreeNode, key: RadixKey, pos: int) -> Any:
+    def _ck(self, node: TreeNode, key: RadixKey, pos: int) -> ChildKey:
         """The children key of ``key[pos:]`` below ``node``."""
         if node is self.root_node:
             return (key.extra_key, child_key(key.array, pos, self.page_size))
@@ -124,8 +135,8 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         """As the plain twin's split; the halves share the device or host state, both host
         values are cut at ``at``, a pending write covers both halves; the upper half starts
         with no host pin."""
-        low = _hi(child)
-        upper = _hi(super()._split(low, at))
+        low = as_hi(child)
+        upper = as_hi(super()._split(low, at))
         upper.evicted = low.evicted
         if low.host_value is not None:
             upper.host_value = low.host_value[:at]
@@ -138,7 +149,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
                 nodes[i : i + 1] = [upper, low]
                 upper.write_through_pending_id = ack
         if self.unified:
-            self._split_unified(low, upper)
+            self.unified_tier.split(low, upper)
         return upper
 
     def _hwalk(self, key: RadixKey, stop: int) -> tuple[list[torch.Tensor], HiTreeNode]:
@@ -155,7 +166,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             split = n < len(child)
             if split:
                 child = self._split(child, n)
-            hi = _hi(child)
+            hi = as_hi(child)
             if not hi.evicted:
                 values.append(hi.value)
             node = hi
@@ -175,10 +186,10 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         while device_node.evicted:
             assert device_node.host_value is not None
             host_hit += int(device_node.host_value.numel())
-            device_node = _hi(device_node.parent)
+            device_node = as_hi(device_node.parent)
         host_node = last
         while not host_node.backuped and not self.unified:
-            host_node = _hi(host_node.parent)
+            host_node = as_hi(host_node.parent)
         indices = torch.cat(values) if values else _EMPTY.to(self.device)
         return MatchResult(indices, device_node, host_node, host_hit)
 
@@ -219,14 +230,14 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             if n < len(child):
                 child = self._split(child, n)
             child.priority = max(child.priority, priority)  # unified: the matched part only
-            hi = _hi(child)
+            hi = as_hi(child)
             if hi.evicted:
                 hi.value = value[pos : pos + n].clone()
                 hi.evicted = False
                 self.evictable_size_ += n
                 if self.unified:
                     total_prefix += n
-                    self._track_duplicate(hi)
+                    self.unified_tier.track_duplicate(hi)
                     self._inc_hit_count(hi, total_prefix > floor)
             else:
                 lo = pos + max(0, prev_prefix_len - pos)
@@ -250,7 +261,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         """SGLang 0.5.23's ``checkpoint``; under the unified rules the inserts free the
         duplicates themselves (see the reference)."""
         if self.unified:
-            return self._checkpoint_unified(req, up_to, chunked)
+            return self.unified_tier.checkpoint(req, up_to, chunked)
         return super().checkpoint(req, up_to, chunked)
 
     def _inc_hit_count(self, node: HiTreeNode, counts: bool) -> None:
@@ -259,14 +270,14 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         node.hit_count += 1
         if not node.backuped and node.hit_count >= self.write_through_threshold:
             if self.unified:
-                self._backup_chain(node)
+                self.unified_tier.backup_chain(node)
             else:
                 self.write_backup(node)
 
     # ----------------------------------------------------------------- writes
     def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
         """Write ``node``'s device slots to new host slots; see the reference."""
-        parent = _hi(node.parent)
+        parent = as_hi(node.parent)
         if not write_back and parent is not self.root_node and not parent.backuped:
             return 0
         cc = self.cache_controller
@@ -289,7 +300,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             if n.write_through_pending_id == ack_id:
                 n.write_through_pending_id = None
                 if self.unified:
-                    self._track_duplicate(n)
+                    self.unified_tier.track_duplicate(n)
         if release_lock:
             self.dec_lock_ref(lock_node)
 
@@ -325,7 +336,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
                 node = self.ongoing_load_back.pop(ack_id)
                 self.dec_lock_ref(node)
                 if self.unified:
-                    self._finish_load_back(node)
+                    self.unified_tier.finish_load_back(node)
             done += 1
         return done
 
@@ -338,13 +349,13 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         """Restore the host-only nodes from ``node`` up to the first device node; see the
         reference."""
         if self.unified:
-            return self._load_back_unified(_hi(node), mem_quota)
-        node = last_hit_node = _hi(node)
+            return self.unified_tier.load_back(as_hi(node), mem_quota)
+        node = last_hit_node = as_hi(node)
         nodes_to_load: list[HiTreeNode] = []
         while node.evicted:
             assert node.host_value is not None, f"node {node.node_id} is evicted without backup"
             nodes_to_load.insert(0, node)
-            node = _hi(node.parent)
+            node = as_hi(node.parent)
         ancestor = node
         delta = self.inc_lock_ref(ancestor)
         parts = [n.host_value for n in nodes_to_load if n.host_value is not None]
@@ -382,20 +393,96 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         self, node: TreeNode, mem_quota: int | None = None
     ) -> tuple[torch.Tensor, HiTreeNode]:
         """Load back ``last_node`` if it is host-only; see the reference."""
-        last_node = _hi(node)
+        last_node = as_hi(node)
         if last_node.evicted:
             loaded = self.load_back(last_node, mem_quota)
             if loaded is not None:
                 return loaded, last_node
             while last_node.evicted:
-                last_node = _hi(last_node.parent)
+                last_node = as_hi(last_node.parent)
         return _EMPTY.to(self.device), last_node
+
+    def _insert_helper_host(self, node: HiTreeNode, key: RadixKey, host_value: torch.Tensor) -> int:
+        """Insert ``key`` below ``node`` as host-only content (a prefetch's fetched tokens);
+        returns the tokens already in the tree (their host slots are the caller's to free)."""
+        now = self.clock()
+        node.last_access_time = now
+        stop = len(key)
+        pos = 0
+        while pos < stop:
+            child = node.children.get(self._ck(node, key, pos))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = self._matched(child, key, pos, stop)
+            pos += n
+            if n < len(child):
+                child = self._split(child, n)
+            node = as_hi(child)
+        if pos < stop:
+            leaf_key = RadixKey.from_array(key.array[pos:stop], key.extra_key)
+            empty = torch.empty(0, dtype=torch.int64, device=self.device)
+            leaf = self._new_node(leaf_key, empty, node, now, node.priority)
+            leaf.evicted = True
+            leaf.host_value = host_value[pos:].clone()
+            leaf.child_key = self._ck(node, key, pos)
+            node.children[leaf.child_key] = leaf
+            self._num_nodes += 1
+        return pos
+
+    # ----------------------------------------------------------------- eviction
+    def evict(self, num_tokens: int) -> int:
+        """Free device copies by policy until ``num_tokens`` tokens are freed (see the
+        reference; :class:`~kvpool.optimized.hicache.evict.HostEviction`)."""
+        return self.host_eviction.evict(num_tokens)
+
+    def evict_host(self, num_tokens: int) -> int:
+        """Free the host copies of unpinned host-only leaves by policy (unified write-back:
+        host duplicates first); returns the host tokens freed."""
+        return self.host_eviction.evict_host(num_tokens)
+
+    # ----------------------------------------------------------------- storage prefetch
+    @property
+    def ongoing_prefetch(self) -> dict[str, tuple[HiTreeNode, RadixKey, PrefetchOperation]]:
+        """The prefetches in flight by request id (:class:`StoragePrefetch`'s)."""
+        return self.storage_prefetch.ongoing_prefetch
+
+    def prefetch_from_storage(
+        self, req_id: str, last_host_node: TreeNode, new_input_tokens: list[int]
+    ) -> bool:
+        """Start a prefetch below ``last_host_node``; whether it started."""
+        return self.storage_prefetch.prefetch_from_storage(req_id, last_host_node,
+                                                           new_input_tokens)  # fmt: skip
+
+    def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
+        """Storage holds the first ``hit_tokens`` tokens: reserve host slots or revoke."""
+        return self.storage_prefetch.storage_hit(req_id, hit_tokens)
+
+    def check_prefetch_progress(self, req_id: str) -> bool:
+        """End ``req_id``'s prefetch now (best effort)."""
+        return self.storage_prefetch.check_prefetch_progress(req_id)
+
+    def release_aborted_request(self, rid: str) -> None:
+        """An aborted request's prefetch: stop it, queue its fetched host slots for release."""
+        self.storage_prefetch.release_aborted_request(rid)
+
+    def prefetch_io(self, req_id: str, num_pages: int) -> int:
+        """The worker of ``req_id``'s transfer runs ``num_pages`` more pages."""
+        return self.storage_prefetch.prefetch_io(req_id, num_pages)
+
+    def drain_storage_control_queues(self) -> int:
+        """Free the host slots queued for release; returns how many."""
+        return self.storage_prefetch.drain_storage_control_queues()
+
+    def prefetch_snapshots(self) -> tuple[PrefetchSnapshot, ...]:
+        """The ongoing prefetches, by request id."""
+        return self.storage_prefetch.prefetch_snapshots()
 
     # ----------------------------------------------------------------- views
     def snapshot(self) -> TreeSnapshot:
         """The tree snapshot; nodes carry their host fields."""
         tree = snapshot_tree(self)
-        by_id = {n.node_id: _hi(n) for n in bfs_nodes(self.root_node)}
+        by_id = {n.node_id: as_hi(n) for n in bfs_nodes(self.root_node)}
         nodes = []
         for s in tree.nodes:
             n = by_id[s.node_id]
@@ -417,7 +504,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             tree=self.snapshot(),
             host=self.token_to_kv_pool_host.snapshot(),
             transfers=tuple(a.snapshot() for a in acks),
-            prefetches=self.prefetch_snapshots(),
+            prefetches=self.storage_prefetch.prefetch_snapshots(),
             release_queue=tuple(released),
             worker_held=tuple(cc.worker_held()),
             device_tags=tuple(cc.mem_pool_device.read_tags(torch.arange(rows))),

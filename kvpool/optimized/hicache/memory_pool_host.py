@@ -9,11 +9,13 @@ tensor.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from kvpool.errors import AlignmentError, ConfigError, DoubleFreeError, InvalidArgumentError
+from kvpool.protocols import TaggedKVPoolProtocol
 from kvpool.reference.hicache.memory_pool_host import (  # pure helpers, shared
     ITEMSIZE,
     host_pool_size,
@@ -23,7 +25,7 @@ from kvpool.snapshot import HostPoolSnapshot
 _LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
 
-def _dtype_name(dtype: Any) -> str:
+def _dtype_name(dtype: torch.dtype | str) -> str:
     """A store dtype as the reference names it (torch dtypes or names)."""
     if isinstance(dtype, torch.dtype):
         names = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -31,12 +33,45 @@ def _dtype_name(dtype: Any) -> str:
     return str(dtype)
 
 
+class DevicePoolOfHost(TaggedKVPoolProtocol[torch.Tensor], Protocol):
+    """What a host pool reads of the device KV pool it backs: the tags and geometry of
+    :class:`~kvpool.protocols.TaggedKVPoolProtocol`, its stored dtype and its layer count."""
+
+    @property
+    def store_dtype(self) -> torch.dtype | str: ...
+
+    @property
+    def layer_num(self) -> int: ...
+
+
+class MHADevicePool(DevicePoolOfHost, Protocol):
+    """An MHA device pool's per-layer K/V geometry (heads x channels)."""
+
+    @property
+    def head_num(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+
+class MLADevicePool(DevicePoolOfHost, Protocol):
+    """An MLA device pool's fused per-layer row geometry (channels)."""
+
+    @property
+    def kv_lora_rank(self) -> int: ...
+
+    @property
+    def qk_rope_head_dim(self) -> int: ...
+
+
 class HostKVCache:
     """A host KV pool sized from ``device_pool`` (see the reference's module docstring)."""
 
+    device_pool: DevicePoolOfHost
+
     def __init__(
         self,
-        device_pool: Any,
+        device_pool: DevicePoolOfHost,
         host_to_device_ratio: float,
         host_size: float = 0,
         page_size: int = 1,
@@ -99,7 +134,7 @@ class HostKVCache:
         self.slot_used[out] = True
         return out
 
-    def free(self, indices: Any) -> int:
+    def free(self, indices: torch.Tensor | Sequence[int]) -> int:
         """Release held slots (one chunk, kept as given: the caller must not modify it, as in
         SGLang); DoubleFreeError (nothing changed) if one is free or listed twice;
         InvalidArgumentError for a slot outside the pool."""
@@ -124,14 +159,20 @@ class HostKVCache:
         return n
 
     def backup_from_device_all_layer(
-        self, device_pool: Any, host_indices: torch.Tensor, device_indices: torch.Tensor
+        self,
+        device_pool: TaggedKVPoolProtocol[torch.Tensor],
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
     ) -> None:
         """Copy the device slots' content (their tags) into the host slots, all layers."""
         tags = torch.as_tensor(device_pool.read_tags(device_indices), dtype=torch.int64)
         self.tags[torch.as_tensor(host_indices, dtype=torch.int64).cpu()] = tags
 
     def load_to_device_all_layer(
-        self, device_pool: Any, host_indices: torch.Tensor, device_indices: torch.Tensor
+        self,
+        device_pool: TaggedKVPoolProtocol[torch.Tensor],
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
     ) -> None:
         """Copy the host slots' content (their tags) into the device slots, all layers."""
         hosts = torch.as_tensor(host_indices, dtype=torch.int64).cpu()
@@ -147,6 +188,8 @@ class HostKVCache:
 class MHATokenToKVPoolHost(HostKVCache):
     """Host pool of an MHA device pool: K and V of ``head_num * head_dim`` per layer."""
 
+    device_pool: MHADevicePool  # built by host_pool_for for a pool without ``kv_lora_rank``
+
     def get_size_per_token(self) -> int:
         pool = self.device_pool
         return int(pool.head_dim * pool.head_num * pool.layer_num * ITEMSIZE[self.dtype] * 2)
@@ -155,13 +198,15 @@ class MHATokenToKVPoolHost(HostKVCache):
 class MLATokenToKVPoolHost(HostKVCache):
     """Host pool of an MLA device pool: one ``kv_lora_rank + qk_rope_head_dim`` row per layer."""
 
+    device_pool: MLADevicePool  # built by host_pool_for for a pool with ``kv_lora_rank``
+
     def get_size_per_token(self) -> int:
         pool = self.device_pool
         dim = pool.kv_lora_rank + pool.qk_rope_head_dim
         return int(dim * pool.layer_num * ITEMSIZE[self.dtype])
 
 
-def host_pool_for(device_pool: Any, ratio: float, host_size: float = 0) -> HostKVCache:
+def host_pool_for(device_pool: DevicePoolOfHost, ratio: float, host_size: float = 0) -> HostKVCache:
     """The host pool kind matching ``device_pool`` (MLA when it has ``kv_lora_rank``)."""
     kind = MLATokenToKVPoolHost if hasattr(device_pool, "kv_lora_rank") else MHATokenToKVPoolHost
     return kind(device_pool, ratio, host_size, device_pool.page_size)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
 from kvpool.optimized.kv.quant import as_float32, check_finite, fp4_dequantize, fp4_quantize
 from kvpool.optimized.kv.tag_codec import fp4_read_tags, fp4_tag_rows
-from kvpool.optimized.options import TwinOptions, twin_options
-from kvpool.reference.kv.fp4 import check_fp4_width
+from kvpool.optimized.options import TwinOptions
+from kvpool.reference.kv.fp4 import FP4_V_HEAD_DIM_ERROR, check_fp4_width
 from kvpool.reference.kv.quant import FP4_BLOCK
 
 
@@ -45,8 +45,6 @@ class MHATokenToKVPoolFP4(KVCache):
         layer_num: int,
         start_layer: int = 0,
         v_head_dim: int | None = None,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
         *,
         options: TwinOptions | None = None,
     ) -> None:
@@ -56,15 +54,11 @@ class MHATokenToKVPoolFP4(KVCache):
             dtype,
             layer_num,
             start_layer,
-            options=twin_options(options, device, checked),
+            options=options,
         )
-        if head_num <= 0 or head_dim <= 0:
-            raise ConfigError("head_num and head_dim must be positive")
-        if v_head_dim not in (None, head_dim):
-            raise ConfigError("the FP4 pool sizes V with head_dim: v_head_dim must equal it")
+        self._set_mha_heads(head_num, head_dim, v_head_dim, v_sized_by_k=FP4_V_HEAD_DIM_ERROR)
         check_fp4_width(head_num, head_dim)
         self.store_dtype = torch.uint8
-        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, head_dim
         rows, sf = self.num_rows, head_num * head_dim // FP4_BLOCK
         self.k_buffer = [self._bytes(rows, head_num, head_dim // 2) for _ in range(layer_num)]
         self.v_buffer = [self._bytes(rows, head_num, head_dim // 2) for _ in range(layer_num)]

@@ -1,4 +1,5 @@
-"""KV buffers (optimized twin): ``KVCache`` (base), ``MHATokenToKVPool``, ``MLATokenToKVPool``.
+"""``KVCache`` (optimized twin): what every KV pool shares (the MHA and MLA pools,
+:mod:`kvpool.optimized.kv.mha` and :mod:`kvpool.optimized.kv.mla`, and the storage variants).
 
 Per layer a buffer is one device tensor of ``size + page_size`` rows (row = token slot; the
 reserved page ``[0, page_size)`` takes the dummy writes of padded batches): MHA keeps
@@ -7,7 +8,8 @@ reserved page ``[0, page_size)`` takes the dummy writes of padded batches): MHA 
 ``(rows, 1, kv_lora_rank + qk_rope_head_dim)`` whose value view is its first ``kv_lora_rank``
 channels. Layers are addressed by global id ``start_layer..end_layer``.
 
-Same names, argument order and results as :mod:`kvpool.reference.kv.kv_cache`. Differences:
+Same names, argument order, results and constructor checks (the sizes, the MHA heads, the MLA
+widths, a move's slots: once each, here) as :mod:`kvpool.reference.kv.kv_cache`. Differences:
 
 - fp8 dtypes (``torch.float8_e4m3fn`` / ``float8_e5m2`` or their reference names) are stored as
   ``uint8`` (indexed writes do not support fp8) and viewed back on every read and write; values
@@ -20,14 +22,13 @@ Same names, argument order and results as :mod:`kvpool.reference.kv.kv_cache`. D
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
-from kvpool.reference.kv.kv_cache import LayerTransferCounter
+from kvpool.protocols import LayerTransferCounter
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -41,7 +42,8 @@ _DTYPE_NAMES: dict[str, torch.dtype] = {
 }
 FP8_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
 
-TensorLike = torch.Tensor | Sequence[Any]
+TensorLike = torch.Tensor | Sequence[object]
+"""Slots, tags or K/V data given by a caller: a tensor, or (nested) sequences of numbers."""
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -66,8 +68,6 @@ class KVCache:
         dtype: str | torch.dtype,
         layer_num: int,
         start_layer: int = 0,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
         *,
         options: TwinOptions | None = None,
     ) -> None:
@@ -80,7 +80,7 @@ class KVCache:
         self.layer_num = layer_num
         self.start_layer = start_layer
         self.end_layer = start_layer + layer_num - 1
-        self.options = opts = twin_options(options, device, checked)
+        self.options = opts = twin_options(options)
         self.device = opts.device
         self.checked = opts.checked
         self.layer_transfer_counter: LayerTransferCounter | None = None
@@ -142,14 +142,48 @@ class KVCache:
     def _zeros(self, heads: int, dim: int) -> torch.Tensor:
         return torch.zeros((self.num_rows, heads, dim), dtype=self.store_dtype, device=self.device)
 
-    def _move(
-        self, buffers: Sequence[torch.Tensor], tgt_loc: TensorLike, src_loc: TensorLike
-    ) -> None:
+    def _move_pairs(
+        self, tgt_loc: TensorLike, src_loc: TensorLike
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The checked slots of a move (:meth:`_slots`) and as many targets as sources, else
+        InvalidArgumentError."""
         tgt, src = self._slots(tgt_loc), self._slots(src_loc)
         if tgt.numel() != src.numel():
             raise InvalidArgumentError(f"{tgt.numel()} targets for {src.numel()} sources")
+        return tgt, src
+
+    def _move(
+        self, buffers: Sequence[torch.Tensor], tgt_loc: TensorLike, src_loc: TensorLike
+    ) -> None:
+        tgt, src = self._move_pairs(tgt_loc, src_loc)
         for buf in buffers:
             buf[tgt] = buf[src]  # the gather copies the sources before any write
+
+    # ----------------------------------------------------------------- geometry
+    def _set_mha_heads(
+        self, head_num: int, head_dim: int, v_head_dim: int | None, *, v_sized_by_k: str = ""
+    ) -> None:
+        """Check and record the geometry every MHA-shaped pool shares (as the reference's
+        :meth:`~kvpool.reference.kv.kv_cache.KVCache._set_mha_heads`, same errors)."""
+        if v_sized_by_k:
+            if head_num <= 0 or head_dim <= 0:
+                raise ConfigError("head_num and head_dim must be positive")
+            if v_head_dim not in (None, head_dim):
+                raise ConfigError(v_sized_by_k)
+        v_dim = head_dim if v_head_dim is None else v_head_dim
+        if head_num <= 0 or head_dim <= 0 or v_dim <= 0:
+            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
+        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_dim
+
+    def _set_mla_dims(self, kv_lora_rank: int, qk_rope_head_dim: int) -> None:
+        """Check and record MLA's fused row (as the reference's
+        :meth:`~kvpool.reference.kv.kv_cache.KVCache._set_mla_dims`, same error)."""
+        if kv_lora_rank <= 0 or qk_rope_head_dim < 0:
+            raise ConfigError("kv_lora_rank must be positive and qk_rope_head_dim >= 0")
+        self.head_num = 1
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.kv_dim = kv_lora_rank + qk_rope_head_dim
 
     @staticmethod
     def _tag_rows(
@@ -166,28 +200,28 @@ class KVCache:
     def set_kv_buffer(
         self,
         layer_id: int,
-        loc: Any,
-        cache_k: Any,
-        cache_v: Any,
+        loc: TensorLike,
+        cache_k: TensorLike,
+        cache_v: TensorLike,
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
         """Store ``cache_k / k_scale`` and ``cache_v / v_scale`` at ``loc`` (subclasses)."""
         raise NotImplementedError
 
-    def get_key_buffer(self, layer_id: int) -> Any:
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         """K of global layer ``layer_id`` (subclasses)."""
         raise NotImplementedError
 
-    def get_value_buffer(self, layer_id: int) -> Any:
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
         """V of global layer ``layer_id`` (subclasses)."""
         raise NotImplementedError
 
-    def get_kv_buffer(self, layer_id: int) -> tuple[Any, Any]:
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(K, V)`` of global layer ``layer_id`` (subclasses)."""
         raise NotImplementedError
 
-    def move_kv_cache(self, tgt_loc: Any, src_loc: Any) -> None:
+    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
         """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (subclasses)."""
         raise NotImplementedError
 
@@ -204,158 +238,4 @@ class KVCache:
         return [int(v) for v in values.to(torch.float64).tolist()]
 
 
-class MHATokenToKVPool(KVCache):
-    """Separate K ``(rows, head_num, head_dim)`` and V ``(rows, head_num, v_head_dim)`` tensors
-    per layer."""
-
-    def __init__(
-        self,
-        size: int,
-        page_size: int,
-        dtype: str | torch.dtype,
-        head_num: int,
-        head_dim: int,
-        layer_num: int,
-        start_layer: int = 0,
-        v_head_dim: int | None = None,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
-        *,
-        options: TwinOptions | None = None,
-    ) -> None:
-        opts = twin_options(options, device, checked)
-        super().__init__(size, page_size, dtype, layer_num, start_layer, options=opts)
-        if head_num <= 0 or head_dim <= 0 or (v_head_dim is not None and v_head_dim <= 0):
-            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
-        self.head_num = head_num
-        self.head_dim = head_dim
-        self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
-        self.k_buffer = [self._zeros(head_num, head_dim) for _ in range(layer_num)]
-        self.v_buffer = [self._zeros(head_num, self.v_head_dim) for _ in range(layer_num)]
-
-    def set_kv_buffer(
-        self,
-        layer_id: int,
-        loc: TensorLike,
-        cache_k: TensorLike,
-        cache_v: TensorLike,
-        k_scale: float | None = None,
-        v_scale: float | None = None,
-    ) -> None:
-        """Store ``cache_k / k_scale`` ``(n, head_num, head_dim)`` and ``cache_v / v_scale``
-        ``(n, head_num, v_head_dim)`` at slots ``loc`` of ``layer_id``. Validated before any
-        write; the inputs are never mutated."""
-        local = self._layer(layer_id)
-        slots = self._slots(loc)
-        n = slots.numel()
-        k = self._stored("cache_k", cache_k, (n, self.head_num, self.head_dim), k_scale)
-        v = self._stored("cache_v", cache_v, (n, self.head_num, self.v_head_dim), v_scale)
-        self.k_buffer[local][slots] = k
-        self.v_buffer[local][slots] = v
-
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
-        return self._view(self.k_buffer[self._wait(layer_id)])
-
-    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
-        return self._view(self.v_buffer[self._wait(layer_id)])
-
-    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        local = self._wait(layer_id)
-        return self._view(self.k_buffer[local]), self._view(self.v_buffer[local])
-
-    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
-        """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (sources read before any write)."""
-        self._move((*self.k_buffer, *self.v_buffer), tgt_loc, src_loc)
-
-    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
-        """Store ``tags[i]`` at slot ``loc[i]`` on every layer (channel 0 of every head of K and
-        V; other channels 0)."""
-        n = self._slots(loc).numel()
-        k = self._tag_rows(tags, n, self.head_num, self.head_dim, self.device)
-        v = self._tag_rows(tags, n, self.head_num, self.v_head_dim, self.device)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, k, v)
-
-    def read_tags(self, loc: TensorLike) -> list[int]:
-        """Tag at each slot: layer ``start_layer``, head 0, channel 0 of K (0 if never written)."""
-        return self._read_tags(self.k_buffer[0], loc)
-
-
-class MLATokenToKVPool(KVCache):
-    """One fused ``(rows, 1, kv_lora_rank + qk_rope_head_dim)`` tensor per layer; V is a view of
-    its first ``kv_lora_rank`` channels, so ``set_kv_buffer`` ignores ``cache_v``."""
-
-    def __init__(
-        self,
-        size: int,
-        page_size: int,
-        kv_lora_rank: int,
-        qk_rope_head_dim: int,
-        layer_num: int,
-        start_layer: int = 0,
-        dtype: str | torch.dtype = "float32",
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
-        *,
-        options: TwinOptions | None = None,
-    ) -> None:
-        opts = twin_options(options, device, checked)
-        super().__init__(size, page_size, dtype, layer_num, start_layer, options=opts)
-        if kv_lora_rank <= 0 or qk_rope_head_dim < 0:
-            raise ConfigError("kv_lora_rank must be positive and qk_rope_head_dim >= 0")
-        self.head_num = 1
-        self.kv_lora_rank = kv_lora_rank
-        self.qk_rope_head_dim = qk_rope_head_dim
-        self.kv_dim = kv_lora_rank + qk_rope_head_dim
-        self.kv_buffer = [self._zeros(1, self.kv_dim) for _ in range(layer_num)]
-
-    def set_kv_buffer(
-        self,
-        layer_id: int,
-        loc: TensorLike,
-        cache_k: TensorLike,
-        cache_v: object = None,
-        k_scale: float | None = None,
-        v_scale: float | None = None,
-    ) -> None:
-        """Store ``cache_k / k_scale`` ``(n, 1, kv_lora_rank + qk_rope_head_dim)`` at ``loc``;
-        ``cache_v`` and ``v_scale`` are ignored. The input is never mutated."""
-        local = self._layer(layer_id)
-        slots = self._slots(loc)
-        k = self._stored("cache_k", cache_k, (slots.numel(), 1, self.kv_dim), k_scale)
-        self.kv_buffer[local][slots] = k
-
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
-        return self._view(self.kv_buffer[self._wait(layer_id)])
-
-    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
-        """A view (no copy) of the first ``kv_lora_rank`` channels of the fused buffer."""
-        return self.get_key_buffer(layer_id)[..., : self.kv_lora_rank]
-
-    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        key = self.get_key_buffer(layer_id)
-        return key, key[..., : self.kv_lora_rank]
-
-    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
-        """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (sources read before any write)."""
-        self._move(self.kv_buffer, tgt_loc, src_loc)
-
-    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
-        """Store ``tags[i]`` at slot ``loc[i]`` on every layer (channel 0; others 0)."""
-        n = self._slots(loc).numel()
-        rows = self._tag_rows(tags, n, 1, self.kv_dim, self.device)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, rows)
-
-    def read_tags(self, loc: TensorLike) -> list[int]:
-        """Tag at each slot: layer ``start_layer``, channel 0 of the fused row."""
-        return self._read_tags(self.kv_buffer[0], loc)
-
-
-__all__ = [
-    "FP8_DTYPES",
-    "KVCache",
-    "MHATokenToKVPool",
-    "MLATokenToKVPool",
-    "resolve_dtype",
-]
+__all__ = ["FP8_DTYPES", "KVCache", "TensorLike", "resolve_dtype"]

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from kvpool.errors import ConfigError
 from kvpool.optimized.kv.fp4 import quantizable
 from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
 from kvpool.optimized.kv.quant import fp4_dequantize, fp4_quantize
 from kvpool.optimized.kv.tag_codec import fp4_read_tags, fp4_tag_rows
-from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.options import TwinOptions
 from kvpool.reference.kv.fp4 import check_fp4_width
 from kvpool.reference.kv.quant import FP4_BLOCK
 
@@ -30,8 +29,6 @@ class MLATokenToKVPoolFP4(KVCache):
         layer_num: int,
         start_layer: int = 0,
         dtype: str | torch.dtype = "float32",
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
         *,
         options: TwinOptions | None = None,
     ) -> None:
@@ -41,14 +38,9 @@ class MLATokenToKVPoolFP4(KVCache):
             dtype,
             layer_num,
             start_layer,
-            options=twin_options(options, device, checked),
+            options=options,
         )
-        if kv_lora_rank <= 0 or qk_rope_head_dim < 0:
-            raise ConfigError("kv_lora_rank must be positive and qk_rope_head_dim >= 0")
-        self.head_num = 1
-        self.kv_lora_rank = kv_lora_rank
-        self.qk_rope_head_dim = qk_rope_head_dim
-        self.kv_dim = kv_lora_rank + qk_rope_head_dim
+        self._set_mla_dims(kv_lora_rank, qk_rope_head_dim)
         check_fp4_width(1, self.kv_dim)
         self.store_dtype = torch.uint8
         rows = self.num_rows

@@ -16,7 +16,7 @@ from kvpool.optimized.kv.fp4 import quantizable
 from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
 from kvpool.optimized.kv.quant import mxfp8_dequantize, mxfp8_quantize
 from kvpool.optimized.kv.tag_codec import mxfp8_read_tags, mxfp8_tag_rows
-from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.options import TwinOptions
 from kvpool.reference.kv.quant import MXFP8_BLOCK
 
 
@@ -35,8 +35,6 @@ class MHATokenToKVPoolMXFP8(KVCache):
         layer_num: int,
         start_layer: int = 0,
         v_head_dim: int | None = None,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
         *,
         options: TwinOptions | None = None,
     ) -> None:
@@ -46,15 +44,13 @@ class MHATokenToKVPoolMXFP8(KVCache):
             dtype,
             layer_num,
             start_layer,
-            options=twin_options(options, device, checked),
+            options=options,
         )
-        v_dim = head_dim if v_head_dim is None else v_head_dim
-        if head_num <= 0 or head_dim <= 0 or v_dim <= 0:
-            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
+        self._set_mha_heads(head_num, head_dim, v_head_dim)
+        v_dim = self.v_head_dim
         if head_dim % MXFP8_BLOCK or v_dim % MXFP8_BLOCK:
             raise ConfigError(f"MXFP8 needs head_dim and v_head_dim divisible by {MXFP8_BLOCK}")
         self.store_dtype = torch.float8_e4m3fn
-        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_dim
         rows = self.num_rows
         self.k_buffer = [self._zeros8(rows, head_num, head_dim) for _ in range(layer_num)]
         self.v_buffer = [self._zeros8(rows, head_num, v_dim) for _ in range(layer_num)]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from kvpool.errors import ConfigError, InvalidArgumentError, KVStorageError
+from kvpool.errors import InvalidArgumentError, KVStorageError
 from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
-from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.options import TwinOptions
 
 
 class NoOpMHATokenToKVPool(KVCache):
@@ -27,8 +27,6 @@ class NoOpMHATokenToKVPool(KVCache):
         layer_num: int,
         start_layer: int = 0,
         v_head_dim: int | None = None,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
         *,
         options: TwinOptions | None = None,
     ) -> None:
@@ -38,14 +36,11 @@ class NoOpMHATokenToKVPool(KVCache):
             dtype,
             layer_num,
             start_layer,
-            options=twin_options(options, device, checked),
+            options=options,
         )
-        v_dim = head_dim if v_head_dim is None else v_head_dim
-        if head_num <= 0 or head_dim <= 0 or v_dim <= 0:
-            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
-        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_dim
+        self._set_mha_heads(head_num, head_dim, v_head_dim)
         self.k_buffer = [self._placeholder(head_dim) for _ in range(layer_num)]
-        self.v_buffer = [self._placeholder(v_dim) for _ in range(layer_num)]
+        self.v_buffer = [self._placeholder(self.v_head_dim) for _ in range(layer_num)]
         self.tag_record: dict[int, int] = {}
 
     def _placeholder(self, dim: int) -> torch.Tensor:
@@ -74,9 +69,8 @@ class NoOpMHATokenToKVPool(KVCache):
 
     def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
         """No KV moves; the tag record follows the slots (sources read before any write)."""
-        tgt, src = self._slots(tgt_loc).tolist(), self._slots(src_loc).tolist()
-        if len(tgt) != len(src):
-            raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        tgt_slots, src_slots = self._move_pairs(tgt_loc, src_loc)
+        tgt, src = tgt_slots.tolist(), src_slots.tolist()
         moved = [self.tag_record.get(s, 0) for s in src]
         for t, tag in zip(tgt, moved, strict=True):
             self.tag_record[t] = tag

@@ -15,7 +15,7 @@ import torch
 from kvpool.errors import ConfigError, InvalidArgumentError
 from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
 from kvpool.optimized.kv.quant import as_float32
-from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.options import TwinOptions
 
 _ITEM = 4  # float32 bytes
 
@@ -33,8 +33,6 @@ class PageMajorMHATokenToKVPool(KVCache):
         layer_num: int,
         start_layer: int = 0,
         v_head_dim: int | None = None,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
         *,
         options: TwinOptions | None = None,
     ) -> None:
@@ -44,16 +42,14 @@ class PageMajorMHATokenToKVPool(KVCache):
             dtype,
             layer_num,
             start_layer,
-            options=twin_options(options, device, checked),
+            options=options,
         )
-        v_dim = head_dim if v_head_dim is None else v_head_dim
-        if head_num <= 0 or head_dim <= 0 or v_dim <= 0:
-            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
+        self._set_mha_heads(head_num, head_dim, v_head_dim)
+        v_dim = self.v_head_dim
         if self.dtype != torch.float32:
             raise ConfigError("the page-major pool models float32 storage only")
         if size % page_size:
             raise ConfigError("page-major needs size + page_size divisible by page_size")
-        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_dim
         k_row, v_row = head_num * head_dim, head_num * v_dim
         self.num_pages = self.num_rows // page_size
         self.page_items = page_size * layer_num * (k_row + v_row)
@@ -122,9 +118,7 @@ class PageMajorMHATokenToKVPool(KVCache):
 
     def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
         """Copy tokens ``src_loc`` to ``tgt_loc`` on every layer (the gather reads first)."""
-        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
-        if tgt.numel() != src.numel():
-            raise InvalidArgumentError(f"{tgt.numel()} targets for {src.numel()} sources")
+        tgt, src = self._move_pairs(tgt_loc, src_loc)
         tp, ts = self._split(tgt)
         sp, ss = self._split(src)
         for view in (*self.k_buffer, *self.v_buffer):

@@ -8,7 +8,9 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError
 from kvpool.optimized.kv.fp4 import MHATokenToKVPoolFP4
-from kvpool.optimized.kv.kv_cache import KVCache, MHATokenToKVPool, MLATokenToKVPool
+from kvpool.optimized.kv.kv_cache import KVCache
+from kvpool.optimized.kv.mha import MHATokenToKVPool
+from kvpool.optimized.kv.mla import MLATokenToKVPool
 from kvpool.optimized.kv.mla_fp4 import MLATokenToKVPoolFP4
 from kvpool.optimized.kv.mxfp8 import MHATokenToKVPoolMXFP8
 from kvpool.optimized.kv.noop import NoOpMHATokenToKVPool

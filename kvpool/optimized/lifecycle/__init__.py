@@ -3,8 +3,6 @@ the pool snapshot, and each family's part in the lifecycle (SWA manager, Mamba h
 (the twin). Each public class is imported here from the module that defines it.
 """
 
-from kvpool.optimized.lifecycle.batch_rows import BatchRows
-from kvpool.optimized.lifecycle.hicache_lifecycle import HiCacheLifecycle
 from kvpool.optimized.lifecycle.mamba_hooks import MambaHooks
 from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.optimized.lifecycle.primitives import LifecyclePrimitives
@@ -16,8 +14,6 @@ from kvpool.optimized.lifecycle.swa_radix_lifecycle import (
 )
 
 __all__ = [
-    "BatchRows",
-    "HiCacheLifecycle",
     "LifecyclePrimitives",
     "MambaHooks",
     "MemoryManager",

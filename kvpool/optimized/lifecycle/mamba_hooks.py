@@ -9,15 +9,18 @@ work goes through the twin's batched Mamba steps.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import cast
 
 from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
+from kvpool.optimized.lifecycle.session import SessionSlot
 from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.optimized.mamba.lifecycle import forward_state, prepare_forward, release_waiting
 from kvpool.optimized.mamba.radix_cache import MambaMatchResult
 from kvpool.optimized.mamba.radix_release import MambaLifecycleCache
-from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.options import TwinOptions
+from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator
+from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.req import Req
 from kvpool.optimized.unified.mamba_release import UnifiedMambaLifecycleCache
@@ -31,17 +34,23 @@ def hybrid_pool(config: PoolConfig, options: TwinOptions | None = None) -> Hybri
     assert config.mamba_slots is not None
     return HybridReqToTokenPool(config.req_pool_size, config.max_context_len, config.mamba_slots,
                                 config.mamba_layers, config.mamba_track_buffers,
-                                rules=config.rules, options=twin_options(options))  # fmt: skip
+                                rules=config.rules, options=options)  # fmt: skip
 
 
 def mamba_lifecycle_tree(
-    config: PoolConfig, pool: Any, alloc: Any, options: TwinOptions | None = None
+    config: PoolConfig,
+    pool: ReqToTokenPool,
+    alloc: BaseTokenToKVPoolAllocator,
+    options: TwinOptions | None = None,
 ) -> MambaLifecycleCache:
     """The prefix cache of a hybrid configuration with the radix cache on: SGLang 0.5.16's
     Mamba radix cache or, under ``Rules.mamba_tree == "unified"``, 0.5.23's unified tree."""
+    # a hybrid configuration's table is the hybrid pool (hybrid_pool) or an injected one that
+    # offers its calls; the manager types its table as the plain one
+    hybrid = cast(HybridReqToTokenPool, pool)
     if config.rules.mamba_tree == "unified":
-        return UnifiedMambaLifecycleCache(pool, alloc, config.page_size, options=options)
-    return MambaLifecycleCache(pool, alloc, config.page_size, options=options)
+        return UnifiedMambaLifecycleCache(hybrid, alloc, config.page_size, options=options)
+    return MambaLifecycleCache(hybrid, alloc, config.page_size, options=options)
 
 
 def mamba_hooks_for(pool: object) -> MambaHooks | None:
@@ -155,7 +164,7 @@ class MambaHooks:
     def snapshot(
         self,
         reqs: Iterable[Req],
-        sessions: Iterable[Any] = (),
+        sessions: Iterable[SessionSlot] = (),
         tree: MambaTreeSnapshot | None = None,
     ) -> HybridStateSnapshot:
         """The hybrid pool and every live request's Mamba slots with the state they must hold:

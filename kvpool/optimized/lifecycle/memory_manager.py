@@ -22,13 +22,16 @@ tests/optimized/test_sync_free_manager.py counts both.
 
 ``device`` places every pool; ``checked`` turns on the pools' misuse checks (see
 :mod:`kvpool.optimized.checked`). Units: tokens for lengths, rows, slots.
+
+The host tier mirrors the reference's step by step (:mod:`kvpool.reference.lifecycle.
+memory_manager`); prefixes are int64 tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from numbers import Integral
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -41,11 +44,12 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.host_checks import token_list
+from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
 from kvpool.optimized.lifecycle.pool_snapshot import build_pool_snapshot
 from kvpool.optimized.lifecycle.primitives import LifecyclePrimitives, as_token_list
 from kvpool.optimized.lifecycle.session import SessionSlot
 from kvpool.optimized.lifecycle.spec_decode import spec_draft_v1, spec_step
-from kvpool.optimized.radix_key import RadixKey
+from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.optimized.req import Req
 from kvpool.snapshot import PoolSnapshot
 
@@ -53,8 +57,9 @@ from kvpool.snapshot import PoolSnapshot
 class MemoryManager(LifecyclePrimitives):
     """The request lifecycle (``kvpool.protocols.MemoryManagerProtocol``) over the pools of
     :class:`~kvpool.optimized.lifecycle.primitives.LifecyclePrimitives`; built with
-    ``MemoryManager(config, clock=None, options=TwinOptions(...))`` (or the shorthand
-    ``device=``, ``checked=``, ``kernel_backend=``; see :mod:`kvpool.optimized.options`)."""
+    ``MemoryManager(config, clock=None, options=TwinOptions.make(...))`` (or the user-facing
+    shorthand ``device=``, ``checked=``, ``kernel_backend=``: a public edge, which builds the one
+    options value and hands it to every component; see :mod:`kvpool.optimized.options`)."""
 
     # ----------------------------------------------------------------- request API
     def new_req(
@@ -111,6 +116,8 @@ class MemoryManager(LifecyclePrimitives):
             return session.kv_committed_len
         key = RadixKey.from_array(req.token_array(req.seq_len() - 1), req.extra_key)
         hooks = self.mamba_hooks
+        # Any: a match result of this manager's tree cache (an injected candidate's too), read
+        # by field name (the host fields only when the tree loads back)
         result: Any
         if cow and hooks is not None and hooks.tree is not None:
             result = hooks.match(key, req)
@@ -334,6 +341,69 @@ class MemoryManager(LifecyclePrimitives):
         """The whole state (see
         :func:`kvpool.optimized.lifecycle.pool_snapshot.build_pool_snapshot`)."""
         return build_pool_snapshot(self)
+
+    # ----------------------------------------------------------------- host tier
+    def hiradix(self) -> HiRadixCache | None:
+        """The tree cache when it has a host tier (it loads back), else None."""
+        tree = self.tree_cache
+        # any tree cache that loads back is one (an injected candidate's too), as before
+        return cast("HiRadixCache", tree) if hasattr(tree, "init_load_back") else None
+
+    def _admit_prefix(
+        self, result: MatchResult, load_back: bool = True
+    ) -> tuple[torch.Tensor, TreeNode | None]:
+        """The prefix a request takes from ``result``: its device slots, and its last node; when
+        the match ends in host memory (and ``load_back``), the restored slots too and the
+        restored node."""
+        prefix, last = result.device_indices, result.last_device_node
+        tree = self.hiradix()
+        if tree is None or not load_back:  # other trees' results have no host fields
+            return prefix, last
+        host_node = result.last_host_node
+        if not result.host_hit_length or host_node is None:
+            return prefix, last
+        loaded, node = tree.init_load_back(host_node)
+        return torch.cat([prefix, loaded]), node
+
+    def _wait_for_loads(self) -> None:
+        """The forward: issue the queued loads and wait for the content of every load in flight
+        (the acknowledgements stay queued)."""
+        tree = self.hiradix()
+        if tree is None:
+            return
+        tree.ready_to_load_host_cache()
+        cc = tree.cache_controller
+        for ack in cc.ack_load_queue:
+            cc.complete(ack)
+
+    def _flush_backups(self) -> None:
+        """The end of a batch under the unified host tier: issue the queued writes as one
+        transfer (SGLang 0.5.23's ``flush_pending_backups``); nothing otherwise."""
+        tree = self.hiradix()
+        if tree is not None and tree.unified:
+            tree.cache_controller.start_writing()
+
+    def _host_tier(self, num_acks: int) -> HiRadixCache:
+        tree = self.hiradix()
+        if tree is None:
+            raise InvalidArgumentError("this memory manager has no host tier")
+        if num_acks < 0:
+            raise InvalidArgumentError(f"num_acks must be >= 0, got {num_acks}")
+        return tree
+
+    def hicache_ack_writes(self, num_acks: int) -> int:
+        """The first ``num_acks`` write acknowledgements arrive (``writing_check``): each write's
+        node is unlocked and its host copy complete. Returns how many arrived.
+        InvalidArgumentError (nothing changed) without a host tier or for ``num_acks < 0``."""
+        return int(self._host_tier(num_acks).writing_check(num_acks))
+
+    def hicache_ack_loads(self, num_acks: int) -> int:
+        """The queued loads are issued, then the first ``num_acks`` load acknowledgements arrive
+        (``loading_check``): content copied, restored nodes unlocked. Returns how many arrived.
+        InvalidArgumentError (nothing changed) without a host tier or for ``num_acks < 0``."""
+        tree = self._host_tier(num_acks)
+        tree.ready_to_load_host_cache()
+        return int(tree.loading_check(num_acks))
 
 
 __all__ = ["MemoryManager"]

@@ -65,15 +65,26 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
     pool = mm.req_to_token_pool
     held_rows: list[tuple[int, int]] = []
     reqs: list[ReqSnapshot] = []
+    rows: list[tuple[int, ...]] = []
+    committed_slots: list[int] = []
     for req in mm.reqs.values():
         row: tuple[int, ...] = ()
-        tags: tuple[int, ...] = ()
-        expected: tuple[int, ...] = ()
         if req.req_pool_idx is not None:
             held_rows.append((req.req_pool_idx, req.kv_allocated_len))
             row = tuple(pool.read(req.req_pool_idx, 0, req.kv_allocated_len).tolist())
+            committed_slots.extend(row[: req.kv_committed_len])
+        rows.append(row)
+    # every committed slot's tag in one read (tags are per slot: the same as one read per
+    # request, without a KV-cache call per request)
+    stored = mm.kv_cache.read_tags(committed_slots) if committed_slots else []
+    start = 0
+    for req, row in zip(mm.reqs.values(), rows, strict=True):
+        tags: tuple[int, ...] = ()
+        expected: tuple[int, ...] = ()
+        if req.req_pool_idx is not None:
             committed = req.kv_committed_len
-            tags = tuple(mm.kv_cache.read_tags(list(row[:committed])))
+            tags = tuple(stored[start : start + len(row[:committed])])
+            start += len(row[:committed])
             expected = tuple(kv_tags(req.all_token_ids[:committed], req.extra_key))
         reqs.append(
             ReqSnapshot(

@@ -15,8 +15,8 @@ Units: tokens for lengths, rows, slots.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
+import numpy as np
 import torch
 
 from kvpool.config import PoolConfig
@@ -30,17 +30,21 @@ from kvpool.errors import (
 )
 from kvpool.host_checks import token_list
 from kvpool.injection import check_shared, resolve
+from kvpool.kernels.host import to_device
+from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
+from kvpool.optimized.hicache.memory_pool_host import host_pool_for
 from kvpool.optimized.kv.kv_cache import KVCache
 from kvpool.optimized.kv.layer_transfer import LayerDoneCounter
 from kvpool.optimized.kv.storage import kv_cache_from_config
-from kvpool.optimized.lifecycle.batch_rows import BatchRows
 from kvpool.optimized.lifecycle.batch_table import (
     device_ints,
+    gather_columns,
+    last_locs,
+    read_held_rows,
     rows_of,
     scatter_columns,
     write_rows,
 )
-from kvpool.optimized.lifecycle.hicache_lifecycle import HiCacheLifecycle, build_hiradix_tree
 from kvpool.optimized.lifecycle.mamba_hooks import (
     hybrid_pool,
     mamba_hooks_for,
@@ -48,9 +52,9 @@ from kvpool.optimized.lifecycle.mamba_hooks import (
 )
 from kvpool.optimized.lifecycle.session import SessionSlot
 from kvpool.optimized.mamba.radix_release import MambaLifecycleCache
-from kvpool.optimized.options import TwinOptions, twin_options
-from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.optimized.options import TwinOptions, edge_options
+from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator
+from kvpool.optimized.pools.allocator_choice import allocator_for
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.radix.chunk_cache import ChunkCache
 from kvpool.optimized.radix.radix_cache import RadixCache
@@ -58,6 +62,26 @@ from kvpool.optimized.req import Req
 from kvpool.reference.lifecycle.mamba_hooks import check_hybrid_config
 from kvpool.reference.pools.paged_ops import decode_new_pages, eviction_target, extend_new_pages
 from kvpool.rules import Rules
+
+
+def build_hiradix_tree(
+    config: PoolConfig,
+    pool: ReqToTokenPool,
+    alloc: BaseTokenToKVPoolAllocator,
+    kv_cache: KVCache,
+    clock: Callable[[], float] | None,
+    options: TwinOptions | None = None,
+) -> HiRadixCache:
+    """The manager's ``HiRadixCache``: a host pool of ``hicache_ratio`` times ``kv_cache`` (the
+    manager's KV buffers, so transfers copy what the lifecycle computed) and the config's write
+    policy and thresholds; the host tier ``Rules.hicache_host_tier`` names (see the
+    reference); ``options``: the manager's."""
+    host = host_pool_for(kv_cache, config.hicache_ratio)
+    rules = config.rules
+    return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
+                        clock, config.hicache_write_policy, config.hicache_load_back_threshold,
+                        config.hicache_prefetch_threshold, config.hicache_storage,
+                        rules=rules, options=options)  # fmt: skip
 
 
 def as_token_list(input_ids: Sequence[int]) -> list[int]:
@@ -68,11 +92,13 @@ def as_token_list(input_ids: Sequence[int]) -> list[int]:
     return token_list("input_ids", values)
 
 
-class LifecyclePrimitives(HiCacheLifecycle, BatchRows):
+class LifecyclePrimitives:
     """The pools (``req_to_token_pool``, ``token_to_kv_pool_allocator``, ``tree_cache``,
     ``kv_cache``), the request and session tables, and the SGLang-named primitives.
-    ``options`` (:class:`~kvpool.optimized.options.TwinOptions`, or the shorthand ``device`` /
-    ``checked`` / ``kernel_backend``) go down unchanged to every pool it builds: one device, one
+    A public edge of the twin (:mod:`kvpool.optimized.options`): ``options``
+    (:class:`~kvpool.optimized.options.TwinOptions`), or the user-facing shorthand ``device`` /
+    ``checked`` / ``kernel_backend`` (not both: ConfigError), are built into one options value
+    here and handed down unchanged (``options=``) to every component it builds: one device, one
     checked mode, one kernel backend for the whole twin."""
 
     def __init__(
@@ -83,17 +109,17 @@ class LifecyclePrimitives(HiCacheLifecycle, BatchRows):
         checked: bool | None = None,
         kernel_backend: str | None = None,
         *,
-        req_to_token_pool: Any = None,
-        token_to_kv_pool_allocator: Any = None,
-        tree_cache: Any = None,
-        kv_cache: Any = None,
+        req_to_token_pool: object = None,
+        token_to_kv_pool_allocator: object = None,
+        tree_cache: object = None,
+        kv_cache: object = None,
         options: TwinOptions | None = None,
     ) -> None:
         """Each component may be injected (see :mod:`kvpool.injection`): an object, a factory
         (``(config)``; the tree cache's ``(config, req_to_token_pool, allocator)``) or None for
         the twin's own."""
         self.config = config
-        self.options = opts = twin_options(options, device, checked, kernel_backend)
+        self.options = opts = edge_options(options, device, checked, kernel_backend)
         self.device = dev = opts.device
         ps = self.page_size = config.page_size
         check_hybrid_config(config)
@@ -112,7 +138,9 @@ class LifecyclePrimitives(HiCacheLifecycle, BatchRows):
         self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = resolve(
             "token_to_kv_pool_allocator",
             token_to_kv_pool_allocator,
-            lambda: self._default_allocator(opts),
+            lambda: allocator_for(
+                config.size, config.page_size, config.need_sort, rules=config.rules, options=opts
+            ),
             config,
         )
         pool, alloc = self.req_to_token_pool, self.token_to_kv_pool_allocator
@@ -126,12 +154,21 @@ class LifecyclePrimitives(HiCacheLifecycle, BatchRows):
             "tree_cache",
             tree_cache,
             lambda: (
-                ChunkCache(pool, alloc, ps, config.eviction_policy, rules=config.rules)
+                ChunkCache(
+                    pool, alloc, ps, config.eviction_policy, rules=config.rules, options=opts
+                )
                 if config.disable_radix_cache
-                else build_hiradix_tree(config, pool, alloc, self.kv_cache, clock)
+                else build_hiradix_tree(config, pool, alloc, self.kv_cache, clock, opts)
                 if config.enable_hierarchical_cache
                 else RadixCache(
-                    pool, alloc, ps, False, config.eviction_policy, clock, rules=config.rules
+                    pool,
+                    alloc,
+                    ps,
+                    False,
+                    config.eviction_policy,
+                    clock,
+                    rules=config.rules,
+                    options=opts,
                 )
                 if config.mamba_slots is None
                 else mamba_lifecycle_tree(config, pool, alloc, options=opts)
@@ -162,16 +199,6 @@ class LifecyclePrimitives(HiCacheLifecycle, BatchRows):
         self.kernel_backend = opts.backend
         """Backend of the kernels the lifecycle runs on the table (``None``: the default); the
         options' one, as every component's."""
-
-    def _default_allocator(self, opts: TwinOptions) -> BaseTokenToKVPoolAllocator:
-        config = self.config
-        if config.page_size == 1:
-            return TokenToKVPoolAllocator(
-                config.size, config.need_sort, rules=config.rules, options=opts
-            )
-        return PagedTokenToKVPoolAllocator(
-            config.size, config.page_size, config.need_sort, rules=config.rules, options=opts
-        )
 
     # ----------------------------------------------------------------- lookups
     def get_req(self, rid: str, *states: str) -> Req:
@@ -379,5 +406,70 @@ class LifecyclePrimitives(HiCacheLifecycle, BatchRows):
         self.req_to_token_pool.free(req)
         req.reset_kv_fields()
 
+    # ----------------------------------------------------------------- batched rows
+    def _prefix_last_locs(self, reqs: Sequence[Req]) -> torch.Tensor:
+        """The last slot of each request's ``prefix_indices`` (-1 when empty), int64 on the
+        device: one concatenation of one-element views (as SGLang builds ``last_loc``)."""
+        if self.page_size == 1 or not reqs:
+            return self._empty  # page size 1 never reads last_loc
+        none = self._no_last_loc
+        return torch.cat([r.prefix_indices[-1:] if len(r.prefix_indices) else none for r in reqs])
 
-__all__ = ["LifecyclePrimitives"]
+    def _row_last_locs(self, reqs: Sequence[Req], cols: Sequence[int]) -> torch.Tensor:
+        """The slot of column ``cols[i] - 1`` of each request's row (-1 for column 0), int64 on
+        the device (kvpool's ``get_last_loc``; nothing for page size 1, which never reads it)."""
+        if self.page_size == 1 or not reqs:
+            return self._empty
+        rows = rows_of(reqs)
+        return last_locs(self.req_to_token_pool, rows, cols, self.device, self.kernel_backend)
+
+    def _held_row(self, req: Req, row: int) -> torch.Tensor:
+        """Slots (int64) of columns ``[0, kv_allocated_len)`` of ``row``: the view
+        :meth:`_read_held_rows` read for this batch when it covers exactly that range, else one
+        gather of the row."""
+        stop = req.kv_allocated_len
+        ahead = self._rows_read.pop(req.rid, None)
+        if ahead is not None and ahead[:2] == (row, stop):
+            return ahead[2]
+        return gather_columns(self.req_to_token_pool, [row], [0], [stop], self.device)
+
+    def _read_rows(self, reqs: Sequence[Req]) -> dict[str, torch.Tensor]:
+        """``rid -> row[:kv_allocated_len]`` (int64 views of one gather for the batch): what a
+        prefill batch's chunked requests hand to ``cache_unfinished_req``."""
+        return {
+            rid: t[2]
+            for rid, t in read_held_rows(self.req_to_token_pool, reqs, self.device).items()
+        }
+
+    def _read_held_rows(self, reqs: Sequence[Req]) -> None:
+        """Read every request's row in one gather for :meth:`release_kv_cache` (a finish
+        batch; see :func:`~kvpool.optimized.lifecycle.batch_table.read_held_rows`)."""
+        self._rows_read = read_held_rows(self.req_to_token_pool, reqs, self.device)
+
+    def write_kv(self, req: Req, start: int, stop: int) -> None:
+        """Compute (write the tags of) tokens ``[start, stop)`` of ``req`` into their slots."""
+        self.write_kv_batch([req], [start], [stop])
+
+    def write_kv_batch(
+        self,
+        reqs: Sequence[Req],
+        starts: Sequence[int],
+        stops: Sequence[int],
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Compute tokens ``[starts[i], stops[i])`` of every request: one write of their tags
+        into their slots (``slots``, flat in batch order, when the caller has them; else read
+        from the rows in one gather). Returns the slots (int64)."""
+        if slots is None:
+            rows = rows_of(reqs)
+            slots = gather_columns(self.req_to_token_pool, rows, starts, stops, self.device)
+        parts = [r.kv_tags_upto(b)[a:b] for r, a, b in zip(reqs, starts, stops, strict=True)]
+        if parts and slots.numel():
+            tags = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            self.kv_cache.write_tags(slots, to_device(tags, self.device))
+        if self.mamba_hooks is not None:
+            self.mamba_hooks.after_writes(reqs, stops)
+        return slots
+
+
+__all__ = ["LifecyclePrimitives", "build_hiradix_tree"]

@@ -47,7 +47,7 @@ from kvpool.optimized.lifecycle.swa_radix_lifecycle import (
     SWARadixLifecycle,
     UnifiedSWARadixLifecycle,
 )
-from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.options import TwinOptions, edge_options
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.req import Req
@@ -66,7 +66,10 @@ from kvpool.snapshot import PoolSnapshot, SWAAllocatorSnapshot
 
 
 class SWAMemoryManager(MemoryManager):
-    """The lifecycle over SWA pools (see the module docstring)."""
+    """The lifecycle over SWA pools (see the module docstring). A public edge, as
+    :class:`~kvpool.optimized.lifecycle.memory_manager.MemoryManager`: ``options`` or the
+    shorthand ``device`` / ``checked`` / ``kernel_backend`` make one options value, handed to every
+    pool and tree it builds."""
 
     def __init__(
         self,
@@ -79,7 +82,7 @@ class SWAMemoryManager(MemoryManager):
         options: TwinOptions | None = None,
     ) -> None:
         window = check_swa_config(config)
-        opts = twin_options(options, device, checked, kernel_backend)
+        opts = edge_options(options, device, checked, kernel_backend)
         ps = config.page_size
         alloc = SWATokenToKVPoolAllocator(config.size, config.swa_size, ps, config.need_sort,
                                           rules=config.rules, options=opts)  # fmt: skip
@@ -90,15 +93,17 @@ class SWAMemoryManager(MemoryManager):
         kv.register_mapping(alloc.full_to_swa_index_mapping)
 
         scheduler = config.rules.swa_window_release == "scheduler"
+        maybe_evict = config.rules.swa_window_release == "maybe_evict"
 
         def tree(
             cfg: PoolConfig, pool: ReqToTokenPool, a: SWATokenToKVPoolAllocator
         ) -> SWAChunkCache | SWARadixLifecycle:
             if cfg.disable_radix_cache:
-                return SWAChunkCache(pool, a, ps, window)
+                return SWAChunkCache(pool, a, ps, window, options=opts)
             if scheduler:
-                return UnifiedSWARadixLifecycle(pool, a, ps, window, clock, cfg.eviction_policy)
-            return SWARadixLifecycle(pool, a, ps, window, clock)
+                return UnifiedSWARadixLifecycle(pool, a, ps, window, clock, cfg.eviction_policy,
+                                                options=opts)  # fmt: skip
+            return SWARadixLifecycle(pool, a, ps, window, clock, options=opts)
 
         super().__init__(
             config,
@@ -120,6 +125,11 @@ class SWAMemoryManager(MemoryManager):
         window may slide inside that extend, before the row is the request's own)."""
         self.scheduler = scheduler
         """``Rules.swa_window_release == "scheduler"`` (SGLang 0.5.23's window and release)."""
+        self.maybe_evict = maybe_evict
+        """``Rules.swa_window_release == "maybe_evict"`` (SGLang 0.5.16's window timing)."""
+        self.slides_early = scheduler or maybe_evict
+        """Whether windows slide before an allocation (:meth:`_slide_windows`), not after a
+        decode."""
         self._decodes: dict[str, tuple[int, int, int]] = {}
         """rid -> (row, row generation, decode steps since that hand-out): SGLang's
         ``decode_batch_idx`` (scheduler rule)."""
@@ -148,10 +158,10 @@ class SWAMemoryManager(MemoryManager):
         return self._carrying.get(rid, 0)
 
     def decode(self, rids: Sequence[str], token_ids: Sequence[int]) -> torch.Tensor:
-        """The manager's decode, then every decoded request's window moves on (scheduler
-        rule: the window moved in :meth:`alloc_for_decode`)."""
+        """The manager's decode, then every decoded request's window moves on (scheduler and
+        maybe_evict rules: the window moved in :meth:`alloc_for_decode`)."""
         slots = super().decode(rids, token_ids)
-        if self.scheduler:
+        if self.slides_early:
             return slots
         alloc = self._swa_allocator
         for rid in rids:
@@ -201,7 +211,10 @@ class SWAMemoryManager(MemoryManager):
 
     def _slide_windows(self, reqs: Sequence[Req], pre_lens: Sequence[int] | None) -> None:
         """SGLang 0.5.23's ``ScheduleBatch.maybe_evict_swa``, in one free group (see the
-        reference's)."""
+        reference's); under the maybe_evict rule :meth:`_maybe_evict_windows`."""
+        if self.maybe_evict:
+            self._maybe_evict_windows(reqs, pre_lens)
+            return
         alloc = self._swa_allocator
         sharing = not self.tree_cache.disable
         window = self.sliding_window
@@ -222,20 +235,46 @@ class SWAMemoryManager(MemoryManager):
         finally:
             alloc.free_group_end()
 
+    def _maybe_evict_windows(self, reqs: Sequence[Req], pre_lens: Sequence[int] | None) -> None:
+        """SGLang 0.5.16's ``ScheduleBatch.maybe_evict_swa`` (maybe_evict rule; no free group;
+        see the reference's): a decode slides each request decoded before at its committed
+        length, a prefill batch on the chunk cache each running request at its prefix
+        length."""
+        chunk = self.tree_cache.disable
+        for i, req in enumerate(reqs):
+            if req.req_pool_idx is None:
+                continue
+            if pre_lens is None:
+                if self.decode_steps(req.rid) >= 1:
+                    self._free_out_of_window(req, req.kv_committed_len)
+            elif chunk and req.state == "running":
+                self._free_out_of_window(req, pre_lens[i])
+
+    def _free_out_of_window(self, req: Req, pre_len: int) -> None:
+        """:func:`free_swa_out_of_window_slots` of ``req`` before it computes token
+        ``pre_len``."""
+        assert req.req_pool_idx is not None
+        row = self.req_to_token_pool.read(req.req_pool_idx, 0, pre_len).to(torch.int64)
+        evicted = free_swa_out_of_window_slots(
+            row, self.swa_evicted_seqlen(req.rid), pre_len, req.cache_protected_len,
+            self.sliding_window, self.page_size, self._swa_allocator,
+            is_chunk_cache=self.tree_cache.disable)  # fmt: skip
+        self._set_evicted(req, evicted)
+
     def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> torch.Tensor:
-        """Scheduler rule: the checks, then the window slide of a prefill batch
-        (:meth:`_slide_windows`), then the manager's allocation."""
-        if self.scheduler:
+        """Scheduler and maybe_evict rules: the checks, then the window slide of a prefill
+        batch (:meth:`_slide_windows`), then the manager's allocation."""
+        if self.slides_early:
             prefix_lens, seqs = self._check_extend(reqs, seq_lens)
             self._check_capacity(self._tokens_needed(prefix_lens, seqs))
             self._slide_windows(reqs, prefix_lens)
         return super().alloc_for_extend(reqs, seq_lens)
 
     def alloc_for_decode(self, reqs: Sequence[Req]) -> torch.Tensor:
-        """Scheduler rule: the checks, then the window slide of a decode batch
-        (:meth:`_slide_windows`), then the manager's allocation; each request's decode step
-        counts."""
-        if not self.scheduler:
+        """Scheduler and maybe_evict rules: the checks, then the window slide of a decode
+        batch (:meth:`_slide_windows`), then the manager's allocation; each request's decode
+        step counts."""
+        if not self.slides_early:
             return super().alloc_for_decode(reqs)
         _cols, needed = self._check_decode(reqs)
         if reqs:
@@ -248,17 +287,17 @@ class SWAMemoryManager(MemoryManager):
     def spec_step(
         self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
     ) -> torch.Tensor:
-        """The manager's EAGLE v2 step; scheduler rule: the windows slide after the step's
-        checks, before its allocation (see the reference's)."""
-        if not self.scheduler:
+        """The manager's EAGLE v2 step; scheduler and maybe_evict rules: the windows slide
+        after the step's checks, before its allocation (see the reference's)."""
+        if not self.slides_early:
             return super().spec_step(rids, accepted, reserve)
         out = spec_step(self, rids, accepted, reserve, prepare=self._prepare_spec_step)
         self._count_decode([self.reqs[r] for r in rids])
         return out
 
     def _prepare_spec_step(self, reqs: list[Req], starts: list[int], ends: list[int]) -> None:
-        """Before an EAGLE v2 step's allocation (scheduler rule): capacity, then the decode
-        batch's window slide (see the reference's)."""
+        """Before an EAGLE v2 step's allocation (scheduler, maybe_evict rules): capacity,
+        then the decode batch's window slide (see the reference's)."""
         if starts:
             self._check_capacity(self._tokens_needed(starts, ends))
         if reqs:

@@ -39,6 +39,7 @@ import torch
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.radix_key import RadixKey, req_key
 from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
@@ -72,7 +73,8 @@ class SWAReq(Protocol):
 
 
 class SWARadixLifecycle:
-    """An :class:`SWARadixCache` behind the lifecycle's tree calls (module docstring)."""
+    """An :class:`SWARadixCache` behind the lifecycle's tree calls (module docstring);
+    ``options`` go to the tree (as :class:`SWARadixCache` takes them)."""
 
     def __init__(
         self,
@@ -81,6 +83,8 @@ class SWARadixLifecycle:
         page_size: int,
         sliding_window_size: int,
         clock: Callable[[], float] | None = None,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
@@ -88,7 +92,9 @@ class SWARadixLifecycle:
         self.sliding_window_size = sliding_window_size
         self.disable = False
         self.eviction_policy = "lru"
-        self.tree = SWARadixCache(token_to_kv_pool_allocator, page_size, sliding_window_size, clock)
+        self.tree = SWARadixCache(
+            token_to_kv_pool_allocator, page_size, sliding_window_size, clock, options=options
+        )
         self.evicted_of: Callable[[SWAReq], int] = lambda req: 0
         """The request's ``swa_evicted_seqlen`` (set by the lifecycle)."""
         self._uuids: dict[int, list[int | None]] = {}
@@ -210,13 +216,16 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         sliding_window_size: int,
         clock: Callable[[], float] | None = None,
         eviction_policy: str = "lru",
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
-                         sliding_window_size, clock)  # fmt: skip
+                         sliding_window_size, clock, options=options)  # fmt: skip
         self.eviction_policy = eviction_policy
         self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
                                             sliding_window_size, clock,
-                                            eviction_policy=eviction_policy)  # fmt: skip
+                                            eviction_policy=eviction_policy,
+                                            options=options)  # fmt: skip
         self.tree = self.unified
 
     def snapshot(self) -> TreeSnapshot:

@@ -29,13 +29,11 @@ from kvpool.snapshot import MambaAllocatorSnapshot
 class MambaSlotAllocator:
     """Free list ``free_slots`` (hand-out order) and the open group's prefetched slots."""
 
-    def __init__(
-        self, size: int, checked: bool | None = None, *, options: TwinOptions | None = None
-    ) -> None:
+    def __init__(self, size: int, *, options: TwinOptions | None = None) -> None:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ConfigError(f"size must be a positive number of Mamba slots, got {size!r}")
         self.size = size
-        self.options = twin_options(options, None, checked)
+        self.options = twin_options(options)
         self.checked = self.options.checked
         self.free_slots: list[int] = []
         self._head = 0  # free_slots[:_head] were handed out; compacted when half is dead

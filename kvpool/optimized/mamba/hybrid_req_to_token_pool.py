@@ -44,15 +44,13 @@ class HybridReqToTokenPool(ReqToTokenPool):
         mamba_size: int,
         num_mamba_layers: int = 1,
         track_buffers: int = 0,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
         *,
         rules: Rules | None = None,
         options: TwinOptions | None = None,
     ) -> None:
         if track_buffers not in (0, 1, 2):
             raise ConfigError(f"track_buffers must be 0, 1 or 2, got {track_buffers!r}")
-        opts = twin_options(options, device, checked)
+        opts = twin_options(options)
         super().__init__(size, max_context_len, rules=rules, options=opts)
         self.mamba_pool = MambaPool(mamba_size, num_mamba_layers, options=opts)
         self.mamba_allocator = MambaSlotAllocator(mamba_size, options=opts)

@@ -41,8 +41,6 @@ class MambaPool:
         num_layers: int = 1,
         conv_width: int = 3,
         state_dim: int = 4,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
         *,
         options: TwinOptions | None = None,
     ) -> None:
@@ -52,7 +50,7 @@ class MambaPool:
             raise ConfigError(f"num_layers must be positive, got {num_layers!r}")
         self.size = size
         self.num_layers = num_layers
-        self.options = opts = twin_options(options, device, checked)
+        self.options = opts = twin_options(options)
         self.device = opts.device
         self.checked = opts.checked
         shape = (num_layers, size + 1)

@@ -40,7 +40,10 @@ class MambaMatchResult:
 
 
 class MambaRadixCache:
-    """Prefix cache over the hybrid pool's Mamba slots and the allocator's token slots."""
+    """Prefix cache over the hybrid pool's Mamba slots and the allocator's token slots.
+    ``options``: the twin's :class:`~kvpool.optimized.options.TwinOptions`; a tree built alone
+    over collaborators and given none runs as its allocator does (:func:`~kvpool.optimized.options.
+    options_of`)."""
 
     def __init__(
         self,

@@ -6,12 +6,13 @@ docstring); KV slots are int64 tensors, keys come from the request's cached toke
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from kvpool.errors import InvalidArgumentError, OutOfMemoryError
 from kvpool.optimized.mamba.radix_cache import MambaRadixCache
+from kvpool.optimized.mamba.tree_node import MambaTreeNode
 from kvpool.optimized.radix_key import req_key
 from kvpool.optimized.req import Req
 
@@ -27,15 +28,15 @@ class MambaLifecycleCache(MambaRadixCache):
         """Locked KV in the tree (tokens)."""
         return self.full_protected_size_
 
-    def inc_lock_ref(self, node: Any) -> None:
+    def inc_lock_ref(self, node: object) -> None:
         """:meth:`MambaRadixCache.inc_lock_ref`; None (a request never matched) is a no-op."""
         if node is not None:
-            super().inc_lock_ref(node)
+            super().inc_lock_ref(cast(MambaTreeNode, node))  # a request's node is this tree's
 
-    def dec_lock_ref(self, node: Any) -> None:
+    def dec_lock_ref(self, node: object) -> None:
         """:meth:`MambaRadixCache.dec_lock_ref`; None is a no-op."""
         if node is not None:
-            super().dec_lock_ref(node)
+            super().dec_lock_ref(cast(MambaTreeNode, node))
 
     def alloc_mamba_slot(self) -> int:
         """One Mamba slot, evicting one cached state when none is free; OutOfMemoryError when
@@ -99,7 +100,8 @@ class MambaLifecycleCache(MambaRadixCache):
         self.inc_lock_ref(match.last_device_node)
         req.prefix_indices = torch.cat((new_indices, kv[num_new:]))
         req.cache_protected_len = num_new
-        last: Any = match.last_device_node  # the request's node is this tree's
+        # Any: Req types last_node as the radix tree's node; a hybrid request keeps this tree's
+        last: Any = match.last_device_node
         req.last_node = last
 
 

@@ -2,17 +2,14 @@
 operations (the twin). Each public class is imported here from the module that defines it.
 """
 
-from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvpool.optimized.pools.batch_alloc import BatchAllocs
+from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
-from kvpool.optimized.pools.segment_free import SegmentFrees
+from kvpool.optimized.pools.token_allocator import TokenToKVPoolAllocator
 
 __all__ = [
     "BaseTokenToKVPoolAllocator",
-    "BatchAllocs",
     "PagedTokenToKVPoolAllocator",
     "ReqToTokenPool",
-    "SegmentFrees",
     "TokenToKVPoolAllocator",
 ]

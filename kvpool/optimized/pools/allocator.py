@@ -1,4 +1,11 @@
-"""Token-slot allocators (optimized twin): the shared base and the page-size-1 allocator.
+"""``BaseTokenToKVPoolAllocator`` (optimized twin): what the token-slot allocators share.
+
+The page-size-1 ``TokenToKVPoolAllocator`` (:mod:`kvpool.optimized.pools.token_allocator`) and
+the ``PagedTokenToKVPoolAllocator`` (:mod:`kvpool.optimized.pools.paged_allocator`) derive from it
+and fix only the order freed pages re-enter the free lists; the rest lives here, as in
+:mod:`kvpool.reference.pools.allocator`: free lists, ``alloc`` / ``free``, free groups, the batch
+``alloc_extend`` / ``alloc_decode`` and 0.5.23's segment frees (``free_page_ids`` /
+``free_segment``).
 
 Units: ``size`` and lengths are tokens; ``free_pages`` / ``release_pages`` are int64 tensors of
 page ids ``1..num_pages`` on ``device`` (page ``p`` owns slots ``[p * ps, (p + 1) * ps)``); every
@@ -6,11 +13,15 @@ result is an int64 slot tensor equal, element by element, to the reference's lis
 
 Hot paths launch tensor work only: page counts come from host copies of the lengths
 (:mod:`kvpool.optimized.pools.paged_ops`), capacity is compared with tensor lengths (host metadata),
-and the batch operations run :func:`kvpool.kernels.alloc_extend` / ``alloc_decode``. No
-device-to-host sync, unless ``checked`` (see :mod:`kvpool.optimized.checked`): then every misuse
-raises the reference's error before any change, using a device bool mask of free pages kept up to
-date incrementally. Checks that need no device read (dtypes, array lengths, the host copies of the
-lengths: :func:`~kvpool.optimized.pools.paged_ops.check_extend_host`) run in both modes.
+and the batch operations run :func:`kvpool.kernels.alloc_extend` / ``alloc_decode`` through the
+kernels' unchecked entries (``*_unchecked``): what the kernels need of the metadata is established
+here (lengths made 1-D on the device by ``_as_index``, integer dtypes and one batch size for them
+and their host copies checked, the allocator's own pages and int64 output), so the hot path does
+not pay for the wrappers' checks too. No device-to-host sync, unless ``checked`` (see
+:mod:`kvpool.optimized.checked`): then every misuse raises the reference's error before any
+change, using a device bool mask of free pages kept up to date incrementally. Checks that need no
+device read (dtypes, array lengths, the host copies of the lengths:
+:func:`~kvpool.optimized.pools.paged_ops.check_extend_host`) run in both modes.
 
 ``need_sort`` merges and refusals follow the reference (SGLang's pre-tests on host lengths; see
 :mod:`kvpool.reference.pools.allocator`) and ``rules`` (:class:`~kvpool.rules.Rules`).
@@ -24,17 +35,31 @@ import numpy as np
 import torch
 
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
-from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError, PageSizeError
+from kvpool.errors import (
+    AlignmentError,
+    ConfigError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    PageSizeError,
+)
+from kvpool.kernels.alloc_decode import alloc_decode_unchecked, next_slots_if_torch
+from kvpool.kernels.alloc_extend import alloc_extend_unchecked
+from kvpool.kernels.host import HostLens
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
-from kvpool.optimized.pools.batch_alloc import BatchAllocs
 from kvpool.optimized.pools.paged_ops import (
+    check_decode_host,
+    check_extend_args,
+    check_extend_host,
     check_free_list_shape,
     check_free_list_state,
     check_free_slots,
+    check_host_copy,
+    check_integer_tensors,
+    check_prefix_pages_held,
+    extend_new_pages_host,
     pages_to_slots,
 )
-from kvpool.optimized.pools.segment_free import SegmentFrees
 from kvpool.rules import Rules
 from kvpool.snapshot import AllocatorSnapshot
 
@@ -42,15 +67,15 @@ FreeListState = tuple[torch.Tensor, torch.Tensor]
 """What :meth:`BaseTokenToKVPoolAllocator.backup_state` returns: ``(free_pages, release_pages)``."""
 
 IndexLike = torch.Tensor | Sequence[int]
+"""Slots or page ids: a tensor (any device) or a sequence of ints."""
 
 
-class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
+class BaseTokenToKVPoolAllocator:
     """Page allocator over ``size // page_size`` pages with ids ``1..num_pages`` (twin of
     :class:`kvpool.reference.pools.allocator.BaseTokenToKVPoolAllocator`; same methods and results).
 
-    ``options`` (:class:`~kvpool.optimized.options.TwinOptions`; or the shorthand ``device`` /
-    ``checked`` / ``kernel_backend``) place the free lists, set checked mode and the kernels'
-    backend."""
+    ``options`` (:class:`~kvpool.optimized.options.TwinOptions`; None: the defaults) place the
+    free lists, set checked mode and the kernels' backend."""
 
     _dedup_pages: bool = True
     """True: freeing two slots of one page (in a call or a group) frees the page once."""
@@ -61,9 +86,6 @@ class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
         page_size: int,
         need_sort: bool = False,
         *,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
-        kernel_backend: str | None = None,
         rules: Rules | None = None,
         options: TwinOptions | None = None,
     ) -> None:
@@ -78,7 +100,7 @@ class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
         self.need_sort = bool(need_sort)
         self.rules = rules if rules is not None else Rules()
         self.num_pages = size // page_size
-        self.options = opts = twin_options(options, device, checked, kernel_backend)
+        self.options = opts = twin_options(options)
         self.device = opts.device
         self.checked = opts.checked
         self.kernel_backend = opts.backend
@@ -295,6 +317,149 @@ class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
         if staged.numel():
             self._return_pages_in_order(staged)
 
+    # ----------------------------------------------------------------- segment frees (0.5.23)
+    def free_page_ids(self, page_ids: IndexLike) -> None:
+        """Free exactly these pages, in the given order (see the reference); inside a free
+        group a paged allocator buffers them apart (returned after the group's slot frees),
+        page size 1 with the slot frees."""
+        pages = self._as_index(page_ids)
+        if pages.numel() == 0:
+            return
+        if pages.dtype is not torch.int64:
+            pages = pages.to(torch.int64)
+        if self.page_size == 1:  # page ids are slot ids
+            if self._in_free_group:
+                self.free(pages)
+                return
+        elif self._in_free_group and self._free_mask is None:
+            self._pending_pages.append(pages)  # unchecked: buffered as given, like free's
+            return
+        if self._free_mask is not None:  # a page named twice is a double free
+            named = torch.cat((pages, *self._pending_pages)) if self._in_free_group else pages
+            check_free_slots(named * self.page_size, self._free_mask, self.page_size, True, None)
+        if self._in_free_group:
+            self._pending_pages.append(pages)
+            return
+        self._return_pages_in_order(pages)
+
+    def free_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
+        """Free the pages of a segment starting at column ``start_pos`` (page-aligned, else
+        AlignmentError): one page per ``page_size`` slots, in order (see the reference)."""
+        slots = self._as_index(free_index)
+        if slots.numel() == 0:
+            return
+        if slots.dtype is not torch.int64:
+            slots = slots.to(torch.int64)
+        ps = self.page_size
+        if start_pos % ps:
+            raise AlignmentError(f"segment start {start_pos} is not page-aligned")
+        if self._free_mask is not None:
+            check_free_slots(slots, self._free_mask, ps, False, None)
+        if ps == 1:  # every slot is its own page
+            self.free_page_ids(slots)
+            return
+        # ps is a power of two: a shift is the floor division, one tensor operation cheaper
+        self.free_page_ids(slots[::ps] >> (ps.bit_length() - 1))
+
+    # ----------------------------------------------------------------- batch allocations
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: HostLens,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: HostLens,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
+        """Slots (int64, length ``extend_num_tokens``) for tokens ``[P_i, S_i)`` of every
+        request, in batch order, or ``None`` (no change) when the new pages do not fit. The page
+        count comes from the host copies; capacity is checked before the kernel is launched.
+        Checked mode raises the reference's errors for a bad batch."""
+        prefix_lens, seq_lens = self._as_index(prefix_lens), self._as_index(seq_lens)
+        last_loc = self._as_index(last_loc)
+        if self._free_mask is not None:  # device reads first: the reference's order of checks
+            check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
+            p = check_host_copy("prefix_lens", prefix_lens, prefix_lens_cpu)
+            s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
+            loc = last_loc.to(torch.int64)
+            check_extend_args(p, s, loc, extend_num_tokens, self.page_size)
+            check_prefix_pages_held(p, loc, self._free_mask, self.page_size)
+        host_p, host_s = check_extend_host(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        )
+        num_new = extend_new_pages_host(host_p, host_s, self.page_size)
+        bound = self._extend_merge_bound(extend_num_tokens, len(seq_lens_cpu))
+        self._merge_before_take(bound > self.free_pages.numel(), num_new)
+        pages = self._take_pages(num_new)
+        if pages is None:
+            return None
+        out = torch.empty(extend_num_tokens, dtype=torch.int64, device=self.device)
+        alloc_extend_unchecked(
+            prefix_lens,
+            seq_lens,
+            last_loc,
+            pages,
+            out,
+            self.page_size,
+            self.kernel_backend,
+            prefix_lens_cpu=prefix_lens_cpu,
+            seq_lens_cpu=seq_lens_cpu,
+        )
+        return out
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        """One slot per request (int64) for token ``S_i - 1``: the first slot of the next free
+        page when ``(S_i - 1) % page_size == 0``, else ``last_loc_i + 1``; ``None`` (no change)
+        if the new pages do not fit. Checked mode raises the reference's errors."""
+        seq_lens, last_loc = self._as_index(seq_lens), self._as_index(last_loc)
+        if self._free_mask is not None:  # device reads first: the reference's order of checks
+            check_integer_tensors(seq_lens=seq_lens, last_loc=last_loc)
+            s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
+            loc = last_loc.to(torch.int64)
+            if bool((s < 1).any()):
+                raise InvalidArgumentError(
+                    f"alloc_decode needs every seq_len >= 1, got {s.tolist()}"
+                )
+            check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
+            check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
+        host_s = check_decode_host(seq_lens, seq_lens_cpu, last_loc)  # the checked host copy
+        if self.page_size == 1:
+            # Every request opens a page: its slot is the next free page, in batch order, so the
+            # slots are the taken pages themselves (a view of the free list, as alloc returns).
+            bs = int(host_s.size)
+            if self.need_sort:
+                self._merge_before_take(bs > self.free_pages.numel(), bs)
+            return self._take_pages(bs)
+        # page_opening_requests on the checked host copy, inline: (S - 1) % ps == 0
+        opens = ((host_s & (self.page_size - 1)) == 1).nonzero()[0]
+        num_new = int(opens.size)
+        bs = int(host_s.size)
+        if self.need_sort:
+            self._merge_before_take(bs > self.free_pages.numel(), num_new)
+        if num_new:
+            pages = self._take_pages(num_new)
+            if pages is None:
+                return None
+        else:  # no request opens a page (most decode steps): the free list stays as it is
+            quick = next_slots_if_torch(last_loc, self.kernel_backend)
+            if quick is not None:
+                return quick
+            pages = self.free_pages
+        out = torch.empty(bs, dtype=torch.int64, device=self.device)
+        alloc_decode_unchecked(
+            seq_lens,
+            last_loc,
+            pages,
+            out,
+            self.page_size,
+            self.kernel_backend,
+            seq_lens_cpu=seq_lens_cpu,
+            opens_cpu=opens,
+        )
+        return out
+
     # ----------------------------------------------------------------- free-list state
     def backup_state(self) -> FreeListState:
         """``(free_pages, release_pages)`` as clones (EAGLE v1 borrows draft slots with it)."""
@@ -367,43 +532,4 @@ def _joined(parts: list[torch.Tensor], empty: Callable[[], torch.Tensor]) -> tor
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
-    """Page size 1: every slot is a page. ``alloc`` takes from the head of ``free_pages`` and
-    ``free`` appends (FIFO reuse), or appends to ``release_pages`` under ``need_sort``. Naming a
-    slot twice in one call or one free group is a double free (checked mode)."""
-
-    _dedup_pages = False
-
-    def __init__(
-        self,
-        size: int,
-        need_sort: bool = False,
-        *,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
-        kernel_backend: str | None = None,
-        rules: Rules | None = None,
-        options: TwinOptions | None = None,
-    ) -> None:
-        super().__init__(
-            size,
-            1,
-            need_sort,
-            rules=rules,
-            options=twin_options(options, device, checked, kernel_backend),
-        )
-
-    def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
-        """Page size 1: ``alloc(extend_num_tokens)``'s pre-test (see the reference)."""
-        return extend_num_tokens
-
-    def _return_pages(self, slots: torch.Tensor) -> None:
-        if self._free_mask is not None:
-            self._free_mask[slots] = True
-        if self.need_sort:  # a copy: the slots may be the caller's tensor
-            self._stage(slots.clone(), True)
-        else:
-            self.free_pages = torch.cat((self.free_pages, slots))
-
-
-__all__ = ["BaseTokenToKVPoolAllocator", "FreeListState", "TokenToKVPoolAllocator"]
+__all__ = ["BaseTokenToKVPoolAllocator", "FreeListState"]

@@ -15,7 +15,7 @@ import numpy.typing as npt
 import torch
 
 from kvpool.errors import AlignmentError
-from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.rules import Rules
 
@@ -33,9 +33,6 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         page_size: int,
         need_sort: bool = False,
         *,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
-        kernel_backend: str | None = None,
         rules: Rules | None = None,
         options: TwinOptions | None = None,
     ) -> None:
@@ -44,7 +41,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             page_size,
             need_sort,
             rules=rules,
-            options=twin_options(options, device, checked, kernel_backend),
+            options=options,
         )
         self._page_shift = page_size.bit_length() - 1  # page_size is a power of two
         self._page_ids: torch.Tensor | None = None  # arange(num_pages + 1), made on first use

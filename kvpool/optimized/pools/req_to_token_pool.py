@@ -44,8 +44,6 @@ class ReqToTokenPool:
         self,
         size: int,
         max_context_len: int,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
         *,
         rules: Rules | None = None,
         options: TwinOptions | None = None,
@@ -56,7 +54,7 @@ class ReqToTokenPool:
             raise ConfigError(f"max_context_len must be positive, got {max_context_len!r}")
         self.size = size
         self.max_context_len = max_context_len
-        self.options = opts = twin_options(options, device, checked)
+        self.options = opts = twin_options(options)
         self.device = opts.device
         self.checked = opts.checked
         self.rules = rules if rules is not None else Rules()

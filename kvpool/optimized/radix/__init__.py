@@ -1,10 +1,9 @@
-"""The prefix cache: the radix tree, its release path, the chunk cache used when the tree is
+"""The prefix cache: the radix tree with its release path, the chunk cache used when the tree is
 disabled, eviction priorities and the tree's snapshot (the twin). Each public class is imported
 here from the module that defines it.
 """
 
 from kvpool.optimized.radix.chunk_cache import ChunkCache
 from kvpool.optimized.radix.radix_cache import RadixCache
-from kvpool.optimized.radix.radix_release import RadixRelease
 
-__all__ = ["ChunkCache", "RadixCache", "RadixRelease"]
+__all__ = ["ChunkCache", "RadixCache"]

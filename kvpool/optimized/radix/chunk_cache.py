@@ -22,7 +22,10 @@ from kvpool.snapshot import TreeSnapshot
 
 class ChunkCache:
     """Same call shapes as :class:`~kvpool.optimized.radix.radix_cache.RadixCache` with ``disable``
-    always True; ``match_prefix`` returns no slots and ``last_device_node=None``."""
+    always True; ``match_prefix`` returns no slots and ``last_device_node=None``.
+    ``options``: the twin's :class:`~kvpool.optimized.options.TwinOptions`; a tree built alone
+    over collaborators and given none runs as its allocator does (:func:`~kvpool.optimized.options.
+    options_of`)."""
 
     def __init__(
         self,

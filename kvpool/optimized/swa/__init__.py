@@ -5,23 +5,17 @@ defines it.
 
 from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa.chunk_cache import SWAChunkCache
-from kvpool.optimized.swa.free import SWAFrees
 from kvpool.optimized.swa.kv_pool import SWAKVPool
 from kvpool.optimized.swa.pure_allocator import PureSWATokenToKVPoolAllocator
 from kvpool.optimized.swa.radix_cache import SWAMatchResult, SWARadixCache
-from kvpool.optimized.swa.radix_evict import SWARadixEviction
-from kvpool.optimized.swa.radix_locks import SWARadixLocks
 from kvpool.optimized.swa.tree_node import SWATreeNode
 
 __all__ = [
     "PureSWATokenToKVPoolAllocator",
     "SWAChunkCache",
-    "SWAFrees",
     "SWAKVPool",
     "SWAMatchResult",
     "SWARadixCache",
-    "SWARadixEviction",
-    "SWARadixLocks",
     "SWATokenToKVPoolAllocator",
     "SWATreeNode",
 ]

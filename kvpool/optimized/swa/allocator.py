@@ -8,7 +8,9 @@ updates are tensor work; capacity is compared on host metadata (free-list length
 the mapping and drops the sentinel entries with a mask, whose data-dependent size waits for the
 device (SGLang's free does the same); at page size > 1 the freed pages are expanded to their
 slots once each, in ascending order, as the reference does. ``checked`` validates every
-call as the reference does, before any change.
+call as the reference does, before any change. SGLang 0.5.23's split frees (``free_full``,
+``free_full_segment``, ``free_swa_segment``, ``free_segment``) read the first slot of each page
+and free pages in the given order, as the reference.
 """
 
 from __future__ import annotations
@@ -27,25 +29,21 @@ from kvpool.errors import (
 from kvpool.kernels.host import HostLens
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
-from kvpool.optimized.pools.allocator import (
-    BaseTokenToKVPoolAllocator,
-    FreeListState,
-    TokenToKVPoolAllocator,
-)
-from kvpool.optimized.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.optimized.pools.allocator import FreeListState
+from kvpool.optimized.pools.allocator_choice import allocator_for
 from kvpool.optimized.pools.paged_ops import (
     check_decode_host,
     check_extend_args,
     check_extend_host,
     check_free_list_shape,
     check_free_list_state,
+    check_free_slots,
     check_host_copy,
     check_integer_tensors,
     check_prefix_pages_held,
     decode_new_pages_host,
     extend_new_pages_host,
 )
-from kvpool.optimized.swa.free import SWAFrees
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
 
@@ -54,15 +52,7 @@ SWAState = tuple[FreeListState, FreeListState, torch.Tensor]
 """What :meth:`SWATokenToKVPoolAllocator.backup_state` returns: (full, SWA, mapping clone)."""
 
 
-def _page_allocator(
-    size: int, page_size: int, need_sort: bool, rules: Rules | None, options: TwinOptions
-) -> BaseTokenToKVPoolAllocator:
-    if page_size == 1:
-        return TokenToKVPoolAllocator(size, need_sort, rules=rules, options=options)
-    return PagedTokenToKVPoolAllocator(size, page_size, need_sort, rules=rules, options=options)
-
-
-class SWATokenToKVPoolAllocator(SWAFrees):
+class SWATokenToKVPoolAllocator:
     """A full pool of ``size`` tokens and an SWA pool of ``size_swa`` tokens joined by
     ``full_to_swa_index_mapping`` (twin of the reference class)."""
 
@@ -73,17 +63,18 @@ class SWATokenToKVPoolAllocator(SWAFrees):
         page_size: int,
         need_sort: bool = False,
         *,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
-        kernel_backend: str | None = None,
         rules: Rules | None = None,
         options: TwinOptions | None = None,
     ) -> None:
-        self.options = twin_options(options, device, checked, kernel_backend)
+        self.options = twin_options(options)
         self.checked = self.options.checked
         opts = self.options
-        self.full_attn_allocator = _page_allocator(size, page_size, need_sort, rules, opts)
-        self.swa_attn_allocator = _page_allocator(size_swa, page_size, need_sort, rules, opts)
+        self.full_attn_allocator = allocator_for(
+            size, page_size, need_sort, rules=rules, options=opts
+        )
+        self.swa_attn_allocator = allocator_for(
+            size_swa, page_size, need_sort, rules=rules, options=opts
+        )
         self._size_full, self._size_swa = size, size_swa
         self.page_size = page_size
         self.need_sort = bool(need_sort)
@@ -329,6 +320,174 @@ class SWATokenToKVPoolAllocator(SWAFrees):
         assert full is not None and swa is not None
         self.full_to_swa_index_mapping[full] = swa
         return full
+
+    # ----------------------------------------------------------------- free
+    def _resolves_at_group_end(self) -> bool:
+        return self.rules.swa_free_resolve == "group_end"
+
+    def _mapping_indices(self, slots: torch.Tensor) -> torch.Tensor:
+        """The full slots a free of ``slots`` resolves: every slot of their pages above page
+        size 1, each page once, in the order the slots first name them (as the reference; the
+        sentinel mask that follows waits for the device anyway, so the ``unique`` adds no sync
+        of its own)."""
+        if self.page_size == 1:
+            return slots
+        named = slots // self.page_size
+        uniq, inverse = torch.unique(named, return_inverse=True)
+        where = torch.arange(named.numel(), device=named.device)
+        first = torch.full_like(uniq, named.numel()).scatter_reduce_(0, inverse, where, "amin")
+        pages: torch.Tensor = uniq[torch.argsort(first)]
+        out: torch.Tensor = (pages.unsqueeze(1) * self.page_size + self._offsets).reshape(-1)
+        return out
+
+    def _resolve_swa(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mapping indices, their SWA slots other than the sentinel); checked mode validates
+        the SWA slots against the SWA allocator."""
+        indices = self._mapping_indices(slots)
+        swa = self.full_to_swa_index_mapping[indices]
+        swa = swa[swa != RESERVED_INDEX]  # the sentinel is no slot
+        inner = self.swa_attn_allocator
+        if inner._free_mask is not None and swa.numel():
+            check_free_slots(
+                swa, inner._free_mask, self.page_size, not inner._dedup_pages, inner._pending_mask
+            )
+        return indices, swa
+
+    def _release_swa(self, indices: torch.Tensor, swa: torch.Tensor) -> None:
+        self.full_to_swa_index_mapping.index_fill_(0, indices, RESERVED_INDEX)
+        self.swa_attn_allocator.free(swa)
+
+    def free(self, free_index: IndexLike) -> None:
+        """Free full slots and the SWA slots their mapping names, zeroing those entries; inside
+        a free group as ``Rules.swa_free_resolve`` says. Checked mode validates both sides
+        first."""
+        slots = self._as_index(free_index, IndexOutOfRangeError)
+        if slots.numel() == 0:
+            return
+        full_alloc = self.full_attn_allocator
+        if full_alloc._free_mask is not None:
+            check_free_slots(
+                slots,
+                full_alloc._free_mask,
+                self.page_size,
+                not full_alloc._dedup_pages,
+                full_alloc._pending_mask,
+            )
+        if self._in_free_group and self._resolves_at_group_end():
+            full_alloc.free(slots)  # buffered; the entries are read at free_group_end
+            self._group_slots.append(slots)
+            return
+        indices, swa = self._resolve_swa(slots)
+        full_alloc.free(slots)
+        self._release_swa(indices, swa)
+
+    def free_swa(self, free_index: IndexLike) -> None:
+        """Free only the SWA slots of full slots (tokens that slid out of the window), zeroing
+        their entries; slots mapped to 0 are skipped. Checked mode: IndexOutOfRangeError for a
+        slot outside the full pool, the SWA allocator's errors for a corrupt mapping."""
+        slots = self._as_index(free_index, IndexOutOfRangeError)
+        if slots.numel() == 0:
+            return
+        if self.checked:
+            self._check_range(slots, 0)
+        indices, swa = self._resolve_swa(slots)
+        self._release_swa(indices, swa)
+
+    def _check_unmapped(self, slots: torch.Tensor) -> None:
+        if self.checked:
+            self._check_range(slots, 0)
+            mapped = slots[self.full_to_swa_index_mapping[slots] != RESERVED_INDEX]
+            if mapped.numel():
+                raise InvalidArgumentError(
+                    f"full slots still holding an SWA slot: {mapped.tolist()}"
+                )
+
+    def free_full(self, free_index: IndexLike) -> None:
+        """Free full slots whose SWA slots were released already (see the reference); checked
+        mode: InvalidArgumentError for a slot still mapped."""
+        slots = self._as_index(free_index, IndexOutOfRangeError)
+        if slots.numel() == 0:
+            return
+        self._check_unmapped(slots)
+        self.full_attn_allocator.free(slots)
+
+    def free_full_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
+        """:meth:`free_full` of a kv-row segment (the full pool's ``free_segment``)."""
+        slots = self._as_index(free_index, IndexOutOfRangeError)
+        if slots.numel() == 0:
+            return
+        self._check_unmapped(slots)
+        self.full_attn_allocator.free_segment(slots, start_pos)
+
+    def _segment_swa_pages(
+        self, slots: torch.Tensor, start_pos: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mapping indices, SWA pages) of a segment free (see the reference)."""
+        ps = self.page_size
+        if start_pos % ps:
+            raise AlignmentError(f"segment start {start_pos} is not page-aligned")
+        if self.checked:
+            self._check_range(slots, 0)
+        firsts = slots[::ps]
+        named = self.full_to_swa_index_mapping[firsts]
+        live = named != RESERVED_INDEX
+        firsts, named = firsts[live], named[live]
+        indices = ((firsts // ps * ps).unsqueeze(1) + self._offsets).reshape(-1)
+        pages = named // ps
+        inner = self.swa_attn_allocator
+        if inner._free_mask is not None and pages.numel():
+            check_free_slots(pages * ps, inner._free_mask, ps, True, None)
+        return indices, pages
+
+    def free_swa_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
+        """Free the SWA pages of a kv-row segment, zeroing their entries (see the reference)."""
+        slots = self._as_index(free_index, IndexOutOfRangeError)
+        if slots.numel() == 0:
+            return
+        indices, pages = self._segment_swa_pages(slots, start_pos)
+        self.full_to_swa_index_mapping.index_fill_(0, indices, RESERVED_INDEX)
+        self.swa_attn_allocator.free_page_ids(pages)
+
+    def free_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
+        """Both pools' pages of a kv-row segment: the SWA side, then the full pool's
+        ``free_segment`` (checked mode validates both first)."""
+        slots = self._as_index(free_index, IndexOutOfRangeError)
+        if slots.numel() == 0:
+            return
+        full_alloc = self.full_attn_allocator
+        if full_alloc._free_mask is not None:
+            check_free_slots(slots, full_alloc._free_mask, self.page_size, False, None)
+        indices, pages = self._segment_swa_pages(slots, start_pos)
+        self.full_to_swa_index_mapping.index_fill_(0, indices, RESERVED_INDEX)
+        self.swa_attn_allocator.free_page_ids(pages)
+        full_alloc.free_segment(slots, start_pos)
+
+    def free_group_begin(self) -> None:
+        """Open a free group (both pools; the full pool only under ``"group_end"``).
+        InvalidArgumentError when one is open."""
+        if self._in_free_group:
+            raise InvalidArgumentError("free_group_begin inside an open free group")
+        self.full_attn_allocator.free_group_begin()
+        if not self._resolves_at_group_end():
+            self.swa_attn_allocator.free_group_begin()
+        self._in_free_group = True
+        self._group_slots = []
+
+    def free_group_end(self) -> None:
+        """Close the group: each pool performs its buffered frees as one free (under
+        ``"group_end"``: the full slots, then the SWA slots their entries name now)."""
+        if not self._in_free_group:
+            raise InvalidArgumentError("free_group_end without free_group_begin")
+        if self._resolves_at_group_end():
+            slots = torch.cat(self._group_slots) if self._group_slots else self._as_index([])
+            indices, swa = self._resolve_swa(slots)
+            self.full_attn_allocator.free_group_end()
+            self._release_swa(indices, swa)
+        else:
+            self.full_attn_allocator.free_group_end()
+            self.swa_attn_allocator.free_group_end()
+        self._in_free_group = False
+        self._group_slots = []
 
     # ----------------------------------------------------------------- state
     def backup_state(self) -> SWAState:

@@ -12,6 +12,7 @@ the full slots and only the SWA slots still mapped: those the window released ea
 from __future__ import annotations
 
 from kvpool.errors import InvalidArgumentError
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.radix.chunk_cache import ChunkCache
 from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
@@ -19,7 +20,8 @@ from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
 
 class SWAChunkCache(ChunkCache):
     """Chunk cache with a sliding window of ``sliding_window_size`` tokens (see the module
-    docstring). InvalidArgumentError for a window below 1."""
+    docstring). InvalidArgumentError for a window below 1. ``options``: as
+    :class:`~kvpool.optimized.radix.chunk_cache.ChunkCache`'s."""
 
     def __init__(
         self,
@@ -27,10 +29,12 @@ class SWAChunkCache(ChunkCache):
         token_to_kv_pool_allocator: SWATokenToKVPoolAllocator,
         page_size: int,
         sliding_window_size: int,
+        *,
+        options: TwinOptions | None = None,
     ) -> None:
         if sliding_window_size < 1:
             raise InvalidArgumentError(f"sliding_window_size must be >= 1: {sliding_window_size}")
-        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size)  # type: ignore[arg-type]
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, options=options)  # type: ignore[arg-type]
         self.sliding_window_size = sliding_window_size
 
 

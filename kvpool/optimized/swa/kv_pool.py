@@ -1,7 +1,7 @@
 """``SWAKVPool`` (optimized twin): the KV buffers of a hybrid sliding-window model.
 
 Twin of :mod:`kvpool.reference.swa.kv_pool` (same layers mapping, results and errors): two
-:class:`~kvpool.optimized.kv.kv_cache.MHATokenToKVPool` tensors sets, writes and moves on SWA layers
+:class:`~kvpool.optimized.kv.mha.MHATokenToKVPool` tensors sets, writes and moves on SWA layers
 go through the allocator's registered ``full_to_swa_index_mapping`` tensor (shared, not
 copied), translated with one gather; ``checked`` validates like the reference.
 """
@@ -15,7 +15,8 @@ import torch
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.key_match import is_integer_dtype
-from kvpool.optimized.kv.kv_cache import MHATokenToKVPool, TensorLike
+from kvpool.optimized.kv.kv_cache import TensorLike
+from kvpool.optimized.kv.mha import MHATokenToKVPool
 from kvpool.optimized.options import TwinOptions, twin_options
 
 
@@ -33,8 +34,6 @@ class SWAKVPool:
         swa_attention_layer_ids: Sequence[int],
         full_attention_layer_ids: Sequence[int],
         v_head_dim: int | None = None,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
         *,
         options: TwinOptions | None = None,
     ) -> None:
@@ -42,7 +41,7 @@ class SWAKVPool:
         if set(swa_ids) & set(full_ids) or not swa_ids or not full_ids:
             raise ConfigError("need disjoint, non-empty full and SWA layer id lists")
         self.size, self.size_swa, self.page_size = size, size_swa, page_size
-        self.options = opts = twin_options(options, device, checked)
+        self.options = opts = twin_options(options)
         self.device = opts.device
         self.checked = opts.checked
         shape = (head_num, head_dim)

@@ -2,8 +2,8 @@
 layer is sliding-window.
 
 Twin of :mod:`kvpool.reference.swa.pure_allocator`: one
-:class:`~kvpool.optimized.pools.allocator.TokenToKVPoolAllocator` serves as both sides; the mapping
-is the identity tensor (with the -1 tail).
+:class:`~kvpool.optimized.pools.token_allocator.TokenToKVPoolAllocator` serves as both sides; the
+mapping is the identity tensor (with the -1 tail).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
-from kvpool.optimized.pools.allocator import FreeListState, TokenToKVPoolAllocator
+from kvpool.optimized.pools.allocator import FreeListState
+from kvpool.optimized.pools.token_allocator import TokenToKVPoolAllocator
 from kvpool.optimized.swa.allocator import IndexLike
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
@@ -30,15 +31,12 @@ class PureSWATokenToKVPoolAllocator:
         page_size: int = 1,
         need_sort: bool = False,
         *,
-        device: str | torch.device | None = None,
-        checked: bool | None = None,
-        kernel_backend: str | None = None,
         rules: Rules | None = None,
         options: TwinOptions | None = None,
     ) -> None:
         if page_size != 1:
             raise ConfigError(f"pure SWA supports page_size 1 only, got {page_size}")
-        self.options = twin_options(options, device, checked, kernel_backend)
+        self.options = twin_options(options)
         self.checked = self.options.checked
         self.swa_attn_allocator = TokenToKVPoolAllocator(
             size_swa, need_sort, rules=rules, options=self.options

@@ -3,7 +3,9 @@
 Twin of :mod:`kvpool.reference.unified.swa_radix_cache` (same differences from the SWA radix
 cache, node ids, results, frees and errors; read its module docstring). Node values are int64
 slot tensors on the allocator's device and every allocator call passes tensors; the tree walk,
-the SWA recency list and the eviction order are plain Python, as in the reference.
+the SWA recency list and the eviction order are plain Python, as in the reference. The three
+``Rules`` knobs of SGLang 0.5.16's unified tree (``unified_free``, ``unified_split_recency``,
+``unified_tombstone_lock``) are followed as the reference's module docstring says.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from kvpool.optimized.swa.radix_cache import SWAMatchResult, SWARadixCache
 from kvpool.optimized.swa.tree_node import SWATreeNode
 from kvpool.reference.radix.evict_policy import get_priority_fn
 from kvpool.reference.radix_key import tree_slot_limit
+from kvpool.rules import Rules
 
 
 class UnifiedSWARadixCache(SWARadixCache):
@@ -35,8 +38,10 @@ class UnifiedSWARadixCache(SWARadixCache):
         clock: Callable[[], float] | None = None,
         *,
         eviction_policy: str = "lru",
+        rules: Rules | None = None,
         options: TwinOptions | None = None,
     ) -> None:
+        self.rules = rules if rules is not None else Rules()
         self.eviction_policy = eviction_policy
         self._policy_key = get_priority_fn(eviction_policy)
         self.swa_lru: list[SWATreeNode] = []
@@ -85,7 +90,10 @@ class UnifiedSWARadixCache(SWARadixCache):
 
     def _tombstone(self, node: SWATreeNode) -> None:
         """Free ``node``'s SWA slots; its full slots stay (difference 5)."""
-        self.token_to_kv_pool_allocator.free_swa_segment(node.value, 0)
+        if self.rules.unified_free == "free":
+            self.token_to_kv_pool_allocator.free_swa(node.value)
+        else:
+            self.token_to_kv_pool_allocator.free_swa_segment(node.value, 0)
         node.swa_tombstone = True
         self._lru_remove(node)
         if node.swa_lock_ref > 0:
@@ -95,12 +103,16 @@ class UnifiedSWARadixCache(SWARadixCache):
 
     def _split_node(self, child: SWATreeNode, split_len: int) -> SWATreeNode:
         """The base split; the upper half keeps ``child``'s creation time, hit count and
-        priority and sits right behind ``child`` in the SWA list."""
+        priority and sits right behind ``child`` in the SWA list (``unified_split_recency
+        "front"``: ``child`` moves to the front first)."""
         upper = super()._split_node(child, split_len)
         upper.creation_time = child.creation_time
         upper.hit_count = child.hit_count
         upper.priority = child.priority
         if not child.swa_tombstone and child in self.swa_lru:
+            if self.rules.unified_split_recency == "front":
+                self._lru_remove(child)
+                self.swa_lru.insert(0, child)
             self._lru_insert_after(child, upper)
         return upper
 
@@ -183,20 +195,29 @@ class UnifiedSWARadixCache(SWARadixCache):
             if live > start:
                 self._split_node(node, live - start)  # the older part stays a tombstone
             fresh = incoming[live - start :].clone()
+            plain = self.rules.unified_free == "free"
             if node.full_lock_ref > 0:
                 # a running request reads these full slots: keep them, adopt the SWA slots
                 swa = alloc.translate_loc_from_full_to_swa(fresh)
                 alloc.set_full_to_swa_mapping(fresh, torch.zeros_like(fresh))
                 alloc.set_full_to_swa_mapping(node.value, swa)
-                alloc.free_full_segment(fresh, 0)
+                if plain:
+                    alloc.free_full(fresh)
+                else:
+                    alloc.free_full_segment(fresh, 0)
             else:
                 old = node.value
                 node.value = fresh
-                alloc.free_full_segment(old, 0)
+                if plain:
+                    alloc.free(old)
+                else:
+                    alloc.free_full_segment(old, 0)
             self._publish(node)
             consumed = live - start
         dup_lo = max(0, prev_prefix_len - start)
-        if dup_lo < consumed:
+        if dup_lo < consumed and self.rules.unified_free == "free":
+            alloc.free(incoming[dup_lo:consumed])
+        elif dup_lo < consumed:
             dup = incoming[dup_lo:consumed]
             gone = min(max(swa_evicted_seqlen - (start + dup_lo), 0), len(dup))
             if gone:
@@ -238,11 +259,27 @@ class UnifiedSWARadixCache(SWARadixCache):
             cur = cur.parent
         return part, covered >= self.sliding_window_size
 
+    def _swa_segment_skipping(self, node: SWATreeNode) -> tuple[list[SWATreeNode], bool]:
+        """``unified_tombstone_lock "skip"``: the nodes a window lock on ``node`` locks (from
+        ``node`` up, tombstones skipped and not counted, until their keys cover the window)
+        and whether they cover it."""
+        part, covered, cur = [], 0, node
+        while cur is not self.root_node and covered < self.sliding_window_size:
+            if not cur.swa_tombstone:
+                part.append(cur)
+                covered += len(cur.key)
+            assert cur.parent is not None
+            cur = cur.parent
+        return part, covered >= self.sliding_window_size
+
     def inc_lock_ref(self, node: SWATreeNode) -> int | None:
         """Full-lock ``node`` -> root and window-lock its segment (difference 4); the swa_uuid
         of the node where the window was covered (None: the segment reached the root)."""
         path = self._path_to_root(node)
-        part, covered = self._swa_segment(node)
+        if self.rules.unified_tombstone_lock == "skip":
+            part, covered = self._swa_segment_skipping(node)
+        else:
+            part, covered = self._swa_segment(node)
         for cur in path:
             if cur.full_lock_ref == 0:
                 self.full_evictable_size_ -= len(cur.value)
@@ -274,7 +311,12 @@ class UnifiedSWARadixCache(SWARadixCache):
         path = self._path_to_root(node)
         if any(c.full_lock_ref <= 0 for c in path):
             raise LockError(f"full lock_ref would go negative above node {node.node_id}")
-        part = [] if skip_swa else self._swa_part(path, swa_uuid_for_lock)
+        if skip_swa:
+            part = []
+        elif self.rules.unified_tombstone_lock == "skip":
+            part = self._swa_unlock_skipping(path, swa_uuid_for_lock)
+        else:
+            part = self._swa_part(path, swa_uuid_for_lock)
         self._check_swa_unlock(part)
         for cur in path:
             if cur.full_lock_ref == 1:
@@ -287,11 +329,42 @@ class UnifiedSWARadixCache(SWARadixCache):
                 self.swa_protected_size_ -= len(cur.value)
             cur.swa_lock_ref -= 1
 
+    def _swa_unlock_skipping(self, path: list[SWATreeNode],
+                             uuid: int | None) -> list[SWATreeNode]:  # fmt: skip
+        """``unified_tombstone_lock "skip"``: the nodes ``dec_lock_ref`` decrements (a node
+        whose SWA count is 0 is passed over, uuid unread; it stops after decrementing the
+        uuid's node)."""
+        part: list[SWATreeNode] = []
+        for cur in path:
+            if cur.swa_lock_ref == 0:
+                continue
+            part.append(cur)
+            if uuid is not None and cur.swa_uuid == uuid:
+                break
+        return part
+
+    def _swa_release_skipping(self, path: list[SWATreeNode],
+                              uuid: int | None) -> list[SWATreeNode]:  # fmt: skip
+        """``unified_tombstone_lock "skip"``: the nodes ``dec_swa_lock_only`` decrements
+        (tombstones and nodes whose SWA count is 0 are passed over; it stops at the uuid's node
+        either way)."""
+        part: list[SWATreeNode] = []
+        for cur in path:
+            if not cur.swa_tombstone and cur.swa_lock_ref > 0:
+                part.append(cur)
+            if uuid is not None and cur.swa_uuid == uuid:
+                break
+        return part
+
     def dec_swa_lock_only(self, node: SWATreeNode, swa_uuid_for_lock: int | None = None) -> None:
         """Release the window part of a lock early (difference 4): a node whose SWA lock
         reaches 0 becomes SWA-evictable, and is tombstoned only if it is an unlocked leaf.
         LockError (nothing changed) if a count would go negative."""
-        part = self._swa_part(self._path_to_root(node), swa_uuid_for_lock)
+        path = self._path_to_root(node)
+        if self.rules.unified_tombstone_lock == "skip":
+            part = self._swa_release_skipping(path, swa_uuid_for_lock)
+        else:
+            part = self._swa_part(path, swa_uuid_for_lock)
         self._check_swa_unlock(part)
         for cur in part:
             cur.swa_lock_ref -= 1
@@ -316,10 +389,16 @@ class UnifiedSWARadixCache(SWARadixCache):
         alloc = self.token_to_kv_pool_allocator
         n = len(node.value)
         swa = 0 if node.swa_tombstone else n
-        if node.swa_tombstone:
+        plain = self.rules.unified_free == "free"
+        if node.swa_tombstone and plain:
+            alloc.free_full(node.value)
+        elif node.swa_tombstone:
             alloc.free_full_segment(node.value, 0)
         else:
-            alloc.free_segment(node.value, 0)
+            if plain:
+                alloc.free(node.value)
+            else:
+                alloc.free_segment(node.value, 0)
             self._lru_remove(node)
         self._delete_leaf(node)
         return n, swa

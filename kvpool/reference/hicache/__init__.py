@@ -8,27 +8,27 @@ from kvpool.reference.hicache.cache_controller import (
     HiCacheController,
     PrefetchOperation,
 )
-from kvpool.reference.hicache.evict import HiRadixEvict
+from kvpool.reference.hicache.evict import HostEviction
 from kvpool.reference.hicache.hiradix_cache import HiRadixCache
 from kvpool.reference.hicache.memory_pool_host import (
     HostKVCache,
     MHATokenToKVPoolHost,
     MLATokenToKVPoolHost,
 )
-from kvpool.reference.hicache.prefetch import HiRadixPrefetch
+from kvpool.reference.hicache.prefetch import StoragePrefetch
 from kvpool.reference.hicache.tree_node import HiTreeNode
-from kvpool.reference.hicache.unified_tier import HiRadixUnified
+from kvpool.reference.hicache.unified_tier import UnifiedHostTier
 
 __all__ = [
     "HiCacheAck",
     "HiCacheController",
     "HiRadixCache",
-    "HiRadixEvict",
-    "HiRadixPrefetch",
-    "HiRadixUnified",
     "HiTreeNode",
+    "HostEviction",
     "HostKVCache",
     "MHATokenToKVPoolHost",
     "MLATokenToKVPoolHost",
     "PrefetchOperation",
+    "StoragePrefetch",
+    "UnifiedHostTier",
 ]

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from kvpool.protocols import HostPoolProtocol, SegmentAllocatorProtocol
 from kvpool.snapshot import HostTransferSnapshot
 
 
@@ -58,7 +58,7 @@ class PrefetchOperation:
     storage_hit_count: int = 0
     completed_tokens: int = 0
     terminated: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
     def increment(self, num_tokens: int) -> bool:
         """Count fetched tokens unless terminated; returns whether they were counted."""
@@ -77,8 +77,8 @@ class HiCacheController:
 
     def __init__(
         self,
-        token_to_kv_pool_allocator: Any,
-        mem_pool_host: Any,
+        token_to_kv_pool_allocator: SegmentAllocatorProtocol[list[int]],
+        mem_pool_host: HostPoolProtocol[list[int]],
         page_size: int,
         write_policy: str = "write_through",
     ) -> None:

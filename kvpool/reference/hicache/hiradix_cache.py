@@ -23,7 +23,13 @@ count device tokens only (a host-only node is never locked).
   (:meth:`loading_check`), which also copies the content.
 - ``match_prefix`` also reports ``host_hit_length`` (tokens in host-only nodes at the end of the
   match) and ``last_host_node`` (the deepest backed-up matched node; the root counts).
-- Storage prefetches: :class:`~kvpool.reference.hicache.prefetch.HiRadixPrefetch`.
+- Storage prefetches: :class:`~kvpool.reference.hicache.prefetch.StoragePrefetch`.
+
+The tree owns three collaborators, each holding a typed view of the tree:
+``host_eviction`` (:class:`~kvpool.reference.hicache.evict.HostEviction`: ``evict`` and
+``evict_host``), ``storage_prefetch`` (:class:`~kvpool.reference.hicache.prefetch.
+StoragePrefetch`) and ``unified_tier`` (:class:`~kvpool.reference.hicache.unified_tier.
+UnifiedHostTier`).
 
 Under ``Rules.hicache_host_tier == "unified"`` (SGLang 0.5.23's host tier inside
 ``UnifiedRadixCache``) the differences are in :mod:`~kvpool.reference.hicache.unified_tier`, and
@@ -39,25 +45,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from kvpool.errors import ConfigError, InvalidArgumentError
-from kvpool.reference.hicache.cache_controller import HiCacheController
-from kvpool.reference.hicache.evict import HiRadixEvict, _hi
-from kvpool.reference.hicache.prefetch import HiRadixPrefetch
-from kvpool.reference.hicache.tree_node import HiTreeNode
-from kvpool.reference.hicache.unified_tier import HiRadixUnified
+from kvpool.protocols import HostPoolProtocol
+from kvpool.reference.hicache.cache_controller import HiCacheController, PrefetchOperation
+from kvpool.reference.hicache.evict import HostEviction
+from kvpool.reference.hicache.prefetch import StoragePrefetch
+from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
+from kvpool.reference.hicache.unified_tier import UnifiedHostTier
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
+from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.radix.radix_cache import RadixCache, hit_floor
 from kvpool.reference.radix.tree_view import bfs_nodes, snapshot_tree
 from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.reference.req import Req
 from kvpool.rules import Rules
-from kvpool.snapshot import HostTierSnapshot, TreeSnapshot
+from kvpool.snapshot import HostTierSnapshot, PrefetchSnapshot, TreeSnapshot
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
-class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
+class HiRadixCache(RadixCache):
     """Prefix cache over device slots with host backups in ``token_to_kv_pool_host`` (see the
     module docstring)."""
 
@@ -65,10 +73,10 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
 
     def __init__(
         self,
-        req_to_token_pool: Any,
-        token_to_kv_pool_allocator: Any,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator,
         page_size: int,
-        token_to_kv_pool_host: Any,
+        token_to_kv_pool_host: HostPoolProtocol[list[int]],
         disable: bool = False,
         eviction_policy: str = "lru",
         clock: Callable[[], float] | None = None,
@@ -95,6 +103,10 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         resolved = rules if rules is not None else Rules()
         self.unified = resolved.hicache_host_tier == "unified"
         self.cache_controller.segment_frees = self.unified and resolved.tree_free == "segment"
+        # the collaborators exist before the tree's first reset, which resets them
+        self.host_eviction = HostEviction(self)
+        self.storage_prefetch = StoragePrefetch(self)
+        self.unified_tier = UnifiedHostTier(self)
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, disable,
                          eviction_policy, clock, rules=rules)  # fmt: skip
 
@@ -104,8 +116,8 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         self.token_to_kv_pool_host.clear()
         self.ongoing_write_through: dict[int, tuple[HiTreeNode, list[HiTreeNode]]] = {}
         self.ongoing_load_back: dict[int, HiTreeNode] = {}
-        self.reset_prefetch()
-        self.reset_unified()
+        self.storage_prefetch.reset()
+        self.unified_tier.reset()
         super().reset()
         self.root_node.host_value = []
 
@@ -121,7 +133,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         return node
 
     def _device_nodes(self) -> list[HiTreeNode]:
-        return [_hi(n) for n in bfs_nodes(self.root_node)[1:] if not _hi(n).evicted]
+        return [as_hi(n) for n in bfs_nodes(self.root_node)[1:] if not as_hi(n).evicted]
 
     def total_size(self) -> int:
         """Device tokens in the tree (host-only nodes excluded)."""
@@ -132,8 +144,8 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         """As the radix cache's split; the halves share the device or host state, both host
         values are cut at ``split_len``, and a pending write covers both halves. The upper half
         starts with no host pin (as SGLang)."""
-        low = _hi(child)
-        upper = _hi(super()._split_node(low, split_len))
+        low = as_hi(child)
+        upper = as_hi(super()._split_node(low, split_len))
         upper.evicted = low.evicted
         if low.host_value is not None:
             upper.host_value = low.host_value[:split_len]
@@ -147,7 +159,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
                 upper.write_through_pending_id = ack
                 self.ongoing_write_through[ack] = (lock_node, nodes)
         if self.unified:
-            self._split_unified(low, upper)
+            self.unified_tier.split(low, upper)
         return upper
 
     def _walk(self, key: RadixKey) -> tuple[list[int], HiTreeNode]:
@@ -166,9 +178,9 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             split = n < len(child.key)
             if split:
                 child = self._split_node(child, n)
-            if not _hi(child).evicted:
+            if not as_hi(child).evicted:
                 values.extend(child.value)
-            node = _hi(child)
+            node = as_hi(child)
             if split:
                 break
             key = key[n:]
@@ -188,10 +200,10 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         while device_node.evicted:
             assert device_node.host_value is not None
             host_hit += len(device_node.host_value)
-            device_node = _hi(device_node.parent)
+            device_node = as_hi(device_node.parent)
         host_node = last
         while not host_node.backuped and not self.unified:
-            host_node = _hi(host_node.parent)
+            host_node = as_hi(host_node.parent)
         return MatchResult(values, device_node, host_node, host_hit)
 
     def insert(
@@ -240,14 +252,14 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             if n < len(child.key):
                 child = self._split_node(child, n)
             child.priority = max(child.priority, priority)  # unified: the matched part only
-            hi = _hi(child)
+            hi = as_hi(child)
             if hi.evicted:
                 hi.value = value[:n]
                 hi.evicted = False
                 self.evictable_size_ += n
                 if self.unified:
                     total_prefix += n
-                    self._track_duplicate(hi)
+                    self.unified_tier.track_duplicate(hi)
                     self._inc_hit_count(hi, total_prefix > floor)
             else:
                 lo = max(0, prev_prefix_len - pos)
@@ -268,9 +280,9 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
     def checkpoint(self, req: Req, up_to: int, chunked: bool = False) -> list[int]:
         """SGLang 0.5.23's ``checkpoint`` (see the radix cache's); under the unified rules the
         inserts free the duplicates themselves
-        (:meth:`~kvpool.reference.hicache.unified_tier.HiRadixUnified._checkpoint_unified`)."""
+        (:meth:`~kvpool.reference.hicache.unified_tier.UnifiedHostTier.checkpoint`)."""
         if self.unified:
-            return self._checkpoint_unified(req, up_to, chunked)
+            return self.unified_tier.checkpoint(req, up_to, chunked)
         return super().checkpoint(req, up_to, chunked)
 
     def _inc_hit_count(self, node: HiTreeNode, counts: bool) -> None:
@@ -281,7 +293,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         node.hit_count += 1
         if not node.backuped and node.hit_count >= self.write_through_threshold:
             if self.unified:
-                self._backup_chain(node)
+                self.unified_tier.backup_chain(node)
             else:
                 self.write_backup(node)
 
@@ -290,7 +302,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         """Write ``node``'s device slots to newly reserved host slots (evicting host-only leaves
         once when the host is full); returns the tokens written (0: skipped or no room).
         Write-through needs a backed-up parent and locks the node until the acknowledgement."""
-        parent = _hi(node.parent)
+        parent = as_hi(node.parent)
         if not write_back and parent is not self.root_node and not parent.backuped:
             return 0
         cc = self.cache_controller
@@ -313,7 +325,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             if n.write_through_pending_id == ack_id:
                 n.write_through_pending_id = None
                 if self.unified:
-                    self._track_duplicate(n)
+                    self.unified_tier.track_duplicate(n)
         if release_lock:
             self.dec_lock_ref(lock_node)
 
@@ -351,7 +363,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
                 node = self.ongoing_load_back.pop(ack_id)
                 self.dec_lock_ref(node)
                 if self.unified:
-                    self._finish_load_back(node)
+                    self.unified_tier.finish_load_back(node)
             done += 1
         return done
 
@@ -364,15 +376,15 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
         """Restore the host-only nodes from ``node`` up to the first device node into new
         device slots; returns them (None: below the threshold, over the quota, or no room even
         after one eviction; nothing changed then). The restored path is locked until the load's
-        acknowledgement. Unified rules: :meth:`HiRadixUnified._load_back_unified`."""
+        acknowledgement. Unified rules: :meth:`UnifiedHostTier.load_back`."""
         if self.unified:
-            return self._load_back_unified(_hi(node), mem_quota)
-        node = last_hit_node = _hi(node)
+            return self.unified_tier.load_back(as_hi(node), mem_quota)
+        node = last_hit_node = as_hi(node)
         nodes_to_load: list[HiTreeNode] = []
         while node.evicted:
             assert node.host_value is not None, f"node {node.node_id} is evicted without backup"
             nodes_to_load.insert(0, node)
-            node = _hi(node.parent)
+            node = as_hi(node.parent)
         ancestor = node
         delta = self.inc_lock_ref(ancestor)
         host_indices = [h for n in nodes_to_load for h in (n.host_value or [])]
@@ -409,20 +421,98 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
     ) -> tuple[list[int], HiTreeNode]:
         """Load back ``last_node`` if it is host-only; returns the restored device slots (empty
         if none) and the node the request should lock (the deepest one on device)."""
-        last_node = _hi(node)
+        last_node = as_hi(node)
         if last_node.evicted:
             loaded = self.load_back(last_node, mem_quota)
             if loaded is not None:
                 return loaded, last_node
             while last_node.evicted:
-                last_node = _hi(last_node.parent)
+                last_node = as_hi(last_node.parent)
         return [], last_node
+
+    def _insert_helper_host(self, node: HiTreeNode, key: RadixKey, host_value: list[int]) -> int:
+        """Insert ``key`` below ``node`` as host-only content at ``host_value`` (a prefetch's
+        fetched tokens); returns the tokens that were already in the tree (their host slots are
+        the caller's to free)."""
+        now = self.clock()
+        node.last_access_time = now
+        matched = 0
+        while len(key) > 0:
+            child = node.children.get(self._child_key(node, key))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = self._match_len(child.key, key)
+            key, host_value = key[n:], host_value[n:]
+            matched += n
+            if n < len(child.key):
+                child = self._split_node(child, n)
+            node = as_hi(child)
+        if len(key) > 0:
+            leaf = self._new_node(key, [], node, now, node.priority)
+            leaf.evicted = True
+            leaf.host_value = list(host_value)
+            node.children[self._child_key(node, key)] = leaf
+        return matched
+
+    # ----------------------------------------------------------------- eviction
+    def evict(self, num_tokens: int) -> int:
+        """Free device copies by policy until ``num_tokens`` tokens are freed (see the module
+        docstring; :class:`~kvpool.reference.hicache.evict.HostEviction`); returns the device
+        tokens freed."""
+        return self.host_eviction.evict(num_tokens)
+
+    def evict_host(self, num_tokens: int) -> int:
+        """Free the host copies of unpinned host-only leaves by policy until ``num_tokens``
+        host tokens are freed; such a node leaves the tree. Returns the host tokens freed.
+        Under the unified write-back rules host duplicates are reclaimed first."""
+        return self.host_eviction.evict_host(num_tokens)
+
+    # ----------------------------------------------------------------- storage prefetch
+    @property
+    def ongoing_prefetch(self) -> dict[str, tuple[HiTreeNode, RadixKey, PrefetchOperation]]:
+        """The prefetches in flight by request id (:class:`StoragePrefetch`'s)."""
+        return self.storage_prefetch.ongoing_prefetch
+
+    def prefetch_from_storage(
+        self, req_id: str, last_host_node: TreeNode, new_input_tokens: list[int]
+    ) -> bool:
+        """Start a prefetch of ``new_input_tokens`` below ``last_host_node``; whether it started
+        (:meth:`StoragePrefetch.prefetch_from_storage`)."""
+        return self.storage_prefetch.prefetch_from_storage(req_id, last_host_node,
+                                                           new_input_tokens)  # fmt: skip
+
+    def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
+        """Storage holds the first ``hit_tokens`` tokens: reserve host slots or revoke; whether
+        the transfer started (:meth:`StoragePrefetch.storage_hit`)."""
+        return self.storage_prefetch.storage_hit(req_id, hit_tokens)
+
+    def check_prefetch_progress(self, req_id: str) -> bool:
+        """End ``req_id``'s prefetch now (:meth:`StoragePrefetch.check_prefetch_progress`)."""
+        return self.storage_prefetch.check_prefetch_progress(req_id)
+
+    def release_aborted_request(self, rid: str) -> None:
+        """An aborted request's prefetch (:meth:`StoragePrefetch.release_aborted_request`)."""
+        self.storage_prefetch.release_aborted_request(rid)
+
+    def prefetch_io(self, req_id: str, num_pages: int) -> int:
+        """The worker of ``req_id``'s transfer runs ``num_pages`` more pages; the tokens
+        fetched (:meth:`StoragePrefetch.prefetch_io`)."""
+        return self.storage_prefetch.prefetch_io(req_id, num_pages)
+
+    def drain_storage_control_queues(self) -> int:
+        """Free the host slots queued for release; returns how many."""
+        return self.storage_prefetch.drain_storage_control_queues()
+
+    def prefetch_snapshots(self) -> tuple[PrefetchSnapshot, ...]:
+        """The ongoing prefetches, by request id."""
+        return self.storage_prefetch.prefetch_snapshots()
 
     # ----------------------------------------------------------------- views
     def snapshot(self) -> TreeSnapshot:
         """The tree snapshot; nodes carry their host fields."""
         tree = snapshot_tree(self)
-        by_id = {n.node_id: _hi(n) for n in bfs_nodes(self.root_node)}
+        by_id = {n.node_id: as_hi(n) for n in bfs_nodes(self.root_node)}
         nodes = []
         for s in tree.nodes:
             n = by_id[s.node_id]
@@ -445,7 +535,7 @@ class HiRadixCache(HiRadixEvict, HiRadixPrefetch, HiRadixUnified, RadixCache):
             tree=self.snapshot(),
             host=self.token_to_kv_pool_host.snapshot(),
             transfers=tuple(a.snapshot() for a in acks),
-            prefetches=self.prefetch_snapshots(),
+            prefetches=self.storage_prefetch.prefetch_snapshots(),
             release_queue=tuple(int(s) for page in cc.host_mem_release_queue for s in page),
             worker_held=tuple(int(s) for s in cc.worker_held()),
             device_tags=tuple(cc.mem_pool_device.read_tags(list(range(rows)))),

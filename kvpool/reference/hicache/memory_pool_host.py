@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 from kvpool.errors import AlignmentError, ConfigError, DoubleFreeError, InvalidArgumentError
+from kvpool.protocols import TaggedKVPoolProtocol
 from kvpool.snapshot import HostPoolSnapshot
 
 ITEMSIZE: dict[str, int] = {
@@ -50,12 +51,45 @@ def host_pool_size(
     return (size // page_size + 1) * page_size
 
 
+class DevicePoolOfHost(TaggedKVPoolProtocol[list[int]], Protocol):
+    """What a host pool reads of the device KV pool it backs: the tags and geometry of
+    :class:`~kvpool.protocols.TaggedKVPoolProtocol`, its stored dtype and its layer count."""
+
+    @property
+    def store_dtype(self) -> str: ...
+
+    @property
+    def layer_num(self) -> int: ...
+
+
+class MHADevicePool(DevicePoolOfHost, Protocol):
+    """An MHA device pool's per-layer K/V geometry (heads x channels)."""
+
+    @property
+    def head_num(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+
+class MLADevicePool(DevicePoolOfHost, Protocol):
+    """An MLA device pool's fused per-layer row geometry (channels)."""
+
+    @property
+    def kv_lora_rank(self) -> int: ...
+
+    @property
+    def qk_rope_head_dim(self) -> int: ...
+
+
 class HostKVCache:
     """A host KV pool sized from ``device_pool`` (see the module docstring)."""
 
+    device_pool: DevicePoolOfHost
+
     def __init__(
         self,
-        device_pool: Any,
+        device_pool: DevicePoolOfHost,
         host_to_device_ratio: float,
         host_size: float = 0,
         page_size: int = 1,
@@ -142,18 +176,24 @@ class HostKVCache:
 
     # ----------------------------------------------------------------- content
     def backup_from_device_all_layer(
-        self, device_pool: Any, host_indices: Sequence[int], device_indices: Sequence[int]
+        self,
+        device_pool: TaggedKVPoolProtocol[list[int]],
+        host_indices: Sequence[int],
+        device_indices: Sequence[int],
     ) -> None:
         """Copy the device slots' content (their tags) into the host slots, all layers."""
-        tags = device_pool.read_tags(device_indices)
+        tags = device_pool.read_tags(list(device_indices))
         for h, tag in zip(host_indices, tags, strict=True):
             self.tags[int(h)] = tag
 
     def load_to_device_all_layer(
-        self, device_pool: Any, host_indices: Sequence[int], device_indices: Sequence[int]
+        self,
+        device_pool: TaggedKVPoolProtocol[list[int]],
+        host_indices: Sequence[int],
+        device_indices: Sequence[int],
     ) -> None:
         """Copy the host slots' content (their tags) into the device slots, all layers."""
-        device_pool.write_tags(device_indices, [self.tags[int(h)] for h in host_indices])
+        device_pool.write_tags(list(device_indices), [self.tags[int(h)] for h in host_indices])
 
     def snapshot(self) -> HostPoolSnapshot:
         """Plain snapshot: free list, released chunks (flattened, in order) and tags."""
@@ -165,6 +205,8 @@ class HostKVCache:
 class MHATokenToKVPoolHost(HostKVCache):
     """Host pool of an MHA device pool: K and V of ``head_num * head_dim`` per layer."""
 
+    device_pool: MHADevicePool  # built by host_pool_for for a pool without ``kv_lora_rank``
+
     def get_size_per_token(self) -> int:
         pool = self.device_pool
         return int(pool.head_dim * pool.head_num * pool.layer_num * ITEMSIZE[self.dtype] * 2)
@@ -173,13 +215,15 @@ class MHATokenToKVPoolHost(HostKVCache):
 class MLATokenToKVPoolHost(HostKVCache):
     """Host pool of an MLA device pool: one ``kv_lora_rank + qk_rope_head_dim`` row per layer."""
 
+    device_pool: MLADevicePool  # built by host_pool_for for a pool with ``kv_lora_rank``
+
     def get_size_per_token(self) -> int:
         pool = self.device_pool
         dim = pool.kv_lora_rank + pool.qk_rope_head_dim
         return int(dim * pool.layer_num * ITEMSIZE[self.dtype])
 
 
-def host_pool_for(device_pool: Any, ratio: float, host_size: float = 0) -> HostKVCache:
+def host_pool_for(device_pool: DevicePoolOfHost, ratio: float, host_size: float = 0) -> HostKVCache:
     """The host pool kind matching ``device_pool`` (MLA when it has ``kv_lora_rank``)."""
     kind = MLATokenToKVPoolHost if hasattr(device_pool, "kv_lora_rank") else MHATokenToKVPoolHost
     return kind(device_pool, ratio, host_size, device_pool.page_size)

@@ -1,8 +1,9 @@
 """Prefetches from storage into the host tier: the part of ``HiRadixCache`` that runs them.
 
-Units: tokens; host indices are host slots. A mixin of
-:class:`~kvpool.reference.hicache.hiradix_cache.HiRadixCache` (which provides the tree, the
-controller and ``evict_host``); mirrored in both twins.
+Units: tokens; host indices are host slots. :class:`StoragePrefetch` is a collaborator the tree
+owns (``HiRadixCache.storage_prefetch``; the tree's prefetch methods call it); it reaches the
+tree through :class:`PrefetchTree`, exactly the parts it uses (the controller, the host pool,
+``evict_host`` and the insert of host-only content). Mirrored in both twins.
 
 A prefetch (SGLang 0.5.16, ``best_effort`` stop policy, one rank) goes through:
 
@@ -13,7 +14,7 @@ A prefetch (SGLang 0.5.16, ``best_effort`` stop policy, one rank) goes through:
    or when the operation was terminated meanwhile, it is revoked (the pin dropped). Otherwise
    host slots are reserved for the hit (evicting host leaves once, then trying the largest
    page-aligned part that fits and still reaches the threshold), or the prefetch is revoked.
-3. The worker fetches pages (the controller's ``prefetch_io``; :meth:`HiRadixPrefetch.prefetch_io`).
+3. The worker fetches pages (the controller's ``prefetch_io``; :meth:`StoragePrefetch.prefetch_io`).
 4. ``check_prefetch_progress(rid)`` ends it: the fetched tokens go below ``last_host_node`` as
    host-only nodes (the slots of tokens already in the tree are freed at once), the pin is
    dropped, and the unfetched slots are left to the worker, which releases them when it sees
@@ -24,56 +25,79 @@ A prefetch (SGLang 0.5.16, ``best_effort`` stop policy, one rank) goes through:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
-from kvpool.reference.hicache.cache_controller import PrefetchOperation
-from kvpool.reference.radix_key import RadixKey
+from kvpool.protocols import HostPoolProtocol
+from kvpool.reference.hicache.cache_controller import HiCacheController, PrefetchOperation
+from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
+from kvpool.reference.radix_key import RadixKey, TreeNode
 from kvpool.snapshot import PrefetchSnapshot
 from kvpool.tags import kv_tags
 
 
-class HiRadixPrefetch:
-    """The storage-prefetch methods of ``HiRadixCache`` (see the module docstring)."""
+class PrefetchTree(Protocol):
+    """The parts of ``HiRadixCache`` its storage prefetches use."""
 
-    page_size: int
-    cache_controller: Any
-    token_to_kv_pool_host: Any
-    prefetch_threshold: int
-    enable_storage: bool
-    clock: Any
-    _child_key: Any
-    _match_len: Any
-    _split_node: Any
-    _new_node: Any
-    evict_host: Any
+    @property
+    def page_size(self) -> int: ...
 
-    def reset_prefetch(self) -> None:
+    @property
+    def prefetch_threshold(self) -> int: ...
+
+    @property
+    def enable_storage(self) -> bool: ...
+
+    @property
+    def cache_controller(self) -> HiCacheController: ...
+
+    @property
+    def token_to_kv_pool_host(self) -> HostPoolProtocol[list[int]]: ...
+
+    def evict_host(self, num_tokens: int) -> int: ...
+
+    def _insert_helper_host(self, node: HiTreeNode, key: RadixKey, host_value: list[int]) -> int:
+        """Insert ``key`` below ``node`` as host-only content at ``host_value``; the tokens
+        already in the tree (their host slots are the caller's to free)."""
+        ...
+
+
+class StoragePrefetch:
+    """The storage prefetches of one ``HiRadixCache`` (see the module docstring):
+    ``ongoing_prefetch`` maps a request id to its pinned node, its key and its operation."""
+
+    def __init__(self, tree: PrefetchTree) -> None:
+        self.tree = tree
+        self.reset()
+
+    def reset(self) -> None:
         """Forget every prefetch (frees nothing)."""
-        self.ongoing_prefetch: dict[str, tuple[Any, RadixKey, PrefetchOperation]] = {}
+        self.ongoing_prefetch: dict[str, tuple[HiTreeNode, RadixKey, PrefetchOperation]] = {}
 
     def prefetch_from_storage(
-        self, req_id: str, last_host_node: Any, new_input_tokens: list[int]
+        self, req_id: str, last_host_node: TreeNode, new_input_tokens: list[int]
     ) -> bool:
         """Start a prefetch of ``new_input_tokens`` (page-aligned) below ``last_host_node``;
         returns whether it started. Its stored content is the KV of the node's path followed by
         these tokens."""
+        tree = self.tree
         if req_id in self.ongoing_prefetch:
             raise InvalidArgumentError(f"request {req_id!r} already prefetches")
-        tokens = list(new_input_tokens)[: floor_align(len(new_input_tokens), self.page_size)]
-        if not self.enable_storage or not tokens or len(tokens) < self.prefetch_threshold:
+        tokens = list(new_input_tokens)[: floor_align(len(new_input_tokens), tree.page_size)]
+        if not tree.enable_storage or not tokens or len(tokens) < tree.prefetch_threshold:
             return False
+        anchor = as_hi(last_host_node)
         path: list[int] = []
-        cur = last_host_node
+        cur: TreeNode = anchor
         while cur.parent is not None:
             path = list(cur.key.token_ids) + path
             cur = cur.parent
-        tags = kv_tags(path + tokens, last_host_node.key.extra_key)[len(path) :]
-        last_host_node.protect_host()
-        key = RadixKey(tokens, last_host_node.key.extra_key)
-        op = self.cache_controller.prefetch(req_id, tags)
-        self.ongoing_prefetch[req_id] = (last_host_node, key, op)
+        tags = kv_tags(path + tokens, anchor.key.extra_key)[len(path) :]
+        anchor.protect_host()
+        key = RadixKey(tokens, anchor.key.extra_key)
+        op = tree.cache_controller.prefetch(req_id, tags)
+        self.ongoing_prefetch[req_id] = (anchor, key, op)
         return True
 
     def _revoke_pending_prefetch(self, req_id: str) -> None:
@@ -85,48 +109,50 @@ class HiRadixPrefetch:
         """Storage holds the first ``hit_tokens`` tokens (page-aligned, capped at the request):
         reserve host slots for them or revoke (see the module docstring). Returns whether the
         transfer started."""
+        tree = self.tree
         info = self.ongoing_prefetch.get(req_id)
         if info is None or info[2].host_indices is not None:
             return False
         _, key, op = info
-        hit = floor_align(min(max(hit_tokens, 0), len(key)), self.page_size)
-        if hit < self.prefetch_threshold or hit == 0 or op.terminated:
+        hit = floor_align(min(max(hit_tokens, 0), len(key)), tree.page_size)
+        if hit < tree.prefetch_threshold or hit == 0 or op.terminated:
             self._revoke_pending_prefetch(req_id)
             return False
-        host = self.token_to_kv_pool_host
+        host = tree.token_to_kv_pool_host
         host_indices = host.alloc(hit)
         if host_indices is None:
-            self.evict_host(hit)
+            tree.evict_host(hit)
             host_indices = host.alloc(hit)
         if host_indices is None:
-            avail = floor_align(host.available_size(), self.page_size)
+            avail = floor_align(host.available_size(), tree.page_size)
             hit = min(hit, avail)
-            if hit >= self.prefetch_threshold and hit > 0:
+            if hit >= tree.prefetch_threshold and hit > 0:
                 host_indices = host.alloc(hit)
         if host_indices is None:
             self._revoke_pending_prefetch(req_id)
             return False
         op.storage_hit_count = hit
         op.host_indices = list(host_indices)
-        self.cache_controller.prefetch_buffer.append(op)
+        tree.cache_controller.prefetch_buffer.append(op)
         return True
 
     def check_prefetch_progress(self, req_id: str) -> bool:
         """End ``req_id``'s prefetch now (best effort): insert what was fetched as host-only
         nodes, free the slots of tokens already cached, drop the pin. True when no prefetch is
         left for the request."""
+        tree = self.tree
         info = self.ongoing_prefetch.get(req_id)
         if info is None:
             return True
         last_host_node, key, op = info
         if op.host_indices is None:
-            self.cache_controller.terminate_prefetch(op)
+            tree.cache_controller.terminate_prefetch(op)
             self._revoke_pending_prefetch(req_id)
             return True
-        completed = self.cache_controller.terminate_prefetch(op)
+        completed = tree.cache_controller.terminate_prefetch(op)
         written = op.host_indices[:completed]
-        matched = self._insert_helper_host(last_host_node, key[:completed], written)
-        self.token_to_kv_pool_host.free(op.host_indices[:matched])
+        matched = tree._insert_helper_host(last_host_node, key[:completed], written)
+        tree.token_to_kv_pool_host.free(op.host_indices[:matched])
         last_host_node.release_host()
         del self.ongoing_prefetch[req_id]
         return True
@@ -134,53 +160,30 @@ class HiRadixPrefetch:
     def release_aborted_request(self, rid: str) -> None:
         """An aborted request's prefetch: stop it, queue its fetched host slots for release,
         drop the pin (the worker releases the unfetched slots)."""
+        cc = self.tree.cache_controller
         info = self.ongoing_prefetch.get(rid)
         if info is None:
             return
         last_host_node, _, op = info
         if op.host_indices is None:
-            self.cache_controller.terminate_prefetch(op)
+            cc.terminate_prefetch(op)
             self._revoke_pending_prefetch(rid)
             return
-        completed = self.cache_controller.terminate_prefetch(op)
+        completed = cc.terminate_prefetch(op)
         last_host_node.release_host()
         del self.ongoing_prefetch[rid]
-        self.cache_controller.append_host_mem_release(op.host_indices[:completed])
+        cc.append_host_mem_release(op.host_indices[:completed])
 
     def prefetch_io(self, req_id: str, num_pages: int) -> int:
         """The worker of ``req_id``'s transfer runs ``num_pages`` more pages (see the
         controller); returns the tokens fetched."""
         if num_pages < 0:
             raise InvalidArgumentError(f"num_pages must be >= 0, got {num_pages}")
-        return int(self.cache_controller.prefetch_io(req_id, num_pages))
+        return int(self.tree.cache_controller.prefetch_io(req_id, num_pages))
 
     def drain_storage_control_queues(self) -> int:
         """Free the host slots queued for release; returns how many."""
-        return int(self.cache_controller.drain_release())
-
-    def _insert_helper_host(self, node: Any, key: RadixKey, host_value: list[int]) -> int:
-        """Insert ``key`` below ``node`` as host-only content at ``host_value``; returns the
-        tokens that were already in the tree (their host slots are the caller's to free)."""
-        now = self.clock()
-        node.last_access_time = now
-        matched = 0
-        while len(key) > 0:
-            child = node.children.get(self._child_key(node, key))
-            if child is None:
-                break
-            child.last_access_time = now
-            n = self._match_len(child.key, key)
-            key, host_value = key[n:], host_value[n:]
-            matched += n
-            if n < len(child.key):
-                child = self._split_node(child, n)
-            node = child
-        if len(key) > 0:
-            leaf = self._new_node(key, [], node, now, node.priority)
-            leaf.evicted = True
-            leaf.host_value = list(host_value)
-            node.children[self._child_key(node, key)] = leaf
-        return matched
+        return int(self.tree.cache_controller.drain_release())
 
     def prefetch_snapshots(self) -> tuple[PrefetchSnapshot, ...]:
         """The ongoing prefetches, by request id."""
@@ -190,3 +193,6 @@ class HiRadixPrefetch:
             out.append(PrefetchSnapshot(rid, node.node_id, len(key), tuple(op.host_indices or ()),
                                         op.completed_tokens, op.terminated))  # fmt: skip
         return tuple(out)
+
+
+__all__ = ["PrefetchTree", "StoragePrefetch"]

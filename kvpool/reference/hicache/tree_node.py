@@ -67,4 +67,10 @@ class HiTreeNode(TreeNode):
         self.host_ref_counter -= 1
 
 
-__all__ = ["HiTreeNode"]
+def as_hi(node: TreeNode | None) -> HiTreeNode:
+    """``node`` as a host-tier node (every node of a ``HiRadixCache`` is one)."""
+    assert isinstance(node, HiTreeNode)
+    return node
+
+
+__all__ = ["HiTreeNode", "as_hi"]

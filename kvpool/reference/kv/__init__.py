@@ -4,8 +4,10 @@ module that defines it.
 """
 
 from kvpool.reference.kv.fp4 import FP4Layer, MHATokenToKVPoolFP4
-from kvpool.reference.kv.kv_cache import KVCache, MHATokenToKVPool, MLATokenToKVPool
+from kvpool.reference.kv.kv_cache import KVCache
 from kvpool.reference.kv.layer_transfer import LayerDoneCounter, LayerLoadingEvent
+from kvpool.reference.kv.mha import MHATokenToKVPool
+from kvpool.reference.kv.mla import MLATokenToKVPool
 from kvpool.reference.kv.mla_fp4 import MLATokenToKVPoolFP4
 from kvpool.reference.kv.mxfp8 import MHATokenToKVPoolMXFP8, MXFP8Layer
 from kvpool.reference.kv.noop import NoOpMHATokenToKVPool

@@ -18,13 +18,15 @@ at byte 0, which dequantises to 0.0.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
+from itertools import chain, islice
 
-from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.errors import ConfigError
 from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer, Row
 from kvpool.reference.kv.quant import (
     FP4_BLOCK,
     check_finite,
-    div32,
+    div32_all,
     fp4_dequantize_row,
     fp4_quantize_row,
 )
@@ -37,8 +39,9 @@ ScaleRows = list[list[int]]
 
 
 def flatten(row: Sequence[Sequence[float]], scale: float | None) -> list[float]:
-    """A ``[heads][dim]`` row as one float32 list, divided by ``scale`` when given."""
-    return [div32(float(x), scale) for head in row for x in head]
+    """A ``[heads][dim]`` row as one float32 list, divided by ``scale`` when given
+    (``div32`` of each value, the row converted in one go)."""
+    return div32_all([float(x) for head in row for x in head], scale)
 
 
 def unflatten(values: Sequence[float], heads: int, dim: int) -> Row:
@@ -69,6 +72,17 @@ class FP4Layer:
         packed = [b for head in self.data[slot] for b in head]
         return fp4_dequantize_row(packed, self.scales[slot])
 
+    def tag(self, slot: int) -> int:
+        """The tag row ``slot`` stores: :func:`fp4_read_tag` of :meth:`flat`, which reads only
+        the first scale block, so only its bytes and scale are decoded."""
+        data = self.data[slot]
+        head = data[0]
+        if len(head) >= FP4_BLOCK // 2:
+            packed = tuple(head[: FP4_BLOCK // 2])
+        else:  # heads narrower than a block: the block runs over several
+            packed = tuple(islice(chain.from_iterable(data), FP4_BLOCK // 2))
+        return _block_tag(packed, self.scales[slot][0])
+
     def dequantized(self) -> LayerBuffer:
         return [unflatten(self.flat(s), self.heads, self.dim) for s in range(len(self.data))]
 
@@ -76,6 +90,17 @@ class FP4Layer:
         rows = [([list(h) for h in self.data[s]], list(self.scales[s])) for s in src]
         for t, (data, scales) in zip(tgt, rows, strict=True):
             self.data[t], self.scales[t] = data, scales
+
+
+@lru_cache(maxsize=4096)
+def _block_tag(packed: tuple[int, ...], scale: int) -> int:
+    """The tag of a first block (8 packed bytes, one scale byte): a pure function of them,
+    memoised because the lockstep harness reads every committed slot's tag after every step."""
+    return fp4_read_tag(fp4_dequantize_row(packed, (scale,)))
+
+
+FP4_V_HEAD_DIM_ERROR = "the FP4 pool sizes V with head_dim: v_head_dim must equal it"
+"""The ConfigError message for an FP4 pool given a ``v_head_dim`` other than ``head_dim``."""
 
 
 def check_fp4_width(heads: int, dim: int) -> None:
@@ -101,13 +126,9 @@ class MHATokenToKVPoolFP4(KVCache):
         v_head_dim: int | None = None,
     ) -> None:
         super().__init__(size, page_size, dtype, layer_num, start_layer)
-        if head_num <= 0 or head_dim <= 0:
-            raise ConfigError("head_num and head_dim must be positive")
-        if v_head_dim not in (None, head_dim):
-            raise ConfigError("the FP4 pool sizes V with head_dim: v_head_dim must equal it")
+        self._set_mha_heads(head_num, head_dim, v_head_dim, v_sized_by_k=FP4_V_HEAD_DIM_ERROR)
         check_fp4_width(head_num, head_dim)
         self.store_dtype = "uint8"
-        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, head_dim
         self.k_layers = [FP4Layer(self.num_rows, head_num, head_dim) for _ in range(layer_num)]
         self.v_layers = [FP4Layer(self.num_rows, head_num, head_dim) for _ in range(layer_num)]
 
@@ -155,9 +176,7 @@ class MHATokenToKVPoolFP4(KVCache):
 
     def move_kv_cache(self, tgt_loc: Sequence[int], src_loc: Sequence[int]) -> None:
         """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
-        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
-        if len(tgt) != len(src):
-            raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        tgt, src = self._move_pairs(tgt_loc, src_loc)
         for layer in (*self.k_layers, *self.v_layers):
             layer.move(tgt, src)
 
@@ -170,7 +189,15 @@ class MHATokenToKVPoolFP4(KVCache):
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag each slot stores (K of the first held layer; 0 if none)."""
-        return [fp4_read_tag(self.k_layers[0].flat(s)) for s in self._slots(loc)]
+        # the tag lives in the first scale block (kvpool.reference.kv.tag_codec)
+        return [self.k_layers[0].tag(s) for s in self._slots(loc)]
 
 
-__all__ = ["FP4Layer", "MHATokenToKVPoolFP4", "check_fp4_width", "flatten", "unflatten"]
+__all__ = [
+    "FP4_V_HEAD_DIM_ERROR",
+    "FP4Layer",
+    "MHATokenToKVPoolFP4",
+    "check_fp4_width",
+    "flatten",
+    "unflatten",
+]

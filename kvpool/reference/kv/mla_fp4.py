@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpool.errors import ConfigError, InvalidArgumentError
 from kvpool.reference.kv.fp4 import ByteRows, FP4Layer, ScaleRows, check_fp4_width, flatten
 from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer
 from kvpool.reference.kv.quant import check_finite
-from kvpool.reference.kv.tag_codec import fp4_read_tag, fp4_tag_row
+from kvpool.reference.kv.tag_codec import fp4_tag_row
 
 
 class MLATokenToKVPoolFP4(KVCache):
@@ -32,12 +31,7 @@ class MLATokenToKVPoolFP4(KVCache):
         dtype: str = "float32",
     ) -> None:
         super().__init__(size, page_size, dtype, layer_num, start_layer)
-        if kv_lora_rank <= 0 or qk_rope_head_dim < 0:
-            raise ConfigError("kv_lora_rank must be positive and qk_rope_head_dim >= 0")
-        self.head_num = 1
-        self.kv_lora_rank = kv_lora_rank
-        self.qk_rope_head_dim = qk_rope_head_dim
-        self.kv_dim = kv_lora_rank + qk_rope_head_dim
+        self._set_mla_dims(kv_lora_rank, qk_rope_head_dim)
         check_fp4_width(1, self.kv_dim)
         self.store_dtype = "uint8"
         self.kv_layers = [FP4Layer(self.num_rows, 1, self.kv_dim) for _ in range(layer_num)]
@@ -81,9 +75,7 @@ class MLATokenToKVPoolFP4(KVCache):
 
     def move_kv_cache(self, tgt_loc: Sequence[int], src_loc: Sequence[int]) -> None:
         """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
-        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
-        if len(tgt) != len(src):
-            raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        tgt, src = self._move_pairs(tgt_loc, src_loc)
         for layer in self.kv_layers:
             layer.move(tgt, src)
 
@@ -95,7 +87,8 @@ class MLATokenToKVPoolFP4(KVCache):
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag each slot stores (the first held layer; 0 if none)."""
-        return [fp4_read_tag(self.kv_layers[0].flat(s)) for s in self._slots(loc)]
+        # the tag lives in the first scale block (kvpool.reference.kv.tag_codec)
+        return [self.kv_layers[0].tag(s) for s in self._slots(loc)]
 
 
 __all__ = ["MLATokenToKVPoolFP4"]

@@ -17,13 +17,14 @@ scales. Tags use the MXFP8 encoding of :mod:`kvpool.reference.kv.tag_codec` in e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
-from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.errors import ConfigError
 from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer
 from kvpool.reference.kv.quant import (
     MXFP8_BLOCK,
     check_finite,
-    div32,
+    div32_all,
     mxfp8_dequantize_head,
     mxfp8_quantize_head,
 )
@@ -60,7 +61,7 @@ class MXFP8Layer:
 
 
 def _scaled(row: Sequence[Sequence[float]], scale: float | None) -> list[list[float]]:
-    out = [[div32(float(x), scale) for x in head] for head in row]
+    out = [div32_all([float(x) for x in head], scale) for head in row]
     for head in out:
         check_finite(head)
     return out
@@ -83,13 +84,11 @@ class MHATokenToKVPoolMXFP8(KVCache):
         v_head_dim: int | None = None,
     ) -> None:
         super().__init__(size, page_size, dtype, layer_num, start_layer)
-        v_dim = head_dim if v_head_dim is None else v_head_dim
-        if head_num <= 0 or head_dim <= 0 or v_dim <= 0:
-            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
+        self._set_mha_heads(head_num, head_dim, v_head_dim)
+        v_dim = self.v_head_dim
         if head_dim % MXFP8_BLOCK or v_dim % MXFP8_BLOCK:
             raise ConfigError(f"MXFP8 needs head_dim and v_head_dim divisible by {MXFP8_BLOCK}")
         self.store_dtype = "float8_e4m3fn"
-        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_dim
         self.k_layers = [MXFP8Layer(self.num_rows, head_num, head_dim) for _ in range(layer_num)]
         self.v_layers = [MXFP8Layer(self.num_rows, head_num, v_dim) for _ in range(layer_num)]
 
@@ -138,9 +137,7 @@ class MHATokenToKVPoolMXFP8(KVCache):
 
     def move_kv_cache(self, tgt_loc: Sequence[int], src_loc: Sequence[int]) -> None:
         """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
-        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
-        if len(tgt) != len(src):
-            raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        tgt, src = self._move_pairs(tgt_loc, src_loc)
         for layer in (*self.k_layers, *self.v_layers):
             layer.move(tgt, src)
 
@@ -153,7 +150,20 @@ class MHATokenToKVPoolMXFP8(KVCache):
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag each slot stores (head 0 of K on the first held layer; 0 if none)."""
-        return [mxfp8_read_tag(self.k_layers[0].row(s)[0]) for s in self._slots(loc)]
+        # the tag lives in head 0's first scale block (kvpool.reference.kv.tag_codec)
+        layer = self.k_layers[0]
+        return [
+            _block_tag(tuple(layer.data[s][0][:MXFP8_BLOCK]), layer.scales[s][0][0])
+            for s in self._slots(loc)
+        ]
+
+
+@lru_cache(maxsize=4096)
+def _block_tag(codes: tuple[int, ...], scale: int) -> int:
+    """The tag of head 0's first block (32 e4m3 bytes, one scale byte): a pure function of
+    them, memoised because the lockstep harness reads every committed slot's tag after every
+    step."""
+    return mxfp8_read_tag(mxfp8_dequantize_head(codes, (scale,)))
 
 
 __all__ = ["MHATokenToKVPoolMXFP8"]

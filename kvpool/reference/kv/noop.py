@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpool.errors import ConfigError, InvalidArgumentError, KVStorageError
+from kvpool.errors import InvalidArgumentError, KVStorageError
 from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer
 
 
@@ -36,12 +36,11 @@ class NoOpMHATokenToKVPool(KVCache):
         v_head_dim: int | None = None,
     ) -> None:
         super().__init__(size, page_size, dtype, layer_num, start_layer)
-        v_dim = head_dim if v_head_dim is None else v_head_dim
-        if head_num <= 0 or head_dim <= 0 or v_dim <= 0:
-            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
-        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_dim
+        self._set_mha_heads(head_num, head_dim, v_head_dim)
         self.k_buffer: list[LayerBuffer] = [self._placeholder(head_dim) for _ in range(layer_num)]
-        self.v_buffer: list[LayerBuffer] = [self._placeholder(v_dim) for _ in range(layer_num)]
+        self.v_buffer: list[LayerBuffer] = [
+            self._placeholder(self.v_head_dim) for _ in range(layer_num)
+        ]
         self.tag_record: dict[int, int] = {}
 
     def _placeholder(self, dim: int) -> LayerBuffer:
@@ -69,9 +68,7 @@ class NoOpMHATokenToKVPool(KVCache):
 
     def move_kv_cache(self, tgt_loc: Sequence[int], src_loc: Sequence[int]) -> None:
         """No KV moves; the tag record follows the slots (sources read before any write)."""
-        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
-        if len(tgt) != len(src):
-            raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        tgt, src = self._move_pairs(tgt_loc, src_loc)
         moved = [self.tag_record.get(s, 0) for s in src]
         for t, tag in zip(tgt, moved, strict=True):
             self.tag_record[t] = tag

@@ -13,7 +13,7 @@ Per-layer views (:class:`PageMajorView`) are strided windows over the one buffer
 ``(page_items, K, head_dim, 1)`` for K (``V``, ``v_head_dim`` for V). Items are float32 (rounded
 on write), so :meth:`PageMajorMHATokenToKVPool.raw_bytes` equals the twin's ``uint8`` buffer.
 Only ``float32`` storage is modelled (ConfigError otherwise); ``size`` must be a multiple of
-``page_size``. Tags as :class:`~kvpool.reference.kv.kv_cache.MHATokenToKVPool` (channel 0).
+``page_size``. Tags as :class:`~kvpool.reference.kv.mha.MHATokenToKVPool` (channel 0).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Sequence
 
-from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.errors import ConfigError
 from kvpool.reference.kv.kv_cache import KVCache, Row
 from kvpool.reference.kv.quant import div32
 
@@ -74,14 +74,12 @@ class PageMajorMHATokenToKVPool(KVCache):
         v_head_dim: int | None = None,
     ) -> None:
         super().__init__(size, page_size, dtype, layer_num, start_layer)
-        v_dim = head_dim if v_head_dim is None else v_head_dim
-        if head_num <= 0 or head_dim <= 0 or v_dim <= 0:
-            raise ConfigError("head_num, head_dim and v_head_dim must be positive")
+        self._set_mha_heads(head_num, head_dim, v_head_dim)
+        v_dim = self.v_head_dim
         if dtype != "float32":
             raise ConfigError("the page-major pool models float32 storage only")
         if size % page_size:
             raise ConfigError("page-major needs size + page_size divisible by page_size")
-        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_dim
         k_row, v_row = head_num * head_dim, head_num * v_dim
         self.num_pages = self.num_rows // page_size
         self.page_items = page_size * layer_num * (k_row + v_row)
@@ -138,9 +136,7 @@ class PageMajorMHATokenToKVPool(KVCache):
 
     def move_kv_cache(self, tgt_loc: Sequence[int], src_loc: Sequence[int]) -> None:
         """Copy tokens ``src_loc`` to ``tgt_loc`` on every layer (sources read first)."""
-        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
-        if len(tgt) != len(src):
-            raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        tgt, src = self._move_pairs(tgt_loc, src_loc)
         for view in (*self.k_buffer, *self.v_buffer):
             rows = [[x for h in view[s] for x in h] for s in src]
             for t, row in zip(tgt, rows, strict=True):

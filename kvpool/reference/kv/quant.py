@@ -25,6 +25,7 @@ above it (specs/kv_variants.md).
 
 from __future__ import annotations
 
+import bisect
 import math
 import struct
 from collections.abc import Sequence
@@ -53,10 +54,30 @@ def f32(x: float) -> float:
         return math.copysign(math.inf, x)
 
 
+def f32_all(values: Sequence[float]) -> list[float]:
+    """``[f32(v) for v in values]``, in one pack and unpack (a quantised row is hundreds of
+    values and the lockstep harness quantises on most steps); values beyond float32's range
+    fall back to :func:`f32` one by one."""
+    n = len(values)
+    try:
+        return list(struct.unpack(f"<{n}f", struct.pack(f"<{n}f", *values)))
+    except OverflowError:
+        return [f32(v) for v in values]
+
+
 def div32(x: float, scale: float | None) -> float:
     """``x / scale`` in float32 arithmetic (both operands rounded to float32 first); ``x`` as
     float32 when ``scale`` is None."""
     return f32(x) if scale is None else f32(f32(x) / f32(float(scale)))
+
+
+def div32_all(values: Sequence[float], scale: float | None) -> list[float]:
+    """``[div32(v, scale) for v in values]`` through :func:`f32_all`."""
+    rounded = f32_all(values)
+    if scale is None:
+        return rounded
+    divisor = f32(float(scale))
+    return f32_all([v / divisor for v in rounded])
 
 
 def ceil_log2(y: float) -> int:
@@ -80,7 +101,8 @@ def fp4_block_exponent(block: Sequence[float]) -> int:
 
 def fp4_code(scaled: float) -> int:
     """The 4-bit e2m1 code of an already scaled value."""
-    magnitude = sum(1 for bound in E2M1_BOUNDS if abs(scaled) >= bound)
+    # the bounds ascend: the count of bounds <= |scaled| is bisect_right's insertion point
+    magnitude = bisect.bisect_right(E2M1_BOUNDS, abs(scaled))
     return (8 if scaled < 0 else 0) | magnitude
 
 
@@ -91,8 +113,13 @@ def fp4_quantize_row(row: Sequence[float]) -> tuple[list[int], list[int]]:
         raise InvalidArgumentError(f"FP4 rows need a multiple of {FP4_BLOCK} values")
     codes: list[int] = []
     scales: list[int] = []
-    for start in range(0, len(row), FP4_BLOCK):
-        block = [f32(v) for v in row[start : start + FP4_BLOCK]]
+    values = f32_all(row)
+    for start in range(0, len(values), FP4_BLOCK):
+        block = values[start : start + FP4_BLOCK]
+        if not any(block):  # all +-0 (most of a tag row): the scale of amax 0, every code 0
+            scales.append(_FP4_ZERO_SCALE)
+            codes.extend(_FP4_ZERO_CODES)
+            continue
         e = fp4_block_exponent(block)
         scales.append(e + SCALE_BIAS)
         codes.extend(fp4_code(v / 2.0**e) for v in block)
@@ -106,13 +133,25 @@ def fp4_value(code: int) -> float:
     return -magnitude if code & 8 else magnitude
 
 
+_FP4_BYTE_VALUES: Final[tuple[tuple[float, float], ...]] = tuple(
+    (fp4_value(b & 0x0F), fp4_value(b >> 4)) for b in range(256)
+)
+"""Each packed byte's two values (low nibble first), unscaled."""
+_FP4_ZERO_SCALE: Final[int] = fp4_block_exponent([0.0] * FP4_BLOCK) + SCALE_BIAS
+"""The scale byte of a block of zeros (amax 0: the 1e-10 floor's exponent)."""
+_FP4_ZERO_CODES: Final[tuple[int, ...]] = (0,) * FP4_BLOCK
+
+
 def fp4_dequantize_row(packed: Sequence[int], scales: Sequence[int]) -> list[float]:
     """Inverse of :func:`fp4_quantize_row`: ``2 * len(packed)`` floats."""
     out: list[float] = []
-    for i, byte in enumerate(packed):
-        scale = 2.0 ** (scales[(2 * i) // FP4_BLOCK] - SCALE_BIAS)
-        out.append(fp4_value(byte & 0x0F) * scale)
-        out.append(fp4_value(byte >> 4) * scale)
+    per = FP4_BLOCK // 2  # bytes per scale
+    for b in range((len(packed) + per - 1) // per):
+        scale = 2.0 ** (scales[b] - SCALE_BIAS)
+        for byte in packed[b * per : (b + 1) * per]:
+            low, high = _FP4_BYTE_VALUES[byte]
+            out.append(low * scale)
+            out.append(high * scale)
     return out
 
 
@@ -149,12 +188,13 @@ def mxfp8_quantize_head(values: Sequence[float]) -> tuple[list[int], list[int]]:
     codes: list[int] = []
     scales: list[int] = []
     for start in range(0, len(values), MXFP8_BLOCK):
-        block = [f32(v) for v in values[start : start + MXFP8_BLOCK]]
+        block = f32_all(values[start : start + MXFP8_BLOCK])
         amax = max(max(abs(v) for v in block), f32(1e-30))
         s = min(max(ceil_log2(f32(amax / E4M3_MAX)) + SCALE_BIAS, 0), 254)
         scales.append(s)
         descale = 2.0 ** (s - SCALE_BIAS)
-        codes.extend(e4m3_code(min(max(f32(v / descale), -E4M3_MAX), E4M3_MAX)) for v in block)
+        scaled = f32_all([v / descale for v in block])
+        codes.extend(e4m3_code(min(max(v, -E4M3_MAX), E4M3_MAX)) for v in scaled)
     return codes, scales
 
 
@@ -176,9 +216,11 @@ __all__ = [
     "ceil_log2",
     "check_finite",
     "div32",
+    "div32_all",
     "e4m3_code",
     "e4m3_value",
     "f32",
+    "f32_all",
     "fp4_block_exponent",
     "fp4_code",
     "fp4_dequantize_row",

@@ -10,7 +10,9 @@ from __future__ import annotations
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError
 from kvpool.reference.kv.fp4 import MHATokenToKVPoolFP4
-from kvpool.reference.kv.kv_cache import KVCache, MHATokenToKVPool, MLATokenToKVPool
+from kvpool.reference.kv.kv_cache import KVCache
+from kvpool.reference.kv.mha import MHATokenToKVPool
+from kvpool.reference.kv.mla import MLATokenToKVPool
 from kvpool.reference.kv.mla_fp4 import MLATokenToKVPoolFP4
 from kvpool.reference.kv.mxfp8 import MHATokenToKVPoolMXFP8
 from kvpool.reference.kv.noop import NoOpMHATokenToKVPool

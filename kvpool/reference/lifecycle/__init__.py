@@ -3,7 +3,6 @@ the pool snapshot, and each family's part in the lifecycle (SWA manager, Mamba h
 (the reference). Each public class is imported here from the module that defines it.
 """
 
-from kvpool.reference.lifecycle.hicache_lifecycle import HiCacheLifecycle
 from kvpool.reference.lifecycle.mamba_hooks import MambaHooks
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.reference.lifecycle.primitives import LifecyclePrimitives
@@ -15,7 +14,6 @@ from kvpool.reference.lifecycle.swa_radix_lifecycle import (
 )
 
 __all__ = [
-    "HiCacheLifecycle",
     "LifecyclePrimitives",
     "MambaHooks",
     "MemoryManager",

@@ -43,10 +43,11 @@ with its row (:class:`~kvpool.reference.lifecycle.session.SessionSlot`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import cast
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, OutOfMemoryError
+from kvpool.reference.lifecycle.session import SessionSlot
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.mamba.lifecycle import (
     admission_headroom,
@@ -56,6 +57,8 @@ from kvpool.reference.mamba.lifecycle import (
 )
 from kvpool.reference.mamba.radix_cache import MambaMatchResult
 from kvpool.reference.mamba.radix_release import MambaLifecycleCache
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
+from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.radix_key import RadixKey
 from kvpool.reference.req import Req
 from kvpool.reference.unified.mamba_release import UnifiedMambaLifecycleCache
@@ -84,12 +87,17 @@ def check_hybrid_config(config: PoolConfig) -> None:
         )
 
 
-def mamba_lifecycle_tree(config: PoolConfig, pool: Any, alloc: Any) -> MambaLifecycleCache:
+def mamba_lifecycle_tree(
+    config: PoolConfig, pool: ReqToTokenPool, alloc: BaseTokenToKVPoolAllocator
+) -> MambaLifecycleCache:
     """The prefix cache of a hybrid configuration with the radix cache on: SGLang 0.5.16's
     Mamba radix cache or, under ``Rules.mamba_tree == "unified"``, 0.5.23's unified tree."""
+    # a hybrid configuration's table is the hybrid pool (hybrid_pool) or an injected one that
+    # offers its calls; the manager types its table as the plain one
+    hybrid = cast(HybridReqToTokenPool, pool)
     if config.rules.mamba_tree == "unified":
-        return UnifiedMambaLifecycleCache(pool, alloc, config.page_size)
-    return MambaLifecycleCache(pool, alloc, config.page_size)
+        return UnifiedMambaLifecycleCache(hybrid, alloc, config.page_size)
+    return MambaLifecycleCache(hybrid, alloc, config.page_size)
 
 
 def hybrid_pool(config: PoolConfig) -> HybridReqToTokenPool:
@@ -202,7 +210,7 @@ class MambaHooks:
     def snapshot(
         self,
         reqs: Iterable[Req],
-        sessions: Iterable[Any] = (),
+        sessions: Iterable[SessionSlot] = (),
         tree: MambaTreeSnapshot | None = None,
     ) -> HybridStateSnapshot:
         """The hybrid pool and every live request's Mamba slots with the state they must hold:

@@ -24,15 +24,43 @@ Decisions (both twins follow them):
 - ``decode`` returns, per request, the slot of its new token (pre-allocated or new).
 - With the host tier (``config.enable_hierarchical_cache``) ``match_prefix`` loads back a prefix
   found in host memory and ``extend`` waits for the loads' content; acknowledgements are the
-  operations ``hicache_ack_writes`` / ``hicache_ack_loads``
-  (:mod:`kvpool.reference.lifecycle.hicache_lifecycle`).
+  operations ``hicache_ack_writes`` / ``hicache_ack_loads`` (below).
+
+The host tier (``PoolConfig.enable_hierarchical_cache``): the tree cache is a
+:class:`~kvpool.reference.hicache.hiradix_cache.HiRadixCache` whose host pool backs the manager's
+own KV buffers (units: tokens, device slots, host slots). The steps, as SGLang 0.5.16's scheduler
+takes them:
+
+- **Admission** (``match_prefix``; not the match ``extend`` makes for an unmatched request, so
+  that a refused batch changes nothing): the match reports the tokens found in host memory;
+  when they end the match, ``init_load_back`` restores them into new device slots
+  (evicting once if needed; below ``hicache_load_back_threshold`` nothing moves). The restored
+  path joins the request's prefix and its deepest node becomes the request's locked node; the
+  load itself keeps that node locked until its acknowledgement.
+- **The forward** (``extend``): the queued loads are issued as one transfer
+  (``ready_to_load_host_cache``) and the batch waits for their content (SGLang's layer-wise
+  wait): the KV is in the device slots before the batch reads it. The acknowledgement, which
+  unlocks, still comes later.
+- **Finish** inserts as the radix cache does; a write-through insert writes the hit nodes to
+  host (locked until the write's acknowledgement); **eviction** keeps backed-up nodes as
+  host-only nodes (write-back writes them first).
+- **Issuing writes** (``Rules.hicache_host_tier == "unified"``, SGLang 0.5.23): write-through
+  backups are queued where an insert starts them; the scheduler issues the queue as one
+  transfer after each batch (``flush_pending_backups`` after ``process_batch_result``), so
+  ``extend`` and ``finish`` end by issuing what they queued (:meth:`MemoryManager.
+  _flush_backups`). Under 0.5.16's rules each write is issued when it is made.
+- **Acknowledgements** are lifecycle operations: :meth:`MemoryManager.hicache_ack_writes`
+  and :meth:`MemoryManager.hicache_ack_loads` deliver the first ``k`` (SGLang's
+  ``check_hicache_events``: ``writing_check`` then ``loading_check``).
+- **Abort / retract** release the request's own lock and slots only: restored nodes belong to
+  the tree, and a load or write in flight keeps its own lock until its acknowledgement.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from numbers import Integral
-from typing import Any
+from typing import Any, cast
 
 from kvpool.errors import (
     ConfigError,
@@ -43,11 +71,12 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.host_checks import token_list
+from kvpool.reference.hicache.hiradix_cache import HiRadixCache
 from kvpool.reference.lifecycle.pool_snapshot import build_pool_snapshot
 from kvpool.reference.lifecycle.primitives import LifecyclePrimitives
 from kvpool.reference.lifecycle.session import SessionSlot
 from kvpool.reference.lifecycle.spec_decode import spec_draft_v1, spec_step
-from kvpool.reference.radix_key import RadixKey
+from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.reference.req import Req
 from kvpool.snapshot import PoolSnapshot
 
@@ -113,6 +142,8 @@ class MemoryManager(LifecyclePrimitives):
         tokens = req.all_token_ids
         key = RadixKey(tokens[: len(tokens) - 1], req.extra_key)
         hooks = self.mamba_hooks
+        # Any: a match result of this manager's tree cache (an injected candidate's too), read
+        # by field name (the host fields only when the tree loads back)
         result: Any
         if cow and hooks is not None and hooks.tree is not None:
             result = hooks.match(key, req)
@@ -328,6 +359,69 @@ class MemoryManager(LifecyclePrimitives):
         """The whole state (see
         :func:`kvpool.reference.lifecycle.pool_snapshot.build_pool_snapshot`)."""
         return build_pool_snapshot(self)
+
+    # ----------------------------------------------------------------- host tier
+    def hiradix(self) -> HiRadixCache | None:
+        """The tree cache when it has a host tier (it loads back), else None."""
+        tree = self.tree_cache
+        # any tree cache that loads back is one (an injected candidate's too), as before
+        return cast("HiRadixCache", tree) if hasattr(tree, "init_load_back") else None
+
+    def _admit_prefix(
+        self, result: MatchResult, load_back: bool = True
+    ) -> tuple[list[int], TreeNode | None]:
+        """The prefix a request takes from ``result``: its device slots, and its last node; when
+        the match ends in host memory (and ``load_back``), the restored slots too and the
+        restored node."""
+        prefix, last = result.device_indices, result.last_device_node
+        tree = self.hiradix()
+        if tree is None or not load_back:  # other trees' results have no host fields
+            return prefix, last
+        host_node = result.last_host_node
+        if not result.host_hit_length or host_node is None:
+            return prefix, last
+        loaded, node = tree.init_load_back(host_node)
+        return prefix + list(loaded), node
+
+    def _wait_for_loads(self) -> None:
+        """The forward: issue the queued loads and wait for the content of every load in flight
+        (the acknowledgements stay queued)."""
+        tree = self.hiradix()
+        if tree is None:
+            return
+        tree.ready_to_load_host_cache()
+        cc = tree.cache_controller
+        for ack in cc.ack_load_queue:
+            cc.complete(ack)
+
+    def _flush_backups(self) -> None:
+        """The end of a batch under the unified host tier: issue the queued writes as one
+        transfer (SGLang 0.5.23's ``flush_pending_backups``); nothing otherwise."""
+        tree = self.hiradix()
+        if tree is not None and tree.unified:
+            tree.cache_controller.start_writing()
+
+    def _host_tier(self, num_acks: int) -> HiRadixCache:
+        tree = self.hiradix()
+        if tree is None:
+            raise InvalidArgumentError("this memory manager has no host tier")
+        if num_acks < 0:
+            raise InvalidArgumentError(f"num_acks must be >= 0, got {num_acks}")
+        return tree
+
+    def hicache_ack_writes(self, num_acks: int) -> int:
+        """The first ``num_acks`` write acknowledgements arrive (``writing_check``): each write's
+        node is unlocked and its host copy complete. Returns how many arrived.
+        InvalidArgumentError (nothing changed) without a host tier or for ``num_acks < 0``."""
+        return int(self._host_tier(num_acks).writing_check(num_acks))
+
+    def hicache_ack_loads(self, num_acks: int) -> int:
+        """The queued loads are issued, then the first ``num_acks`` load acknowledgements arrive
+        (``loading_check``): content copied, restored nodes unlocked. Returns how many arrived.
+        InvalidArgumentError (nothing changed) without a host tier or for ``num_acks < 0``."""
+        tree = self._host_tier(num_acks)
+        tree.ready_to_load_host_cache()
+        return int(tree.loading_check(num_acks))
 
 
 __all__ = ["MemoryManager"]

@@ -15,7 +15,6 @@ allocate.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.constants import NO_LAST_LOC, ceil_align
@@ -27,10 +26,11 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.injection import check_shared, resolve
+from kvpool.reference.hicache.hiradix_cache import HiRadixCache
+from kvpool.reference.hicache.memory_pool_host import host_pool_for
 from kvpool.reference.kv.kv_cache import KVCache
 from kvpool.reference.kv.layer_transfer import LayerDoneCounter
 from kvpool.reference.kv.storage import kv_cache_from_config
-from kvpool.reference.lifecycle.hicache_lifecycle import HiCacheLifecycle, build_hiradix_tree
 from kvpool.reference.lifecycle.mamba_hooks import (
     check_hybrid_config,
     hybrid_pool,
@@ -39,8 +39,8 @@ from kvpool.reference.lifecycle.mamba_hooks import (
 )
 from kvpool.reference.lifecycle.session import SessionSlot
 from kvpool.reference.mamba.radix_release import MambaLifecycleCache
-from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
+from kvpool.reference.pools.allocator_choice import allocator_for
 from kvpool.reference.pools.paged_ops import decode_new_pages, eviction_target, extend_new_pages
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.radix.chunk_cache import ChunkCache
@@ -50,7 +50,26 @@ from kvpool.rules import Rules
 from kvpool.tags import kv_tags
 
 
-class LifecyclePrimitives(HiCacheLifecycle):
+def build_hiradix_tree(
+    config: PoolConfig,
+    pool: ReqToTokenPool,
+    alloc: BaseTokenToKVPoolAllocator,
+    kv_cache: KVCache,
+    clock: Callable[[], float] | None,
+) -> HiRadixCache:
+    """The manager's ``HiRadixCache``: a host pool of ``hicache_ratio`` times ``kv_cache`` (the
+    manager's KV buffers, so transfers copy what the lifecycle computed) and the config's write
+    policy and thresholds; the host tier ``Rules.hicache_host_tier`` names (the unified one:
+    the checkpoint's inserts free the request's duplicates themselves)."""
+    host = host_pool_for(kv_cache, config.hicache_ratio)
+    rules = config.rules
+    return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
+                        clock, config.hicache_write_policy, config.hicache_load_back_threshold,
+                        config.hicache_prefetch_threshold, config.hicache_storage,
+                        rules=rules)  # fmt: skip
+
+
+class LifecyclePrimitives:
     """The pools (``req_to_token_pool``, ``token_to_kv_pool_allocator``, ``tree_cache``,
     ``kv_cache``), the request and session tables, and the SGLang-named primitives."""
 
@@ -59,10 +78,10 @@ class LifecyclePrimitives(HiCacheLifecycle):
         config: PoolConfig,
         clock: Callable[[], float] | None = None,
         *,
-        req_to_token_pool: Any = None,
-        token_to_kv_pool_allocator: Any = None,
-        tree_cache: Any = None,
-        kv_cache: Any = None,
+        req_to_token_pool: object = None,
+        token_to_kv_pool_allocator: object = None,
+        tree_cache: object = None,
+        kv_cache: object = None,
     ) -> None:
         """Each component may be injected (see :mod:`kvpool.injection`): an object, a factory
         (``(config)``; the tree cache's ``(config, req_to_token_pool, allocator)``) or None for
@@ -84,11 +103,7 @@ class LifecyclePrimitives(HiCacheLifecycle):
         self.token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator = resolve(
             "token_to_kv_pool_allocator",
             token_to_kv_pool_allocator,
-            lambda: (
-                TokenToKVPoolAllocator(config.size, config.need_sort, rules=rules)
-                if ps == 1
-                else PagedTokenToKVPoolAllocator(config.size, ps, config.need_sort, rules=rules)
-            ),
+            lambda: allocator_for(config.size, ps, config.need_sort, rules=rules),
             config,
         )
         pool, alloc = self.req_to_token_pool, self.token_to_kv_pool_allocator
@@ -352,4 +367,4 @@ class LifecyclePrimitives(HiCacheLifecycle):
             self.mamba_hooks.after_write(req, stop)
 
 
-__all__ = ["LifecyclePrimitives"]
+__all__ = ["LifecyclePrimitives", "build_hiradix_tree"]

@@ -13,6 +13,11 @@ After each ``decode`` the window of every decoded request moves:
 :func:`~kvpool.reference.swa.lifecycle.free_swa_out_of_window_slots` releases the SWA slots of
 its whole pages that left it (chunk-cache rule: keep ``sliding_window`` tokens), and the manager
 remembers, per request row hand-out, its ``swa_evicted_seqlen`` (reported in the snapshot).
+``Rules.swa_window_release`` moves that slide: ``"maybe_evict"`` (SGLang 0.5.16's
+``ScheduleBatch.maybe_evict_swa``) slides the same frontier before the allocation of a decode
+or EAGLE v2 step (from a request's second decode on) and of a later prefill chunk (chunk
+cache); ``"scheduler"`` is SGLang 0.5.23's slide and release (:meth:`SWAMemoryManager.
+_slide_windows`).
 
 With the radix cache on (``disable_radix_cache=False``) the tree is an
 :class:`~kvpool.reference.lifecycle.swa_radix_lifecycle.SWARadixLifecycle` (an ``SWARadixCache``
@@ -89,6 +94,7 @@ class SWAMemoryManager(MemoryManager):
         kv.register_mapping(alloc.full_to_swa_index_mapping)
 
         scheduler = config.rules.swa_window_release == "scheduler"
+        maybe_evict = config.rules.swa_window_release == "maybe_evict"
 
         def tree(
             cfg: PoolConfig, pool: ReqToTokenPool, a: SWATokenToKVPoolAllocator
@@ -114,6 +120,11 @@ class SWAMemoryManager(MemoryManager):
         window may slide inside that extend, before the row is the request's own)."""
         self.scheduler = scheduler
         """``Rules.swa_window_release == "scheduler"`` (SGLang 0.5.23's window and release)."""
+        self.maybe_evict = maybe_evict
+        """``Rules.swa_window_release == "maybe_evict"`` (SGLang 0.5.16's window timing)."""
+        self.slides_early = scheduler or maybe_evict
+        """Whether windows slide before an allocation (:meth:`_slide_windows`), not after a
+        decode."""
         self._decodes: dict[str, tuple[int, int, int]] = {}
         """rid -> (row, row generation, decode steps since that hand-out): SGLang's
         ``decode_batch_idx`` (scheduler rule)."""
@@ -142,10 +153,10 @@ class SWAMemoryManager(MemoryManager):
         return self._carrying.get(rid, 0)
 
     def decode(self, rids: Sequence[str], token_ids: Sequence[int]) -> list[int]:
-        """The manager's decode, then every decoded request's window moves on (scheduler
-        rule: the window moved in :meth:`alloc_for_decode`)."""
+        """The manager's decode, then every decoded request's window moves on (scheduler and
+        maybe_evict rules: the window moved in :meth:`alloc_for_decode`)."""
         slots = super().decode(rids, token_ids)
-        if self.scheduler:
+        if self.slides_early:
             return slots
         alloc = self._swa_allocator
         for rid in rids:
@@ -197,7 +208,11 @@ class SWAMemoryManager(MemoryManager):
         """SGLang 0.5.23's ``ScheduleBatch.maybe_evict_swa``, in one free group: a decode
         (``pre_lens`` None) slides each request decoded before whose window has
         ``swa_eviction_interval`` tokens past the cursor, at its committed length; a prefill
-        batch on the chunk cache slides each request holding a row at its prefix length."""
+        batch on the chunk cache slides each request holding a row at its prefix length.
+        Under the maybe_evict rule: :meth:`_maybe_evict_windows`."""
+        if self.maybe_evict:
+            self._maybe_evict_windows(reqs, pre_lens)
+            return
         alloc = self._swa_allocator
         sharing = not self.tree_cache.disable
         window = self.sliding_window
@@ -218,20 +233,49 @@ class SWAMemoryManager(MemoryManager):
         finally:
             alloc.free_group_end()
 
+    def _maybe_evict_windows(self, reqs: Sequence[Req], pre_lens: Sequence[int] | None) -> None:
+        """SGLang 0.5.16's ``ScheduleBatch.maybe_evict_swa`` (maybe_evict rule; no free group):
+        a decode (``pre_lens`` None) slides each request decoded at least once since its row
+        was handed out (``decode_batch_idx >= 1``) at its committed length; a prefill batch on
+        the chunk cache slides each running request (a later chunk: SGLang's KV record exists
+        from a request's first extend, so a new request or a restored session turn has none
+        yet) at its prefix length ``pre_lens[i]``. The frontier is
+        :func:`free_swa_out_of_window_slots`'s."""
+        chunk = self.tree_cache.disable
+        for i, req in enumerate(reqs):
+            if req.req_pool_idx is None:
+                continue
+            if pre_lens is None:
+                if self.decode_steps(req.rid) >= 1:
+                    self._free_out_of_window(req, req.kv_committed_len)
+            elif chunk and req.state == "running":
+                self._free_out_of_window(req, pre_lens[i])
+
+    def _free_out_of_window(self, req: Req, pre_len: int) -> None:
+        """:func:`free_swa_out_of_window_slots` of ``req`` before it computes token
+        ``pre_len``."""
+        assert req.req_pool_idx is not None
+        row = self.req_to_token_pool.read(req.req_pool_idx, 0, pre_len)
+        evicted = free_swa_out_of_window_slots(
+            row, self.swa_evicted_seqlen(req.rid), pre_len, req.cache_protected_len,
+            self.sliding_window, self.page_size, self._swa_allocator,
+            is_chunk_cache=self.tree_cache.disable)  # fmt: skip
+        self._set_evicted(req, evicted)
+
     def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> list[int]:
-        """Scheduler rule: the checks, then the window slide of a prefill batch
-        (:meth:`_slide_windows`), then the manager's allocation."""
-        if self.scheduler:
+        """Scheduler and maybe_evict rules: the checks, then the window slide of a prefill
+        batch (:meth:`_slide_windows`), then the manager's allocation."""
+        if self.slides_early:
             prefix_lens, seqs = self._check_extend(reqs, seq_lens)
             self._check_capacity(self._tokens_needed(prefix_lens, seqs))
             self._slide_windows(reqs, prefix_lens)
         return super().alloc_for_extend(reqs, seq_lens)
 
     def alloc_for_decode(self, reqs: Sequence[Req]) -> list[int]:
-        """Scheduler rule: the checks, then the window slide of a decode batch
-        (:meth:`_slide_windows`), then the manager's allocation; each request's decode step
-        counts."""
-        if not self.scheduler:
+        """Scheduler and maybe_evict rules: the checks, then the window slide of a decode
+        batch (:meth:`_slide_windows`), then the manager's allocation; each request's decode
+        step counts."""
+        if not self.slides_early:
             return super().alloc_for_decode(reqs)
         _cols, needed = self._check_decode(reqs)
         if reqs:
@@ -244,21 +288,21 @@ class SWAMemoryManager(MemoryManager):
     def spec_step(
         self, rids: Sequence[str], accepted: Sequence[Sequence[int]], reserve: int
     ) -> list[int]:
-        """The manager's EAGLE v2 step. Scheduler rule: SGLang 0.5.23's
-        ``eagle_prepare_for_decode``: after the step's checks the windows slide as a decode's do
-        (:meth:`_prepare_spec_step`), then the reserve is allocated and the accepted tokens
-        committed; each request's decode step counts."""
-        if not self.scheduler:
+        """The manager's EAGLE v2 step. Scheduler and maybe_evict rules: SGLang's
+        ``eagle_prepare_for_decode`` (0.5.23 and 0.5.16 alike): after the step's checks the
+        windows slide as a decode's do (:meth:`_prepare_spec_step`), then the reserve is
+        allocated and the accepted tokens committed; each request's decode step counts."""
+        if not self.slides_early:
             return super().spec_step(rids, accepted, reserve)
         out = spec_step(self, rids, accepted, reserve, prepare=self._prepare_spec_step)
         self._count_decode([self.reqs[r] for r in rids])
         return out
 
     def _prepare_spec_step(self, reqs: list[Req], starts: list[int], ends: list[int]) -> None:
-        """Before an EAGLE v2 step's allocation (scheduler rule): capacity for the grown
-        columns ``[starts[i], ends[i])`` (OutOfMemoryError, nothing changed), then the decode
-        batch's window slide (:meth:`_slide_windows`: each request decoded before whose window
-        is due, at its committed length, the token the step computes first)."""
+        """Before an EAGLE v2 step's allocation (scheduler, maybe_evict rules): capacity for
+        the grown columns ``[starts[i], ends[i])`` (OutOfMemoryError, nothing changed), then the
+        decode batch's window slide (:meth:`_slide_windows`: each request decoded before whose
+        window is due, at its committed length, the token the step computes first)."""
         if starts:
             self._check_capacity(self._tokens_needed(starts, ends))
         if reqs:

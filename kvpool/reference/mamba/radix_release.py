@@ -23,10 +23,11 @@ A chunk's fresh slot cannot be missing: the lifecycle's admission counts it (see
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from kvpool.errors import InvalidArgumentError, OutOfMemoryError
 from kvpool.reference.mamba.radix_cache import MambaRadixCache
+from kvpool.reference.mamba.tree_node import MambaTreeNode
 from kvpool.reference.radix_key import RadixKey
 from kvpool.reference.req import Req
 
@@ -43,16 +44,16 @@ class MambaLifecycleCache(MambaRadixCache):
         """Locked KV in the tree (tokens)."""
         return self.full_protected_size_
 
-    def inc_lock_ref(self, node: Any) -> None:
+    def inc_lock_ref(self, node: object) -> None:
         """:meth:`MambaRadixCache.inc_lock_ref` of a :class:`MambaTreeNode` (a request's
         ``last_node``); None (a request never matched) is a no-op."""
         if node is not None:
-            super().inc_lock_ref(node)
+            super().inc_lock_ref(cast(MambaTreeNode, node))  # a request's node is this tree's
 
-    def dec_lock_ref(self, node: Any) -> None:
+    def dec_lock_ref(self, node: object) -> None:
         """:meth:`MambaRadixCache.dec_lock_ref`; None is a no-op."""
         if node is not None:
-            super().dec_lock_ref(node)
+            super().dec_lock_ref(cast(MambaTreeNode, node))
 
     def alloc_mamba_slot(self) -> int:
         """One Mamba slot, evicting one cached state when none is free (SGLang's
@@ -123,7 +124,8 @@ class MambaLifecycleCache(MambaRadixCache):
         self.inc_lock_ref(match.last_device_node)
         req.prefix_indices = new_indices + kv[len(new_indices) :]
         req.cache_protected_len = len(new_indices)
-        last: Any = match.last_device_node  # the request's node is this tree's
+        # Any: Req types last_node as the radix tree's node; a hybrid request keeps this tree's
+        last: Any = match.last_device_node
         req.last_node = last
 
 

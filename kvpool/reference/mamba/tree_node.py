@@ -11,9 +11,12 @@ locked path runs through the node (a lock covers the whole path to the root);
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from kvpool.reference.radix_key import ChildKey, RadixKey
+
+_Node = TypeVar("_Node", bound="LRUNode")
+"""The node class itself (a node's parent and children are of its own class)."""
 
 
 class LRUNode(Protocol):
@@ -27,10 +30,10 @@ class LRUNode(Protocol):
     def mamba_value(self) -> object: ...
 
     @property
-    def parent(self) -> Any: ...
+    def parent(self: _Node) -> _Node | None: ...
 
     @property
-    def children(self) -> Mapping[Any, Any]: ...
+    def children(self: _Node) -> Mapping[ChildKey, _Node]: ...
 
 
 N = TypeVar("N", bound=LRUNode)

@@ -2,17 +2,14 @@
 operations (the reference). Each public class is imported here from the module that defines it.
 """
 
-from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvpool.reference.pools.batch_alloc import BatchAllocs
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.pools.paged_allocator import PagedTokenToKVPoolAllocator
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
-from kvpool.reference.pools.segment_free import SegmentFrees
+from kvpool.reference.pools.token_allocator import TokenToKVPoolAllocator
 
 __all__ = [
     "BaseTokenToKVPoolAllocator",
-    "BatchAllocs",
     "PagedTokenToKVPoolAllocator",
     "ReqToTokenPool",
-    "SegmentFrees",
     "TokenToKVPoolAllocator",
 ]

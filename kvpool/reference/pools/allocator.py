@@ -1,4 +1,12 @@
-"""Token-slot allocators: the shared base and the page-size-1 ``TokenToKVPoolAllocator``.
+"""``BaseTokenToKVPoolAllocator``: what the token-slot allocators share (the reference twin).
+
+The page-size-1 ``TokenToKVPoolAllocator`` (:mod:`kvpool.reference.pools.token_allocator`) and
+the ``PagedTokenToKVPoolAllocator`` (:mod:`kvpool.reference.pools.paged_allocator`) derive from it
+and fix only the order freed pages re-enter the free lists; everything else lives here: the free
+lists and ``need_sort`` merges, ``alloc`` / ``free`` and free groups, SGLang's batch
+``alloc_extend`` / ``alloc_decode``, and SGLang 0.5.23's segment frees (``free_page_ids`` /
+``free_segment``: pages in the order given, no sort, no de-duplication; the radix cache frees
+through them under ``Rules.tree_free == "segment"``).
 
 Units: ``size`` and lengths are tokens; ``free_pages`` / ``release_pages`` hold page ids
 ``1..num_pages`` (page ``p`` owns slots ``[p * page_size, (p + 1) * page_size)``); every result
@@ -22,6 +30,7 @@ from collections.abc import Sequence
 
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import (
+    AlignmentError,
     ConfigError,
     DoubleFreeError,
     IndexOutOfRangeError,
@@ -29,8 +38,14 @@ from kvpool.errors import (
     PageSizeError,
     ReservedIndexError,
 )
-from kvpool.reference.pools.batch_alloc import BatchAllocs
-from kvpool.reference.pools.segment_free import SegmentFrees
+from kvpool.host_checks import int_list
+from kvpool.reference.pools.paged_ops import (
+    alloc_decode_slots,
+    alloc_extend_slots,
+    decode_new_pages,
+    extend_new_pages,
+    validate_extend_args,
+)
 from kvpool.rules import Rules
 from kvpool.snapshot import AllocatorSnapshot
 
@@ -38,7 +53,7 @@ FreeListState = tuple[tuple[int, ...], tuple[int, ...]]
 """What :meth:`BaseTokenToKVPoolAllocator.backup_state` returns: ``(free_pages, release_pages)``."""
 
 
-class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
+class BaseTokenToKVPoolAllocator:
     """Page allocator over ``size // page_size`` pages with ids ``1..num_pages``.
 
     Subclasses choose how freed pages re-enter the free list (:meth:`_return_pages`) and whether a
@@ -68,7 +83,7 @@ class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
         self._free_set: set[int] = set()
         self._in_free_group = False
         self._pending_free: list[int] = []
-        self._pending_pages: list[int] = []  # paged free_page_ids inside a group (segment_free)
+        self._pending_pages: list[int] = []  # paged free_page_ids inside a group
         self.clear()
 
     # ----------------------------------------------------------------- state helpers
@@ -222,6 +237,117 @@ class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
         if staged:
             self._return_pages_in_order(staged)
 
+    # ----------------------------------------------------------------- segment frees (0.5.23)
+    def free_page_ids(self, page_ids: Sequence[int]) -> None:
+        """Free exactly these pages, in the given order (SGLang 0.5.23): no sort and no
+        de-duplication (a page named twice is a double free). Paged: they go in front of
+        ``free_pages`` as given. Inside a free group a paged allocator buffers them apart and
+        returns them, in order, after the group's slot frees (as 0.5.23); page size 1 buffers
+        them with the slot frees (0.5.23's token allocator frees segments with ``free``)."""
+        pages = [int(p) for p in page_ids]
+        if not pages:
+            return
+        if self._in_free_group and self.page_size == 1:
+            self.free(self._slots_of(pages))
+            return
+        self._validate_free([p * self.page_size for p in pages], [])
+        named = pages + self._pending_pages if self._in_free_group else pages
+        twice = sorted({p for p in named if named.count(p) > 1})
+        if twice:
+            raise DoubleFreeError("pages named twice in one free_page_ids or free group", twice)
+        if self._in_free_group:
+            self._pending_pages.extend(pages)
+            return
+        self._return_pages_in_order(pages)
+
+    def free_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:
+        """Free the pages of a segment of a sequence that starts at column ``start_pos`` (a
+        multiple of ``page_size``, else AlignmentError): one page per ``page_size`` slots, in
+        order, through :meth:`free_page_ids` (SGLang 0.5.23's tree frees)."""
+        slots = list(free_index)
+        if not slots:
+            return
+        if start_pos % self.page_size:
+            raise AlignmentError(f"segment start {start_pos} is not page-aligned")
+        self._validate_free(slots, [])
+        self.free_page_ids([s // self.page_size for s in slots[:: self.page_size]])
+
+    # ----------------------------------------------------------------- batch allocations
+    def _check_batch(
+        self, name: str, device: Sequence[int], host: Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        dev, cpu = int_list(name, device), int_list(f"{name}_cpu", host)
+        if dev != cpu:
+            raise InvalidArgumentError(f"{name} and {name}_cpu differ: {dev} vs {cpu}")
+        return dev, cpu
+
+    def _check_prefix_pages_held(self, prefix_lens: Sequence[int], last_loc: Sequence[int]) -> None:
+        """A prefix that ends mid-page gets its next slots from ``last_loc``'s page, so that page
+        must exist and be allocated (not free)."""
+        for i, (p, loc) in enumerate(zip(prefix_lens, last_loc, strict=True)):
+            if p % self.page_size == 0:
+                continue
+            page = loc // self.page_size
+            if page > self.num_pages:
+                raise IndexOutOfRangeError(f"request {i}: last_loc {loc} is past the pool")
+            if page == RESERVED_INDEX:
+                raise ReservedIndexError(f"request {i}: last_loc {loc} is in the reserved page")
+            if page in self._free_set:
+                raise InvalidArgumentError(f"request {i}: last_loc {loc} is in free page {page}")
+
+    def alloc_extend(
+        self,
+        prefix_lens: Sequence[int],
+        prefix_lens_cpu: Sequence[int],
+        seq_lens: Sequence[int],
+        seq_lens_cpu: Sequence[int],
+        last_loc: Sequence[int],
+        extend_num_tokens: int,
+    ) -> list[int] | None:
+        """Slots for tokens ``[P_i, S_i)`` of every request, in batch order (see
+        :func:`~kvpool.reference.pools.paged_ops.alloc_extend_slots`), or ``None`` (no change) when
+        the ``sum(ceil(S/ps) - ceil(P/ps))`` new pages do not fit. Raises InvalidArgumentError /
+        AlignmentError / IndexOutOfRangeError / ReservedIndexError for a bad batch (see
+        :func:`~kvpool.reference.pools.paged_ops.validate_extend_args`; also ``*_cpu`` must equal
+        the device lists and a prefix ending mid-page must end in an allocated page)."""
+        prefix, _ = self._check_batch("prefix_lens", prefix_lens, prefix_lens_cpu)
+        seq, _ = self._check_batch("seq_lens", seq_lens, seq_lens_cpu)
+        locs = int_list("last_loc", last_loc)
+        validate_extend_args(prefix, seq, locs, extend_num_tokens, self.page_size)
+        self._check_prefix_pages_held(prefix, locs)
+        num_new = sum(
+            extend_new_pages(p, s, self.page_size) for p, s in zip(prefix, seq, strict=True)
+        )
+        merge_test = self._extend_merge_bound(extend_num_tokens, len(seq)) > len(self.free_pages)
+        self._merge_before_take(merge_test, num_new)
+        pages = self._take_pages(num_new)
+        if pages is None:
+            return None
+        return alloc_extend_slots(prefix, seq, locs, pages, self.page_size)
+
+    def alloc_decode(
+        self, seq_lens: Sequence[int], seq_lens_cpu: Sequence[int], last_loc: Sequence[int]
+    ) -> list[int] | None:
+        """One slot per request for token ``S_i - 1`` (``S_i >= 1`` counts the new token): the
+        first slot of the next free page when ``(S_i - 1) % page_size == 0``, else
+        ``last_loc_i + 1``. ``None`` (no change) if the new pages do not fit. Same checks as
+        :meth:`alloc_extend` with ``P_i = S_i - 1``: ``last_loc_i == -1`` exactly when
+        ``S_i == 1``, and mid-page ``last_loc_i`` sits at offset ``(S_i - 2) % ps`` of an
+        allocated page."""
+        seq, _ = self._check_batch("seq_lens", seq_lens, seq_lens_cpu)
+        locs = int_list("last_loc", last_loc)
+        if any(s < 1 for s in seq):
+            raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1, got {seq}")
+        prefix = [s - 1 for s in seq]
+        validate_extend_args(prefix, seq, locs, len(seq), self.page_size)
+        self._check_prefix_pages_held(prefix, locs)
+        num_new = decode_new_pages(seq, self.page_size)
+        self._merge_before_take(len(seq) > len(self.free_pages), num_new)
+        pages = self._take_pages(num_new)
+        if pages is None:
+            return None
+        return alloc_decode_slots(seq, locs, pages, self.page_size)
+
     # ----------------------------------------------------------------- free-list state
     def backup_state(self) -> FreeListState:
         """``(free_pages, release_pages)`` as tuples (EAGLE v1 borrows draft slots with it)."""
@@ -255,26 +381,4 @@ class BaseTokenToKVPoolAllocator(BatchAllocs, SegmentFrees):
         self._pending_pages = []
 
 
-class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
-    """Page size 1: every slot is a page. ``alloc`` takes from the head of ``free_pages`` and
-    ``free`` appends (FIFO reuse), or appends to ``release_pages`` under ``need_sort``. Naming a
-    slot twice in one call or one free group is a double free."""
-
-    _dedup_pages = False
-
-    def __init__(self, size: int, need_sort: bool = False, *, rules: Rules | None = None) -> None:
-        super().__init__(size, 1, need_sort, rules=rules)
-
-    def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
-        """Page size 1: SGLang allocates an extend with ``alloc(extend_num_tokens)``, so the
-        pre-test is ``alloc``'s."""
-        return extend_num_tokens
-
-    def _return_pages(self, pages: list[int]) -> None:
-        if self.need_sort:
-            self._set_free_lists(self.free_pages, self.release_pages + pages)
-        else:
-            self._set_free_lists(self.free_pages + pages, self.release_pages)
-
-
-__all__ = ["BaseTokenToKVPoolAllocator", "FreeListState", "TokenToKVPoolAllocator"]
+__all__ = ["BaseTokenToKVPoolAllocator", "FreeListState"]

@@ -5,23 +5,17 @@ that defines it.
 
 from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.swa.chunk_cache import SWAChunkCache
-from kvpool.reference.swa.free import SWAFrees
 from kvpool.reference.swa.kv_pool import SWAKVPool
 from kvpool.reference.swa.pure_allocator import PureSWATokenToKVPoolAllocator
 from kvpool.reference.swa.radix_cache import SWAMatchResult, SWARadixCache
-from kvpool.reference.swa.radix_evict import SWARadixEviction
-from kvpool.reference.swa.radix_locks import SWARadixLocks
 from kvpool.reference.swa.tree_node import SWATreeNode
 
 __all__ = [
     "PureSWATokenToKVPoolAllocator",
     "SWAChunkCache",
-    "SWAFrees",
     "SWAKVPool",
     "SWAMatchResult",
     "SWARadixCache",
-    "SWARadixEviction",
-    "SWARadixLocks",
     "SWATokenToKVPoolAllocator",
     "SWATreeNode",
 ]

@@ -1,7 +1,7 @@
 """``SWAKVPool``: the KV buffers of a hybrid sliding-window model (SGLang's SWAKVPool).
 
 Full-attention layers keep their KV in a full pool of ``size`` tokens, sliding-window layers in
-an SWA pool of ``size_swa`` tokens; both are :class:`~kvpool.reference.kv.kv_cache.MHATokenToKVPool`
+an SWA pool of ``size_swa`` tokens; both are :class:`~kvpool.reference.kv.mha.MHATokenToKVPool`
 (``size + page_size`` rows per layer, row = slot). Layers are named by their global id; the
 pool maps each to ``(local index, is_swa)``. Callers address tokens by **full slot**: a write or
 move on an SWA layer goes to the SWA slot that ``full_to_swa_index_mapping`` (registered by the
@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.host_checks import int_list
-from kvpool.reference.kv.kv_cache import LayerBuffer, MHATokenToKVPool
+from kvpool.reference.kv.kv_cache import LayerBuffer
+from kvpool.reference.kv.mha import MHATokenToKVPool
 
 
 class SWAKVPool:

@@ -1,10 +1,10 @@
 """``PureSWATokenToKVPoolAllocator``: the allocator of a model whose every layer is
 sliding-window (SGLang's, page size 1 only).
 
-One :class:`~kvpool.reference.pools.allocator.TokenToKVPoolAllocator` serves as both the full and
-the SWA side; the mapping is the identity (with the -1 tail), so translation changes nothing.
-``free`` and ``free_swa`` both free the slots, dropping 0 entries (padding) as SGLang does; the
-pool's other errors are the token allocator's.
+One :class:`~kvpool.reference.pools.token_allocator.TokenToKVPoolAllocator` serves as both the
+full and the SWA side; the mapping is the identity (with the -1 tail), so translation changes
+nothing. ``free`` and ``free_swa`` both free the slots, dropping 0 entries (padding) as SGLang
+does; the pool's other errors are the token allocator's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError
 from kvpool.host_checks import int_list
-from kvpool.reference.pools.allocator import FreeListState, TokenToKVPoolAllocator
+from kvpool.reference.pools.allocator import FreeListState
+from kvpool.reference.pools.token_allocator import TokenToKVPoolAllocator
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
 

@@ -38,12 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpool.constants import floor_align
-from kvpool.errors import InvalidArgumentError
+from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.reference.radix.radix_cache import logical_clock
 from kvpool.reference.radix_key import ChildKey, RadixKey, check_tree_slots, tree_slot_limit
 from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
-from kvpool.reference.swa.radix_evict import SWARadixEviction
-from kvpool.reference.swa.radix_locks import SWARadixLocks
 from kvpool.reference.swa.tree_node import SWATreeNode
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
@@ -60,7 +58,7 @@ class SWAMatchResult:
     last_device_node: SWATreeNode
 
 
-class SWARadixCache(SWARadixLocks, SWARadixEviction):
+class SWARadixCache:
     """Prefix tree over an :class:`SWATokenToKVPoolAllocator` (see the module docstring)."""
 
     def __init__(
@@ -274,6 +272,177 @@ class SWARadixCache(SWARadixLocks, SWARadixEviction):
             alloc.free(incoming[:cut])  # after the recovery's frees, as SGLang orders them
         node.swa_tombstone = False
         self.swa_evictable_size_ += n - cut
+
+    # ----------------------------------------------------------------- locks
+    def _path_to_root(self, node: SWATreeNode) -> list[SWATreeNode]:
+        path, cur = [], node
+        while cur is not self.root_node:
+            parent = cur.parent
+            if parent is None or parent.children.get(self._child_key(parent, cur.key)) is not cur:
+                raise LockError(f"node {node.node_id} is not in the tree")
+            path.append(cur)
+            cur = parent
+        return path
+
+    def inc_lock_ref(self, node: SWATreeNode) -> int | None:
+        """Full-lock ``node`` -> root and SWA-lock from ``node`` up until the window is covered;
+        returns the swa_uuid of the node where it was (None: the whole path). LockError if the
+        window would cover a tombstone."""
+        path = self._path_to_root(node)
+        covered, swa_part = 0, []
+        for cur in path:
+            if covered >= self.sliding_window_size:
+                break
+            swa_part.append(cur)
+            covered += len(cur.value)
+        if any(cur.swa_tombstone for cur in swa_part):
+            raise LockError(f"the window of node {node.node_id} covers a tombstone")
+        for cur in path:
+            if cur.full_lock_ref == 0:
+                self.full_evictable_size_ -= len(cur.value)
+                self.full_protected_size_ += len(cur.value)
+            cur.full_lock_ref += 1
+        uuid = None
+        for cur in swa_part:
+            if cur.swa_lock_ref == 0:
+                self.swa_evictable_size_ -= len(cur.value)
+                self.swa_protected_size_ += len(cur.value)
+            cur.swa_lock_ref += 1
+        if swa_part and sum(len(c.value) for c in swa_part) >= self.sliding_window_size:
+            last = swa_part[-1]
+            if last.swa_uuid is None:
+                self._next_uuid += 1
+                last.swa_uuid = self._next_uuid
+            uuid = last.swa_uuid
+        return uuid
+
+    def _swa_part(self, path: list[SWATreeNode], uuid: int | None) -> list[SWATreeNode]:
+        """The nodes an SWA unlock walks: up to and including the one carrying ``uuid``."""
+        for i, cur in enumerate(path):
+            if uuid is not None and cur.swa_uuid == uuid:
+                return path[: i + 1]
+        return path
+
+    def _check_swa_unlock(self, part: list[SWATreeNode]) -> None:
+        bad = [c.node_id for c in part if c.swa_tombstone or c.swa_lock_ref <= 0]
+        if bad:
+            raise LockError(f"no SWA lock to release on nodes {bad}")
+
+    def dec_lock_ref(self, node: SWATreeNode, swa_uuid_for_lock: int | None = None,
+                     skip_swa: bool = False) -> None:  # fmt: skip
+        """Undo :meth:`inc_lock_ref` (``skip_swa``: its SWA part was released already).
+        LockError (nothing changed) if a count would go negative."""
+        path = self._path_to_root(node)
+        if any(c.full_lock_ref <= 0 for c in path):
+            raise LockError(f"full lock_ref would go negative above node {node.node_id}")
+        part = [] if skip_swa else self._swa_part(path, swa_uuid_for_lock)
+        self._check_swa_unlock(part)
+        for cur in path:
+            if cur.full_lock_ref == 1:
+                self.full_evictable_size_ += len(cur.value)
+                self.full_protected_size_ -= len(cur.value)
+            cur.full_lock_ref -= 1
+        for cur in part:
+            if cur.swa_lock_ref == 1:
+                self.swa_evictable_size_ += len(cur.value)
+                self.swa_protected_size_ -= len(cur.value)
+            cur.swa_lock_ref -= 1
+
+    def dec_swa_lock_only(self, node: SWATreeNode, swa_uuid_for_lock: int | None = None) -> None:
+        """Release only the SWA part of a lock (the window moved on); a leaf left without SWA
+        lock loses its SWA slots at once (tombstone). LockError (nothing changed) if absent."""
+        part = self._swa_part(self._path_to_root(node), swa_uuid_for_lock)
+        self._check_swa_unlock(part)
+        for cur in part:
+            if cur.swa_lock_ref == 1:
+                self.swa_protected_size_ -= len(cur.value)
+                if not cur.children:
+                    self.token_to_kv_pool_allocator.free_swa(cur.value)
+                    cur.swa_tombstone = True
+                else:
+                    self.swa_evictable_size_ += len(cur.value)
+            cur.swa_lock_ref -= 1
+
+    # ----------------------------------------------------------------- eviction
+    def _nodes(self) -> list[SWATreeNode]:
+        out, stack = [], list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    @staticmethod
+    def _lru(nodes: list[SWATreeNode]) -> SWATreeNode | None:
+        return min(nodes, key=lambda n: (n.last_access_time, n.depth(), n.node_id), default=None)
+
+    def _delete_leaf(self, node: SWATreeNode) -> None:
+        parent = node.parent
+        assert parent is not None
+        del parent.children[self._child_key(parent, node.key)]
+        node.parent = None
+        self.full_evictable_size_ -= len(node.value)
+        if not node.swa_tombstone:
+            self.swa_evictable_size_ -= len(node.value)
+
+    def _delete_tombstone_parents(self, parent: SWATreeNode) -> int:
+        """Delete tombstones left as unlocked leaves above a deleted leaf; full tokens freed."""
+        freed = 0
+        while (parent is not self.root_node and parent.swa_tombstone and not parent.children
+               and parent.full_lock_ref == 0):  # fmt: skip
+            up = parent.parent
+            assert up is not None
+            self.token_to_kv_pool_allocator.free(parent.value)
+            freed += len(parent.value)
+            self._delete_leaf(parent)
+            parent = up
+        return freed
+
+    @staticmethod
+    def _swa_evictable(node: SWATreeNode) -> bool:
+        """SWA eviction may take it: it holds SWA slots nobody's window reads."""
+        return not node.swa_tombstone and node.swa_lock_ref == 0
+
+    @staticmethod
+    def _keeps_full(node: SWATreeNode) -> bool:
+        """SWA eviction only tombstones it: its full part has children or a running request."""
+        return bool(node.children) or node.full_lock_ref > 0
+
+    def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
+        """Free at least ``num_tokens`` full and ``swa_num_tokens`` SWA tokens if the tree
+        allows (module docstring); returns (full tokens freed, SWA tokens freed)."""
+        if num_tokens < 0 or swa_num_tokens < 0:
+            raise InvalidArgumentError("eviction sizes must be >= 0")
+        alloc = self.token_to_kv_pool_allocator
+        full = swa = 0
+        while num_tokens > 0 and full < num_tokens:
+            x = self._lru([n for n in self._nodes() if not n.children and n.full_lock_ref == 0])
+            if x is None:
+                break
+            parent = x.parent
+            assert parent is not None
+            alloc.free(x.value)
+            full += len(x.value)
+            swa += 0 if x.swa_tombstone else len(x.value)
+            self._delete_leaf(x)
+            full += self._delete_tombstone_parents(parent)
+        while swa < swa_num_tokens:
+            x = self._lru([n for n in self._nodes() if self._swa_evictable(n)])
+            if x is None:
+                break
+            swa += len(x.value)
+            if self._keeps_full(x):
+                alloc.free_swa(x.value)  # the full part stays (children, or a running request)
+                x.swa_tombstone = True
+                self.swa_evictable_size_ -= len(x.value)
+                continue
+            parent = x.parent
+            assert parent is not None
+            alloc.free(x.value)
+            full += len(x.value)
+            self._delete_leaf(x)
+            self._delete_tombstone_parents(parent)
+        return full, swa
 
     # ----------------------------------------------------------------- views
     def snapshot(self) -> TreeSnapshot:

@@ -49,12 +49,15 @@ from kvpool.snapshot import MambaTreeSnapshot
 class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
     """:class:`UnifiedMambaRadixCache` with SGLang 0.5.23's release path (module docstring)."""
 
+    # Any: called with Req.last_node (typed TreeNode | None for every tree) holding this tree's
+    # MambaTreeNode or None; MambaLifecycleCache's override takes Any for the same reason
     def inc_lock_ref(self, node: Any) -> None:
         """:meth:`UnifiedMambaRadixCache.inc_lock_ref`; None (never matched) and the root (SGLang's
         components lock no root) are no-ops."""
         if node is not None and node is not self.root_node:
             super().inc_lock_ref(node)
 
+    # Any: as inc_lock_ref (Req.last_node's declared type is the plain tree's node)
     def dec_lock_ref(self, node: Any) -> None:
         """:meth:`UnifiedMambaRadixCache.dec_lock_ref`; None and the root are no-ops."""
         if node is not None and node is not self.root_node:
@@ -131,7 +134,8 @@ class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
         self.inc_lock_ref(node)
         req.prefix_indices = new_indices + kv[len(new_indices) :]
         req.cache_protected_len = len(new_indices)
-        last: Any = node  # the request's node is this tree's
+        # Any: Req.last_node is typed TreeNode | None; the request's node is this tree's
+        last: Any = node
         req.last_node = last
 
     def snapshot(self) -> MambaTreeSnapshot:

@@ -299,8 +299,8 @@ class AllocatorTarget:
         free = set(snap.free_pages) | set(snap.release_pages)
         for owners in (model.blobs, model.seqs):
             owners[:] = [q for q in owners if not any(s // ps in free for s in q)]
-        known = model.held_pages()
-        lost = [p for p in range(1, model.config.num_pages + 1) if p not in free | known]
+        accounted = free | model.held_pages()  # once, not per page
+        lost = [p for p in range(1, model.config.num_pages + 1) if p not in accounted]
         if lost:
             model.blobs.append([p * ps + i for p in lost for i in range(ps)])
         model.backup_taken = False

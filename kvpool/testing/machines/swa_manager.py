@@ -95,13 +95,19 @@ class SWALifecyclePair(LifecyclePair):
         )
         self.reachability = impl_b.reachability
         self.rejects_misuse = (impl_b.rules or config.rules).rejects_misuse
+        # EAGLE v1 draft borrowing restores the allocator (backup_state / restore_state): one
+        # that restores only its free lists keeps stale mapping entries (SGLang 0.5.16,
+        # Rules.swa_restore_mapping False), which a harness must not provoke
+        self.restores_mapping = (impl_b.rules or config.rules).swa_restore_mapping
 
     def _normalize(self, snap: PoolSnapshot) -> PoolSnapshot:
         return coarse_swa_pool(snap, self._swa_locks)
 
     def draw(self, c: Chooser) -> Op:
         op = draw_op(c, self.lockstep.view(), c.choice(SWA_KINDS))
-        while not self.rejects_misuse and component_misuse(op):  # SGLang accepts it silently
+        while (not self.rejects_misuse and component_misuse(op)) or (  # SGLang accepts it
+            not self.restores_mapping and op.name == "spec_draft_v1"
+        ):
             op = draw_op(c, self.lockstep.view(), c.choice(SWA_KINDS))
         return op
 

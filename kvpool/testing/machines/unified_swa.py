@@ -1,5 +1,6 @@
-"""The unified SWA radix-cache machine: SGLang 0.5.23's ``UnifiedRadixCache`` with the FULL and
-SWA components, over its SWA allocator, against kvpool's model of it.
+"""The unified SWA radix-cache machine: SGLang's ``UnifiedRadixCache`` with the FULL and SWA
+components (0.5.23's, or 0.5.16's earlier design: the ``Rules.unified_*`` knobs), over its SWA
+allocator, against kvpool's model of it.
 
 The operations, draws and invariants are the SWA radix machine's
 (:class:`~kvpool.testing.machines.swa_radix.SWARadixTarget`: inserts of finished requests whose
@@ -15,9 +16,10 @@ when both sides report them (``swa_lock_counts_readable``: SGLang's Rust core do
 only through the SWA sizes.
 
 The invariants are the SWA radix machine's, with one rule of 0.5.23: a window lock counts every
-node of its segment, tombstones included (0.5.16 refused to lock over a tombstone), so
-``INV-SWA-TREE-LOCKS``' "no SWA lock on a tombstone" clause is checked without the tombstones'
-SWA counts.
+node of its segment, tombstones included (0.5.16's ``SWARadixCache`` refused to lock over a
+tombstone, its ``UnifiedRadixCache`` skips them: ``Rules.unified_tombstone_lock``), so under
+``"count"`` ``INV-SWA-TREE-LOCKS``' "no SWA lock on a tombstone" clause is checked without the
+tombstones' SWA counts (under ``"skip"`` with them).
 """
 
 from __future__ import annotations
@@ -109,10 +111,12 @@ class UnifiedSWARadixTarget(SWARadixTarget):
         ps = tree.page_size
         pages = {s // ps for n in tree.nodes for s in n.value}
         swa_held = tree.swa_evictable_size + tree.swa_protected_size
-        # 0.5.23 counts a window lock on the tombstones of its segment (module docstring)
-        nodes = tuple(dataclasses.replace(n, swa_lock_ref=0) if n.swa_tombstone else n
-                      for n in tree.nodes)  # fmt: skip
-        checked = dataclasses.replace(tree, nodes=nodes)
+        checked = tree
+        if model.config.rules.unified_tombstone_lock == "count":
+            # 0.5.23 counts a window lock on the tombstones of its segment (module docstring)
+            nodes = tuple(dataclasses.replace(n, swa_lock_ref=0) if n.swa_tombstone else n
+                          for n in tree.nodes)  # fmt: skip
+            checked = dataclasses.replace(tree, nodes=nodes)
         if not self._swa_locks:
             # no per-node SWA locks to split the SWA sizes by: their total is checked (and
             # the split compared with the other side's)

@@ -1,0 +1,112 @@
+"""Lockstep verification speed: steps per second of every machine of ``kvpool verify``.
+
+One row per machine (:data:`kvpool.testing.machines.TARGETS`: ``manager``, the default
+campaign's, then each component machine): the reference against the torch twin (checked mode,
+torch fallbacks), a fixed number of runs of the campaign seeded 0 (run ``i`` draws its
+configuration and 60 operations from ``random.Random(f"0/{i}")``, as ``kvpool verify`` does), in
+this process on one thread, after one warm-up run of another seed. Every step runs the op on both
+sides, compares results and snapshots and checks every invariant, as in a campaign. Columns:
+``steps`` and ``checks`` (invariant checks run: equal from run to run for one tree, so a change
+that skips a check shows here), ``cpu_s`` (CPU time of this thread: on a machine shared with
+other jobs wall time would count their slices) and ``steps_per_s`` (``steps / cpu_s``, one
+core). The last row, ``manager --workers 2``, is ``kvpool verify``'s default campaign itself:
+two worker processes for ``--seconds`` of wall time, steps per wall second.
+
+    python benchmarks/bench_lockstep.py [--quick] [--only manager] [--runs 20] [--seconds 10]
+    kvpool bench --only lockstep
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+STEPS_PER_RUN = 60
+"""Operations per run (``kvpool verify``'s default)."""
+
+
+def machine_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
+    """Run ``runs`` runs of ``component`` in this process; its row (see the module docstring)."""
+    import torch
+
+    from kvpool.testing.campaign import run_machine
+    from kvpool.testing.implementations import optimized_implementation, reference_implementation
+
+    torch.set_num_threads(1)
+    ref, twin = reference_implementation(), optimized_implementation("torch")
+    run_machine(component, ref, twin, 1e9, seed=seed + 1000, steps_per_run=STEPS_PER_RUN,
+                max_runs=1)  # fmt: skip
+    start = time.thread_time()
+    result = run_machine(component, ref, twin, 1e9, seed=seed, steps_per_run=STEPS_PER_RUN,
+                         max_runs=runs)  # fmt: skip
+    cpu = time.thread_time() - start
+    return {
+        "machine": component,
+        "runs": result.configurations,
+        "steps": result.steps,
+        "checks": result.invariant_checks,
+        "failures": result.failures,
+        "cpu_s": round(cpu, 2),
+        "steps_per_s": round(result.steps / cpu) if cpu > 0 else None,
+    }
+
+
+def workers_row(seconds: float, workers: int = 2, seed: int = 0) -> dict[str, Any]:
+    """The default campaign (``manager``) on ``workers`` processes for ``seconds`` of wall time:
+    steps per wall second, as ``kvpool verify`` reports them."""
+    from kvpool.testing.workers import CampaignSpec, run_parallel
+
+    spec = CampaignSpec("manager", "reference", "optimized[torch]", seed, STEPS_PER_RUN,
+                        ("reference", "optimized[torch]"))  # fmt: skip
+    result = run_parallel(spec, seconds, workers)
+    return {
+        "machine": f"manager --workers {workers}",
+        "runs": result.configurations,
+        "steps": result.steps,
+        "checks": result.invariant_checks,
+        "failures": result.failures,
+        "wall_s": round(result.seconds, 1),
+        "steps_per_s": round(result.steps_per_second),
+    }
+
+
+def run(quick: bool, only: str | None = None, runs: int | None = None,
+        seconds: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Rows of every machine whose name contains ``only`` (all by default), then the
+    two-worker row (unless ``only`` excludes ``manager``)."""
+    from kvpool.testing.machines import TARGETS
+
+    n = runs if runs is not None else (4 if quick else 20)
+    rows = [machine_row(name, n) for name in TARGETS if only is None or only in name]
+    if only is None or only in "manager":
+        rows.append(workers_row(seconds if seconds is not None else (3.0 if quick else 20.0)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 runs a machine, 3 s on workers")
+    parser.add_argument("--only", default=None, help="machines whose name contains this")
+    parser.add_argument("--runs", type=int, default=None, help="runs per machine (default 20)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="wall seconds of the two-worker campaign (default 20)")  # fmt: skip
+    args = parser.parse_args(argv)
+    rows = run(args.quick, args.only, args.runs, args.seconds)
+    if not rows:
+        print(f"no machine matches {args.only!r}", file=sys.stderr)
+        return 1
+    cols: list[str] = []
+    for r in rows:
+        cols.extend(k for k in r if k not in cols)
+    cells = [["" if r.get(c) is None else str(r.get(c)) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    for line in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

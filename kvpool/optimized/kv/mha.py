@@ -1,0 +1,87 @@
+"""``MHATokenToKVPool`` (optimized twin): multi-head-attention KV buffers, K and V apart.
+
+Per layer ``k_buffer[l]`` of shape ``(size + page_size, head_num, head_dim)`` and ``v_buffer[l]``
+of shape ``(size + page_size, head_num, v_head_dim)`` (row = token slot; dtype rules of
+:mod:`kvpool.optimized.kv.kv_cache`). Same names, argument order and results as
+:mod:`kvpool.reference.kv.mha`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.options import TwinOptions
+
+
+class MHATokenToKVPool(KVCache):
+    """Separate K ``(rows, head_num, head_dim)`` and V ``(rows, head_num, v_head_dim)`` tensors
+    per layer."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: str | torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        start_layer: int = 0,
+        v_head_dim: int | None = None,
+        *,
+        options: TwinOptions | None = None,
+    ) -> None:
+        super().__init__(size, page_size, dtype, layer_num, start_layer, options=options)
+        self._set_mha_heads(head_num, head_dim, v_head_dim)
+        self.k_buffer = [self._zeros(head_num, head_dim) for _ in range(layer_num)]
+        self.v_buffer = [self._zeros(head_num, self.v_head_dim) for _ in range(layer_num)]
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: TensorLike,
+        cache_k: TensorLike,
+        cache_v: TensorLike,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Store ``cache_k / k_scale`` ``(n, head_num, head_dim)`` and ``cache_v / v_scale``
+        ``(n, head_num, v_head_dim)`` at slots ``loc`` of ``layer_id``. Validated before any
+        write; the inputs are never mutated."""
+        local = self._layer(layer_id)
+        slots = self._slots(loc)
+        n = slots.numel()
+        k = self._stored("cache_k", cache_k, (n, self.head_num, self.head_dim), k_scale)
+        v = self._stored("cache_v", cache_v, (n, self.head_num, self.v_head_dim), v_scale)
+        self.k_buffer[local][slots] = k
+        self.v_buffer[local][slots] = v
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.k_buffer[self._wait(layer_id)])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.v_buffer[self._wait(layer_id)])
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        local = self._wait(layer_id)
+        return self._view(self.k_buffer[local]), self._view(self.v_buffer[local])
+
+    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+        """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (sources read before any write)."""
+        self._move((*self.k_buffer, *self.v_buffer), tgt_loc, src_loc)
+
+    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
+        """Store ``tags[i]`` at slot ``loc[i]`` on every layer (channel 0 of every head of K and
+        V; other channels 0)."""
+        n = self._slots(loc).numel()
+        k = self._tag_rows(tags, n, self.head_num, self.head_dim, self.device)
+        v = self._tag_rows(tags, n, self.head_num, self.v_head_dim, self.device)
+        for layer_id in range(self.start_layer, self.end_layer + 1):
+            self.set_kv_buffer(layer_id, loc, k, v)
+
+    def read_tags(self, loc: TensorLike) -> list[int]:
+        """Tag at each slot: layer ``start_layer``, head 0, channel 0 of K (0 if never written)."""
+        return self._read_tags(self.k_buffer[0], loc)
+
+
+__all__ = ["MHATokenToKVPool"]

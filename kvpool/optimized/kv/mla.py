@@ -1,0 +1,79 @@
+"""``MLATokenToKVPool`` (optimized twin): multi-head latent attention's fused KV buffer.
+
+Per layer one ``kv_buffer[l]`` of shape ``(size + page_size, 1, kv_lora_rank +
+qk_rope_head_dim)`` (row = token slot); the value is a view of its first ``kv_lora_rank``
+channels. Same names, argument order and results as :mod:`kvpool.reference.kv.mla`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.options import TwinOptions
+
+
+class MLATokenToKVPool(KVCache):
+    """One fused ``(rows, 1, kv_lora_rank + qk_rope_head_dim)`` tensor per layer; V is a view of
+    its first ``kv_lora_rank`` channels, so ``set_kv_buffer`` ignores ``cache_v``."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        start_layer: int = 0,
+        dtype: str | torch.dtype = "float32",
+        *,
+        options: TwinOptions | None = None,
+    ) -> None:
+        super().__init__(size, page_size, dtype, layer_num, start_layer, options=options)
+        self._set_mla_dims(kv_lora_rank, qk_rope_head_dim)
+        self.kv_buffer = [self._zeros(1, self.kv_dim) for _ in range(layer_num)]
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: TensorLike,
+        cache_k: TensorLike,
+        cache_v: object = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Store ``cache_k / k_scale`` ``(n, 1, kv_lora_rank + qk_rope_head_dim)`` at ``loc``;
+        ``cache_v`` and ``v_scale`` are ignored. The input is never mutated."""
+        local = self._layer(layer_id)
+        slots = self._slots(loc)
+        k = self._stored("cache_k", cache_k, (slots.numel(), 1, self.kv_dim), k_scale)
+        self.kv_buffer[local][slots] = k
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.kv_buffer[self._wait(layer_id)])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """A view (no copy) of the first ``kv_lora_rank`` channels of the fused buffer."""
+        return self.get_key_buffer(layer_id)[..., : self.kv_lora_rank]
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = self.get_key_buffer(layer_id)
+        return key, key[..., : self.kv_lora_rank]
+
+    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+        """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (sources read before any write)."""
+        self._move(self.kv_buffer, tgt_loc, src_loc)
+
+    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
+        """Store ``tags[i]`` at slot ``loc[i]`` on every layer (channel 0; others 0)."""
+        n = self._slots(loc).numel()
+        rows = self._tag_rows(tags, n, 1, self.kv_dim, self.device)
+        for layer_id in range(self.start_layer, self.end_layer + 1):
+            self.set_kv_buffer(layer_id, loc, rows)
+
+    def read_tags(self, loc: TensorLike) -> list[int]:
+        """Tag at each slot: layer ``start_layer``, channel 0 of the fused row."""
+        return self._read_tags(self.kv_buffer[0], loc)
+
+
+__all__ = ["MLATokenToKVPool"]

@@ -1,0 +1,58 @@
+"""``benchmarks/bench_lockstep.py`` (``kvpool bench --only lockstep``): one row per machine with
+its lockstep steps per second, and the two-worker row of the default campaign."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kvpool.testing.machines import TARGETS
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_run_all_finds_the_lockstep_benchmark() -> None:
+    assert "bench_lockstep" in _load("run_all").discover("lockstep")
+
+
+def test_a_machine_row_counts_steps_checks_and_speed() -> None:
+    row = _load("bench_lockstep").machine_row("allocator", runs=1)
+    assert row["machine"] == "allocator"
+    assert (row["runs"], row["steps"], row["failures"]) == (1, 60, 0)
+    assert row["checks"] > row["steps"]  # every step checks every invariant on both sides
+    assert row["steps_per_s"] is None or row["steps_per_s"] > 0
+
+
+def test_only_selects_machines_by_name() -> None:
+    rows = _load("bench_lockstep").run(True, only="radix_cache", runs=1)
+    names = [r["machine"] for r in rows]
+    assert names == [n for n in TARGETS if "radix_cache" in n]
+    assert "manager --workers 2" not in names
+
+
+def test_main_prints_one_line_per_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _load("bench_lockstep").main(["--only", "req_to_token_pool", "--runs", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["machine", "runs"] and "steps_per_s" in out[0]
+    assert [line.split()[0] for line in out[1:]] == [
+        "req_to_token_pool",
+        "hybrid_req_to_token_pool",
+    ]
+
+
+def test_main_refuses_a_name_that_matches_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _load("bench_lockstep").main(["--only", "nosuchmachine", "--runs", "1"]) == 1
+    assert "no machine matches" in capsys.readouterr().err
