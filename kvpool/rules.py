@@ -31,6 +31,7 @@ MAMBA_TREES = ("mamba_radix", "unified")
 SWA_FREE_RESOLVES = ("free", "group_end")
 SWA_FREE_UNMAPPED = ("skip", "caller")
 SWA_WINDOW_RELEASES = ("decode", "scheduler", "maybe_evict")
+SWA_TREES = ("swa_radix", "unified")
 HICACHE_HOST_TIERS = ("hiradix", "unified")
 UNIFIED_FREES = ("segment", "free")
 UNIFIED_SPLIT_RECENCIES = ("beside", "front")
@@ -162,6 +163,17 @@ class Rules:
       at a later prefill chunk's allocation, at its prefix length; no free group. 0.5.16 gates
       the whole batch on its scheduler's forward counter modulo ``SGLANG_SWA_EVICTION_INTERVAL``,
       which kvpool does not model: ``swa_eviction_interval`` must be 1 (ConfigError otherwise).
+    - ``swa_tree``: the prefix cache of a hybrid sliding-window model with the radix cache on, in
+      the SWA lifecycle, under the ``"decode"`` and ``"maybe_evict"`` window rules (under
+      ``"scheduler"`` it is always 0.5.23's unified FULL+SWA tree with its ``checkpoint``
+      release). ``"swa_radix"`` (kvpool): 0.5.16's ``SWARadixCache`` with its
+      ``cache_finished_req`` / ``cache_unfinished_req`` hand-overs. ``"unified"`` (SGLang
+      0.5.16, whose registry builds its FULL+SWA ``UnifiedRadixCache`` for such a model): that
+      tree (the ``unified_*`` knobs below say which release's) with 0.5.16's unified hand-overs:
+      every insert, a prefill chunk's too, carries the request's ``swa_evicted_seqlen``; a
+      release without insert frees ``row[cache_protected_len:committed]`` with one ``free``
+      (``"swa_radix"``: two, split at the page boundary); full eviction follows
+      ``eviction_policy`` (``"swa_radix"``: least recently used only).
     - ``hicache_host_tier``: how ``HiRadixCache`` runs its host tier. ``"hiradix"`` (kvpool;
       SGLang 0.5.16's ``HiRadixCache``). ``"unified"`` (SGLang 0.5.23: the host tier inside
       ``UnifiedRadixCache``, specs/unified_cache.md): writes to host are queued and issued
@@ -177,9 +189,10 @@ class Rules:
       by issuing the batch's queued writes (``flush_pending_backups``).
 
     Three knobs say which release's ``UnifiedRadixCache`` the unified FULL+SWA tree
-    (``UnifiedSWARadixCache``, both twins) follows; their defaults are SGLang 0.5.23's (the
-    tree's first model, specs/unified_cache.md), ``Rules.for_sglang("0.5.16")`` selects the
-    earlier design 0.5.16 builds for a hybrid model with the radix cache on:
+    (``UnifiedSWARadixCache``, both twins) follows, the last two also the FULL+MAMBA tree
+    (``UnifiedMambaRadixCache``); their defaults are SGLang 0.5.23's (the tree's first model,
+    specs/unified_cache.md), ``Rules.for_sglang("0.5.16")`` selects the earlier design 0.5.16
+    builds for a hybrid model with the radix cache on:
 
     - ``unified_free``: the slot frees of the unified SWA tree. ``"segment"`` (SGLang 0.5.23):
       segment frees (``free_segment``, ``free_full_segment``, ``free_swa_segment``), an
@@ -191,7 +204,8 @@ class Rules:
     - ``unified_split_recency``: where a split puts the two halves in the SWA recency list.
       ``"beside"`` (SGLang 0.5.23): the upper half right behind the node it was cut from, which
       keeps its place. ``"front"`` (SGLang 0.5.16): both move to the front, the cut (lower)
-      node first, the upper half right behind it.
+      node first, the upper half right behind it. The FULL+MAMBA tree: ``"front"`` moves the
+      cut node's state (the upper half has none) to the front of the state order.
     - ``unified_tombstone_lock``: how a window lock treats the tombstones it meets.
       ``"count"`` (SGLang 0.5.23): it SWA-locks every node of its segment, tombstones too, and
       counts their tokens toward the window; an unlock that would take a count below 0 is a
@@ -199,7 +213,10 @@ class Rules:
       segment reaches further up); an unlock (``dec_lock_ref``, whose receipt from 0.5.16's
       scheduler carries no skipped ids) skips nodes whose SWA count is 0 and stops after the
       uuid's node only where it decrements it; ``dec_swa_lock_only`` skips tombstones and
-      nodes whose count is 0 and stops at the uuid's node either way.
+      nodes whose count is 0 and stops at the uuid's node either way. The FULL+MAMBA tree's
+      Mamba lock on a node without a state: ``"count"`` counts it (a state stored there while
+      locked is protected); ``"skip"`` locks the path's KV only and records the skip for the
+      unlock (a state stored there is evictable, even from a leaf that lock pins).
     """
 
     row_order: str = "lifo"
@@ -221,6 +238,7 @@ class Rules:
     swa_free_unmapped: str = "skip"
     swa_window_release: str = "decode"
     swa_eviction_interval: int = 1
+    swa_tree: str = "swa_radix"
     hicache_host_tier: str = "hiradix"
     unified_free: str = "segment"
     unified_split_recency: str = "beside"
@@ -243,6 +261,7 @@ class Rules:
             ("swa_free_resolve", self.swa_free_resolve, SWA_FREE_RESOLVES),
             ("swa_free_unmapped", self.swa_free_unmapped, SWA_FREE_UNMAPPED),
             ("swa_window_release", self.swa_window_release, SWA_WINDOW_RELEASES),
+            ("swa_tree", self.swa_tree, SWA_TREES),
             ("hicache_host_tier", self.hicache_host_tier, HICACHE_HOST_TIERS),
             ("unified_free", self.unified_free, UNIFIED_FREES),
             ("unified_split_recency", self.unified_split_recency, UNIFIED_SPLIT_RECENCIES),
@@ -285,6 +304,7 @@ class Rules:
                 swa_free_resolve="group_end",
                 swa_restore_mapping=False,
                 swa_window_release="maybe_evict",
+                swa_tree="unified",
                 unified_free="free",
                 unified_split_recency="front",
                 unified_tombstone_lock="skip",

@@ -20,14 +20,13 @@ from kvpool.optimized.pools.token_allocator import TokenToKVPoolAllocator as Opt
 from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator as OptSWA
 from kvpool.optimized.swa.radix_cache import SWARadixCache as OptSWATree
 from kvpool.optimized.swa.tree_node import SWATreeNode as OptSWANode
-from kvpool.protocols import (
+from kvpool.protocols.mamba import (
     HybridReqToTokenPoolProtocol,
     MambaPoolProtocol,
     MambaSlotAllocatorProtocol,
     MambaTreeProtocol,
-    SWAAllocatorProtocol,
-    SWATreeProtocol,
 )
+from kvpool.protocols.swa import SWAAllocatorProtocol, SWATreeProtocol
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.mamba.radix_cache import MambaRadixCache
 from kvpool.reference.mamba.tree_node import MambaTreeNode

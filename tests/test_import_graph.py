@@ -117,7 +117,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 def place(module: str, wings: dict[str, int]) -> tuple[str, int, str, int]:
     """(package, its floor, wing, the wing's floor) of a kvpool module (wing ``""`` and floor
     0 outside the twins and at a twin's root)."""
-    if module in SHARED:
+    if module in SHARED or module.startswith("kvpool.protocols"):
         return ("shared", 0, "", 0)
     parts = module.split(".")
     package = parts[1]

@@ -193,6 +193,14 @@ def implementation(
             return SGLangUnifiedMambaRadixCache(modules, pool, alloc, config.page_size,
                                                 tree_core=tree_core)  # fmt: skip
 
+    if unified_mamba is None and has_unified16_cache(modules) and has_hybrid:
+
+        def unified_mamba(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+            """0.5.16's FULL+MAMBA ``UnifiedRadixCache`` (kvpool.sglang.unified16_mamba_radix)."""
+            from kvpool.sglang.unified16_mamba_radix import SGLangUnified16MambaRadixCache
+
+            return SGLangUnified16MambaRadixCache(modules, pool, alloc, config.page_size)
+
     def covered(config: PoolConfig) -> bool:
         """The glue drives ``config`` (a host tier only over the unified cache: the host tier
         lives there, so ``+legacy-tree`` runs kvpool's host-tier lifecycle)."""

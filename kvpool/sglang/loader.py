@@ -108,7 +108,7 @@ UNIFIED16_MODULES = (
 nodes, one component per file), SGLang's environment switches (``envs``: their defaults, or the
 process environment; every switch the other real modules of the release read defaults to what
 the stubs answered) and the two modules the cache imports and calls
-(:mod:`kvpool.sglang.unified16_swa_radix`)."""
+(:mod:`kvpool.sglang.unified16_swa_radix`, :mod:`kvpool.sglang.unified16_mamba_radix`)."""
 
 UNIFIED16_MARKER = "sglang/srt/mem_cache/unified_cache_components/tree_component.py"
 """A source without :data:`UNIFIED_MARKER` that holds this file gets :data:`UNIFIED16_MODULES`."""

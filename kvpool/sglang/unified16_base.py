@@ -1,5 +1,6 @@
 """What the adapters of SGLang 0.5.16's ``UnifiedRadixCache`` share, whatever their component
-set (FULL+SWA: :mod:`kvpool.sglang.unified16_swa_radix`).
+set (FULL+SWA: :mod:`kvpool.sglang.unified16_swa_radix`; FULL+MAMBA:
+:mod:`kvpool.sglang.unified16_mamba_radix`).
 
 0.5.16's unified cache (``mem_cache/unified_radix_cache.py`` with
 ``mem_cache/unified_cache_components/``) is the tree its registry builds for a hybrid model with

@@ -57,7 +57,10 @@ class SGLangUnified16SWARadixCache(Unified16Base):
         page_size: int,
         sliding_window_size: int,
         eviction_policy: str = "lru",
+        req_to_token_pool: Any = None,
     ) -> None:
+        """``req_to_token_pool``: SGLang's ``ReqToTokenPool`` (its ``impl``) for the cache's
+        ``cache_finished_req`` / ``cache_unfinished_req`` (None: the tree alone)."""
         self.page_size = page_size
         self.sliding_window_size = sliding_window_size
         self.disable = False
@@ -68,7 +71,7 @@ class SGLangUnified16SWARadixCache(Unified16Base):
             modules,
             ("full", "swa"),
             disable=False,
-            req_to_token_pool=None,
+            req_to_token_pool=req_to_token_pool,
             token_to_kv_pool_allocator=getattr(allocator, "impl", allocator),
             page_size=page_size,
             eviction_policy=eviction_policy,

@@ -59,7 +59,7 @@ def reference_implementation() -> Implementation:
     def unified_mamba(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         from kvpool.reference.unified.mamba_radix_cache import UnifiedMambaRadixCache
 
-        return UnifiedMambaRadixCache(pool, alloc, config.page_size)
+        return UnifiedMambaRadixCache(pool, alloc, config.page_size, rules=config.rules)
 
     def unified(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         from kvpool.reference.unified.radix_cache import UnifiedRadixCache
@@ -198,7 +198,8 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
     def unified_mamba(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         from kvpool.optimized.unified.mamba_radix_cache import UnifiedMambaRadixCache
 
-        return UnifiedMambaRadixCache(pool, alloc, config.page_size, options=opts)
+        return UnifiedMambaRadixCache(pool, alloc, config.page_size, rules=config.rules,
+                                      options=opts)  # fmt: skip
 
     def hybrid(config: PoolConfig) -> Any:
         return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,

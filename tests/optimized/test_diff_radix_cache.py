@@ -179,7 +179,8 @@ def test_twins_satisfy_the_protocols() -> None:
     from kvpool.config import PoolConfig
     from kvpool.optimized.lifecycle.memory_manager import MemoryManager
     from kvpool.optimized.radix.chunk_cache import ChunkCache
-    from kvpool.protocols import MemoryManagerProtocol, RadixCacheProtocol
+    from kvpool.protocols.lifecycle import MemoryManagerProtocol
+    from kvpool.protocols.radix import RadixCacheProtocol
 
     tree: RadixCacheProtocol[torch.Tensor] = OptRadixCache(None, RecordingAllocator(2), 2)  # type: ignore[arg-type]
     chunk: RadixCacheProtocol[torch.Tensor] = ChunkCache(None, RecordingAllocator(2), 2)  # type: ignore[arg-type]

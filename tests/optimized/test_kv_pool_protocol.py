@@ -19,7 +19,7 @@ from kvpool.optimized.kv.mxfp8 import MHATokenToKVPoolMXFP8 as TwinMXFP8
 from kvpool.optimized.kv.noop import NoOpMHATokenToKVPool as TwinNoOp
 from kvpool.optimized.kv.page_major import PageMajorMHATokenToKVPool as TwinPageMajor
 from kvpool.optimized.kv.storage import kv_cache_from_config as twin_from_config
-from kvpool.protocols import KVPoolProtocol
+from kvpool.protocols.kv import KVPoolProtocol
 from kvpool.reference.kv.fp4 import MHATokenToKVPoolFP4 as RefFP4
 from kvpool.reference.kv.mha import MHATokenToKVPool as RefMHA
 from kvpool.reference.kv.mla import MLATokenToKVPool as RefMLA

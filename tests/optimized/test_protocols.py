@@ -18,15 +18,15 @@ from kvpool import reference as ref
 from kvpool.config import PoolConfig
 from kvpool.optimized.lifecycle.memory_manager import MemoryManager as TwinManager
 from kvpool.optimized.radix.radix_cache import RadixCache as TwinRadixCache
-from kvpool.protocols import (
-    KVCacheProtocol,
-    MemoryManagerProtocol,
+from kvpool.protocols.kv import KVCacheProtocol
+from kvpool.protocols.lifecycle import MemoryManagerProtocol
+from kvpool.protocols.pools import (
     PagedAllocatorProtocol,
-    RadixCacheProtocol,
-    ReqLike,
     ReqToTokenPoolProtocol,
     TokenAllocatorProtocol,
 )
+from kvpool.protocols.radix import RadixCacheProtocol
+from kvpool.protocols.requests import ReqLike
 from kvpool.reference.kv.mha import MHATokenToKVPool as RefMHA
 from kvpool.reference.kv.mla import MLATokenToKVPool as RefMLA
 from kvpool.reference.lifecycle.memory_manager import MemoryManager as RefManager
@@ -72,7 +72,7 @@ def protocol_members(protocol: type) -> dict[str, Any]:
     """Public methods and annotated attributes a Protocol declares (its bases included)."""
     members: dict[str, Any] = {}
     for klass in reversed(protocol.__mro__):
-        if klass.__module__ != "kvpool.protocols":
+        if not klass.__module__.startswith("kvpool.protocols"):
             continue
         members.update({n: None for n in getattr(klass, "__annotations__", {})})
         members.update(

@@ -18,7 +18,9 @@ from kvpool.errors import (
     UnknownRequestError,
 )
 from kvpool.invariants import check_all
-from kvpool.protocols import KVCacheProtocol, MemoryManagerProtocol, RadixCacheProtocol
+from kvpool.protocols.kv import KVCacheProtocol
+from kvpool.protocols.lifecycle import MemoryManagerProtocol
+from kvpool.protocols.radix import RadixCacheProtocol
 from kvpool.reference.kv.mha import MHATokenToKVPool
 from kvpool.reference.kv.mla import MLATokenToKVPool
 from kvpool.reference.lifecycle.memory_manager import MemoryManager

@@ -5,9 +5,10 @@ lifecycle over 0.5.16's own SWA allocator, ``ReqToTokenPool`` and ``SWAChunkCach
 ``ScheduleBatch.maybe_evict_swa`` / ``_evict_swa`` (``common.free_swa_out_of_window_slots``),
 ``maybe_cache_unfinished_req`` and ``release_kv_cache``, checked step by step against kvpool's
 reference SWA lifecycle under ``Rules.for_sglang("0.5.16")`` (``swa_window_release ==
-"maybe_evict"``); with the radix cache on, kvpool's lifecycle runs and the trace says why; the
-stand-ins refuse fields 0.5.16 does not read; a planted window slide that forgets its free is
-caught with a short trace marked reachable."""
+"maybe_evict"``); with the radix cache on, 0.5.16's glue over its unified tree runs
+(tests/sglang/test_sglang_glue_v0516_swa_radix.py); the stand-ins refuse fields 0.5.16 does
+not read; a planted window slide that forgets its free is caught with a short trace marked
+reachable."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from kvpool.sglang.glue_swa import SWAReqState
 from kvpool.sglang.glue_v0516 import KvRecords
 from kvpool.sglang.glue_v0516_swa import (
     SGLangSWAGlueManagerV0516,
+    SGLangSWARadixGlueManagerV0516,
     SWAGlueBatchV0516,
     SWAGlueReqV0516,
     glue_covers_v0516_swa,
@@ -63,11 +65,17 @@ def test_the_swa_manager_is_0_5_16s_glue_with_the_radix_cache_off() -> None:
     assert glue_covers_v0516_swa(off)
     assert isinstance(candidate.swa_manager(off), SGLangSWAGlueManagerV0516)
     assert candidate.reachability(off, []).startswith("reachable")
+    # with the radix cache on, 0.5.16's glue over its unified tree
+    # (tests/sglang/test_sglang_glue_v0516_swa_radix.py); kvpool's lifecycle only for what
+    # the glue does not drive (here kvpool's legacy pairing, 0.5.16's SWARadixCache)
     on = config(disable_radix_cache=False)
-    assert not glue_covers_v0516_swa(on)
-    assert type(candidate.swa_manager(on)) is SWAMemoryManager  # kvpool's lifecycle
-    assert "UnifiedRadixCache" in candidate.reachability(on, [])
-    assert candidate.reachability(on, []).startswith("direct only")
+    assert glue_covers_v0516_swa(on)
+    assert type(candidate.swa_manager(on)) is SGLangSWARadixGlueManagerV0516
+    legacy = config(disable_radix_cache=False,
+                    rules=dataclasses.replace(RULES, swa_tree="swa_radix"))  # fmt: skip
+    assert not glue_covers_v0516_swa(legacy)
+    assert type(candidate.swa_manager(legacy)) is SWAMemoryManager  # kvpool's lifecycle
+    assert candidate.reachability(legacy, []).startswith("direct only")
 
 
 def test_one_request_through_the_glue_slides_at_0_5_16s_times() -> None:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvpool.protocols import HostPoolProtocol, SegmentAllocatorProtocol
+from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.protocols.pools import SegmentAllocatorProtocol
 from kvpool.snapshot import HostTransferSnapshot
 
 _EMPTY = torch.empty(0, dtype=torch.int64)

@@ -33,7 +33,8 @@ from kvpool.optimized.radix.radix_cache import RadixCache
 from kvpool.optimized.radix.tree_view import bfs_nodes, snapshot_tree
 from kvpool.optimized.radix_key import ChildKey, MatchResult, RadixKey, TreeNode, as_slots
 from kvpool.optimized.req import Req
-from kvpool.protocols import HostPoolProtocol, ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 from kvpool.reference.hicache.hiradix_cache import WRITE_POLICIES
 from kvpool.reference.radix.radix_cache import hit_floor
 from kvpool.rules import Rules

@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from kvpool.errors import AlignmentError, ConfigError, DoubleFreeError, InvalidArgumentError
-from kvpool.protocols import TaggedKVPoolProtocol
+from kvpool.protocols.hicache import TaggedKVPoolProtocol
 from kvpool.reference.hicache.memory_pool_host import (  # pure helpers, shared
     ITEMSIZE,
     host_pool_size,

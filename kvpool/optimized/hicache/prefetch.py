@@ -16,7 +16,7 @@ from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.hicache.cache_controller import HiCacheController, PrefetchOperation
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.optimized.radix_key import RadixKey, TreeNode
-from kvpool.protocols import HostPoolProtocol
+from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.snapshot import PrefetchSnapshot
 from kvpool.tags import kv_tags
 

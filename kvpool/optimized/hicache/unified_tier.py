@@ -18,7 +18,8 @@ from kvpool.optimized.hicache.cache_controller import HiCacheController
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode, req_key
 from kvpool.optimized.req import Req
-from kvpool.protocols import HostPoolProtocol, ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 from kvpool.rules import Rules
 
 _EMPTY = torch.empty(0, dtype=torch.int64)

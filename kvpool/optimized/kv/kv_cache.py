@@ -28,7 +28,7 @@ import torch
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
-from kvpool.protocols import LayerTransferCounter
+from kvpool.protocols.kv import LayerTransferCounter
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
     "float32": torch.float32,

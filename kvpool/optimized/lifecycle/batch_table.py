@@ -29,7 +29,7 @@ import torch
 
 from kvpool import kernels
 from kvpool.kernels.host import to_device
-from kvpool.protocols import ReqToTokenPoolProtocol
+from kvpool.protocols.pools import ReqToTokenPoolProtocol
 
 Ints = Sequence[int] | npt.NDArray[np.int64]
 

@@ -49,7 +49,8 @@ def mamba_lifecycle_tree(
     # offers its calls; the manager types its table as the plain one
     hybrid = cast(HybridReqToTokenPool, pool)
     if config.rules.mamba_tree == "unified":
-        return UnifiedMambaLifecycleCache(hybrid, alloc, config.page_size, options=options)
+        return UnifiedMambaLifecycleCache(hybrid, alloc, config.page_size, rules=config.rules,
+                                          options=options)  # fmt: skip
     return MambaLifecycleCache(hybrid, alloc, config.page_size, options=options)
 
 

@@ -15,7 +15,7 @@ import torch
 from kvpool.optimized.lifecycle.mamba_hooks import MambaHooks
 from kvpool.optimized.lifecycle.session import SessionSlot
 from kvpool.optimized.req import Req
-from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
+from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.snapshot import (
     HostTierSnapshot,
     MambaTreeSnapshot,

@@ -18,7 +18,7 @@ from kvpool.optimized.lifecycle.batch_table import gather_columns, rows_of
 from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.optimized.req import Req
-from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 
 
 class SessionSlot:

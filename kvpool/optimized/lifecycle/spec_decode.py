@@ -17,7 +17,7 @@ from kvpool.errors import ContextOverflowError, InvalidArgumentError
 from kvpool.host_checks import as_int, int_list
 from kvpool.optimized.lifecycle.batch_table import device_ints, rows_of, scatter_columns
 from kvpool.optimized.req import Req
-from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
+from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.tags import kv_tags
 
 

@@ -21,7 +21,10 @@ with SGLang 0.5.16's SWA hand-overs): a finish inserts the committed tokens with
 ``swa_evicted_seqlen`` (the released part becomes a tombstone node), the window keeps
 ``max(sliding_window, page_size)`` tokens, and capacity and eviction count each pool apart: a step
 needs ``needed`` tokens of free plus evictable in the full pool *and* in the SWA pool, and evicts
-each pool's deficit (:func:`~kvpool.optimized.swa.lifecycle.evict_for_swa_alloc`).
+each pool's deficit (:func:`~kvpool.optimized.swa.lifecycle.evict_for_swa_alloc`). Under
+``Rules.swa_tree == "unified"`` (SGLang 0.5.16's registry: its FULL+SWA ``UnifiedRadixCache``)
+the tree is a :class:`~kvpool.optimized.lifecycle.swa_radix_lifecycle.UnifiedSWARadixLifecycleV0516`
+(that tree with 0.5.16's unified hand-overs) and full eviction follows ``eviction_policy``.
 
 Streaming sessions: a finished turn hands its row *and its window* (``swa_evicted_seqlen``) to
 the session, the next turn's first extend carries them on, and a close frees the session's
@@ -46,6 +49,7 @@ from kvpool.optimized.lifecycle.spec_decode import spec_step
 from kvpool.optimized.lifecycle.swa_radix_lifecycle import (
     SWARadixLifecycle,
     UnifiedSWARadixLifecycle,
+    UnifiedSWARadixLifecycleV0516,
 )
 from kvpool.optimized.options import TwinOptions, edge_options
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
@@ -103,6 +107,10 @@ class SWAMemoryManager(MemoryManager):
             if scheduler:
                 return UnifiedSWARadixLifecycle(pool, a, ps, window, clock, cfg.eviction_policy,
                                                 options=opts)  # fmt: skip
+            if cfg.rules.swa_tree == "unified":
+                return UnifiedSWARadixLifecycleV0516(pool, a, ps, window, clock,
+                                                     cfg.eviction_policy, cfg.rules,
+                                                     options=opts)  # fmt: skip
             return SWARadixLifecycle(pool, a, ps, window, clock, options=opts)
 
         super().__init__(

@@ -19,9 +19,11 @@ hand-overs (its ``SWARadixCache.cache_finished_req`` / ``cache_unfinished_req``)
   tokens whose SWA slots its window released become a tombstone node; the tree frees the
   duplicates and recovers tombstones itself), then free the unaligned tail, then unlock.
   Without insert: free ``row[cache_protected_len:aligned]``, then the tail, then unlock.
-- **Between prefill chunks**: insert ``fill_ids`` (no window release yet), match again (the
-  SWA-aware match), rewrite ``row[cache_protected_len:len(match)]`` with the tree's slots, move
-  the lock, set ``cache_protected_len``, ``prefix_indices`` and ``last_node``.
+- **Between prefill chunks**: insert ``fill_ids`` with the request's ``swa_evicted_seqlen``
+  (non-zero only after a session turn whose window slid; SGLang's class passes 0 there, which
+  breaks the SWA accounting: kvpool's one deviation), match again (the SWA-aware match),
+  rewrite ``row[cache_protected_len:len(match)]`` with the tree's slots, move the lock, set
+  ``cache_protected_len``, ``prefix_indices`` and ``last_node``.
 - **Eviction** ``evict(num_tokens, swa_num_tokens)`` is the tree's: separate full and SWA
   deficits, returning both amounts freed (tokens).
 
@@ -46,6 +48,7 @@ from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa.radix_cache import SWAMatchResult, SWARadixCache
 from kvpool.optimized.swa.tree_node import SWATreeNode
 from kvpool.optimized.unified.swa_radix_cache import UnifiedSWARadixCache
+from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
 
@@ -190,7 +193,12 @@ class SWARadixLifecycle:
         aligned = floor_align(filled, self.page_size)
         key = self._key(req, aligned)
         protected = req.cache_protected_len
-        self.tree.insert(key, kv[:aligned], protected)
+        # The chunk goes in with the request's window cursor, as a finish does: a session turn
+        # whose window slid before this chunk holds slots whose SWA side is already free, and
+        # SGLang 0.5.16's SWARadixCache (which inserts a chunk with cursor 0) would put them in
+        # the tree as live SWA (specs/swa.md, "A chunk after a slid window").
+        evicted = min(self.evicted_of(req), aligned)
+        self.tree.insert(key, kv[:aligned], protected, evicted)
         match = self.tree.match_prefix(key)
         new = match.device_indices
         self.req_to_token_pool.write((row, slice(protected, len(new))), new[protected:])
@@ -297,4 +305,84 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         return torch.cat(list(reversed(parts)))
 
 
-__all__ = ["SWARadixLifecycle", "UnifiedSWARadixLifecycle"]
+class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
+    """SGLang 0.5.16's FULL+SWA ``UnifiedRadixCache`` behind the lifecycle's tree calls, with
+    that cache's ``cache_finished_req`` / ``cache_unfinished_req`` (twin of the reference's,
+    whose docstring says how they differ from :class:`SWARadixLifecycle`'s): every insert
+    carries the request's ``swa_evicted_seqlen``, a chunk's insert counts no hits, a release
+    without insert is one ``free`` of ``row[cache_protected_len:committed]``."""
+
+    def __init__(
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator: SWATokenToKVPoolAllocator,
+        page_size: int,
+        sliding_window_size: int,
+        clock: Callable[[], float] | None = None,
+        eviction_policy: str = "lru",
+        rules: Rules | None = None,
+        *,
+        options: TwinOptions | None = None,
+    ) -> None:
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
+                         sliding_window_size, clock, options=options)  # fmt: skip
+        self.eviction_policy = eviction_policy
+        self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
+                                            sliding_window_size, clock,
+                                            eviction_policy=eviction_policy, rules=rules,
+                                            options=options)  # fmt: skip
+        self.tree = self.unified
+
+    def cache_finished_req(
+        self, req: SWAReq, is_insert: bool = True, row_read: torch.Tensor | None = None
+    ) -> None:
+        """0.5.16's unified ``cache_finished_req`` (see the reference's): insert the
+        page-aligned committed tokens with the request's cursor, then one ``free`` of the tail;
+        without insert one ``free`` of ``row[cache_protected_len:committed]``; then the
+        unlock. ``row_read``: ``row[:committed]`` as the caller already read it (int64)."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        committed = req.kv_committed_len
+        if row_read is not None:
+            kv = row_read[:committed]
+        else:
+            kv = self._read_row(req.req_pool_idx, committed)
+        protected = req.cache_protected_len
+        alloc = self.token_to_kv_pool_allocator
+        if is_insert:
+            aligned = floor_align(committed, self.page_size)
+            evicted = min(self.evicted_of(req), aligned)
+            self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
+            alloc.free(kv[aligned:committed])
+        else:
+            alloc.free(kv[protected:committed])
+        self.dec_lock_ref(req.last_node)
+
+    def cache_unfinished_req(
+        self, req: SWAReq, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
+        """0.5.16's unified ``cache_unfinished_req`` (see the reference's); ``row_read``:
+        ``row[:len(fill_ids)]`` as the caller already read it (int64)."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        row = req.req_pool_idx
+        filled = len(req.fill_ids)
+        kv = row_read[:filled] if row_read is not None else self._read_row(row, filled)
+        aligned = floor_align(filled, self.page_size)
+        key = self._key(req, aligned)
+        protected = req.cache_protected_len
+        evicted = min(self.evicted_of(req), aligned)
+        # a chunk's insert counts no hit: no node ends past the key's own length
+        self.unified.insert(key, kv[:aligned], protected, evicted,
+                            inserted_len=aligned if chunked else 0)  # fmt: skip
+        match = self.unified.match_prefix(key)
+        new = match.device_indices
+        self.req_to_token_pool.write((row, slice(protected, len(new))), new[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_device_node)
+        req.cache_protected_len = len(new)
+        req.prefix_indices = torch.cat((new, kv[len(new) :]))
+        req.last_node = match.last_device_node
+
+
+__all__ = ["SWARadixLifecycle", "UnifiedSWARadixLifecycle", "UnifiedSWARadixLifecycleV0516"]

@@ -20,7 +20,7 @@ from kvpool.optimized.mamba.allocator import MambaSlotAllocator
 from kvpool.optimized.mamba.pool import MambaPool
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
-from kvpool.protocols import MambaReqLike
+from kvpool.protocols.requests import MambaReqLike
 from kvpool.reference.mamba.hybrid_req_to_token_pool import mamba_calls, mamba_calls_fit
 from kvpool.rules import Rules
 from kvpool.snapshot import HybridReqToTokenSnapshot

@@ -14,7 +14,7 @@ import torch
 
 from kvpool.errors import DoubleFreeError, InvalidArgumentError
 from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
-from kvpool.protocols import MambaReqLike
+from kvpool.protocols.requests import MambaReqLike
 from kvpool.reference.mamba.lifecycle import (
     admission_headroom,
 )

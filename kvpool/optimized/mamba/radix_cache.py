@@ -20,7 +20,7 @@ from kvpool.optimized.mamba.tree_node import LRUList, MambaTreeNode
 from kvpool.optimized.options import TwinOptions, options_of
 from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.optimized.radix_key import RadixKey, check_tree_range, tree_value
-from kvpool.protocols import MambaReqLike
+from kvpool.protocols.requests import MambaReqLike
 from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
 

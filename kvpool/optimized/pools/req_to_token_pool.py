@@ -26,7 +26,7 @@ from kvpool.errors import (
 )
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
-from kvpool.protocols import ReqLike
+from kvpool.protocols.requests import ReqLike
 from kvpool.rules import Rules
 from kvpool.snapshot import ReqToTokenSnapshot
 

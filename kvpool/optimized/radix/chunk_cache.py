@@ -15,7 +15,7 @@ from kvpool.errors import ConfigError, InvalidArgumentError
 from kvpool.optimized.options import TwinOptions, options_of
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.optimized.req import Req
-from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 

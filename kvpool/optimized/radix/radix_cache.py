@@ -47,7 +47,7 @@ from kvpool.optimized.radix_key import (
     tree_value,
 )
 from kvpool.optimized.req import Req
-from kvpool.protocols import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 from kvpool.reference.radix.evict_policy import PriorityKey, get_priority_fn
 from kvpool.reference.radix.radix_cache import hit_floor, logical_clock  # pure helpers, shared
 from kvpool.reference.radix_key import tree_slot_limit

@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvpool.protocols import HostPoolProtocol, SegmentAllocatorProtocol
+from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.protocols.pools import SegmentAllocatorProtocol
 from kvpool.snapshot import HostTransferSnapshot
 
 

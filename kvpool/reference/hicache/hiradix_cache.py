@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from kvpool.errors import ConfigError, InvalidArgumentError
-from kvpool.protocols import HostPoolProtocol
+from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.reference.hicache.cache_controller import HiCacheController, PrefetchOperation
 from kvpool.reference.hicache.evict import HostEviction
 from kvpool.reference.hicache.prefetch import StoragePrefetch

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kvpool.errors import AlignmentError, ConfigError, DoubleFreeError, InvalidArgumentError
-from kvpool.protocols import TaggedKVPoolProtocol
+from kvpool.protocols.hicache import TaggedKVPoolProtocol
 from kvpool.snapshot import HostPoolSnapshot
 
 ITEMSIZE: dict[str, int] = {

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
-from kvpool.protocols import HostPoolProtocol
+from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.reference.hicache.cache_controller import HiCacheController, PrefetchOperation
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.reference.radix_key import RadixKey, TreeNode

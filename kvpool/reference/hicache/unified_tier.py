@@ -44,7 +44,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from kvpool.constants import floor_align
-from kvpool.protocols import HostPoolProtocol
+from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.reference.hicache.cache_controller import HiCacheController
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator

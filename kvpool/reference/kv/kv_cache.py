@@ -28,7 +28,7 @@ from typing import Protocol
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.host_checks import int_list
-from kvpool.protocols import LayerTransferCounter
+from kvpool.protocols.kv import LayerTransferCounter
 
 Row = list[list[float]]
 """One slot's data on one layer: ``[head][channel]``."""

@@ -96,7 +96,7 @@ def mamba_lifecycle_tree(
     # offers its calls; the manager types its table as the plain one
     hybrid = cast(HybridReqToTokenPool, pool)
     if config.rules.mamba_tree == "unified":
-        return UnifiedMambaLifecycleCache(hybrid, alloc, config.page_size)
+        return UnifiedMambaLifecycleCache(hybrid, alloc, config.page_size, rules=config.rules)
     return MambaLifecycleCache(hybrid, alloc, config.page_size)
 
 

@@ -23,7 +23,7 @@ from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.errors import ContextOverflowError, InvalidArgumentError
 from kvpool.host_checks import as_int, int_list
-from kvpool.protocols import ReqToTokenPoolProtocol, TokenAllocatorProtocol
+from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.reference.req import Req
 from kvpool.tags import kv_tags
 

@@ -25,7 +25,10 @@ with SGLang 0.5.16's SWA hand-overs): a finish inserts the committed tokens with
 ``swa_evicted_seqlen`` (the released part becomes a tombstone node), the window keeps
 ``max(sliding_window, page_size)`` tokens, and capacity and eviction count each pool apart: a step
 needs ``needed`` tokens of free plus evictable in the full pool *and* in the SWA pool, and evicts
-each pool's deficit (:func:`~kvpool.reference.swa.lifecycle.evict_for_swa_alloc`).
+each pool's deficit (:func:`~kvpool.reference.swa.lifecycle.evict_for_swa_alloc`). Under
+``Rules.swa_tree == "unified"`` (SGLang 0.5.16's registry: its FULL+SWA ``UnifiedRadixCache``)
+the tree is a :class:`~kvpool.reference.lifecycle.swa_radix_lifecycle.UnifiedSWARadixLifecycleV0516`
+(that tree with 0.5.16's unified hand-overs) and full eviction follows ``eviction_policy``.
 
 Streaming sessions: a finished turn hands its row *and its window* (``swa_evicted_seqlen``) to
 the session, the next turn's first extend carries them on, and a close frees the session's
@@ -48,6 +51,7 @@ from kvpool.reference.lifecycle.spec_decode import spec_step
 from kvpool.reference.lifecycle.swa_radix_lifecycle import (
     SWARadixLifecycle,
     UnifiedSWARadixLifecycle,
+    UnifiedSWARadixLifecycleV0516,
 )
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.radix_key import RadixKey
@@ -103,6 +107,9 @@ class SWAMemoryManager(MemoryManager):
                 return SWAChunkCache(pool, a, ps, window)
             if scheduler:
                 return UnifiedSWARadixLifecycle(pool, a, ps, window, clock, cfg.eviction_policy)
+            if cfg.rules.swa_tree == "unified":
+                return UnifiedSWARadixLifecycleV0516(pool, a, ps, window, clock,
+                                                     cfg.eviction_policy, cfg.rules)  # fmt: skip
             return SWARadixLifecycle(pool, a, ps, window, clock)
 
         super().__init__(

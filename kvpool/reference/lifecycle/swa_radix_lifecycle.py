@@ -16,9 +16,11 @@ hand-overs (its ``SWARadixCache.cache_finished_req`` / ``cache_unfinished_req``)
   tokens whose SWA slots its window released become a tombstone node; the tree frees the
   duplicates and recovers tombstones itself), then free the unaligned tail, then unlock.
   Without insert: free ``row[cache_protected_len:aligned]``, then the tail, then unlock.
-- **Between prefill chunks**: insert ``fill_ids`` (no window release yet), match again (the
-  SWA-aware match), rewrite ``row[cache_protected_len:len(match)]`` with the tree's slots, move
-  the lock, set ``cache_protected_len``, ``prefix_indices`` and ``last_node``.
+- **Between prefill chunks**: insert ``fill_ids`` with the request's ``swa_evicted_seqlen``
+  (non-zero only after a session turn whose window slid; SGLang's class passes 0 there, which
+  breaks the SWA accounting: kvpool's one deviation), match again (the SWA-aware match),
+  rewrite ``row[cache_protected_len:len(match)]`` with the tree's slots, move the lock, set
+  ``cache_protected_len``, ``prefix_indices`` and ``last_node``.
 - **Eviction** ``evict(num_tokens, swa_num_tokens)`` is the tree's: separate full and SWA
   deficits, returning both amounts freed (tokens).
 
@@ -40,6 +42,7 @@ from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.swa.radix_cache import SWAMatchResult, SWARadixCache
 from kvpool.reference.swa.tree_node import SWATreeNode
 from kvpool.reference.unified.swa_radix_cache import UnifiedSWARadixCache
+from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
 
@@ -178,7 +181,12 @@ class SWARadixLifecycle:
         aligned = floor_align(filled, self.page_size)
         key = self._key(req, aligned)
         protected = req.cache_protected_len
-        self.tree.insert(key, kv[:aligned], protected)
+        # The chunk goes in with the request's window cursor, as a finish does: a session turn
+        # whose window slid before this chunk holds slots whose SWA side is already free, and
+        # SGLang 0.5.16's SWARadixCache (which inserts a chunk with cursor 0) would put them in
+        # the tree as live SWA (specs/swa.md, "A chunk after a slid window").
+        evicted = min(self.evicted_of(req), aligned)
+        self.tree.insert(key, kv[:aligned], protected, evicted)
         match = self.tree.match_prefix(key)
         new = list(match.device_indices)
         self.req_to_token_pool.write((row, slice(protected, len(new))), new[protected:])
@@ -288,4 +296,108 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         return [s for part in reversed(parts) for s in part]
 
 
-__all__ = ["SWARadixLifecycle", "UnifiedSWARadixLifecycle"]
+class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
+    """SGLang 0.5.16's FULL+SWA ``UnifiedRadixCache`` (:class:`UnifiedSWARadixCache` under
+    ``rules``: ``Rules.for_sglang("0.5.16")`` gives 0.5.16's ``unified_*`` knobs) behind the
+    lifecycle's tree calls, with that cache's own ``cache_finished_req`` /
+    ``cache_unfinished_req`` (``unified_radix_cache.py``), selected by
+    ``Rules.swa_tree == "unified"`` under the ``"maybe_evict"`` (0.5.16's) or ``"decode"``
+    window rule. The locks (a uuid stack per node), sizes and eviction are
+    :class:`SWARadixLifecycle`'s; full eviction follows ``eviction_policy``. The hand-overs
+    differ from :class:`SWARadixLifecycle`'s (0.5.16's legacy ``SWARadixCache``) in three ways:
+
+    - every insert carries the request's ``swa_evicted_seqlen`` (the SWA component's
+      ``prepare_for_caching_req``), a prefill chunk's too (the legacy tree inserts a chunk
+      with 0); a chunk's insert counts no hits (``InsertParams.chunked``);
+    - a release without insert frees ``row[cache_protected_len:committed]`` with one
+      ``free`` (the legacy tree: two, at the page boundary: another order of the paged
+      allocator's release pages);
+    - the chunk hand-over's unlock passes no ``skip_swa`` (0.5.16 releases a window lock
+      early only under ``SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW``, off by default,
+      which kvpool does not model: no difference).
+    """
+
+    def __init__(
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator: SWATokenToKVPoolAllocator,
+        page_size: int,
+        sliding_window_size: int,
+        clock: Callable[[], float] | None = None,
+        eviction_policy: str = "lru",
+        rules: Rules | None = None,
+    ) -> None:
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
+                         sliding_window_size, clock)  # fmt: skip
+        self.eviction_policy = eviction_policy
+        self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
+                                            sliding_window_size, clock,
+                                            eviction_policy=eviction_policy,
+                                            rules=rules)  # fmt: skip
+        self.tree = self.unified
+
+    def cache_finished_req(
+        self, req: SWAReq, is_insert: bool = True, row_read: list[int] | None = None
+    ) -> None:
+        """0.5.16's unified ``cache_finished_req`` of ``row[:committed]``: with insert, the
+        page-aligned tokens go in with ``prev_prefix_len = cache_protected_len`` and the
+        request's ``swa_evicted_seqlen`` (the tree frees the duplicates, makes the released part
+        a tombstone and recovers tombstones), then the unaligned tail is one ``free``; without
+        insert, ``row[cache_protected_len:committed]`` is one ``free``; then the unlock.
+        InvalidArgumentError for a request without a row. ``row_read``: ``row[:committed]`` as
+        the caller already read it."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        committed = req.kv_committed_len
+        if row_read is not None:
+            kv = list(row_read[:committed])
+        else:
+            kv = self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
+        protected = req.cache_protected_len
+        alloc = self.token_to_kv_pool_allocator
+        if is_insert:
+            aligned = floor_align(committed, self.page_size)
+            # the cursor never passes the committed page-aligned tokens (the window keeps
+            # at least a page); min keeps the tree's argument check out of the way
+            evicted = min(self.evicted_of(req), aligned)
+            self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
+            alloc.free(kv[aligned:committed])
+        else:
+            alloc.free(kv[protected:committed])
+        self.dec_lock_ref(req.last_node)
+
+    def cache_unfinished_req(
+        self, req: SWAReq, chunked: bool = False, row_read: list[int] | None = None
+    ) -> None:
+        """0.5.16's unified ``cache_unfinished_req`` of ``row[:len(fill_ids)]``: insert the
+        page-aligned tokens with ``prev_prefix_len = cache_protected_len`` and the request's
+        ``swa_evicted_seqlen`` (``chunked``: no hit counted), match the key again, rewrite
+        ``row[cache_protected_len:len(match)]`` with the tree's slots, move the lock, set
+        ``cache_protected_len``, ``prefix_indices`` and ``last_node``. ``row_read``:
+        ``row[:len(fill_ids)]`` as the caller already read it."""
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        row = req.req_pool_idx
+        filled = len(req.fill_ids)
+        if row_read is not None:
+            kv = list(row_read[:filled])
+        else:
+            kv = self.req_to_token_pool.read(row, 0, filled)
+        aligned = floor_align(filled, self.page_size)
+        key = self._key(req, aligned)
+        protected = req.cache_protected_len
+        evicted = min(self.evicted_of(req), aligned)
+        # a chunk's insert counts no hit: no node ends past the key's own length
+        self.unified.insert(key, kv[:aligned], protected, evicted,
+                            inserted_len=aligned if chunked else 0)  # fmt: skip
+        match = self.unified.match_prefix(key)
+        new = list(match.device_indices)
+        self.req_to_token_pool.write((row, slice(protected, len(new))), new[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(match.last_device_node)
+        req.cache_protected_len = len(new)
+        req.prefix_indices = new + kv[len(new) :]
+        req.last_node = match.last_device_node
+
+
+__all__ = ["SWARadixLifecycle", "UnifiedSWARadixLifecycle", "UnifiedSWARadixLifecycleV0516"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvpool.errors import ConfigError, DoubleFreeError, InvalidArgumentError
-from kvpool.protocols import MambaReqLike
+from kvpool.protocols.requests import MambaReqLike
 from kvpool.reference.mamba.allocator import MambaSlotAllocator
 from kvpool.reference.mamba.pool import MambaPool
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from kvpool.errors import DoubleFreeError, InvalidArgumentError
-from kvpool.protocols import MambaReqLike
+from kvpool.protocols.requests import MambaReqLike
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 
 MAMBA_STATE_PER_REQ_PREFIX_CACHE = 3

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError
-from kvpool.protocols import MambaReqLike
+from kvpool.protocols.requests import MambaReqLike
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.mamba.tree_node import LRUList, MambaTreeNode
 from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator

@@ -23,7 +23,7 @@ from kvpool.errors import (
     RowReuseError,
 )
 from kvpool.host_checks import int_list
-from kvpool.protocols import ReqLike
+from kvpool.protocols.requests import ReqLike
 from kvpool.rules import Rules
 from kvpool.snapshot import ReqToTokenSnapshot
 

@@ -32,14 +32,35 @@ differs; this class adds those differences (found by running both against each o
 The FULL set's other difference (a split keeps the creation time) decides nothing here: the
 Mamba tree evicts in least-recently-used order only. Units: tokens and token slots for
 ``full_*``, states (Mamba slots) for ``mamba_*``; page size 1.
+
+**SGLang 0.5.16's unified tree.** 0.5.16 builds an earlier ``UnifiedRadixCache`` for a hybrid
+model with the radix cache on (``kvpool verify --sglang 0.5.16 --component
+unified_mamba_radix_cache``). It behaves as above except in two places, each the ``Rules`` knob
+its FULL+SWA set has too (defaults: 0.5.23; ``Rules.for_sglang("0.5.16")``: 0.5.16):
+
+- ``unified_tombstone_lock="skip"``: **a Mamba lock skips a tombstone anchor.** ``inc_lock_ref``
+  on a node without a state takes the KV locks of its path only; the lock's receipt records the
+  skip, and its unlock takes the KV locks back only (SGLang's ``skip_lock_node_ids``). An unlock
+  of a node whose state lock is 0 changes no state count, so a state stored later on a tombstone
+  locked that way is evictable (and an evictable state on a KV-locked leaf is evicted as on an
+  inner node: the node keeps its KV as a tombstone). kvpool keeps the receipts as a count of
+  open skipped locks per node and undoes a counted lock first: no lock is skipped while a
+  counted one is open on the node (a counted lock pins the state), so this is the newest
+  receipt's release, SGLang's order. An unlock with neither open is a LockError (misuse).
+- ``unified_split_recency="front"``: **a split refreshes the cut node's state.** The lower half
+  (the node cut, which keeps the state) moves to the front of the state order (0.5.16's
+  ``_split_node`` reinserts it; 0.5.23 keeps its place).
 """
 
 from __future__ import annotations
 
 from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.mamba.radix_cache import MambaRadixCache
 from kvpool.reference.mamba.tree_node import MambaTreeNode
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.radix_key import RadixKey
+from kvpool.rules import Rules
 
 
 class UnifiedMambaRadixCache(MambaRadixCache):
@@ -47,6 +68,39 @@ class UnifiedMambaRadixCache(MambaRadixCache):
 
     frees_duplicates = True
     """Callers read this: an insert frees the caller's duplicate KV slots itself."""
+
+    def __init__(
+        self,
+        req_to_token_pool: HybridReqToTokenPool,
+        token_to_kv_pool_allocator: BaseTokenToKVPoolAllocator,
+        page_size: int = 1,
+        *,
+        rules: Rules | None = None,
+    ) -> None:
+        self.rules = rules if rules is not None else Rules()
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size)
+
+    def reset(self) -> None:
+        """:meth:`MambaRadixCache.reset`; no lock is open."""
+        super().reset()
+        self._skipped_locks: dict[int, int] = {}
+        """``unified_tombstone_lock "skip"``: node id -> its open locks that skipped the state
+        lock (their receipts)."""
+
+    def _skips_tombstones(self, node: MambaTreeNode) -> bool:
+        """Whether a lock on ``node`` leaves the state lock alone (0.5.16 on a tombstone or the
+        root; 0.5.23 counts every anchor)."""
+        return self.rules.unified_tombstone_lock == "skip" and (
+            node is self.root_node or node.mamba_value is None
+        )
+
+    def _split_node(self, child: MambaTreeNode, split_len: int) -> MambaTreeNode:
+        """:meth:`MambaRadixCache._split_node`; under ``unified_split_recency "front"`` the cut
+        node's state (if any) becomes the most recently used."""
+        upper = super()._split_node(child, split_len)
+        if self.rules.unified_split_recency == "front" and child.mamba_value is not None:
+            self.mamba_lru_list.reset_node_mru(child)
+        return upper
 
     def _free_duplicates(self, slots: list[int]) -> None:
         self.token_to_kv_pool_allocator.free_segment(slots, 0)
@@ -82,12 +136,17 @@ class UnifiedMambaRadixCache(MambaRadixCache):
     # ----------------------------------------------------------------- locks
     def inc_lock_ref(self, node: MambaTreeNode) -> None:
         """Lock the KV of ``node``'s path to the root and ``node``'s own state lock (counted
-        even on a tombstone; the sizes move only for a node holding a state)."""
+        even on a tombstone; the sizes move only for a node holding a state). Under
+        ``unified_tombstone_lock "skip"`` a node without a state (the root too) gets no state
+        lock: the skip is recorded for the unlock."""
         path = self._path(node)
-        if node.mamba_lock_ref == 0 and node.mamba_value is not None:
-            self.mamba_evictable_size_ -= 1
-            self.mamba_protected_size_ += 1
-        node.mamba_lock_ref += 1
+        if self._skips_tombstones(node):
+            self._skipped_locks[node.node_id] = self._skipped_locks.get(node.node_id, 0) + 1
+        else:
+            if node.mamba_lock_ref == 0 and node.mamba_value is not None:
+                self.mamba_evictable_size_ -= 1
+                self.mamba_protected_size_ += 1
+            node.mamba_lock_ref += 1
         for cur in path:
             if cur.full_lock_ref == 0:
                 self.full_evictable_size_ -= len(cur.value)
@@ -95,17 +154,26 @@ class UnifiedMambaRadixCache(MambaRadixCache):
             cur.full_lock_ref += 1
 
     def dec_lock_ref(self, node: MambaTreeNode) -> None:
-        """Undo :meth:`inc_lock_ref`; LockError (nothing changed) if a count would go negative."""
+        """Undo :meth:`inc_lock_ref` (under ``unified_tombstone_lock "skip"``: a counted lock
+        first, else a skipped one, which gives back the KV locks only); LockError (nothing
+        changed) if a count would go negative or no lock is open on the node."""
         path = self._path(node)
-        if node.mamba_lock_ref <= 0:
+        skipped = self._skipped_locks.get(node.node_id, 0)
+        counted = node.mamba_lock_ref > 0 and node is not self.root_node
+        if self.rules.unified_tombstone_lock == "skip" and not counted and skipped <= 0:
+            raise LockError(f"no lock is open on node {node.node_id}")
+        if self.rules.unified_tombstone_lock == "count" and node.mamba_lock_ref <= 0:
             raise LockError(f"mamba_lock_ref would go negative on node {node.node_id}")
         bad = [cur.node_id for cur in path if cur.full_lock_ref <= 0]
         if bad:
             raise LockError(f"full_lock_ref would go negative on nodes {bad}")
-        if node.mamba_lock_ref == 1 and node.mamba_value is not None:
-            self.mamba_evictable_size_ += 1
-            self.mamba_protected_size_ -= 1
-        node.mamba_lock_ref -= 1
+        if self.rules.unified_tombstone_lock == "skip" and not counted:
+            self._skipped_locks[node.node_id] = skipped - 1
+        else:
+            if node.mamba_lock_ref == 1 and node.mamba_value is not None:
+                self.mamba_evictable_size_ += 1
+                self.mamba_protected_size_ -= 1
+            node.mamba_lock_ref -= 1
         for cur in path:
             if cur.full_lock_ref == 1:
                 self.full_evictable_size_ += len(cur.value)
@@ -129,7 +197,7 @@ class UnifiedMambaRadixCache(MambaRadixCache):
         return len(leaf.value), states
 
     def _evict_state(self, node: MambaTreeNode) -> None:
-        """Free an inner node's state: it becomes a tombstone."""
+        """Free the state of an inner node (or of a KV-locked leaf): it becomes a tombstone."""
         assert node.mamba_value is not None and node.mamba_lock_ref == 0
         self.req_to_token_pool.mamba_allocator.free([node.mamba_value])
         self.mamba_lru_list.remove(node)
@@ -157,8 +225,8 @@ class UnifiedMambaRadixCache(MambaRadixCache):
             node = self.mamba_lru_list.lru_no_lock()
             if node is None:
                 break
-            if node.children:
-                self._evict_state(node)
+            if node.children or node.full_lock_ref > 0:  # an inner node, or a leaf whose
+                self._evict_state(node)  # KV a lock that skipped its state pins (0.5.16)
                 states += 1
             else:
                 freed, gone = self._evict_leaf(node)

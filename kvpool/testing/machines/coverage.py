@@ -99,7 +99,8 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "match:cow", "match:cow-evicted", "copy:copied", "forward:ok", "release:ok",
         "evict:leaf", "evict:tombstone", "evict:tombstone-leaf", "evict:locked-tombstone",
         "lock_node:ok", "lock_node:tombstone", "unlock_node:ok", "unlock_node:tombstone",
-        "insert:revived-locked", "invalid:refused",
+        "insert:revived-locked", "insert:revived-kv-locked", "evict:kv-locked-leaf",
+        "invalid:refused",
     ),
     "unified_swa_radix_cache": (
         "insert:new", "insert:duplicate", "insert:window-slid", "insert:recovered",

@@ -80,9 +80,11 @@ class SWALifecyclePair(LifecyclePair):
         labels: tuple[str, str],
     ) -> None:
         self.coverage: Counter[str] = Counter()
-        # SGLang 0.5.23's unified tree reports no times, hit counts or priorities, and its Rust
-        # core no per-node SWA lock counts: compare as the unified SWA machine does
-        unified = (impl_b.rules or config.rules).swa_window_release == "scheduler"
+        # SGLang's unified trees (0.5.23's; 0.5.16's, Rules.swa_tree "unified") report no times,
+        # hit counts or priorities, and 0.5.23's Rust core no per-node SWA lock counts: compare
+        # as the unified SWA machine does
+        rules = impl_b.rules or config.rules
+        unified = rules.swa_window_release == "scheduler" or rules.swa_tree == "unified"
         self._swa_locks = True
         self.lockstep = Lockstep(
             swa_manager_factory(impl_a), swa_manager_factory(impl_b), config, labels,

@@ -1,14 +1,21 @@
-"""The unified Mamba machine: SGLang 0.5.23's ``UnifiedRadixCache`` with FULL and MAMBA.
+"""The unified Mamba machine: SGLang's ``UnifiedRadixCache`` with FULL and MAMBA (0.5.23's, and
+0.5.16's under ``Rules.for_sglang("0.5.16")``).
 
 The Mamba radix-cache machine's operations, draws and model
 (:class:`~kvpool.testing.machines.mamba_tree.MambaTreeTarget`: inserts carrying a state slot,
 matches with copy-on-write that lock their node while the request runs, copies, forwards,
 releases, evictions of KV and states) over the implementation's ``unified_mamba_radix_cache``
 factory (kvpool's :class:`~kvpool.reference.unified.mamba_radix_cache.UnifiedMambaRadixCache`,
-its twin, or SGLang 0.5.23's own cache over either tree core). After every step the Mamba
-invariants (slot accounting, checkpoints, state integrity), 0.5.23's tree invariants
-(:mod:`kvpool.invariants.unified_mamba_tree`: tombstone leaves and tombstone locks allowed) and
-the token allocator's accounting run on both sides.
+its twin, or SGLang's own cache: 0.5.23's over either tree core, 0.5.16's). After every step
+the Mamba invariants (slot accounting, checkpoints, state integrity), the unified tree's
+invariants (:mod:`kvpool.invariants.unified_mamba_tree`: tombstone leaves and tombstone locks
+allowed) and the token allocator's accounting run on both sides.
+
+The direct locks reach the Mamba lock's two semantics (``Rules.unified_tombstone_lock``): a lock
+on a tombstone counted (0.5.23: ``lock_node:tombstone`` then ``evict:locked-tombstone``,
+``insert:revived-locked``) or skipped (0.5.16: the tombstone revived under the KV lock alone,
+``insert:revived-kv-locked``, and its state evicted from a KV-locked leaf,
+``evict:kv-locked-leaf``).
 
 Trees are compared by :func:`coarse_mamba_tree`: the same nodes (breadth-first, children in id
 order), keys, KV slots, state slots, both lock counts and the four sizes, without the LRU
@@ -85,7 +92,7 @@ class UnifiedMambaTreeTarget(MambaTreeTarget):
 
     def draw_op(self, c: Chooser, model: TreeModel, rejects_misuse: bool) -> Op:
         """The Mamba machine's draws, plus one in eight a direct lock or unlock of a node (a
-        tombstone too: 0.5.23's Mamba lock counts it)."""
+        tombstone too: 0.5.23's Mamba lock counts it, 0.5.16's skips it)."""
         if c.integer(0, 7) == 0:
             return Op(c.choice(("lock_node", "unlock_node")), (c.integer(0, 15),))
         return super().draw_op(c, model, rejects_misuse)
@@ -165,6 +172,15 @@ class UnifiedMambaTreeTarget(MambaTreeTarget):
             ]
             if any(n.mamba_lock_ref for n in revived):
                 tags.append("insert:revived-locked")
+            if any(n.full_lock_ref and not n.mamba_lock_ref for n in revived):
+                tags.append("insert:revived-kv-locked")
+        if op.name == "evict":
+            before = {n.node_id: n for n in out.before.tree.nodes}
+            held = {i for i, n in before.items() if n.mamba_value is not None}
+            pinned = [n for n in after.nodes[1:] if not n.child_ids and n.full_lock_ref
+                      and n.mamba_value is None and n.node_id in held]  # fmt: skip
+            if pinned:  # a state evicted from a KV-locked leaf (0.5.16's skipped lock)
+                tags.append("evict:kv-locked-leaf")
         if any(not n.child_ids and n.mamba_value is None for n in after.nodes[1:]):
             tags.append(f"{op.name}:tombstone-leaf")
         if any(n.mamba_value is None and n.mamba_lock_ref for n in after.nodes[1:]):
