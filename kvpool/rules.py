@@ -108,7 +108,11 @@ class Rules:
       (``release_path="checkpoint"``: a finished request's state is donated by ``checkpoint``,
       a chunk's checkpoint moves the lock without a re-match); admission
       (``ensure_mamba_capacity``) evicts exactly the shortfall of the slots the batch needs,
-      before the KV is allocated. The two knobs go together (other pairs are ConfigError for a
+      before the KV is allocated. ``"unified"`` with ``release_path="finished_req"`` (SGLang
+      0.5.16, whose registry builds its earlier unified tree, read with the ``unified_*``
+      knobs below): that tree with 0.5.16's release (a chunk's checkpoint re-matches, a
+      finish donates the state, admission keeps the headroom of three slots per request).
+      The two knobs go together (``("mamba_radix", "checkpoint")`` is ConfigError for a
       hybrid configuration with the radix cache on).
     - ``swa_free_resolve``: when an SWA allocator's ``free`` inside a free group reads the
       mapping of the freed full slots. ``"free"`` (kvpool; SGLang 0.5.23): at the call (the
@@ -305,6 +309,7 @@ class Rules:
                 swa_restore_mapping=False,
                 swa_window_release="maybe_evict",
                 swa_tree="unified",
+                mamba_tree="unified",
                 unified_free="free",
                 unified_split_recency="front",
                 unified_tombstone_lock="skip",

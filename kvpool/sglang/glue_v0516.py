@@ -101,13 +101,30 @@ def covers_mamba_v0516(config: PoolConfig) -> bool:
     )
 
 
+def covers_mamba_radix_v0516(config: PoolConfig) -> bool:
+    """Whether :class:`~kvpool.sglang.glue_v0516_mamba.SGLangMambaRadixGlueManagerV0516` drives
+    this configuration: a hybrid model with the radix cache on (0.5.16's FULL+MAMBA
+    ``UnifiedRadixCache``) under the rules that pair kvpool's model of that tree with 0.5.16's
+    release (``Rules.mamba_tree == "unified"``, ``release_path == "finished_req"``), no host
+    tier, no layer-wise loading."""
+    return (
+        config.mamba_slots is not None
+        and not config.disable_radix_cache
+        and config.rules.mamba_tree == "unified"
+        and config.rules.release_path == "finished_req"
+        and not config.enable_hierarchical_cache
+        and not config.layerwise_loading
+    )
+
+
 MAMBA_TREE_V0516 = (
-    "SGLang 0.5.16 builds its own UnifiedRadixCache (FULL+MAMBA) for a hybrid model with the "
-    "radix cache on (mem_cache/registry.py lines 114-115), which kvpool does not load: kvpool's "
-    "lifecycle runs this configuration over SGLang's token allocator"
+    "0.5.16's glue over its FULL+MAMBA UnifiedRadixCache drives a hybrid model with the radix "
+    "cache on under 0.5.16's rules (mamba_tree 'unified', release_path 'finished_req') without "
+    "layer-wise loading or a host tier; kvpool's lifecycle runs this one over SGLang's token "
+    "allocator"
 )
-"""Why a hybrid configuration with the radix cache on is not driven through 0.5.16's glue (the
-reachability line of its failures)."""
+"""Why a hybrid configuration with the radix cache on is not driven through 0.5.16's glue
+(:func:`covers_mamba_radix_v0516` says no; the reachability line of its failures)."""
 
 
 def glue_covers_v0516(config: PoolConfig) -> bool:
@@ -115,12 +132,12 @@ def glue_covers_v0516(config: PoolConfig) -> bool:
     registry builds SGLang's ``ChunkCache`` for ``--disable-radix-cache``, which kvpool does
     not load: kvpool's own ``ChunkCache`` runs then), no host tier, no hybrid model, no
     layer-wise loading (kvpool's lifecycle over SGLang's components runs the others). The host
-    tier and hybrid Mamba families have their own managers: see :func:`covers_host_tier_v0516`
-    and :func:`covers_mamba_v0516`."""
+    tier and hybrid Mamba families have their own managers: see :func:`covers_host_tier_v0516`,
+    :func:`covers_mamba_v0516` and :func:`covers_mamba_radix_v0516`."""
     if config.enable_hierarchical_cache:
         return covers_host_tier_v0516(config)
     if config.mamba_slots is not None:
-        return covers_mamba_v0516(config)
+        return covers_mamba_v0516(config) or covers_mamba_radix_v0516(config)
     return not (
         config.disable_radix_cache
         or config.enable_hierarchical_cache
@@ -414,15 +431,16 @@ def with_glue_v0516(built: Any, manager: Any) -> Any:
     """``built`` (0.5.16's :class:`~kvpool.testing.bundle.Implementation`) with ``manager`` (the
     factory of :class:`SGLangGlueManagerV0516`, falling back to kvpool's lifecycle where
     :func:`glue_covers_v0516` says no), its reachability lines and a ``-glue`` label. The
-    manager runs hybrid Mamba lifecycles (:mod:`kvpool.sglang.glue_v0516_mamba`; with the radix
-    cache on, kvpool's lifecycle: :data:`MAMBA_TREE_V0516`)."""
+    manager runs hybrid Mamba lifecycles (:mod:`kvpool.sglang.glue_v0516_mamba`, the radix
+    cache off or on; layer-wise loading: kvpool's lifecycle, :data:`MAMBA_TREE_V0516`)."""
     import dataclasses
 
     from kvpool.sglang.glue_hicache import HOST_GLUE_STEPS
     from kvpool.sglang.glue_manager import reachability
 
     def reach(config: PoolConfig, ops: Any) -> str:
-        if config.mamba_slots is not None and not config.disable_radix_cache:
+        hybrid_radix = config.mamba_slots is not None and not config.disable_radix_cache
+        if hybrid_radix and not covers_mamba_radix_v0516(config):
             return f"direct only: {MAMBA_TREE_V0516}"
         extra = HOST_GLUE_STEPS if config.enable_hierarchical_cache else frozenset()
         return reachability(config, ops, covered=glue_covers_v0516(config), extra=extra)
@@ -440,6 +458,7 @@ __all__ = [
     "KvRecords",
     "SGLangGlueManagerV0516",
     "covers_host_tier_v0516",
+    "covers_mamba_radix_v0516",
     "covers_mamba_v0516",
     "glue_covers_v0516",
     "has_glue_v0516",

@@ -143,11 +143,16 @@ def draw_config(
 
 def models_mamba_tree(rules: Any) -> bool:
     """Whether the lifecycle models the Mamba tree under ``rules`` (None: the default): SGLang
-    0.5.16's tree with its release path, or 0.5.23's unified tree with its
+    0.5.16's legacy tree or its unified tree with 0.5.16's release path, or 0.5.23's unified
+    tree with its
     (:func:`kvpool.reference.lifecycle.mamba_hooks.check_hybrid_config`)."""
     release = getattr(rules, "release_path", "finished_req")
     tree = getattr(rules, "mamba_tree", "mamba_radix")
-    return (tree, release) in (("mamba_radix", "finished_req"), ("unified", "checkpoint"))
+    return (tree, release) in (
+        ("mamba_radix", "finished_req"),
+        ("unified", "checkpoint"),
+        ("unified", "finished_req"),
+    )
 
 
 def shared_prefix(index: int, length: int) -> list[int]:

@@ -60,20 +60,15 @@ def cached(mm: Any) -> dict[int, int]:
 def test_the_0_5_23_preset_selects_the_unified_tree() -> None:
     assert RULES.mamba_tree == "unified" and RULES.release_path == "checkpoint"
     assert Rules().mamba_tree == "mamba_radix" and Rules.for_sglang("0.5.16").mamba_tree == (
-        "mamba_radix"
-    )
+        "unified"
+    )  # 0.5.16's with its own release: tests/reference/test_unified_mamba_lifecycle_0516.py
     assert isinstance(manager(reference).tree_cache, UnifiedMambaLifecycleCache)
 
 
-@pytest.mark.parametrize(
-    "rules",
-    [Rules(mamba_tree="unified"), Rules(release_path="checkpoint")],
-    ids=["unified-tree-0.5.16-release", "mamba-radix-0.5.23-release"],
-)
 @TWINS
-def test_a_tree_and_a_release_path_of_different_releases_are_refused(
-    twin: Any, rules: Rules
-) -> None:
+def test_the_legacy_tree_with_0_5_23_s_release_is_refused(twin: Any) -> None:
+    # 0.5.23 ships no legacy Mamba tree (the unified tree with 0.5.16's release is 0.5.16's)
+    rules = Rules(release_path="checkpoint")
     config = PoolConfig(size=64, req_pool_size=4, mamba_slots=3, rules=rules)
     with pytest.raises(ConfigError):
         twin.MemoryManager(config)

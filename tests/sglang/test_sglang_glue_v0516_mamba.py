@@ -2,9 +2,10 @@
 with the radix cache off in lockstep (:mod:`kvpool.sglang.glue_v0516_mamba`): 0.5.16's glue over
 its ``HybridReqToTokenPool`` and its own ``ChunkCache`` (the Mamba slots taken inside
 ``alloc_req_slots``, freed by ``release_kv_cache``'s ``free_mamba_cache``); with the radix cache
-on (0.5.16's own ``UnifiedRadixCache``, not loaded) kvpool's lifecycle runs, reported direct
-only with the reason; the stand-in refuses fields 0.5.16 does not read; a Mamba-state leak
-planted in 0.5.16's release glue is caught with a short trace marked reachable."""
+on, 0.5.16's glue over its unified tree (test_sglang_glue_v0516_mamba_radix.py); with
+layer-wise loading kvpool's lifecycle, reported direct only with the reason; the stand-in
+refuses fields 0.5.16 does not read; a Mamba-state leak planted in 0.5.16's release glue is
+caught with a short trace marked reachable."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.rules import Rules
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.glue_v0516 import MAMBA_TREE_V0516, KvRecords
-from kvpool.sglang.glue_v0516_mamba import MambaGlueReqV0516, SGLangMambaGlueManagerV0516
+from kvpool.sglang.glue_v0516_mamba import (
+    MambaGlueReqV0516,
+    SGLangMambaGlueManagerV0516,
+    SGLangMambaRadixGlueManagerV0516,
+)
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import reference_implementation
 from kvpool.testing.swarm import Op
@@ -40,18 +45,22 @@ CONFIG = PoolConfig(size=64, page_size=1, req_pool_size=4, max_context_len=64, r
                     mamba_slots=4, disable_radix_cache=True)  # fmt: skip
 
 
-def test_hybrid_configurations_get_0_5_16s_glue_with_the_radix_cache_off_only() -> None:
+def test_hybrid_configurations_get_0_5_16s_glue_without_layerwise_loading() -> None:
     candidate = implementation("0.5.16")
     assert candidate.manager is not None and candidate.manager_runs_hybrid
     assert candidate.provides("mamba_manager")
     assert isinstance(candidate.manager(CONFIG), SGLangMambaGlueManagerV0516)
+    # the radix cache on: 0.5.16's glue over its unified tree (test_sglang_glue_v0516_mamba_radix)
     tree_on = dataclasses.replace(CONFIG, disable_radix_cache=False)
-    own = candidate.manager(tree_on)
+    assert isinstance(candidate.manager(tree_on), SGLangMambaRadixGlueManagerV0516)
+    layerwise = dataclasses.replace(tree_on, layerwise_loading=True)
+    own = candidate.manager(layerwise)
     assert isinstance(own, MemoryManager) and not isinstance(own, SGLangMambaGlueManagerV0516)
     assert candidate.reachability is not None
     ops = [Op("new_req", ("r1", [1, 2, 3])), Op("extend", (["r1"],))]
     assert candidate.reachability(CONFIG, ops).startswith("reachable")
-    assert candidate.reachability(tree_on, ops) == f"direct only: {MAMBA_TREE_V0516}"
+    assert candidate.reachability(tree_on, ops).startswith("reachable")
+    assert candidate.reachability(layerwise, ops) == f"direct only: {MAMBA_TREE_V0516}"
 
 
 def test_one_request_through_the_hybrid_glue() -> None:

@@ -23,7 +23,10 @@ from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.req import Req
-from kvpool.optimized.unified.mamba_release import UnifiedMambaLifecycleCache
+from kvpool.optimized.unified.mamba_release import (
+    UnifiedMambaLifecycleCache,
+    UnifiedMambaLifecycleCacheV0516,
+)
 from kvpool.reference.mamba.lifecycle import admission_headroom
 from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot, MambaTreeSnapshot
 from kvpool.tags import mamba_state_tag
@@ -44,10 +47,14 @@ def mamba_lifecycle_tree(
     options: TwinOptions | None = None,
 ) -> MambaLifecycleCache:
     """The prefix cache of a hybrid configuration with the radix cache on: SGLang 0.5.16's
-    Mamba radix cache or, under ``Rules.mamba_tree == "unified"``, 0.5.23's unified tree."""
+    Mamba radix cache or, under ``Rules.mamba_tree == "unified"``, the unified tree with
+    0.5.23's release or 0.5.16's (``release_path == "finished_req"``)."""
     # a hybrid configuration's table is the hybrid pool (hybrid_pool) or an injected one that
     # offers its calls; the manager types its table as the plain one
     hybrid = cast(HybridReqToTokenPool, pool)
+    if config.rules.mamba_tree == "unified" and config.rules.release_path == "finished_req":
+        return UnifiedMambaLifecycleCacheV0516(hybrid, alloc, config.page_size,
+                                               rules=config.rules, options=options)  # fmt: skip
     if config.rules.mamba_tree == "unified":
         return UnifiedMambaLifecycleCache(hybrid, alloc, config.page_size, rules=config.rules,
                                           options=options)  # fmt: skip
@@ -69,8 +76,18 @@ class MambaHooks:
 
     @property
     def unified(self) -> bool:
-        """Whether the tree is SGLang 0.5.23's unified FULL+MAMBA tree."""
-        return isinstance(self.tree, UnifiedMambaLifecycleCache)
+        """Whether admission is SGLang 0.5.23's (its unified FULL+MAMBA tree with its release:
+        the exact shortfall, :meth:`reclaim_before_alloc`); 0.5.16's unified tree admits with
+        the legacy tree's headroom (:meth:`evict_for_admission`)."""
+        return isinstance(self.tree, UnifiedMambaLifecycleCache) and self.tree.exact_reclaim
+
+    @property
+    def slots_before_kv(self) -> bool:
+        """Whether admission takes the rows and Mamba slots (after evicting states to the
+        headroom) before the batch's KV: SGLang 0.5.16's ``alloc_for_extend`` runs
+        ``alloc_req_slots`` first, which shows with its unified tree (the KV's eviction frees
+        states too); the legacy tree keeps kvpool's order (KV first)."""
+        return isinstance(self.tree, UnifiedMambaLifecycleCacheV0516)
 
     def check_admission(self, reqs: Sequence[Req], chunks: int = 0) -> None:
         """OutOfMemoryError (nothing changed) when the batch needs more Mamba slots than are

@@ -333,6 +333,15 @@ class LifecyclePrimitives:
         ps = self.page_size
         return cols, len(reqs) if ps == 1 else decode_new_pages(seq_lens, ps) * ps
 
+    def _rows_first(self, reqs: Sequence[Req]) -> list[int] | None:
+        """The admission eviction and the rows now when the Mamba hooks take the slots before
+        the KV (SGLang 0.5.16's unified tree), else None (after the KV)."""
+        hooks = self.mamba_hooks
+        if hooks is None or not hooks.slots_before_kv:
+            return None
+        hooks.evict_for_admission(reqs)
+        return self.alloc_req_slots(reqs)
+
     def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> torch.Tensor:
         """Rows, then slots for ``[len(prefix_indices), seq_len)`` of each request (evicting
         first), then ``row[:seq] = prefix_indices + new``; ``kv_allocated_len = seq_len``.
@@ -341,12 +350,16 @@ class LifecyclePrimitives:
         shorter than the prefix (InvalidArgumentError), a ``seq_len`` past ``max_context_len``
         (ContextOverflowError), too few rows or slots (OutOfMemoryError)."""
         prefix_lens, seqs = self._check_extend(reqs, seq_lens)
-        if self.mamba_hooks is not None:
-            self.mamba_hooks.check_admission(reqs)
+        hooks = self.mamba_hooks
+        if hooks is not None:
+            hooks.check_admission(reqs)
+        # SGLang 0.5.16 with its unified Mamba tree: alloc_req_slots before the KV
+        rows = self._rows_first(reqs)
         out = self._alloc_slots(prefix_lens, seqs, self._prefix_last_locs(reqs))
-        if self.mamba_hooks is not None:
-            self.mamba_hooks.evict_for_admission(reqs)
-        rows = self.alloc_req_slots(reqs)
+        if rows is None:
+            if hooks is not None:
+                hooks.evict_for_admission(reqs)
+            rows = self.alloc_req_slots(reqs)
         if self.mamba_hooks is not None:
             self.mamba_hooks.after_admission(reqs)
         prefixes = [r.prefix_indices for r in reqs]

@@ -31,7 +31,8 @@ differs; this class adds those differences (found by running both against each o
   protected (0.5.16 locked only a node holding a state, at the lock and again at the unlock).
 - **The tree frees through ``free_segment``** (the insert's duplicates and evicted KV), as the
   FULL set does (:class:`~kvpool.reference.unified.radix_cache.UnifiedRadixCache`); at page
-  size 1 that frees the same slots in the same order as ``free``.
+  size 1 that frees the same slots in the same order as ``free`` (``_free_kv``; the lifecycle's
+  0.5.16 tree, ``UnifiedMambaLifecycleCacheV0516``, frees with ``free``).
 
 The FULL set's other difference (a split keeps the creation time) decides nothing here: the
 Mamba tree evicts in least-recently-used order only. Units: tokens and token slots for
@@ -111,8 +112,14 @@ class UnifiedMambaRadixCache(MambaRadixCache):
             self.mamba_lru_list.reset_node_mru(child)
         return upper
 
-    def _free_duplicates(self, slots: torch.Tensor) -> None:
+    def _free_kv(self, slots: torch.Tensor) -> None:
+        """Free KV slots the tree lets go (an insert's duplicates, an evicted leaf's KV): one
+        ``free_segment`` (0.5.23; at page size 1 the slots and order of one ``free``). The
+        lifecycle's 0.5.16 tree frees them with ``free``, as 0.5.16's cache does."""
         self.token_to_kv_pool_allocator.free_segment(slots, 0)
+
+    def _free_duplicates(self, slots: torch.Tensor) -> None:
+        self._free_kv(slots)
 
     # ----------------------------------------------------------------- insert
     def insert(
@@ -194,7 +201,7 @@ class UnifiedMambaRadixCache(MambaRadixCache):
         """Free a whole unlocked leaf (its KV, and its state unless it is a tombstone); the
         parent stays, whatever it holds. Returns ``(tokens, states)`` freed."""
         assert not leaf.children and leaf.full_lock_ref == 0 and leaf.mamba_lock_ref == 0
-        self.token_to_kv_pool_allocator.free_segment(leaf.value, 0)
+        self._free_kv(leaf.value)
         states = 0
         if leaf.mamba_value is not None:
             self.req_to_token_pool.mamba_allocator.free([leaf.mamba_value])

@@ -2,6 +2,8 @@
 
 Same contract, results and errors as :mod:`kvpool.reference.unified.mamba_release` (read its
 docstring); KV slots are int64 tensors, keys come from the request's cached token array.
+:class:`UnifiedMambaLifecycleCacheV0516` is SGLang 0.5.16's release over the same tree, as the
+reference's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from kvpool.snapshot import MambaTreeSnapshot
 
 class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
     """:class:`UnifiedMambaRadixCache` with SGLang 0.5.23's release path."""
+
+    exact_reclaim = True
+    """Admission evicts exactly the shortfall (0.5.23's ``ensure_mamba_capacity``)."""
 
     # Any: called with Req.last_node (typed TreeNode | None for every tree) holding this tree's
     # MambaTreeNode or None; MambaLifecycleCache's override takes Any for the same reason
@@ -109,4 +114,29 @@ class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
         return dataclasses.replace(super().snapshot(), unified=True)
 
 
-__all__ = ["UnifiedMambaLifecycleCache"]
+class UnifiedMambaLifecycleCacheV0516(UnifiedMambaLifecycleCache):
+    """The unified tree with SGLang 0.5.16's release path: the legacy Mamba tree's
+    ``cache_finished_req`` / ``cache_unfinished_req`` (a chunk's second match) over this tree."""
+
+    exact_reclaim = False
+    """0.5.16 admits with ``alloc_req_slots``' headroom instead."""
+
+    def _free_kv(self, slots: torch.Tensor) -> None:
+        """One ``free`` (0.5.16's cache frees through ``allocator.free``; 0.5.16's allocator has
+        no ``free_segment``)."""
+        self.token_to_kv_pool_allocator.free(slots)
+
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: torch.Tensor | None = None
+    ) -> None:
+        """:meth:`MambaLifecycleCache.cache_finished_req` over this tree."""
+        MambaLifecycleCache.cache_finished_req(self, req, is_insert, row_read)
+
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
+        """:meth:`MambaLifecycleCache.cache_unfinished_req` over this tree (a second match)."""
+        MambaLifecycleCache.cache_unfinished_req(self, req, chunked, row_read)
+
+
+__all__ = ["UnifiedMambaLifecycleCache", "UnifiedMambaLifecycleCacheV0516"]

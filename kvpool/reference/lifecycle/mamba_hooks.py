@@ -26,11 +26,15 @@ headroom of ``MAMBA_STATE_PER_REQ_PREFIX_CACHE`` per request) and :meth:`release
 aborted or refused waiting request returns its copy-on-write slot). A finished request's state
 goes to the tree or back through the tree's ``cache_finished_req``.
 
-Under SGLang 0.5.23's rules (``Rules.mamba_tree == "unified"``) the tree is
+Under SGLang 0.5.23's rules (``Rules.mamba_tree == "unified"``, ``release_path ==
+"checkpoint"``) the tree is
 :class:`~kvpool.reference.unified.mamba_release.UnifiedMambaLifecycleCache` and admission
 follows 0.5.23's ``ensure_mamba_capacity``: :meth:`reclaim_before_alloc` evicts exactly the
 shortfall of the slots the batch needs, before any KV is allocated (and
-:meth:`evict_for_admission` does nothing).
+:meth:`evict_for_admission` does nothing). Under 0.5.16's (``"unified"`` with
+``"finished_req"``) the tree is the same with 0.5.16's release
+(:class:`~kvpool.reference.unified.mamba_release.UnifiedMambaLifecycleCacheV0516`) and admission
+is 0.5.16's headroom (:meth:`evict_for_admission`), as with the legacy tree.
 
 Scope: with the Mamba radix cache, kvpool models SGLang's strategy without track buffers (page
 size 1, LRU eviction, SGLang 0.5.16's or 0.5.23's release path with its tree) and no sessions
@@ -61,29 +65,37 @@ from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.radix_key import RadixKey
 from kvpool.reference.req import Req
-from kvpool.reference.unified.mamba_release import UnifiedMambaLifecycleCache
+from kvpool.reference.unified.mamba_release import (
+    UnifiedMambaLifecycleCache,
+    UnifiedMambaLifecycleCacheV0516,
+)
 from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot, MambaTreeSnapshot
 from kvpool.tags import mamba_state_tag
 
-MAMBA_TREE_RELEASE = {"mamba_radix": "finished_req", "unified": "checkpoint"}
-"""The release path (``Rules.release_path``) each Mamba tree (``Rules.mamba_tree``) is
-modelled with: SGLang 0.5.16's and 0.5.23's."""
+MAMBA_TREE_RELEASE = {
+    "mamba_radix": ("finished_req",),
+    "unified": ("checkpoint", "finished_req"),
+}
+"""The release paths (``Rules.release_path``) each Mamba tree (``Rules.mamba_tree``) is
+modelled with: the legacy tree with SGLang 0.5.16's; the unified tree with 0.5.23's and with
+0.5.16's (the tree 0.5.16's registry builds, :class:`~kvpool.reference.unified.mamba_release.
+UnifiedMambaLifecycleCacheV0516`)."""
 
 
 def check_hybrid_config(config: PoolConfig) -> None:
     """ConfigError for a hybrid configuration the lifecycle does not model: with the radix
     cache on, track buffers, a page size above 1, an eviction policy other than LRU, or a
-    release path other than the one of the rules' Mamba tree (:data:`MAMBA_TREE_RELEASE`)."""
+    release path other than one of the rules' Mamba tree (:data:`MAMBA_TREE_RELEASE`)."""
     if config.mamba_slots is None or config.disable_radix_cache:
         return
     if config.mamba_track_buffers or config.page_size != 1:
         raise ConfigError("the Mamba radix cache is modelled without track buffers, page size 1")
     rules = config.rules
-    paired = MAMBA_TREE_RELEASE[rules.mamba_tree] == rules.release_path
+    paired = rules.release_path in MAMBA_TREE_RELEASE[rules.mamba_tree]
     if config.eviction_policy != "lru" or not paired:
         raise ConfigError(
-            "the Mamba radix cache evicts LRU and releases as SGLang 0.5.16 (mamba_radix, "
-            "finished_req) or 0.5.23 (unified, checkpoint)"
+            "the Mamba radix cache evicts LRU and releases as SGLang 0.5.16 (mamba_radix or "
+            "unified, finished_req) or 0.5.23 (unified, checkpoint)"
         )
 
 
@@ -91,10 +103,13 @@ def mamba_lifecycle_tree(
     config: PoolConfig, pool: ReqToTokenPool, alloc: BaseTokenToKVPoolAllocator
 ) -> MambaLifecycleCache:
     """The prefix cache of a hybrid configuration with the radix cache on: SGLang 0.5.16's
-    Mamba radix cache or, under ``Rules.mamba_tree == "unified"``, 0.5.23's unified tree."""
+    Mamba radix cache or, under ``Rules.mamba_tree == "unified"``, the unified tree with
+    0.5.23's release (``release_path == "checkpoint"``) or 0.5.16's (``"finished_req"``)."""
     # a hybrid configuration's table is the hybrid pool (hybrid_pool) or an injected one that
     # offers its calls; the manager types its table as the plain one
     hybrid = cast(HybridReqToTokenPool, pool)
+    if config.rules.mamba_tree == "unified" and config.rules.release_path == "finished_req":
+        return UnifiedMambaLifecycleCacheV0516(hybrid, alloc, config.page_size, rules=config.rules)
     if config.rules.mamba_tree == "unified":
         return UnifiedMambaLifecycleCache(hybrid, alloc, config.page_size, rules=config.rules)
     return MambaLifecycleCache(hybrid, alloc, config.page_size)
@@ -123,8 +138,18 @@ class MambaHooks:
 
     @property
     def unified(self) -> bool:
-        """Whether the tree is SGLang 0.5.23's unified FULL+MAMBA tree."""
-        return isinstance(self.tree, UnifiedMambaLifecycleCache)
+        """Whether admission is SGLang 0.5.23's (its unified FULL+MAMBA tree with its release:
+        the exact shortfall, :meth:`reclaim_before_alloc`); 0.5.16's unified tree admits with
+        the legacy tree's headroom (:meth:`evict_for_admission`)."""
+        return isinstance(self.tree, UnifiedMambaLifecycleCache) and self.tree.exact_reclaim
+
+    @property
+    def slots_before_kv(self) -> bool:
+        """Whether admission takes the rows and Mamba slots (after evicting states to the
+        headroom) before the batch's KV: SGLang 0.5.16's ``alloc_for_extend`` runs
+        ``alloc_req_slots`` first, which shows with its unified tree (the KV's eviction frees
+        states too); the legacy tree keeps kvpool's order (KV first)."""
+        return isinstance(self.tree, UnifiedMambaLifecycleCacheV0516)
 
     def check_admission(self, reqs: Sequence[Req], chunks: int = 0) -> None:
         """OutOfMemoryError (nothing changed) when the batch needs more Mamba slots than are

@@ -287,6 +287,16 @@ class LifecyclePrimitives:
         ps = self.page_size
         return cols, len(reqs) if ps == 1 else decode_new_pages(seq_lens, ps) * ps
 
+    def _rows_first(self, reqs: Sequence[Req]) -> list[int] | None:
+        """With a Mamba tree whose hooks take the slots before the KV
+        (:attr:`~kvpool.reference.lifecycle.mamba_hooks.MambaHooks.slots_before_kv`, SGLang
+        0.5.16's unified tree): the admission eviction and the rows now; else None (after)."""
+        hooks = self.mamba_hooks
+        if hooks is None or not hooks.slots_before_kv:
+            return None
+        hooks.evict_for_admission(reqs)
+        return self.alloc_req_slots(reqs)
+
     def alloc_for_extend(self, reqs: Sequence[Req], seq_lens: Sequence[int]) -> list[int]:
         """Rows, then slots for ``[len(prefix_indices), seq_len)`` of each request (evicting
         first), then ``row[:seq] = prefix_indices + new``; ``kv_allocated_len = seq_len``.
@@ -295,13 +305,18 @@ class LifecyclePrimitives:
         shorter than the prefix (InvalidArgumentError), a ``seq_len`` past ``max_context_len``
         (ContextOverflowError), too few rows or slots (OutOfMemoryError)."""
         prefix_lens, seqs = self._check_extend(reqs, seq_lens)
-        if self.mamba_hooks is not None:
-            self.mamba_hooks.check_admission(reqs)
+        hooks = self.mamba_hooks
+        if hooks is not None:
+            hooks.check_admission(reqs)
+        # SGLang 0.5.16 with its unified Mamba tree: alloc_req_slots (states evicted to the
+        # headroom, rows and Mamba slots) runs before the KV, whose eviction frees states too
+        rows = self._rows_first(reqs)
         last_locs = [self._last_loc(r, p) for r, p in zip(reqs, prefix_lens, strict=True)]
         out = self._alloc_slots(prefix_lens, seqs, last_locs)
-        if self.mamba_hooks is not None:
-            self.mamba_hooks.evict_for_admission(reqs)
-        rows = self.alloc_req_slots(reqs)
+        if rows is None:
+            if hooks is not None:
+                hooks.evict_for_admission(reqs)
+            rows = self.alloc_req_slots(reqs)
         if self.mamba_hooks is not None:
             self.mamba_hooks.after_admission(reqs)
         pos = 0

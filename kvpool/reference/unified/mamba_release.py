@@ -30,6 +30,28 @@ with 0.5.23's ``checkpoint`` / ``release_kv_cache`` (the strategy without track 
 The over-allocation past ``kv_committed_len`` and the row are the caller's
 (:meth:`~kvpool.reference.lifecycle.primitives.LifecyclePrimitives.release_kv_cache`, segment
 frees under ``release_path == "checkpoint"``).
+
+**SGLang 0.5.16's release over its unified tree** (``Rules.mamba_tree == "unified"`` with
+``Rules.release_path == "finished_req"``, :meth:`Rules.for_sglang` of 0.5.16):
+:class:`UnifiedMambaLifecycleCacheV0516`. 0.5.16's ``UnifiedRadixCache.cache_finished_req`` /
+``cache_unfinished_req`` (``unified_radix_cache.py`` lines 715-891) with the MAMBA component's
+``prepare_for_caching_req`` / ``cleanup_after_caching_req`` (``mamba_component.py`` lines
+349-472, no extra buffer, no int8 checkpoints) release as 0.5.16's ``MambaRadixCache`` did
+(:class:`~kvpool.reference.mamba.radix_release.MambaLifecycleCache`), over the unified tree:
+
+- a finish with insert donates the request's state slot as the end node's state (freed
+  through ``free_mamba_cache`` when the node has one); without insert
+  ``row[cache_protected_len:committed]`` goes back with one ``free`` (not ``free_segment``),
+  then the state slot;
+- a chunk boundary copies the state into a fresh slot (one state evicted when none is free:
+  ``_alloc_mamba_slot``), inserts it with the chunk, then **matches again** (the path becomes
+  the most recently used, in both orders), rewrites the row from the match and moves the lock
+  to the matched node; the fresh slot goes back when the end node already had a state.
+
+The order of the unlock and the state's free differs from 0.5.16's legacy tree (0.5.16's unified
+cache unlocks first): neither changes what the other does. Admission is 0.5.16's
+``alloc_req_slots`` (a headroom of three slots per request, as with the legacy tree), not
+0.5.23's ``ensure_mamba_capacity`` (:attr:`UnifiedMambaLifecycleCache.exact_reclaim`).
 """
 
 from __future__ import annotations
@@ -48,6 +70,10 @@ from kvpool.snapshot import MambaTreeSnapshot
 
 class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
     """:class:`UnifiedMambaRadixCache` with SGLang 0.5.23's release path (module docstring)."""
+
+    exact_reclaim = True
+    """Admission evicts exactly the shortfall of the batch's slots before its KV (0.5.23's
+    ``ensure_mamba_capacity``; the lifecycle's hooks read it)."""
 
     # Any: called with Req.last_node (typed TreeNode | None for every tree) holding this tree's
     # MambaTreeNode or None; MambaLifecycleCache's override takes Any for the same reason
@@ -144,4 +170,37 @@ class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
         return dataclasses.replace(super().snapshot(), unified=True)
 
 
-__all__ = ["UnifiedMambaLifecycleCache"]
+class UnifiedMambaLifecycleCacheV0516(UnifiedMambaLifecycleCache):
+    """The unified tree with SGLang 0.5.16's release path (module docstring): the legacy Mamba
+    tree's ``cache_finished_req`` / ``cache_unfinished_req`` over this tree's insert, match,
+    locks and eviction."""
+
+    exact_reclaim = False
+    """0.5.16 admits with ``alloc_req_slots``' headroom instead (the hooks'
+    ``evict_for_admission``)."""
+
+    def _free_kv(self, slots: list[int]) -> None:
+        """One ``free`` (0.5.16's cache frees through ``allocator.free``; 0.5.16's allocator has
+        no ``free_segment``)."""
+        self.token_to_kv_pool_allocator.free(slots)
+
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: list[int] | None = None
+    ) -> None:
+        """0.5.16's ``cache_finished_req``: :meth:`MambaLifecycleCache.cache_finished_req` over
+        this tree (insert donating the state, or one ``free`` of the KV past
+        ``cache_protected_len`` and the state slot back; the lock dropped).
+        InvalidArgumentError (nothing changed) without a row or a Mamba slot."""
+        MambaLifecycleCache.cache_finished_req(self, req, is_insert, row_read)
+
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: list[int] | None = None
+    ) -> None:
+        """0.5.16's ``cache_unfinished_req``: :meth:`MambaLifecycleCache.cache_unfinished_req`
+        over this tree (the state copied into a fresh slot and inserted with the chunk, a second
+        match, the row rewritten from it, the lock moved to the matched node).
+        InvalidArgumentError (nothing changed) without a row or a Mamba slot."""
+        MambaLifecycleCache.cache_unfinished_req(self, req, chunked, row_read)
+
+
+__all__ = ["UnifiedMambaLifecycleCache", "UnifiedMambaLifecycleCacheV0516"]

@@ -83,6 +83,31 @@ def coarse_pool(snap: PoolSnapshot) -> PoolSnapshot:
     return coarse
 
 
+def without_kv_order(snap: PoolSnapshot) -> PoolSnapshot:
+    """``snap`` as a lockstep against SGLang 0.5.16's FULL+MAMBA ``UnifiedRadixCache``
+    compares it: its tree as the unified machine does (:func:`coarse_tree`: nodes
+    breadth-first, children in id order, no access times) and its Mamba tree likewise, without
+    the KV recency order (``full_lru``: 0.5.16's FULL component keeps none, it evicts from a
+    heap of access times) but with the state order (the MAMBA component's LRU list). The KV
+    order is still compared through what the evictions free."""
+    if snap.tree is None or snap.mamba is None or snap.mamba.tree is None:
+        return snap
+    tree = snap.mamba.tree
+    mamba_tree = dataclasses.replace(coarse_mamba_tree(tree), mamba_lru=tree.mamba_lru)
+    mamba = dataclasses.replace(snap.mamba, tree=mamba_tree)
+    return dataclasses.replace(snap, tree=coarse_tree(snap.tree), mamba=mamba)
+
+
+def _keeps_no_kv_order(impl: Implementation) -> bool:
+    """Whether ``impl`` is SGLang with 0.5.16's unified Mamba tree in the lifecycle (its rules
+    pair the unified tree with 0.5.16's release): :func:`without_kv_order`."""
+    rules = impl.rules
+    return rules is not None and (rules.mamba_tree, rules.release_path) == (
+        "unified",
+        "finished_req",
+    )
+
+
 class LifecyclePair:
     """A :class:`Lockstep` with the component pairs' interface (``draw``, ``run``,
     ``coverage``)."""
@@ -105,7 +130,9 @@ class LifecyclePair:
             manager_factory(impl_b, unified),
             config,
             labels,
-            normalize=coarse_pool if unified else None,
+            normalize=coarse_pool
+            if unified
+            else (without_kv_order if _keeps_no_kv_order(impl_b) else None),
         )
         self.reachability = impl_b.reachability
         self.rejects_misuse = (impl_b.rules or config.rules).rejects_misuse
