@@ -59,8 +59,10 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.lifecycle.memory_manager import MemoryManager
+from kvpool.optimized.radix.chunk_cache import ChunkCache
 from kvpool.optimized.req import Req
-from kvpool.sglang.cache_req import CacheReq
+from kvpool.rules import Rules
+from kvpool.sglang.cache_req import CacheReq, InsertedLen
 from kvpool.sglang.glue_manager import GLUE_MODULES, SGLangGlueManager
 from kvpool.sglang.loader import GLUE_MARKER, UNIFIED_MARKER, SGLangModules
 
@@ -128,10 +130,10 @@ MAMBA_TREE_V0516 = (
 
 
 def glue_covers_v0516(config: PoolConfig) -> bool:
-    """Whether 0.5.16's glue drives this lifecycle configuration: the radix cache on (0.5.16's
-    registry builds SGLang's ``ChunkCache`` for ``--disable-radix-cache``, which kvpool does
-    not load: kvpool's own ``ChunkCache`` runs then), no host tier, no hybrid model, no
-    layer-wise loading (kvpool's lifecycle over SGLang's components runs the others). The host
+    """Whether 0.5.16's glue drives this lifecycle configuration: a full-attention model without
+    layer-wise loading, over its legacy ``RadixCache`` or, with the radix cache off, its
+    ``ChunkCache`` (:class:`SGLangChunkGlueManagerV0516`); kvpool's lifecycle over SGLang's
+    components runs layer-wise loading. The host
     tier and hybrid Mamba families have their own managers: see :func:`covers_host_tier_v0516`,
     :func:`covers_mamba_v0516` and :func:`covers_mamba_radix_v0516`."""
     if config.enable_hierarchical_cache:
@@ -139,11 +141,19 @@ def glue_covers_v0516(config: PoolConfig) -> bool:
     if config.mamba_slots is not None:
         return covers_mamba_v0516(config) or covers_mamba_radix_v0516(config)
     return not (
-        config.disable_radix_cache
-        or config.enable_hierarchical_cache
+        config.enable_hierarchical_cache
         or config.mamba_slots is not None
         or config.layerwise_loading
     )
+
+
+class _Range:
+    """``req.extend_range`` as ``ChunkCache.cache_unfinished_req`` reads it: ``end`` only."""
+
+    __slots__ = ("end",)
+
+    def __init__(self, end: int) -> None:
+        self.end = end
 
 
 def _property(obj: object, name: str) -> property:
@@ -249,6 +259,18 @@ class GlueReqV0516(CacheReq):
             raise AttributeError("SGLang wrote kv.swa_evicted_seqlen; no sliding window here")
         self.req.kv_allocated_len = int(value.kv_allocated_len)
         self._records.add(self.req)
+
+
+class ChunkGlueReqV0516(GlueReqV0516):
+    """A kvpool request as SGLang 0.5.16's glue and its ``ChunkCache`` (the tree of
+    ``--disable-radix-cache``) see it: :class:`GlueReqV0516` plus ``extend_range`` (read), whose
+    ``end`` is ``len(fill_ids)`` (tokens: where the prefill chunk ends)."""
+
+    __slots__ = ()
+
+    @property
+    def extend_range(self) -> _Range:
+        return _Range(len(self.req.fill_ids))
 
 
 class _ModelConfig:
@@ -427,6 +449,54 @@ class SGLangGlueManagerV0516(SGLangGlueManager):
         self._common.maybe_cache_unfinished_req(self._glue(req), tree.impl, chunked=True)
 
 
+class SGLangChunkCacheV0516(ChunkCache):
+    """SGLang 0.5.16's ``ChunkCache`` (``impl``) as the lifecycle's tree: kvpool's twin
+    ``ChunkCache`` answers the lifecycle's own calls (no match, no locks, nothing evictable,
+    the disabled snapshot), which are SGLang's answers too (``match_prefix`` empty,
+    ``evict`` / locks no-ops, sizes 0); the glue calls ``impl``'s ``cache_finished_req`` /
+    ``cache_unfinished_req``."""
+
+    def __init__(self, modules: SGLangModules, req_to_token_pool: Any,
+                 token_to_kv_pool_allocator: Any, page_size: int,
+                 eviction_policy: str = "lru", *, rules: Rules | None = None) -> None:  # fmt: skip
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
+                         eviction_policy, rules=rules)  # fmt: skip
+        params = modules.attr("sglang.srt.mem_cache.cache_init_params", "CacheInitParams")(
+            disable=True,
+            req_to_token_pool=getattr(req_to_token_pool, "impl", req_to_token_pool),
+            token_to_kv_pool_allocator=getattr(
+                token_to_kv_pool_allocator, "impl", token_to_kv_pool_allocator
+            ),
+            page_size=page_size,
+            eviction_policy=eviction_policy,
+        )
+        self.impl: Any = modules.attr("sglang.srt.mem_cache.chunk_cache", "ChunkCache")(params)
+        self._inserted = InsertedLen()
+
+
+class SGLangChunkGlueManagerV0516(SGLangGlueManagerV0516):
+    """The glue lifecycle of a full-attention model with the radix cache off over SGLang 0.5.16:
+    :class:`SGLangGlueManagerV0516` over the tree 0.5.16's registry builds for
+    ``--disable-radix-cache`` (``mem_cache/registry.py``: ``ChunkCache``), so a chunk boundary
+    is ``ChunkCache.cache_unfinished_req`` (``prefix_indices = row[:extend_range.end]``) and a
+    release ``ChunkCache.cache_finished_req`` (frees ``row[cache_protected_len:committed]``)."""
+
+    def __init__(self, config: PoolConfig, modules: SGLangModules, **components: Any) -> None:
+        if not config.disable_radix_cache:
+            raise InvalidArgumentError(f"{type(self).__name__} drives the radix cache off only")
+
+        def tree(cfg: PoolConfig, pool: Any, alloc: Any) -> SGLangChunkCacheV0516:
+            return SGLangChunkCacheV0516(modules, pool, alloc, cfg.page_size,
+                                         cfg.eviction_policy, rules=cfg.rules)  # fmt: skip
+
+        super().__init__(config, modules, tree_cache=tree, **components)
+
+    def _glue(self, req: Req) -> ChunkGlueReqV0516:  # type: ignore[override]
+        self._bind()
+        tree: Any = self.tree_cache
+        return ChunkGlueReqV0516(req, self._records, tree._inserted)
+
+
 def with_glue_v0516(built: Any, manager: Any) -> Any:
     """``built`` (0.5.16's :class:`~kvpool.testing.bundle.Implementation`) with ``manager`` (the
     factory of :class:`SGLangGlueManagerV0516`, falling back to kvpool's lifecycle where
@@ -451,11 +521,14 @@ def with_glue_v0516(built: Any, manager: Any) -> Any:
 
 __all__ = [
     "MAMBA_TREE_V0516",
+    "ChunkGlueReqV0516",
     "GlueBatchV0516",
     "GlueKvV0516",
     "GlueReqV0516",
     "GlueServerArgs",
     "KvRecords",
+    "SGLangChunkCacheV0516",
+    "SGLangChunkGlueManagerV0516",
     "SGLangGlueManagerV0516",
     "covers_host_tier_v0516",
     "covers_mamba_radix_v0516",

@@ -82,16 +82,15 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.lifecycle.mamba_hooks import MambaHooks
-from kvpool.optimized.radix.chunk_cache import ChunkCache
 from kvpool.optimized.req import Req
 from kvpool.reference.mamba import lifecycle as mamba_lifecycle
 from kvpool.reference.mamba.lifecycle import admission_headroom
-from kvpool.rules import Rules
 from kvpool.sglang.cache_req import InsertedLen
 from kvpool.sglang.glue_mamba import SGLangHybridTable
 from kvpool.sglang.glue_v0516 import (
-    GlueReqV0516,
+    ChunkGlueReqV0516,
     KvRecords,
+    SGLangChunkCacheV0516,
     SGLangGlueManagerV0516,
     covers_mamba_radix_v0516,
     covers_mamba_v0516,
@@ -104,15 +103,6 @@ from kvpool.snapshot import MambaTreeSnapshot
 from kvpool.tags import mamba_state_tag
 
 
-class _Range:
-    """``req.extend_range`` as ``ChunkCache.cache_unfinished_req`` reads it: ``end`` only."""
-
-    __slots__ = ("end",)
-
-    def __init__(self, end: int) -> None:
-        self.end = end
-
-
 def _opt_int(value: Any) -> int | None:
     if value is None:
         return None
@@ -121,7 +111,7 @@ def _opt_int(value: Any) -> int | None:
     return int(value)
 
 
-class MambaGlueReqV0516(GlueReqV0516):
+class MambaGlueReqV0516(ChunkGlueReqV0516):
     """A kvpool hybrid request as SGLang 0.5.16's glue, ``HybridReqToTokenPool`` and
     ``ChunkCache`` see it: :class:`~kvpool.sglang.glue_v0516.GlueReqV0516` plus, SGLang's types
     on SGLang's side and kvpool's ints and lists on the request (as
@@ -132,7 +122,7 @@ class MambaGlueReqV0516(GlueReqV0516):
     ``mamba_needs_clear`` (write)       ``mamba_needs_clear``
     ``mamba_ping_pong_track_buffer``    ``mamba_ping_pong_track_buffer`` (an int64 tensor)
     ``mamba_next_track_idx``            ``mamba_next_track_idx``
-    ``extend_range`` (read)             ``end`` = ``len(fill_ids)``
+    ``extend_range`` (read)             as :class:`~kvpool.sglang.glue_v0516.ChunkGlueReqV0516`
     ==================================  ==================================================
     """
 
@@ -173,35 +163,6 @@ class MambaGlueReqV0516(GlueReqV0516):
     @mamba_next_track_idx.setter
     def mamba_next_track_idx(self, value: Any) -> None:
         self.req.mamba_next_track_idx = _opt_int(value)
-
-    @property
-    def extend_range(self) -> _Range:
-        return _Range(len(self.req.fill_ids))
-
-
-class SGLangChunkCacheV0516(ChunkCache):
-    """SGLang 0.5.16's ``ChunkCache`` (``impl``) as the lifecycle's tree: kvpool's twin
-    ``ChunkCache`` answers the lifecycle's own calls (no match, no locks, nothing evictable,
-    the disabled snapshot), which are SGLang's answers too (``match_prefix`` empty,
-    ``evict`` / locks no-ops, sizes 0); the glue calls ``impl``'s ``cache_finished_req`` /
-    ``cache_unfinished_req``."""
-
-    def __init__(self, modules: SGLangModules, req_to_token_pool: Any,
-                 token_to_kv_pool_allocator: Any, page_size: int,
-                 eviction_policy: str = "lru", *, rules: Rules | None = None) -> None:  # fmt: skip
-        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
-                         eviction_policy, rules=rules)  # fmt: skip
-        params = modules.attr("sglang.srt.mem_cache.cache_init_params", "CacheInitParams")(
-            disable=True,
-            req_to_token_pool=getattr(req_to_token_pool, "impl", req_to_token_pool),
-            token_to_kv_pool_allocator=getattr(
-                token_to_kv_pool_allocator, "impl", token_to_kv_pool_allocator
-            ),
-            page_size=page_size,
-            eviction_policy=eviction_policy,
-        )
-        self.impl: Any = modules.attr("sglang.srt.mem_cache.chunk_cache", "ChunkCache")(params)
-        self._inserted = InsertedLen()
 
 
 class ChunkMambaHooks(MambaHooks):
@@ -681,7 +642,6 @@ __all__ = [
     "MambaGlueReqV0516",
     "MambaRadixGlueReqV0516",
     "RadixMambaHooks",
-    "SGLangChunkCacheV0516",
     "SGLangMambaGlueManagerV0516",
     "SGLangMambaRadixGlueManagerV0516",
     "SGLangUnified16MambaGlueTree",

@@ -275,6 +275,13 @@ def implementation(
                 return mamba_manager_v0516(config, modules, allocator)
             if not covered_here:
                 return manager_factory(own_lifecycle)(config)
+            if config.disable_radix_cache:
+                from kvpool.sglang.glue_v0516 import SGLangChunkGlueManagerV0516
+
+                return SGLangChunkGlueManagerV0516(
+                    config, modules, token_to_kv_pool_allocator=allocator,
+                    req_to_token_pool=req_to_token_pool,
+                )  # fmt: skip
             return SGLangGlueManagerV0516(config, modules, token_to_kv_pool_allocator=allocator,
                                           req_to_token_pool=req_to_token_pool,
                                           tree_cache=tree_cache or radix_cache)  # fmt: skip

@@ -62,10 +62,9 @@ def test_the_glue_manager_runs_where_the_glue_covers() -> None:
     config = PoolConfig(size=64, page_size=4, req_pool_size=4, max_context_len=64)
     assert glue_covers_v0516(config)
     assert isinstance(manager(config), SGLangGlueManagerV0516)
-    off: tuple[dict[str, Any], ...] = (
-        {"disable_radix_cache": True},
-        {"layerwise_loading": True},
-    )  # the host tier has its own manager (tests/sglang/test_sglang_glue_v0516_host.py)
+    # the radix cache off has its own manager (tests/sglang/test_sglang_glue_v0516_chunk.py), the
+    # host tier too (tests/sglang/test_sglang_glue_v0516_host.py)
+    off: tuple[dict[str, Any], ...] = ({"layerwise_loading": True},)
     for fields in off:
         other = dataclasses.replace(config, **fields)
         assert not glue_covers_v0516(other)
