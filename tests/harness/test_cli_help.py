@@ -32,6 +32,7 @@ def test_building_the_parser_imports_nothing_heavy() -> None:
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_help_starts_fast() -> None:
     best = float("inf")
     for _ in range(3):

@@ -19,6 +19,7 @@ BUDGET_S = 10.0
 """CPU seconds (the process's own time: a loaded machine does not make the test flaky)."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["dev", "ci"])
 def test_freed_too_little_is_reported_short_within_seconds(profile: str) -> None:
     register_profiles()

@@ -13,6 +13,7 @@ from kvpool.testing.machines.coverage import CATALOGUE
 NAME = "hybrid_req_to_token_pool"
 
 
+@pytest.mark.slow
 def test_reference_against_twin_is_clean_and_covers_the_catalogue() -> None:
     result = run_machine(NAME, reference_implementation(), optimized_implementation(), 120.0,
                          seed=3, steps_per_run=60, max_runs=60)  # fmt: skip

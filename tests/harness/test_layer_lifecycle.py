@@ -146,6 +146,7 @@ def test_without_layerwise_loading_the_op_draws_are_unchanged() -> None:
         assert a.random() == b.random()
 
 
+@pytest.mark.slow
 def test_the_lifecycle_campaign_reaches_the_layer_steps() -> None:
     def layered(c: RandomChooser) -> PoolConfig:
         return draw_config(c, **LAYERWISE)

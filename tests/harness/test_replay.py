@@ -57,6 +57,7 @@ def test_repeated_prefixes_hit_the_cache() -> None:
     assert 0 < stats.peak_pages <= 1024 // 4
 
 
+@pytest.mark.slow
 def test_small_pool_evicts_and_rejects_what_never_fits() -> None:
     records = [_record((10 + i, 20 + i), 1024) for i in range(6)] + [_record((99,) * 9, 4600)]
     settings = ReplaySettings(pool_tokens=160, page_size=2, block_tokens=32, concurrency=3)
@@ -67,6 +68,7 @@ def test_small_pool_evicts_and_rejects_what_never_fits() -> None:
     assert stats.peak_pages <= 80
 
 
+@pytest.mark.slow
 def test_twin_only_matches_lockstep_and_counts_requests() -> None:
     records = [_record((1, 2, 3 + i), 3 * 512) for i in range(6)] + [_record((99,) * 9, 4600)]
     settings = ReplaySettings(pool_tokens=128, page_size=4, block_tokens=16, concurrency=2)
@@ -81,6 +83,7 @@ def test_twin_only_matches_lockstep_and_counts_requests() -> None:
     assert solo.steps == both.steps and 0 < solo.invariant_checks < both.invariant_checks
 
 
+@pytest.mark.slow
 def test_twin_only_still_checks_invariants() -> None:
     def leaky(config: PoolConfig) -> Any:
         mm = reference_factory(config)

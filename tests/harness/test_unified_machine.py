@@ -88,6 +88,7 @@ def test_a_split_keeps_the_creation_time(twin: str) -> None:
     assert keys == [(3, 3)]
 
 
+@pytest.mark.slow
 def test_twin_unified_machine_runs_clean() -> None:
     result = run_machine("unified_radix_cache", REF, optimized_implementation(), 3600.0, seed=5,
                          max_runs=20)  # fmt: skip

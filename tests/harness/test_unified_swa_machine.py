@@ -164,6 +164,7 @@ class LRUOnly(OptTree):
         return (node.last_access_time,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planted", [FreesOutOfWindowTails, LRUOnly])
 def test_planted_unified_swa_bugs_are_caught(planted: type) -> None:
     def tree(config: PoolConfig, alloc: Any) -> Any:

@@ -160,6 +160,7 @@ def test_harness_reports_race_only_when_checked() -> None:
     assert report.failure.case.batch_size == 2
 
 
+@pytest.mark.slow
 def test_harness_reports_out_of_bounds_with_its_input() -> None:
     options: dict[str, Any] = {"max_examples": 25, "max_tokens": 64, "max_batch": 4}
     op = "create_flashinfer_kv_indices"

@@ -29,6 +29,7 @@ def _fails(candidate: Callable[..., Any], op: str, **options: Any) -> KernelRepo
     return report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", OPS)
 def test_kvpool_torch_kernels_pass(op: str) -> None:
     report = check_kernel(partial(getattr(kernels, op), backend="torch"), op, **FAST)

@@ -66,6 +66,7 @@ def test_alloc_extend_matches_reference(backend: str, batch: ExtendBatch) -> Non
     run_extend(batch, backend)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 @settings(max_examples=scaled_examples(3))
 @given(batch=extend_batches(max_bs=64, max_len=3000))
@@ -73,6 +74,7 @@ def test_alloc_extend_large_batches_and_long_extends(backend: str, batch: Extend
     run_extend(batch, backend, LEN_DTYPES[batch.page_size % 2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 @given(batch=decode_batches())
 def test_alloc_decode_matches_reference(backend: str, batch: DecodeBatch) -> None:
@@ -86,6 +88,7 @@ def test_alloc_extend_interpreter(batch: ExtendBatch) -> None:
     run_extend(batch, "interpret", LEN_DTYPES[batch.page_size % 2])
 
 
+@pytest.mark.slow
 @needs_triton
 @settings(max_examples=scaled_examples(2))
 @given(batch=decode_batches(max_bs=200))

@@ -65,12 +65,14 @@ def run_flashmla(batch: TableBatch, with_start: bool, backend: str) -> None:
     assert kv_indices.tolist() == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["python", "torch"])
 @given(batch=table_batches(max_bs=24), with_start=st.booleans())
 def test_flashinfer_matches_reference(backend: str, batch: TableBatch, with_start: bool) -> None:
     run_flashinfer(batch, with_start, backend)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["python", "torch"])
 @given(batch=table_batches(max_bs=24), with_start=st.booleans())
 def test_flashmla_matches_reference(backend: str, batch: TableBatch, with_start: bool) -> None:

@@ -59,6 +59,7 @@ def test_write_req_to_token_matches_reference(backend: str, batch: TableBatch, s
     run_write(batch, seed, backend)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["python", "torch"])
 @given(batch=table_batches(max_bs=32, with_starts=False))
 def test_get_last_loc_matches_reference(backend: str, batch: TableBatch) -> None:

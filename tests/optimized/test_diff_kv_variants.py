@@ -100,6 +100,7 @@ def run_ops(ref: Any, opt: Any, seed: int, steps: int = 12) -> None:
     assert ref.read_tags(slots) == opt.read_tags(torch.tensor(slots))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(pairs()))
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))

@@ -184,6 +184,7 @@ def test_lifecycle_chunk_cache() -> None:
         run_lifecycle(3, ps, "lru", True, steps=60)
 
 
+@pytest.mark.slow
 @given(
     seed=st.integers(0, 2**32 - 1),
     page_size=st.sampled_from(SUPPORTED_PAGE_SIZES_TESTED),

@@ -132,6 +132,7 @@ def test_random_sequences_fixed_seeds(page_size: int, policy: str) -> None:
         run_sequence(seed * 1000 + page_size, page_size, policy, steps=60)
 
 
+@pytest.mark.slow
 @given(
     seed=st.integers(0, 2**32 - 1),
     page_size=st.sampled_from(SUPPORTED_PAGE_SIZES_TESTED),

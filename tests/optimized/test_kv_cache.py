@@ -27,6 +27,7 @@ def as_tensor(rows: Any) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32)
 
 
+@pytest.mark.slow
 @given(
     data=st.data(),
     mla=st.booleans(),

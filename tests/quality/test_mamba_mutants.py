@@ -32,6 +32,7 @@ def test_every_field_bug_is_seeded() -> None:
     assert {m.component for m in MAMBA_MUTANTS} == {"hybrid_req_to_token_pool", "mamba_radix_cache"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("component", ["hybrid_req_to_token_pool", "mamba_radix_cache"])
 def test_unmutated_twin_passes_the_same_budget(component: str) -> None:
     clean = ImplementationMutant("no-bug", "control", ("none",), lambda impl: impl, component)

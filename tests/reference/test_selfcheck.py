@@ -8,6 +8,7 @@ from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.testing.selfcheck import SelfCheckFailure, run_campaign, run_configuration
 
 
+@pytest.mark.slow
 def test_campaign_covers_every_page_size_and_is_deterministic() -> None:
     first = run_campaign(seconds=1e9, seed=3, steps_per_config=150, max_configs=10)
     again = run_campaign(seconds=1e9, seed=3, steps_per_config=150, max_configs=10)
