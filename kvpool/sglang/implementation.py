@@ -270,7 +270,7 @@ def implementation(
                     req_to_token_pool=req_to_token_pool,
                 )  # fmt: skip
             if config.mamba_slots is not None:
-                from kvpool.sglang.glue_v0516_mamba import mamba_manager_v0516
+                from kvpool.sglang.glue_v0516_mamba_radix import mamba_manager_v0516
 
                 return mamba_manager_v0516(config, modules, allocator)
             if not covered_here:
@@ -312,7 +312,8 @@ def implementation(
     own_lifecycle = built
     if manager_v0516 is not None:
         from kvpool.sglang.glue_v0516 import with_glue_v0516
-        from kvpool.sglang.glue_v0516_swa import reachability_v0516_swa, swa_manager_factory_v0516
+        from kvpool.sglang.glue_v0516_swa import reachability_v0516_swa
+        from kvpool.sglang.glue_v0516_swa_radix import swa_manager_factory_v0516
 
         glued = with_glue_v0516(built, manager_v0516)
         reach_glue = glued.reachability

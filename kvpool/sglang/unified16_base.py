@@ -30,7 +30,6 @@ from typing import Any
 
 from kvpool.sglang.loader import UNIFIED16_MARKER, SGLangModules
 
-BASE = "sglang.srt.mem_cache.base_prefix_cache"
 CACHE = "sglang.srt.mem_cache.unified_radix_cache"
 COMPONENTS = "sglang.srt.mem_cache.unified_cache_components"
 _PARAMS = "sglang.srt.mem_cache.cache_init_params"
@@ -142,5 +141,5 @@ class Unified16Base:
         return out
 
 
-__all__ = ["BASE", "CACHE", "COMPONENTS", "Unified16Base", "Unified16NodeRef",
+__all__ = ["CACHE", "COMPONENTS", "Unified16Base", "Unified16NodeRef",
            "has_unified16_cache", "raw_node"]  # fmt: skip

@@ -37,8 +37,10 @@ from typing import Any
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.loader import SGLangModules
 from kvpool.sglang.radix import to_sglang_key
-from kvpool.sglang.unified16_base import BASE, COMPONENTS, Unified16Base, Unified16NodeRef, raw_node
+from kvpool.sglang.unified16_base import COMPONENTS, Unified16Base, Unified16NodeRef, raw_node
+from kvpool.sglang.unified_base import BASE
 from kvpool.sglang.unified_mamba_radix import CHUNK_SIZE, UnifiedMambaReqProxy
+from kvpool.sglang.unified_sizes import MambaTreeSizes
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
 
 _MAMBA = f"{COMPONENTS}.mamba_component"
@@ -70,7 +72,7 @@ def _impl(component: Any) -> Any:
     return getattr(component, "impl", component)
 
 
-class SGLangUnified16MambaRadixCache(Unified16Base):
+class SGLangUnified16MambaRadixCache(Unified16Base, MambaTreeSizes):
     """SGLang 0.5.16's ``UnifiedRadixCache`` with the FULL and MAMBA components (module
     docstring). ``impl`` is SGLang's object."""
 
@@ -168,35 +170,6 @@ class SGLangUnified16MambaRadixCache(Unified16Base):
         params = held.pop().to_dec_params() if held else None
         with self._call():
             self.impl.dec_lock_ref(raw, params)
-
-    def evict(self, num_tokens: int = 0, mamba_num: int = 0) -> tuple[int, int]:
-        """SGLang's ``evict``: ``(tokens, states)`` it reports evicted."""
-        params = self.modules.attr(BASE, "EvictParams")(num_tokens=num_tokens,
-                                                        mamba_num=mamba_num)  # fmt: skip
-        with self._call():
-            result = self.impl.evict(params)
-        return int(result.num_tokens_evicted), int(result.mamba_num_evicted)
-
-    def evict_mamba(self, mamba_num: int) -> int:
-        return self.evict(0, mamba_num)[1]
-
-    def evict_full(self, full_num_tokens: int) -> int:
-        return self.evict(full_num_tokens, 0)[0]
-
-    def full_evictable_size(self) -> int:
-        return int(self.impl.full_evictable_size())
-
-    def mamba_evictable_size(self) -> int:
-        return int(self.impl.mamba_evictable_size())
-
-    def full_protected_size(self) -> int:
-        return int(self.impl.full_protected_size())
-
-    def mamba_protected_size(self) -> int:
-        return int(self.impl.mamba_protected_size())
-
-    def all_mamba_values(self) -> list[int]:
-        return [int(s) for s in self.impl.all_mamba_values_flatten().reshape(-1).tolist()]
 
     def reset(self) -> None:
         """SGLang's ``reset``; kvpool's node ids restart, open receipts go with the tree."""

@@ -29,7 +29,9 @@ from typing import Any
 
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.radix import to_sglang_key
-from kvpool.sglang.unified16_base import BASE, Unified16Base, Unified16NodeRef, raw_node
+from kvpool.sglang.unified16_base import Unified16Base, Unified16NodeRef, raw_node
+from kvpool.sglang.unified_base import BASE
+from kvpool.sglang.unified_sizes import SWATreeSizes
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
 
@@ -43,7 +45,7 @@ class Unified16SWAMatch:
     result: Any
 
 
-class SGLangUnified16SWARadixCache(Unified16Base):
+class SGLangUnified16SWARadixCache(Unified16Base, SWATreeSizes):
     """SGLang 0.5.16's ``UnifiedRadixCache`` with the FULL and SWA components (module
     docstring). ``impl`` is SGLang's object."""
 
@@ -134,27 +136,6 @@ class SGLangUnified16SWARadixCache(Unified16Base):
         """SGLang's early release of a lock's SWA part (the window moved on)."""
         with self._call():
             self.impl.dec_swa_lock_only(raw_node(node), self._raw_uuid(swa_uuid_for_lock))
-
-    def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
-        """(full tokens freed, SWA tokens freed)."""
-        params = self.modules.attr(BASE, "EvictParams")(
-            num_tokens=num_tokens, swa_num_tokens=swa_num_tokens
-        )
-        with self._call():
-            result = self.impl.evict(params)
-        return int(result.num_tokens_evicted), int(result.swa_num_tokens_evicted)
-
-    def full_evictable_size(self) -> int:
-        return int(self.impl.full_evictable_size())
-
-    def full_protected_size(self) -> int:
-        return int(self.impl.full_protected_size())
-
-    def swa_evictable_size(self) -> int:
-        return int(self.impl.swa_evictable_size())
-
-    def swa_protected_size(self) -> int:
-        return int(self.impl.swa_protected_size())
 
     def reset(self) -> None:
         """SGLang's ``reset``; kvpool's node ids and uuids restart."""

@@ -60,6 +60,7 @@ from kvpool.sglang.radix import to_sglang_key
 from kvpool.sglang.tree_core import load_unified
 from kvpool.sglang.unified_base import BASE as _BASE
 from kvpool.sglang.unified_base import UnifiedNodeRef, UnifiedTreeBase
+from kvpool.sglang.unified_sizes import MambaTreeSizes
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
 
 _MAMBA = "sglang.srt.mem_cache.unified_cache.components.mamba"
@@ -123,7 +124,7 @@ def _impl(component: Any) -> Any:
     return getattr(component, "impl", component)
 
 
-class SGLangUnifiedMambaRadixCache(UnifiedTreeBase):
+class SGLangUnifiedMambaRadixCache(UnifiedTreeBase, MambaTreeSizes):
     """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL, MAMBA) over ``tree_core`` (see the module
     docstring). ``impl`` is SGLang's object."""
 
@@ -209,35 +210,6 @@ class SGLangUnifiedMambaRadixCache(UnifiedTreeBase):
         """Unlock ``node`` with the receipt of its newest open lock."""
         with self._call():
             self.impl.dec_lock_ref(int(node), self.newest_receipt(node))
-
-    def evict(self, num_tokens: int = 0, mamba_num: int = 0) -> tuple[int, int]:
-        """SGLang's ``evict``: ``(tokens, states)`` it reports evicted."""
-        params = self.modules.attr(_BASE, "EvictParams")(num_tokens=num_tokens,
-                                                         mamba_num=mamba_num)  # fmt: skip
-        with self._call():
-            result = self.impl.evict(params)
-        return int(result.num_tokens_evicted), int(result.mamba_num_evicted)
-
-    def evict_mamba(self, mamba_num: int) -> int:
-        return self.evict(0, mamba_num)[1]
-
-    def evict_full(self, full_num_tokens: int) -> int:
-        return self.evict(full_num_tokens, 0)[0]
-
-    def full_evictable_size(self) -> int:
-        return int(self.impl.full_evictable_size())
-
-    def mamba_evictable_size(self) -> int:
-        return int(self.impl.mamba_evictable_size())
-
-    def full_protected_size(self) -> int:
-        return int(self.impl.full_protected_size())
-
-    def mamba_protected_size(self) -> int:
-        return int(self.impl.mamba_protected_size())
-
-    def all_mamba_values(self) -> list[int]:
-        return [int(s) for s in self.impl.all_mamba_values_flatten().reshape(-1).tolist()]
 
     def reset(self) -> None:
         """SGLang's ``reset``; open lock receipts are dropped with the tree."""

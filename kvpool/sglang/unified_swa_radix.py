@@ -36,6 +36,7 @@ from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.radix import to_sglang_key
 from kvpool.sglang.unified_base import BASE as _BASE
 from kvpool.sglang.unified_base import UnifiedNodeRef, UnifiedTreeBase
+from kvpool.sglang.unified_sizes import SWATreeSizes
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
 
@@ -49,7 +50,7 @@ class UnifiedSWAMatch:
     result: Any
 
 
-class SGLangUnifiedSWARadixCache(UnifiedTreeBase):
+class SGLangUnifiedSWARadixCache(UnifiedTreeBase, SWATreeSizes):
     """SGLang's ``UnifiedRadixCache`` with the FULL and SWA components (see the module
     docstring). ``impl`` is SGLang's object; ``tree_core`` is ``"rust"`` or ``"python"``."""
 
@@ -145,27 +146,6 @@ class SGLangUnifiedSWARadixCache(UnifiedTreeBase):
         )
         with self._call():
             self.impl.release_swa(lock)
-
-    def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
-        """(full tokens freed, SWA tokens freed)."""
-        params = self.modules.attr(_BASE, "EvictParams")(
-            num_tokens=num_tokens, swa_num_tokens=swa_num_tokens
-        )
-        with self._call():
-            result = self.impl.evict(params)
-        return int(result.num_tokens_evicted), int(result.swa_num_tokens_evicted)
-
-    def full_evictable_size(self) -> int:
-        return int(self.impl.full_evictable_size())
-
-    def full_protected_size(self) -> int:
-        return int(self.impl.full_protected_size())
-
-    def swa_evictable_size(self) -> int:
-        return int(self.impl.swa_evictable_size())
-
-    def swa_protected_size(self) -> int:
-        return int(self.impl.swa_protected_size())
 
     def reset(self) -> None:
         """SGLang's ``reset``; kvpool's node ids and uuids restart."""

@@ -20,11 +20,8 @@ from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.rules import Rules
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.glue_v0516 import MAMBA_TREE_V0516, KvRecords
-from kvpool.sglang.glue_v0516_mamba import (
-    MambaGlueReqV0516,
-    SGLangMambaGlueManagerV0516,
-    SGLangMambaRadixGlueManagerV0516,
-)
+from kvpool.sglang.glue_v0516_mamba import MambaGlueReqV0516, SGLangMambaGlueManagerV0516
+from kvpool.sglang.glue_v0516_mamba_radix import SGLangMambaRadixGlueManagerV0516
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import reference_implementation
 from kvpool.testing.swarm import Op

@@ -1,5 +1,5 @@
 """Opt-in (``--run-sglang-wheel``): SGLang 0.5.16's scheduler glue for a hybrid (Mamba) model
-with the radix cache on, in lockstep (:class:`~kvpool.sglang.glue_v0516_mamba.
+with the radix cache on, in lockstep (:class:`~kvpool.sglang.glue_v0516_mamba_radix.
 SGLangMambaRadixGlueManagerV0516`): 0.5.16's glue over its FULL+MAMBA ``UnifiedRadixCache``
 against kvpool's reference under ``Rules.for_sglang("0.5.16")`` (the unified tree with 0.5.16's
 release). The routing, one request through chunks and a finish beside the reference, the
@@ -20,7 +20,7 @@ from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.rules import Rules
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.glue_v0516 import KvRecords
-from kvpool.sglang.glue_v0516_mamba import (
+from kvpool.sglang.glue_v0516_mamba_radix import (
     MambaRadixGlueReqV0516,
     SGLangMambaRadixGlueManagerV0516,
     _LockFields,

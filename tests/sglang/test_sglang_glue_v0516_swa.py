@@ -25,11 +25,11 @@ from kvpool.sglang.glue_swa import SWAReqState
 from kvpool.sglang.glue_v0516 import KvRecords
 from kvpool.sglang.glue_v0516_swa import (
     SGLangSWAGlueManagerV0516,
-    SGLangSWARadixGlueManagerV0516,
     SWAGlueBatchV0516,
     SWAGlueReqV0516,
     glue_covers_v0516_swa,
 )
+from kvpool.sglang.glue_v0516_swa_radix import SGLangSWARadixGlueManagerV0516
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import reference_implementation
 

@@ -1,5 +1,5 @@
 """Opt-in (``--run-sglang-wheel``): SGLang 0.5.16's scheduler glue for a sliding-window model
-with the radix cache on, in lockstep (:class:`kvpool.sglang.glue_v0516_swa.
+with the radix cache on, in lockstep (:class:`kvpool.sglang.glue_v0516_swa_radix.
 SGLangSWARadixGlueManagerV0516`): kvpool's SWA lifecycle over 0.5.16's SWA allocator,
 ``ReqToTokenPool`` and its own FULL+SWA ``UnifiedRadixCache`` runs 0.5.16's
 ``alloc_for_extend`` / ``alloc_for_decode`` / ``alloc_for_spec_decode`` with its
@@ -26,12 +26,11 @@ from kvpool.rules import Rules
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.glue_swa import SWAReqState
 from kvpool.sglang.glue_v0516 import KvRecords
-from kvpool.sglang.glue_v0516_swa import (
-    SGLangSWAGlueManagerV0516,
+from kvpool.sglang.glue_v0516_swa import SGLangSWAGlueManagerV0516, glue_covers_v0516_swa
+from kvpool.sglang.glue_v0516_swa_radix import (
     SGLangSWARadixGlueManagerV0516,
     SWARadixGlueReqV0516,
     _SWALock,
-    glue_covers_v0516_swa,
 )
 from kvpool.testing.campaign import CampaignResult, run_machine
 from kvpool.testing.implementations import reference_implementation
