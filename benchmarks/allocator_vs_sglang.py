@@ -14,16 +14,30 @@ what it runs where Triton is not available. Under ``need_sort`` the twin takes
 ``Rules.for_sglang`` (SGLang 0.5.23 appends staged pages; kvpool's default prepends them), so
 that both free lists match exactly.
 
-Page size 1: SGLang's ``TokenToKVPoolAllocator`` has no ``alloc_decode`` / ``alloc_extend`` (its
-scheduler calls ``alloc(n)`` there), so the page-size-1 decode rows time the twin's
-``alloc_decode`` against SGLang's ``alloc(batch_size)``, the decode step SGLang runs at page
-size 1.
+Page size 1: SGLang's ``TokenToKVPoolAllocator`` has no ``alloc_decode`` / ``alloc_extend``: its
+scheduler's decode step there is ``alloc(batch_size)``, and so is the twin lifecycle's
+(:mod:`kvpool.optimized.lifecycle.primitives`). The page-size-1 decode rows time that step on
+both sides (target 0.67, the decode target), and the twin's own ``alloc_decode`` (which also
+takes and checks the three batch arrays) against the same SGLang ``alloc(batch_size)``, the
+closest SGLang operation (target 1.0).
+
+Verdicts: each row's ``ok`` column says ``yes`` when ``twin/sglang`` is at most its target, else
+``NO``; the last row counts them. A release without an operation (0.5.16 has no
+``free_segment`` / ``free_page_ids``) gives one row saying so instead of its rows. SGLang 0.5.16
+has no ``use_triton_kernels`` switch: its extend calls run inside
+:func:`kvpool.sglang.kernels.naive_extend` (its own ``alloc_extend_naive``); its ``alloc_decode``
+has no torch fallback and runs its Triton kernel through Triton's interpreter (the note says so).
+
+Run directly: ``KVPOOL_SGLANG_CACHE=... python benchmarks/allocator_vs_sglang.py [--quick]
+[--sglang 0.5.23]`` (one thread, as ``bench_allocators.py``, which ends with these rows).
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +58,8 @@ TARGET = 1.0
 DECODE_TARGET = 0.67
 """``alloc_decode``: the twin at most two thirds of SGLang's time, at every batch size."""
 
-DECODE_BATCHES = (1, 16, 64, 256, 1024)
+DECODE_BATCHES = (1, 8, 16, 64, 256, 1024)
+"""Batch sizes of the ``alloc_decode`` rows (requests, one new token each)."""
 
 
 @dataclass
@@ -168,6 +183,20 @@ class Bench:
             }
         )
 
+    def sg_extend(self, impl: Any) -> Callable[..., Any]:
+        """SGLang's ``alloc_extend`` on its torch fallback: from 0.5.23 the adapter has set
+        SGLang's own ``use_triton_kernels = False``; an older release has no such switch, so
+        the call runs inside :func:`kvpool.sglang.kernels.naive_extend`."""
+        if hasattr(impl, "use_triton_kernels"):
+            return impl.alloc_extend  # type: ignore[no-any-return]
+        from kvpool.sglang.kernels import naive_extend
+
+        def routed(*args: Any) -> Any:
+            with naive_extend():
+                return impl.alloc_extend(*args)
+
+        return routed
+
     def tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
 
@@ -195,7 +224,7 @@ class Bench:
         none = torch.full((bs,), NO_LAST_LOC, dtype=torch.int64)
         dev = self.device
         got = twin.alloc.alloc_extend(zeros.to(dev), zeros, p.to(dev), p, none.to(dev), sum(prefix))
-        want = sg.alloc.alloc_extend(zeros, zeros, p, p, none, sum(prefix))
+        want = self.sg_extend(sg.alloc)(zeros, zeros, p, p, none, sum(prefix))
         assert got is not None and want is not None and got.tolist() == want.tolist()
         ends = torch.cumsum(p, 0) - 1
         return torch.where(p > 0, want[ends.clamp(min=0)], NO_LAST_LOC)
@@ -228,7 +257,7 @@ class Bench:
             twin,
             sg,
             partial(twin.alloc.alloc_extend, p_t, p_cpu, s_t, s_cpu, l_t, total),
-            partial(sg.alloc.alloc_extend, p_cpu, p_cpu, s_cpu, s_cpu, last, total),
+            partial(self.sg_extend(sg.alloc), p_cpu, p_cpu, s_cpu, s_cpu, last, total),
             note=f"{total} tokens",
         )
 
@@ -243,22 +272,41 @@ class Bench:
                     last = self.prefill(twin, sg, prefix)
                 seq = torch.tensor([p + 1 for p in prefix])
                 s_t, l_t = seq.to(self.device), last.to(self.device)
-                sg_call: Callable[[], object]
-                if ps == 1:
-                    sg_call = partial(sg.alloc.alloc, bs)
-                    note = "SGLang: alloc(batch size), its page-size-1 decode step"
-                else:
-                    sg_call = partial(sg.alloc.alloc_decode, seq, seq, last)
+                twin_decode = partial(twin.alloc.alloc_decode, s_t, seq, l_t)
+                if ps > 1:
                     opening = sum(1 for p in prefix if p % ps == 0)
                     note = f"{opening} of {bs} requests open a page"
+                    if not hasattr(sg.alloc, "use_triton_kernels"):
+                        note += f"; SGLang {self.sglang.version}: its Triton kernel, interpreted"
+                    sg_decode = partial(sg.alloc.alloc_decode, seq, seq, last)
+                    self.time(
+                        f"alloc_decode {bs} reqs, page size {ps}",
+                        twin,
+                        sg,
+                        twin_decode,
+                        sg_decode,
+                        DECODE_TARGET,
+                        note,
+                    )
+                    continue
+                sg_step = partial(sg.alloc.alloc, bs)
                 self.time(
-                    f"alloc_decode {bs} reqs, page size {ps}",
+                    f"decode step {bs} reqs, page size 1: alloc({bs}) on both",
                     twin,
                     sg,
-                    partial(twin.alloc.alloc_decode, s_t, seq, l_t),
-                    sg_call,
+                    partial(twin.alloc.alloc, bs),
+                    sg_step,
                     DECODE_TARGET,
-                    note,
+                    "the decode step both schedulers run at page size 1",
+                )
+                self.time(
+                    f"alloc_decode {bs} reqs, page size 1",
+                    twin,
+                    sg,
+                    twin_decode,
+                    sg_step,
+                    TARGET,
+                    "SGLang has none at page size 1: against its alloc(batch size)",
                 )
 
     def free_rows(self) -> None:
@@ -301,6 +349,15 @@ class Bench:
         segs = [self.rng.randrange(2, 40) * 16 for _ in range(64)]  # page-aligned segments
         for ps in (16, 1):
             twin, sg = make_sides(self.sglang, 1 << 17, ps, device=self.device)
+            if not hasattr(sg.alloc, "free_segment"):
+                self.rows.append(
+                    {
+                        "bench": "allocators vs sglang",
+                        "op": f"free_segment, free_page_ids, page size {ps}",
+                        "note": f"not in SGLang {self.sglang.version}: no rows",
+                    }
+                )
+                continue
             tb, sb = self.blocks(twin, sg, segs, segs)
             note = f"{sum(segs)} slots in {len(segs)} segments"
             self.time(
@@ -398,7 +455,41 @@ def sglang_rows(sglang: Any, quick: bool, device: str = "cpu") -> list[dict[str,
     bench.free_rows()
     bench.segment_rows()
     bench.need_sort_rows()
+    timed = [r for r in bench.rows if "ok" in r]
+    met = sum(1 for r in timed if r["ok"] == "yes")
+    bench.rows.append(
+        {
+            "bench": "allocators vs sglang",
+            "op": "verdict",
+            "ok": "yes" if met == len(timed) else "NO",
+            "note": f"{met} of {len(timed)} rows meet their targets",
+        }
+    )
     return bench.rows
 
 
-__all__ = ["DECODE_BATCHES", "DECODE_TARGET", "TARGET", "Bench", "sglang_rows"]
+def main(argv: list[str] | None = None) -> int:
+    """Print the rows (one torch thread, as ``bench_allocators.py``); exit status 0."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="fewer timed pairs per row")
+    parser.add_argument("--device", default="cpu", help="device of the twin's tensors")
+    parser.add_argument("--sglang", default="0.5.23", help="SGLang release, wheel or folder")
+    args = parser.parse_args(argv)
+    from kvpool.sglang import load_sglang
+
+    torch.set_num_threads(1)
+    rows = sglang_rows(load_sglang(args.sglang), args.quick, args.device)
+    cols: list[str] = []
+    for r in rows:
+        cols.extend(k for k in r if k not in cols)
+    table = [["" if r.get(c) is None else str(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
+    for line in [cols, *table]:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+    return 0
+
+
+__all__ = ["DECODE_BATCHES", "DECODE_TARGET", "TARGET", "Bench", "main", "sglang_rows"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kvpool.errors import ConfigError
+from kvpool.kernels.dispatch import BACKENDS, is_kernel_backend, triton_installed
 from kvpool.optimized.checked import resolve_checked
 
 
@@ -40,6 +41,19 @@ class TwinOptions:
             raise ConfigError(f"checked must be a bool, got {self.checked!r}")
         if self.backend is not None and not isinstance(self.backend, str):
             raise ConfigError(f"backend must be a name or None, got {self.backend!r}")
+        if self.backend is not None and not (
+            self.backend in BACKENDS or is_kernel_backend(self.backend)
+        ):  # here, not at the first allocation (which would raise after taking pages)
+            raise ConfigError(
+                f"unknown kernel backend {self.backend!r}; known: {BACKENDS} and registered ones"
+            )
+        if self.backend in ("triton", "interpret") and not triton_installed():
+            raise ConfigError(f"backend {self.backend!r} needs the triton package")
+        if self.backend == "triton" and self.device.type != "cuda":
+            raise ConfigError(
+                f"backend 'triton' compiles for CUDA tensors, not {self.device}; "
+                "'interpret' runs the same kernels on the host"
+            )
 
     @classmethod
     def make(
@@ -48,8 +62,12 @@ class TwinOptions:
         checked: bool | None = None,
         backend: str | None = None,
     ) -> TwinOptions:
-        """Options from loose values: ``device`` defaults to the CPU, ``checked=None`` resolves
-        by :func:`kvpool.optimized.checked.resolve_checked` for that device."""
+        """Options from loose values: ``device`` (a str, a ``torch.device`` or None) defaults to
+        the CPU, ``checked=None`` resolves by :func:`kvpool.optimized.checked.resolve_checked`
+        for that device. ConfigError for a device of another type (an int would name a CUDA
+        device by accident) or a name torch does not know."""
+        if device is not None and not isinstance(device, str | torch.device):
+            raise ConfigError(f"device must be a str, a torch.device or None, got {device!r}")
         try:
             dev = torch.device("cpu" if device is None else device)
         except (RuntimeError, TypeError) as exc:

@@ -26,6 +26,7 @@ import torch
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import IndexOutOfRangeError, InvalidArgumentError, ReservedIndexError
+from kvpool.host_checks import as_str
 from kvpool.optimized.key_match import (
     TokenArray,
     as_token_array,
@@ -33,6 +34,7 @@ from kvpool.optimized.key_match import (
     compact_tokens,
     is_integer_dtype,
 )
+from kvpool.reference.radix_key import check_page_size
 
 ChildKey = int | tuple[int, ...] | tuple[str | None, int | tuple[int, ...]]
 """A ``children`` dict key, as :data:`kvpool.reference.radix_key.ChildKey`: the first token id
@@ -75,12 +77,18 @@ class RadixKey:
 
     @classmethod
     def from_array(cls, array: TokenArray, extra_key: str | None = None) -> RadixKey:
-        """Wrap a 1-D int32/int64 array without any check or copy (hot paths)."""
-        key = cls.__new__(cls)
-        key._array = array
-        key._list = None
-        key.extra_key = extra_key
-        return key
+        """Wrap a 1-D int32/int64 array without a copy (hot paths). Its metadata only is
+        checked (InvalidArgumentError for anything but a 1-D int32/int64 numpy array, or an
+        ``extra_key`` that is neither a str nor None); the ids are the caller's (a token array
+        of a request or of another key)."""
+        if not (type(array) is np.ndarray and array.ndim == 1 and array.dtype in _TOKEN_DTYPES):
+            raise InvalidArgumentError(
+                f"array must be a 1-D int32/int64 numpy array, got {type(array).__name__} "
+                f"{getattr(array, 'dtype', '')} {getattr(array, 'shape', '')}"
+            )
+        if extra_key is not None and type(extra_key) is not str:
+            as_str("extra_key", extra_key)  # raises: names the value
+        return _wrap(array, extra_key)
 
     @property
     def token_ids(self) -> list[int]:
@@ -116,13 +124,17 @@ class RadixKey:
                 return self._list[idx]
             return int(self.array[idx])
         if self._array is not None:
-            return RadixKey.from_array(self._array[idx], self.extra_key)
+            return _wrap(self._array[idx], self.extra_key)
         assert self._list is not None
         return RadixKey(self._list[idx], self.extra_key)
 
     def plain_child_key(self, page_size: int) -> int | tuple[int, ...]:
         """The key's first token id (page size 1) or the tuple of its first page of ids, as plain
-        ints; read from the list when there is one, so a list key is not converted for it."""
+        ints; read from the list when there is one, so a list key is not converted for it.
+        PageSizeError / InvalidArgumentError as the reference (a bad page size; an empty key)."""
+        check_page_size(page_size)
+        if len(self) == 0:
+            raise InvalidArgumentError("an empty key has no child key")
         if self._array is None:
             assert self._list is not None
             if page_size == 1:
@@ -144,6 +156,19 @@ class RadixKey:
         ids = self.token_ids
         shown = f"{ids[:8]}..." if len(ids) > 8 else f"{ids}"
         return f"RadixKey(extra_key={self.extra_key!r}, token_ids={shown}, len={len(ids)})"
+
+
+_TOKEN_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+"""The dtypes of a token array (:data:`~kvpool.optimized.key_match.TokenArray`)."""
+
+
+def _wrap(array: TokenArray, extra_key: str | None) -> RadixKey:
+    """A key over ``array`` with no check or copy: for arrays of keys and requests only."""
+    key = RadixKey.__new__(RadixKey)
+    key._array = array
+    key._list = None
+    key.extra_key = extra_key
+    return key
 
 
 class TreeNode:
@@ -287,7 +312,7 @@ def req_key(req: KeySource, stop: int) -> RadixKey:
     token list); uses the twin Req's cached token array when there is one."""
     token_array = getattr(req, "token_array", None)
     if token_array is not None:
-        return RadixKey.from_array(token_array(stop), req.extra_key)
+        return _wrap(token_array(stop), req.extra_key)
     return RadixKey(req.all_token_ids[:stop], req.extra_key)
 
 

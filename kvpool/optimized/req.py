@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_count
 from kvpool.optimized.key_match import TokenArray, compact_tokens
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.tags import TAG_MODULUS, TAG_MULTIPLIER, namespace_seed
@@ -108,9 +110,20 @@ class Req:
         """Tokens in the full token list."""
         return len(self.origin_input_ids) + len(self.output_ids)
 
+    def _check_stop(self, stop: object) -> int:
+        """``stop`` as a token count in ``[0, seq_len()]``: InvalidArgumentError otherwise (a
+        bool or a float included), before the caches change."""
+        if type(stop) is int and 0 <= stop <= self.seq_len():
+            return stop  # the common case, without the helper's cost
+        n = as_count("stop", stop)
+        if n > self.seq_len():
+            raise InvalidArgumentError(f"stop {n} past the request's {self.seq_len()} tokens")
+        return n
+
     def token_array(self, stop: int) -> TokenArray:
         """The first ``stop`` tokens as an int32 numpy array (int64 once an id needs it;
-        cached; only grows)."""
+        cached; only grows). ``stop`` must be in ``[0, seq_len()]`` (InvalidArgumentError)."""
+        stop = self._check_stop(stop)
         have = int(self._array.shape[0])
         if have < stop:
             tokens = self.all_token_ids
@@ -121,7 +134,9 @@ class Req:
     def kv_tags_upto(self, stop: int) -> TokenArray:
         """KV tags of tokens ``[0, stop)`` as an int64 array (equal to
         ``kv_tags(all_token_ids[:stop], extra_key)``), continuing the running hash from the last
-        position computed (cached; only grows)."""
+        position computed (cached; only grows). ``stop`` must be in ``[0, seq_len()]``
+        (InvalidArgumentError)."""
+        stop = self._check_stop(stop)
         tags = self._tags
         have = int(tags.shape[0])
         if have < stop:

@@ -10,9 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import overload
 
-from kvpool.constants import RESERVED_INDEX
-from kvpool.errors import IndexOutOfRangeError, ReservedIndexError
-from kvpool.host_checks import int_list
+from kvpool.constants import RESERVED_INDEX, is_power_of_two
+from kvpool.errors import (
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    PageSizeError,
+    ReservedIndexError,
+)
+from kvpool.host_checks import as_int, int_list
 
 ChildKey = int | tuple[int, ...] | tuple[str | None, int | tuple[int, ...]]
 """A ``children`` dict key: the first token id (page size 1) or the tuple of the first page of
@@ -57,7 +62,12 @@ class RadixKey:
         return f"RadixKey({self.token_ids!r}, extra_key={self.extra_key!r})"
 
     def plain_child_key(self, page_size: int) -> int | tuple[int, ...]:
-        """The key's first token id (page size 1) or the tuple of its first page of ids."""
+        """The key's first token id (page size 1) or the tuple of its first page of ids.
+        PageSizeError unless ``page_size`` is a power of two (an int, not a bool);
+        InvalidArgumentError for an empty key (it has no first token)."""
+        check_page_size(page_size)
+        if not self.token_ids:
+            raise InvalidArgumentError("an empty key has no child key")
         if page_size == 1:
             return self.token_ids[0]
         return tuple(self.token_ids[:page_size])
@@ -129,6 +139,20 @@ class MatchResult:
     host_hit_length: int = 0
 
 
+def check_page_size(page_size: object) -> int:
+    """``page_size`` as an int that is a power of two (tokens): PageSizeError otherwise (a
+    bool, a float, zero, a negative or a value past int64 included). Shared by both twins."""
+    if type(page_size) is int and is_power_of_two(page_size) and page_size <= 2**62:
+        return page_size  # the common case, without the helper's cost
+    try:
+        size = as_int("page_size", page_size)
+    except InvalidArgumentError as exc:
+        raise PageSizeError(str(exc)) from None
+    if not is_power_of_two(size):
+        raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
+    return size
+
+
 def tree_slot_limit(allocator: object) -> int | None:
     """One past the last slot a tree over ``allocator`` may own: ``size + page_size`` (the full
     pool's size for SWA pools); None for an allocator that states no size (a test stub)."""
@@ -157,6 +181,7 @@ __all__ = [
     "MatchResult",
     "RadixKey",
     "TreeNode",
+    "check_page_size",
     "check_tree_slots",
     "tree_slot_limit",
 ]

@@ -4,6 +4,7 @@ offending indices, and stays quiet on good ones; the registry and entry points b
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -141,9 +142,8 @@ def test_real_pools_satisfy_every_invariant() -> None:
     alloc = PagedTokenToKVPoolAllocator(32, 4)
     out = alloc.alloc_extend([0], [0], [6], [6], [-1], 6)
     assert out is not None
-    table = ReqToTokenPool(2, 8)
-    table.req_generation[1] = 1
-    table.free_slots.remove(1)
+    table = ReqToTokenPool(1, 8)
+    assert table.alloc([SimpleNamespace(req_pool_idx=None)]) == [1]
     table.write((1, slice(0, 6)), out)
     assert check_allocator(alloc.snapshot(), {s // 4 for s in out}) > 0
     check_req_to_token(table.snapshot([(1, 6)]), {1}, page_size=4)

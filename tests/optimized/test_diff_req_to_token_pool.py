@@ -154,7 +154,9 @@ class ReqToTokenLockstep(RuleBasedStateMachine):
     @rule(data=st.data(), kind=st.sampled_from(("overflow", "row0", "past", "length", "step")))
     def bad_write(self, data: st.DataObject, kind: str) -> None:
         width = self.ref.max_context_len
-        row, cols, values = 1, slice(0, 1), [5]
+        # a held row, so that only ``kind`` is wrong (a free row is refused on its own)
+        held = [p.ref.req_pool_idx for p in self.holders if p.ref.req_pool_idx is not None]
+        row, cols, values = (held[0] if held else 1), slice(0, 1), [5]
         if kind == "overflow":
             cols, values = slice(width - 1, width + 1), [5, 6]
         elif kind == "row0":
@@ -173,7 +175,7 @@ class ReqToTokenLockstep(RuleBasedStateMachine):
         self.run(
             lambda: self.ref.read(row, cols.start, cols.stop),
             lambda: self.twin.read(row, cols.start, cols.stop),
-            expect_error=kind in ("overflow", "row0", "past"),
+            expect_error=kind in ("overflow", "row0", "past") or not held,
         )
 
     @rule(now=st.integers(0, 3))
@@ -205,8 +207,10 @@ def test_rows_are_lifo_and_generations_monotonic() -> None:
     pool.clear()
     assert pool.free_slots == [1, 2, 3] and pool.req_generation == [0, 0, 2, 1]
     assert pool.req_to_token.dtype == torch.int32 and pool.req_to_token.shape == (4, 4)
+    rows = pool.alloc([Req()])  # a held row: only the columns are wrong
+    assert rows is not None
     try:
-        pool.write((1, slice(3, 5)), [1, 2])
+        pool.write((rows[0], slice(3, 5)), [1, 2])
     except ContextOverflowError:
         pass
     else:

@@ -84,6 +84,7 @@ def run(twin: str, ps: int, window: int, finish: str) -> list[Any]:
         grow(n, n + 1)
         n += 1
         check(evicted, n)
+    req.output_ids = list(range(8, n + 1))  # the decoded tokens: committed <= the request's
     req.kv_committed_len = n
     req.cache_protected_len = 0
     if chunk:

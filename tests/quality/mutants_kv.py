@@ -31,17 +31,18 @@ PAGE_MAJOR = {"kv_storage": "page_major", "kv_layout": "mha", "head_num": 1, "he
 
 
 def _after_write(kv: Any, fix: Callable[[int, torch.Tensor], None]) -> None:
-    """Run ``fix(local layer, slots)`` after every ``set_kv_buffer`` of ``kv``."""
+    """Run ``fix(local layer, slots)`` after every write of ``kv``'s storage: its ``_store``
+    (local layer, checked slots, data), which ``set_kv_buffer`` and ``write_tags`` both write
+    through once their arguments are checked."""
 
     def make(orig: Any) -> Callable[..., None]:
-        def set_kv_buffer(layer_id: int, loc: Any, *args: Any, **kwargs: Any) -> None:
-            orig(layer_id, loc, *args, **kwargs)
-            slots = torch.as_tensor(loc, device=kv.device).reshape(-1).to(torch.int64)
-            fix(layer_id - kv.start_layer, slots)
+        def store(local: int, slots: torch.Tensor, *args: Any) -> None:
+            orig(local, slots, *args)
+            fix(local, slots)
 
-        return set_kv_buffer
+        return store
 
-    wrap(kv, "set_kv_buffer", make)
+    wrap(kv, "_store", make)
 
 
 def fp4_nibbles_swapped(manager: Any) -> None:

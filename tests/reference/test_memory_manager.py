@@ -297,7 +297,9 @@ def test_primitives_refuse_misuse_before_allocating() -> None:
     refused(mm, RowReuseError, lambda: mm.alloc_for_extend([squatter], [3]))
     fresh = Req("y", [5, 6, 7])
     refused(mm, ContextOverflowError, lambda: mm.alloc_for_extend([fresh], [17]))
-    fresh.prefix_indices = mm.req_to_token_pool.read(1, 0, 2)
+    row_a = mm.reqs["a"].req_pool_idx
+    assert row_a is not None
+    fresh.prefix_indices = mm.req_to_token_pool.read(row_a, 0, 2)  # a held row: a prefix
     refused(mm, InvalidArgumentError, lambda: mm.alloc_for_extend([fresh], [1]))
     rowless = Req("z", [5])
     refused(mm, InvalidArgumentError, lambda: mm.alloc_for_decode([mm.reqs["a"], rowless]))

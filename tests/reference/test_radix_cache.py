@@ -189,7 +189,7 @@ def test_reset_and_pretty_print() -> None:
 def test_disabled_radix_cache_matches_nothing() -> None:
     alloc = TokenToKVPoolAllocator(16)
     cache = RadixCache(ReqToTokenPool(2, 8), alloc, 1, disable=True)
-    assert cache.insert(RadixKey([1, 2]), [3, 4]) == 0
+    assert cache.insert(RadixKey([1, 2]), alloc.alloc(2)) == 0  # slots the caller holds
     m = cache.match_prefix(RadixKey([1, 2, 3]))
     assert m.device_indices == [] and m.last_device_node is cache.root_node
     assert cache.snapshot().disabled and cache.snapshot().nodes == ()

@@ -132,6 +132,7 @@ def test_free_errors() -> None:
 
 def test_write_and_read() -> None:
     pool = ReqToTokenPool(2, 6)
+    pool.alloc([Req(), Req()])  # rows 1 and 2 held: only a held row is read or written
     pool.write((1, slice(2, 5)), [7, 8, 9])
     assert pool.read(1, 0, 6) == [0, 0, 7, 8, 9, 0]
     copy = pool.read(1, 2, 5)
@@ -159,6 +160,7 @@ def test_write_errors(
     index: tuple[int, slice], values: list[int], error: type[KVPoolError]
 ) -> None:
     pool = ReqToTokenPool(2, 6)
+    pool.alloc([Req(), Req()])  # both rows held: only ``index`` or ``values`` is wrong
     assert_refused(pool, error, lambda: pool.write(index, values))
 
 
@@ -169,6 +171,9 @@ def test_write_needs_a_row_slice_pair() -> None:
 
 def test_read_and_snapshot_errors() -> None:
     pool = ReqToTokenPool(2, 6)
+    pool.alloc([Req()])  # row 2 held, row 1 free
+    assert_refused(pool, InvalidArgumentError, lambda: pool.read(1, 0, 1))
+    pool.alloc([Req()])
     assert_refused(pool, ReservedIndexError, lambda: pool.read(RESERVED_INDEX, 0, 1))
     assert_refused(pool, ContextOverflowError, lambda: pool.read(1, 0, 7))
     assert_refused(pool, IndexOutOfRangeError, lambda: pool.snapshot([(5, 1)]))
@@ -181,7 +186,8 @@ def test_clear_frees_every_row_and_keeps_generations() -> None:
     pool.clear()
     assert pool.free_slots == [1, 2, 3]
     assert pool.req_generation == [0, 0, 1, 1]
-    assert pool.read(2, 0, 2) == [5, 6]
+    assert pool.snapshot([(2, 2)]).rows == ((2, (5, 6)),)  # contents kept (a free row: no read)
+    assert_refused(pool, InvalidArgumentError, lambda: pool.read(2, 0, 2))
     assert pool.alloc([Req()]) == [3]
     assert pool.req_generation[3] == 2
 

@@ -9,8 +9,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvpool.errors import DoubleFreeError, InvalidArgumentError
+from kvpool.host_checks import as_bool, as_count, as_int, as_str
+from kvpool.optimized.hicache.args import device_slot_arg, host_slot_arg
+from kvpool.optimized.index_args import index_tensor
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import SegmentAllocatorProtocol
+from kvpool.reference.hicache.args import check_instance
 from kvpool.snapshot import HostTransferSnapshot
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -25,6 +30,9 @@ class HiCacheAck:
     node_ids: list[int]
     host_indices: torch.Tensor
     device_indices: torch.Tensor
+    issued: bool = False
+    """Set once the transfer is issued (merged from its queue into the queue of transfers in
+    flight); only an issued transfer can complete."""
 
     def snapshot(self) -> HostTransferSnapshot:
         return HostTransferSnapshot(self.kind, tuple(self.node_ids),
@@ -46,7 +54,9 @@ class PrefetchOperation:
     extra: dict[str, object] = field(default_factory=dict)
 
     def increment(self, num_tokens: int) -> bool:
-        """Count fetched tokens unless terminated; returns whether they were counted."""
+        """Count fetched tokens unless terminated; returns whether they were counted.
+        InvalidArgumentError (nothing counted) unless ``num_tokens`` is a count."""
+        num_tokens = as_count("num_tokens", num_tokens)
         if self.terminated:
             return False
         self.completed_tokens += num_tokens
@@ -72,6 +82,9 @@ class HiCacheController:
         self.page_size = page_size
         self.write_policy = write_policy
         self.device = torch.device(getattr(token_to_kv_pool_allocator, "device", "cpu"))
+        # device-slot ownership is a device read: checked as the allocator is, unless the tree
+        # that owns this controller sets its own mode
+        self.checked = bool(getattr(token_to_kv_pool_allocator, "checked", True))
         self.segment_frees = False
         self.reset()
 
@@ -89,7 +102,13 @@ class HiCacheController:
         self, device_indices: torch.Tensor, node_id: int = -1, *, flush: bool = True
     ) -> torch.Tensor | None:
         """Reserve host slots for ``device_indices`` and queue the copy, issued at once unless
-        ``flush`` is False; None when the host pool cannot hold them (nothing changed)."""
+        ``flush`` is False; None when the host pool cannot hold them (nothing changed). Checked
+        first as the reference (the slots' ownership in checked mode)."""
+        node_id = as_int("node_id", node_id)
+        flush = as_bool("flush", flush)
+        device_indices = device_slot_arg("device_indices", device_indices,
+                                         self.mem_pool_device_allocator, self.device,
+                                         self.checked)  # fmt: skip
         host_indices: torch.Tensor | None = self.mem_pool_host.alloc(int(device_indices.numel()))
         if host_indices is None:
             return None
@@ -107,7 +126,10 @@ class HiCacheController:
 
     def load(self, host_indices: torch.Tensor, node_id: int = -1) -> torch.Tensor | None:
         """Reserve device slots for ``host_indices`` and queue the copy; None when the device
-        allocator cannot hand them out (nothing changed)."""
+        allocator cannot hand them out (nothing changed). Checked first as the reference (host
+        slots: host memory, both modes)."""
+        node_id = as_int("node_id", node_id)
+        host_indices = host_slot_arg("host_indices", host_indices, self.mem_pool_host)
         got = self.mem_pool_device_allocator.alloc(int(host_indices.numel()))
         if got is None:
             return None
@@ -125,7 +147,13 @@ class HiCacheController:
         return self.producer_count - 1
 
     def complete(self, ack: HiCacheAck) -> None:
-        """The transfer has finished: copy the content in its direction."""
+        """The transfer has finished: copy the content in its direction (again, if called
+        again: the forward may wait for a load before its acknowledgement is delivered).
+        InvalidArgumentError (nothing copied) unless ``ack`` is an issued transfer
+        (``start_writing`` / ``start_loading``), not one still queued or built by the caller."""
+        check_instance("ack", ack, HiCacheAck)
+        if not ack.issued:
+            raise InvalidArgumentError(f"ack {ack.snapshot()} was never issued")
         host, device = self.mem_pool_host, self.mem_pool_device
         if ack.kind == "write":
             host.backup_from_device_all_layer(device, ack.host_indices, ack.device_indices)
@@ -133,7 +161,11 @@ class HiCacheController:
             host.load_to_device_all_layer(device, ack.host_indices, ack.device_indices)
 
     def evict_device(self, device_indices: torch.Tensor) -> int:
-        """Free device slots (``free_segment`` when ``segment_frees``); returns how many."""
+        """Free device slots (``free_segment`` when ``segment_frees``); returns how many. Slots
+        given as host values (a list) are range-checked here; the allocator checks the rest."""
+        device_indices = device_slot_arg("device_indices", device_indices,
+                                         self.mem_pool_device_allocator, self.device,
+                                         False)  # fmt: skip
         if self.segment_frees:
             self.mem_pool_device_allocator.free_segment(device_indices, 0)
         else:
@@ -141,20 +173,33 @@ class HiCacheController:
         return int(device_indices.numel())
 
     def evict_host(self, host_indices: torch.Tensor) -> int:
-        """Free host slots; returns how many."""
-        return int(self.mem_pool_host.free(host_indices))
+        """Free host slots; returns how many (the host pool checks them first)."""
+        return int(self.mem_pool_host.free(index_tensor("host_indices", host_indices, "cpu")))
 
     def prefetch(self, request_id: str, tags: torch.Tensor) -> PrefetchOperation:
-        """A new prefetch operation for tokens whose stored content is ``tags``."""
+        """A new prefetch operation for tokens whose stored content is ``tags`` (``>= 0``;
+        checked as the reference, on host values)."""
+        request_id = as_str("request_id", request_id)
+        tags = index_tensor("tags", tags, "cpu")
+        if tags.numel() and int(tags.min()) < 0:
+            raise InvalidArgumentError(f"tags must hold values >= 0, got {tags.tolist()}")
         return PrefetchOperation(request_id, tags)
 
     def terminate_prefetch(self, operation: PrefetchOperation) -> int:
         """Stop ``operation``; returns the tokens fetched by then."""
+        check_instance("operation", operation, PrefetchOperation)
         operation.mark_terminate()
         return operation.completed_tokens
 
     def append_host_mem_release(self, host_indices: torch.Tensor) -> None:
-        """Queue host slots for release, one page per entry."""
+        """Queue host slots for release, one page per entry; checked first as the reference
+        (held host slots, each once, none queued already)."""
+        host_indices = host_slot_arg("host_indices", host_indices, self.mem_pool_host)
+        if self.host_mem_release_queue and host_indices.numel():
+            queued = set(torch.cat(self.host_mem_release_queue).tolist())
+            again = [h for h in host_indices.tolist() if h in queued]
+            if again:
+                raise DoubleFreeError("host_indices: host slots already queued for release", again)
         if host_indices.numel():
             ps = self.page_size
             pages = [host_indices[k : k + ps] for k in range(0, int(host_indices.numel()), ps)]
@@ -165,13 +210,16 @@ class HiCacheController:
         if not self.host_mem_release_queue:
             return 0
         slots = torch.cat(self.host_mem_release_queue)
+        freed = int(self.mem_pool_host.free(slots))  # the queue empties once the free went through
         self.host_mem_release_queue = []
-        return int(self.mem_pool_host.free(slots))
+        return freed
 
     def prefetch_io(self, request_id: str, num_pages: int) -> int:
         """The worker of ``request_id``'s transfer fetches up to ``num_pages`` more pages; a
         terminated or finished transfer ends, queueing its unfilled host slots for release.
-        Returns the tokens fetched by this call."""
+        Returns the tokens fetched by this call (0: no transfer running for the request)."""
+        request_id = as_str("request_id", request_id)
+        num_pages = as_count("num_pages", num_pages)
         op = next((o for o in self.prefetch_buffer if o.request_id == request_id), None)
         if op is None or op.host_indices is None:
             return 0
@@ -195,12 +243,13 @@ class HiCacheController:
 
 
 def _merge(kind: str, ops: list[HiCacheAck]) -> HiCacheAck:
-    """One transfer covering ``ops`` in order (node ids concatenated)."""
+    """One transfer covering ``ops`` in order (node ids concatenated), issued."""
     if len(ops) == 1:
+        ops[0].issued = True
         return ops[0]
     return HiCacheAck(kind, [i for op in ops for i in op.node_ids],
                       torch.cat([op.host_indices for op in ops]),
-                      torch.cat([op.device_indices for op in ops]))  # fmt: skip
+                      torch.cat([op.device_indices for op in ops]), True)  # fmt: skip
 
 
 __all__ = ["HiCacheAck", "HiCacheController", "PrefetchOperation"]

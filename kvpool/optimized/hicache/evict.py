@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_count
 from kvpool.optimized.hicache.cache_controller import HiCacheController
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.optimized.hicache.unified_tier import UnifiedHostTier
@@ -101,8 +101,7 @@ class HostEviction:
         """Free device copies by policy until ``num_tokens`` tokens are freed; see the
         reference. Returns the device tokens freed."""
         tree = self.tree
-        if num_tokens < 0:
-            raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+        num_tokens = as_count("num_tokens", num_tokens)
         if tree.disable or num_tokens == 0:
             return 0
         tree._dirty.clear()  # the plain twin's heap queue is not used here
@@ -213,8 +212,7 @@ class HostEviction:
         """Free the host copies of unpinned host-only leaves by policy (unified write-back:
         host duplicates first); see the reference."""
         tree = self.tree
-        if num_tokens < 0:
-            raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+        num_tokens = as_count("num_tokens", num_tokens)
         evicted = 0
         if tree.unified and tree.write_policy == "write_back":
             evicted = self._reclaim_host_duplicates(num_tokens)
@@ -272,8 +270,10 @@ class HostEviction:
         return freed
 
     def evict_write_back_unified(self, num_tokens: int) -> int:
-        """Unified write-back eviction leaf by leaf; returns the device tokens freed."""
+        """Unified write-back eviction leaf by leaf; returns the device tokens freed.
+        InvalidArgumentError unless ``num_tokens`` is a count."""
         tree = self.tree
+        num_tokens = as_count("num_tokens", num_tokens)
         heap = self._make_heap(self._device_leaves())
         evicted = 0
         while evicted < num_tokens and heap:

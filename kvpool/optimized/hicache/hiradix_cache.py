@@ -18,15 +18,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from kvpool.constants import floor_align
-from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.errors import ConfigError, InvalidArgumentError, LockError
+from kvpool.host_checks import as_bool, as_count, as_int
 from kvpool.optimized.hicache.cache_controller import HiCacheController, PrefetchOperation
 from kvpool.optimized.hicache.evict import HostEviction
 from kvpool.optimized.hicache.prefetch import StoragePrefetch
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.optimized.hicache.unified_tier import UnifiedHostTier
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.radix.radix_cache import RadixCache
@@ -35,6 +38,14 @@ from kvpool.optimized.radix_key import ChildKey, MatchResult, RadixKey, TreeNode
 from kvpool.optimized.req import Req
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.reference.hicache.args import (
+    check_device_range,
+    check_device_slots,
+    check_instance,
+    check_lock_holder,
+    check_node,
+    check_span,
+)
 from kvpool.reference.hicache.hiradix_cache import WRITE_POLICIES
 from kvpool.reference.radix.radix_cache import hit_floor
 from kvpool.rules import Rules
@@ -88,6 +99,7 @@ class HiRadixCache(RadixCache):
         self.unified_tier = UnifiedHostTier(self)
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, disable,
                          eviction_policy, clock, rules=rules, options=options)  # fmt: skip
+        self.cache_controller.checked = self.options.checked  # the tree's mode, not the pool's
 
     def reset(self) -> None:
         """Forget the tree, every transfer and prefetch, and clear the host pool."""
@@ -120,6 +132,26 @@ class HiRadixCache(RadixCache):
     def total_size(self) -> int:
         """Device tokens in the tree (host-only nodes excluded)."""
         return sum(len(n) for n in self._device_nodes())
+
+    # ----------------------------------------------------------------- argument checks
+    def _tree_node(self, name: str, node: object) -> HiTreeNode:
+        """``node`` as a node of this tree (InvalidArgumentError otherwise)."""
+        check_node(name, node, self.root_node, HiTreeNode)
+        return as_hi(node)  # type: ignore[arg-type]
+
+    def _check_request(self, name: str, req: object, up_to: int | None = None) -> None:
+        """As the reference's: a request the release path may take and, given ``up_to``, a
+        token count between its ``cache_protected_len`` and its tokens (and the row's width)."""
+        check_lock_holder(name, req, self.root_node, HiTreeNode)
+        if up_to is not None:
+            width = int(getattr(self.req_to_token_pool, "max_context_len", up_to))
+            high = min(len(req.all_token_ids), width)  # type: ignore[attr-defined]
+            check_span("up_to", up_to, req.cache_protected_len, high)  # type: ignore[attr-defined]
+
+    def _check_row_read(self, row_read: object, need: int) -> None:
+        """A caller's read of a request's row: a 1-D integer index of at least ``need``."""
+        if row_read is not None and index_tensor("row_read", row_read, self.device).numel() < need:
+            raise InvalidArgumentError(f"row_read holds fewer than {need} slots")
 
     # ----------------------------------------------------------------- split / match / insert
     def _ck(self, node: TreeNode, key: RadixKey, pos: int) -> ChildKey:
@@ -178,6 +210,7 @@ class HiRadixCache(RadixCache):
 
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """Longest cached page-aligned prefix (device and host); see the reference."""
+        check_instance("key", key, RadixKey)
         aligned = floor_align(len(key), self.page_size)
         if self.disable or aligned == 0:
             return MatchResult(_EMPTY.to(self.device), self.root_node, self.root_node)
@@ -205,10 +238,30 @@ class HiRadixCache(RadixCache):
     ) -> int:
         """Insert ``key`` at ``value`` slots; returns the tokens already on device (unified
         rules: also the matched host-only ones, and the caller's duplicates past
-        ``prev_prefix_len`` are freed here; see the reference)."""
-        value = as_slots(key.array if value is None else value, self.device)
+        ``prev_prefix_len`` are freed here; see the reference). Checked first as the reference:
+        the slots' range and ownership in checked mode (a device read), or when given as host
+        values (a list)."""
+        check_instance("key", key, RadixKey)
+        priority = as_int("priority", priority)
+        chunked = as_bool("chunked", chunked)
+        if inserted_len is not None:
+            inserted_len = as_count("inserted_len", inserted_len)
+        prev_prefix_len = as_count("prev_prefix_len", prev_prefix_len)
+        explicit, raw = value is not None, value
+        value = (
+            index_tensor("value", value, self.device)
+            if value is not None
+            else as_slots(key.array, self.device)
+        )
         if value.shape[0] < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        if explicit and not self.disable:  # the token ids stand in for slots in tests only
+            head = value[: floor_align(len(key), self.page_size)]
+            alloc = self.token_to_kv_pool_allocator
+            if self.options.checked:  # a device read
+                check_device_slots("value", head.tolist(), alloc)
+            elif not isinstance(raw, torch.Tensor | np.ndarray):  # host values
+                check_device_range("value", head.tolist(), alloc)
         if self.disable:
             return 0
         aligned = floor_align(len(key), self.page_size)
@@ -260,10 +313,45 @@ class HiRadixCache(RadixCache):
 
     def checkpoint(self, req: Req, up_to: int, chunked: bool = False) -> torch.Tensor:
         """SGLang 0.5.23's ``checkpoint``; under the unified rules the inserts free the
-        duplicates themselves (see the reference)."""
+        duplicates themselves (see the reference). Checked first as the reference."""
+        up_to = as_count("up_to", up_to)
+        chunked = as_bool("chunked", chunked)
+        self._check_request("req", req, up_to)
         if self.unified:
             return self.unified_tier.checkpoint(req, up_to, chunked)
         return super().checkpoint(req, up_to, chunked)
+
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: torch.Tensor | None = None
+    ) -> None:
+        """The twin radix cache's, checked first as the reference."""
+        is_insert = as_bool("is_insert", is_insert)
+        self._check_request("req", req)
+        self._check_row_read(row_read, int(req.kv_committed_len))
+        super().cache_finished_req(req, is_insert, row_read)
+
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None
+    ) -> None:
+        """The twin radix cache's, checked first as the reference."""
+        chunked = as_bool("chunked", chunked)
+        self._check_request("req", req)
+        self._check_row_read(row_read, len(req.fill_ids))
+        super().cache_unfinished_req(req, chunked, row_read)
+
+    def inc_lock_ref(self, node: TreeNode | None) -> int:
+        """The twin radix cache's; a host-only node is refused as in the reference."""
+        if node is not None:
+            check_instance("node", node, HiTreeNode)
+            if as_hi(node).evicted:
+                raise LockError(f"node {node.node_id} is host-only: nothing on device to lock")
+        return super().inc_lock_ref(node)
+
+    def dec_lock_ref(self, node: TreeNode | None) -> int:
+        """The twin radix cache's; ``node`` must be a host-tier node (InvalidArgumentError)."""
+        if node is not None:
+            check_instance("node", node, HiTreeNode)
+        return super().dec_lock_ref(node)
 
     def _inc_hit_count(self, node: HiTreeNode, counts: bool) -> None:
         if self.write_policy == "write_back" or not counts:
@@ -277,7 +365,14 @@ class HiRadixCache(RadixCache):
 
     # ----------------------------------------------------------------- writes
     def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
-        """Write ``node``'s device slots to new host slots; see the reference."""
+        """Write ``node``'s device slots to new host slots; see the reference (checked first
+        alike: a node of this tree, not the root, on device, not backed up yet)."""
+        node = self._tree_node("node", node)
+        write_back = as_bool("write_back", write_back)
+        if node is self.root_node or node.evicted or node.backuped:
+            raise InvalidArgumentError(
+                f"node {node.node_id} is the root, host-only or backed up already"
+            )
         parent = as_hi(node.parent)
         if not write_back and parent is not self.root_node and not parent.backuped:
             return 0
@@ -309,15 +404,17 @@ class HiRadixCache(RadixCache):
         """Deliver the first ``num_acks`` write acknowledgements (all when None; unified rules:
         the queued writes are issued first)."""
         cc = self.cache_controller
-        if num_acks is not None and num_acks < 0:
-            raise InvalidArgumentError(f"num_acks must be >= 0, got {num_acks}")
+        if num_acks is not None:
+            num_acks = as_count("num_acks", num_acks)
+        write_back = as_bool("write_back", write_back)
         if self.unified:
             cc.start_writing()
         count = len(cc.ack_write_queue) if num_acks is None else num_acks
         done = 0
         while done < count and cc.ack_write_queue:
-            ack = cc.ack_write_queue.pop(0)
-            cc.complete(ack)
+            ack = cc.ack_write_queue[0]
+            cc.complete(ack)  # an acknowledgement is delivered from the head of its queue
+            cc.ack_write_queue.pop(0)
             for ack_id in ack.node_ids:
                 self._finish_write_through_ack(ack_id, release_lock=not write_back)
             done += 1
@@ -326,18 +423,20 @@ class HiRadixCache(RadixCache):
     def loading_check(self, num_acks: int | None = None) -> int:
         """Deliver the first ``num_acks`` load acknowledgements (all when None)."""
         cc = self.cache_controller
+        if num_acks is not None:
+            num_acks = as_count("num_acks", num_acks)
         count = len(cc.ack_load_queue) if num_acks is None else num_acks
-        if count < 0:
-            raise InvalidArgumentError(f"num_acks must be >= 0, got {count}")
         done = 0
         while done < count and cc.ack_load_queue:
-            ack = cc.ack_load_queue.pop(0)
-            cc.complete(ack)
+            ack = cc.ack_load_queue[0]
+            cc.complete(ack)  # an acknowledgement is delivered from the head of its queue
+            cc.ack_load_queue.pop(0)
             for ack_id in ack.node_ids:
-                node = self.ongoing_load_back.pop(ack_id)
+                node = self.ongoing_load_back[ack_id]
                 self.dec_lock_ref(node)
-                if self.unified:
+                if self.unified:  # it checks the load is still pending: drop the entry after
                     self.unified_tier.finish_load_back(node)
+                del self.ongoing_load_back[ack_id]
             done += 1
         return done
 
@@ -348,10 +447,13 @@ class HiRadixCache(RadixCache):
     # ----------------------------------------------------------------- load back
     def load_back(self, node: TreeNode, mem_quota: int | None = None) -> torch.Tensor | None:
         """Restore the host-only nodes from ``node`` up to the first device node; see the
-        reference."""
+        reference (checked first alike)."""
+        node = self._tree_node("node", node)
+        if mem_quota is not None:
+            mem_quota = as_count("mem_quota", mem_quota)
         if self.unified:
-            return self.unified_tier.load_back(as_hi(node), mem_quota)
-        node = last_hit_node = as_hi(node)
+            return self.unified_tier.load_back(node, mem_quota)
+        last_hit_node = node
         nodes_to_load: list[HiTreeNode] = []
         while node.evicted:
             assert node.host_value is not None, f"node {node.node_id} is evicted without backup"
@@ -393,8 +495,10 @@ class HiRadixCache(RadixCache):
     def init_load_back(
         self, node: TreeNode, mem_quota: int | None = None
     ) -> tuple[torch.Tensor, HiTreeNode]:
-        """Load back ``last_node`` if it is host-only; see the reference."""
-        last_node = as_hi(node)
+        """Load back ``last_node`` if it is host-only; see the reference (checked first alike)."""
+        last_node = self._tree_node("node", node)
+        if mem_quota is not None:
+            mem_quota = as_count("mem_quota", mem_quota)
         if last_node.evicted:
             loaded = self.load_back(last_node, mem_quota)
             if loaded is not None:

@@ -14,7 +14,15 @@ from typing import Protocol
 
 import torch
 
-from kvpool.errors import AlignmentError, ConfigError, DoubleFreeError, InvalidArgumentError
+from kvpool.errors import (
+    AlignmentError,
+    ConfigError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+)
+from kvpool.host_checks import as_count
+from kvpool.optimized.index_args import index_tensor
 from kvpool.protocols.hicache import TaggedKVPoolProtocol
 from kvpool.reference.hicache.memory_pool_host import (  # pure helpers, shared
     ITEMSIZE,
@@ -120,9 +128,8 @@ class HostKVCache:
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slots (a page multiple) from the front of the free list; None (nothing
-        changed) when fewer are available."""
-        if need_size < 0:
-            raise InvalidArgumentError(f"need_size must be >= 0, got {need_size}")
+        changed) when fewer are available. Checked as the reference."""
+        need_size = as_count("need_size", need_size)
         if need_size % self.page_size:
             raise AlignmentError(f"{need_size} is not a multiple of page size {self.page_size}")
         if need_size > self.available_size():
@@ -137,8 +144,9 @@ class HostKVCache:
     def free(self, indices: torch.Tensor | Sequence[int]) -> int:
         """Release held slots (one chunk, kept as given: the caller must not modify it, as in
         SGLang); DoubleFreeError (nothing changed) if one is free or listed twice;
-        InvalidArgumentError for a slot outside the pool."""
-        slots = torch.as_tensor(indices, dtype=torch.int64).reshape(-1).cpu()
+        InvalidArgumentError for a slot outside the pool or an argument that is not a 1-D
+        integer index (host memory: checked in both modes)."""
+        slots = index_tensor("indices", indices, "cpu")
         n = int(slots.numel())
         if n == 0:
             return 0
@@ -158,15 +166,49 @@ class HostKVCache:
         self.num_release_slots += n
         return n
 
+    def _copy_args(
+        self, device_pool: object, host_indices: object, device_indices: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy's checks, as the reference's: ``device_pool`` the pool this host pool backs,
+        host slots inside the pool and held (host memory: both modes), device slots rows of
+        that pool (a device read: checked mode, or host values), slot for slot."""
+        if device_pool is not self.device_pool:
+            raise InvalidArgumentError(
+                f"device_pool must be the pool this host pool backs, got {device_pool!r}"
+            )
+        host = index_tensor("host_indices", host_indices, "cpu")
+        dev_device = getattr(self.device_pool, "device", "cpu")
+        device = index_tensor("device_indices", device_indices, dev_device)
+        if host.numel() != device.numel():
+            raise InvalidArgumentError(
+                f"{host.numel()} host_indices for {device.numel()} device_indices"
+            )
+        listed = host.tolist()
+        bad = [h for h in listed if not 0 <= h < self.size]
+        if bad:
+            raise IndexOutOfRangeError(f"host_indices {bad} outside 0..{self.size - 1}")
+        free = [h for h in listed if not bool(self.slot_used[h])]
+        if free:
+            raise DoubleFreeError("host_indices: host slots not held (no copy to move)", free)
+        checked = bool(getattr(self.device_pool, "checked", True))
+        if checked or not isinstance(device_indices, torch.Tensor):
+            rows = self.device_pool.num_rows
+            out = [d for d in device.tolist() if not 0 <= d < rows]
+            if out:
+                raise IndexOutOfRangeError(f"device_indices {out} outside 0..{rows - 1}")
+        return host, device
+
     def backup_from_device_all_layer(
         self,
         device_pool: TaggedKVPoolProtocol[torch.Tensor],
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
     ) -> None:
-        """Copy the device slots' content (their tags) into the host slots, all layers."""
-        tags = torch.as_tensor(device_pool.read_tags(device_indices), dtype=torch.int64)
-        self.tags[torch.as_tensor(host_indices, dtype=torch.int64).cpu()] = tags
+        """Copy the device slots' content (their tags) into the host slots, all layers
+        (checked first: :meth:`_copy_args`)."""
+        host, device = self._copy_args(device_pool, host_indices, device_indices)
+        tags = torch.as_tensor(device_pool.read_tags(device), dtype=torch.int64)
+        self.tags[host] = tags
 
     def load_to_device_all_layer(
         self,
@@ -174,9 +216,10 @@ class HostKVCache:
         host_indices: torch.Tensor,
         device_indices: torch.Tensor,
     ) -> None:
-        """Copy the host slots' content (their tags) into the device slots, all layers."""
-        hosts = torch.as_tensor(host_indices, dtype=torch.int64).cpu()
-        device_pool.write_tags(device_indices, self.tags[hosts])
+        """Copy the host slots' content (their tags) into the device slots, all layers
+        (checked first: :meth:`_copy_args`)."""
+        host, device = self._copy_args(device_pool, host_indices, device_indices)
+        device_pool.write_tags(device, self.tags[host])
 
     def snapshot(self) -> HostPoolSnapshot:
         """Plain snapshot: free list, released chunks (flattened, in order) and tags."""

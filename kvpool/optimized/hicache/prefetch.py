@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_count, as_str, token_list
 from kvpool.optimized.hicache.cache_controller import HiCacheController, PrefetchOperation
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.radix_key import RadixKey, TreeNode
 from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.reference.hicache.args import check_node
 from kvpool.snapshot import PrefetchSnapshot
 from kvpool.tags import kv_tags
 
@@ -32,6 +36,12 @@ class PrefetchTree(Protocol):
 
     @property
     def enable_storage(self) -> bool: ...
+
+    @property
+    def root_node(self) -> HiTreeNode: ...
+
+    @property
+    def unified(self) -> bool: ...
 
     @property
     def cache_controller(self) -> HiCacheController: ...
@@ -63,9 +73,18 @@ class StoragePrefetch:
         """Start a prefetch of ``new_input_tokens`` (page-aligned) below ``last_host_node``;
         returns whether it started."""
         tree = self.tree
+        req_id = as_str("req_id", req_id)
         if req_id in self.ongoing_prefetch:
             raise InvalidArgumentError(f"request {req_id!r} already prefetches")
-        tokens = [int(t) for t in new_input_tokens]
+        check_node("last_host_node", last_host_node, tree.root_node, HiTreeNode)
+        if not tree.unified and not as_hi(last_host_node).backuped:
+            raise InvalidArgumentError(
+                f"last_host_node {last_host_node.node_id} has no host copy to extend"
+            )
+        raw: object = new_input_tokens
+        if isinstance(raw, torch.Tensor | np.ndarray):  # a 1-D integer index, read on host
+            raw = index_tensor("new_input_tokens", raw, "cpu").tolist()
+        tokens = token_list("new_input_tokens", raw)  # type: ignore[arg-type]
         tokens = tokens[: floor_align(len(tokens), tree.page_size)]
         if not tree.enable_storage or not tokens or len(tokens) < tree.prefetch_threshold:
             return False
@@ -88,8 +107,11 @@ class StoragePrefetch:
             info[0].release_host()
 
     def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
-        """Storage holds the first ``hit_tokens`` tokens: reserve host slots or revoke."""
+        """Storage holds the first ``hit_tokens`` tokens: reserve host slots or revoke
+        (checked first as the reference)."""
         tree = self.tree
+        req_id = as_str("req_id", req_id)
+        hit_tokens = as_count("hit_tokens", hit_tokens)
         info = self.ongoing_prefetch.get(req_id)
         if info is None or info[2].host_indices is not None:
             return False
@@ -119,6 +141,7 @@ class StoragePrefetch:
     def check_prefetch_progress(self, req_id: str) -> bool:
         """End ``req_id``'s prefetch now (best effort); see the reference."""
         tree = self.tree
+        req_id = as_str("req_id", req_id)
         info = self.ongoing_prefetch.get(req_id)
         if info is None:
             return True
@@ -137,6 +160,7 @@ class StoragePrefetch:
 
     def release_aborted_request(self, rid: str) -> None:
         """An aborted request's prefetch: stop it, queue its fetched host slots for release."""
+        rid = as_str("rid", rid)
         cc = self.tree.cache_controller
         info = self.ongoing_prefetch.get(rid)
         if info is None:
@@ -152,9 +176,8 @@ class StoragePrefetch:
         cc.append_host_mem_release(op.host_indices[:completed])
 
     def prefetch_io(self, req_id: str, num_pages: int) -> int:
-        """The worker of ``req_id``'s transfer runs ``num_pages`` more pages."""
-        if num_pages < 0:
-            raise InvalidArgumentError(f"num_pages must be >= 0, got {num_pages}")
+        """The worker of ``req_id``'s transfer runs ``num_pages`` more pages (the controller
+        checks the arguments)."""
         return int(self.tree.cache_controller.prefetch_io(req_id, num_pages))
 
     def drain_storage_control_queues(self) -> int:

@@ -14,12 +14,15 @@ from typing import Protocol
 import torch
 
 from kvpool.constants import floor_align
+from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_bool, as_count
 from kvpool.optimized.hicache.cache_controller import HiCacheController
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode, req_key
 from kvpool.optimized.req import Req
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.reference.hicache.args import check_lock_holder, check_node, check_span
 from kvpool.rules import Rules
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -81,6 +84,8 @@ class UnifiedTree(Protocol):
 
     def evict_host(self, num_tokens: int) -> int: ...
 
+    def _tree_node(self, name: str, node: object) -> HiTreeNode: ...
+
 
 class UnifiedHostTier:
     """The unified host tier of one twin ``HiRadixCache`` (see the reference)."""
@@ -96,7 +101,9 @@ class UnifiedHostTier:
 
     # ----------------------------------------------------------------- duplicates
     def track_duplicate(self, node: HiTreeNode) -> None:
-        """Register ``node`` if it is a settled duplicate, else drop it (see the reference)."""
+        """Register ``node`` if it is a settled duplicate, else drop it (see the reference;
+        checked alike)."""
+        check_node("node", node, self.tree.root_node, HiTreeNode)
         settled = (
             node is not self.tree.root_node
             and not node.evicted
@@ -127,8 +134,14 @@ class UnifiedHostTier:
 
     def backup_chain(self, node: HiTreeNode, write_back: bool = False) -> int:
         """Back up ``node`` (write-through: after its unbacked ancestors, top-down) with queued
-        copies; see the reference."""
+        copies; see the reference (checked first alike)."""
         tree = self.tree
+        node = tree._tree_node("node", node)
+        write_back = as_bool("write_back", write_back)
+        if node is tree.root_node or node.evicted or node.host_value is not None:
+            raise InvalidArgumentError(
+                f"node {node.node_id} is the root, host-only or backed up already"
+            )
         chain = [node]
         if not write_back:
             up = as_hi(node.parent)
@@ -158,6 +171,11 @@ class UnifiedHostTier:
         none), then the match, the row rewrite and the lock move. Returns ``row[:up_to]`` as
         it is afterwards (int64)."""
         tree = self.tree
+        up_to = as_count("up_to", up_to)
+        chunked = as_bool("chunked", chunked)
+        check_lock_holder("req", req, tree.root_node, HiTreeNode)
+        width = int(getattr(tree.req_to_token_pool, "max_context_len", up_to))
+        check_span("up_to", up_to, req.cache_protected_len, min(len(req.all_token_ids), width))
         assert req.req_pool_idx is not None
         row = req.req_pool_idx
         kv = tree._read_row(row, up_to)
@@ -188,8 +206,11 @@ class UnifiedHostTier:
     # ----------------------------------------------------------------- load back
     def load_back(self, last_hit_node: HiTreeNode, mem_quota: int | None) -> torch.Tensor | None:
         """Restore the host-only nodes from ``last_hit_node`` up to the first device node; see
-        the reference."""
+        the reference (checked first alike)."""
         tree = self.tree
+        last_hit_node = tree._tree_node("last_hit_node", last_hit_node)
+        if mem_quota is not None:
+            mem_quota = as_count("mem_quota", mem_quota)
         nodes_to_load: list[HiTreeNode] = []
         node = last_hit_node
         while node.evicted:
@@ -236,7 +257,10 @@ class UnifiedHostTier:
 
     def finish_load_back(self, anchor: HiTreeNode) -> None:
         """A load's acknowledgement: unpin, clear the marks, register duplicates (see the
-        reference)."""
+        reference; checked first alike)."""
+        anchor = self.tree._tree_node("anchor", anchor)
+        if self.tree.ongoing_load_back.get(anchor.node_id) is not anchor:
+            raise InvalidArgumentError(f"anchor {anchor.node_id} has no load in flight")
         for n in self.load_host_pins.pop(anchor.node_id, []):
             n.release_host()
         write_back = self.tree.write_policy == "write_back"
@@ -252,7 +276,13 @@ class UnifiedHostTier:
 
     def split(self, low: HiTreeNode, upper: HiTreeNode) -> None:
         """A split's upper half: creation time, load mark, load host locks, registry (see the
-        reference)."""
+        reference; checked first alike)."""
+        low = self.tree._tree_node("low", low)
+        upper = self.tree._tree_node("upper", upper)
+        if low.parent is not upper or upper is self.tree.root_node:
+            raise InvalidArgumentError(
+                f"upper {upper.node_id} is not the upper half of {low.node_id}"
+            )
         upper.creation_time = low.creation_time
         upper.load_back_pending_id = low.load_back_pending_id
         for pins in self.load_host_pins.values():

@@ -11,20 +11,24 @@ from __future__ import annotations
 import torch
 
 from kvpool.errors import InvalidArgumentError
-from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike, data_tensor
 from kvpool.optimized.kv.quant import as_float32, check_finite, fp4_dequantize, fp4_quantize
 from kvpool.optimized.kv.tag_codec import fp4_read_tags, fp4_tag_rows
 from kvpool.optimized.options import TwinOptions
 from kvpool.reference.kv.fp4 import FP4_V_HEAD_DIM_ERROR, check_fp4_width
+from kvpool.reference.kv.kv_cache import as_scale
 from kvpool.reference.kv.quant import FP4_BLOCK
 
 
 def quantizable(
     device: torch.device, what: str, data: TensorLike, shape: tuple[int, ...], scale: float | None
 ) -> torch.Tensor:
-    """``data / scale`` as a new, finite float32 tensor of ``shape`` (InvalidArgumentError
-    otherwise); the caller's tensor is never touched."""
-    x = torch.as_tensor(data, device=device)
+    """``data / scale`` as a new, finite float32 tensor of ``shape``: InvalidArgumentError
+    unless ``data`` is real numbers (:func:`~kvpool.optimized.kv.kv_cache.data_tensor`) of
+    ``shape`` whose scaled values are finite (one host read, both modes: the formats have no
+    code for NaN or infinity). ``scale`` is checked by the caller; the caller's tensor is never
+    touched."""
+    x = data_tensor(what, data, device)
     if tuple(x.shape) != shape:
         raise InvalidArgumentError(f"{what} must have shape {list(shape)}, got {list(x.shape)}")
     x = as_float32(x, scale)
@@ -71,19 +75,24 @@ class MHATokenToKVPoolFP4(KVCache):
     def set_kv_buffer(
         self,
         layer_id: int,
-        loc: TensorLike,
+        loc: IndexLike,
         cache_k: TensorLike,
         cache_v: TensorLike,
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
         """Quantise ``cache_k / k_scale``, ``cache_v / v_scale`` ``(n, head_num, head_dim)`` and
-        store bytes and scales at ``loc``. All checks before any write."""
+        store bytes and scales at ``loc``. All checks (layer, slots, scales, data) before any
+        write."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
         shape = (slots.numel(), self.head_num, self.head_dim)
-        k = quantizable(self.device, "cache_k", cache_k, shape, k_scale)
-        v = quantizable(self.device, "cache_v", cache_v, shape, v_scale)
+        ks, vs = as_scale("k_scale", k_scale), as_scale("v_scale", v_scale)
+        k = quantizable(self.device, "cache_k", cache_k, shape, ks)
+        v = quantizable(self.device, "cache_v", cache_v, shape, vs)
+        self._store(local, slots, k, v)
+
+    def _store(self, local: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         k_packed, k_sf = fp4_quantize(k)
         v_packed, v_sf = fp4_quantize(v)
         self.k_buffer[local][slots] = k_packed
@@ -113,19 +122,21 @@ class MHATokenToKVPoolFP4(KVCache):
         return (self.k_buffer[local], self.v_buffer[local],
                 self.k_scale_buffer[local], self.v_scale_buffer[local])  # fmt: skip
 
-    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+    def move_kv_cache(self, tgt_loc: IndexLike, src_loc: IndexLike) -> None:
         """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
         buffers = (*self.k_buffer, *self.v_buffer, *self.k_scale_buffer, *self.v_scale_buffer)
         self._move(buffers, tgt_loc, src_loc)
 
-    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
-        """Store each tag in FP4 form (kv_tag_codec) in K and V of every held layer."""
-        values = [int(t) for t in torch.as_tensor(tags).reshape(-1).tolist()]
+    def write_tags(self, loc: IndexLike, tags: IndexLike) -> None:
+        """Store each tag (``[0, TAG_LIMIT)``) in FP4 form (kv_tag_codec) in K and V of every
+        held layer; slots and tags checked first."""
+        slots = self._slots(loc)
+        values = [int(t) for t in self._tags(tags, slots.numel()).tolist()]
         rows = fp4_tag_rows(values, self.head_num, self.head_dim, self.device)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, rows, rows)
+        for local in range(self.layer_num):
+            self._store(local, slots, rows, rows)
 
-    def read_tags(self, loc: TensorLike) -> list[int]:
+    def read_tags(self, loc: IndexLike) -> list[int]:
         """The tag each slot stores (K of the first held layer; 0 if none)."""
         slots = self._slots(loc)
         flat = fp4_dequantize(self.k_buffer[0][slots], self.k_scale_buffer[0][slots])

@@ -15,20 +15,29 @@ widths, a move's slots: once each, here) as :mod:`kvpool.reference.kv.kv_cache`.
   ``uint8`` (indexed writes do not support fp8) and viewed back on every read and write; values
   are really quantised, so fp8 (and float16 / bfloat16) buffers cannot hold KV tags exactly. Tags
   (< 2**24) are exact in float32 and float64 buffers: the lifecycle uses float32.
-- Slot-range checks need a device-to-host read, so they run in checked mode only; layer ids and
-  shapes (host metadata) are always checked.
+- The argument checks are the reference's, same errors. Those that read slot or tag values
+  (ranges, a move's repeated target) run on host values (a list, an array) in both modes, and
+  on a tensor in checked mode only: reading a tensor is a device-to-host sync on a GPU, and the
+  unchecked twin makes none on any device (tests/optimized/test_sync_free_manager.py counts a
+  CPU tensor's reads as the syncs they would be). Unchecked, a bad slot inside a tensor is the
+  caller's to avoid (README, "Checked mode"). Layer ids, scales, shapes and dtypes (host
+  metadata) are always checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
+import numpy as np
 import torch
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
+from kvpool.host_checks import as_int, int_list
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.protocols.kv import LayerTransferCounter
+from kvpool.reference.kv.kv_cache import TAG_LIMIT, tag_list
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -43,7 +52,28 @@ _DTYPE_NAMES: dict[str, torch.dtype] = {
 FP8_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 TensorLike = torch.Tensor | Sequence[object]
-"""Slots, tags or K/V data given by a caller: a tensor, or (nested) sequences of numbers."""
+"""K/V data given by a caller: a tensor, or nested sequences of numbers."""
+IndexLike = torch.Tensor | Sequence[object]
+"""Slots or tags given by a caller: a 1-D integer tensor or array, or a sequence of ints
+(typed loosely: every call checks it at run time and refuses anything else)."""
+
+
+def data_tensor(what: str, data: object, device: torch.device) -> torch.Tensor:
+    """K/V data as a tensor on ``device`` (the caller's own when it already is one; never
+    written): InvalidArgumentError unless a real-valued tensor or array, or nested sequences
+    of numbers (a bool, complex, string or ``None`` is not KV). Metadata only: both modes."""
+    if not isinstance(data, torch.Tensor):
+        if isinstance(data, str | bytes) or not isinstance(data, Collection):
+            raise InvalidArgumentError(f"{what} must be a tensor or nested numbers, got {data!r}")
+        try:
+            data = torch.as_tensor(data, device=device)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            # torch's own refusal of a ragged list, a string or None inside, a huge int
+            raise InvalidArgumentError(f"{what} must hold numbers: {exc}") from None
+    x = data.to(device)
+    if not (x.is_floating_point() or is_integer_dtype(x.dtype)) or x.dtype == torch.bool:
+        raise InvalidArgumentError(f"{what} must hold real numbers, got dtype {x.dtype}")
+    return x
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -91,11 +121,19 @@ class KVCache:
         return self.size + self.page_size
 
     def register_layer_transfer_counter(self, counter: LayerTransferCounter) -> None:
-        """Reads of a layer will first call ``counter.wait_until(layer_id - start_layer)``."""
+        """Reads of a layer will first call ``counter.wait_until(layer_id - start_layer)``.
+        InvalidArgumentError (nothing registered) unless ``counter`` has a callable
+        ``wait_until``."""
+        if not callable(getattr(counter, "wait_until", None)):
+            raise InvalidArgumentError(
+                f"counter must have a callable wait_until (a LayerDoneCounter), got {counter!r}"
+            )
         self.layer_transfer_counter = counter
 
     def _layer(self, layer_id: int) -> int:
-        """Local index of global ``layer_id``; IndexOutOfRangeError outside the held range."""
+        """Local index of global ``layer_id``; InvalidArgumentError unless it is an integer (not
+        a bool), IndexOutOfRangeError outside the held range (host values: both modes)."""
+        layer_id = as_int("layer_id", layer_id)
         if not self.start_layer <= layer_id <= self.end_layer:
             raise IndexOutOfRangeError(
                 f"layer {layer_id} outside {self.start_layer}..{self.end_layer}"
@@ -108,30 +146,62 @@ class KVCache:
             self.layer_transfer_counter.wait_until(local)  # SGLang passes the local index
         return local
 
-    def _slots(self, loc: TensorLike) -> torch.Tensor:
-        """``loc`` as a 1-D int64 tensor on the device (range-checked in checked mode)."""
-        slots = torch.as_tensor(loc, device=self.device).reshape(-1)
-        if slots.numel() and not is_integer_dtype(slots.dtype):  # metadata: both modes
-            raise InvalidArgumentError(f"slots must be integers, got dtype {slots.dtype}")
-        slots = slots.to(torch.int64)
-        if self.checked and slots.numel():
-            bad = (slots < 0) | (slots >= self.num_rows)
+    def _slots(self, loc: IndexLike, name: str = "loc") -> torch.Tensor:
+        """``loc`` as a 1-D int64 tensor on the device: InvalidArgumentError unless a 1-D
+        integer index (:func:`~kvpool.optimized.index_args.index_tensor`; both modes);
+        IndexOutOfRangeError for a slot outside ``0..num_rows - 1``, checked for host values
+        (a list, an array) in both modes and for a tensor in checked mode only (a device
+        read)."""
+        if isinstance(loc, torch.Tensor):
+            slots = index_tensor(name, loc, self.device)
+            on_host = loc.device.type == "cpu"
+            values = (loc if on_host else slots) if self._reads(loc) and slots.numel() else None
+        elif isinstance(loc, np.ndarray):
+            slots = index_tensor(name, loc, self.device)
+            values = torch.from_numpy(loc.astype(np.int64)) if loc.size else None
+        else:
+            host = int_list(name, loc)
+            slots = torch.tensor(host, dtype=torch.int64, device=self.device)
+            values = (slots if slots.device.type == "cpu" else slots.cpu()) if host else None
+        if values is not None:
+            bad = (values < 0) | (values >= self.num_rows)
             if bool(bad.any()):
                 raise IndexOutOfRangeError(
-                    f"slots {slots[bad].tolist()} outside 0..{self.num_rows - 1}"
+                    f"{name}: slots {values[bad].tolist()} outside 0..{self.num_rows - 1}"
                 )
         return slots
+
+    def _reads(self, value: object) -> bool:
+        """Whether a check of ``value``'s contents runs: always for host values (a list, an
+        array), in checked mode only for a tensor (reading it is a device sync on a GPU)."""
+        return self.checked or not isinstance(value, torch.Tensor)
+
+    def _tags(self, tags: IndexLike, n: int) -> torch.Tensor:
+        """``tags`` as ``n`` int64 values on the device: InvalidArgumentError for a non-integer
+        index argument, another count (metadata: both modes), or a value outside
+        ``[0, TAG_LIMIT)`` (host values: both modes; a tensor's: checked mode)."""
+        if not isinstance(tags, torch.Tensor | np.ndarray):
+            return torch.tensor(tag_list(tags, n), dtype=torch.int64, device=self.device)
+        values = index_tensor("tags", tags, self.device)
+        if values.numel() != n:  # metadata: one tag per slot, never broadcast
+            raise InvalidArgumentError(f"{values.numel()} tags for {n} slots")
+        if self._reads(tags) and n:
+            bad = (values < 0) | (values >= TAG_LIMIT)
+            if bool(bad.any()):
+                raise InvalidArgumentError(f"tags {values[bad].tolist()} outside [0, {TAG_LIMIT})")
+        return values
 
     def _stored(
         self, what: str, data: TensorLike, shape: tuple[int, ...], scale: float | None
     ) -> torch.Tensor:
         """``data / scale`` as a NEW tensor in the storage dtype (the caller's is never touched);
-        InvalidArgumentError unless ``data`` has ``shape``."""
-        x = torch.as_tensor(data, device=self.device)
+        InvalidArgumentError unless ``data`` is real numbers (:func:`data_tensor`) of ``shape``.
+        ``scale``: checked by the caller (:func:`~kvpool.reference.kv.kv_cache.as_scale`)."""
+        x = data_tensor(what, data, self.device)
         if tuple(x.shape) != shape:
             raise InvalidArgumentError(f"{what} must have shape {list(shape)}, got {list(x.shape)}")
         if scale is not None:
-            x = x / float(scale)  # a new tensor: division is never done in place
+            x = x / scale  # a new tensor: division is never done in place
         x = x.to(self.dtype)
         return x.view(self.store_dtype) if self.store_dtype != self.dtype else x
 
@@ -143,17 +213,22 @@ class KVCache:
         return torch.zeros((self.num_rows, heads, dim), dtype=self.store_dtype, device=self.device)
 
     def _move_pairs(
-        self, tgt_loc: TensorLike, src_loc: TensorLike
+        self, tgt_loc: IndexLike, src_loc: IndexLike
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The checked slots of a move (:meth:`_slots`) and as many targets as sources, else
-        InvalidArgumentError."""
-        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
+        """The checked slots of a move (:meth:`_slots`), as many targets as sources (both
+        modes) and no target twice outside the reserved page (host values: both modes; a
+        tensor's: checked mode), else InvalidArgumentError."""
+        tgt, src = self._slots(tgt_loc, "tgt_loc"), self._slots(src_loc, "src_loc")
         if tgt.numel() != src.numel():
             raise InvalidArgumentError(f"{tgt.numel()} targets for {src.numel()} sources")
+        if self._reads(tgt_loc) and tgt.numel() > 1:
+            real = tgt[tgt >= self.page_size]
+            if torch.unique(real).numel() != real.numel():
+                raise InvalidArgumentError(f"tgt_loc names a slot twice: {tgt.tolist()}")
         return tgt, src
 
     def _move(
-        self, buffers: Sequence[torch.Tensor], tgt_loc: TensorLike, src_loc: TensorLike
+        self, buffers: Sequence[torch.Tensor], tgt_loc: IndexLike, src_loc: IndexLike
     ) -> None:
         tgt, src = self._move_pairs(tgt_loc, src_loc)
         for buf in buffers:
@@ -186,21 +261,18 @@ class KVCache:
         self.kv_dim = kv_lora_rank + qk_rope_head_dim
 
     @staticmethod
-    def _tag_rows(
-        tags: TensorLike, n: int, heads: int, dim: int, device: torch.device
-    ) -> torch.Tensor:
-        values = torch.as_tensor(tags, dtype=torch.float64, device=device).reshape(-1, 1)
-        if values.shape[0] != n:  # metadata: one tag per slot, never broadcast
-            raise InvalidArgumentError(f"{values.shape[0]} tags for {n} slots")
-        rows = torch.zeros((n, heads, dim), dtype=torch.float64, device=device)
-        rows[:, :, 0] = values
+    def _tag_rows(values: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+        """Checked tags (:meth:`_tags`) as float64 ``(n, heads, dim)`` rows: the tag in
+        channel 0 of every head, other channels 0."""
+        rows = torch.zeros((values.numel(), heads, dim), dtype=torch.float64, device=values.device)
+        rows[:, :, 0] = values.reshape(-1, 1).to(torch.float64)
         return rows
 
     # --------------------------------------------------------- the buffer interface
     def set_kv_buffer(
         self,
         layer_id: int,
-        loc: TensorLike,
+        loc: IndexLike,
         cache_k: TensorLike,
         cache_v: TensorLike,
         k_scale: float | None = None,
@@ -221,21 +293,28 @@ class KVCache:
         """``(K, V)`` of global layer ``layer_id`` (subclasses)."""
         raise NotImplementedError
 
-    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+    def move_kv_cache(self, tgt_loc: IndexLike, src_loc: IndexLike) -> None:
         """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (subclasses)."""
         raise NotImplementedError
 
-    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
+    def write_tags(self, loc: IndexLike, tags: IndexLike) -> None:
         """Store ``tags[i]`` at slot ``loc[i]`` on every layer (subclasses)."""
         raise NotImplementedError
 
-    def read_tags(self, loc: TensorLike) -> list[int]:
+    def read_tags(self, loc: IndexLike) -> list[int]:
         """Tag at each slot: layer ``start_layer``, head 0, channel 0 of K (subclasses)."""
         raise NotImplementedError
 
-    def _read_tags(self, buf: torch.Tensor, loc: TensorLike) -> list[int]:
+    def _read_tags(self, buf: torch.Tensor, loc: IndexLike) -> list[int]:
         values = self._view(buf)[self._slots(loc), 0, 0]
         return [int(v) for v in values.to(torch.float64).tolist()]
 
 
-__all__ = ["FP8_DTYPES", "KVCache", "TensorLike", "resolve_dtype"]
+__all__ = [
+    "FP8_DTYPES",
+    "IndexLike",
+    "KVCache",
+    "TensorLike",
+    "data_tensor",
+    "resolve_dtype",
+]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, LayerNotLoadedError, LockError
+from kvpool.host_checks import as_int
 
 
 class LayerLoadingEvent:
@@ -24,9 +25,12 @@ class LayerLoadingEvent:
         self.done = [False] * num_layers
         self.started = False
 
-    def _check(self, layer_index: int) -> None:
-        if not 0 <= layer_index < self._num_layers:
-            raise IndexOutOfRangeError(f"layer {layer_index} outside 0..{self._num_layers - 1}")
+    def _check(self, layer_index: object, name: str = "layer_index") -> int:
+        """``layer_index`` as a local layer (the reference's checks and errors)."""
+        index = as_int(name, layer_index)
+        if not 0 <= index < self._num_layers:
+            raise IndexOutOfRangeError(f"{name} {index} outside 0..{self._num_layers - 1}")
+        return index
 
     def start(self) -> None:
         """A new load begins on this event: no layer is done."""
@@ -36,26 +40,24 @@ class LayerLoadingEvent:
 
     def complete(self, layer_index: int) -> None:
         """Layer ``layer_index`` has finished loading; wakes its waiters."""
-        self._check(layer_index)
+        index = self._check(layer_index)
         with self._cond:
-            self.done[layer_index] = True
+            self.done[index] = True
             self._cond.notify_all()
 
     def is_complete(self, layer_index: int) -> bool:
         """Whether layer ``layer_index`` has finished loading."""
-        self._check(layer_index)
+        index = self._check(layer_index)
         with self._cond:
-            return self.done[layer_index]
+            return self.done[index]
 
     def wait(self, layer_index: int) -> None:
         """Block until layer ``layer_index`` has loaded (LayerNotLoadedError after the
         timeout)."""
-        self._check(layer_index)
+        index = self._check(layer_index)
         with self._cond:
-            if not self._cond.wait_for(lambda: self.done[layer_index], self._timeout):
-                raise LayerNotLoadedError(
-                    f"layer {layer_index} still loading after {self._timeout} s"
-                )
+            if not self._cond.wait_for(lambda: self.done[index], self._timeout):
+                raise LayerNotLoadedError(f"layer {index} still loading after {self._timeout} s")
 
     @property
     def finished(self) -> bool:
@@ -87,16 +89,21 @@ class LayerDoneCounter:
         return nxt
 
     def set_consumer(self, index: int) -> None:
-        """Reads wait for the load on event ``index``."""
-        if not 0 <= index < self.num_counters:
-            raise IndexOutOfRangeError(f"event {index} outside 0..{self.num_counters - 1}")
-        self.consumer_index = index
+        """Reads wait for the load on event ``index`` (the reference's checks and errors)."""
+        event = as_int("index", index)
+        if not 0 <= event < self.num_counters:
+            raise IndexOutOfRangeError(f"event {event} outside 0..{self.num_counters - 1}")
+        self.consumer_index = event
 
     def wait_until(self, threshold: int) -> None:
-        """Return at once without a consumer; else block until layer ``threshold`` loaded."""
+        """Return at once without a consumer; else block until layer ``threshold`` loaded.
+        ``threshold`` is checked first, consumer or not (the reference's checks and errors)."""
+        layer = as_int("threshold", threshold)
+        if not 0 <= layer < self.num_layers:
+            raise IndexOutOfRangeError(f"threshold {layer} outside 0..{self.num_layers - 1}")
         if self.consumer_index < 0:
             return
-        self.events[self.consumer_index].wait(threshold)
+        self.events[self.consumer_index].wait(layer)
 
     def reset(self) -> None:
         """Forget the producer and consumer."""

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
 from kvpool.optimized.options import TwinOptions
+from kvpool.reference.kv.kv_cache import as_scale
 
 
 class MHATokenToKVPool(KVCache):
@@ -39,20 +40,24 @@ class MHATokenToKVPool(KVCache):
     def set_kv_buffer(
         self,
         layer_id: int,
-        loc: TensorLike,
+        loc: IndexLike,
         cache_k: TensorLike,
         cache_v: TensorLike,
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
         """Store ``cache_k / k_scale`` ``(n, head_num, head_dim)`` and ``cache_v / v_scale``
-        ``(n, head_num, v_head_dim)`` at slots ``loc`` of ``layer_id``. Validated before any
-        write; the inputs are never mutated."""
+        ``(n, head_num, v_head_dim)`` at slots ``loc`` of ``layer_id``. Validated (layer, slots,
+        data, scales finite and > 0 or None) before any write; the inputs are never mutated."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
         n = slots.numel()
-        k = self._stored("cache_k", cache_k, (n, self.head_num, self.head_dim), k_scale)
-        v = self._stored("cache_v", cache_v, (n, self.head_num, self.v_head_dim), v_scale)
+        ks, vs = as_scale("k_scale", k_scale), as_scale("v_scale", v_scale)
+        k = self._stored("cache_k", cache_k, (n, self.head_num, self.head_dim), ks)
+        v = self._stored("cache_v", cache_v, (n, self.head_num, self.v_head_dim), vs)
+        self._write(local, slots, k, v)
+
+    def _write(self, local: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k_buffer[local][slots] = k
         self.v_buffer[local][slots] = v
 
@@ -66,20 +71,23 @@ class MHATokenToKVPool(KVCache):
         local = self._wait(layer_id)
         return self._view(self.k_buffer[local]), self._view(self.v_buffer[local])
 
-    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+    def move_kv_cache(self, tgt_loc: IndexLike, src_loc: IndexLike) -> None:
         """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (sources read before any write)."""
         self._move((*self.k_buffer, *self.v_buffer), tgt_loc, src_loc)
 
-    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
-        """Store ``tags[i]`` at slot ``loc[i]`` on every layer (channel 0 of every head of K and
-        V; other channels 0)."""
-        n = self._slots(loc).numel()
-        k = self._tag_rows(tags, n, self.head_num, self.head_dim, self.device)
-        v = self._tag_rows(tags, n, self.head_num, self.v_head_dim, self.device)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, k, v)
+    def write_tags(self, loc: IndexLike, tags: IndexLike) -> None:
+        """Store ``tags[i]`` (``[0, TAG_LIMIT)``) at slot ``loc[i]`` on every layer (channel 0
+        of every head of K and V; other channels 0); slots and tags checked first."""
+        slots = self._slots(loc)
+        values = self._tags(tags, slots.numel())
+        k = self._tag_rows(values, self.head_num, self.head_dim).to(self.dtype)
+        v = self._tag_rows(values, self.head_num, self.v_head_dim).to(self.dtype)
+        if self.store_dtype != self.dtype:
+            k, v = k.view(self.store_dtype), v.view(self.store_dtype)
+        for local in range(self.layer_num):
+            self._write(local, slots, k, v)
 
-    def read_tags(self, loc: TensorLike) -> list[int]:
+    def read_tags(self, loc: IndexLike) -> list[int]:
         """Tag at each slot: layer ``start_layer``, head 0, channel 0 of K (0 if never written)."""
         return self._read_tags(self.k_buffer[0], loc)
 

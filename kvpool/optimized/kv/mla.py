@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
 from kvpool.optimized.options import TwinOptions
+from kvpool.reference.kv.kv_cache import as_scale
 
 
 class MLATokenToKVPool(KVCache):
@@ -36,17 +37,20 @@ class MLATokenToKVPool(KVCache):
     def set_kv_buffer(
         self,
         layer_id: int,
-        loc: TensorLike,
+        loc: IndexLike,
         cache_k: TensorLike,
         cache_v: object = None,
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
         """Store ``cache_k / k_scale`` ``(n, 1, kv_lora_rank + qk_rope_head_dim)`` at ``loc``;
-        ``cache_v`` and ``v_scale`` are ignored. The input is never mutated."""
+        ``cache_v`` is ignored and ``v_scale`` only checked, as every pool's. Validated before
+        any write; the input is never mutated."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
-        k = self._stored("cache_k", cache_k, (slots.numel(), 1, self.kv_dim), k_scale)
+        ks = as_scale("k_scale", k_scale)
+        as_scale("v_scale", v_scale)
+        k = self._stored("cache_k", cache_k, (slots.numel(), 1, self.kv_dim), ks)
         self.kv_buffer[local][slots] = k
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
@@ -60,18 +64,21 @@ class MLATokenToKVPool(KVCache):
         key = self.get_key_buffer(layer_id)
         return key, key[..., : self.kv_lora_rank]
 
-    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+    def move_kv_cache(self, tgt_loc: IndexLike, src_loc: IndexLike) -> None:
         """Copy rows ``src_loc`` to ``tgt_loc`` on every layer (sources read before any write)."""
         self._move(self.kv_buffer, tgt_loc, src_loc)
 
-    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
-        """Store ``tags[i]`` at slot ``loc[i]`` on every layer (channel 0; others 0)."""
-        n = self._slots(loc).numel()
-        rows = self._tag_rows(tags, n, 1, self.kv_dim, self.device)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, rows)
+    def write_tags(self, loc: IndexLike, tags: IndexLike) -> None:
+        """Store ``tags[i]`` (``[0, TAG_LIMIT)``) at slot ``loc[i]`` on every layer (channel 0;
+        others 0); slots and tags checked first."""
+        slots = self._slots(loc)
+        rows = self._tag_rows(self._tags(tags, slots.numel()), 1, self.kv_dim).to(self.dtype)
+        if self.store_dtype != self.dtype:
+            rows = rows.view(self.store_dtype)
+        for buf in self.kv_buffer:
+            buf[slots] = rows
 
-    def read_tags(self, loc: TensorLike) -> list[int]:
+    def read_tags(self, loc: IndexLike) -> list[int]:
         """Tag at each slot: layer ``start_layer``, channel 0 of the fused row."""
         return self._read_tags(self.kv_buffer[0], loc)
 

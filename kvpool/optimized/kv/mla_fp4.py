@@ -9,11 +9,12 @@ from __future__ import annotations
 import torch
 
 from kvpool.optimized.kv.fp4 import quantizable
-from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
 from kvpool.optimized.kv.quant import fp4_dequantize, fp4_quantize
 from kvpool.optimized.kv.tag_codec import fp4_read_tags, fp4_tag_rows
 from kvpool.optimized.options import TwinOptions
 from kvpool.reference.kv.fp4 import check_fp4_width
+from kvpool.reference.kv.kv_cache import as_scale
 from kvpool.reference.kv.quant import FP4_BLOCK
 
 
@@ -56,16 +57,22 @@ class MLATokenToKVPoolFP4(KVCache):
     def set_kv_buffer(
         self,
         layer_id: int,
-        loc: TensorLike,
+        loc: IndexLike,
         cache_k: TensorLike,
         cache_v: object = None,
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
-        """Quantise and store ``cache_k / k_scale`` ``(n, 1, kv_dim)`` at ``loc``."""
+        """Quantise and store ``cache_k / k_scale`` ``(n, 1, kv_dim)`` at ``loc``; ``cache_v``
+        is ignored and ``v_scale`` only checked, as every pool's. All checks first."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
-        k = quantizable(self.device, "cache_k", cache_k, (slots.numel(), 1, self.kv_dim), k_scale)
+        ks = as_scale("k_scale", k_scale)
+        as_scale("v_scale", v_scale)
+        k = quantizable(self.device, "cache_k", cache_k, (slots.numel(), 1, self.kv_dim), ks)
+        self._store(local, slots, k)
+
+    def _store(self, local: int, slots: torch.Tensor, k: torch.Tensor) -> None:
         packed, sf = fp4_quantize(k)
         self.kv_buffer[local][slots] = packed
         self.kv_scale_buffer[local][slots] = sf
@@ -89,18 +96,20 @@ class MLATokenToKVPoolFP4(KVCache):
         local = self._wait(layer_id)
         return self.kv_buffer[local], self.kv_scale_buffer[local]
 
-    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+    def move_kv_cache(self, tgt_loc: IndexLike, src_loc: IndexLike) -> None:
         """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
         self._move((*self.kv_buffer, *self.kv_scale_buffer), tgt_loc, src_loc)
 
-    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
-        """Store each tag in FP4 form in every held layer."""
-        values = [int(t) for t in torch.as_tensor(tags).reshape(-1).tolist()]
+    def write_tags(self, loc: IndexLike, tags: IndexLike) -> None:
+        """Store each tag (``[0, TAG_LIMIT)``) in FP4 form in every held layer; slots and tags
+        checked first."""
+        slots = self._slots(loc)
+        values = [int(t) for t in self._tags(tags, slots.numel()).tolist()]
         rows = fp4_tag_rows(values, 1, self.kv_dim, self.device)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, rows)
+        for local in range(self.layer_num):
+            self._store(local, slots, rows)
 
-    def read_tags(self, loc: TensorLike) -> list[int]:
+    def read_tags(self, loc: IndexLike) -> list[int]:
         """The tag each slot stores (the first held layer; 0 if none)."""
         slots = self._slots(loc)
         flat = fp4_dequantize(self.kv_buffer[0][slots], self.kv_scale_buffer[0][slots])

@@ -13,10 +13,11 @@ import torch
 
 from kvpool.errors import ConfigError
 from kvpool.optimized.kv.fp4 import quantizable
-from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
 from kvpool.optimized.kv.quant import mxfp8_dequantize, mxfp8_quantize
 from kvpool.optimized.kv.tag_codec import mxfp8_read_tags, mxfp8_tag_rows
 from kvpool.optimized.options import TwinOptions
+from kvpool.reference.kv.kv_cache import as_scale
 from kvpool.reference.kv.quant import MXFP8_BLOCK
 
 
@@ -68,21 +69,24 @@ class MHATokenToKVPoolMXFP8(KVCache):
     def set_kv_buffer(
         self,
         layer_id: int,
-        loc: TensorLike,
+        loc: IndexLike,
         cache_k: TensorLike,
         cache_v: TensorLike,
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
         """Quantise ``cache_k / k_scale`` ``(n, head_num, head_dim)`` and ``cache_v / v_scale``
-        ``(n, head_num, v_head_dim)``; store bytes and scales at ``loc``. Checks first."""
+        ``(n, head_num, v_head_dim)``; store bytes and scales at ``loc``. Checks (layer, slots,
+        scales, data) first."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
         n = slots.numel()
-        k = quantizable(self.device, "cache_k", cache_k, (n, self.head_num, self.head_dim), k_scale)
-        v = quantizable(
-            self.device, "cache_v", cache_v, (n, self.head_num, self.v_head_dim), v_scale
-        )
+        ks, vs = as_scale("k_scale", k_scale), as_scale("v_scale", v_scale)
+        k = quantizable(self.device, "cache_k", cache_k, (n, self.head_num, self.head_dim), ks)
+        v = quantizable(self.device, "cache_v", cache_v, (n, self.head_num, self.v_head_dim), vs)
+        self._store(local, slots, k, v)
+
+    def _store(self, local: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         k_q, k_sf = mxfp8_quantize(k)
         v_q, v_sf = mxfp8_quantize(v)
         self.k_buffer[local][slots] = k_q
@@ -115,20 +119,22 @@ class MHATokenToKVPoolMXFP8(KVCache):
         local = self._layer(layer_id)
         return self.k_scale_buffer[local], self.v_scale_buffer[local]
 
-    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+    def move_kv_cache(self, tgt_loc: IndexLike, src_loc: IndexLike) -> None:
         """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
         buffers = (*self.k_buffer, *self.v_buffer, *self.k_scale_buffer, *self.v_scale_buffer)
         self._move(buffers, tgt_loc, src_loc)
 
-    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
-        """Store each tag in MXFP8 form in every head of K and V of every held layer."""
-        values = [int(t) for t in torch.as_tensor(tags).reshape(-1).tolist()]
+    def write_tags(self, loc: IndexLike, tags: IndexLike) -> None:
+        """Store each tag (``[0, TAG_LIMIT)``) in MXFP8 form in every head of K and V of every
+        held layer; slots and tags checked first."""
+        slots = self._slots(loc)
+        values = [int(t) for t in self._tags(tags, slots.numel()).tolist()]
         k = mxfp8_tag_rows(values, self.head_num, self.head_dim, self.device)
         v = mxfp8_tag_rows(values, self.head_num, self.v_head_dim, self.device)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, k, v)
+        for local in range(self.layer_num):
+            self._store(local, slots, k, v)
 
-    def read_tags(self, loc: TensorLike) -> list[int]:
+    def read_tags(self, loc: IndexLike) -> list[int]:
         """The tag each slot stores (head 0 of K on the first held layer; 0 if none)."""
         slots = self._slots(loc)
         heads = mxfp8_dequantize(self.k_buffer[0][slots], self.k_scale_buffer[0][slots])

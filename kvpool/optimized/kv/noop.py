@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kvpool.errors import InvalidArgumentError, KVStorageError
-from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.errors import KVStorageError
+from kvpool.optimized.kv.kv_cache import IndexLike, KVCache
 from kvpool.optimized.options import TwinOptions
 
 
@@ -67,7 +67,7 @@ class NoOpMHATokenToKVPool(KVCache):
         """``(get_key_buffer, get_value_buffer)``."""
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
-    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+    def move_kv_cache(self, tgt_loc: IndexLike, src_loc: IndexLike) -> None:
         """No KV moves; the tag record follows the slots (sources read before any write)."""
         tgt_slots, src_slots = self._move_pairs(tgt_loc, src_loc)
         tgt, src = tgt_slots.tolist(), src_slots.tolist()
@@ -75,16 +75,15 @@ class NoOpMHATokenToKVPool(KVCache):
         for t, tag in zip(tgt, moved, strict=True):
             self.tag_record[t] = tag
 
-    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
-        """Record ``tags[i]`` for slot ``loc[i]`` (the side table; no KV is written)."""
+    def write_tags(self, loc: IndexLike, tags: IndexLike) -> None:
+        """Record ``tags[i]`` (``[0, TAG_LIMIT)``) for slot ``loc[i]`` (the side table; no KV is
+        written); slots and tags checked first."""
         slots = self._slots(loc).tolist()
-        values = [int(t) for t in torch.as_tensor(tags).reshape(-1).tolist()]
-        if len(slots) != len(values):
-            raise InvalidArgumentError(f"{len(values)} tags for {len(slots)} slots")
+        values = self._tags(tags, len(slots)).tolist()
         for slot, tag in zip(slots, values, strict=True):
-            self.tag_record[slot] = tag
+            self.tag_record[slot] = int(tag)
 
-    def read_tags(self, loc: TensorLike) -> list[int]:
+    def read_tags(self, loc: IndexLike) -> list[int]:
         """The recorded tag of each slot (0 if never tagged)."""
         return [self.tag_record.get(s, 0) for s in self._slots(loc).tolist()]
 

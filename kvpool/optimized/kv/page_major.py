@@ -13,9 +13,10 @@ from __future__ import annotations
 import torch
 
 from kvpool.errors import ConfigError, InvalidArgumentError
-from kvpool.optimized.kv.kv_cache import KVCache, TensorLike
+from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike, data_tensor
 from kvpool.optimized.kv.quant import as_float32
 from kvpool.optimized.options import TwinOptions
+from kvpool.reference.kv.kv_cache import as_scale
 
 _ITEM = 4  # float32 bytes
 
@@ -75,7 +76,7 @@ class PageMajorMHATokenToKVPool(KVCache):
         self, what: str, data: TensorLike, shape: tuple[int, ...], scale: float | None
     ) -> torch.Tensor:
         # float32 first, then the division in float32: the reference's div32, bit for bit.
-        x = torch.as_tensor(data, device=self.device)
+        x = data_tensor(what, data, self.device)
         if tuple(x.shape) != shape:
             raise InvalidArgumentError(f"{what} must have shape {list(shape)}, got {list(x.shape)}")
         return as_float32(x, scale)
@@ -86,19 +87,24 @@ class PageMajorMHATokenToKVPool(KVCache):
     def set_kv_buffer(
         self,
         layer_id: int,
-        loc: TensorLike,
+        loc: IndexLike,
         cache_k: TensorLike,
         cache_v: TensorLike,
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
         """Store ``cache_k / k_scale`` and ``cache_v / v_scale`` (float32) at tokens ``loc``
-        through the layer's 4-D views. All checks before any write."""
+        through the layer's 4-D views. All checks (layer, slots, scales, data) before any
+        write."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
         n = slots.numel()
-        k = self._input("cache_k", cache_k, (n, self.head_num, self.head_dim), k_scale)
-        v = self._input("cache_v", cache_v, (n, self.head_num, self.v_head_dim), v_scale)
+        ks, vs = as_scale("k_scale", k_scale), as_scale("v_scale", v_scale)
+        k = self._input("cache_k", cache_k, (n, self.head_num, self.head_dim), ks)
+        v = self._input("cache_v", cache_v, (n, self.head_num, self.v_head_dim), vs)
+        self._store(local, slots, k, v)
+
+    def _store(self, local: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         page, slot = self._split(slots)
         self.k_buffer[local][page, slot] = k
         self.v_buffer[local][page, slot] = v
@@ -116,7 +122,7 @@ class PageMajorMHATokenToKVPool(KVCache):
         local = self._wait(layer_id)
         return self.k_buffer[local], self.v_buffer[local]
 
-    def move_kv_cache(self, tgt_loc: TensorLike, src_loc: TensorLike) -> None:
+    def move_kv_cache(self, tgt_loc: IndexLike, src_loc: IndexLike) -> None:
         """Copy tokens ``src_loc`` to ``tgt_loc`` on every layer (the gather reads first)."""
         tgt, src = self._move_pairs(tgt_loc, src_loc)
         tp, ts = self._split(tgt)
@@ -124,15 +130,17 @@ class PageMajorMHATokenToKVPool(KVCache):
         for view in (*self.k_buffer, *self.v_buffer):
             view[tp, ts] = view[sp, ss]
 
-    def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
-        """Tag in channel 0 of every head of K and V on every held layer (others 0)."""
-        n = self._slots(loc).numel()
-        k = self._tag_rows(tags, n, self.head_num, self.head_dim, self.device)
-        v = self._tag_rows(tags, n, self.head_num, self.v_head_dim, self.device)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, k, v)
+    def write_tags(self, loc: IndexLike, tags: IndexLike) -> None:
+        """Tag (``[0, TAG_LIMIT)``) in channel 0 of every head of K and V on every held layer
+        (others 0); slots and tags checked first."""
+        slots = self._slots(loc)
+        values = self._tags(tags, slots.numel())
+        k = self._tag_rows(values, self.head_num, self.head_dim).to(torch.float32)
+        v = self._tag_rows(values, self.head_num, self.v_head_dim).to(torch.float32)
+        for local in range(self.layer_num):
+            self._store(local, slots, k, v)
 
-    def read_tags(self, loc: TensorLike) -> list[int]:
+    def read_tags(self, loc: IndexLike) -> list[int]:
         """Tag at each token: K of the first held layer, head 0, channel 0."""
         page, slot = self._split(self._slots(loc))
         values = self.k_buffer[0][page, slot, 0, 0]

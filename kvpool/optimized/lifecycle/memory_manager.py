@@ -29,8 +29,7 @@ memory_manager`); prefixes are int64 tensors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from numbers import Integral
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import torch
@@ -43,7 +42,7 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvpool.host_checks import token_list
+from kvpool.host_checks import as_bool, as_count, as_int, as_opt_str, as_str
 from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
 from kvpool.optimized.lifecycle.pool_snapshot import build_pool_snapshot
 from kvpool.optimized.lifecycle.primitives import LifecyclePrimitives, as_token_list
@@ -52,6 +51,22 @@ from kvpool.optimized.lifecycle.spec_decode import spec_draft_v1, spec_step
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.optimized.req import Req
 from kvpool.snapshot import PoolSnapshot
+
+
+def chunk_size_list(chunk_sizes: object, batch: int) -> list[int | None]:
+    """``extend``'s ``chunk_sizes`` (tokens): ``None`` (every request whole), or one entry per
+    request of the ``batch``, each ``None`` or an int64 integer ``>= 1``; InvalidArgumentError
+    naming the value otherwise (a float, a bool, a string, a count that does not match)."""
+    if chunk_sizes is None:
+        return [None] * batch
+    if isinstance(chunk_sizes, str | bytes) or not isinstance(chunk_sizes, Iterable):
+        raise InvalidArgumentError(f"chunk_sizes must be a sequence or None, got {chunk_sizes!r}")
+    sizes = [None if c is None else as_int("chunk_sizes item", c) for c in chunk_sizes]
+    if len(sizes) != batch:
+        raise InvalidArgumentError(f"{len(sizes)} chunk sizes for {batch} requests")
+    if any(c is not None and c < 1 for c in sizes):
+        raise InvalidArgumentError(f"chunk sizes must be >= 1, got {sizes}")
+    return sizes
 
 
 class MemoryManager(LifecyclePrimitives):
@@ -70,10 +85,18 @@ class MemoryManager(LifecyclePrimitives):
         session_id: str | None = None,
         priority: int = 0,
     ) -> None:
-        """Register a waiting request (a session's next turn when ``session_id`` is given)."""
+        """Register a waiting request (a session's next turn when ``session_id`` is given).
+        InvalidArgumentError (nothing changed) for an id that is not a ``str`` or is taken, token
+        ids that are not vocabulary ids, no token, a non-``str`` key or session, or a
+        ``priority`` that is not an int64 integer."""
+        rid = as_str("rid", rid)
+        extra_key = as_opt_str("extra_key", extra_key)
+        session_id = as_opt_str("session_id", session_id)
+        priority = as_int("priority", priority)
         if rid in self.reqs:
             raise InvalidArgumentError(f"request {rid!r} already exists")
-        if len(input_ids) == 0:
+        input_tokens = as_token_list(input_ids)
+        if len(input_tokens) == 0:
             raise InvalidArgumentError("a request needs at least one input token")
         history: list[int] = []
         session = None
@@ -90,7 +113,7 @@ class MemoryManager(LifecyclePrimitives):
                     )
                 extra_key = session.extra_key
             history = list(session.tokens)
-        tokens = history + as_token_list(input_ids)
+        tokens = history + input_tokens
         if len(tokens) > self.config.max_context_len:
             raise ContextOverflowError(
                 f"{len(tokens)} tokens past max_context_len={self.config.max_context_len}"
@@ -145,17 +168,9 @@ class MemoryManager(LifecyclePrimitives):
     ) -> torch.Tensor:
         """One prefill batch (see the protocol). Returns the new slots in batch order."""
         reqs = self._batch(rids, "waiting", "running")
-        sizes = list(chunk_sizes) if chunk_sizes is not None else [None] * len(reqs)
-        if len(sizes) != len(reqs):
-            raise InvalidArgumentError(f"{len(sizes)} chunk sizes for {len(reqs)} requests")
-        # a float or a bool would pass the comparison below and fail inside the batch's writes,
-        # after its rows, slots and locks were taken
-        if any(
-            c is not None and (isinstance(c, bool) or not isinstance(c, Integral)) for c in sizes
-        ):
-            raise InvalidArgumentError(f"chunk sizes must be ints or None, got {sizes}")
-        if any(c is not None and c < 1 for c in sizes):
-            raise InvalidArgumentError(f"chunk sizes must be >= 1, got {sizes}")
+        # a float or a bool would pass the comparisons below and fail inside the batch's
+        # writes, after its rows, slots and locks were taken
+        sizes = chunk_size_list(chunk_sizes, len(reqs))
         bad = [r.rid for r in reqs if r.state == "running" and not r.is_chunked]
         if bad:
             raise RequestStateError(f"requests {bad} are running and not chunked")
@@ -212,7 +227,7 @@ class MemoryManager(LifecyclePrimitives):
                 req.cache_protected_len = len(req.prefix_indices)
         out = self.alloc_for_extend(reqs, seq_lens)
         self._wait_for_loads()
-        self.write_kv_batch(reqs, prefix_lens, seq_lens, out)  # the new slots, in batch order
+        self._write_kv_batch(reqs, prefix_lens, seq_lens, out)  # the new slots, in batch order
         chunk_rows = self._read_rows(
             [r for r, s in zip(reqs, seq_lens, strict=True) if s < r.seq_len()]
         )
@@ -233,9 +248,9 @@ class MemoryManager(LifecyclePrimitives):
         """Append ``token_ids[i]`` to request ``i`` and compute its KV; one new slot each unless
         the allocation already covers the column. Returns each new token's slot (batch order)."""
         reqs = self._running_full(rids)
-        if len(token_ids) != len(reqs):
-            raise InvalidArgumentError(f"{len(token_ids)} tokens for {len(reqs)} requests")
-        tokens = token_list("token_ids", token_ids)  # before anything changes
+        tokens = as_token_list(token_ids, "token_ids")  # before anything changes
+        if len(tokens) != len(reqs):
+            raise InvalidArgumentError(f"{len(tokens)} tokens for {len(reqs)} requests")
         over = [r.rid for r in reqs if r.kv_committed_len + 1 > self.config.max_context_len]
         if over:
             raise ContextOverflowError(f"requests {over} would pass max_context_len")
@@ -245,7 +260,7 @@ class MemoryManager(LifecyclePrimitives):
         cols = [r.kv_committed_len for r in reqs]
         for req, tok in zip(reqs, tokens, strict=True):
             req.output_ids.append(tok)
-        slots = self.write_kv_batch(reqs, cols, [c + 1 for c in cols])
+        slots = self._write_kv_batch(reqs, cols, [c + 1 for c in cols])
         for req, col in zip(reqs, cols, strict=True):
             req.kv_committed_len = col + 1
         return slots
@@ -264,6 +279,7 @@ class MemoryManager(LifecyclePrimitives):
     def finish(self, rids: Sequence[str], is_insert: bool = True) -> None:
         """Release a batch inside one free group (a session turn hands over to its session)."""
         reqs = self._running_full(rids)
+        is_insert = as_bool("is_insert", is_insert)
         alloc = self.token_to_kv_pool_allocator
         alloc.free_group_begin()
         try:
@@ -310,6 +326,7 @@ class MemoryManager(LifecyclePrimitives):
     def open_session(self, session_id: str) -> None:
         """Create an empty session slot (of a hybrid model too: between turns it keeps the last
         turn's Mamba slot and track buffers with its row)."""
+        session_id = as_str("session_id", session_id)
         if session_id in self.sessions:
             raise InvalidArgumentError(f"session {session_id!r} already exists")
         if self.mamba_hooks is not None and self.mamba_hooks.tree is not None:
@@ -318,7 +335,7 @@ class MemoryManager(LifecyclePrimitives):
 
     def close_session(self, session_id: str) -> None:
         """Drop the session's lock, free ``[cache_protected_len, allocated)`` and its row."""
-        session = self.sessions.get(session_id)
+        session = self.sessions.get(as_str("session_id", session_id))
         if session is None:
             raise UnknownRequestError(f"unknown session {session_id!r}")
         if session.busy_with is not None:
@@ -333,7 +350,9 @@ class MemoryManager(LifecyclePrimitives):
         del self.sessions[session_id]
 
     def evict(self, num_tokens: int) -> int:
-        """Evict from the tree; returns the tokens actually freed."""
+        """Evict ``num_tokens`` (>= 0) from the tree; returns the tokens actually freed.
+        InvalidArgumentError (nothing changed) for a count that is not an int64 integer >= 0."""
+        num_tokens = as_count("num_tokens", num_tokens)
         freed = self.tree_cache.evict(num_tokens)
         return freed[0] if isinstance(freed, tuple) else freed
 
@@ -384,11 +403,10 @@ class MemoryManager(LifecyclePrimitives):
             tree.cache_controller.start_writing()
 
     def _host_tier(self, num_acks: int) -> HiRadixCache:
+        as_count("num_acks", num_acks)
         tree = self.hiradix()
         if tree is None:
             raise InvalidArgumentError("this memory manager has no host tier")
-        if num_acks < 0:
-            raise InvalidArgumentError(f"num_acks must be >= 0, got {num_acks}")
         return tree
 
     def hicache_ack_writes(self, num_acks: int) -> int:

@@ -28,11 +28,20 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvpool.host_checks import token_list
+from kvpool.host_checks import (
+    as_bool,
+    as_instance,
+    as_str,
+    count_list,
+    instance_list,
+    str_list,
+    token_list,
+)
 from kvpool.injection import check_shared, resolve
 from kvpool.kernels.host import to_device
 from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
 from kvpool.optimized.hicache.memory_pool_host import host_pool_for
+from kvpool.optimized.index_args import host_ints, index_tensor
 from kvpool.optimized.kv.kv_cache import KVCache
 from kvpool.optimized.kv.layer_transfer import LayerDoneCounter
 from kvpool.optimized.kv.storage import kv_cache_from_config
@@ -84,12 +93,12 @@ def build_hiradix_tree(
                         rules=rules, options=options)  # fmt: skip
 
 
-def as_token_list(input_ids: Sequence[int]) -> list[int]:
-    """Token ids as a list of ints (arrays and tensors through ``tolist``); InvalidArgumentError
-    for anything that is not an integer (a float tensor included), before any change."""
-    tolist = getattr(input_ids, "tolist", None)
-    values = tolist() if tolist is not None else input_ids
-    return token_list("input_ids", values)
+def as_token_list(input_ids: Sequence[int], name: str = "input_ids") -> list[int]:
+    """Token ids as a list of ints (a 1-D integer tensor or array is read to the host after
+    its dtype and shape are checked); InvalidArgumentError naming ``name`` for anything that is
+    not a 1-D sequence of vocabulary ids (a float, bool or 2-D tensor included), before any
+    change."""
+    return token_list(name, host_ints(name, input_ids))
 
 
 class LifecyclePrimitives:
@@ -204,7 +213,7 @@ class LifecyclePrimitives:
     def get_req(self, rid: str, *states: str) -> Req:
         """The request ``rid``; UnknownRequestError if unknown, RequestStateError if its state is
         not one of ``states`` (any state when none given)."""
-        req = self.reqs.get(rid)
+        req = self.reqs.get(as_str("rid", rid))
         if req is None:
             raise UnknownRequestError(f"unknown request {rid!r}")
         if states and req.state not in states:
@@ -212,6 +221,8 @@ class LifecyclePrimitives:
         return req
 
     def _batch(self, rids: Sequence[str], *states: str) -> list[Req]:
+        """The requests ``rids`` names (a sequence of distinct ids), each in one of ``states``."""
+        rids = str_list("rids", rids)
         if len(set(rids)) != len(rids):
             raise InvalidArgumentError(f"a batch names a request twice: {list(rids)}")
         return [self.get_req(rid, *states) for rid in rids]
@@ -295,7 +306,7 @@ class LifecyclePrimitives:
     # ----------------------------------------------------------------- primitives
     def alloc_req_slots(self, reqs: Sequence[Req]) -> list[int]:
         """Rows for the batch (reusing rows legally kept); OutOfMemoryError if too few are free."""
-        rows = self.req_to_token_pool.alloc(reqs)
+        rows = self.req_to_token_pool.alloc(instance_list("reqs", reqs, Req))
         if rows is None:
             raise OutOfMemoryError(f"need rows; {self.req_to_token_pool.available_size()} free")
         return rows
@@ -305,9 +316,10 @@ class LifecyclePrimitives:
     ) -> tuple[list[int], list[int]]:
         """The checks :meth:`alloc_for_extend` makes before any change, but capacity: row
         misuse, lengths, ``max_context_len``, free rows. Returns ``(prefix_lens, seq_lens)``."""
+        reqs = instance_list("reqs", reqs, Req)
+        seqs = count_list("seq_lens", host_ints("seq_lens", seq_lens))
         fresh = self.req_to_token_pool.check_alloc(reqs)
         prefix_lens = [len(r.prefix_indices) for r in reqs]
-        seqs = [int(s) for s in seq_lens]
         if len(seqs) != len(reqs) or any(s < p for p, s in zip(prefix_lens, seqs, strict=True)):
             raise InvalidArgumentError(f"need one seq_len >= prefix_len per request, got {seqs}")
         if any(s > self.config.max_context_len for s in seqs):
@@ -320,6 +332,7 @@ class LifecyclePrimitives:
         """The checks :meth:`alloc_for_decode` makes before any change, but capacity: every
         request holds a row and stays within ``max_context_len``. Returns each request's new
         column and the tokens the step needs (new pages times the page size)."""
+        reqs = instance_list("reqs", reqs, Req)
         rowless = [r.rid for r in reqs if r.req_pool_idx is None]
         if rowless:
             raise InvalidArgumentError(f"requests {rowless} hold no row")
@@ -403,6 +416,8 @@ class LifecyclePrimitives:
         The row ``[0, allocated)`` is read once (the view :meth:`_read_held_rows` read for the
         batch, else one gather for this request); the tree gets ``row[:committed]`` and the
         over-allocation ``row[start:allocated]``, both views of it."""
+        req = as_instance("req", req, Req)
+        is_insert = as_bool("is_insert", is_insert)
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         held = self._held_row(req, req.req_pool_idx)
@@ -459,6 +474,48 @@ class LifecyclePrimitives:
         batch; see :func:`~kvpool.optimized.lifecycle.batch_table.read_held_rows`)."""
         self._rows_read = read_held_rows(self.req_to_token_pool, reqs, self.device)
 
+    def _check_writes(
+        self, reqs: object, starts: object, stops: object
+    ) -> tuple[list[Req], list[int], list[int]]:
+        """The checks :meth:`write_kv_batch` makes before writing (its docstring), on the
+        host: every request holds a row, its range lies inside its allocation and tokens."""
+        batch = instance_list("reqs", reqs, Req)
+        a, b = host_ints("starts", starts), host_ints("stops", stops)
+        if not len(batch) == len(a) == len(b):
+            raise InvalidArgumentError(
+                f"{len(batch)} requests, {len(a)} starts and {len(b)} stops: need one each"
+            )
+        for req, x, y in zip(batch, a, b, strict=True):
+            if req.req_pool_idx is None:
+                raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+            limit = min(req.kv_allocated_len, req.seq_len())
+            if not 0 <= x <= y <= limit:
+                raise InvalidArgumentError(
+                    f"request {req.rid!r}: need 0 <= start <= stop <= {limit}, got start={x}, "
+                    f"stop={y}"
+                )
+            if self.mamba_hooks is not None:  # the state moves forward only (after_writes)
+                self.mamba_hooks._check_stop(req, y)
+        return batch, a, b
+
+    def _check_write_slots(
+        self, reqs: list[Req], starts: list[int], stops: list[int], slots: object
+    ) -> torch.Tensor:
+        """``slots`` as an int64 index of ``sum(stops - starts)`` slots (InvalidArgumentError
+        otherwise); in checked mode, equal to the rows' slots of those columns (a device
+        read)."""
+        if not isinstance(slots, torch.Tensor | np.ndarray):
+            count_list("slots", slots)  # type: ignore[arg-type]  # a host list, checked unread
+        flat = index_tensor("slots", slots, self.device)
+        want = sum(y - x for x, y in zip(starts, stops, strict=True))
+        if flat.numel() != want:
+            raise InvalidArgumentError(f"slots holds {flat.numel()} slots; the ranges need {want}")
+        if self.options.checked and want:
+            rows = gather_columns(self.req_to_token_pool, rows_of(reqs), starts, stops, self.device)
+            if not torch.equal(rows.to(torch.int64), flat):
+                raise InvalidArgumentError("slots are not the rows' slots of those columns")
+        return flat
+
     def write_kv(self, req: Req, start: int, stop: int) -> None:
         """Compute (write the tags of) tokens ``[start, stop)`` of ``req`` into their slots."""
         self.write_kv_batch([req], [start], [stop])
@@ -472,7 +529,24 @@ class LifecyclePrimitives:
     ) -> torch.Tensor:
         """Compute tokens ``[starts[i], stops[i])`` of every request: one write of their tags
         into their slots (``slots``, flat in batch order, when the caller has them; else read
-        from the rows in one gather). Returns the slots (int64)."""
+        from the rows in one gather). Returns the slots (int64). InvalidArgumentError (nothing
+        changed) unless every request holds a row and ``0 <= starts[i] <= stops[i] <=
+        min(kv_allocated_len, len(tokens))``, and ``slots`` (if given) is a 1-D integer index
+        of ``sum(stops - starts)`` slots: in checked mode, exactly the rows' slots there."""
+        reqs, starts, stops = self._check_writes(reqs, starts, stops)
+        if slots is not None:
+            slots = self._check_write_slots(reqs, starts, stops, slots)
+        return self._write_kv_batch(reqs, starts, stops, slots)
+
+    def _write_kv_batch(
+        self,
+        reqs: Sequence[Req],
+        starts: Sequence[int],
+        stops: Sequence[int],
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The writes of :meth:`write_kv_batch`, unchecked (the lifecycle's own calls, whose
+        arguments it built)."""
         if slots is None:
             rows = rows_of(reqs)
             slots = gather_columns(self.req_to_token_pool, rows, starts, stops, self.device)

@@ -13,12 +13,39 @@ from __future__ import annotations
 
 import torch
 
-from kvpool.constants import ceil_align
+from kvpool.constants import ceil_align, is_power_of_two
+from kvpool.errors import InvalidArgumentError, RequestStateError
+from kvpool.host_checks import as_bool, as_instance, as_int, instance_list
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.lifecycle.batch_table import gather_columns, rows_of
 from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.optimized.req import Req
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+
+
+def check_pools(req_to_token_pool: object, allocator: object) -> None:
+    """The pools a slot's row goes back through: a request table (``read`` and ``free``) and a
+    token allocator (``free`` and ``free_segment``); InvalidArgumentError naming the argument
+    otherwise. Duck-typed: an injected pool offering those calls qualifies."""
+    for name, obj, calls in (
+        ("req_to_token_pool", req_to_token_pool, ("read", "free")),
+        ("allocator", allocator, ("free", "free_segment")),
+    ):
+        if not all(callable(getattr(obj, c, None)) for c in calls):
+            raise InvalidArgumentError(f"{name} must offer {' and '.join(calls)}, got {obj!r}")
+
+
+def check_page_size(page_size: object, allocator: object = None) -> int:
+    """``page_size`` (tokens) as an int: a power of two, the allocator's own when it says
+    (``allocator.page_size``); InvalidArgumentError otherwise."""
+    ps = as_int("page_size", page_size)
+    if not is_power_of_two(ps):
+        raise InvalidArgumentError(f"page_size must be a power of two >= 1, got {page_size!r}")
+    own = getattr(allocator, "page_size", ps)
+    if own != ps:
+        raise InvalidArgumentError(f"page_size {ps} is not the allocator's page size {own}")
+    return ps
 
 
 class SessionSlot:
@@ -62,7 +89,18 @@ class SessionSlot:
         self._forget_mamba()
 
     def take_from(self, req: Req) -> None:
-        """A turn finished: take its row, lengths, protected length and lock; null the request."""
+        """A turn finished: take its row, lengths, protected length and lock; null the request.
+        Before any change: InvalidArgumentError for anything but a request holding a row,
+        RequestStateError when the slot holds a turn already or ``req`` is not its busy turn."""
+        req = as_instance("req", req, Req)
+        if self.req_pool_idx is not None:
+            raise RequestStateError(f"session {self.session_id!r} holds a turn already")
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row to hand over")
+        if self.busy_with != req.rid:
+            raise RequestStateError(
+                f"session {self.session_id!r} is busy with {self.busy_with!r}, not {req.rid!r}"
+            )
         self.req_pool_idx = req.req_pool_idx
         self.kv_committed_len = req.kv_committed_len
         self.kv_allocated_len = req.kv_allocated_len
@@ -80,7 +118,9 @@ class SessionSlot:
         req.reset_kv_fields()
 
     def orphan_tail_tokens(self, page_size: int) -> int:
-        """Tokens that :meth:`restore_into` frees: ``allocated - ceil_align(committed)`` (>= 0)."""
+        """Tokens that :meth:`restore_into` frees: ``allocated - ceil_align(committed)`` (>= 0).
+        InvalidArgumentError unless ``page_size`` is a power of two (tokens)."""
+        page_size = check_page_size(page_size)
         return max(0, self.kv_allocated_len - ceil_align(self.kv_committed_len, page_size))
 
     def restore_into(
@@ -96,7 +136,31 @@ class SessionSlot:
         with ``segments`` ``free_segment``). Afterwards
         ``req.kv_allocated_len == req.kv_committed_len``. ``row_read``: the row's columns
         ``[0, kv_allocated_len)`` as int64 when the caller read them already (a batch of
-        restores reads every row in one gather, see :meth:`read_rows`)."""
+        restores reads every row in one gather, see :meth:`read_rows`). Before any change:
+        InvalidArgumentError for pools without the calls used, a page size that is not the
+        allocator's, a non-bool ``segments``, a non-request ``req`` or a ``row_read`` that is
+        not a 1-D integer index of ``kv_allocated_len`` slots; RequestStateError when the slot
+        holds no turn or ``req`` holds a row."""
+        check_pools(req_to_token_pool, allocator)
+        page_size = check_page_size(page_size, allocator)
+        segments = as_bool("segments", segments)
+        req = as_instance("req", req, Req)
+        if self.req_pool_idx is None:
+            raise RequestStateError(f"session {self.session_id!r} holds no turn to restore")
+        if req.req_pool_idx is not None:
+            raise RequestStateError(f"request {req.rid!r} holds a row already")
+        if row_read is not None:
+            # a tensor stays where it is (no copy); a host list goes to the table's device
+            device = (
+                row_read.device
+                if isinstance(row_read, torch.Tensor)
+                else getattr(req_to_token_pool, "device", "cpu")
+            )
+            row_read = index_tensor("row_read", row_read, device)
+            if row_read.numel() != self.kv_allocated_len:
+                raise InvalidArgumentError(
+                    f"row_read holds {row_read.numel()} slots, the row {self.kv_allocated_len}"
+                )
         assert self.req_pool_idx is not None
         row = self.req_pool_idx
         if row_read is None:
@@ -127,6 +191,16 @@ class SessionSlot:
     ) -> list[torch.Tensor]:
         """Each slot's row ``[0, kv_allocated_len)`` as int64 views of one gather (the
         ``row_read`` of :meth:`restore_into`)."""
+        slots = instance_list("slots", slots, SessionSlot)
+        empty = [s.session_id for s in slots if s.req_pool_idx is None]
+        if empty:
+            raise RequestStateError(f"sessions {empty} hold no turn")
+        if not callable(getattr(req_to_token_pool, "read", None)):
+            raise InvalidArgumentError(
+                f"req_to_token_pool must offer read, got {req_to_token_pool!r}"
+            )
+        if not isinstance(device, torch.device):
+            raise InvalidArgumentError(f"device must be a torch.device, got {device!r}")
         if not slots:
             return []
         rows = rows_of(slots)
@@ -143,6 +217,8 @@ class SessionSlot:
         """Free ``[cache_protected_len, kv_allocated_len)`` (``free``, or with ``segments``
         ``free_segment``) and the row (the caller drops the lock, see
         :meth:`MemoryManager.close_session`)."""
+        check_pools(req_to_token_pool, allocator)
+        segments = as_bool("segments", segments)
         if self.req_pool_idx is None:
             return
         row = self.req_pool_idx
@@ -158,4 +234,4 @@ class SessionSlot:
         self.forget()
 
 
-__all__ = ["SessionSlot"]
+__all__ = ["SessionSlot", "check_page_size", "check_pools"]

@@ -6,7 +6,7 @@ int64 slot tensors. Units: tokens for lengths, slots for results.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import torch
@@ -14,7 +14,7 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.errors import ContextOverflowError, InvalidArgumentError
-from kvpool.host_checks import as_int, int_list
+from kvpool.host_checks import as_int, token_list
 from kvpool.optimized.lifecycle.batch_table import device_ints, rows_of, scatter_columns
 from kvpool.optimized.req import Req
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
@@ -55,7 +55,7 @@ class SpecDecodeHost(Protocol):
         last_loc: torch.Tensor,
         evict: bool = True,
     ) -> torch.Tensor: ...
-    def write_kv_batch(
+    def _write_kv_batch(
         self,
         reqs: Sequence[Req],
         starts: Sequence[int],
@@ -83,9 +83,12 @@ def spec_step(
     reserve = as_int("reserve", reserve)
     if reserve < 0:
         raise InvalidArgumentError(f"reserve must be >= 0, got {reserve}")
+    if isinstance(accepted, str | bytes) or not isinstance(accepted, Iterable):
+        raise InvalidArgumentError(f"accepted must be a sequence of token lists, got {accepted!r}")
+    # token ids as decode takes them (vocabulary ids), every list before anything changes
+    accepted = [token_list("accepted token ids", acc) for acc in accepted]
     if len(accepted) != len(reqs):
         raise InvalidArgumentError(f"{len(accepted)} accepted lists for {len(reqs)} requests")
-    accepted = [int_list("accepted token ids", acc) for acc in accepted]
     too_many = [r.rid for r, acc in zip(reqs, accepted, strict=True) if len(acc) > 2 * reserve]
     if too_many:
         raise InvalidArgumentError(f"requests {too_many} accept more than 2 * reserve tokens")
@@ -114,7 +117,7 @@ def spec_step(
         req.output_ids.extend(acc)
     if taking:
         stops = [c + len(acc) for (_, acc), c in zip(taking, commits, strict=True)]
-        mm.write_kv_batch([r for r, _ in taking], commits, stops)
+        mm._write_kv_batch([r for r, _ in taking], commits, stops)
         for (req, _), stop in zip(taking, stops, strict=True):
             req.kv_committed_len = stop
     return out

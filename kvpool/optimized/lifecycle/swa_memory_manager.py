@@ -44,6 +44,7 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.errors import InvalidArgumentError, OutOfMemoryError
+from kvpool.host_checks import as_bool, as_count, as_instance, as_str, str_list
 from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.optimized.lifecycle.spec_decode import spec_step
 from kvpool.optimized.lifecycle.swa_radix_lifecycle import (
@@ -154,8 +155,9 @@ class SWAMemoryManager(MemoryManager):
         return alloc
 
     def swa_evicted_seqlen(self, rid: str) -> int:
-        """Leading tokens of ``rid`` whose SWA slots its window released (0 without a row)."""
-        req = self.reqs.get(rid)
+        """Leading tokens of ``rid`` whose SWA slots its window released (0 without a row).
+        InvalidArgumentError for an id that is not a ``str``."""
+        req = self.reqs.get(as_str("rid", rid))
         if req is None or req.req_pool_idx is None:
             return 0
         row = req.req_pool_idx
@@ -193,7 +195,7 @@ class SWAMemoryManager(MemoryManager):
     def decode_steps(self, rid: str) -> int:
         """Decode steps of ``rid`` since its row was handed out (SGLang's
         ``decode_batch_idx``; 0 without a row)."""
-        req = self.reqs.get(rid)
+        req = self.reqs.get(as_str("rid", rid))
         if req is None or req.req_pool_idx is None:
             return 0
         row = req.req_pool_idx
@@ -349,6 +351,10 @@ class SWAMemoryManager(MemoryManager):
     ) -> None:
         """A chunk boundary (scheduler rule, radix cache): :meth:`_checkpoint` of the filled
         tokens; ``prefix_indices`` becomes ``row[:len(fill_ids)]``."""
+        tree = self.tree_cache
+        assert isinstance(tree, UnifiedSWARadixLifecycle)
+        # the tree's hand-over checks (this replaces its cache_unfinished_req)
+        tree._hand_over_args(req, "chunked", chunked, row_read, False)
         self._checkpoint(req, len(req.fill_ids), finished=False)
         row = req.req_pool_idx
         assert row is not None
@@ -359,6 +365,8 @@ class SWAMemoryManager(MemoryManager):
         if not self.scheduler:
             super().release_kv_cache(req, is_insert)
             return
+        req = as_instance("req", req, Req)
+        is_insert = as_bool("is_insert", is_insert)
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
@@ -406,9 +414,8 @@ class SWAMemoryManager(MemoryManager):
 
     def evict(self, num_tokens: int) -> int:
         """Evict ``num_tokens`` full tokens from the tree; returns the full tokens freed."""
+        num_tokens = as_count("num_tokens", num_tokens)
         if isinstance(self.tree_cache, SWARadixLifecycle):
-            if num_tokens < 0:
-                raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
             return self.tree_cache.evict(num_tokens)[0]
         return super().evict(num_tokens)
 
@@ -418,6 +425,7 @@ class SWAMemoryManager(MemoryManager):
     ) -> torch.Tensor:
         """The manager's extend; a session turn restored here carries on the session's window
         (its ``swa_evicted_seqlen``)."""
+        rids = str_list("rids", rids)  # read below before the manager's own checks
         carried: dict[str, int] = {}
         for rid in rids:
             req = self.reqs.get(rid)
@@ -439,6 +447,7 @@ class SWAMemoryManager(MemoryManager):
 
     def finish(self, rids: Sequence[str], is_insert: bool = True) -> None:
         """The manager's finish; a session turn hands its window to the session with its row."""
+        rids = str_list("rids", rids)  # read below before the manager's own checks
         handed: dict[str, int] = {}
         for rid in rids:
             req = self.reqs.get(rid)
@@ -451,7 +460,7 @@ class SWAMemoryManager(MemoryManager):
         """The manager's close (the allocator's ``free`` releases the SWA slots still mapped).
         Scheduler rule, a session whose window slid past its protected prefix: the held
         columns go back as a release frees a row (:func:`free_kv_row_segment`), then the row."""
-        session = self.sessions.get(session_id)
+        session = self.sessions.get(as_str("session_id", session_id))
         evicted = self._session_swa.get(session_id, 0)
         if (self.scheduler and session is not None and session.busy_with is None
                 and session.holds_kv() and evicted > session.cache_protected_len):  # fmt: skip

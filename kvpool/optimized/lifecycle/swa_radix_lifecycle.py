@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.host_checks import as_bool, as_count, as_instance, as_int
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.radix_key import RadixKey, req_key
@@ -75,6 +77,24 @@ class SWAReq(Protocol):
     def all_token_ids(self) -> Sequence[int]: ...
 
 
+_SWA_REQ_FIELDS = (
+    "rid", "req_pool_idx", "kv_committed_len", "cache_protected_len", "cache_inserted_len",
+    "last_node", "prefix_indices", "fill_ids", "extra_key", "all_token_ids",
+)  # fmt: skip
+
+
+def check_swa_req(req: object) -> SWAReq:
+    """``req`` as a request holding a row (the fields :class:`SWAReq` names):
+    InvalidArgumentError for anything else (duck-typed: any request object qualifies)."""
+    missing = [f for f in _SWA_REQ_FIELDS if not hasattr(req, f)]
+    if missing:
+        raise InvalidArgumentError(f"req must be a request (no {missing[0]}), got {req!r}")
+    out = cast(SWAReq, req)
+    if out.req_pool_idx is None:
+        raise InvalidArgumentError(f"request {out.rid!r} holds no row")
+    return out
+
+
 class SWARadixLifecycle:
     """An :class:`SWARadixCache` behind the lifecycle's tree calls (module docstring);
     ``options`` go to the tree (as :class:`SWARadixCache` takes them)."""
@@ -104,10 +124,14 @@ class SWARadixLifecycle:
 
     # ----------------------------------------------------------------- tree calls
     def match_prefix(self, key: RadixKey) -> SWAMatchResult:
-        return self.tree.match_prefix(key)
+        """The tree's match of ``key`` (InvalidArgumentError unless a :class:`RadixKey`)."""
+        return self.tree.match_prefix(as_instance("key", key, RadixKey))
 
     def inc_lock_ref(self, node: SWATreeNode | None) -> int:
-        """Lock ``node`` (None: nothing) and remember the swa_uuid for its release."""
+        """Lock ``node`` (None: nothing) and remember the swa_uuid for its release.
+        InvalidArgumentError for anything but a tree node or None."""
+        if node is not None:
+            as_instance("node", node, SWATreeNode)
         if node is None or node is self.tree.root_node:
             return 0
         uuid = self.tree.inc_lock_ref(node)
@@ -115,7 +139,10 @@ class SWARadixLifecycle:
         return 0
 
     def dec_lock_ref(self, node: SWATreeNode | None) -> int:
-        """Release the last lock taken on ``node`` (None: nothing). LockError if none."""
+        """Release the last lock taken on ``node`` (None: nothing). LockError if none;
+        InvalidArgumentError for anything but a tree node or None."""
+        if node is not None:
+            as_instance("node", node, SWATreeNode)
         if node is None or node is self.tree.root_node:
             return 0
         held = self._uuids.get(node.node_id)
@@ -128,7 +155,10 @@ class SWARadixLifecycle:
         return 0
 
     def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
-        """The tree's eviction: (full tokens freed, SWA tokens freed)."""
+        """The tree's eviction: (full tokens freed, SWA tokens freed). InvalidArgumentError
+        unless both counts are int64 integers >= 0."""
+        num_tokens = as_count("num_tokens", num_tokens)
+        swa_num_tokens = as_count("swa_num_tokens", swa_num_tokens)
         return self.tree.evict(num_tokens, swa_num_tokens)
 
     def evictable_size(self) -> int:
@@ -148,6 +178,29 @@ class SWARadixLifecycle:
         return self.tree.snapshot()
 
     # ----------------------------------------------------------------- hand-overs
+    def _hand_over_args(
+        self, req: object, flag_name: str, flag: object, row_read: object, finished: bool
+    ) -> tuple[SWAReq, bool, torch.Tensor | None]:
+        """The checks of a hand-over (``cache_finished_req``, ``cache_unfinished_req``) before
+        any change: ``req`` a request holding a row, the flag a bool, ``row_read`` None or the
+        row's first ``need`` slots (``kv_committed_len`` when ``finished``, else
+        ``len(fill_ids)``) given as an integer index of at least that many (its content is
+        the caller's).
+        InvalidArgumentError naming the argument otherwise."""
+        out = check_swa_req(req)
+        value = as_bool(flag_name, flag)
+        row = out.req_pool_idx
+        assert row is not None
+        need = out.kv_committed_len if finished else len(out.fill_ids)
+        if row_read is None:
+            return out, value, None
+        got = index_tensor("row_read", row_read, self.req_to_token_pool.device)
+        if got.numel() < need:
+            raise InvalidArgumentError(
+                f"row_read holds {got.numel()} slots; the request needs {need}"
+            )
+        return out, value, got
+
     def _key(self, req: SWAReq, stop: int) -> RadixKey:
         return req_key(req, stop)
 
@@ -162,9 +215,9 @@ class SWARadixLifecycle:
         the unaligned tail; unlock (module docstring). InvalidArgumentError for a request
         without a row. ``row_read``: ``row[:committed]`` as the caller already read it (int64,
         on the device), used instead of a read of the row."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        req, is_insert, row_read = self._hand_over_args(req, "is_insert", is_insert, row_read, True)
         committed = req.kv_committed_len
+        assert req.req_pool_idx is not None
         if row_read is not None:
             kv = row_read[:committed]
         else:
@@ -185,9 +238,9 @@ class SWARadixLifecycle:
     ) -> None:
         """Between prefill chunks (module docstring); ``row_read``: ``row[:len(fill_ids)]`` as
         the caller already read it (int64, on the device), used instead of a read of the row."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        req, chunked, row_read = self._hand_over_args(req, "chunked", chunked, row_read, False)
         row = req.req_pool_idx
+        assert row is not None
         filled = len(req.fill_ids)
         kv = row_read[:filled] if row_read is not None else self._read_row(row, filled)
         aligned = floor_align(filled, self.page_size)
@@ -247,6 +300,7 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
     def full_hit_length(self, key: RadixKey) -> int:
         """Tokens of the page-aligned ``key`` whose full KV the tree holds (the walk a match
         makes, tombstones included; changes nothing): SGLang's ``full_kv_hit_length``."""
+        key = as_instance("key", key, RadixKey)
         key = key[: floor_align(len(key), self.page_size)]
         node, total = self.tree.root_node, 0
         while len(key) > 0:
@@ -264,6 +318,8 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         """SGLang's ``swa_branching_seqlen`` of a match of ``key`` that found
         ``device_prefix_len`` usable tokens: the page-aligned full hit when it reaches past
         them, else None."""
+        key = as_instance("key", key, RadixKey)
+        device_prefix_len = as_count("device_prefix_len", device_prefix_len)
         full = floor_align(self.full_hit_length(key), self.page_size)
         return full if full > device_prefix_len else None
 
@@ -271,9 +327,14 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         """SGLang 0.5.23's ``checkpoint_into_tree`` of ``row[:stop]`` (see the reference's):
         insert, rewrite ``row[cache_protected_len:len(path)]`` with the path's slots, move the
         lock, set ``cache_protected_len`` (returned), ``prefix_indices``, ``last_node``."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        req = check_swa_req(req)
+        limit = max(req.kv_committed_len, len(req.fill_ids))
+        stop = as_int("stop", stop)
+        if not 0 <= stop <= limit:
+            raise InvalidArgumentError(f"stop must lie in [0, {limit}], got {stop}")
+        swa_evicted_seqlen = as_count("swa_evicted_seqlen", swa_evicted_seqlen)
         row = req.req_pool_idx
+        assert row is not None
         kv = self._read_row(row, stop)
         aligned = floor_align(stop, self.page_size)
         protected = req.cache_protected_len
@@ -340,9 +401,9 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         page-aligned committed tokens with the request's cursor, then one ``free`` of the tail;
         without insert one ``free`` of ``row[cache_protected_len:committed]``; then the
         unlock. ``row_read``: ``row[:committed]`` as the caller already read it (int64)."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        req, is_insert, row_read = self._hand_over_args(req, "is_insert", is_insert, row_read, True)
         committed = req.kv_committed_len
+        assert req.req_pool_idx is not None
         if row_read is not None:
             kv = row_read[:committed]
         else:
@@ -363,9 +424,9 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
     ) -> None:
         """0.5.16's unified ``cache_unfinished_req`` (see the reference's); ``row_read``:
         ``row[:len(fill_ids)]`` as the caller already read it (int64)."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        req, chunked, row_read = self._hand_over_args(req, "chunked", chunked, row_read, False)
         row = req.req_pool_idx
+        assert row is not None
         filled = len(req.fill_ids)
         kv = row_read[:filled] if row_read is not None else self._read_row(row, filled)
         aligned = floor_align(filled, self.page_size)
@@ -385,4 +446,9 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         req.last_node = match.last_device_node
 
 
-__all__ = ["SWARadixLifecycle", "UnifiedSWARadixLifecycle", "UnifiedSWARadixLifecycleV0516"]
+__all__ = [
+    "SWARadixLifecycle",
+    "UnifiedSWARadixLifecycle",
+    "UnifiedSWARadixLifecycleV0516",
+    "check_swa_req",
+]

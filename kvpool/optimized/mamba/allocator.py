@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import torch
+
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import (
     ConfigError,
@@ -22,6 +25,7 @@ from kvpool.errors import (
     ReservedIndexError,
 )
 from kvpool.host_checks import int_list
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.snapshot import MambaAllocatorSnapshot
 
@@ -92,8 +96,12 @@ class MambaSlotAllocator:
     def free(self, indices: Sequence[int]) -> None:
         """Append ``indices`` to the tail of the free list, in order. Slot 0 and slots outside
         ``1..size`` raise, a free, prefetched or repeated slot raises DoubleFreeError, a
-        non-integer InvalidArgumentError. Nothing changes on an error."""
-        slots = int_list("Mamba slots", indices)
+        non-integer InvalidArgumentError (a tensor or array: 1-D of an integer dtype, read to
+        the host). Nothing changes on an error."""
+        if isinstance(indices, torch.Tensor | np.ndarray):
+            slots = index_tensor("Mamba slots", indices, "cpu").tolist()
+        else:
+            slots = int_list("Mamba slots", indices)
         for s in slots:
             if s == RESERVED_INDEX:
                 raise ReservedIndexError(f"Mamba slot {RESERVED_INDEX} is reserved")

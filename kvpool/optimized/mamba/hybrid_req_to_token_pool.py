@@ -15,13 +15,28 @@ from collections.abc import Sequence
 
 import torch
 
-from kvpool.errors import ConfigError, DoubleFreeError, InvalidArgumentError
+from kvpool.constants import RESERVED_INDEX
+from kvpool.errors import (
+    ConfigError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    ReservedIndexError,
+)
+from kvpool.host_checks import as_int
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.mamba.allocator import MambaSlotAllocator
 from kvpool.optimized.mamba.pool import MambaPool
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.protocols.requests import MambaReqLike
-from kvpool.reference.mamba.hybrid_req_to_token_pool import mamba_calls, mamba_calls_fit
+from kvpool.reference.mamba.hybrid_req_to_token_pool import (
+    MAMBA_FIELDS,
+    check_mamba_req,
+    check_mamba_reqs,
+    mamba_calls,
+    mamba_calls_fit,
+)
 from kvpool.rules import Rules
 from kvpool.snapshot import HybridReqToTokenSnapshot
 
@@ -69,6 +84,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def mamba_slots_needed(self, reqs: Sequence[MambaReqLike]) -> int:
         """Mamba slots :meth:`alloc` would take (see the reference)."""
+        reqs = check_mamba_reqs("reqs", reqs)
         need, t = 0, self.track_buffers
         for req in reqs:  # one pass
             if req.mamba_pool_idx is None:
@@ -77,16 +93,41 @@ class HybridReqToTokenPool(ReqToTokenPool):
                 need += t
         return need
 
+    def check_alloc(self, reqs: Sequence[MambaReqLike]) -> int:  # type: ignore[override]
+        """The base check after the hybrid request checks and the kept slots' (see the
+        reference); returns the fresh rows needed. Host values: both modes."""
+        checked = check_mamba_reqs("reqs", reqs)
+        fresh = super().check_alloc(checked)
+        self._check_kept_slots(checked)
+        return fresh
+
+    def _check_slot(self, what: str, slot: int) -> None:
+        """A Mamba slot named by a request: in ``1..size`` (slot 0 ReservedIndexError)."""
+        if slot == RESERVED_INDEX:
+            raise ReservedIndexError(f"{what}: Mamba slot {RESERVED_INDEX} is reserved")
+        if not RESERVED_INDEX < slot <= self.mamba_allocator.size:
+            raise IndexOutOfRangeError(
+                f"{what}: Mamba slot {slot} outside 1..{self.mamba_allocator.size}"
+            )
+
     def _check_kept_slots(self, reqs: Sequence[MambaReqLike]) -> None:
-        """A kept slot must be held and named by one request only (host values: both modes)."""
+        """A kept slot must be in range, held and named by one request only; a kept track
+        buffer has ``track_buffers`` entries (host values: both modes)."""
         alloc = self.mamba_allocator
         group = set(alloc._group or ())
         kept: set[int] = set()
         for i, req in enumerate(reqs):
             held = [] if req.mamba_pool_idx is None else [req.mamba_pool_idx]
-            held += [s for s in req.mamba_ping_pong_track_buffer or () if s != NO_TRACK_SLOT]
+            track = req.mamba_ping_pong_track_buffer
+            if track is not None and len(track) != self.track_buffers:
+                raise InvalidArgumentError(
+                    f"request {i} keeps {len(track)} track buffers, the pool has "
+                    f"{self.track_buffers}"
+                )
+            held += [s for s in track or () if s != NO_TRACK_SLOT]
             for slot in held:
-                free = 0 < slot <= alloc.size and alloc._is_free[slot]
+                self._check_slot(f"request {i}", slot)
+                free = alloc._is_free[slot]
                 if free or slot in group or slot in kept:
                     raise InvalidArgumentError(
                         f"request {i} keeps Mamba slot {slot}, free or shared"
@@ -98,7 +139,6 @@ class HybridReqToTokenPool(ReqToTokenPool):
         reference); None and no change when rows or Mamba slots are short. The batch is
         validated once; the mappings of its rows are written from one host-to-device copy."""
         fresh_rows = self.check_alloc(reqs)
-        self._check_kept_slots(reqs)
         if fresh_rows > len(self.free_slots):
             return None
         alloc, t = self.mamba_allocator, self.track_buffers
@@ -151,21 +191,29 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return rows
 
     def get_mamba_indices(self, rows: torch.Tensor | Sequence[int]) -> torch.Tensor:
-        """The Mamba slot mapped to each row (int32, on the device)."""
-        index = torch.as_tensor(rows, dtype=torch.int64, device=self.device)
-        if not isinstance(rows, torch.Tensor):
+        """The Mamba slot mapped to each row (int32, on the device). A 1-D integer index
+        (InvalidArgumentError otherwise, both modes); rows in ``1..size`` checked for host
+        sequences always, for tensors in checked mode (a device read)."""
+        index = index_tensor("rows", rows, self.device)
+        if not isinstance(rows, torch.Tensor) or self.checked:
             for r in index.tolist():
                 self._check_row(r)
-        return self.req_index_to_mamba_index_mapping[index]
+        try:  # unchecked: a row past the table fails here (a read: nothing changed)
+            return self.req_index_to_mamba_index_mapping[index]
+        except IndexError as exc:
+            raise IndexOutOfRangeError(f"rows outside 0..{self.size}: {exc}") from None
 
     def free_mamba_cache(
         self, req: MambaReqLike, mamba_ping_pong_track_buffer_to_keep: int | None = None
     ) -> None:
         """Free the request's Mamba slot and its track buffers except entry
         ``mamba_ping_pong_track_buffer_to_keep`` (see the reference), in one allocator call."""
+        check_mamba_req("req", req, MAMBA_FIELDS)
         if req.mamba_pool_idx is None:
             raise DoubleFreeError("request holds no Mamba slot (mamba_pool_idx is None)")
         keep = mamba_ping_pong_track_buffer_to_keep
+        if keep is not None:
+            keep = as_int("mamba_ping_pong_track_buffer_to_keep", keep)
         if keep is not None and (not self.track_buffers or keep not in range(self.track_buffers)):
             raise InvalidArgumentError(f"track buffer to keep {keep!r} with {self.track_buffers}")
         track = req.mamba_ping_pong_track_buffer or []

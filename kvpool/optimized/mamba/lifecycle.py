@@ -13,11 +13,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kvpool.errors import DoubleFreeError, InvalidArgumentError
+from kvpool.host_checks import int_list
 from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.protocols.requests import MambaReqLike
 from kvpool.reference.mamba.lifecycle import (
     admission_headroom,
 )
+from kvpool.reference.mamba.pool import check_tags
 
 
 def _index(pool: HybridReqToTokenPool, slots: list[int]) -> torch.Tensor:
@@ -100,7 +102,11 @@ def forward_state(
     pool.mamba_pool.check_slots_host(slots)
     if len(tags) != len(slots) or len(set(slots)) != len(slots):
         raise InvalidArgumentError(f"{len(tags)} tags for {len(slots)} distinct slots")
-    values = torch.tensor(list(tags), dtype=torch.float32).to(pool.device, non_blocking=True)
+    # host tags: checked here in both modes (integers in range, as the reference's write_state
+    # checks them), then handed over as int64 (write_state stores them as float32, exactly)
+    host_tags = int_list("tags", tags)
+    check_tags(host_tags)
+    values = torch.tensor(host_tags, dtype=torch.int64).to(pool.device, non_blocking=True)
     pool.mamba_pool.write_state(_index(pool, slots), values)
 
 

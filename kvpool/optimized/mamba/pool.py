@@ -12,8 +12,10 @@ buffer, with no device-to-host sync unless ``checked`` (then slot ranges are che
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
+import numpy as np
 import torch
 
 from kvpool.constants import RESERVED_INDEX
@@ -24,11 +26,23 @@ from kvpool.errors import (
     ReservedIndexError,
 )
 from kvpool.host_checks import int_list
-from kvpool.optimized.key_match import is_integer_dtype
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.reference.mamba.pool import check_tags
 from kvpool.snapshot import MambaPoolSnapshot
 
 IndexLike = torch.Tensor | Sequence[int]
+
+
+@contextmanager
+def _out_of_range() -> Iterator[None]:
+    """Unchecked mode names no slot range before an indexed op; an op given a slot past the
+    buffers fails on the CPU before it writes anything (every buffer has the same slot
+    dimension, so the first one fails): that failure is IndexOutOfRangeError, not torch's."""
+    try:
+        yield
+    except IndexError as exc:
+        raise IndexOutOfRangeError(f"Mamba slots outside 0..size: {exc}") from None
 
 
 class MambaPool:
@@ -63,8 +77,13 @@ class MambaPool:
         return [*self.conv, self.temporal]
 
     def check_slots_host(self, slots: Sequence[int]) -> list[int]:
-        """Host ints: ReservedIndexError for slot 0, IndexOutOfRangeError outside ``1..size``."""
-        out = int_list("Mamba slots", slots)
+        """Host ints: ReservedIndexError for slot 0, IndexOutOfRangeError outside ``1..size``
+        (a tensor or array given here is read to the host: a 1-D integer index, else
+        InvalidArgumentError)."""
+        if isinstance(slots, torch.Tensor | np.ndarray):
+            out = index_tensor("Mamba slots", slots, "cpu").tolist()
+        else:
+            out = int_list("Mamba slots", slots)
         for s in out:
             if s == RESERVED_INDEX:
                 raise ReservedIndexError(f"Mamba slot {RESERVED_INDEX} is reserved")
@@ -74,12 +93,11 @@ class MambaPool:
 
     def check_slots(self, indices: IndexLike) -> torch.Tensor:
         """``indices`` as an int64 tensor on the device; a host sequence is always checked as
-        :meth:`check_slots_host`, a tensor only in checked mode (that syncs)."""
+        :meth:`check_slots_host`, a tensor only in checked mode (that syncs). A tensor must be
+        1-D of an integer dtype (InvalidArgumentError: metadata, both modes)."""
         if not isinstance(indices, torch.Tensor):
             return torch.tensor(self.check_slots_host(indices), dtype=torch.int64).to(self.device)
-        if indices.numel() and not is_integer_dtype(indices.dtype):  # metadata: both modes
-            raise InvalidArgumentError(f"Mamba slots must be integers, got dtype {indices.dtype}")
-        slots = indices.to(device=self.device, dtype=torch.int64).reshape(-1)
+        slots = index_tensor("Mamba slots", indices, self.device)
         if self.checked:
             self.check_slots_host(slots.tolist())
         return slots
@@ -87,8 +105,9 @@ class MambaPool:
     def clear_slots(self, indices: IndexLike) -> None:
         """Zero every layer's conv and temporal state of ``indices``."""
         slots = self.check_slots(indices)
-        for buf in self._buffers():
-            buf[:, slots] = 0
+        with _out_of_range():
+            for buf in self._buffers():
+                buf[:, slots] = 0
 
     def copy_from(self, src_indices: IndexLike, dst_indices: IndexLike) -> None:
         """``state[dst[i]] = state[src[i]]`` in every layer (copy-on-write of a cached state);
@@ -104,27 +123,38 @@ class MambaPool:
                 raise InvalidArgumentError(
                     "copy_from needs distinct destinations apart from sources"
                 )
-        for buf in self._buffers():
-            buf[:, dst] = buf[:, src]
+        with _out_of_range():
+            for buf in self._buffers():
+                buf[:, dst] = buf[:, src]
 
     def write_state(self, indices: IndexLike, tags: IndexLike) -> None:
-        """The forward pass: every element of the state of ``indices[i]`` becomes ``tags[i]``."""
+        """The forward pass: every element of the state of ``indices[i]`` becomes ``tags[i]``
+        (integers in ``[0, TAG_LIMIT)``: host tags always checked, a tag tensor's values in
+        checked mode; its dtype and shape in both)."""
         host = not isinstance(indices, torch.Tensor)
         slots = self.check_slots(indices)
-        if not isinstance(tags, torch.Tensor):
-            tags = int_list("tags", tags)
-        values = torch.as_tensor(tags, dtype=torch.float32, device=self.device).reshape(-1)
+        if isinstance(tags, torch.Tensor):
+            tag_index = index_tensor("tags", tags, self.device)
+            if self.checked:
+                check_tags(tag_index.tolist())
+        else:
+            host_tags = int_list("tags", tags)
+            check_tags(host_tags)
+            tag_index = torch.tensor(host_tags, dtype=torch.int64, device=self.device)
+        values = tag_index.to(torch.float32)
         if values.numel() != slots.numel():
             raise InvalidArgumentError(f"{values.numel()} tags for {slots.numel()} slots")
         if (self.checked or host) and len(set(slots.tolist())) != slots.numel():
             raise InvalidArgumentError(f"{values.numel()} tags for repeated slots")
-        for buf in self._buffers():
-            buf[:, slots] = values.view(1, -1, 1).expand(buf.shape[0], -1, buf.shape[2])
+        with _out_of_range():
+            for buf in self._buffers():
+                buf[:, slots] = values.view(1, -1, 1).expand(buf.shape[0], -1, buf.shape[2])
 
     def state_tags(self, indices: IndexLike) -> list[int]:
         """Each slot's tag (-1 where layers or elements disagree); syncs."""
         snap = self.snapshot()
-        return [snap.state_tag(int(s)) for s in self.check_slots(indices).tolist()]
+        with _out_of_range():
+            return [snap.state_tag(int(s)) for s in self.check_slots(indices).tolist()]
 
     def _tags(self, buf: torch.Tensor) -> tuple[tuple[int, ...], ...]:
         first = buf[:, :, 0]

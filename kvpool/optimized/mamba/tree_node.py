@@ -14,8 +14,10 @@ from typing import Generic
 
 import torch
 
+from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_bool
 from kvpool.optimized.radix_key import RadixKey
-from kvpool.reference.mamba.tree_node import N
+from kvpool.reference.mamba.tree_node import N, check_lru_node, lru_path
 from kvpool.reference.radix_key import ChildKey
 
 
@@ -32,35 +34,43 @@ class LRUList(Generic[N]):
     def __contains__(self, node: N) -> bool:
         return self._order.get(node.node_id) is node
 
+    def _check_member(self, node: N) -> None:
+        check_lru_node("node", node)
+        if node not in self:
+            raise InvalidArgumentError(f"node {node.node_id} is not in the LRU list")
+
     def remove(self, node: N) -> None:
-        if node in self:
-            del self._order[node.node_id]
+        """Take ``node`` out; InvalidArgumentError (nothing changed) for a node not in it."""
+        self._check_member(node)
+        del self._order[node.node_id]
 
     def insert_mru(self, node: N) -> None:
-        """Put ``node`` first (most recently used); it must not be in the list."""
-        assert node not in self, f"node {node.node_id} already in the LRU list"
+        """Put ``node`` first; InvalidArgumentError for a non-node or a node already in."""
+        check_lru_node("node", node)
+        if node.node_id in self._order:
+            raise InvalidArgumentError(f"node {node.node_id} already in the LRU list")
         self._order[node.node_id] = node
         self._order.move_to_end(node.node_id, last=False)
 
     def reset_node_mru(self, node: N) -> None:
-        """Move ``node`` to the front."""
-        self._order[node.node_id] = node
+        """Move ``node`` (in the list: InvalidArgumentError otherwise) to the front."""
+        self._check_member(node)
         self._order.move_to_end(node.node_id, last=False)
 
     def reset_node_and_parents_mru(self, node: N, root: N) -> None:
         """Move ``node`` and its ancestors (root excluded) to the front, the node most recent
-        and each ancestor just behind its child (in the mamba order only nodes with a state)."""
-        path: list[N] = []
-        while node is not root:
-            if not self.mamba or node.mamba_value is not None:
-                path.append(node)
-            assert node.parent is not None
-            node = node.parent
+        and each ancestor just behind its child (in the mamba order only nodes with a state);
+        InvalidArgumentError (nothing changed) as the reference."""
+        path = [n for n in lru_path(node, root) if not self.mamba or n.mamba_value is not None]
+        missing = [n.node_id for n in path if n not in self]
+        if missing:
+            raise InvalidArgumentError(f"nodes {missing} of the path are not in the LRU list")
         for n in reversed(path):
-            self.reset_node_mru(n)
+            self._order.move_to_end(n.node_id, last=False)
 
     def lru_no_lock(self, leaf_only: bool = False) -> N | None:
         """The least recently used unlocked node (``leaf_only``: unlocked leaf), or None."""
+        as_bool("leaf_only", leaf_only)
         for node in reversed(self._order.values()):
             if not self._locked(node) and not (leaf_only and node.children):
                 return node

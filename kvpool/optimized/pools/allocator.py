@@ -29,22 +29,25 @@ device read (dtypes, array lengths, the host copies of the lengths:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import (
     AlignmentError,
     ConfigError,
-    IndexOutOfRangeError,
     InvalidArgumentError,
     PageSizeError,
 )
+from kvpool.host_checks import INT64_MAX, as_count
 from kvpool.kernels.alloc_decode import alloc_decode_unchecked, next_slots_if_torch
 from kvpool.kernels.alloc_extend import alloc_extend_unchecked
 from kvpool.kernels.host import HostLens
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.paged_ops import (
@@ -57,6 +60,8 @@ from kvpool.optimized.pools.paged_ops import (
     check_host_copy,
     check_integer_tensors,
     check_prefix_pages_held,
+    check_segment_runs,
+    check_slot_range,
     extend_new_pages_host,
     pages_to_slots,
 )
@@ -69,6 +74,10 @@ FreeListState = tuple[torch.Tensor, torch.Tensor]
 IndexLike = torch.Tensor | Sequence[int]
 """Slots or page ids: a tensor (any device) or a sequence of ints."""
 
+_TENSOR = torch.Tensor
+_INT64 = torch.int64
+"""Module-level names for the hot paths' type tests (an attribute of ``torch`` costs a lookup)."""
+
 
 class BaseTokenToKVPoolAllocator:
     """Page allocator over ``size // page_size`` pages with ids ``1..num_pages`` (twin of
@@ -79,6 +88,9 @@ class BaseTokenToKVPoolAllocator:
 
     _dedup_pages: bool = True
     """True: freeing two slots of one page (in a call or a group) frees the page once."""
+
+    _appends_freed: bool = False
+    """True: freed pages go to the tail of ``free_pages`` (page size 1), else to its head."""
 
     def __init__(
         self,
@@ -106,7 +118,44 @@ class BaseTokenToKVPoolAllocator:
         self.kernel_backend = opts.backend
         self._on_cpu = self.device.type == "cpu"  # a tensor's is_cpu is cheaper than its device
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
-        self.free_pages = self._empty()
+        # The free list is up to three windows, in order, so that neither a free nor a take
+        # copies the whole list (SGLang concatenates it on every free):
+        # - front _fr[_fr_lo:_fr_end] (a buffer made here, None while unused): the paged
+        #   allocator's frees are written backwards into its room [0, _fr_lo) (LIFO);
+        # - main _fl[_fl_head:_fl_tail]: someone's tensor (a restored list, a sort: _fl_np is
+        #   None, _fl_room 0) or a buffer made here (then _fl_room entries past the tail are
+        #   ours to write: page size 1 appends there while no tail window follows);
+        # - tail _tl[:_tl_len] (a buffer made here, None while unused): page size 1 appends.
+        # Takes come from the first window: one view (from_numpy of a slice of the *_np view
+        # costs less than a tensor slice). free_pages joins the windows into the main one on
+        # first read (one copy) and keeps that view (_fl_view). On the CPU the buffers are made
+        # by numpy and their own copies (growing, joining, a take across windows) run there: a
+        # free and a take issue the same tensor operations whatever the lengths (none, or one
+        # copy of the freed pages), and no tensor is read back through .numpy() (to the
+        # lifecycle's sync-free counters, a device read).
+        # Nothing is ever written where a view handed out can see: the main window is never
+        # written, the tail only past what it holds, the front only where pages were taken
+        # (the paged allocator's taken pages become slots at once; page size 1, whose taken
+        # pages are its slots, never writes to a front).
+        self._fl = self._empty()
+        self._fl_np: npt.NDArray[np.int64] | None = None
+        self._fl_head = 0
+        self._fl_tail = 0
+        self._fl_room = 0
+        self._fl_view: torch.Tensor | None = None
+        self._fr: torch.Tensor | None = None
+        self._fr_np: npt.NDArray[np.int64] | None = None
+        self._fr_lo = 0
+        self._fr_end = 0
+        self._tl: torch.Tensor | None = None
+        self._tl_np: npt.NDArray[np.int64] | None = None
+        self._tl_len = 0
+        # A tail buffer dropped before any view of it was handed out (a restore, a join that
+        # copied it), reused by the next tail window: its memory is already paged in.
+        self._spare: tuple[torch.Tensor, npt.NDArray[np.int64] | None] | None = None
+        # The last backup_state's free list on the CPU and the numpy array it was made from:
+        # restoring that tensor makes it the main window with its numpy view, no copy.
+        self._backup: tuple[weakref.ref[torch.Tensor], npt.NDArray[np.int64]] | None = None
         self._release_parts: list[torch.Tensor] = []  # release_pages, joined on read
         self._release_count = 0  # pages in release_pages
         # Checked mode only: free_mask[page] is True while the page is in either free list;
@@ -118,6 +167,7 @@ class BaseTokenToKVPoolAllocator:
             if not self._dedup_pages:
                 self._pending_mask = torch.zeros_like(self._free_mask)
         self._in_free_group = False
+        self._owned: torch.Tensor | None = None  # free_group_end's concatenation, while returned
         self._pending_free: list[torch.Tensor] = []
         self._pending_pages: list[torch.Tensor] = []  # paged free_page_ids inside a group
         self.clear()
@@ -126,15 +176,191 @@ class BaseTokenToKVPoolAllocator:
     def _empty(self) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64, device=self.device)
 
-    def _as_index(self, values: IndexLike) -> torch.Tensor:
-        """Slots/lengths as a 1-D tensor on the device (no copy when already there)."""
+    def _as_index(self, values: IndexLike, name: str = "free_index") -> torch.Tensor:
+        """Slots/lengths as a 1-D integer tensor on the device (no copy when already there);
+        InvalidArgumentError, in both modes, for anything else (a float, bool or 2-D tensor,
+        ``None``, a number, a list holding non-integers: :func:`index_tensor`)."""
         if (
             type(values) is torch.Tensor
             and values.dim() == 1
             and (values.is_cpu if self._on_cpu else values.device == self.device)
+            and is_integer_dtype(values.dtype)
         ):
-            return values  # the common case, without as_tensor's and reshape's per-call cost
-        return torch.as_tensor(values, device=self.device).reshape(-1)
+            return values  # the common case, without the conversion's per-call cost
+        if isinstance(values, torch.Tensor) and values.dim() == 1 and values.numel() == 0:
+            return self._empty()  # torch.tensor([]) is float32 but names nothing to misread
+        return index_tensor(name, values, self.device)
+
+    def _check_host_slots(self, given: object, slots: torch.Tensor) -> None:
+        """Unchecked mode, slots a caller gave as host values (not a tensor): the reference's
+        range and reserved-page checks, which read no device data for them."""
+        if self._free_mask is None and not isinstance(given, torch.Tensor):
+            check_slot_range(slots, self.num_pages, self.page_size)
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """The free list (int64 page ids, in order): a view, made on first read after a change.
+        Never written in place: a view read once keeps its values."""
+        if self._tl_len or self._fr_lo < self._fr_end:
+            self._join()
+        view = self._fl_view
+        if view is None:
+            view = self._fl_view = self._fl[self._fl_head : self._fl_tail]
+        return view
+
+    @free_pages.setter
+    def free_pages(self, pages: torch.Tensor) -> None:
+        # Someone's tensor (a restored backup, a sort, a test's): read, never written.
+        self._set_main(pages, None)
+
+    def _set_main(self, pages: torch.Tensor, host: npt.NDArray[np.int64] | None) -> None:
+        """The free list is ``pages``, no other window; ``host``: the numpy array ``pages`` was
+        made from (a buffer of this allocator's), else None."""
+        if self._tl is not None and self._tl is not pages:  # a tail no view has seen
+            self._spare = (self._tl, self._tl_np)
+        self._fl = self._fl_view = pages
+        self._fl_np = host
+        self._fl_head = 0
+        self._fl_tail = pages.numel()
+        self._fl_room = 0
+        self._fr = self._fr_np = None
+        self._fr_lo = self._fr_end = 0
+        self._tl = self._tl_np = None
+        self._tl_len = 0
+
+    def _num_free_pages(self) -> int:
+        """``len(free_pages)``, from the windows' bounds (no view made)."""
+        return self._fr_end - self._fr_lo + self._fl_tail - self._fl_head + self._tl_len
+
+    def _free_windows(self) -> list[torch.Tensor]:
+        """The non-empty windows of the free list, in order (views; their concatenation is
+        ``free_pages``)."""
+        windows = []
+        if self._fr is not None and self._fr_lo < self._fr_end:
+            windows.append(self._fr[self._fr_lo : self._fr_end])
+        if self._fl_head < self._fl_tail:
+            view = self._fl_view  # made already (a restored list, say): no new view
+            windows.append(self._fl[self._fl_head : self._fl_tail] if view is None else view)
+        if self._tl is not None and self._tl_len:
+            windows.append(self._tl[: self._tl_len])
+        return windows
+
+    def _host_windows(self) -> list[npt.NDArray[np.int64]] | None:
+        """The windows as numpy arrays when every one is a CPU buffer of this allocator's."""
+        windows = []
+        if self._fr_lo < self._fr_end:
+            if self._fr_np is None:
+                return None
+            windows.append(self._fr_np[self._fr_lo : self._fr_end])
+        if self._fl_head < self._fl_tail:
+            if self._fl_np is None:
+                return None
+            windows.append(self._fl_np[self._fl_head : self._fl_tail])
+        if self._tl_len:
+            if self._tl_np is None:
+                return None
+            windows.append(self._tl_np[: self._tl_len])
+        return windows
+
+    def _buffer(self, n: int) -> tuple[torch.Tensor, npt.NDArray[np.int64] | None]:
+        """A new int64 buffer on the device with room for ``n`` entries and as many again (a
+        window that outgrows it moves to one twice its size: each entry is copied O(1) times
+        on average). On the CPU it is made by numpy (returned too): the windows' own copies
+        then run in numpy, no tensor operation, and a take is ``from_numpy`` of a slice."""
+        if self._on_cpu:
+            arr = np.empty(2 * n + 1024, dtype=np.int64)
+            return torch.from_numpy(arr), arr
+        return torch.empty(2 * n + 1024, dtype=torch.int64, device=self.device), None
+
+    def _join(self) -> None:
+        """Make the free list one window, the main one: the windows' concatenation (one copy:
+        numpy's when every window is a CPU buffer of ours, else one tensor operation), or, when
+        only a tail window is left, that window as it is (no copy, its room kept)."""
+        if self._fl_head == self._fl_tail and self._fr_lo == self._fr_end and self._tl_len:
+            assert self._tl is not None
+            tail, tail_np, n = self._tl, self._tl_np, self._tl_len
+            self._set_main(tail, tail_np)
+            self._fl_tail, self._fl_room = n, tail.numel() - n
+            self._fl_view = None
+            return
+        host = self._host_windows()
+        if host is not None:
+            arr = np.concatenate(host) if host else np.empty(0, dtype=np.int64)
+            self._set_main(torch.from_numpy(arr), arr)
+        else:
+            windows = self._free_windows()
+            self._set_main(torch.cat(windows) if windows else self._empty(), None)
+
+    def _append_free(self, pages: torch.Tensor) -> None:
+        """Put ``pages`` (int64, on the device) at the tail of the free list: into the main
+        buffer's room while no tail window follows, else into the tail window (a new buffer
+        when it is full: a copy of the tail window only). Page size 1's free: one tensor
+        operation (the copy of ``pages``), whatever the lengths."""
+        k = pages.numel()
+        if pages is self._owned and not self._tl_len and k > self._fl_room:
+            # free_group_end's concatenation, due for an empty tail window: it becomes that
+            # window as it is (no copy; full, so the next append moves it to a buffer).
+            self._tl, self._tl_np, self._tl_len = pages, None, k
+            return
+        if not self._tl_len and k <= self._fl_room:
+            buf, at = self._fl, self._fl_tail
+            self._fl_tail = at + k
+            self._fl_room -= k
+            self._fl_view = None
+        else:
+            at = self._tl_len
+            tail = self._tl
+            if tail is None or at + k > tail.numel():
+                spare = self._spare
+                if spare is not None and at + k <= spare[0].numel():
+                    buf, arr = spare
+                else:
+                    buf, arr = self._buffer(at + k)
+                self._spare = None
+                if tail is not None:
+                    if arr is not None and self._tl_np is not None:
+                        arr[:at] = self._tl_np[:at]
+                    else:
+                        buf[:at] = tail[:at]
+                self._tl, self._tl_np = buf, arr
+            else:
+                buf = tail
+            self._tl_len = at + k
+        buf[at : at + k] = pages
+
+    def _prepend_free(self, pages: torch.Tensor, host: npt.NDArray[np.int64] | None) -> None:
+        """Put ``pages`` (int64, on the device) at the head of the free list, in their order:
+        written just before the front window (a new buffer when its room is used up: a copy
+        of the front window only). ``host``: a numpy array of the allocator's holding the
+        same pages (the paged free's de-duplicated pages): the front window takes it as it is
+        when empty, else numpy copies it (no tensor operation); without it one tensor
+        operation copies ``pages`` (``free_page_ids``)."""
+        k = pages.numel()
+        lo, front, front_np = self._fr_lo, self._fr, self._fr_np
+        if lo == self._fr_end:  # the front window is empty: the pages become it
+            if host is None:
+                # Someone's pages (free_page_ids): a clone, cheaper than a numpy-made copy
+                # (empty, from_numpy, copy_); a take across this window is then a torch.cat.
+                pages = pages.clone()
+            self._fr, self._fr_np, self._fr_lo, self._fr_end = pages, host, 0, k
+            return
+        if front is None or k > lo:
+            n = self._fr_end - lo
+            buf, arr = self._buffer(n + k)
+            end = buf.numel()
+            if arr is not None and front_np is not None:
+                arr[end - n :] = front_np[lo : self._fr_end]
+            else:
+                assert front is not None
+                buf[end - n :] = front[lo : self._fr_end]
+            front, front_np, lo = buf, arr, end - n
+            self._fr, self._fr_np, self._fr_end = front, front_np, end
+        lo -= k
+        if host is not None and front_np is not None:
+            front_np[lo : lo + k] = host
+        else:
+            front[lo : lo + k] = pages
+        self._fr_lo = lo
 
     @property
     def release_pages(self) -> torch.Tensor:
@@ -163,9 +389,34 @@ class BaseTokenToKVPoolAllocator:
             self._release_parts.insert(0, pages)
         self._release_count += pages.numel()
 
-    def _set_free_lists(self, free_pages: torch.Tensor, release_pages: torch.Tensor) -> None:
-        """Replace both free lists (rebuilding the checked-mode mask)."""
-        self.free_pages = free_pages
+    def _set_free_lists(
+        self,
+        free_pages: torch.Tensor,
+        release_pages: torch.Tensor,
+        host: npt.NDArray[np.int64] | None = None,
+    ) -> None:
+        """Replace both free lists (rebuilding the checked-mode mask). ``free_pages`` becomes
+        the main window, never written: as it is when the allocator made it (``host``, the
+        numpy array it was made from, or the last :meth:`backup_state`'s) or at page size 1
+        (frees go to a tail window); else, paged, as a copy in a buffer of the allocator's
+        (one tensor operation, a list of pages), so that a take running past the front window
+        joins the two in numpy, with no tensor operation."""
+        if host is None and self._backup is not None and self._backup[0]() is free_pages:
+            host = self._backup[1]  # the last backup, restored: its numpy view, no copy
+        if host is not None:
+            self._set_main(free_pages, host)
+        elif self._appends_freed or free_pages.numel() == 0:
+            self.free_pages = free_pages
+        else:
+            n = free_pages.numel()
+            arr = np.empty(n, dtype=np.int64) if self._on_cpu else None
+            main = (
+                torch.from_numpy(arr)
+                if arr is not None
+                else torch.empty(n, dtype=torch.int64, device=self.device)
+            )
+            main.copy_(free_pages)
+            self._set_main(main, arr)
         self.release_pages = release_pages
         if self._free_mask is not None:
             self._free_mask.zero_()
@@ -186,22 +437,80 @@ class BaseTokenToKVPoolAllocator:
         ``refused_alloc_unchanged`` holds. Lengths are tensor shapes: no sync."""
         if not (self.need_sort and merge_test and self._release_count > 0):
             return
-        short = num_pages > self.free_pages.numel() + self._release_count
+        short = num_pages > self._num_free_pages() + self._release_count
         if not (short and self.rules.refused_alloc_unchanged):
             self.merge_and_sort_free()
 
     def _take_pages(self, num_pages: int) -> torch.Tensor | None:
         """Remove ``num_pages`` from the head of ``free_pages``; ``None`` and no change when
         they do not fit (call :meth:`_merge_before_take` first)."""
-        if num_pages > self.free_pages.numel():
-            return None
-        if num_pages == 0:  # nothing leaves the free list (a decode step that opens no page)
-            return self.free_pages[:0]
-        taken = self.free_pages[:num_pages]
-        self.free_pages = self.free_pages[num_pages:]
+        lo = self._fr_lo
+        if lo < self._fr_end:  # pages freed since the last join come first (paged: LIFO)
+            end = lo + num_pages
+            if end <= self._fr_end:
+                arr = self._fr_np
+                assert self._fr is not None
+                taken = torch.from_numpy(arr[lo:end]) if arr is not None else self._fr[lo:end]
+                self._fr_lo = end
+                if self._free_mask is not None:
+                    self._free_mask[taken] = False
+                return taken
+            if num_pages > self._num_free_pages():
+                return None
+            taken = self._take_across(num_pages)
+            if self._free_mask is not None:
+                self._free_mask[taken] = False
+            return taken
+        head = self._fl_head
+        end = head + num_pages
+        if end > self._fl_tail:
+            if num_pages > self._num_free_pages():
+                return None
+            taken = self._take_across(num_pages)
+            if self._free_mask is not None:
+                self._free_mask[taken] = False
+            return taken
+        # One view (the taken pages; the rest is made when free_pages is read).
+        arr = self._fl_np
+        taken = torch.from_numpy(arr[head:end]) if arr is not None else self._fl[head:end]
+        if num_pages:  # else nothing leaves the free list (a decode step opening no page)
+            self._fl_head = end
+            self._fl_view = None
         if self._free_mask is not None:
             self._free_mask[taken] = False
         return taken
+
+    def _take_across(self, num_pages: int) -> torch.Tensor:
+        """A take that runs past the first window (``num_pages`` fit in the free list): the
+        pages from the windows in order, as one fresh tensor (a copy of the taken pages only:
+        numpy's when every piece is a CPU buffer of ours, else one tensor operation). A tail
+        window it reaches becomes the main one (the main window is used up by then)."""
+        pieces: list[tuple[torch.Tensor, npt.NDArray[np.int64] | None]] = []
+        need = num_pages
+        lo, n = self._fr_lo, min(need, self._fr_end - self._fr_lo)
+        if n:
+            assert self._fr is not None
+            arr = self._fr_np
+            pieces.append((self._fr[lo : lo + n], None if arr is None else arr[lo : lo + n]))
+            self._fr_lo, need = lo + n, need - n
+        head, n = self._fl_head, min(need, self._fl_tail - self._fl_head)
+        if n:
+            arr = self._fl_np
+            pieces.append(
+                (self._fl[head : head + n], None if arr is None else arr[head : head + n])
+            )
+            self._fl_head, self._fl_view, need = head + n, None, need - n
+        if need:  # into the tail window: it becomes the main one, less the pages taken
+            tail, arr, held = self._tl, self._tl_np, self._tl_len
+            assert tail is not None
+            pieces.append((tail[:need], None if arr is None else arr[:need]))
+            self._set_main(tail, arr)
+            self._fl_head, self._fl_tail, self._fl_room = need, held, tail.numel() - held
+            self._fl_view = None
+        host = [a for _, a in pieces if a is not None]
+        if len(host) == len(pieces):
+            return torch.from_numpy(np.concatenate(host))
+        return torch.cat([t for t, _ in pieces])
 
     def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
         """SGLang's ``alloc_extend`` pre-test bound in pages (see the reference)."""
@@ -210,11 +519,11 @@ class BaseTokenToKVPoolAllocator:
     # ----------------------------------------------------------------- queries
     def available_size(self) -> int:
         """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
-        return (self.free_pages.numel() + self._release_count) * self.page_size
+        return (self._num_free_pages() + self._release_count) * self.page_size
 
     def snapshot(self) -> AllocatorSnapshot:
         """Plain copy of the free lists and the free-group state (device-to-host copies)."""
-        pending = torch.cat(self._pending_free).tolist() if self._pending_free else []
+        pending = self._pending_slots().tolist()
         return AllocatorSnapshot(
             page_size=self.page_size,
             num_pages=self.num_pages,
@@ -228,16 +537,18 @@ class BaseTokenToKVPoolAllocator:
 
     # ----------------------------------------------------------------- alloc / free
     def _check_need_size(self, need_size: int) -> None:
-        if not isinstance(need_size, int) or need_size < 0:
-            raise InvalidArgumentError(f"need_size must be a non-negative int, got {need_size!r}")
+        # A count of tokens: an int (not a bool, not a float to truncate) in [0, 2**63).
+        as_count("need_size", need_size)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slots: ``need_size // page_size`` whole pages from the head of
         ``free_pages``, expanded page by page; ``None`` (no change) if they do not fit.
         InvalidArgumentError for a negative size."""
-        self._check_need_size(need_size)
+        if type(need_size) is not int or not 0 <= need_size <= INT64_MAX:
+            self._check_need_size(need_size)  # the full check; a plain int in range needs none
         num_pages = need_size // self.page_size
-        self._merge_before_take(num_pages > self.free_pages.numel(), num_pages)
+        if self.need_sort:
+            self._merge_before_take(num_pages > self._num_free_pages(), num_pages)
         pages = self._take_pages(num_pages)
         if pages is None or self.page_size == 1:
             return pages
@@ -247,25 +558,33 @@ class BaseTokenToKVPoolAllocator:
         """Return slots. Empty input is a no-op. Inside a free group the slots are only buffered
         until :meth:`free_group_end`. Checked mode validates first, as the reference.
 
-        Unchecked, inside a group, a 1-D int64 tensor already on the device is buffered as it
-        is (no conversion, no tensor operation: the lifecycle frees one tensor per request
-        there); anything else is converted first, exactly as outside a group."""
-        if (
-            self._in_free_group
-            and self._free_mask is None
-            and type(free_index) is torch.Tensor
-            and free_index.dtype is torch.int64
-            and free_index.dim() == 1
-            and (free_index.is_cpu if self._on_cpu else free_index.device == self.device)
-        ):
-            if free_index.numel():
-                self._pending_free.append(free_index)
-            return
-        slots = self._as_index(free_index)
+        Unchecked, a 1-D int64 tensor needs no conversion and no check: inside a group it is
+        buffered as it is (no tensor operation: the lifecycle frees one tensor per request
+        there; one on another device is moved when the group ends), outside (on the device)
+        its pages go back at once; anything else is converted and checked first."""
+        if self._free_mask is None:
+            if self._in_free_group:
+                try:  # two attribute reads decide (a list has no dtype: the general path)
+                    if free_index.dtype is _INT64 and free_index.ndim == 1:  # type: ignore[union-attr]
+                        # As it is, an empty one too (it joins as nothing); one on another
+                        # device is moved when the group ends (_pending_slots).
+                        self._pending_free.append(free_index)  # type: ignore[arg-type]
+                        return
+                except AttributeError:
+                    pass
+            elif (
+                type(free_index) is _TENSOR
+                and free_index.dtype is _INT64
+                and free_index.ndim == 1
+                and (free_index.is_cpu if self._on_cpu else free_index.device == self.device)
+            ):
+                if free_index.numel():
+                    self._return_pages(free_index)
+                return
+        slots = self._as_index(free_index)  # metadata: checked in both modes
         if slots.numel() == 0:
             return
-        if not is_integer_dtype(slots.dtype):  # metadata: checked in both modes
-            raise IndexOutOfRangeError(f"slots must be integers, got dtype {slots.dtype}")
+        self._check_host_slots(free_index, slots)
         if self._free_mask is not None:
             check_free_slots(
                 slots, self._free_mask, self.page_size, not self._dedup_pages, self._pending_mask
@@ -300,33 +619,59 @@ class BaseTokenToKVPoolAllocator:
         if not self._in_free_group:
             raise InvalidArgumentError("free_group_end without free_group_begin")
         ps = self.page_size
-        slots = _joined(self._pending_free, self._empty)
+        slots = self._pending_slots()
         staged = _joined(self._pending_pages, self._empty)
         if self._free_mask is not None and slots.numel():
             check_free_slots(slots, self._free_mask, ps, not self._dedup_pages)
         if self._free_mask is not None and staged.numel():
             firsts = torch.cat((torch.unique(slots // ps), staged)) * ps
             check_free_slots(firsts, self._free_mask, ps, True)
+        if slots.numel():  # first: a refusal here (unchecked) leaves the group as it was
+            # A concatenation is the allocator's own: page size 1 may keep it as its tail
+            # window instead of copying it (_append_free).
+            self._owned = slots if len(self._pending_free) > 1 else None
+            self._return_pages(slots)
+            self._owned = None
+        if staged.numel():
+            self._return_pages_in_order(staged)
         self._in_free_group = False
         self._pending_free = []
         self._pending_pages = []
         if self._pending_mask is not None:
             self._pending_mask.zero_()
-        if slots.numel():
-            self._return_pages(slots)
-        if staged.numel():
-            self._return_pages_in_order(staged)
+
+    def _pending_slots(self) -> torch.Tensor:
+        """The open group's buffered slots as one int64 tensor on the device, in order (no copy
+        for a single one); tensors buffered from another device are moved here."""
+        parts = self._pending_free
+        if not parts:
+            return self._empty()
+        try:
+            joined = parts[0] if len(parts) == 1 else torch.cat(parts)
+        except RuntimeError:  # on different devices: each moved first
+            joined = torch.cat([self._as_index(p) for p in parts])
+        if joined.is_cpu if self._on_cpu else joined.device == self.device:
+            return joined
+        return joined.to(self.device)
 
     # ----------------------------------------------------------------- segment frees (0.5.23)
     def free_page_ids(self, page_ids: IndexLike) -> None:
         """Free exactly these pages, in the given order (see the reference); inside a free
         group a paged allocator buffers them apart (returned after the group's slot frees),
         page size 1 with the slot frees."""
-        pages = self._as_index(page_ids)
+        pages = self._as_index(page_ids, "page_ids")
         if pages.numel() == 0:
             return
+        if self._free_mask is None and not isinstance(page_ids, torch.Tensor):
+            check_slot_range(pages * self.page_size, self.num_pages, self.page_size)
         if pages.dtype is not torch.int64:
             pages = pages.to(torch.int64)
+        self._free_page_ids(pages)
+
+    def _free_page_ids(self, pages: torch.Tensor) -> None:
+        """:meth:`free_page_ids` after its argument checks: ``pages`` a non-empty 1-D int64
+        tensor on the device (``free_segment`` comes here straight: its pages come from slots
+        it has checked)."""
         if self.page_size == 1:  # page ids are slot ids
             if self._in_free_group:
                 self.free(pages)
@@ -344,22 +689,33 @@ class BaseTokenToKVPoolAllocator:
 
     def free_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
         """Free the pages of a segment starting at column ``start_pos`` (page-aligned, else
-        AlignmentError): one page per ``page_size`` slots, in order (see the reference)."""
+        AlignmentError): one page per ``page_size`` slots, in order (see the reference).
+        ``start_pos`` must be an int >= 0 (InvalidArgumentError, both modes); checked mode (or
+        slots given as host values) also checks that each run of ``page_size`` slots lies in
+        one page."""
         slots = self._as_index(free_index)
+        start = (  # a plain int in range needs no call
+            start_pos
+            if type(start_pos) is int and 0 <= start_pos <= INT64_MAX
+            else as_count("start_pos", start_pos)
+        )
         if slots.numel() == 0:
             return
         if slots.dtype is not torch.int64:
             slots = slots.to(torch.int64)
         ps = self.page_size
-        if start_pos % ps:
+        if start % ps:
             raise AlignmentError(f"segment start {start_pos} is not page-aligned")
+        self._check_host_slots(free_index, slots)
         if self._free_mask is not None:
             check_free_slots(slots, self._free_mask, ps, False, None)
+        if self._free_mask is not None or not isinstance(free_index, torch.Tensor):
+            check_segment_runs(slots, ps)
         if ps == 1:  # every slot is its own page
-            self.free_page_ids(slots)
+            self._free_page_ids(slots)
             return
         # ps is a power of two: a shift is the floor division, one tensor operation cheaper
-        self.free_page_ids(slots[::ps] >> (ps.bit_length() - 1))
+        self._free_page_ids(slots[::ps] >> (ps.bit_length() - 1))
 
     # ----------------------------------------------------------------- batch allocations
     def alloc_extend(
@@ -374,22 +730,33 @@ class BaseTokenToKVPoolAllocator:
         """Slots (int64, length ``extend_num_tokens``) for tokens ``[P_i, S_i)`` of every
         request, in batch order, or ``None`` (no change) when the new pages do not fit. The page
         count comes from the host copies; capacity is checked before the kernel is launched.
-        Checked mode raises the reference's errors for a bad batch."""
-        prefix_lens, seq_lens = self._as_index(prefix_lens), self._as_index(seq_lens)
-        last_loc = self._as_index(last_loc)
-        if self._free_mask is not None:  # device reads first: the reference's order of checks
+        Checked mode raises the reference's errors for a bad batch; so does unchecked mode for
+        the value checks that need no free list when the lengths or ``last_loc`` come as host
+        values (lists: no device read). Types, shapes and ``extend_num_tokens`` (an int >= 0):
+        InvalidArgumentError in both modes."""
+        host_given = not (
+            isinstance(prefix_lens, torch.Tensor)
+            and isinstance(seq_lens, torch.Tensor)
+            and isinstance(last_loc, torch.Tensor)
+        )
+        prefix_lens = self._as_index(prefix_lens, "prefix_lens")
+        seq_lens = self._as_index(seq_lens, "seq_lens")
+        last_loc = self._as_index(last_loc, "last_loc")
+        as_count("extend_num_tokens", extend_num_tokens)
+        if self._free_mask is not None or host_given:  # the reference's order of checks
             check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
             p = check_host_copy("prefix_lens", prefix_lens, prefix_lens_cpu)
             s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
             loc = last_loc.to(torch.int64)
             check_extend_args(p, s, loc, extend_num_tokens, self.page_size)
-            check_prefix_pages_held(p, loc, self._free_mask, self.page_size)
+            if self._free_mask is not None:
+                check_prefix_pages_held(p, loc, self._free_mask, self.page_size)
         host_p, host_s = check_extend_host(
             prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
         )
         num_new = extend_new_pages_host(host_p, host_s, self.page_size)
         bound = self._extend_merge_bound(extend_num_tokens, len(seq_lens_cpu))
-        self._merge_before_take(bound > self.free_pages.numel(), num_new)
+        self._merge_before_take(bound > self._num_free_pages(), num_new)
         pages = self._take_pages(num_new)
         if pages is None:
             return None
@@ -407,37 +774,82 @@ class BaseTokenToKVPoolAllocator:
         )
         return out
 
+    def _decode_host_fast(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
+    ) -> npt.NDArray[np.int64] | None:
+        """Unchecked mode, the arguments an engine passes (``seq_lens`` and ``last_loc`` 1-D
+        int64 tensors on the device, ``seq_lens_cpu`` a 1-D int64 CPU tensor, one length,
+        every ``S >= 1``): the host copy as a numpy view, after the same always-on checks as
+        :func:`~kvpool.optimized.pools.paged_ops.check_decode_host`, inline (their calls cost
+        more than the checks at decode sizes). None otherwise: the general path checks again
+        and raises where it must."""
+        if self._free_mask is not None or not isinstance(seq_lens_cpu, _TENSOR):
+            return None
+        try:  # a list has no dtype (a numpy array has none of torch's): the general path
+            if not (
+                seq_lens.dtype is _INT64
+                and last_loc.dtype is _INT64
+                and seq_lens_cpu.dtype is _INT64
+                and seq_lens.ndim == 1
+                and last_loc.ndim == 1
+                and seq_lens_cpu.is_cpu
+            ):
+                return None
+        except AttributeError:
+            return None
+        if self._on_cpu:
+            if not (seq_lens.is_cpu and last_loc.is_cpu):
+                return None
+        elif seq_lens.device != self.device or last_loc.device != self.device:
+            return None
+        host_s: npt.NDArray[np.int64] = seq_lens_cpu.numpy()
+        n = host_s.size
+        if host_s.ndim != 1 or seq_lens.numel() != n or last_loc.numel() != n:
+            return None
+        if n and host_s[host_s.argmin()] < 1:  # argmin: a fraction of min()'s fixed cost
+            return None
+        return host_s
+
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
         """One slot per request (int64) for token ``S_i - 1``: the first slot of the next free
         page when ``(S_i - 1) % page_size == 0``, else ``last_loc_i + 1``; ``None`` (no change)
-        if the new pages do not fit. Checked mode raises the reference's errors."""
-        seq_lens, last_loc = self._as_index(seq_lens), self._as_index(last_loc)
-        if self._free_mask is not None:  # device reads first: the reference's order of checks
-            check_integer_tensors(seq_lens=seq_lens, last_loc=last_loc)
-            s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
-            loc = last_loc.to(torch.int64)
-            if bool((s < 1).any()):
-                raise InvalidArgumentError(
-                    f"alloc_decode needs every seq_len >= 1, got {s.tolist()}"
-                )
-            check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
-            check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
-        host_s = check_decode_host(seq_lens, seq_lens_cpu, last_loc)  # the checked host copy
+        if the new pages do not fit. Checked mode raises the reference's errors (unchecked mode
+        too, but for a free page, when ``seq_lens`` or ``last_loc`` come as host values); types
+        and shapes: InvalidArgumentError in both modes."""
+        host_s = self._decode_host_fast(seq_lens, seq_lens_cpu, last_loc)
+        if host_s is None:  # anything but the engine's usual arguments: the general path
+            host_given = not (
+                isinstance(seq_lens, torch.Tensor) and isinstance(last_loc, torch.Tensor)
+            )
+            seq_lens = self._as_index(seq_lens, "seq_lens")
+            last_loc = self._as_index(last_loc, "last_loc")
+            if self._free_mask is not None or host_given:  # the reference's order of checks
+                check_integer_tensors(seq_lens=seq_lens, last_loc=last_loc)
+                s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
+                loc = last_loc.to(torch.int64)
+                if bool((s < 1).any()):
+                    raise InvalidArgumentError(
+                        f"alloc_decode needs every seq_len >= 1, got {s.tolist()}"
+                    )
+                check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
+                if self._free_mask is not None:
+                    check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
+            host_s = check_decode_host(seq_lens, seq_lens_cpu, last_loc)  # the checked copy
         if self.page_size == 1:
             # Every request opens a page: its slot is the next free page, in batch order, so the
             # slots are the taken pages themselves (a view of the free list, as alloc returns).
             bs = int(host_s.size)
             if self.need_sort:
-                self._merge_before_take(bs > self.free_pages.numel(), bs)
+                self._merge_before_take(bs > self._num_free_pages(), bs)
             return self._take_pages(bs)
         # page_opening_requests on the checked host copy, inline: (S - 1) % ps == 0
         opens = ((host_s & (self.page_size - 1)) == 1).nonzero()[0]
         num_new = int(opens.size)
         bs = int(host_s.size)
         if self.need_sort:
-            self._merge_before_take(bs > self.free_pages.numel(), num_new)
+            self._merge_before_take(bs > self._num_free_pages(), num_new)
         if num_new:
             pages = self._take_pages(num_new)
             if pages is None:
@@ -462,8 +874,18 @@ class BaseTokenToKVPoolAllocator:
 
     # ----------------------------------------------------------------- free-list state
     def backup_state(self) -> FreeListState:
-        """``(free_pages, release_pages)`` as clones (EAGLE v1 borrows draft slots with it)."""
-        return (self.free_pages.clone(), self.release_pages.clone())
+        """``(free_pages, release_pages)`` as clones (EAGLE v1 borrows draft slots with it).
+        On the CPU, from buffers of the allocator's, the free list's copy is made by numpy
+        (no tensor operation) and remembered: restoring it needs no copy."""
+        host = self._host_windows() if self._on_cpu else None
+        if host is None:
+            windows = self._free_windows()
+            free = torch.cat(windows) if len(windows) > 1 else self.free_pages.clone()
+        else:
+            arr = np.concatenate(host) if host else np.empty(0, dtype=np.int64)
+            free = torch.from_numpy(arr)
+            self._backup = (weakref.ref(free), arr)
+        return (free, self.release_pages.clone())
 
     def restore_state(self, state: object) -> None:
         """Put back free lists taken by :meth:`backup_state`. Checked mode raises
@@ -485,16 +907,20 @@ class BaseTokenToKVPoolAllocator:
         when ``release_pages`` is empty."""
         if self._release_count == 0:
             return
-        merged = torch.cat((self.free_pages, *self._release_parts))
+        merged = torch.cat((*self._free_windows(), *self._release_parts))  # one copy
         self.free_pages = sorted_pages(merged, self.num_pages)
         self.release_pages = self._empty()
 
     def clear(self) -> None:
         """Every page free (ids ascending), no release pages, no open free group."""
-        every = torch.arange(
-            RESERVED_INDEX + 1, self.num_pages + 1, dtype=torch.int64, device=self.device
-        )
-        self._set_free_lists(every, self._empty())
+        if self._on_cpu:  # made by numpy: a buffer of the allocator's (see _buffer)
+            arr = np.arange(RESERVED_INDEX + 1, self.num_pages + 1, dtype=np.int64)
+            self._set_free_lists(torch.from_numpy(arr), self._empty(), arr)
+        else:
+            every = torch.arange(
+                RESERVED_INDEX + 1, self.num_pages + 1, dtype=torch.int64, device=self.device
+            )
+            self._set_free_lists(every, self._empty())
         self._in_free_group = False
         self._pending_free = []
         self._pending_pages = []

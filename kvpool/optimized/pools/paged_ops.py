@@ -70,8 +70,9 @@ def check_integer_tensors(**tensors: torch.Tensor) -> None:
 
 
 def host_ints(name: str, values: HostLens) -> Int64Array:
-    """A host copy of lengths as a 1-D int64 array; InvalidArgumentError unless it holds
-    integers (a float list or tensor is refused, never truncated)."""
+    """A host copy of lengths as a 1-D int64 array; InvalidArgumentError unless it is a 1-D
+    integer tensor or array or a sequence of integers (a float, bool, ``None`` or nested item,
+    a 2-D array, a number: refused, never truncated or flattened)."""
     if (
         type(values) is torch.Tensor
         and values.dtype is torch.int64
@@ -81,11 +82,20 @@ def host_ints(name: str, values: HostLens) -> Int64Array:
         return values.numpy()  # the common case (an engine's host copy): a view, no checks due
     if isinstance(values, torch.Tensor):
         check_integer_tensors(**{name: values})
+        if values.dim() != 1 or values.dtype == torch.bool:
+            raise InvalidArgumentError(
+                f"{name} must be a 1-D integer tensor, got dtype {values.dtype} and shape "
+                f"{tuple(values.shape)}"
+            )
         return host_array(values)
-    arr = np.asarray(values)
-    if arr.size and arr.dtype.kind not in "iu":
-        raise InvalidArgumentError(f"{name} must hold integers, got {list(values)!r}")
-    return arr.astype(np.int64, copy=False).reshape(-1)
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
+            raise InvalidArgumentError(
+                f"{name} must be a 1-D integer array, got dtype {values.dtype} and shape "
+                f"{values.shape}"
+            )
+        return values.astype(np.int64, copy=False)
+    return np.asarray(int_list(name, values), dtype=np.int64)
 
 
 def check_extend_host(
@@ -230,7 +240,26 @@ def check_free_slots(
     0 (ReservedIndexError), no page already free (DoubleFreeError). With ``no_duplicates`` (page
     size 1) a slot named twice in the call, or marked in ``pending_mask`` (slots buffered by the
     open free group), is a DoubleFreeError as well."""
-    limit = free_mask.numel() * page_size
+    pages = check_slot_range(slots, free_mask.numel() - 1, page_size)
+    already_free = free_mask[pages]
+    if bool(already_free.any()):
+        pages_free = torch.unique(pages[already_free]).tolist()
+        raise DoubleFreeError("freeing pages that are already free", pages_free)
+    if not no_duplicates:
+        return
+    twice = torch.unique(slots).numel() != slots.numel()
+    if pending_mask is not None:
+        twice = twice or bool(pending_mask[slots].any())
+    if twice:
+        raise DoubleFreeError("slots freed twice in one call or free group")
+
+
+def check_slot_range(slots: torch.Tensor, num_pages: int, page_size: int) -> torch.Tensor:
+    """The first two of the reference's free checks (values only, no free list): every slot in
+    ``[0, (num_pages + 1) * ps)`` (IndexOutOfRangeError; non-integer tensors too), no slot of
+    page 0 (ReservedIndexError). Returns the slots' pages. Checked mode runs it on tensors; both
+    modes on slots a caller gave as host values (a list: reading them is no device read)."""
+    limit = (num_pages + 1) * page_size
     if slots.dtype.is_floating_point or slots.dtype.is_complex or slots.dtype == torch.bool:
         raise IndexOutOfRangeError(f"slots must be integers, got dtype {slots.dtype}")
     out_of_range = (slots < 0) | (slots >= limit)
@@ -244,17 +273,24 @@ def check_free_slots(
         raise ReservedIndexError(
             f"slots of reserved page {RESERVED_INDEX}: {slots[reserved].tolist()}"
         )
-    already_free = free_mask[pages]
-    if bool(already_free.any()):
-        pages_free = torch.unique(pages[already_free]).tolist()
-        raise DoubleFreeError("freeing pages that are already free", pages_free)
-    if not no_duplicates:
+    return pages
+
+
+def check_segment_runs(slots: torch.Tensor, page_size: int) -> None:
+    """Checked mode (a device read): every run ``slots[k * ps : (k + 1) * ps]`` lies in the page
+    of its first slot, as the reference's ``free_segment`` (InvalidArgumentError), so that one
+    page per run frees every page the segment names."""
+    if page_size == 1 or slots.numel() == 0:
         return
-    twice = torch.unique(slots).numel() != slots.numel()
-    if pending_mask is not None:
-        twice = twice or bool(pending_mask[slots].any())
-    if twice:
-        raise DoubleFreeError("slots freed twice in one call or free group")
+    pages = slots // page_size
+    heads = pages[::page_size].repeat_interleave(page_size)[: pages.numel()]
+    off = torch.nonzero(pages != heads)
+    if off.numel():
+        i = int(off[0, 0].item())
+        raise InvalidArgumentError(
+            f"free_index: slot {int(slots[i])} at position {i} is not in the page of its run's "
+            f"first slot {int(slots[i - i % page_size])} (page_size={page_size})"
+        )
 
 
 def check_free_list_shape(state: object) -> tuple[PageIds, PageIds]:
@@ -302,6 +338,8 @@ __all__ = [
     "check_host_copy",
     "check_integer_tensors",
     "check_prefix_pages_held",
+    "check_segment_runs",
+    "check_slot_range",
     "decode_new_pages_host",
     "extend_new_pages_host",
     "host_ints",

@@ -24,9 +24,17 @@ from kvpool.errors import (
     ReservedIndexError,
     RowReuseError,
 )
-from kvpool.optimized.key_match import is_integer_dtype
+from kvpool.host_checks import int_list
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.protocols.requests import ReqLike
+from kvpool.reference.pools.req_to_token_pool import (
+    SLOT_VALUE_LIMIT,
+    request_count,
+    request_list,
+    snapshot_rows,
+    table_request,
+)
 from kvpool.rules import Rules
 from kvpool.snapshot import ReqToTokenSnapshot
 
@@ -35,10 +43,12 @@ class ReqToTokenPool:
     """The table, the free-row list (ordered as in the reference) and ``req_generation``
     (bumped each time a row is handed out; :meth:`clear` keeps or zeroes it per ``rules``).
 
-    Every check here is on host values (rows, columns, a host byte per row for membership), so
+    Every check on rows and columns is on host values (a host byte per row for membership), so
     all are done in both modes: freeing a free row (DoubleFreeError), keeping a row that is free
-    or named twice in a batch (RowReuseError), rows and columns out of range, non-integer
-    values. ``options`` only place the table."""
+    or named twice in a batch (RowReuseError), reading or writing a free row, rows and columns
+    out of range, non-integer values. Slot values written from a tensor are range-checked in
+    checked mode only (a device read); from a list, always. ``options`` place the table and
+    set checked mode."""
 
     def __init__(
         self,
@@ -79,13 +89,26 @@ class ReqToTokenPool:
 
     def _check_columns(self, start: object, stop: object) -> tuple[int, int]:
         """``0 <= start <= stop <= max_context_len`` (ContextOverflowError past the end)."""
-        if not isinstance(start, int) or not isinstance(stop, int):
+        if (
+            not isinstance(start, int)
+            or not isinstance(stop, int)
+            or isinstance(start, bool)
+            or isinstance(stop, bool)
+        ):
             raise InvalidArgumentError(f"column bounds must be explicit ints, got {start}:{stop}")
         if start < 0 or stop < start:
             raise InvalidArgumentError(f"need 0 <= start <= stop, got {start}:{stop}")
         if stop > self.max_context_len:
             raise ContextOverflowError(f"column {stop} past max_context_len={self.max_context_len}")
         return start, stop
+
+    def _check_held(self, row: object) -> int:
+        """:meth:`_check_row`, and a request must hold the row (InvalidArgumentError for a free
+        one), as the reference."""
+        checked = self._check_row(row)
+        if self._free_set[checked]:
+            raise InvalidArgumentError(f"row {checked} is free: no request holds it")
+        return checked
 
     # ----------------------------------------------------------------- rows
     def available_size(self) -> int:
@@ -97,11 +120,12 @@ class ReqToTokenPool:
         fresh rows it needs. A request with ``req_pool_idx`` set may keep it only when
         ``is_chunked > 0`` or ``kv_committed_len > 0`` (else RowReuseError), and a kept row must
         be neither free nor named twice (RowReuseError); a request without a row named twice in
-        the batch is InvalidArgumentError."""
+        the batch, ``reqs`` that is not a sequence of requests and a non-int ``is_chunked`` /
+        ``kv_committed_len`` are InvalidArgumentError."""
         kept: set[int] = set()
         seen: set[int] = set()
         fresh = 0
-        for i, req in enumerate(reqs):
+        for i, req in enumerate(request_list(reqs)):
             if req.req_pool_idx is None:
                 if id(req) in seen:  # it would take two rows and keep one: a leaked row
                     raise InvalidArgumentError(f"request {i} appears twice in the batch")
@@ -109,7 +133,8 @@ class ReqToTokenPool:
                 fresh += 1
                 continue
             row = self._check_row(req.req_pool_idx)
-            if not (req.is_chunked > 0 or req.kv_committed_len > 0):
+            chunked = request_count(i, req, "is_chunked")
+            if not (chunked > 0 or request_count(i, req, "kv_committed_len") > 0):
                 raise RowReuseError(
                     f"request {i} holds row {row} but is neither chunked nor has committed KV"
                 )
@@ -123,6 +148,7 @@ class ReqToTokenPool:
         ``req_pool_idx`` set keeps it (see :meth:`check_alloc`; misuse raises before any change);
         the others take, in batch order, the block :meth:`_take_rows` removes, bumping each
         row's generation. ``None`` (no change) when fewer rows are free than needed."""
+        reqs = request_list(reqs)  # read once: an iterator would be empty the second time
         fresh = self.check_alloc(reqs)
         if fresh > len(self.free_slots):
             return None
@@ -152,7 +178,9 @@ class ReqToTokenPool:
     def free(self, req: ReqLike) -> None:
         """Append the request's row to ``free_slots`` and clear ``req.req_pool_idx``; the table
         contents stay. InvalidArgumentError without a row; DoubleFreeError for a row that is
-        already free (a host byte per row: checked in both modes)."""
+        already free (a host byte per row: checked in both modes); InvalidArgumentError for an
+        object that is not a request."""
+        req = table_request(req)
         if req.req_pool_idx is None:
             raise InvalidArgumentError("request holds no row (req_pool_idx is None)")
         row = self._check_row(req.req_pool_idx)
@@ -173,36 +201,56 @@ class ReqToTokenPool:
     # ----------------------------------------------------------------- table
     def write(self, index: tuple[int, slice], values: torch.Tensor | Sequence[int]) -> None:
         """``req_to_token[row, start:stop] = values`` (cast to int32, moved to the device);
-        ``index`` is ``(row, slice(start, stop))`` with explicit bounds (step 1). The number of
-        values must be ``stop - start`` (InvalidArgumentError); ``stop > max_context_len`` is
+        ``index`` is ``(row, slice(start, stop))`` with explicit bounds (step 1) and a held row.
+        ``values`` is a 1-D integer tensor or a sequence of integers (InvalidArgumentError,
+        both modes) of ``stop - start`` slot ids in ``[0, SLOT_VALUE_LIMIT)`` (a list: always;
+        a tensor: checked mode, a device read); ``stop > max_context_len`` is
         ContextOverflowError."""
         if not (isinstance(index, tuple) and len(index) == 2 and isinstance(index[1], slice)):
-            raise InvalidArgumentError("index must be (row, slice(start, stop))")
-        row = self._check_row(index[0])
+            raise InvalidArgumentError(f"index must be (row, slice(start, stop)), got {index!r}")
+        row = self._check_held(index[0])
         cols = index[1]
         if cols.step not in (None, 1):
             raise InvalidArgumentError(f"slice step must be 1, got {cols.step}")
         start, stop = self._check_columns(cols.start, cols.stop)
-        new = torch.as_tensor(values, device=self.device)
-        if new.numel() and not is_integer_dtype(new.dtype):  # metadata: never truncate
-            raise InvalidArgumentError(f"slots must be integers, got dtype {new.dtype}")
-        new = new.to(torch.int32)
-        if new.dim() != 1 or new.numel() != stop - start:
+        host = not isinstance(values, torch.Tensor)
+        if host:  # host values: the reference's range check costs no device read
+            listed = int_list("values", values)
+            bad = [v for v in listed if not 0 <= v < SLOT_VALUE_LIMIT]
+            if bad:
+                raise InvalidArgumentError(
+                    f"values: slot ids outside [0, {SLOT_VALUE_LIMIT}): {bad[:8]}"
+                )
+        new = index_tensor("values", values, self.device)  # 1-D, integer: never truncated
+        if new.numel() != stop - start:
             raise InvalidArgumentError(f"{new.numel()} values for {stop - start} columns")
-        self.req_to_token[row, start:stop] = new
+        if self.checked and not host and new.numel():
+            low, high = int(new.min()), int(new.max())
+            if low < 0 or high >= SLOT_VALUE_LIMIT:
+                raise InvalidArgumentError(
+                    f"values: slot ids outside [0, {SLOT_VALUE_LIMIT}): {[low, high]}"
+                )
+        self.req_to_token[row, start:stop] = new.to(torch.int32)
 
     def read(self, row: int, start: int, stop: int) -> torch.Tensor:
         """A copy (int32, on the device) of ``req_to_token[row, start:stop]`` (checks as in
-        :meth:`write`)."""
-        self._check_row(row)
+        :meth:`write`: a held row)."""
+        self._check_held(row)
         start, stop = self._check_columns(start, stop)
         return self.req_to_token[row, start:stop].clone()
 
     def snapshot(self, rows: Sequence[tuple[int, int]] = ()) -> ReqToTokenSnapshot:
         """Plain copy of the free rows and generations; ``rows`` lists ``(row, length)`` pairs whose
-        first ``length`` columns to include (one device-to-host copy per row)."""
+        first ``length`` columns to include, free rows too (one device-to-host copy per row).
+        InvalidArgumentError unless ``rows`` is a sequence of int pairs; rows and lengths are
+        checked as :meth:`read`'s."""
+        pairs = snapshot_rows(rows)
+        for row, length in pairs:
+            self._check_row(row)
+            self._check_columns(0, length)
         contents = tuple(
-            (row, tuple(int(v) for v in self.read(row, 0, length).tolist())) for row, length in rows
+            (row, tuple(int(v) for v in self.req_to_token[row, :length].tolist()))
+            for row, length in pairs
         )
         return ReqToTokenSnapshot(
             size=self.size,

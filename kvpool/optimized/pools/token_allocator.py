@@ -23,6 +23,7 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     slot twice in one call or one free group is a double free (checked mode)."""
 
     _dedup_pages = False
+    _appends_freed = True
 
     def __init__(
         self,
@@ -49,8 +50,8 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self._free_mask[slots] = True
         if self.need_sort:  # a copy: the slots may be the caller's tensor
             self._stage(slots.clone(), True)
-        else:
-            self.free_pages = torch.cat((self.free_pages, slots))
+        else:  # into the free list's spare tail: no copy of the whole list
+            self._append_free(slots)
 
 
 __all__ = ["TokenToKVPoolAllocator"]

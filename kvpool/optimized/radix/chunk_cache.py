@@ -10,12 +10,24 @@ from __future__ import annotations
 
 import torch
 
-from kvpool.constants import EVICTION_POLICIES
+from kvpool.constants import EVICTION_POLICIES, floor_align
 from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.options import TwinOptions, options_of
+from kvpool.optimized.radix.checks import check_slots_held, tree_slots
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.optimized.req import Req
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.reference.radix.checks import (  # pure host checks, shared
+    check_count,
+    check_flag,
+    check_insert_flags,
+    check_key,
+    check_release,
+    check_row_read_len,
+    fill_len,
+)
+from kvpool.reference.radix_key import tree_slot_limit
 from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
@@ -57,7 +69,8 @@ class ChunkCache:
         """Nothing to forget."""
 
     def match_prefix(self, key: RadixKey) -> MatchResult:
-        """Never matches."""
+        """Never matches (InvalidArgumentError unless ``key`` is a RadixKey)."""
+        check_key(key, RadixKey)
         return MatchResult(torch.empty(0, dtype=torch.int64, device=self.device), None, None)
 
     def insert(
@@ -68,20 +81,55 @@ class ChunkCache:
         chunked: bool = False,
         inserted_len: int | None = None,
     ) -> int:
-        """Caches nothing; 0 tokens were already cached."""
+        """Caches nothing; 0 tokens were already cached. The arguments are checked as the
+        radix cache's ``insert`` checks them (as the reference)."""
+        check_key(key, RadixKey)
+        check_insert_flags(priority, chunked, inserted_len)
+        if value is not None:
+            limit = tree_slot_limit(self.token_to_kv_pool_allocator)
+            slots = tree_slots(value, len(key), self.device, self.options.checked, limit)
+            if self.options.checked:
+                aligned = floor_align(len(key), self.page_size)
+                check_slots_held(self.token_to_kv_pool_allocator, slots[:aligned])
         return 0
 
+    @staticmethod
+    def _check_no_node(node: object) -> None:
+        """A chunk cache has no nodes: its requests hold ``last_node = None``."""
+        if node is not None:
+            raise InvalidArgumentError(
+                f"a chunk cache has no nodes: node must be None, got {node!r}"
+            )
+
     def inc_lock_ref(self, node: TreeNode | None) -> int:
+        """No-op for ``None`` (InvalidArgumentError for anything else)."""
+        self._check_no_node(node)
         return 0
 
     def dec_lock_ref(self, node: TreeNode | None) -> int:
+        """No-op for ``None`` (InvalidArgumentError for anything else)."""
+        self._check_no_node(node)
         return 0
 
     def evict(self, num_tokens: int) -> int:
-        """Nothing is evictable."""
-        if num_tokens < 0:
-            raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+        """Nothing is evictable (InvalidArgumentError unless ``num_tokens`` is a count)."""
+        check_count("num_tokens", num_tokens)
         return 0
+
+    def _check_row_read(self, row_read: object, stop: int) -> torch.Tensor | None:
+        """A caller's row read: a 1-D integer index argument of ``stop`` columns."""
+        if row_read is None:
+            return None
+        if (
+            isinstance(row_read, torch.Tensor)
+            and row_read.dtype is torch.int64
+            and row_read.dim() == 1
+        ):
+            kv = row_read  # the lifecycle's batch read: taken as it is (a view, no launch)
+        else:
+            kv = index_tensor("row_read", row_read, self.device)
+        check_row_read_len(kv.shape[0], stop)
+        return kv
 
     def evictable_size(self) -> int:
         return 0
@@ -99,9 +147,12 @@ class ChunkCache:
         ``free``, or under ``rules.release_path == "checkpoint"`` one ``free_segment`` (SGLang
         0.5.23's ``free_kv_row``). ``row_read``: ``row[:kv_committed_len]`` as the caller
         already read it (int64, 1-D, on the device), used instead of a read of the row: the
-        free is then of a view of it (no tensor operation; buffered inside a free group)."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        free is then of a view of it (no tensor operation; buffered inside a free group).
+        Checked before any change as the reference."""
+        check_flag("is_insert", is_insert)
+        _, committed, _ = check_release(req, self.req_to_token_pool)
+        row_read = self._check_row_read(row_read, committed)
+        assert req.req_pool_idx is not None
         if row_read is not None:
             kv = row_read[: req.kv_committed_len]
         else:
@@ -117,9 +168,12 @@ class ChunkCache:
     ) -> None:
         """``req.prefix_indices = row[:len(fill_ids)]`` (int64; ``row_read``, the caller's read
         of those columns, when given: then a view of it, no tensor operation); nothing else
-        changes."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        changes. Checked before any change as the reference."""
+        check_flag("chunked", chunked)
+        num_tokens = fill_len(req)
+        check_release(req, self.req_to_token_pool, num_tokens)
+        row_read = self._check_row_read(row_read, num_tokens)
+        assert req.req_pool_idx is not None
         if row_read is not None:
             req.prefix_indices = row_read[: len(req.fill_ids)]
             return

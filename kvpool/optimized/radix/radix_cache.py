@@ -31,8 +31,10 @@ import torch
 
 from kvpool.constants import floor_align, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError, PageSizeError
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.options import TwinOptions, options_of
+from kvpool.optimized.radix.checks import check_slots_held, tree_slots
 from kvpool.optimized.radix.tree_view import pretty_print_tree, snapshot_tree
 from kvpool.optimized.radix_key import (
     ChildKey,
@@ -41,13 +43,21 @@ from kvpool.optimized.radix_key import (
     RadixKey,
     TreeNode,
     as_slots,
-    check_tree_range,
     join_slots,
     req_key,
-    tree_value,
 )
 from kvpool.optimized.req import Req
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
+from kvpool.reference.radix.checks import (  # pure host checks, shared
+    check_count,
+    check_flag,
+    check_insert_flags,
+    check_key,
+    check_release,
+    check_row_read_len,
+    check_up_to,
+    fill_len,
+)
 from kvpool.reference.radix.evict_policy import PriorityKey, get_priority_fn
 from kvpool.reference.radix.radix_cache import hit_floor, logical_clock  # pure helpers, shared
 from kvpool.reference.radix_key import tree_slot_limit
@@ -213,7 +223,9 @@ class RadixCache:
 
     # ------------------------------------------------------------------ public tree API
     def match_prefix(self, key: RadixKey) -> MatchResult:
-        """Longest cached page-aligned prefix of ``key``; see the module docstring."""
+        """Longest cached page-aligned prefix of ``key``; see the module docstring.
+        InvalidArgumentError unless ``key`` is a RadixKey."""
+        check_key(key, RadixKey)
         aligned = floor_align(len(key), self.page_size)
         if self.disable or aligned == 0:
             return MatchResult(_EMPTY.to(self.device), self.root_node, self.root_node)
@@ -237,17 +249,23 @@ class RadixCache:
 
         Ownership: the new leaf keeps views of ``key``'s array and of ``value`` (no copy, as in
         SGLang); the caller must not modify them afterwards. ``cache_finished_req`` and
-        ``cache_unfinished_req`` pass fresh copies read from the table."""
-        explicit = value is not None
-        value = (
-            tree_value(value, self.device)
-            if value is not None
-            else as_slots(key.array, self.device)
-        )
-        if value.shape[0] < len(key):
-            raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
-        if explicit and self.options.checked:  # the token ids stand in for slots in tests only
-            check_tree_range(value[: len(key)], tree_slot_limit(self.token_to_kv_pool_allocator))
+        ``cache_unfinished_req`` pass fresh copies read from the table.
+
+        Checked before any change, as the reference: the key and the scalars (both modes), the
+        slots' dtype and shape (both modes), their range and distinctness (checked mode, or
+        always for host values: :func:`~kvpool.optimized.radix.checks.tree_slots`)."""
+        check_key(key, RadixKey)
+        check_insert_flags(priority, chunked, inserted_len)
+        if value is not None:
+            limit = tree_slot_limit(self.token_to_kv_pool_allocator)
+            value = tree_slots(value, len(key), self.device, self.options.checked, limit)
+            if self.options.checked:
+                aligned = floor_align(len(key), self.page_size)
+                check_slots_held(self.token_to_kv_pool_allocator, value[:aligned])
+        else:  # the token ids stand in for slots in tests only
+            value = as_slots(key.array, self.device)
+            if value.shape[0] < len(key):
+                raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
         if self.disable:
             return 0
         aligned = floor_align(len(key), self.page_size)
@@ -282,12 +300,32 @@ class RadixCache:
             node = node.parent
         return path
 
+    def _check_node(self, node: object) -> list[TreeNode]:
+        """``node``'s path to the root (empty for None): InvalidArgumentError unless it is a
+        TreeNode, LockError when it is not in a tree."""
+        if node is None:
+            return []
+        if not isinstance(node, TreeNode):
+            raise InvalidArgumentError(f"node must be a TreeNode or None, got {node!r}")
+        return self._path(node)
+
+    def _check_unlock(self, node: object) -> None:
+        """What :meth:`dec_lock_ref` of ``node`` checks, before a release changes anything."""
+        path = self._check_node(node)
+        if self.disable:
+            return
+        bad = [n.node_id for n in path if n.lock_ref <= 0]
+        if bad:
+            raise LockError(f"lock_ref would go negative on nodes {bad}")
+
     def inc_lock_ref(self, node: TreeNode | None) -> int:
-        """Lock ``node`` and its ancestors; returns the change of the evictable size (tokens)."""
+        """Lock ``node`` and its ancestors; returns the change of the evictable size (tokens).
+        InvalidArgumentError for a non-node, LockError for a detached one."""
+        path = self._check_node(node)
         if self.disable or node is None:
             return 0
         delta = 0
-        for n in self._path(node):
+        for n in path:
             if n.lock_ref == 0:
                 size = len(n)
                 self.evictable_size_ -= size
@@ -298,10 +336,11 @@ class RadixCache:
 
     def dec_lock_ref(self, node: TreeNode | None) -> int:
         """Unlock ``node`` and its ancestors; returns the change of the evictable size (tokens).
-        Raises :class:`LockError` (changing nothing) if a count would go negative."""
+        Raises :class:`LockError` (changing nothing) if a count would go negative or the node
+        is detached; InvalidArgumentError for a non-node."""
+        path = self._check_node(node)
         if self.disable or node is None:
             return 0
-        path = self._path(node)
         bad = [n.node_id for n in path if n.lock_ref <= 0]
         if bad:
             raise LockError(f"lock_ref would go negative on nodes {bad}")
@@ -348,9 +387,9 @@ class RadixCache:
 
     def evict(self, num_tokens: int) -> int:
         """Evict unlocked leaves by policy until ``num_tokens`` tokens are freed or nothing is
-        evictable; frees each node's slots with one allocator ``free``. Returns tokens freed."""
-        if num_tokens < 0:
-            raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+        evictable; frees each node's slots with one allocator ``free``. Returns tokens freed.
+        InvalidArgumentError unless ``num_tokens`` is a count."""
+        num_tokens = check_count("num_tokens", num_tokens)
         if self.disable or num_tokens == 0:
             return 0
         self._flush()
@@ -393,11 +432,27 @@ class RadixCache:
             self.token_to_kv_pool_allocator.free(slots)
 
     def _row_or_read(self, row: int, stop: int, row_read: torch.Tensor | None) -> torch.Tensor:
-        """``row_read`` when the caller read ``row[:stop]`` already, else one read of it."""
+        """``row_read`` when the caller read ``row[:stop]`` already (checked by
+        :meth:`_check_row_read`), else one read of it."""
         if row_read is not None:
-            assert len(row_read) == stop, "row_read covers the columns released"
             return row_read
         return self._read_row(row, stop)
+
+    def _check_row_read(self, row_read: object, stop: int) -> torch.Tensor | None:
+        """A caller's row read: a 1-D integer index argument of ``stop`` columns (metadata,
+        both modes), as an int64 tensor on the device."""
+        if row_read is None:
+            return None
+        if (
+            isinstance(row_read, torch.Tensor)
+            and row_read.dtype is torch.int64
+            and row_read.dim() == 1
+        ):
+            kv = row_read  # the lifecycle's batch read: taken as it is (a view, no launch)
+        else:
+            kv = index_tensor("row_read", row_read, self.device)
+        check_row_read_len(kv.shape[0], stop)
+        return kv
 
     def _insert_req(self, req: Req, key: RadixKey, value: torch.Tensor, chunked: bool) -> int:
         """Insert ``key`` for ``req``, counting hits as ``rules.hit_count`` says (``chunked``, or
@@ -412,9 +467,11 @@ class RadixCache:
         """SGLang 0.5.23's ``checkpoint`` (see the reference): insert, re-insert a shorter
         page-aligned prompt with ``priority + 1`` and no hit, free the duplicates, match again,
         rewrite the row, move ``cache_protected_len`` and the lock. Returns ``row[:up_to]``
-        as it is afterwards (int64)."""
-        assert req.req_pool_idx is not None
-        row = req.req_pool_idx
+        as it is afterwards (int64). Checked before any change as the reference."""
+        up_to = check_up_to(up_to)
+        check_flag("chunked", chunked)
+        row, _, _ = check_release(req, self.req_to_token_pool, up_to)
+        self._check_unlock(req.last_node)
         kv = self._read_row(row, up_to)
         aligned = floor_align(up_to, self.page_size)
         key = req_key(req, aligned)
@@ -453,10 +510,14 @@ class RadixCache:
         device: the lifecycle reads a finish batch's rows in one gather), used instead of a read
         of the row (under ``"checkpoint"`` only without insert: the checkpoint rewrites the
         row). The request's slots are then views of it: with the radix cache, the release of a
-        request launches no tensor operation, and inside a free group its frees are buffered."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
-        committed = req.kv_committed_len
+        request launches no tensor operation, and inside a free group its frees are buffered.
+        Checked before any change as the reference (host fields, and ``row_read``'s
+        metadata and length)."""
+        check_flag("is_insert", is_insert)
+        _, committed, _ = check_release(req, self.req_to_token_pool)
+        self._check_unlock(req.last_node)
+        row_read = self._check_row_read(row_read, committed)
+        assert req.req_pool_idx is not None
         if self.rules.release_path == "checkpoint":
             rewritten = is_insert and not self.disable
             if rewritten:
@@ -498,11 +559,13 @@ class RadixCache:
         and the re-match covers the whole aligned chunk, the tree's slots past the protected
         prefix are this request's own: the row already holds them, so the reference's rewrite
         would change no slot and is skipped, and ``prefix_indices`` is ``kv`` itself (the same
-        values as the reference's join): neither launches anything."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
-        row = req.req_pool_idx
-        num_tokens = len(req.fill_ids)
+        values as the reference's join): neither launches anything. Checked before any change
+        as the reference."""
+        check_flag("chunked", chunked)
+        num_tokens = fill_len(req)
+        row, _, _ = check_release(req, self.req_to_token_pool, num_tokens)
+        self._check_unlock(req.last_node)
+        row_read = self._check_row_read(row_read, num_tokens)
         if self.rules.release_path == "checkpoint" and not self.disable:
             req.prefix_indices = self.checkpoint(req, num_tokens, chunked)
             return

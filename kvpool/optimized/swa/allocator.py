@@ -24,10 +24,10 @@ from kvpool.errors import (
     AlignmentError,
     IndexOutOfRangeError,
     InvalidArgumentError,
-    KVPoolError,
 )
+from kvpool.host_checks import as_count
 from kvpool.kernels.host import HostLens
-from kvpool.optimized.key_match import is_integer_dtype
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.allocator import FreeListState
 from kvpool.optimized.pools.allocator_choice import allocator_for
@@ -41,6 +41,7 @@ from kvpool.optimized.pools.paged_ops import (
     check_host_copy,
     check_integer_tensors,
     check_prefix_pages_held,
+    check_slot_range,
     decode_new_pages_host,
     extend_new_pages_host,
 )
@@ -123,15 +124,37 @@ class SWATokenToKVPoolAllocator:
         )
 
     # ----------------------------------------------------------------- mapping
-    def _as_index(
-        self, values: IndexLike, error: type[KVPoolError] = InvalidArgumentError
-    ) -> torch.Tensor:
-        """``values`` as 1-D int64 on the device; ``error`` for a non-integer dtype (metadata:
-        checked in both modes; frees raise IndexOutOfRangeError, as the reference)."""
-        t = torch.as_tensor(values, device=self.device).reshape(-1)
-        if not is_integer_dtype(t.dtype) and t.numel():
-            raise error(f"slots and lengths must be integers, got dtype {t.dtype}")
-        return t.to(torch.int64)
+    def _as_index(self, values: IndexLike, name: str = "slots") -> torch.Tensor:
+        """``values`` as 1-D int64 on the device: InvalidArgumentError naming ``name`` unless
+        it is a 1-D integer index argument (metadata and host values: both modes, as the
+        reference's ``int_list``)."""
+        return index_tensor(name, values, self.device)
+
+    def _host_range(self, given: object, slots: torch.Tensor, low: int) -> None:
+        """Unchecked mode, slots a caller gave as host values (not a tensor): the range check
+        reads no device data for them, so it runs (checked mode runs it anyway)."""
+        if not self.checked and not isinstance(given, torch.Tensor):
+            self._check_range(slots, low)
+
+    def _host_free_range(self, given: object, slots: torch.Tensor) -> None:
+        """:meth:`_host_range` of a free of full slots: the full pool's range and reserved
+        page checks, as the reference's."""
+        if not self.checked and not isinstance(given, torch.Tensor):
+            check_slot_range(slots, self._size_full // self.page_size, self.page_size)
+
+    def _check_full_held(self, slots: torch.Tensor) -> None:
+        """Checked mode (a device read): full slots the caller holds (slot 0, padding, is
+        skipped): InvalidArgumentError for a slot on a free page of the full pool, as the
+        reference. ``slots`` are in range already."""
+        mask = self.full_attn_allocator._free_mask
+        if mask is None:
+            return
+        named = slots[slots != RESERVED_INDEX]
+        loose = mask[named // self.page_size]
+        if bool(loose.any()):
+            raise InvalidArgumentError(
+                f"full slots not allocated: {sorted(set(named[loose].tolist()))}"
+            )
 
     def _check_range(self, slots: torch.Tensor, low: int) -> None:
         limit = self._size_full + self.page_size
@@ -143,6 +166,7 @@ class SWATokenToKVPoolAllocator:
         """SWA slot of each full slot (0 where it has none; -1 stays -1: it indexes the tail).
         Checked mode: IndexOutOfRangeError outside ``[-1, size + page_size)``."""
         locs = self._as_index(kv_indices)
+        self._host_range(kv_indices, locs, NO_LAST_LOC)
         if self.checked:
             self._check_range(locs, NO_LAST_LOC)
         return self.full_to_swa_index_mapping[locs]
@@ -153,8 +177,10 @@ class SWATokenToKVPoolAllocator:
         full, swa = self._as_index(full_indices), self._as_index(swa_indices)
         if full.numel() != swa.numel():  # metadata: checked in both modes
             raise InvalidArgumentError(f"{full.numel()} full slots but {swa.numel()} SWA slots")
-        if self.checked:
+        # value checks: in checked mode, or on host values (no device read for them)
+        if self.checked or not isinstance(full_indices, torch.Tensor):
             self._check_range(full, 0)
+        if self.checked or not isinstance(swa_indices, torch.Tensor):
             swa_limit = self._size_swa + self.page_size
             bad = (swa < 0) | (swa >= swa_limit)
             if bool(bad.any()):
@@ -204,9 +230,11 @@ class SWATokenToKVPoolAllocator:
         )
 
     def _host_checked(
-        self, name: str, device_lens: torch.Tensor, host_lens: HostLens
+        self, name: str, device_lens: torch.Tensor, host_lens: HostLens, given: object = None
     ) -> torch.Tensor:
-        if self.checked:
+        """``device_lens`` compared with its host copy in checked mode, or when the caller
+        gave it as host values (``given`` not a tensor: no device read then)."""
+        if self.checked or (given is not None and not isinstance(given, torch.Tensor)):
             return check_host_copy(name, device_lens, host_lens)
         return device_lens
 
@@ -226,6 +254,10 @@ class SWATokenToKVPoolAllocator:
         prefix, seq = self._as_index(prefix_lens), self._as_index(seq_lens)
         loc = self._as_index(last_loc)
         check_integer_tensors(prefix_lens=prefix, seq_lens=seq, last_loc=loc)
+        if not self.checked:  # host values only: no device read
+            prefix = self._host_checked("prefix_lens", prefix, prefix_lens_cpu, prefix_lens)
+            seq = self._host_checked("seq_lens", seq, seq_lens_cpu, seq_lens)
+            self._host_range(last_loc, loc, NO_LAST_LOC)
         if self.checked:  # device reads first: the reference's order of checks
             prefix = check_host_copy("prefix_lens", prefix, prefix_lens_cpu)
             seq = check_host_copy("seq_lens", seq, seq_lens_cpu)
@@ -258,13 +290,18 @@ class SWATokenToKVPoolAllocator:
         both pools fit. Page size > 1, a batch of one."""
         if self.page_size == 1:
             raise InvalidArgumentError("SWA alloc_extend_swa_tail needs page_size > 1")
-        prefix = self._host_checked("prefix_lens", self._as_index(prefix_lens), prefix_lens_cpu)
-        seq = self._host_checked("seq_lens", self._as_index(seq_lens), seq_lens_cpu)
+        prefix = self._host_checked(
+            "prefix_lens", self._as_index(prefix_lens), prefix_lens_cpu, prefix_lens
+        )
+        seq = self._host_checked("seq_lens", self._as_index(seq_lens), seq_lens_cpu, seq_lens)
         loc = self._as_index(last_loc)
+        self._host_range(last_loc, loc, NO_LAST_LOC)
         check_extend_host(prefix, prefix_lens_cpu, seq, seq_lens_cpu, loc, extend_num_tokens)
         if len(prefix_lens_cpu) != 1 or len(seq_lens_cpu) != 1:
             raise InvalidArgumentError("alloc_extend_swa_tail takes a batch of one request")
-        if not isinstance(swa_tail_len, int) or not 0 <= swa_tail_len <= extend_num_tokens:
+        extend_num_tokens = as_count("extend_num_tokens", extend_num_tokens)
+        swa_tail_len = as_count("swa_tail_len", swa_tail_len)
+        if not 0 <= swa_tail_len <= extend_num_tokens:
             raise InvalidArgumentError(
                 f"swa_tail_len must be in [0, {extend_num_tokens}], got {swa_tail_len!r}"
             )
@@ -304,6 +341,9 @@ class SWATokenToKVPoolAllocator:
             raise InvalidArgumentError("SWA alloc_decode needs page_size > 1; use alloc")
         seq, loc = self._as_index(seq_lens), self._as_index(last_loc)
         check_integer_tensors(seq_lens=seq, last_loc=loc)
+        if not self.checked:  # host values only: no device read
+            seq = self._host_checked("seq_lens", seq, seq_lens_cpu, seq_lens)
+            self._host_range(last_loc, loc, NO_LAST_LOC)
         if self.checked:  # device reads first: the reference's order of checks
             seq = check_host_copy("seq_lens", seq, seq_lens_cpu)
             if bool((seq < 1).any()):
@@ -361,9 +401,10 @@ class SWATokenToKVPoolAllocator:
         """Free full slots and the SWA slots their mapping names, zeroing those entries; inside
         a free group as ``Rules.swa_free_resolve`` says. Checked mode validates both sides
         first."""
-        slots = self._as_index(free_index, IndexOutOfRangeError)
+        slots = self._as_index(free_index, "free_index")
         if slots.numel() == 0:
             return
+        self._host_free_range(free_index, slots)
         full_alloc = self.full_attn_allocator
         if full_alloc._free_mask is not None:
             check_free_slots(
@@ -384,12 +425,15 @@ class SWATokenToKVPoolAllocator:
     def free_swa(self, free_index: IndexLike) -> None:
         """Free only the SWA slots of full slots (tokens that slid out of the window), zeroing
         their entries; slots mapped to 0 are skipped. Checked mode: IndexOutOfRangeError for a
-        slot outside the full pool, the SWA allocator's errors for a corrupt mapping."""
-        slots = self._as_index(free_index, IndexOutOfRangeError)
+        slot outside the full pool, InvalidArgumentError for a slot whose full page is free,
+        the SWA allocator's errors for a corrupt mapping."""
+        slots = self._as_index(free_index, "free_index")
         if slots.numel() == 0:
             return
+        self._host_range(free_index, slots, 0)
         if self.checked:
             self._check_range(slots, 0)
+            self._check_full_held(slots)
         indices, swa = self._resolve_swa(slots)
         self._release_swa(indices, swa)
 
@@ -405,17 +449,23 @@ class SWATokenToKVPoolAllocator:
     def free_full(self, free_index: IndexLike) -> None:
         """Free full slots whose SWA slots were released already (see the reference); checked
         mode: InvalidArgumentError for a slot still mapped."""
-        slots = self._as_index(free_index, IndexOutOfRangeError)
+        slots = self._as_index(free_index, "free_index")
         if slots.numel() == 0:
             return
+        self._host_free_range(free_index, slots)
         self._check_unmapped(slots)
         self.full_attn_allocator.free(slots)
 
     def free_full_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
-        """:meth:`free_full` of a kv-row segment (the full pool's ``free_segment``)."""
-        slots = self._as_index(free_index, IndexOutOfRangeError)
+        """:meth:`free_full` of a kv-row segment (the full pool's ``free_segment``;
+        ``start_pos`` a page-aligned count)."""
+        slots = self._as_index(free_index, "free_index")
+        start_pos = as_count("start_pos", start_pos)
         if slots.numel() == 0:
             return
+        if start_pos % self.page_size:
+            raise AlignmentError(f"segment start {start_pos} is not page-aligned")
+        self._host_free_range(free_index, slots)
         self._check_unmapped(slots)
         self.full_attn_allocator.free_segment(slots, start_pos)
 
@@ -440,10 +490,16 @@ class SWATokenToKVPoolAllocator:
         return indices, pages
 
     def free_swa_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
-        """Free the SWA pages of a kv-row segment, zeroing their entries (see the reference)."""
-        slots = self._as_index(free_index, IndexOutOfRangeError)
+        """Free the SWA pages of a kv-row segment, zeroing their entries (see the reference;
+        checked mode: the full slots in range and held)."""
+        slots = self._as_index(free_index, "free_index")
+        start_pos = as_count("start_pos", start_pos)
         if slots.numel() == 0:
             return
+        self._host_range(free_index, slots, 0)
+        if self.checked:
+            self._check_range(slots, 0)
+            self._check_full_held(slots)
         indices, pages = self._segment_swa_pages(slots, start_pos)
         self.full_to_swa_index_mapping.index_fill_(0, indices, RESERVED_INDEX)
         self.swa_attn_allocator.free_page_ids(pages)
@@ -451,9 +507,11 @@ class SWATokenToKVPoolAllocator:
     def free_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
         """Both pools' pages of a kv-row segment: the SWA side, then the full pool's
         ``free_segment`` (checked mode validates both first)."""
-        slots = self._as_index(free_index, IndexOutOfRangeError)
+        slots = self._as_index(free_index, "free_index")
+        start_pos = as_count("start_pos", start_pos)
         if slots.numel() == 0:
             return
+        self._host_free_range(free_index, slots)
         full_alloc = self.full_attn_allocator
         if full_alloc._free_mask is not None:
             check_free_slots(slots, full_alloc._free_mask, self.page_size, False, None)

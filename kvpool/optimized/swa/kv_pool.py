@@ -14,10 +14,17 @@ import torch
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
+from kvpool.host_checks import as_int
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.kv.kv_cache import TensorLike
 from kvpool.optimized.kv.mha import MHATokenToKVPool
 from kvpool.optimized.options import TwinOptions, twin_options
+
+
+def _same_device(got: torch.device, want: torch.device) -> bool:
+    """``got`` is ``want`` (an index-less ``want``, such as ``cuda``, takes any of its kind)."""
+    return got.type == want.type and (want.index is None or got.index == want.index)
 
 
 class SWAKVPool:
@@ -57,25 +64,54 @@ class SWAKVPool:
         self.full_to_swa_index_mapping: torch.Tensor | None = None
 
     def register_mapping(self, full_to_swa_index_mapping: torch.Tensor) -> None:
-        """Share the allocator's mapping tensor (later updates are seen)."""
-        self.full_to_swa_index_mapping = full_to_swa_index_mapping
+        """Share the allocator's mapping tensor (later updates are seen). InvalidArgumentError
+        unless it is a 1-D integer tensor of ``size + page_size + 1`` entries on the pool's
+        device (metadata: both modes); checked mode also reads it: the last entry -1
+        (InvalidArgumentError), the others inside the SWA pool (IndexOutOfRangeError), as the
+        reference."""
+        mapping = full_to_swa_index_mapping
+        want = self.size + self.page_size + 1
+        if (
+            not isinstance(mapping, torch.Tensor)
+            or mapping.dim() != 1
+            or mapping.numel() != want
+            or mapping.dtype == torch.bool
+            or not is_integer_dtype(mapping.dtype)
+            or not _same_device(mapping.device, torch.device(self.device))
+        ):
+            raise InvalidArgumentError(
+                f"full_to_swa_index_mapping must be a 1-D integer tensor of {want} slots on "
+                f"{self.device}, got {mapping!r:.80}"
+            )
+        if self.checked:
+            if int(mapping[-1]) != -1:
+                raise InvalidArgumentError("full_to_swa_index_mapping must end with -1")
+            limit = self.size_swa + self.page_size
+            body = mapping[:-1]
+            bad = (body < 0) | (body >= limit)
+            if bool(bad.any()):
+                raise IndexOutOfRangeError(
+                    f"SWA slots out of range [0, {limit}): {body[bad][:8].tolist()}"
+                )
+        self.full_to_swa_index_mapping = mapping
 
     def translate_loc_from_full_to_swa(self, kv_indices: TensorLike) -> torch.Tensor:
         """SWA slot of each full slot (0: none; -1 stays -1); checked mode validates."""
         mapping = self.full_to_swa_index_mapping
         if mapping is None:
             raise InvalidArgumentError("no full_to_swa_index_mapping registered")
-        locs = torch.as_tensor(kv_indices, device=self.device).reshape(-1)
-        if locs.numel() and not is_integer_dtype(locs.dtype):  # metadata: both modes
-            raise InvalidArgumentError(f"slots must be integers, got dtype {locs.dtype}")
-        locs = locs.to(torch.int64)
-        if self.checked:
+        locs = index_tensor("kv_indices", kv_indices, self.device)  # metadata: both modes
+        # values: checked mode, or host values (no device read for them)
+        if self.checked or not isinstance(kv_indices, torch.Tensor):
             bad = (locs < -1) | (locs >= mapping.numel() - 1)
             if bool(bad.any()):
                 raise IndexOutOfRangeError(f"full slots out of range: {locs[bad].tolist()}")
         return mapping[locs]
 
     def _pool(self, layer_id: int) -> tuple[MHATokenToKVPool, int, bool]:
+        """As the reference: InvalidArgumentError unless ``layer_id`` is an integer,
+        IndexOutOfRangeError for an unknown layer."""
+        layer_id = as_int("layer_id", layer_id)
         if layer_id not in self.layers_mapping:
             raise IndexOutOfRangeError(f"layer {layer_id} is neither a full nor an SWA layer")
         local, is_swa = self.layers_mapping[layer_id]
@@ -120,8 +156,8 @@ class SWAKVPool:
     def write_tags(self, loc: TensorLike, tags: TensorLike) -> None:
         """``tags[i]`` at full slot ``loc[i]`` on every full layer and at its SWA slot on every
         SWA layer (tokens without an SWA slot skip the SWA layers)."""
+        swa = self.translate_loc_from_full_to_swa(loc)  # checked before the first write
         self.full_kv_pool.write_tags(loc, tags)
-        swa = self.translate_loc_from_full_to_swa(loc)
         keep = swa != RESERVED_INDEX
         values = torch.as_tensor(tags, device=self.device).reshape(-1)
         self.swa_kv_pool.write_tags(swa[keep], values[keep])

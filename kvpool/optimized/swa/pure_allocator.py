@@ -8,11 +8,13 @@ mapping is the identity tensor (with the -1 tail).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
-from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.optimized.key_match import is_integer_dtype
+from kvpool.errors import ConfigError, IndexOutOfRangeError
+from kvpool.host_checks import int_list
+from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.allocator import FreeListState
 from kvpool.optimized.pools.token_allocator import TokenToKVPoolAllocator
@@ -68,11 +70,11 @@ class PureSWATokenToKVPoolAllocator:
         return SWAAllocatorSnapshot(snap, snap, mapping, pure=True)
 
     def translate_loc_from_full_to_swa(self, kv_indices: IndexLike) -> torch.Tensor:
-        locs = torch.as_tensor(kv_indices, device=self.device).reshape(-1)
-        if not is_integer_dtype(locs.dtype) and locs.numel():  # metadata: both modes
-            raise InvalidArgumentError(f"slots must be integers, got dtype {locs.dtype}")
-        locs = locs.to(torch.int64)
-        if self.checked:
+        """The identity: InvalidArgumentError unless ``kv_indices`` is a 1-D integer index
+        argument (both modes); IndexOutOfRangeError outside ``[-1, size + 1)`` in checked mode,
+        or always for host values (no device read for them)."""
+        locs = index_tensor("kv_indices", kv_indices, self.device)
+        if self.checked or not isinstance(kv_indices, torch.Tensor):
             bad = (locs < NO_LAST_LOC) | (locs > self._size_swa)
             if bool(bad.any()):
                 raise IndexOutOfRangeError(f"slots out of range: {locs[bad].tolist()}")
@@ -82,8 +84,18 @@ class PureSWATokenToKVPoolAllocator:
         return self.swa_attn_allocator.alloc(need_size)
 
     def free(self, free_index: IndexLike) -> None:
-        slots = torch.as_tensor(free_index, device=self.device).reshape(-1)
-        self.swa_attn_allocator.free(slots[slots != RESERVED_INDEX])
+        """Free the slots, dropping 0 entries (padding) as SGLang does; the token allocator's
+        errors. Host values stay host values (so its host range checks run in both modes)."""
+        if isinstance(free_index, torch.Tensor):
+            slots = index_tensor("free_index", free_index, self.device)
+            self.swa_attn_allocator.free(slots[slots != RESERVED_INDEX])
+            return
+        if not isinstance(free_index, np.ndarray):
+            kept = [s for s in int_list("free_index", free_index) if s != RESERVED_INDEX]
+            self.swa_attn_allocator.free(kept)
+            return
+        slots = index_tensor("free_index", free_index, self.device)
+        self.swa_attn_allocator.free(slots[slots != RESERVED_INDEX].tolist())
 
     free_swa = free
 

@@ -16,10 +16,13 @@ import torch
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.host_checks import as_bool, as_count, as_int
 from kvpool.optimized.options import TwinOptions, options_of
-from kvpool.optimized.radix_key import RadixKey, check_tree_range, tree_value
+from kvpool.optimized.radix.checks import tree_slots
+from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa.tree_node import SWATreeNode
+from kvpool.reference.radix.checks import check_count, check_key  # pure host checks, shared
 from kvpool.reference.radix.radix_cache import logical_clock
 from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.reference.swa.radix_cache import STAMP_STEP
@@ -154,7 +157,9 @@ class SWARadixCache:
     # ----------------------------------------------------------------- match / insert
     def match_prefix(self, key: RadixKey) -> SWAMatchResult:
         """Slots of the longest usable cached prefix (see the module docstring) and its node;
-        splits a node where the walk ends inside it."""
+        splits a node where the walk ends inside it. InvalidArgumentError unless ``key`` is a
+        RadixKey."""
+        check_key(key, RadixKey)
         key = key[: floor_align(len(key), self.page_size)]
         if len(key) == 0:
             return SWAMatchResult(self._slots([]), self.root_node)
@@ -193,21 +198,31 @@ class SWARadixCache:
         """Insert the page-aligned part of ``key`` at full slots ``value``; frees the incoming
         duplicates past ``prev_prefix_len`` and recovers matched tombstones (module docstring).
         Returns the tokens that were already cached. InvalidArgumentError for fewer slots than
-        tokens or an ``swa_evicted_seqlen`` that is not a page multiple in ``[0, len(key)]``."""
-        if len(value) < len(key):
-            raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
-        value = tree_value(value, self.device).reshape(-1)
-        if self.options.checked:
-            check_tree_range(value[: len(key)], tree_slot_limit(self.token_to_kv_pool_allocator))
+        tokens or an ``swa_evicted_seqlen`` that is not a page multiple in ``[0, len(key)]``.
+
+        Checked before any change as the reference: the key and the counts (both modes); the
+        slots' dtype and shape (both modes), their range and distinctness, and that the caller
+        holds the page-aligned part (checked mode, or host values:
+        :func:`~kvpool.optimized.radix.checks.tree_slots`)."""
+        check_key(key, RadixKey)
+        prev_prefix_len = as_count("prev_prefix_len", prev_prefix_len)
+        swa_evicted_seqlen = as_count("swa_evicted_seqlen", swa_evicted_seqlen)
+        if prev_prefix_len > len(key):
+            raise InvalidArgumentError(f"prev_prefix_len {prev_prefix_len} past {len(key)} tokens")
+        aligned = floor_align(len(key), self.page_size)
+        if swa_evicted_seqlen > aligned or swa_evicted_seqlen % self.page_size:
+            raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")
+        alloc = self.token_to_kv_pool_allocator
+        checked = self.options.checked
+        host = not isinstance(value, torch.Tensor)
+        value = tree_slots(value, len(key), self.device, checked, tree_slot_limit(alloc))
         key = key[: floor_align(len(key), self.page_size)]
         value = value[: len(key)]
-        ps = self.page_size
-        if not 0 <= swa_evicted_seqlen <= len(key) or swa_evicted_seqlen % ps:
-            raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")
+        if checked or host:
+            alloc._check_full_held(value)
         if len(key) == 0:
             return 0
         self._start_walk()
-        alloc = self.token_to_kv_pool_allocator
         node, total = self.root_node, 0
         while len(key) > 0:
             child = node.children.get(self._child_key(node, key))
@@ -262,6 +277,10 @@ class SWARadixCache:
 
     # ----------------------------------------------------------------- locks
     def _path_to_root(self, node: SWATreeNode) -> list[SWATreeNode]:
+        """Nodes from ``node`` up to (excluding) the root: InvalidArgumentError unless it is an
+        SWATreeNode, LockError when it is not in this tree."""
+        if not isinstance(node, SWATreeNode):
+            raise InvalidArgumentError(f"node must be an SWATreeNode, got {node!r}")
         path, cur = [], node
         while cur is not self.root_node:
             parent = cur.parent
@@ -303,6 +322,11 @@ class SWARadixCache:
             uuid = last.swa_uuid
         return uuid
 
+    @staticmethod
+    def _check_uuid(uuid: object) -> None:
+        if uuid is not None:
+            as_int("swa_uuid_for_lock", uuid)
+
     def _swa_part(self, path: list[SWATreeNode], uuid: int | None) -> list[SWATreeNode]:
         """The nodes an SWA unlock walks: up to and including the one carrying ``uuid``."""
         for i, cur in enumerate(path):
@@ -318,8 +342,11 @@ class SWARadixCache:
     def dec_lock_ref(self, node: SWATreeNode, swa_uuid_for_lock: int | None = None,
                      skip_swa: bool = False) -> None:  # fmt: skip
         """Undo :meth:`inc_lock_ref` (``skip_swa``: its SWA part was released already).
-        LockError (nothing changed) if a count would go negative."""
+        LockError (nothing changed) if a count would go negative; InvalidArgumentError for a
+        ``swa_uuid_for_lock`` that is neither None nor an integer or a non-bool ``skip_swa``."""
         path = self._path_to_root(node)
+        self._check_uuid(swa_uuid_for_lock)
+        as_bool("skip_swa", skip_swa)
         if any(c.full_lock_ref <= 0 for c in path):
             raise LockError(f"full lock_ref would go negative above node {node.node_id}")
         part = [] if skip_swa else self._swa_part(path, swa_uuid_for_lock)
@@ -337,8 +364,11 @@ class SWARadixCache:
 
     def dec_swa_lock_only(self, node: SWATreeNode, swa_uuid_for_lock: int | None = None) -> None:
         """Release only the SWA part of a lock (the window moved on); a leaf left without SWA
-        lock loses its SWA slots at once (tombstone). LockError (nothing changed) if absent."""
-        part = self._swa_part(self._path_to_root(node), swa_uuid_for_lock)
+        lock loses its SWA slots at once (tombstone). LockError (nothing changed) if absent;
+        InvalidArgumentError for a ``swa_uuid_for_lock`` that is neither None nor an integer."""
+        path = self._path_to_root(node)
+        self._check_uuid(swa_uuid_for_lock)
+        part = self._swa_part(path, swa_uuid_for_lock)
         self._check_swa_unlock(part)
         for cur in part:
             if cur.swa_lock_ref == 1:
@@ -397,9 +427,10 @@ class SWARadixCache:
 
     def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
         """Free at least ``num_tokens`` full and ``swa_num_tokens`` SWA tokens if the tree
-        allows (module docstring); returns (full tokens freed, SWA tokens freed)."""
-        if num_tokens < 0 or swa_num_tokens < 0:
-            raise InvalidArgumentError("eviction sizes must be >= 0")
+        allows (module docstring); returns (full tokens freed, SWA tokens freed).
+        InvalidArgumentError unless both are counts."""
+        num_tokens = check_count("num_tokens", num_tokens)
+        swa_num_tokens = check_count("swa_num_tokens", swa_num_tokens)
         alloc = self.token_to_kv_pool_allocator
         full = swa = 0
         while num_tokens > 0 and full < num_tokens:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_bool
 from kvpool.optimized.mamba.radix_release import MambaLifecycleCache
 from kvpool.optimized.mamba.tree_node import MambaTreeNode
 from kvpool.optimized.radix_key import RadixKey, req_key
@@ -42,6 +42,11 @@ class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
         if node is not None and node is not self.root_node:
             super().dec_lock_ref(node)
 
+    def _check_release_node(self, node: object) -> None:
+        """:meth:`dec_lock_ref` skips None and the root; any other node must unlock."""
+        if node is not None and node is not self.root_node:
+            self._check_unlock(node)  # type: ignore[arg-type]
+
     def _inserted_node(self, key: RadixKey) -> MambaTreeNode:
         """The node an insert of ``key`` just ended on."""
         node = self._end_node(key)
@@ -57,12 +62,13 @@ class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
         self, req: Req, is_insert: bool = True, row_read: torch.Tensor | None = None
     ) -> None:
         """Checkpoint a finished request into the tree or free its KV past
-        ``cache_protected_len``, drop its lock, give its state to the tree or back."""
-        if req.req_pool_idx is None or req.mamba_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
-        committed, protected = req.kv_committed_len, req.cache_protected_len
+        ``cache_protected_len``, drop its lock, give its state to the tree or back. Everything
+        is checked first (``is_insert`` a bool): on an error nothing has changed."""
+        as_bool("is_insert", is_insert)
         # row_read: the caller's read of row[:committed] (one gather for the batch)
-        kv = self._read_row(req.req_pool_idx, committed) if row_read is None else row_read
+        kv = self._check_release(req, row_read, finished=True)
+        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None  # checked
+        committed, protected = req.kv_committed_len, req.cache_protected_len
         pool = self.req_to_token_pool
         if is_insert and committed > 0:
             key = req_key(req, committed)
@@ -86,11 +92,12 @@ class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
         self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None
     ) -> None:
         """A chunk boundary: cache ``fill_ids`` with a copy of the request's state, rewrite the
-        row with the tree's slots, move the lock to the end node (no second match)."""
-        if req.req_pool_idx is None or req.mamba_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
+        row with the tree's slots, move the lock to the end node (no second match). Everything
+        is checked first (as :meth:`cache_finished_req`)."""
+        as_bool("chunked", chunked)
+        kv = self._check_release(req, row_read, finished=False)
+        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None  # checked
         row, num_tokens = req.req_pool_idx, len(req.fill_ids)
-        kv = self._read_row(row, num_tokens) if row_read is None else row_read
         donated = self.alloc_mamba_slot()
         self.req_to_token_pool.mamba_pool.copy_from([req.mamba_pool_idx], [donated])
         key = req_key(req, num_tokens)

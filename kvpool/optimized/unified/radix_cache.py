@@ -15,6 +15,7 @@ from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.radix.radix_cache import RadixCache
 from kvpool.optimized.radix_key import RadixKey, TreeNode
+from kvpool.reference.radix.checks import check_key  # a pure host check, shared
 
 
 class UnifiedRadixCache(RadixCache):
@@ -39,6 +40,7 @@ class UnifiedRadixCache(RadixCache):
         ``[0, len(key)]``."""
         if prev_prefix_len is None:
             return super().insert(key, value, priority, chunked, inserted_len)
+        check_key(key, RadixKey)  # the spans below walk it before the base insert checks it
         if isinstance(prev_prefix_len, bool) or not isinstance(prev_prefix_len, int):
             raise InvalidArgumentError(f"prev_prefix_len must be an int, got {prev_prefix_len!r}")
         if not 0 <= prev_prefix_len <= len(key):

@@ -16,11 +16,14 @@ import torch
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.host_checks import as_bool, as_count
 from kvpool.optimized.options import TwinOptions
-from kvpool.optimized.radix_key import RadixKey, check_tree_range, tree_value
+from kvpool.optimized.radix.checks import tree_slots
+from kvpool.optimized.radix_key import RadixKey
 from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa.radix_cache import SWAMatchResult, SWARadixCache
 from kvpool.optimized.swa.tree_node import SWATreeNode
+from kvpool.reference.radix.checks import check_count, check_key  # pure host checks, shared
 from kvpool.reference.radix.evict_policy import get_priority_fn
 from kvpool.reference.radix_key import tree_slot_limit
 from kvpool.rules import Rules
@@ -131,24 +134,24 @@ class UnifiedSWARadixCache(SWARadixCache):
         leaf that ends past ``inserted_len`` tokens (SGLang 0.5.23's ``InsertParams.inserted_len``:
         a request's own earlier checkpoints counted the rest). InvalidArgumentError (nothing
         changed) for fewer slots than tokens, an ``swa_evicted_seqlen`` that is not a page multiple
-        in ``[0, len(key)]``, a negative ``prev_prefix_len`` (one past the key frees nothing), or
-        any of the three that is not an int (a bool or a float is refused, not truncated)."""
-        for name, given in (("prev_prefix_len", prev_prefix_len),
-                            ("swa_evicted_seqlen", swa_evicted_seqlen),
-                            ("inserted_len", inserted_len)):  # fmt: skip
-            if isinstance(given, bool) or not isinstance(given, int):
-                raise InvalidArgumentError(f"{name} must be an int, got {given!r}")
-        if len(value) < len(key):
-            raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
-        value = tree_value(value, self.device).reshape(-1)
-        if self.options.checked:
-            check_tree_range(value[: len(key)], tree_slot_limit(self.token_to_kv_pool_allocator))
+        in ``[0, len(key)]``, a negative ``prev_prefix_len`` or ``inserted_len`` (past the key
+        they free and count nothing), or any of the three that is not an int; the key and the
+        slots checked as the base's insert checks them (the slots' values in checked mode or for
+        host values)."""
+        check_key(key, RadixKey)
+        prev_prefix_len = as_count("prev_prefix_len", prev_prefix_len)
+        swa_evicted_seqlen = as_count("swa_evicted_seqlen", swa_evicted_seqlen)
+        inserted_len = as_count("inserted_len", inserted_len)
+        alloc = self.token_to_kv_pool_allocator
+        checked = self.options.checked
+        host = not isinstance(value, torch.Tensor)
+        value = tree_slots(value, len(key), self.device, checked, tree_slot_limit(alloc))
         key = key[: floor_align(len(key), self.page_size)]
         value = value[: len(key)]
+        if checked or host:
+            alloc._check_full_held(value)
         if not 0 <= swa_evicted_seqlen <= len(key) or swa_evicted_seqlen % self.page_size:
             raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")
-        if prev_prefix_len < 0:
-            raise InvalidArgumentError(f"prev_prefix_len must be >= 0, got {prev_prefix_len}")
         self.last_insert_node = self.root_node
         """The node the last insert's key ended on (SGLang's ``InsertResult.last_device_node``;
         the root for an empty key)."""
@@ -307,8 +310,11 @@ class UnifiedSWARadixCache(SWARadixCache):
                      skip_swa: bool = False) -> None:  # fmt: skip
         """Undo :meth:`inc_lock_ref` (``skip_swa``: its window part was released already);
         only nodes holding SWA slots move between the SWA sizes. LockError (nothing changed)
-        if a count would go negative."""
+        if a count would go negative; InvalidArgumentError for a ``swa_uuid_for_lock`` that is
+        neither None nor an int, or a ``skip_swa`` that is not a bool."""
         path = self._path_to_root(node)
+        self._check_uuid(swa_uuid_for_lock)
+        as_bool("skip_swa", skip_swa)
         if any(c.full_lock_ref <= 0 for c in path):
             raise LockError(f"full lock_ref would go negative above node {node.node_id}")
         if skip_swa:
@@ -359,8 +365,10 @@ class UnifiedSWARadixCache(SWARadixCache):
     def dec_swa_lock_only(self, node: SWATreeNode, swa_uuid_for_lock: int | None = None) -> None:
         """Release the window part of a lock early (difference 4): a node whose SWA lock
         reaches 0 becomes SWA-evictable, and is tombstoned only if it is an unlocked leaf.
-        LockError (nothing changed) if a count would go negative."""
+        LockError (nothing changed) if a count would go negative; InvalidArgumentError for a
+        ``swa_uuid_for_lock`` that is neither None nor an int."""
         path = self._path_to_root(node)
+        self._check_uuid(swa_uuid_for_lock)
         if self.rules.unified_tombstone_lock == "skip":
             part = self._swa_release_skipping(path, swa_uuid_for_lock)
         else:
@@ -406,9 +414,9 @@ class UnifiedSWARadixCache(SWARadixCache):
     def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
         """Free at least ``num_tokens`` full and ``swa_num_tokens`` SWA tokens if the tree
         allows (differences 2 and 3); returns (full tokens freed, SWA tokens freed).
-        InvalidArgumentError for a negative size."""
-        if num_tokens < 0 or swa_num_tokens < 0:
-            raise InvalidArgumentError("eviction sizes must be >= 0")
+        InvalidArgumentError unless both are counts (ints >= 0)."""
+        num_tokens = check_count("num_tokens", num_tokens)
+        swa_num_tokens = check_count("swa_num_tokens", swa_num_tokens)
         full = swa = 0
         while full < num_tokens:
             leaves = [n for n in self._nodes() if self._evictable_leaf(n)]

@@ -27,8 +27,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvpool.errors import DoubleFreeError, InvalidArgumentError
+from kvpool.host_checks import as_bool, as_count, as_int, as_str, count_list, int_list
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import SegmentAllocatorProtocol
+from kvpool.reference.hicache.args import check_device_slots, check_host_slots, check_instance
 from kvpool.snapshot import HostTransferSnapshot
 
 
@@ -41,6 +44,9 @@ class HiCacheAck:
     node_ids: list[int]
     host_indices: list[int]
     device_indices: list[int]
+    issued: bool = False
+    """Set once the transfer is issued (merged from its queue into the queue of transfers in
+    flight); only an issued transfer can complete."""
 
     def snapshot(self) -> HostTransferSnapshot:
         return HostTransferSnapshot(self.kind, tuple(self.node_ids), tuple(self.host_indices),
@@ -62,7 +68,9 @@ class PrefetchOperation:
     extra: dict[str, object] = field(default_factory=dict)
 
     def increment(self, num_tokens: int) -> bool:
-        """Count fetched tokens unless terminated; returns whether they were counted."""
+        """Count fetched tokens unless terminated; returns whether they were counted.
+        InvalidArgumentError (nothing counted) unless ``num_tokens`` is a count."""
+        num_tokens = as_count("num_tokens", num_tokens)
         if self.terminated:
             return False
         self.completed_tokens += num_tokens
@@ -106,12 +114,19 @@ class HiCacheController:
         self, device_indices: Sequence[int], node_id: int = -1, *, flush: bool = True
     ) -> list[int] | None:
         """Reserve host slots for ``device_indices`` and queue the copy, issued at once unless
-        ``flush`` is False; None when the host pool cannot hold them (nothing changed)."""
-        host_indices = self.mem_pool_host.alloc(len(device_indices))
+        ``flush`` is False; None when the host pool cannot hold them (nothing changed).
+        Checked first: device slots inside the pool, held, each once
+        (:func:`~kvpool.reference.hicache.args.check_device_slots`), ``node_id`` an integer,
+        ``flush`` a bool."""
+        device = int_list("device_indices", device_indices)
+        node_id = as_int("node_id", node_id)
+        flush = as_bool("flush", flush)
+        check_device_slots("device_indices", device, self.mem_pool_device_allocator)
+        host_indices = self.mem_pool_host.alloc(len(device))
         if host_indices is None:
             return None
         host: list[int] = list(host_indices)
-        self.write_queue.append(HiCacheAck("write", [node_id], host, list(device_indices)))
+        self.write_queue.append(HiCacheAck("write", [node_id], host, device))
         if flush:
             self.start_writing()
         return host
@@ -125,11 +140,16 @@ class HiCacheController:
 
     def load(self, host_indices: Sequence[int], node_id: int = -1) -> list[int] | None:
         """Reserve device slots for ``host_indices`` and queue the copy; None when the device
-        allocator cannot hand them out (nothing changed)."""
-        device_indices = self.mem_pool_device_allocator.alloc(len(host_indices))
+        allocator cannot hand them out (nothing changed). Checked first: host slots inside the
+        host pool, held, each once (:func:`~kvpool.reference.hicache.args.check_host_slots`),
+        ``node_id`` an integer."""
+        host = int_list("host_indices", host_indices)
+        node_id = as_int("node_id", node_id)
+        check_host_slots("host_indices", host, self.mem_pool_host)
+        device_indices = self.mem_pool_device_allocator.alloc(len(host))
         if device_indices is None:
             return None
-        self.load_queue.append(HiCacheAck("load", [node_id], list(host_indices), device_indices))
+        self.load_queue.append(HiCacheAck("load", [node_id], host, device_indices))
         return list(device_indices)
 
     def start_loading(self) -> int:
@@ -143,7 +163,13 @@ class HiCacheController:
         return self.producer_count - 1
 
     def complete(self, ack: HiCacheAck) -> None:
-        """The transfer has finished: copy the content in its direction."""
+        """The transfer has finished: copy the content in its direction (again, if called
+        again: the forward may wait for a load before its acknowledgement is delivered).
+        InvalidArgumentError (nothing copied) unless ``ack`` is an issued transfer
+        (``start_writing`` / ``start_loading``), not one still queued or built by the caller."""
+        check_instance("ack", ack, HiCacheAck)
+        if not ack.issued:
+            raise InvalidArgumentError(f"ack {ack.snapshot()} was never issued")
         host, device = self.mem_pool_host, self.mem_pool_device
         if ack.kind == "write":
             host.backup_from_device_all_layer(device, ack.host_indices, ack.device_indices)
@@ -152,8 +178,9 @@ class HiCacheController:
 
     def evict_device(self, device_indices: Sequence[int]) -> int:
         """Free device slots (``free``, or ``free_segment`` when the cache sets
-        ``segment_frees``: SGLang 0.5.23's tree frees); returns how many."""
-        slots = list(device_indices)
+        ``segment_frees``: SGLang 0.5.23's tree frees); returns how many. The allocator checks
+        the slots (held, each once) before any change."""
+        slots = int_list("device_indices", device_indices)
         if self.segment_frees:
             self.mem_pool_device_allocator.free_segment(slots, 0)
         else:
@@ -161,36 +188,49 @@ class HiCacheController:
         return len(slots)
 
     def evict_host(self, host_indices: Sequence[int]) -> int:
-        """Free host slots; returns how many."""
-        return int(self.mem_pool_host.free(list(host_indices)))
+        """Free host slots; returns how many (the host pool checks them first)."""
+        return int(self.mem_pool_host.free(int_list("host_indices", host_indices)))
 
     # ----------------------------------------------------------------- storage
     def prefetch(self, request_id: str, tags: list[int]) -> PrefetchOperation:
-        """A new prefetch operation for tokens whose stored content is ``tags``."""
-        return PrefetchOperation(request_id, tags)
+        """A new prefetch operation for tokens whose stored content is ``tags`` (tags are
+        ``>= 0``; InvalidArgumentError otherwise, or for a ``request_id`` that is not a str)."""
+        return PrefetchOperation(as_str("request_id", request_id), count_list("tags", tags))
 
     def terminate_prefetch(self, operation: PrefetchOperation) -> int:
         """Stop ``operation``; returns the tokens fetched by then."""
+        check_instance("operation", operation, PrefetchOperation)
         operation.mark_terminate()
         return operation.completed_tokens
 
     def append_host_mem_release(self, host_indices: Sequence[int]) -> None:
-        """Queue host slots for release, one page per entry."""
+        """Queue host slots for release, one page per entry. Checked first: held host slots,
+        each once, none queued already (DoubleFreeError: the drain would free it twice)."""
         ps = self.page_size
-        slots = list(host_indices)
+        slots = int_list("host_indices", host_indices)
+        check_host_slots("host_indices", slots, self.mem_pool_host)
+        queued = {s for page in self.host_mem_release_queue for s in page}
+        again = [s for s in slots if s in queued]
+        if again:
+            raise DoubleFreeError("host_indices: host slots already queued for release", again)
         for k in range(0, len(slots), ps):
             self.host_mem_release_queue.append(slots[k : k + ps])
 
     def drain_release(self) -> int:
-        """Free every queued host slot (one free); returns how many."""
+        """Free every queued host slot (one free); returns how many. The queue is emptied only
+        once the free went through."""
         slots = [s for page in self.host_mem_release_queue for s in page]
+        freed = int(self.mem_pool_host.free(slots)) if slots else 0
         self.host_mem_release_queue = []
-        return int(self.mem_pool_host.free(slots)) if slots else 0
+        return freed
 
     def prefetch_io(self, request_id: str, num_pages: int) -> int:
         """The worker of ``request_id``'s transfer fetches up to ``num_pages`` more pages (their
         stored tags land in the host slots); a terminated or finished transfer ends and its
-        unfilled host slots are queued for release. Returns the tokens fetched by this call."""
+        unfilled host slots are queued for release. Returns the tokens fetched by this call
+        (0 for a request with no transfer running)."""
+        request_id = as_str("request_id", request_id)
+        num_pages = as_count("num_pages", num_pages)
         op = next((o for o in self.prefetch_buffer if o.request_id == request_id), None)
         if op is None or op.host_indices is None:
             return 0
@@ -217,12 +257,13 @@ class HiCacheController:
 
 
 def _merge(kind: str, ops: list[HiCacheAck]) -> HiCacheAck:
-    """One transfer covering ``ops`` in order (node ids concatenated)."""
+    """One transfer covering ``ops`` in order (node ids concatenated), issued."""
     if len(ops) == 1:
+        ops[0].issued = True
         return ops[0]
     return HiCacheAck(kind, [i for op in ops for i in op.node_ids],
                       [h for op in ops for h in op.host_indices],
-                      [d for op in ops for d in op.device_indices])  # fmt: skip
+                      [d for op in ops for d in op.device_indices], True)  # fmt: skip
 
 
 __all__ = ["HiCacheAck", "HiCacheController", "PrefetchOperation"]

@@ -16,7 +16,7 @@ import heapq
 from collections.abc import Callable
 from typing import Protocol
 
-from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_count
 from kvpool.reference.hicache.cache_controller import HiCacheController
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.reference.hicache.unified_tier import UnifiedHostTier
@@ -97,8 +97,7 @@ class HostEviction:
         """Free device copies by policy until ``num_tokens`` tokens are freed (see the module
         docstring); returns the device tokens freed."""
         tree = self.tree
-        if num_tokens < 0:
-            raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+        num_tokens = as_count("num_tokens", num_tokens)
         if tree.disable or num_tokens == 0:
             return 0
         if tree.write_policy == "write_back":
@@ -205,8 +204,7 @@ class HostEviction:
         host tokens are freed; such a node leaves the tree. Returns the host tokens freed.
         Under the unified write-back rules host duplicates are reclaimed first."""
         tree = self.tree
-        if num_tokens < 0:
-            raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+        num_tokens = as_count("num_tokens", num_tokens)
         evicted = 0
         if tree.unified and tree.write_policy == "write_back":
             evicted = self._reclaim_host_duplicates(num_tokens)
@@ -267,8 +265,10 @@ class HostEviction:
 
     def evict_write_back_unified(self, num_tokens: int) -> int:
         """Unified write-back eviction leaf by leaf (see
-        :mod:`~kvpool.reference.hicache.unified_tier`); returns the device tokens freed."""
+        :mod:`~kvpool.reference.hicache.unified_tier`); returns the device tokens freed.
+        InvalidArgumentError unless ``num_tokens`` is a count."""
         tree = self.tree
+        num_tokens = as_count("num_tokens", num_tokens)
         heap = self._make_heap(self._device_leaves())
         evicted = 0
         while evicted < num_tokens and heap:

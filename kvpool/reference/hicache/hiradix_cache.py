@@ -46,8 +46,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.errors import ConfigError, InvalidArgumentError, LockError
+from kvpool.host_checks import as_bool, as_count, as_int, int_list
 from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.reference.hicache.args import (
+    check_device_slots,
+    check_instance,
+    check_lock_holder,
+    check_node,
+    check_span,
+)
 from kvpool.reference.hicache.cache_controller import HiCacheController, PrefetchOperation
 from kvpool.reference.hicache.evict import HostEviction
 from kvpool.reference.hicache.prefetch import StoragePrefetch
@@ -139,6 +147,26 @@ class HiRadixCache(RadixCache):
         """Device tokens in the tree (host-only nodes excluded)."""
         return sum(len(n.key) for n in self._device_nodes())
 
+    # ----------------------------------------------------------------- argument checks
+    def _tree_node(self, name: str, node: object) -> HiTreeNode:
+        """``node`` as a node of this tree (InvalidArgumentError otherwise)."""
+        check_node(name, node, self.root_node, HiTreeNode)
+        return as_hi(node)  # type: ignore[arg-type]
+
+    def _check_request(self, name: str, req: object, up_to: int | None = None) -> None:
+        """A request the release path may take (:func:`check_lock_holder`) and, given
+        ``up_to``, a token count between its ``cache_protected_len`` and the tokens it has
+        (and the row's width)."""
+        check_lock_holder(name, req, self.root_node, HiTreeNode)
+        if up_to is not None:
+            high = min(len(req.all_token_ids), self.req_to_token_pool.max_context_len)  # type: ignore[attr-defined]
+            check_span("up_to", up_to, req.cache_protected_len, high)  # type: ignore[attr-defined]
+
+    def _check_row_read(self, row_read: object, need: int) -> None:
+        """A caller's read of a request's row: integers, at least ``need`` of them."""
+        if row_read is not None and len(int_list("row_read", row_read)) < need:  # type: ignore[arg-type]
+            raise InvalidArgumentError(f"row_read holds fewer than {need} slots: {row_read!r}")
+
     # ----------------------------------------------------------------- split / match / insert
     def _split_node(self, child: TreeNode, split_len: int) -> HiTreeNode:
         """As the radix cache's split; the halves share the device or host state, both host
@@ -190,7 +218,9 @@ class HiRadixCache(RadixCache):
         """Longest cached page-aligned prefix (device and host). ``device_indices``: the device
         slots of the matched non-evicted nodes; ``last_device_node``: the deepest matched node
         with a device copy; ``host_hit_length``: tokens of the host-only nodes below it;
-        ``last_host_node``: the deepest matched backed-up node (the root counts)."""
+        ``last_host_node``: the deepest matched backed-up node (the root counts).
+        InvalidArgumentError for a ``key`` that is not a RadixKey."""
+        check_instance("key", key, RadixKey)
         key = self._align(key)
         if self.disable or len(key) == 0:
             return MatchResult([], self.root_node, self.root_node)
@@ -224,11 +254,25 @@ class HiRadixCache(RadixCache):
         caller's own copy of the tree's slots), and the result and the hits count the matched
         host-only tokens too. Priority: each matched node's becomes ``max(old, priority)``, the
         new leaf's is ``priority``; a split node's lower half is raised too by default, not
-        under the unified rules."""
-        if value is None:
-            value = list(key.token_ids)
+        under the unified rules.
+
+        Checked before any change: ``key`` a RadixKey; given ``value``, integers, at least one
+        per token, the key's slots inside the device pool, held and each once
+        (:func:`~kvpool.reference.hicache.args.check_device_slots`); ``priority`` an integer,
+        ``chunked`` a bool, ``inserted_len`` (if given) and ``prev_prefix_len`` counts."""
+        check_instance("key", key, RadixKey)
+        priority = as_int("priority", priority)
+        chunked = as_bool("chunked", chunked)
+        if inserted_len is not None:
+            inserted_len = as_count("inserted_len", inserted_len)
+        prev_prefix_len = as_count("prev_prefix_len", prev_prefix_len)
+        explicit = value is not None
+        value = list(key.token_ids) if value is None else int_list("value", value)
         if len(value) < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
+        if explicit and not self.disable:  # the token ids stand in for slots in tests only
+            aligned = self._align(key)
+            check_device_slots("value", value[: len(aligned)], self.token_to_kv_pool_allocator)
         if self.disable:
             return 0
         key = self._align(key)
@@ -280,10 +324,52 @@ class HiRadixCache(RadixCache):
     def checkpoint(self, req: Req, up_to: int, chunked: bool = False) -> list[int]:
         """SGLang 0.5.23's ``checkpoint`` (see the radix cache's); under the unified rules the
         inserts free the duplicates themselves
-        (:meth:`~kvpool.reference.hicache.unified_tier.UnifiedHostTier.checkpoint`)."""
+        (:meth:`~kvpool.reference.hicache.unified_tier.UnifiedHostTier.checkpoint`). Checked
+        first: the request holds a row and a lock this tree can drop, ``up_to`` lies between
+        its ``cache_protected_len`` and its tokens, ``chunked`` is a bool."""
+        up_to = as_count("up_to", up_to)
+        chunked = as_bool("chunked", chunked)
+        self._check_request("req", req, up_to)
         if self.unified:
             return self.unified_tier.checkpoint(req, up_to, chunked)
         return super().checkpoint(req, up_to, chunked)
+
+    def cache_finished_req(
+        self, req: Req, is_insert: bool = True, row_read: list[int] | None = None
+    ) -> None:
+        """The radix cache's, checked first: the request holds a row and a lock this tree can
+        drop, ``is_insert`` is a bool, ``row_read`` (if given) holds the committed slots."""
+        is_insert = as_bool("is_insert", is_insert)
+        self._check_request("req", req)
+        self._check_row_read(row_read, int(req.kv_committed_len))
+        super().cache_finished_req(req, is_insert, row_read)
+
+    def cache_unfinished_req(
+        self, req: Req, chunked: bool = False, row_read: list[int] | None = None
+    ) -> None:
+        """The radix cache's, checked first: the request holds a row and a lock this tree can
+        drop, ``chunked`` is a bool, ``row_read`` (if given) holds the prefilled slots."""
+        chunked = as_bool("chunked", chunked)
+        self._check_request("req", req)
+        self._check_row_read(row_read, len(req.fill_ids))
+        super().cache_unfinished_req(req, chunked, row_read)
+
+    def inc_lock_ref(self, node: TreeNode | None) -> int:
+        """The radix cache's; ``node`` must be a node of this tree (InvalidArgumentError, or
+        LockError for a detached one) with a device copy (LockError for a host-only node: its
+        tokens are not on device to protect)."""
+        if node is not None:
+            check_instance("node", node, HiTreeNode)
+            if as_hi(node).evicted:
+                raise LockError(f"node {node.node_id} is host-only: nothing on device to lock")
+        return super().inc_lock_ref(node)
+
+    def dec_lock_ref(self, node: TreeNode | None) -> int:
+        """The radix cache's; ``node`` must be a node of this tree (InvalidArgumentError, or
+        LockError for a detached one)."""
+        if node is not None:
+            check_instance("node", node, HiTreeNode)
+        return super().dec_lock_ref(node)
 
     def _inc_hit_count(self, node: HiTreeNode, counts: bool) -> None:
         """Count a hit (not under write-back, nor when ``counts`` is False) and write the node
@@ -301,7 +387,16 @@ class HiRadixCache(RadixCache):
     def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
         """Write ``node``'s device slots to newly reserved host slots (evicting host-only leaves
         once when the host is full); returns the tokens written (0: skipped or no room).
-        Write-through needs a backed-up parent and locks the node until the acknowledgement."""
+        Write-through needs a backed-up parent and locks the node until the acknowledgement.
+        InvalidArgumentError (nothing changed) unless ``node`` is a node of this tree, not the
+        root, on device and not backed up yet (a second backup would leak the first's host
+        slots), and ``write_back`` a bool."""
+        node = self._tree_node("node", node)
+        write_back = as_bool("write_back", write_back)
+        if node is self.root_node or node.evicted or node.backuped:
+            raise InvalidArgumentError(
+                f"node {node.node_id} is the root, host-only or backed up already"
+            )
         parent = as_hi(node.parent)
         if not write_back and parent is not self.root_node and not parent.backuped:
             return 0
@@ -334,15 +429,17 @@ class HiRadixCache(RadixCache):
         content, clear the pending state and (write-through) unlock. Returns how many. Under
         the unified rules the queued writes are issued first (one acknowledgement)."""
         cc = self.cache_controller
-        if num_acks is not None and num_acks < 0:
-            raise InvalidArgumentError(f"num_acks must be >= 0, got {num_acks}")
+        if num_acks is not None:
+            num_acks = as_count("num_acks", num_acks)
+        write_back = as_bool("write_back", write_back)
         if self.unified:
             cc.start_writing()
         count = len(cc.ack_write_queue) if num_acks is None else num_acks
         done = 0
         while done < count and cc.ack_write_queue:
-            ack = cc.ack_write_queue.pop(0)
-            cc.complete(ack)
+            ack = cc.ack_write_queue[0]
+            cc.complete(ack)  # an acknowledgement is delivered from the head of its queue
+            cc.ack_write_queue.pop(0)
             for ack_id in ack.node_ids:
                 self._finish_write_through_ack(ack_id, release_lock=not write_back)
             done += 1
@@ -352,18 +449,20 @@ class HiRadixCache(RadixCache):
         """Deliver the first ``num_acks`` load acknowledgements (all when None): copy the
         content into the device slots and unlock the restored nodes. Returns how many."""
         cc = self.cache_controller
+        if num_acks is not None:
+            num_acks = as_count("num_acks", num_acks)
         count = len(cc.ack_load_queue) if num_acks is None else num_acks
-        if count < 0:
-            raise InvalidArgumentError(f"num_acks must be >= 0, got {count}")
         done = 0
         while done < count and cc.ack_load_queue:
-            ack = cc.ack_load_queue.pop(0)
-            cc.complete(ack)
+            ack = cc.ack_load_queue[0]
+            cc.complete(ack)  # an acknowledgement is delivered from the head of its queue
+            cc.ack_load_queue.pop(0)
             for ack_id in ack.node_ids:
-                node = self.ongoing_load_back.pop(ack_id)
+                node = self.ongoing_load_back[ack_id]
                 self.dec_lock_ref(node)
-                if self.unified:
+                if self.unified:  # it checks the load is still pending: drop the entry after
                     self.unified_tier.finish_load_back(node)
+                del self.ongoing_load_back[ack_id]
             done += 1
         return done
 
@@ -376,10 +475,15 @@ class HiRadixCache(RadixCache):
         """Restore the host-only nodes from ``node`` up to the first device node into new
         device slots; returns them (None: below the threshold, over the quota, or no room even
         after one eviction; nothing changed then). The restored path is locked until the load's
-        acknowledgement. Unified rules: :meth:`UnifiedHostTier.load_back`."""
+        acknowledgement. Unified rules: :meth:`UnifiedHostTier.load_back`. InvalidArgumentError
+        (nothing changed) unless ``node`` is a node of this tree and ``mem_quota`` (if given)
+        a count."""
+        node = self._tree_node("node", node)
+        if mem_quota is not None:
+            mem_quota = as_count("mem_quota", mem_quota)
         if self.unified:
-            return self.unified_tier.load_back(as_hi(node), mem_quota)
-        node = last_hit_node = as_hi(node)
+            return self.unified_tier.load_back(node, mem_quota)
+        last_hit_node = node
         nodes_to_load: list[HiTreeNode] = []
         while node.evicted:
             assert node.host_value is not None, f"node {node.node_id} is evicted without backup"
@@ -420,8 +524,11 @@ class HiRadixCache(RadixCache):
         self, node: TreeNode, mem_quota: int | None = None
     ) -> tuple[list[int], HiTreeNode]:
         """Load back ``last_node`` if it is host-only; returns the restored device slots (empty
-        if none) and the node the request should lock (the deepest one on device)."""
-        last_node = as_hi(node)
+        if none) and the node the request should lock (the deepest one on device). Checked as
+        :meth:`load_back`."""
+        last_node = self._tree_node("node", node)
+        if mem_quota is not None:
+            mem_quota = as_count("mem_quota", mem_quota)
         if last_node.evicted:
             loaded = self.load_back(last_node, mem_quota)
             if loaded is not None:

@@ -25,7 +25,14 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
-from kvpool.errors import AlignmentError, ConfigError, DoubleFreeError, InvalidArgumentError
+from kvpool.errors import (
+    AlignmentError,
+    ConfigError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+)
+from kvpool.host_checks import as_count, int_list
 from kvpool.protocols.hicache import TaggedKVPoolProtocol
 from kvpool.snapshot import HostPoolSnapshot
 
@@ -139,9 +146,9 @@ class HostKVCache:
     def alloc(self, need_size: int) -> list[int] | None:
         """``need_size`` slots (a page multiple) from the front of the free list, merging the
         released chunks first when the free list alone is too short; None (nothing changed)
-        when fewer are available."""
-        if need_size < 0:
-            raise InvalidArgumentError(f"need_size must be >= 0, got {need_size}")
+        when fewer are available. InvalidArgumentError for a size that is not a count,
+        AlignmentError for one that is not a page multiple."""
+        need_size = as_count("need_size", need_size)
         if need_size % self.page_size:
             raise AlignmentError(f"{need_size} is not a multiple of page size {self.page_size}")
         if need_size > self.available_size():
@@ -157,8 +164,8 @@ class HostKVCache:
     def free(self, indices: Sequence[int]) -> int:
         """Release held slots (appended as one chunk); returns how many. DoubleFreeError
         (nothing changed) if one is free already or listed twice; InvalidArgumentError for a
-        slot outside the pool."""
-        slots = [int(s) for s in indices]
+        slot outside the pool or an argument that is not a sequence of integers."""
+        slots = int_list("indices", indices)
         if not slots:
             return 0
         bad = [s for s in slots if not 0 <= s < self.size]
@@ -175,16 +182,44 @@ class HostKVCache:
         return len(slots)
 
     # ----------------------------------------------------------------- content
+    def _copy_args(
+        self, device_pool: object, host_indices: object, device_indices: object
+    ) -> tuple[list[int], list[int]]:
+        """A copy's checks, before it moves anything: ``device_pool`` is the pool this host
+        pool backs, host slots in ``0..size-1`` and held (DoubleFreeError), device slots rows
+        of that pool, slot for slot (InvalidArgumentError, IndexOutOfRangeError)."""
+        if device_pool is not self.device_pool:
+            raise InvalidArgumentError(
+                f"device_pool must be the pool this host pool backs, got {device_pool!r}"
+            )
+        host = int_list("host_indices", host_indices)  # type: ignore[arg-type]
+        device = int_list("device_indices", device_indices)  # type: ignore[arg-type]
+        if len(host) != len(device):
+            raise InvalidArgumentError(f"{len(host)} host_indices for {len(device)} device_indices")
+        bad = [h for h in host if not 0 <= h < self.size]
+        if bad:
+            raise IndexOutOfRangeError(f"host_indices {bad} outside 0..{self.size - 1}")
+        free = [h for h in host if not self.slot_used[h]]
+        if free:
+            raise DoubleFreeError("host_indices: host slots not held (no copy to move)", free)
+        rows = self.device_pool.num_rows
+        bad = [d for d in device if not 0 <= d < rows]
+        if bad:
+            raise IndexOutOfRangeError(f"device_indices {bad} outside 0..{rows - 1}")
+        return host, device
+
     def backup_from_device_all_layer(
         self,
         device_pool: TaggedKVPoolProtocol[list[int]],
         host_indices: Sequence[int],
         device_indices: Sequence[int],
     ) -> None:
-        """Copy the device slots' content (their tags) into the host slots, all layers."""
-        tags = device_pool.read_tags(list(device_indices))
-        for h, tag in zip(host_indices, tags, strict=True):
-            self.tags[int(h)] = tag
+        """Copy the device slots' content (their tags) into the host slots, all layers
+        (checked first: :meth:`_copy_args`)."""
+        host, device = self._copy_args(device_pool, host_indices, device_indices)
+        tags = device_pool.read_tags(device)
+        for h, tag in zip(host, tags, strict=True):
+            self.tags[h] = tag
 
     def load_to_device_all_layer(
         self,
@@ -192,8 +227,10 @@ class HostKVCache:
         host_indices: Sequence[int],
         device_indices: Sequence[int],
     ) -> None:
-        """Copy the host slots' content (their tags) into the device slots, all layers."""
-        device_pool.write_tags(list(device_indices), [self.tags[int(h)] for h in host_indices])
+        """Copy the host slots' content (their tags) into the device slots, all layers
+        (checked first: :meth:`_copy_args`)."""
+        host, device = self._copy_args(device_pool, host_indices, device_indices)
+        device_pool.write_tags(device, [self.tags[h] for h in host])
 
     def snapshot(self) -> HostPoolSnapshot:
         """Plain snapshot: free list, released chunks (flattened, in order) and tags."""

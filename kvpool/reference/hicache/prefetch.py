@@ -29,7 +29,9 @@ from typing import Protocol
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_count, as_str, token_list
 from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.reference.hicache.args import check_node
 from kvpool.reference.hicache.cache_controller import HiCacheController, PrefetchOperation
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.reference.radix_key import RadixKey, TreeNode
@@ -48,6 +50,12 @@ class PrefetchTree(Protocol):
 
     @property
     def enable_storage(self) -> bool: ...
+
+    @property
+    def root_node(self) -> HiTreeNode: ...
+
+    @property
+    def unified(self) -> bool: ...
 
     @property
     def cache_controller(self) -> HiCacheController: ...
@@ -80,11 +88,21 @@ class StoragePrefetch:
     ) -> bool:
         """Start a prefetch of ``new_input_tokens`` (page-aligned) below ``last_host_node``;
         returns whether it started. Its stored content is the KV of the node's path followed by
-        these tokens."""
+        these tokens. InvalidArgumentError (nothing changed) for a ``req_id`` that is not a str
+        or already prefetches, a ``last_host_node`` that is not a node of this tree (nor, but
+        under the unified rules, backed up: its host copy is what the prefetch extends), or
+        tokens that are not token ids."""
         tree = self.tree
+        req_id = as_str("req_id", req_id)
         if req_id in self.ongoing_prefetch:
             raise InvalidArgumentError(f"request {req_id!r} already prefetches")
-        tokens = list(new_input_tokens)[: floor_align(len(new_input_tokens), tree.page_size)]
+        check_node("last_host_node", last_host_node, tree.root_node, HiTreeNode)
+        if not tree.unified and not as_hi(last_host_node).backuped:
+            raise InvalidArgumentError(
+                f"last_host_node {last_host_node.node_id} has no host copy to extend"
+            )
+        tokens = token_list("new_input_tokens", new_input_tokens)
+        tokens = tokens[: floor_align(len(tokens), tree.page_size)]
         if not tree.enable_storage or not tokens or len(tokens) < tree.prefetch_threshold:
             return False
         anchor = as_hi(last_host_node)
@@ -108,8 +126,12 @@ class StoragePrefetch:
     def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
         """Storage holds the first ``hit_tokens`` tokens (page-aligned, capped at the request):
         reserve host slots for them or revoke (see the module docstring). Returns whether the
-        transfer started."""
+        transfer started (False for a request with no prefetch waiting for its hit).
+        InvalidArgumentError for a ``req_id`` that is not a str or a ``hit_tokens`` that is not
+        a count."""
         tree = self.tree
+        req_id = as_str("req_id", req_id)
+        hit_tokens = as_count("hit_tokens", hit_tokens)
         info = self.ongoing_prefetch.get(req_id)
         if info is None or info[2].host_indices is not None:
             return False
@@ -139,8 +161,9 @@ class StoragePrefetch:
     def check_prefetch_progress(self, req_id: str) -> bool:
         """End ``req_id``'s prefetch now (best effort): insert what was fetched as host-only
         nodes, free the slots of tokens already cached, drop the pin. True when no prefetch is
-        left for the request."""
+        left for the request. InvalidArgumentError for a ``req_id`` that is not a str."""
         tree = self.tree
+        req_id = as_str("req_id", req_id)
         info = self.ongoing_prefetch.get(req_id)
         if info is None:
             return True
@@ -159,7 +182,9 @@ class StoragePrefetch:
 
     def release_aborted_request(self, rid: str) -> None:
         """An aborted request's prefetch: stop it, queue its fetched host slots for release,
-        drop the pin (the worker releases the unfetched slots)."""
+        drop the pin (the worker releases the unfetched slots). InvalidArgumentError for a
+        ``rid`` that is not a str."""
+        rid = as_str("rid", rid)
         cc = self.tree.cache_controller
         info = self.ongoing_prefetch.get(rid)
         if info is None:
@@ -176,9 +201,7 @@ class StoragePrefetch:
 
     def prefetch_io(self, req_id: str, num_pages: int) -> int:
         """The worker of ``req_id``'s transfer runs ``num_pages`` more pages (see the
-        controller); returns the tokens fetched."""
-        if num_pages < 0:
-            raise InvalidArgumentError(f"num_pages must be >= 0, got {num_pages}")
+        controller, which checks the arguments); returns the tokens fetched."""
         return int(self.tree.cache_controller.prefetch_io(req_id, num_pages))
 
     def drain_storage_control_queues(self) -> int:

@@ -44,7 +44,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from kvpool.constants import floor_align
+from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_bool, as_count
 from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.reference.hicache.args import check_lock_holder, check_node, check_span
 from kvpool.reference.hicache.cache_controller import HiCacheController
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
@@ -108,6 +111,8 @@ class UnifiedTree(Protocol):
 
     def evict_host(self, num_tokens: int) -> int: ...
 
+    def _tree_node(self, name: str, node: object) -> HiTreeNode: ...
+
 
 class UnifiedHostTier:
     """The unified host tier of one ``HiRadixCache`` (see the module docstring): the registry
@@ -126,7 +131,9 @@ class UnifiedHostTier:
     # ----------------------------------------------------------------- duplicates
     def track_duplicate(self, node: HiTreeNode) -> None:
         """Register ``node`` if it is a settled duplicate (device and complete host copy, no
-        load in flight), else drop it; a registered node keeps its place."""
+        load in flight), else drop it; a registered node keeps its place. InvalidArgumentError
+        unless ``node`` is a node of this tree."""
+        check_node("node", node, self.tree.root_node, HiTreeNode)
         settled = (
             node is not self.tree.root_node
             and not node.evicted
@@ -156,8 +163,16 @@ class UnifiedHostTier:
     def backup_chain(self, node: HiTreeNode, write_back: bool = False) -> int:
         """Back up ``node`` (write-through: after its unbacked ancestors, top-down) with queued
         copies; stops at the first without host room. Returns the host tokens of the last
-        backup made (0: none, or the chain stopped)."""
+        backup made (0: none, or the chain stopped). InvalidArgumentError (nothing changed)
+        unless ``node`` is a node of this tree, on device and not backed up yet, and
+        ``write_back`` a bool."""
         tree = self.tree
+        node = tree._tree_node("node", node)
+        write_back = as_bool("write_back", write_back)
+        if node is tree.root_node or node.evicted or node.host_value is not None:
+            raise InvalidArgumentError(
+                f"node {node.node_id} is the root, host-only or backed up already"
+            )
         chain = [node]
         if not write_back:
             up = as_hi(node.parent)
@@ -188,8 +203,16 @@ class UnifiedHostTier:
         shorter but not empty, insert it again with ``priority + 1``, no hit and no free; match
         again, rewrite ``row[cache_protected_len:matched]`` with the tree's slots, move
         ``cache_protected_len`` and the lock to the matched node. Returns ``row[:up_to]`` as it
-        is afterwards. Writes the inserts start are queued (the lifecycle issues them)."""
+        is afterwards. Writes the inserts start are queued (the lifecycle issues them).
+        Checked first (InvalidArgumentError, LockError): the request holds a row and a lock this
+        tree can drop, ``up_to`` lies between its ``cache_protected_len`` and its tokens (and
+        the row's width), ``chunked`` is a bool."""
         tree = self.tree
+        up_to = as_count("up_to", up_to)
+        chunked = as_bool("chunked", chunked)
+        check_lock_holder("req", req, tree.root_node, HiTreeNode)
+        high = min(len(req.all_token_ids), tree.req_to_token_pool.max_context_len)
+        check_span("up_to", up_to, req.cache_protected_len, high)
         assert req.req_pool_idx is not None
         row = req.req_pool_idx
         kv: list[int] = list(tree.req_to_token_pool.read(row, 0, up_to))
@@ -221,8 +244,12 @@ class UnifiedHostTier:
     # ----------------------------------------------------------------- load back
     def load_back(self, last_hit_node: HiTreeNode, mem_quota: int | None) -> list[int] | None:
         """Restore the host-only nodes from ``last_hit_node`` up to the first device node (see
-        the module docstring); None when nothing moved."""
+        the module docstring); None when nothing moved. InvalidArgumentError (nothing changed)
+        unless ``last_hit_node`` is a node of this tree and ``mem_quota`` (if given) a count."""
         tree = self.tree
+        last_hit_node = tree._tree_node("last_hit_node", last_hit_node)
+        if mem_quota is not None:
+            mem_quota = as_count("mem_quota", mem_quota)
         nodes_to_load: list[HiTreeNode] = []
         node = last_hit_node
         while node.evicted:
@@ -269,7 +296,11 @@ class UnifiedHostTier:
     def finish_load_back(self, anchor: HiTreeNode) -> None:
         """A load's acknowledgement: drop the anchor's host lock, then walk the anchor's path
         (write-back: the nodes this load marked) clearing the marks and registering the
-        duplicates."""
+        duplicates. InvalidArgumentError (nothing changed) unless ``anchor`` is a node of this
+        tree whose load is in flight (the tree drops its entry afterwards)."""
+        anchor = self.tree._tree_node("anchor", anchor)
+        if self.tree.ongoing_load_back.get(anchor.node_id) is not anchor:
+            raise InvalidArgumentError(f"anchor {anchor.node_id} has no load in flight")
         for n in self.load_host_pins.pop(anchor.node_id, []):
             n.release_host()
         write_back = self.tree.write_policy == "write_back"
@@ -286,7 +317,14 @@ class UnifiedHostTier:
     def split(self, low: HiTreeNode, upper: HiTreeNode) -> None:
         """A split's upper half keeps the creation time of the node it was cut from (as the
         unified tree's splits), inherits its load mark and load-back host locks, and is
-        registered if it is a duplicate."""
+        registered if it is a duplicate. InvalidArgumentError (nothing changed) unless ``low``
+        is a node of this tree and ``upper`` its parent (not the root)."""
+        low = self.tree._tree_node("low", low)
+        upper = self.tree._tree_node("upper", upper)
+        if low.parent is not upper or upper is self.tree.root_node:
+            raise InvalidArgumentError(
+                f"upper {upper.node_id} is not the upper half of {low.node_id}"
+            )
         upper.creation_time = low.creation_time
         upper.load_back_pending_id = low.load_back_pending_id
         for pins in self.load_host_pins.values():

@@ -21,8 +21,16 @@ from collections.abc import Sequence
 from functools import lru_cache
 from itertools import chain, islice
 
-from kvpool.errors import ConfigError
-from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer, Row
+from kvpool.errors import ConfigError, IndexOutOfRangeError
+from kvpool.host_checks import as_int
+from kvpool.reference.kv.kv_cache import (
+    KVCache,
+    LayerBuffer,
+    Row,
+    as_scale,
+    check_rows,
+    layer_move_pairs,
+)
 from kvpool.reference.kv.quant import (
     FP4_BLOCK,
     check_finite,
@@ -56,25 +64,50 @@ def pack_rows(packed: Sequence[int], heads: int) -> list[list[int]]:
 
 
 class FP4Layer:
-    """Packed bytes and scales of one tensor (K, V or MLA's fused row) on one layer."""
+    """Packed bytes and scales of one tensor (K, V or MLA's fused row) on one layer: ``rows``
+    slots of ``heads * dim`` values each. The public methods check their arguments (a slot is
+    an integer in ``0..rows - 1``; a row ``heads * dim`` finite reals) before any change; the
+    pools, which check once per call, use the unchecked ``_store`` and ``_move``."""
 
     def __init__(self, rows: int, heads: int, dim: int) -> None:
         self.heads, self.dim = heads, dim
         self.data: ByteRows = [[[0] * (dim // 2) for _ in range(heads)] for _ in range(rows)]
         self.scales: ScaleRows = [[0] * (heads * dim // FP4_BLOCK) for _ in range(rows)]
 
+    def _slot(self, name: str, slot: object) -> int:
+        out = as_int(name, slot)
+        if not 0 <= out < len(self.data):
+            raise IndexOutOfRangeError(f"{name} {out} outside 0..{len(self.data) - 1}")
+        return out
+
     def store(self, slot: int, flat: Sequence[float]) -> None:
+        """Quantise ``flat`` (``heads * dim`` finite reals, the token's heads flattened) into
+        row ``slot``."""
+        index = self._slot("slot", slot)
+        check_rows("flat", [[flat]], 1, 1, self.heads * self.dim)
+        values = [float(x) for x in flat]
+        check_finite(values)
+        self._store(index, values)
+
+    def _store(self, slot: int, flat: Sequence[float]) -> None:
         packed, scales = fp4_quantize_row(flat)
         self.data[slot] = pack_rows(packed, self.heads)
         self.scales[slot] = scales
 
     def flat(self, slot: int) -> list[float]:
+        """Row ``slot`` dequantised: ``heads * dim`` floats."""
+        return self._flat(self._slot("slot", slot))
+
+    def _flat(self, slot: int) -> list[float]:
         packed = [b for head in self.data[slot] for b in head]
         return fp4_dequantize_row(packed, self.scales[slot])
 
     def tag(self, slot: int) -> int:
         """The tag row ``slot`` stores: :func:`fp4_read_tag` of :meth:`flat`, which reads only
         the first scale block, so only its bytes and scale are decoded."""
+        return self._tag(self._slot("slot", slot))
+
+    def _tag(self, slot: int) -> int:
         data = self.data[slot]
         head = data[0]
         if len(head) >= FP4_BLOCK // 2:
@@ -84,9 +117,16 @@ class FP4Layer:
         return _block_tag(packed, self.scales[slot][0])
 
     def dequantized(self) -> LayerBuffer:
-        return [unflatten(self.flat(s), self.heads, self.dim) for s in range(len(self.data))]
+        """Every row dequantised: ``[rows][heads][dim]`` floats (a fresh list)."""
+        return [unflatten(self._flat(s), self.heads, self.dim) for s in range(len(self.data))]
 
     def move(self, tgt: Sequence[int], src: Sequence[int]) -> None:
+        """Copy rows ``src`` to ``tgt`` (as many of each, slots in range, no target twice);
+        sources read before any write."""
+        targets, sources = layer_move_pairs(len(self.data), tgt, src)
+        self._move(targets, sources)
+
+    def _move(self, tgt: Sequence[int], src: Sequence[int]) -> None:
         rows = [([list(h) for h in self.data[s]], list(self.scales[s])) for s in src]
         for t, (data, scales) in zip(tgt, rows, strict=True):
             self.data[t], self.scales[t] = data, scales
@@ -142,18 +182,26 @@ class MHATokenToKVPoolFP4(KVCache):
         v_scale: float | None = None,
     ) -> None:
         """Quantise and store ``cache_k / k_scale``, ``cache_v / v_scale``
-        (``[n][head_num][head_dim]``) at slots ``loc`` of ``layer_id``."""
+        (``[n][head_num][head_dim]``) at slots ``loc`` of ``layer_id``. The layer, slots,
+        shapes, scales (finite and > 0, or None) and the finiteness of the scaled values are
+        checked before any write."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
         self._check_shape("cache_k", cache_k, len(slots), self.head_num, self.head_dim)
         self._check_shape("cache_v", cache_v, len(slots), self.head_num, self.head_dim)
-        ks = [flatten(r, k_scale) for r in cache_k]
-        vs = [flatten(r, v_scale) for r in cache_v]
+        k_div, v_div = as_scale("k_scale", k_scale), as_scale("v_scale", v_scale)
+        ks = [flatten(r, k_div) for r in cache_k]
+        vs = [flatten(r, v_div) for r in cache_v]
         for flat in (*ks, *vs):
             check_finite(flat)
+        self._store(local, slots, ks, vs)
+
+    def _store(
+        self, local: int, slots: list[int], ks: list[list[float]], vs: list[list[float]]
+    ) -> None:
         for slot, k, v in zip(slots, ks, vs, strict=True):
-            self.k_layers[local].store(slot, k)
-            self.v_layers[local].store(slot, v)
+            self.k_layers[local]._store(slot, k)
+            self.v_layers[local]._store(slot, v)
 
     def get_key_buffer(self, layer_id: int) -> LayerBuffer:
         """K of global layer ``layer_id``, dequantised: rows (by slot) of
@@ -178,19 +226,22 @@ class MHATokenToKVPoolFP4(KVCache):
         """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
         tgt, src = self._move_pairs(tgt_loc, src_loc)
         for layer in (*self.k_layers, *self.v_layers):
-            layer.move(tgt, src)
+            layer._move(tgt, src)
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
-        """Store each tag in FP4 form (kv_tag_codec) in K and V of every held layer."""
+        """Store each tag (``[0, TAG_LIMIT)``) in FP4 form (kv_tag_codec) in K and V of every
+        held layer; slots and tags checked first."""
+        slots = self._slots(loc)
         width = self.head_num * self.head_dim
-        rows = [unflatten(fp4_tag_row(t, width), self.head_num, self.head_dim) for t in tags]
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, rows, rows)
+        flats = [flatten(unflatten(fp4_tag_row(t, width), self.head_num, self.head_dim), None)
+                 for t in self._tags(tags, len(slots))]  # fmt: skip
+        for local in range(self.layer_num):
+            self._store(local, slots, flats, flats)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag each slot stores (K of the first held layer; 0 if none)."""
         # the tag lives in the first scale block (kvpool.reference.kv.tag_codec)
-        return [self.k_layers[0].tag(s) for s in self._slots(loc)]
+        return [self.k_layers[0]._tag(s) for s in self._slots(loc)]
 
 
 __all__ = [

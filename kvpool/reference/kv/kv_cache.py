@@ -19,15 +19,25 @@ Decisions:
   (:class:`KVCache`), the MHA head geometry (:meth:`KVCache._set_mha_heads`) and the MLA widths
   (:meth:`KVCache._set_mla_dims`), each with one ConfigError message; and the slot checks of a
   move (:meth:`KVCache._move_pairs`).
+- Every public call checks all its arguments before its first write, naming the argument and
+  the value (InvalidArgumentError, IndexOutOfRangeError for a layer or slot outside the pool):
+  a layer id is an integer (not a bool) in ``start_layer..end_layer``; slots a sequence of
+  integers in ``0..size + page_size - 1``; K/V data ``[n][heads][dim]`` real numbers (a bool,
+  a string or ``None`` is not KV); a scale ``None`` or a finite real ``> 0`` (MLA checks the
+  ``v_scale`` it ignores, as every pool); tags ``[0, TAG_LIMIT)``, one per slot; a move as many
+  targets as sources and no target twice outside the reserved page (which row would it keep?);
+  a layer-transfer counter has a callable ``wait_until``. Duplicate slots in a write stay legal
+  (padded batches write the reserved page many times; the last row wins).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import numbers
+from collections.abc import Collection, Iterator, Sequence
 from typing import Protocol
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.host_checks import int_list
+from kvpool.host_checks import as_int, as_positive_real, int_list
 from kvpool.protocols.kv import LayerTransferCounter
 
 Row = list[list[float]]
@@ -39,6 +49,69 @@ KVRows = Sequence[Sequence[Sequence[float]]]
 
 FP8_DTYPES: tuple[str, ...] = ("fp8_e4m3", "fp8_e5m2", "float8_e4m3fn", "float8_e5m2")
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", *FP8_DTYPES)
+TAG_LIMIT = 2**24
+"""KV tags lie in ``[0, TAG_LIMIT)``: exact in a float32 channel (:mod:`kvpool.tags`; 0 is the
+tag of a slot never written)."""
+
+
+def tag_list(tags: object, n: int) -> list[int]:
+    """``tags`` as ``n`` integers in ``[0, TAG_LIMIT)``: InvalidArgumentError for anything else
+    (a non-integer, a bool, a value out of range, another count), before any write."""
+    values = int_list("tags", tags)  # type: ignore[arg-type]
+    if len(values) != n:
+        raise InvalidArgumentError(f"{len(values)} tags for {n} slots")
+    bad = [t for t in values if not 0 <= t < TAG_LIMIT]
+    if bad:
+        raise InvalidArgumentError(f"tags {bad} outside [0, {TAG_LIMIT})")
+    return values
+
+
+def _is_nested(value: object) -> bool:
+    return isinstance(value, Collection) and not isinstance(value, str | bytes)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_rows(what: str, data: object, n: int, heads: int, dim: int) -> None:
+    """InvalidArgumentError unless ``data`` is ``[n][heads][dim]`` real numbers (nested
+    sequences; a bool, a string or ``None`` is not a number). Runs before any write."""
+    shape = f"[{n}][{heads}][{dim}]"
+    if not _is_nested(data) or len(data) != n:  # type: ignore[arg-type]
+        raise InvalidArgumentError(f"{what} must have shape {shape}, got {data!r:.80}")
+    for row in data:  # type: ignore[attr-defined]
+        if not _is_nested(row) or len(row) != heads:
+            raise InvalidArgumentError(f"{what} must have shape {shape}, got a row {row!r:.80}")
+        for head in row:
+            if not _is_nested(head) or len(head) != dim:
+                raise InvalidArgumentError(
+                    f"{what} must have shape {shape}, got a head {head!r:.80}"
+                )
+            if not all(_is_real(x) for x in head):
+                raise InvalidArgumentError(f"{what} must hold real numbers, got {head!r:.80}")
+
+
+def layer_move_pairs(rows: int, tgt: object, src: object) -> tuple[list[int], list[int]]:
+    """The checked slots of a storage layer's move (``FP4Layer.move``, ``MXFP8Layer.move``):
+    integers in ``0..rows - 1`` (IndexOutOfRangeError), as many targets as sources and no
+    target twice (InvalidArgumentError)."""
+    targets, sources = int_list("tgt", tgt), int_list("src", src)  # type: ignore[arg-type]
+    for name, slots in (("tgt", targets), ("src", sources)):
+        bad = [s for s in slots if not 0 <= s < rows]
+        if bad:
+            raise IndexOutOfRangeError(f"{name}: slots {bad} outside 0..{rows - 1}")
+    if len(targets) != len(sources):
+        raise InvalidArgumentError(f"{len(targets)} targets for {len(sources)} sources")
+    if len(set(targets)) != len(targets):
+        raise InvalidArgumentError(f"tgt names a slot twice: {targets}")
+    return targets, sources
+
+
+def as_scale(name: str, value: object) -> float | None:
+    """A K or V scale: ``None`` (no division) or a finite real ``> 0`` (InvalidArgumentError
+    otherwise: a bool, a string, NaN, an infinity, zero, a negative number)."""
+    return None if value is None else as_positive_real(name, value)
 
 
 class LayerRows(Protocol):
@@ -80,11 +153,18 @@ class KVCache:
 
     def register_layer_transfer_counter(self, counter: LayerTransferCounter) -> None:
         """Make every later buffer read first call ``counter.wait_until(layer_id - start_layer)``
-        (the local layer index, as SGLang)."""
+        (the local layer index, as SGLang). InvalidArgumentError (nothing registered) unless
+        ``counter`` has a callable ``wait_until``."""
+        if not callable(getattr(counter, "wait_until", None)):
+            raise InvalidArgumentError(
+                f"counter must have a callable wait_until (a LayerDoneCounter), got {counter!r}"
+            )
         self.layer_transfer_counter = counter
 
     def _layer(self, layer_id: int) -> int:
-        """Local index of global ``layer_id``; IndexOutOfRangeError outside the held range."""
+        """Local index of global ``layer_id``; InvalidArgumentError unless it is an integer (not
+        a bool), IndexOutOfRangeError outside the held range."""
+        layer_id = as_int("layer_id", layer_id)
         if not self.start_layer <= layer_id <= self.end_layer:
             raise IndexOutOfRangeError(
                 f"layer {layer_id} outside {self.start_layer}..{self.end_layer}"
@@ -97,27 +177,33 @@ class KVCache:
             self.layer_transfer_counter.wait_until(local)  # SGLang passes the local index
         return local
 
-    def _slots(self, loc: Sequence[int]) -> list[int]:
-        slots = int_list("slots", loc)
+    def _slots(self, loc: Sequence[int], name: str = "loc") -> list[int]:
+        """``loc`` as slot ids: InvalidArgumentError unless a sequence of integers,
+        IndexOutOfRangeError for one outside ``0..num_rows - 1``."""
+        slots = int_list(name, loc)
         bad = [s for s in slots if not 0 <= s < self.num_rows]
         if bad:
-            raise IndexOutOfRangeError(f"slots {bad} outside 0..{self.num_rows - 1}")
+            raise IndexOutOfRangeError(f"{name}: slots {bad} outside 0..{self.num_rows - 1}")
         return slots
 
-    def _check_shape(
-        self, what: str, data: Sequence[Sequence[Sequence[float]]], n: int, heads: int, dim: int
-    ) -> None:
-        if len(data) != n or any(len(r) != heads or any(len(h) != dim for h in r) for r in data):
-            raise InvalidArgumentError(f"{what} must have shape [{n}][{heads}][{dim}]")
+    def _check_shape(self, what: str, data: object, n: int, heads: int, dim: int) -> None:
+        check_rows(what, data, n, heads, dim)
+
+    def _tags(self, tags: Sequence[int], n: int) -> list[int]:
+        return tag_list(tags, n)
 
     def _move_pairs(
         self, tgt_loc: Sequence[int], src_loc: Sequence[int]
     ) -> tuple[list[int], list[int]]:
-        """The checked slots of a move: both in range (:meth:`_slots`) and as many targets as
-        sources, else InvalidArgumentError."""
-        tgt, src = self._slots(tgt_loc), self._slots(src_loc)
+        """The checked slots of a move: both in range (:meth:`_slots`), as many targets as
+        sources, and no target twice outside the reserved page (which row would it keep?),
+        else InvalidArgumentError."""
+        tgt, src = self._slots(tgt_loc, "tgt_loc"), self._slots(src_loc, "src_loc")
         if len(tgt) != len(src):
             raise InvalidArgumentError(f"{len(tgt)} targets for {len(src)} sources")
+        real = [t for t in tgt if t >= self.page_size]
+        if len(set(real)) != len(real):
+            raise InvalidArgumentError(f"tgt_loc names a slot twice: {tgt}")
         return tgt, src
 
     # ----------------------------------------------------------------- geometry
@@ -192,4 +278,17 @@ class KVCache:
         raise NotImplementedError
 
 
-__all__ = ["DTYPES", "FP8_DTYPES", "KVCache", "KVRows", "LayerBuffer", "LayerRows", "Row"]
+__all__ = [
+    "DTYPES",
+    "FP8_DTYPES",
+    "TAG_LIMIT",
+    "KVCache",
+    "KVRows",
+    "LayerBuffer",
+    "LayerRows",
+    "Row",
+    "as_scale",
+    "check_rows",
+    "layer_move_pairs",
+    "tag_list",
+]

@@ -20,6 +20,7 @@ seen stale KV); in the twin it blocks until the layer completes.
 from __future__ import annotations
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, LayerNotLoadedError, LockError
+from kvpool.host_checks import as_int
 
 
 class LayerLoadingEvent:
@@ -30,9 +31,13 @@ class LayerLoadingEvent:
         self.done = [False] * num_layers
         self.started = False
 
-    def _check(self, layer_index: int) -> None:
-        if not 0 <= layer_index < self._num_layers:
-            raise IndexOutOfRangeError(f"layer {layer_index} outside 0..{self._num_layers - 1}")
+    def _check(self, layer_index: object, name: str = "layer_index") -> int:
+        """``layer_index`` as a local layer: InvalidArgumentError unless an integer (not a
+        bool), IndexOutOfRangeError outside ``0..num_layers - 1``."""
+        index = as_int(name, layer_index)
+        if not 0 <= index < self._num_layers:
+            raise IndexOutOfRangeError(f"{name} {index} outside 0..{self._num_layers - 1}")
+        return index
 
     def start(self) -> None:
         """A new load begins on this event: no layer is done."""
@@ -41,13 +46,11 @@ class LayerLoadingEvent:
 
     def complete(self, layer_index: int) -> None:
         """Layer ``layer_index`` (local) has finished loading."""
-        self._check(layer_index)
-        self.done[layer_index] = True
+        self.done[self._check(layer_index)] = True
 
     def is_complete(self, layer_index: int) -> bool:
         """Whether layer ``layer_index`` has finished loading."""
-        self._check(layer_index)
-        return self.done[layer_index]
+        return self.done[self._check(layer_index)]
 
     def wait(self, layer_index: int) -> None:
         """LayerNotLoadedError unless layer ``layer_index`` has finished loading."""
@@ -84,17 +87,23 @@ class LayerDoneCounter:
         return nxt
 
     def set_consumer(self, index: int) -> None:
-        """Reads wait for the load on event ``index``."""
-        if not 0 <= index < self.num_counters:
-            raise IndexOutOfRangeError(f"event {index} outside 0..{self.num_counters - 1}")
-        self.consumer_index = index
+        """Reads wait for the load on event ``index`` (an integer in ``0..num_counters - 1``,
+        else InvalidArgumentError / IndexOutOfRangeError)."""
+        event = as_int("index", index)
+        if not 0 <= event < self.num_counters:
+            raise IndexOutOfRangeError(f"event {event} outside 0..{self.num_counters - 1}")
+        self.consumer_index = event
 
     def wait_until(self, threshold: int) -> None:
         """Return if no consumer is set or layer ``threshold`` of its load is done; else
-        LayerNotLoadedError."""
+        LayerNotLoadedError. ``threshold`` is checked (an integer in ``0..num_layers - 1``)
+        even with no consumer: a bad layer is a bad call whatever is loading."""
+        layer = as_int("threshold", threshold)
+        if not 0 <= layer < self.num_layers:
+            raise IndexOutOfRangeError(f"threshold {layer} outside 0..{self.num_layers - 1}")
         if self.consumer_index < 0:
             return
-        self.events[self.consumer_index].wait(threshold)
+        self.events[self.consumer_index].wait(layer)
 
     def reset(self) -> None:
         """Forget the producer and consumer (no load is in progress)."""

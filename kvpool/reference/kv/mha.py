@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpool.reference.kv.kv_cache import KVCache, KVRows, LayerBuffer
+from kvpool.reference.kv.kv_cache import KVCache, KVRows, LayerBuffer, as_scale
 
 
 class MHATokenToKVPool(KVCache):
@@ -45,13 +45,20 @@ class MHATokenToKVPool(KVCache):
         v_scale: float | None = None,
     ) -> None:
         """Store ``cache_k / k_scale`` and ``cache_v / v_scale`` at ``loc`` of ``layer_id``.
-        Everything is validated before any write; inputs are never mutated."""
+        Everything (layer, slots, shapes and numbers, scales: finite and > 0) is validated
+        before any write; inputs are never mutated."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
         self._check_shape("cache_k", cache_k, len(slots), self.head_num, self.head_dim)
         self._check_shape("cache_v", cache_v, len(slots), self.head_num, self.v_head_dim)
-        ks = 1.0 if k_scale is None else float(k_scale)
-        vs = 1.0 if v_scale is None else float(v_scale)
+        ks, vs = as_scale("k_scale", k_scale), as_scale("v_scale", v_scale)
+        self._write(local, slots, cache_k, cache_v, 1.0 if ks is None else ks,
+                    1.0 if vs is None else vs)  # fmt: skip
+
+    def _write(
+        self, local: int, slots: list[int], cache_k: KVRows, cache_v: KVRows, ks: float, vs: float
+    ) -> None:
+        """The write itself, on checked arguments."""
         kbuf, vbuf = self.k_buffer[local], self.v_buffer[local]
         for i, slot in enumerate(slots):
             kbuf[slot] = [[float(x) / ks for x in head] for head in cache_k[i]]
@@ -80,11 +87,14 @@ class MHATokenToKVPool(KVCache):
                 buf[t] = row
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
-        """Write one integer tag per slot of ``loc`` into K and V of every held layer."""
-        k_rows = self._tag_rows(tags, self.head_num, self.head_dim)
-        v_rows = self._tag_rows(tags, self.head_num, self.v_head_dim)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, k_rows, v_rows)
+        """Write one integer tag (``[0, TAG_LIMIT)``) per slot of ``loc`` into K and V of every
+        held layer; slots and tags checked first."""
+        slots = self._slots(loc)
+        values = self._tags(tags, len(slots))
+        k_rows = self._tag_rows(values, self.head_num, self.head_dim)
+        v_rows = self._tag_rows(values, self.head_num, self.v_head_dim)
+        for local in range(self.layer_num):
+            self._write(local, slots, k_rows, v_rows, 1.0, 1.0)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag stored at each slot of ``loc`` (K of the first held layer)."""

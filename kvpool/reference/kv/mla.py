@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpool.reference.kv.kv_cache import KVCache, KVRows, LayerBuffer
+from kvpool.reference.kv.kv_cache import KVCache, KVRows, LayerBuffer, as_scale
 
 
 class MLATokenToKVPool(KVCache):
@@ -42,11 +42,18 @@ class MLATokenToKVPool(KVCache):
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
-        """Store ``cache_k / k_scale`` ([n][1][kv_lora_rank + qk_rope_head_dim]) at ``loc``."""
+        """Store ``cache_k / k_scale`` ([n][1][kv_lora_rank + qk_rope_head_dim]) at ``loc``;
+        ``cache_v`` is ignored and ``v_scale`` only checked (finite and > 0, or None), as every
+        pool's. Everything is validated before any write."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
         self._check_shape("cache_k", cache_k, len(slots), 1, self.kv_dim)
-        ks = 1.0 if k_scale is None else float(k_scale)
+        ks = as_scale("k_scale", k_scale)
+        as_scale("v_scale", v_scale)
+        self._write(local, slots, cache_k, 1.0 if ks is None else ks)
+
+    def _write(self, local: int, slots: list[int], cache_k: KVRows, ks: float) -> None:
+        """The write itself, on checked arguments."""
         buf = self.kv_buffer[local]
         for i, slot in enumerate(slots):
             buf[slot] = [[float(x) / ks for x in cache_k[i][0]]]
@@ -74,10 +81,12 @@ class MLATokenToKVPool(KVCache):
                 buf[t] = row
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
-        """Write one integer tag per slot of ``loc`` into every held layer."""
-        rows = self._tag_rows(tags, 1, self.kv_dim)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, rows)
+        """Write one integer tag (``[0, TAG_LIMIT)``) per slot of ``loc`` into every held layer;
+        slots and tags checked first."""
+        slots = self._slots(loc)
+        rows = self._tag_rows(self._tags(tags, len(slots)), 1, self.kv_dim)
+        for local in range(self.layer_num):
+            self._write(local, slots, rows, 1.0)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag stored at each slot of ``loc`` (the first held layer)."""

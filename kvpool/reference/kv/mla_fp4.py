@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvpool.reference.kv.fp4 import ByteRows, FP4Layer, ScaleRows, check_fp4_width, flatten
-from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer
+from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer, as_scale
 from kvpool.reference.kv.quant import check_finite
 from kvpool.reference.kv.tag_codec import fp4_tag_row
 
@@ -45,15 +45,22 @@ class MLATokenToKVPoolFP4(KVCache):
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> None:
-        """Quantise and store ``cache_k / k_scale`` (``[n][1][kv_dim]``) at slots ``loc``."""
+        """Quantise and store ``cache_k / k_scale`` (``[n][1][kv_dim]``) at slots ``loc``;
+        ``cache_v`` is ignored and ``v_scale`` only checked, as every pool's. The layer, slots,
+        shape, scales and the finiteness of the scaled values are checked before any write."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
         self._check_shape("cache_k", cache_k, len(slots), 1, self.kv_dim)
-        rows = [flatten(r, k_scale) for r in cache_k]
+        k_div = as_scale("k_scale", k_scale)
+        as_scale("v_scale", v_scale)
+        rows = [flatten(r, k_div) for r in cache_k]
         for flat in rows:
             check_finite(flat)
+        self._store(local, slots, rows)
+
+    def _store(self, local: int, slots: list[int], rows: list[list[float]]) -> None:
         for slot, flat in zip(slots, rows, strict=True):
-            self.kv_layers[local].store(slot, flat)
+            self.kv_layers[local]._store(slot, flat)
 
     def get_key_buffer(self, layer_id: int) -> LayerBuffer:
         """The fused buffer of ``layer_id`` dequantised: rows of ``[1][kv_dim]`` (fresh)."""
@@ -77,18 +84,20 @@ class MLATokenToKVPoolFP4(KVCache):
         """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
         tgt, src = self._move_pairs(tgt_loc, src_loc)
         for layer in self.kv_layers:
-            layer.move(tgt, src)
+            layer._move(tgt, src)
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
-        """Store each tag in FP4 form in every held layer."""
-        rows = [[fp4_tag_row(t, self.kv_dim)] for t in tags]
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, rows)
+        """Store each tag (``[0, TAG_LIMIT)``) in FP4 form in every held layer; slots and tags
+        checked first."""
+        slots = self._slots(loc)
+        rows = [flatten([fp4_tag_row(t, self.kv_dim)], None) for t in self._tags(tags, len(slots))]
+        for local in range(self.layer_num):
+            self._store(local, slots, rows)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag each slot stores (the first held layer; 0 if none)."""
         # the tag lives in the first scale block (kvpool.reference.kv.tag_codec)
-        return [self.kv_layers[0].tag(s) for s in self._slots(loc)]
+        return [self.kv_layers[0]._tag(s) for s in self._slots(loc)]
 
 
 __all__ = ["MLATokenToKVPoolFP4"]

@@ -19,8 +19,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from kvpool.errors import ConfigError
-from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer
+from kvpool.errors import ConfigError, IndexOutOfRangeError
+from kvpool.host_checks import as_int
+from kvpool.reference.kv.kv_cache import (
+    KVCache,
+    LayerBuffer,
+    as_scale,
+    check_rows,
+    layer_move_pairs,
+)
 from kvpool.reference.kv.quant import (
     MXFP8_BLOCK,
     check_finite,
@@ -35,26 +42,53 @@ ByteRows = list[list[list[int]]]
 
 
 class MXFP8Layer:
-    """e4m3 bytes and UE8M0 scales of K or V on one layer."""
+    """e4m3 bytes and UE8M0 scales of K or V on one layer: ``rows`` slots of ``heads`` heads of
+    ``dim`` channels. The public methods check their arguments (a slot is an integer in
+    ``0..rows - 1``; a row ``[heads][dim]`` finite reals) before any change; the pool, which
+    checks once per call, uses the unchecked ``_store`` and ``_move``."""
 
     def __init__(self, rows: int, heads: int, dim: int) -> None:
+        self.heads, self.dim = heads, dim
         self.data: ByteRows = [[[0] * dim for _ in range(heads)] for _ in range(rows)]
         self.scales: ByteRows = [[[0] * (dim // MXFP8_BLOCK) for _ in range(heads)]
                                  for _ in range(rows)]  # fmt: skip
 
+    def _slot(self, name: str, slot: object) -> int:
+        out = as_int(name, slot)
+        if not 0 <= out < len(self.data):
+            raise IndexOutOfRangeError(f"{name} {out} outside 0..{len(self.data) - 1}")
+        return out
+
     def store(self, slot: int, row: Sequence[Sequence[float]]) -> None:
+        """Quantise ``row`` (``[heads][dim]`` finite reals) into row ``slot``."""
+        index = self._slot("slot", slot)
+        check_rows("row", [row], 1, self.heads, self.dim)
+        self._store(index, _scaled(row, None))
+
+    def _store(self, slot: int, row: Sequence[Sequence[float]]) -> None:
         quantized = [mxfp8_quantize_head(head) for head in row]
         self.data[slot] = [codes for codes, _ in quantized]
         self.scales[slot] = [scales for _, scales in quantized]
 
     def row(self, slot: int) -> list[list[float]]:
+        """Row ``slot`` dequantised: ``[heads][dim]`` floats."""
+        return self._row(self._slot("slot", slot))
+
+    def _row(self, slot: int) -> list[list[float]]:
         data, scales = self.data[slot], self.scales[slot]
         return [mxfp8_dequantize_head(c, s) for c, s in zip(data, scales, strict=True)]
 
     def dequantized(self) -> LayerBuffer:
-        return [self.row(s) for s in range(len(self.data))]
+        """Every row dequantised: ``[rows][heads][dim]`` floats (a fresh list)."""
+        return [self._row(s) for s in range(len(self.data))]
 
     def move(self, tgt: Sequence[int], src: Sequence[int]) -> None:
+        """Copy rows ``src`` to ``tgt`` (as many of each, slots in range, no target twice);
+        sources read before any write."""
+        targets, sources = layer_move_pairs(len(self.data), tgt, src)
+        self._move(targets, sources)
+
+    def _move(self, tgt: Sequence[int], src: Sequence[int]) -> None:
         rows = [([list(h) for h in self.data[s]], [list(h) for h in self.scales[s]]) for s in src]
         for t, (data, scales) in zip(tgt, rows, strict=True):
             self.data[t], self.scales[t] = data, scales
@@ -102,16 +136,23 @@ class MHATokenToKVPoolMXFP8(KVCache):
         v_scale: float | None = None,
     ) -> None:
         """Quantise and store ``cache_k / k_scale`` (``[n][head_num][head_dim]``) and
-        ``cache_v / v_scale`` (``[n][head_num][v_head_dim]``) at ``loc``; all checks first."""
+        ``cache_v / v_scale`` (``[n][head_num][v_head_dim]``) at ``loc``; all checks (layer,
+        slots, shapes, scales, finite scaled values) first."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
         self._check_shape("cache_k", cache_k, len(slots), self.head_num, self.head_dim)
         self._check_shape("cache_v", cache_v, len(slots), self.head_num, self.v_head_dim)
-        ks = [_scaled(r, k_scale) for r in cache_k]
-        vs = [_scaled(r, v_scale) for r in cache_v]
+        k_div, v_div = as_scale("k_scale", k_scale), as_scale("v_scale", v_scale)
+        ks = [_scaled(r, k_div) for r in cache_k]
+        vs = [_scaled(r, v_div) for r in cache_v]
+        self._store(local, slots, ks, vs)
+
+    def _store(
+        self, local: int, slots: list[int], ks: list[list[list[float]]], vs: list[list[list[float]]]
+    ) -> None:
         for slot, k, v in zip(slots, ks, vs, strict=True):
-            self.k_layers[local].store(slot, k)
-            self.v_layers[local].store(slot, v)
+            self.k_layers[local]._store(slot, k)
+            self.v_layers[local]._store(slot, v)
 
     def get_key_buffer(self, layer_id: int) -> LayerBuffer:
         """K of ``layer_id`` dequantised: rows of ``[head_num][head_dim]`` (fresh)."""
@@ -139,14 +180,17 @@ class MHATokenToKVPoolMXFP8(KVCache):
         """Copy bytes and scales of rows ``src_loc`` to ``tgt_loc`` on every layer."""
         tgt, src = self._move_pairs(tgt_loc, src_loc)
         for layer in (*self.k_layers, *self.v_layers):
-            layer.move(tgt, src)
+            layer._move(tgt, src)
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
-        """Store each tag in MXFP8 form in every head of K and V of every held layer."""
-        k = [[mxfp8_tag_head(t, self.head_dim)] * self.head_num for t in tags]
-        v = [[mxfp8_tag_head(t, self.v_head_dim)] * self.head_num for t in tags]
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, k, v)
+        """Store each tag (``[0, TAG_LIMIT)``) in MXFP8 form in every head of K and V of every
+        held layer; slots and tags checked first."""
+        slots = self._slots(loc)
+        values = self._tags(tags, len(slots))
+        k = [_scaled([mxfp8_tag_head(t, self.head_dim)] * self.head_num, None) for t in values]
+        v = [_scaled([mxfp8_tag_head(t, self.v_head_dim)] * self.head_num, None) for t in values]
+        for local in range(self.layer_num):
+            self._store(local, slots, k, v)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag each slot stores (head 0 of K on the first held layer; 0 if none)."""

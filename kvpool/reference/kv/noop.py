@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpool.errors import InvalidArgumentError, KVStorageError
+from kvpool.errors import KVStorageError
 from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer
 
 
@@ -74,12 +74,11 @@ class NoOpMHATokenToKVPool(KVCache):
             self.tag_record[t] = tag
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
-        """Record ``tags[i]`` for slot ``loc[i]`` (the side table; no KV is written)."""
+        """Record ``tags[i]`` (``[0, TAG_LIMIT)``) for slot ``loc[i]`` (the side table; no KV is
+        written); slots and tags checked first."""
         slots = self._slots(loc)
-        if len(slots) != len(tags):
-            raise InvalidArgumentError(f"{len(tags)} tags for {len(slots)} slots")
-        for slot, tag in zip(slots, tags, strict=True):
-            self.tag_record[slot] = int(tag)
+        for slot, tag in zip(slots, self._tags(tags, len(slots)), strict=True):
+            self.tag_record[slot] = tag
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The recorded tag of each slot (0 if never tagged)."""

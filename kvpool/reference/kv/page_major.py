@@ -21,9 +21,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Sequence
 
-from kvpool.errors import ConfigError
-from kvpool.reference.kv.kv_cache import KVCache, Row
-from kvpool.reference.kv.quant import div32
+from kvpool.errors import ConfigError, IndexOutOfRangeError
+from kvpool.host_checks import as_int
+from kvpool.reference.kv.kv_cache import KVCache, Row, as_scale, check_rows
+from kvpool.reference.kv.quant import div32, f32_all
 
 
 class PageMajorView:
@@ -39,7 +40,17 @@ class PageMajorView:
         self.shape = (self.num_pages, ps, row // head_dim, head_dim)
 
     def offset(self, token: int) -> int:
-        """Raw item index where token ``token``'s row starts."""
+        """Raw item index where token ``token``'s row starts (``token``: an integer in
+        ``0..len(self) - 1``, else InvalidArgumentError / IndexOutOfRangeError)."""
+        return self._offset(self._token(token))
+
+    def _token(self, token: object) -> int:
+        out = as_int("token", token)
+        if not 0 <= out < len(self):
+            raise IndexOutOfRangeError(f"token {out} outside 0..{len(self) - 1}")
+        return out
+
+    def _offset(self, token: int) -> int:
         page, slot = divmod(token, self.page_size)
         return self.base + page * self.stride[0] + slot * self.stride[1]
 
@@ -47,7 +58,7 @@ class PageMajorView:
         return self.num_pages * self.page_size
 
     def __getitem__(self, token: int) -> Row:
-        start = self.offset(token)
+        start = self._offset(token)
         d = self.head_dim
         return [self.raw[start + h * d : start + (h + 1) * d] for h in range(self.shape[2])]
 
@@ -55,7 +66,14 @@ class PageMajorView:
         return (self[t] for t in range(len(self)))
 
     def write(self, token: int, values: Sequence[float]) -> None:
-        start = self.offset(token)
+        """Store ``values`` (the row's ``head_num * head_dim`` reals, heads flattened) as token
+        ``token``'s row, rounded to float32; all checks first."""
+        index = self._token(token)
+        check_rows("values", [[values]], 1, 1, self.row_items)
+        self._write(index, f32_all([float(x) for x in values]))
+
+    def _write(self, token: int, values: Sequence[float]) -> None:
+        start = self._offset(token)
         self.raw[start : start + self.row_items] = values
 
 
@@ -110,16 +128,23 @@ class PageMajorMHATokenToKVPool(KVCache):
         v_scale: float | None = None,
     ) -> None:
         """Store ``cache_k / k_scale`` and ``cache_v / v_scale`` (float32) at tokens ``loc`` of
-        ``layer_id``, through the layer's strided views. All checks before any write."""
+        ``layer_id``, through the layer's strided views. All checks (layer, slots, shapes and
+        numbers, scales finite and > 0 or None) before any write."""
         local = self._layer(layer_id)
         slots = self._slots(loc)
         self._check_shape("cache_k", cache_k, len(slots), self.head_num, self.head_dim)
         self._check_shape("cache_v", cache_v, len(slots), self.head_num, self.v_head_dim)
-        ks = [[div32(float(x), k_scale) for h in r for x in h] for r in cache_k]
-        vs = [[div32(float(x), v_scale) for h in r for x in h] for r in cache_v]
+        k_div, v_div = as_scale("k_scale", k_scale), as_scale("v_scale", v_scale)
+        ks = [[div32(float(x), k_div) for h in r for x in h] for r in cache_k]
+        vs = [[div32(float(x), v_div) for h in r for x in h] for r in cache_v]
+        self._store(local, slots, ks, vs)
+
+    def _store(
+        self, local: int, slots: list[int], ks: list[list[float]], vs: list[list[float]]
+    ) -> None:
         for slot, k, v in zip(slots, ks, vs, strict=True):
-            self.k_buffer[local].write(slot, k)
-            self.v_buffer[local].write(slot, v)
+            self.k_buffer[local]._write(slot, k)
+            self.v_buffer[local]._write(slot, v)
 
     def get_key_buffer(self, layer_id: int) -> PageMajorView:
         """Layer ``layer_id``'s K view: ``view[t]`` is token ``t``'s ``[head_num][head_dim]``."""
@@ -140,14 +165,19 @@ class PageMajorMHATokenToKVPool(KVCache):
         for view in (*self.k_buffer, *self.v_buffer):
             rows = [[x for h in view[s] for x in h] for s in src]
             for t, row in zip(tgt, rows, strict=True):
-                view.write(t, row)
+                view._write(t, row)
 
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
-        """Tag in channel 0 of every head of K and V on every held layer (others 0.0)."""
-        k_rows = self._tag_rows(tags, self.head_num, self.head_dim)
-        v_rows = self._tag_rows(tags, self.head_num, self.v_head_dim)
-        for layer_id in range(self.start_layer, self.end_layer + 1):
-            self.set_kv_buffer(layer_id, loc, k_rows, v_rows)
+        """Tag (``[0, TAG_LIMIT)``) in channel 0 of every head of K and V on every held layer
+        (others 0.0); slots and tags checked first."""
+        slots = self._slots(loc)
+        values = self._tags(tags, len(slots))
+        k_rows = self._tag_rows(values, self.head_num, self.head_dim)
+        v_rows = self._tag_rows(values, self.head_num, self.v_head_dim)
+        ks = [[div32(x, None) for h in r for x in h] for r in k_rows]
+        vs = [[div32(x, None) for h in r for x in h] for r in v_rows]
+        for local in range(self.layer_num):
+            self._store(local, slots, ks, vs)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag stored at each token of ``loc`` (K of the first held layer)."""

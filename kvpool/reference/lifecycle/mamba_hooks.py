@@ -50,7 +50,13 @@ from collections.abc import Iterable, Sequence
 from typing import cast
 
 from kvpool.config import PoolConfig
-from kvpool.errors import ConfigError, OutOfMemoryError
+from kvpool.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    RequestStateError,
+)
+from kvpool.host_checks import as_count, as_instance, as_int, instance_list
 from kvpool.reference.lifecycle.session import SessionSlot
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.mamba.lifecycle import (
@@ -151,11 +157,36 @@ class MambaHooks:
         states too); the legacy tree keeps kvpool's order (KV first)."""
         return isinstance(self.tree, UnifiedMambaLifecycleCacheV0516)
 
+    @staticmethod
+    def _waiting(name: str, req: object) -> Req:
+        """``req`` as a request holding no row (waiting): InvalidArgumentError for another
+        type, RequestStateError for a request that holds a row."""
+        out = as_instance(name, req, Req)
+        if out.req_pool_idx is not None:
+            raise RequestStateError(f"{name}: request {out.rid!r} holds a row (not waiting)")
+        return out
+
+    @staticmethod
+    def _check_stop(req: Req, stop: object) -> int:
+        """``stop`` (tokens) as an int with ``kv_committed_len <= stop <= min(kv_allocated_len,
+        len(tokens))``: the forward computes tokens inside the allocation, from the committed
+        ones on (InvalidArgumentError otherwise)."""
+        out = as_int("stop", stop)
+        limit = min(req.kv_allocated_len, req.seq_len())
+        if not req.kv_committed_len <= out <= limit:
+            raise InvalidArgumentError(
+                f"stop must lie in [{req.kv_committed_len}, {limit}] for request {req.rid!r}, "
+                f"got {stop!r}"
+            )
+        return out
+
     def check_admission(self, reqs: Sequence[Req], chunks: int = 0) -> None:
         """OutOfMemoryError (nothing changed) when the batch needs more Mamba slots than are
         free (plus, with the Mamba radix cache, its evictable states). ``chunks``: requests of
         the batch that stay between prefill chunks, each needing one more slot for the tree's
         copy of its state (counted with the Mamba radix cache only)."""
+        reqs = instance_list("reqs", reqs, Req)
+        chunks = as_count("chunks", chunks)
         need = self.pool.mamba_slots_needed(reqs)
         free = self.pool.mamba_allocator.schedulable_available_size()
         evictable = 0
@@ -166,8 +197,14 @@ class MambaHooks:
             raise OutOfMemoryError(f"need {need} Mamba slots; {free} free, {evictable} cached")
 
     def match(self, key: RadixKey, req: Req) -> MambaMatchResult:
-        """The Mamba radix cache's prefix match with copy-on-write (the copy made at once)."""
-        assert self.tree is not None
+        """The Mamba radix cache's prefix match with copy-on-write (the copy made at once).
+        InvalidArgumentError for a key that is not a :class:`RadixKey` or a ``req`` that is not
+        a request, RequestStateError for a request holding a row, ConfigError without the
+        Mamba radix cache; nothing changed."""
+        key = as_instance("key", key, RadixKey)
+        req = self._waiting("req", req)
+        if self.tree is None:  # the chunk cache has no states to match
+            raise ConfigError("match needs the Mamba radix cache (radix cache on)")
         result = self.tree.match_prefix(key, req, cow_mamba=True)
         if result.cow_staged:
             prepare_forward(self.pool, [req])
@@ -177,6 +214,7 @@ class MambaHooks:
         """Copy-on-write for waiting requests holding no slot whose matched node has a state
         (matched without one): a slot each (evicting a state when none is free; admission
         counted it), then the copy."""
+        reqs = instance_list("reqs", reqs, Req)
         if self.tree is None:
             return
         for req in reqs:
@@ -195,6 +233,7 @@ class MambaHooks:
         """SGLang's ``alloc_req_slots`` with a Mamba prefix cache: when fewer slots are
         schedulable than the headroom (or than the batch needs), evict the difference in cached
         states first. Nothing under 0.5.23's rules (:meth:`reclaim_before_alloc` did it)."""
+        reqs = instance_list("reqs", reqs, Req)
         if self.tree is None or self.unified:
             return
         free = self.pool.mamba_allocator.schedulable_available_size()
@@ -206,6 +245,7 @@ class MambaHooks:
         """SGLang 0.5.23's ``ensure_mamba_capacity`` (unified tree only), before the batch's KV
         is allocated: when fewer slots are schedulable than the batch needs, evict exactly the
         shortfall in cached states (admission checked it can be had)."""
+        reqs = instance_list("reqs", reqs, Req)
         if self.tree is None or not self.unified:
             return
         need = self.pool.mamba_slots_needed(reqs)
@@ -216,19 +256,25 @@ class MambaHooks:
     def release_waiting(self, req: Req) -> None:
         """A waiting request leaves (abort, or a refused admission that matched it): its
         copy-on-write slot, if any, goes back."""
+        req = self._waiting("req", req)
         if req.mamba_pool_idx is not None:
             release_waiting(self.pool, req)
 
     def after_admission(self, reqs: Sequence[Req]) -> None:
         """Zero the state of every request given a fresh slot."""
+        reqs = instance_list("reqs", reqs, Req)
         prepare_forward(self.pool, reqs)
 
     def after_write(self, req: Req, stop: int) -> None:
         """The forward computed tokens up to ``stop``: the state is that of ``tokens[:stop]``."""
+        stop = self._check_stop(as_instance("req", req, Req), stop)
         forward_state(self.pool, [req], [mamba_state_tag(req.all_token_ids[:stop], req.extra_key)])
 
     def before_release(self, req: Req) -> None:
         """Give back the request's Mamba slot and track buffers (it holds them with its row)."""
+        req = as_instance("req", req, Req)
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         if req.mamba_pool_idx is not None:
             self.pool.free_mamba_cache(req)
 
@@ -243,6 +289,10 @@ class MambaHooks:
         copy-on-write slot: its matched prefix); then every session holding a slot between
         turns (``session ID``: the state after its committed tokens); then ``tree``, the Mamba
         radix cache's snapshot (its checkpoints are the tree's slots)."""
+        reqs = instance_list("reqs", reqs, Req)
+        sessions = instance_list("sessions", sessions, SessionSlot)
+        if tree is not None:
+            as_instance("tree", tree, MambaTreeSnapshot)
         views = tuple(
             MambaReqSnapshot(
                 rid=r.rid,

@@ -25,6 +25,15 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
+from kvpool.host_checks import (
+    as_bool,
+    as_instance,
+    as_int,
+    as_str,
+    count_list,
+    instance_list,
+    str_list,
+)
 from kvpool.injection import check_shared, resolve
 from kvpool.reference.hicache.hiradix_cache import HiRadixCache
 from kvpool.reference.hicache.memory_pool_host import host_pool_for
@@ -150,7 +159,7 @@ class LifecyclePrimitives:
     def get_req(self, rid: str, *states: str) -> Req:
         """The request ``rid``; UnknownRequestError if unknown, RequestStateError if its state is
         not one of ``states`` (any state when none given)."""
-        req = self.reqs.get(rid)
+        req = self.reqs.get(as_str("rid", rid))
         if req is None:
             raise UnknownRequestError(f"unknown request {rid!r}")
         if states and req.state not in states:
@@ -158,6 +167,8 @@ class LifecyclePrimitives:
         return req
 
     def _batch(self, rids: Sequence[str], *states: str) -> list[Req]:
+        """The requests ``rids`` names (a sequence of distinct ids), each in one of ``states``."""
+        rids = str_list("rids", rids)
         if len(set(rids)) != len(rids):
             raise InvalidArgumentError(f"a batch names a request twice: {list(rids)}")
         return [self.get_req(rid, *states) for rid in rids]
@@ -246,10 +257,26 @@ class LifecyclePrimitives:
             return self.req_to_token_pool.read(req.req_pool_idx, col - 1, col)[0]
         return req.prefix_indices[col - 1]
 
+    def _check_write(self, req: object, start: object, stop: object) -> tuple[int, int]:
+        """The checks :meth:`write_kv` makes before writing: ``req`` a request holding a row,
+        ``0 <= start <= stop <= min(kv_allocated_len, len(tokens))``. Returns (start, stop)."""
+        req = as_instance("req", req, Req)
+        a, b = as_int("start", start), as_int("stop", stop)
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        limit = min(req.kv_allocated_len, req.seq_len())
+        if not 0 <= a <= b <= limit:
+            raise InvalidArgumentError(
+                f"request {req.rid!r}: need 0 <= start <= stop <= {limit}, got start={a}, stop={b}"
+            )
+        if self.mamba_hooks is not None:  # the state moves forward only (MambaHooks.after_write)
+            self.mamba_hooks._check_stop(req, b)
+        return a, b
+
     # ----------------------------------------------------------------- primitives
     def alloc_req_slots(self, reqs: Sequence[Req]) -> list[int]:
         """Rows for the batch (reusing rows legally kept); OutOfMemoryError if too few are free."""
-        rows = self.req_to_token_pool.alloc(reqs)
+        rows = self.req_to_token_pool.alloc(instance_list("reqs", reqs, Req))
         if rows is None:
             raise OutOfMemoryError(f"need rows; {self.req_to_token_pool.available_size()} free")
         return rows
@@ -259,9 +286,10 @@ class LifecyclePrimitives:
     ) -> tuple[list[int], list[int]]:
         """The checks :meth:`alloc_for_extend` makes before any change, but capacity: row
         misuse, lengths, ``max_context_len``, free rows. Returns ``(prefix_lens, seq_lens)``."""
+        reqs = instance_list("reqs", reqs, Req)
+        seqs = count_list("seq_lens", seq_lens)
         fresh = self.req_to_token_pool.check_alloc(reqs)
         prefix_lens = [len(r.prefix_indices) for r in reqs]
-        seqs = [int(s) for s in seq_lens]
         if len(seqs) != len(reqs) or any(s < p for p, s in zip(prefix_lens, seqs, strict=True)):
             raise InvalidArgumentError(f"need one seq_len >= prefix_len per request, got {seqs}")
         if any(s > self.config.max_context_len for s in seqs):
@@ -274,6 +302,7 @@ class LifecyclePrimitives:
         """The checks :meth:`alloc_for_decode` makes before any change, but capacity: every
         request holds a row and stays within ``max_context_len``. Returns each request's new
         column and the tokens the step needs (new pages times the page size)."""
+        reqs = instance_list("reqs", reqs, Req)
         rowless = [r.rid for r in reqs if r.req_pool_idx is None]
         if rowless:
             raise InvalidArgumentError(f"requests {rowless} hold no row")
@@ -356,6 +385,8 @@ class LifecyclePrimitives:
         allocated)`` (``free``, or ``free_segment`` under ``rules.release_path ==
         "checkpoint"``: SGLang 0.5.23's ``free_kv_row``); free the row; forget the request's
         pool fields. InvalidArgumentError (nothing changed) for a request without a row."""
+        req = as_instance("req", req, Req)
+        is_insert = as_bool("is_insert", is_insert)
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
@@ -373,7 +404,10 @@ class LifecyclePrimitives:
         req.reset_kv_fields()
 
     def write_kv(self, req: Req, start: int, stop: int) -> None:
-        """Compute (write the tags of) tokens ``[start, stop)`` of ``req`` into their slots."""
+        """Compute (write the tags of) tokens ``[start, stop)`` of ``req`` into their slots.
+        InvalidArgumentError (nothing changed) unless ``req`` holds a row and ``0 <= start <=
+        stop <= min(kv_allocated_len, len(tokens))`` (tokens)."""
+        self._check_write(req, start, stop)
         assert req.req_pool_idx is not None
         slots = self.req_to_token_pool.read(req.req_pool_idx, start, stop)
         tags = kv_tags(req.all_token_ids[:stop], req.extra_key)[start:stop]

@@ -20,12 +20,38 @@ a restored turn is aborted or retracted, its KV is released and the slot forgets
 
 from __future__ import annotations
 
-from kvpool.constants import ceil_align
+from kvpool.constants import ceil_align, is_power_of_two
+from kvpool.errors import InvalidArgumentError, RequestStateError
+from kvpool.host_checks import as_bool, as_instance, as_int
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.radix_key import TreeNode
 from kvpool.reference.req import Req
+
+
+def check_pools(req_to_token_pool: object, allocator: object) -> None:
+    """The pools a slot's row goes back through: a request table (``read`` and ``free``) and a
+    token allocator (``free`` and ``free_segment``); InvalidArgumentError naming the argument
+    otherwise. Duck-typed: an injected pool offering those calls qualifies."""
+    for name, obj, calls in (
+        ("req_to_token_pool", req_to_token_pool, ("read", "free")),
+        ("allocator", allocator, ("free", "free_segment")),
+    ):
+        if not all(callable(getattr(obj, c, None)) for c in calls):
+            raise InvalidArgumentError(f"{name} must offer {' and '.join(calls)}, got {obj!r}")
+
+
+def check_page_size(page_size: object, allocator: object = None) -> int:
+    """``page_size`` (tokens) as an int: a power of two, the allocator's own when it says
+    (``allocator.page_size``); InvalidArgumentError otherwise."""
+    ps = as_int("page_size", page_size)
+    if not is_power_of_two(ps):
+        raise InvalidArgumentError(f"page_size must be a power of two >= 1, got {page_size!r}")
+    own = getattr(allocator, "page_size", ps)
+    if own != ps:
+        raise InvalidArgumentError(f"page_size {ps} is not the allocator's page size {own}")
+    return ps
 
 
 class SessionSlot:
@@ -70,7 +96,18 @@ class SessionSlot:
         self._forget_mamba()
 
     def take_from(self, req: Req) -> None:
-        """A turn finished: take its row, lengths, protected length and lock; null the request."""
+        """A turn finished: take its row, lengths, protected length and lock; null the request.
+        Before any change: InvalidArgumentError for anything but a request holding a row,
+        RequestStateError when the slot holds a turn already or ``req`` is not its busy turn."""
+        req = as_instance("req", req, Req)
+        if self.req_pool_idx is not None:
+            raise RequestStateError(f"session {self.session_id!r} holds a turn already")
+        if req.req_pool_idx is None:
+            raise InvalidArgumentError(f"request {req.rid!r} holds no row to hand over")
+        if self.busy_with != req.rid:
+            raise RequestStateError(
+                f"session {self.session_id!r} is busy with {self.busy_with!r}, not {req.rid!r}"
+            )
         self.req_pool_idx = req.req_pool_idx
         self.kv_committed_len = req.kv_committed_len
         self.kv_allocated_len = req.kv_allocated_len
@@ -88,7 +125,9 @@ class SessionSlot:
         req.reset_kv_fields()
 
     def orphan_tail_tokens(self, page_size: int) -> int:
-        """Tokens that :meth:`restore_into` frees: ``allocated - ceil_align(committed)`` (>= 0)."""
+        """Tokens that :meth:`restore_into` frees: ``allocated - ceil_align(committed)`` (>= 0).
+        InvalidArgumentError unless ``page_size`` is a power of two (tokens)."""
+        page_size = check_page_size(page_size)
         return max(0, self.kv_allocated_len - ceil_align(self.kv_committed_len, page_size))
 
     def restore_into(
@@ -101,7 +140,18 @@ class SessionSlot:
     ) -> None:
         """Hand the row, KV and lock to the next turn ``req``; free the orphan tail (``free``, or
         with ``segments`` ``free_segment``: SGLang 0.5.23's ``free_kv_row``). Afterwards
-        ``req.kv_allocated_len == req.kv_committed_len`` (its last partial page stays its own)."""
+        ``req.kv_allocated_len == req.kv_committed_len`` (its last partial page stays its own).
+        Before any change: InvalidArgumentError for pools without the calls used, a page size
+        that is not the allocator's, a non-bool ``segments`` or a non-request ``req``;
+        RequestStateError when the slot holds no turn or ``req`` holds a row."""
+        check_pools(req_to_token_pool, allocator)
+        page_size = check_page_size(page_size, allocator)
+        segments = as_bool("segments", segments)
+        req = as_instance("req", req, Req)
+        if self.req_pool_idx is None:
+            raise RequestStateError(f"session {self.session_id!r} holds no turn to restore")
+        if req.req_pool_idx is not None:
+            raise RequestStateError(f"request {req.rid!r} holds a row already")
         assert self.req_pool_idx is not None
         row = self.req_pool_idx
         start = ceil_align(self.kv_committed_len, page_size)
@@ -131,6 +181,8 @@ class SessionSlot:
         """Free ``[cache_protected_len, kv_allocated_len)`` (``free``, or with ``segments``
         ``free_segment``) and the row (the lock is dropped by the caller, see
         :meth:`MemoryManager.close_session`)."""
+        check_pools(req_to_token_pool, allocator)
+        segments = as_bool("segments", segments)
         if self.req_pool_idx is None:
             return
         row = self.req_pool_idx
@@ -146,4 +198,4 @@ class SessionSlot:
         self.forget()
 
 
-__all__ = ["SessionSlot"]
+__all__ = ["SessionSlot", "check_page_size", "check_pools"]

@@ -16,13 +16,13 @@ Units: tokens for lengths, slots for results.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.errors import ContextOverflowError, InvalidArgumentError
-from kvpool.host_checks import as_int, int_list
+from kvpool.host_checks import as_int, token_list
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.reference.req import Req
 from kvpool.tags import kv_tags
@@ -79,9 +79,12 @@ def spec_step(
     reserve = as_int("reserve", reserve)
     if reserve < 0:
         raise InvalidArgumentError(f"reserve must be >= 0, got {reserve}")
+    if isinstance(accepted, str | bytes) or not isinstance(accepted, Iterable):
+        raise InvalidArgumentError(f"accepted must be a sequence of token lists, got {accepted!r}")
+    # token ids as decode takes them (vocabulary ids), every list before anything changes
+    accepted = [token_list("accepted token ids", acc) for acc in accepted]
     if len(accepted) != len(reqs):
         raise InvalidArgumentError(f"{len(accepted)} accepted lists for {len(reqs)} requests")
-    accepted = [int_list("accepted token ids", acc) for acc in accepted]
     too_many = [r.rid for r, acc in zip(reqs, accepted, strict=True) if len(acc) > 2 * reserve]
     if too_many:
         raise InvalidArgumentError(f"requests {too_many} accept more than 2 * reserve tokens")

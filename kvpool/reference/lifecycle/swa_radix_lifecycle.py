@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.host_checks import as_bool, as_count, as_instance, as_int, int_list
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.radix_key import RadixKey
 from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
@@ -69,6 +70,24 @@ class SWAReq(Protocol):
     def all_token_ids(self) -> Sequence[int]: ...
 
 
+_SWA_REQ_FIELDS = (
+    "rid", "req_pool_idx", "kv_committed_len", "cache_protected_len", "cache_inserted_len",
+    "last_node", "prefix_indices", "fill_ids", "extra_key", "all_token_ids",
+)  # fmt: skip
+
+
+def check_swa_req(req: object) -> SWAReq:
+    """``req`` as a request holding a row (the fields :class:`SWAReq` names):
+    InvalidArgumentError for anything else (duck-typed: any request object qualifies)."""
+    missing = [f for f in _SWA_REQ_FIELDS if not hasattr(req, f)]
+    if missing:
+        raise InvalidArgumentError(f"req must be a request (no {missing[0]}), got {req!r}")
+    out = cast(SWAReq, req)
+    if out.req_pool_idx is None:
+        raise InvalidArgumentError(f"request {out.rid!r} holds no row")
+    return out
+
+
 class SWARadixLifecycle:
     """An :class:`SWARadixCache` behind the lifecycle's tree calls (module docstring)."""
 
@@ -93,10 +112,14 @@ class SWARadixLifecycle:
 
     # ----------------------------------------------------------------- tree calls
     def match_prefix(self, key: RadixKey) -> SWAMatchResult:
-        return self.tree.match_prefix(key)
+        """The tree's match of ``key`` (InvalidArgumentError unless a :class:`RadixKey`)."""
+        return self.tree.match_prefix(as_instance("key", key, RadixKey))
 
     def inc_lock_ref(self, node: SWATreeNode | None) -> int:
-        """Lock ``node`` (None: nothing) and remember the swa_uuid for its release."""
+        """Lock ``node`` (None: nothing) and remember the swa_uuid for its release.
+        InvalidArgumentError for anything but a tree node or None."""
+        if node is not None:
+            as_instance("node", node, SWATreeNode)
         if node is None or node is self.tree.root_node:
             return 0
         uuid = self.tree.inc_lock_ref(node)
@@ -104,7 +127,10 @@ class SWARadixLifecycle:
         return 0
 
     def dec_lock_ref(self, node: SWATreeNode | None) -> int:
-        """Release the last lock taken on ``node`` (None: nothing). LockError if none."""
+        """Release the last lock taken on ``node`` (None: nothing). LockError if none;
+        InvalidArgumentError for anything but a tree node or None."""
+        if node is not None:
+            as_instance("node", node, SWATreeNode)
         if node is None or node is self.tree.root_node:
             return 0
         held = self._uuids.get(node.node_id)
@@ -117,7 +143,10 @@ class SWARadixLifecycle:
         return 0
 
     def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
-        """The tree's eviction: (full tokens freed, SWA tokens freed)."""
+        """The tree's eviction: (full tokens freed, SWA tokens freed). InvalidArgumentError
+        unless both counts are int64 integers >= 0."""
+        num_tokens = as_count("num_tokens", num_tokens)
+        swa_num_tokens = as_count("swa_num_tokens", swa_num_tokens)
         return self.tree.evict(num_tokens, swa_num_tokens)
 
     def evictable_size(self) -> int:
@@ -137,6 +166,28 @@ class SWARadixLifecycle:
         return self.tree.snapshot()
 
     # ----------------------------------------------------------------- hand-overs
+    def _hand_over_args(
+        self, req: object, flag_name: str, flag: object, row_read: object, finished: bool
+    ) -> tuple[SWAReq, bool, list[int] | None]:
+        """The checks of a hand-over (``cache_finished_req``, ``cache_unfinished_req``) before
+        any change: ``req`` a request holding a row, the flag a bool, ``row_read`` None or the
+        row's first ``need`` slots (``kv_committed_len`` when ``finished``, else
+        ``len(fill_ids)``) given as an integer index equal to the row.
+        InvalidArgumentError naming the argument otherwise."""
+        out = check_swa_req(req)
+        value = as_bool(flag_name, flag)
+        row = out.req_pool_idx
+        assert row is not None
+        need = out.kv_committed_len if finished else len(out.fill_ids)
+        if row_read is None:
+            return out, value, None
+        got = int_list("row_read", row_read)  # type: ignore[arg-type]
+        if len(got) < need:
+            raise InvalidArgumentError(f"row_read holds {len(got)} slots; the request needs {need}")
+        if got[:need] != self.req_to_token_pool.read(row, 0, need):
+            raise InvalidArgumentError(f"row_read is not row {row}'s first {need} slots")
+        return out, value, got
+
     def _key(self, req: SWAReq, stop: int) -> RadixKey:
         return RadixKey(list(req.all_token_ids[:stop]), req.extra_key)
 
@@ -147,9 +198,9 @@ class SWARadixLifecycle:
         the unaligned tail; unlock (module docstring). InvalidArgumentError for a request
         without a row. ``row_read``: ``row[:committed]`` as the caller already read it, used
         instead of a read of the row."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        req, is_insert, row_read = self._hand_over_args(req, "is_insert", is_insert, row_read, True)
         committed = req.kv_committed_len
+        assert req.req_pool_idx is not None
         if row_read is not None:
             kv = list(row_read[:committed])
         else:
@@ -170,9 +221,9 @@ class SWARadixLifecycle:
     ) -> None:
         """Between prefill chunks (module docstring); ``row_read``: ``row[:len(fill_ids)]`` as
         the caller already read it, used instead of a read of the row."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        req, chunked, row_read = self._hand_over_args(req, "chunked", chunked, row_read, False)
         row = req.req_pool_idx
+        assert row is not None
         filled = len(req.fill_ids)
         if row_read is not None:
             kv = list(row_read[:filled])
@@ -235,6 +286,7 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
     def full_hit_length(self, key: RadixKey) -> int:
         """Tokens of the page-aligned ``key`` whose full KV the tree holds (the walk a match
         makes, tombstones included; changes nothing): SGLang's ``full_kv_hit_length``."""
+        key = as_instance("key", key, RadixKey)
         key = key[: floor_align(len(key), self.page_size)]
         node, total = self.tree.root_node, 0
         while len(key) > 0:
@@ -252,6 +304,8 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         """SGLang's ``swa_branching_seqlen`` of a match of ``key`` that found
         ``device_prefix_len`` usable tokens: the page-aligned full hit when it reaches past
         them, else None."""
+        key = as_instance("key", key, RadixKey)
+        device_prefix_len = as_count("device_prefix_len", device_prefix_len)
         full = floor_align(self.full_hit_length(key), self.page_size)
         return full if full > device_prefix_len else None
 
@@ -264,9 +318,14 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         slots of the path to the node the insert ended on, move the lock there and set
         ``cache_protected_len`` (returned), ``prefix_indices`` (``row[:stop]`` after the
         rewrite) and ``last_node``. InvalidArgumentError for a request without a row."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        req = check_swa_req(req)
+        limit = max(req.kv_committed_len, len(req.fill_ids))
+        stop = as_int("stop", stop)
+        if not 0 <= stop <= limit:
+            raise InvalidArgumentError(f"stop must lie in [0, {limit}], got {stop}")
+        swa_evicted_seqlen = as_count("swa_evicted_seqlen", swa_evicted_seqlen)
         row = req.req_pool_idx
+        assert row is not None
         kv = self.req_to_token_pool.read(row, 0, stop)
         aligned = floor_align(stop, self.page_size)
         protected = req.cache_protected_len
@@ -346,9 +405,9 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         insert, ``row[cache_protected_len:committed]`` is one ``free``; then the unlock.
         InvalidArgumentError for a request without a row. ``row_read``: ``row[:committed]`` as
         the caller already read it."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        req, is_insert, row_read = self._hand_over_args(req, "is_insert", is_insert, row_read, True)
         committed = req.kv_committed_len
+        assert req.req_pool_idx is not None
         if row_read is not None:
             kv = list(row_read[:committed])
         else:
@@ -375,9 +434,9 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         ``row[cache_protected_len:len(match)]`` with the tree's slots, move the lock, set
         ``cache_protected_len``, ``prefix_indices`` and ``last_node``. ``row_read``:
         ``row[:len(fill_ids)]`` as the caller already read it."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
+        req, chunked, row_read = self._hand_over_args(req, "chunked", chunked, row_read, False)
         row = req.req_pool_idx
+        assert row is not None
         filled = len(req.fill_ids)
         if row_read is not None:
             kv = list(row_read[:filled])
@@ -400,4 +459,9 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         req.last_node = match.last_device_node
 
 
-__all__ = ["SWARadixLifecycle", "UnifiedSWARadixLifecycle", "UnifiedSWARadixLifecycleV0516"]
+__all__ = [
+    "SWARadixLifecycle",
+    "UnifiedSWARadixLifecycle",
+    "UnifiedSWARadixLifecycleV0516",
+    "check_swa_req",
+]

@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpool.errors import ConfigError, DoubleFreeError, InvalidArgumentError
+from kvpool.constants import RESERVED_INDEX
+from kvpool.errors import (
+    ConfigError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    ReservedIndexError,
+)
+from kvpool.host_checks import as_int, int_list
 from kvpool.protocols.requests import MambaReqLike
 from kvpool.reference.mamba.allocator import MambaSlotAllocator
 from kvpool.reference.mamba.pool import MambaPool
@@ -26,6 +34,44 @@ from kvpool.snapshot import HybridReqToTokenSnapshot
 
 NO_TRACK_SLOT = -1
 """A track-buffer entry that holds no slot."""
+
+
+MAMBA_FIELDS = ("mamba_pool_idx", "mamba_ping_pong_track_buffer")
+"""The fields a Mamba slot's release reads of a request."""
+REQ_FIELDS = ("req_pool_idx", "is_chunked", "kv_committed_len", *MAMBA_FIELDS)
+"""The fields an allocation reads of a request."""
+_MISSING = object()
+
+
+def check_mamba_req(name: str, req: object, fields: tuple[str, ...] = REQ_FIELDS) -> MambaReqLike:
+    """``req`` if it reads as a hybrid request (pure, both twins): it has ``fields`` (of
+    :class:`~kvpool.protocols.requests.MambaReqLike`), its ``mamba_pool_idx`` and
+    ``req_pool_idx`` are None or ints (not bools, not floats), its track buffer None or a list
+    of ints. InvalidArgumentError naming ``name`` otherwise (nothing read changes anything)."""
+    for field in fields:
+        if getattr(req, field, _MISSING) is _MISSING:
+            raise InvalidArgumentError(f"{name} must be a request (no {field}), got {req!r}")
+    for field in ("req_pool_idx", "mamba_pool_idx"):
+        value = getattr(req, field, None)
+        if value is not None:
+            as_int(f"{name}.{field}", value)
+    track = getattr(req, "mamba_ping_pong_track_buffer", None)
+    if track is not None:
+        if not isinstance(track, list):
+            raise InvalidArgumentError(
+                f"{name}.mamba_ping_pong_track_buffer must be a list of slots, got {track!r}"
+            )
+        for slot in track:
+            as_int(f"{name}.mamba_ping_pong_track_buffer", slot)
+    return req  # type: ignore[return-value]
+
+
+def check_mamba_reqs(name: str, reqs: object) -> list[MambaReqLike]:
+    """``reqs`` as a list after :func:`check_mamba_req` of each (a sequence, not a string);
+    InvalidArgumentError otherwise."""
+    if isinstance(reqs, str | bytes) or not isinstance(reqs, Sequence):
+        raise InvalidArgumentError(f"{name} must be a sequence of requests, got {reqs!r}")
+    return [check_mamba_req(f"{name}[{i}]", r) for i, r in enumerate(reqs)]
 
 
 def mamba_calls(reqs: Sequence[MambaReqLike], track_buffers: int) -> list[int]:
@@ -81,7 +127,10 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def mamba_slots_needed(self, reqs: Sequence[MambaReqLike]) -> int:
         """Mamba slots :meth:`alloc` would take for ``reqs``: one per request without a slot,
-        plus ``track_buffers`` per request without track buffers."""
+        plus ``track_buffers`` per request without track buffers (a count: the batch's rows and
+        kept slots are :meth:`check_alloc`'s to check). InvalidArgumentError when ``reqs`` is
+        not a sequence of requests (:func:`check_mamba_reqs`)."""
+        reqs = check_mamba_reqs("reqs", reqs)
         need = sum(1 for r in reqs if r.mamba_pool_idx is None)
         if self.track_buffers:
             need += self.track_buffers * sum(
@@ -89,15 +138,43 @@ class HybridReqToTokenPool(ReqToTokenPool):
             )
         return need
 
+    def check_alloc(self, reqs: Sequence[MambaReqLike]) -> int:  # type: ignore[override]
+        """:meth:`ReqToTokenPool.check_alloc` after checking that each request reads as a hybrid
+        request (:func:`check_mamba_req`) and that the Mamba slots and track buffers it keeps
+        are held, in ``1..mamba_size`` and kept by one request only (a track buffer has
+        ``track_buffers`` entries); returns the fresh rows needed. Nothing changes."""
+        checked = check_mamba_reqs("reqs", reqs)
+        fresh = super().check_alloc(checked)
+        self._check_kept_slots(checked)
+        return fresh
+
+    def _check_slot(self, what: str, slot: int) -> None:
+        """A Mamba slot named by a request: in ``1..size`` (slot 0 ReservedIndexError)."""
+        if slot == RESERVED_INDEX:
+            raise ReservedIndexError(f"{what}: Mamba slot {RESERVED_INDEX} is reserved")
+        if not RESERVED_INDEX < slot <= self.mamba_allocator.size:
+            raise IndexOutOfRangeError(
+                f"{what}: Mamba slot {slot} outside 1..{self.mamba_allocator.size}"
+            )
+
     def _check_kept_slots(self, reqs: Sequence[MambaReqLike]) -> None:
         """A request arriving with a Mamba slot (a chunked request, or one given a slot by a
-        prefix match) keeps it; the slot must be held, and named by one request only."""
+        prefix match) keeps it; the slot must be in range, held (not free, not prefetched by an
+        open group), and named by one request only."""
         kept: set[int] = set()
+        group = set(self.mamba_allocator._group or ())
         for i, req in enumerate(reqs):
             held = [] if req.mamba_pool_idx is None else [req.mamba_pool_idx]
-            held += [s for s in req.mamba_ping_pong_track_buffer or () if s != NO_TRACK_SLOT]
+            track = req.mamba_ping_pong_track_buffer
+            if track is not None and len(track) != self.track_buffers:
+                raise InvalidArgumentError(
+                    f"request {i} keeps {len(track)} track buffers, the pool has "
+                    f"{self.track_buffers}"
+                )
+            held += [s for s in track or () if s != NO_TRACK_SLOT]
             for slot in held:
-                if slot in self.mamba_allocator._free_set or slot in kept:
+                self._check_slot(f"request {i}", slot)
+                if slot in self.mamba_allocator._free_set or slot in group or slot in kept:
                     raise InvalidArgumentError(
                         f"request {i} keeps Mamba slot {slot}, free or shared"
                     )
@@ -109,7 +186,6 @@ class HybridReqToTokenPool(ReqToTokenPool):
         the next forward) and track buffers for each request without them. ``None`` and no
         change when either rows or Mamba slots are short."""
         fresh_rows = self.check_alloc(reqs)
-        self._check_kept_slots(reqs)
         if fresh_rows > len(self.free_slots):
             return None
         calls = mamba_calls(reqs, self.track_buffers)
@@ -146,8 +222,10 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return rows
 
     def get_mamba_indices(self, rows: Sequence[int]) -> list[int]:
-        """The Mamba slot mapped to each row (stale for a free row)."""
-        return [self.req_index_to_mamba_index_mapping[self._check_row(r)] for r in rows]
+        """The Mamba slot mapped to each row (stale for a free row); rows in ``1..size``
+        (InvalidArgumentError for a non-integer, ReservedIndexError / IndexOutOfRangeError)."""
+        checked = [self._check_row(r) for r in int_list("rows", rows)]
+        return [self.req_index_to_mamba_index_mapping[r] for r in checked]
 
     def free_mamba_cache(
         self, req: MambaReqLike, mamba_ping_pong_track_buffer_to_keep: int | None = None
@@ -155,10 +233,15 @@ class HybridReqToTokenPool(ReqToTokenPool):
         """Free the request's Mamba slot and its track buffers, except the track entry
         ``mamba_ping_pong_track_buffer_to_keep`` (0 or 1: its slot was donated to the prefix
         cache and now belongs to the tree). Clears the request's Mamba fields. DoubleFreeError
-        when the request holds no slot; InvalidArgumentError for a bad keep index."""
+        when the request holds no slot (or, from the allocator, a free one: nothing changes);
+        InvalidArgumentError for a bad keep index (an int in ``0..track_buffers-1``, not a
+        bool) or for something that is not a request (:func:`check_mamba_req`)."""
+        check_mamba_req("req", req, MAMBA_FIELDS)
         if req.mamba_pool_idx is None:
             raise DoubleFreeError("request holds no Mamba slot (mamba_pool_idx is None)")
         keep = mamba_ping_pong_track_buffer_to_keep
+        if keep is not None:
+            keep = as_int("mamba_ping_pong_track_buffer_to_keep", keep)
         if keep is not None and (not self.track_buffers or keep not in range(self.track_buffers)):
             raise InvalidArgumentError(f"track buffer to keep {keep!r} with {self.track_buffers}")
         track = list(req.mamba_ping_pong_track_buffer or ())
@@ -196,4 +279,13 @@ class HybridReqToTokenPool(ReqToTokenPool):
         )
 
 
-__all__ = ["NO_TRACK_SLOT", "HybridReqToTokenPool", "mamba_calls", "mamba_calls_fit"]
+__all__ = [
+    "MAMBA_FIELDS",
+    "NO_TRACK_SLOT",
+    "REQ_FIELDS",
+    "HybridReqToTokenPool",
+    "check_mamba_req",
+    "check_mamba_reqs",
+    "mamba_calls",
+    "mamba_calls_fit",
+]

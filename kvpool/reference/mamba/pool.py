@@ -22,6 +22,17 @@ from kvpool.errors import (
 from kvpool.host_checks import int_list
 from kvpool.snapshot import MambaPoolSnapshot
 
+TAG_LIMIT = 2**24
+"""State tags lie in ``[0, TAG_LIMIT)``: exact in the twin's float32 buffers
+(:data:`kvpool.tags.TAG_MODULUS` is below it; 0 is a cleared slot)."""
+
+
+def check_tags(values: list[int]) -> None:
+    """Every tag in ``[0, TAG_LIMIT)`` (InvalidArgumentError naming the first one outside)."""
+    for v in values:
+        if not 0 <= v < TAG_LIMIT:
+            raise InvalidArgumentError(f"tags: state tag {v} outside [0, {TAG_LIMIT})")
+
 
 class MambaPool:
     """``conv[layer][slot]`` and ``temporal[layer][slot]`` state tags (0: cleared)."""
@@ -72,9 +83,11 @@ class MambaPool:
 
     def write_state(self, indices: Sequence[int], tags: Sequence[int]) -> None:
         """The forward pass: every layer's state of ``indices[i]`` becomes ``tags[i]``
-        (InvalidArgumentError on a length mismatch or a slot named twice)."""
+        (InvalidArgumentError on a length mismatch, a slot named twice or a tag outside
+        ``[0, TAG_LIMIT)``)."""
         slots = self.check_slots(indices)
         values = int_list("tags", tags)
+        check_tags(values)
         if len(values) != len(slots) or len(set(slots)) != len(slots):
             raise InvalidArgumentError(f"{len(values)} tags for {len(slots)} distinct slots")
         for buf in (self.conv, self.temporal):
@@ -97,4 +110,4 @@ class MambaPool:
         )
 
 
-__all__ = ["MambaPool"]
+__all__ = ["TAG_LIMIT", "MambaPool", "check_tags"]

@@ -31,9 +31,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpool.errors import ConfigError, InvalidArgumentError, LockError
+from kvpool.constants import RESERVED_INDEX
+from kvpool.errors import (
+    ConfigError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    LockError,
+    ReservedIndexError,
+)
+from kvpool.host_checks import as_bool, as_count, as_int
 from kvpool.protocols.requests import MambaReqLike
-from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
+from kvpool.reference.mamba.hybrid_req_to_token_pool import (
+    MAMBA_FIELDS,
+    HybridReqToTokenPool,
+    check_mamba_req,
+)
 from kvpool.reference.mamba.tree_node import LRUList, MambaTreeNode
 from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.radix_key import ChildKey, RadixKey, check_tree_slots, tree_slot_limit
@@ -163,12 +176,79 @@ class MambaRadixCache:
             best, best_len = node, len(value)
         return value, best, best_len
 
+    # ----------------------------------------------------------------- argument checks
+    @staticmethod
+    def _check_key(key: object) -> RadixKey:
+        if not isinstance(key, RadixKey):
+            raise InvalidArgumentError(f"key must be a RadixKey, got {key!r}")
+        return key
+
+    def _check_state_slot(self, name: str, slot: object) -> int:
+        """A Mamba slot the caller holds: an int in ``1..size`` (ReservedIndexError for slot 0,
+        IndexOutOfRangeError outside), neither free nor prefetched by an open group
+        (DoubleFreeError)."""
+        value = as_int(name, slot)
+        alloc = self.req_to_token_pool.mamba_allocator
+        if value == RESERVED_INDEX:
+            raise ReservedIndexError(f"{name}: Mamba slot {RESERVED_INDEX} is reserved")
+        if not RESERVED_INDEX < value <= alloc.size:
+            raise IndexOutOfRangeError(f"{name}: Mamba slot {value} outside 1..{alloc.size}")
+        if value in alloc._free_set or value in (alloc._group or ()):
+            raise DoubleFreeError(f"{name}: Mamba slot {value} is free, not the caller's", [value])
+        return value
+
+    def _check_held_kv(self, name: str, slots: list[int]) -> None:
+        """KV slots the caller hands to the tree: each held (not free in the allocator) and
+        named once (DoubleFreeError)."""
+        free = getattr(self.token_to_kv_pool_allocator, "_free_set", None)
+        if free is None:  # an allocator that keeps no host free set: nothing to read here
+            return
+        seen: set[int] = set()
+        bad: list[int] = []
+        for s in slots:
+            if s in free or s in seen:
+                bad.append(s)
+            seen.add(s)
+        if bad:
+            raise DoubleFreeError(f"{name}: KV slots free or named twice", bad)
+
+    def _check_insert(
+        self, key: object, value: object, mamba_value: object, prev_prefix_len: object
+    ) -> tuple[RadixKey, list[int], int, int]:
+        """:meth:`insert`'s arguments checked before any change (see :meth:`insert`)."""
+        key = self._check_key(key)
+        limit = tree_slot_limit(self.token_to_kv_pool_allocator)
+        slots = check_tree_slots(value, limit)  # type: ignore[arg-type]
+        if len(slots) != len(key):
+            raise InvalidArgumentError(f"value: {len(slots)} slots for {len(key)} tokens")
+        prev = as_count("prev_prefix_len", prev_prefix_len)
+        if prev > len(key):
+            raise InvalidArgumentError(f"prev_prefix_len {prev} past the key's {len(key)} tokens")
+        state = self._check_state_slot("mamba_value", mamba_value)
+        if state in self._cached_states():
+            raise InvalidArgumentError(f"mamba_value: Mamba slot {state} is cached by the tree")
+        self._check_held_kv("value", slots[prev:])
+        return key, slots, state, prev
+
+    def _cached_states(self) -> set[int]:
+        """The Mamba slots the tree holds (the nodes of the state order)."""
+        return {n.mamba_value for n in self.mamba_lru_list.order if n.mamba_value is not None}
+
     def match_prefix(
         self, key: RadixKey, req: MambaReqLike | None = None, cow_mamba: bool = False
     ) -> MambaMatchResult:
-        """Longest prefix of ``key`` that ends at a cached state (see the module docstring)."""
+        """Longest prefix of ``key`` that ends at a cached state (see the module docstring).
+        InvalidArgumentError (nothing changed) for a key that is not a RadixKey, a ``cow_mamba``
+        that is not a bool, a ``req`` that is not a request, copy-on-write without one, or a
+        request whose Mamba slot is not one it holds."""
+        self._check_key(key)
+        as_bool("cow_mamba", cow_mamba)
+        if req is not None:
+            check_mamba_req("req", req, MAMBA_FIELDS)
         if cow_mamba and req is None:
             raise InvalidArgumentError("copy-on-write needs the request")
+        if cow_mamba and req is not None and req.mamba_pool_idx is not None:
+            self._check_state_slot("req.mamba_pool_idx", req.mamba_pool_idx)
         if not len(key):
             return MambaMatchResult([], self.root_node)
         value, last, best_len = self._walk(key)
@@ -198,11 +278,22 @@ class MambaRadixCache:
         """Cache ``key`` at ``value`` slots with state ``mamba_value`` after its last token.
         Frees ``value``'s slots for tokens already cached at or past ``prev_prefix_len``.
         Returns ``(tokens already cached, whether the end node already had a state)``; when it
-        had, ``mamba_value`` was not taken and the caller still owns it."""
-        if len(value) != len(key):
-            raise InvalidArgumentError(f"{len(value)} slots for {len(key)} tokens")
-        limit = tree_slot_limit(self.token_to_kv_pool_allocator)
-        node, value, total = self.root_node, check_tree_slots(value, limit), 0
+        had, ``mamba_value`` was not taken and the caller still owns it.
+
+        Checked before any change: ``key`` a RadixKey, ``value`` one slot per token, each an int
+        in range and not slot 0 (InvalidArgumentError, IndexOutOfRangeError,
+        ReservedIndexError), ``value[prev_prefix_len:]`` held by the caller (not free, no slot
+        twice: DoubleFreeError), ``prev_prefix_len`` an int in ``[0, len(key)]``, and
+        ``mamba_value`` a Mamba slot the caller holds (in ``1..size``, not free, not one the
+        tree caches)."""
+        key, slots, state, prev = self._check_insert(key, value, mamba_value, prev_prefix_len)
+        return self._insert(key, slots, state, prev)
+
+    def _insert(
+        self, key: RadixKey, value: list[int], mamba_value: int, prev_prefix_len: int
+    ) -> tuple[int, bool]:
+        """:meth:`insert` of checked arguments."""
+        node, total = self.root_node, 0
         if not len(key):
             return 0, True
         while len(key) and self._child_key(node, key) in node.children:
@@ -239,7 +330,10 @@ class MambaRadixCache:
 
     # ----------------------------------------------------------------- locks
     def _path(self, node: MambaTreeNode) -> list[MambaTreeNode]:
-        """Nodes from ``node`` up to (excluding) the root; LockError if it is detached."""
+        """Nodes from ``node`` up to (excluding) the root; InvalidArgumentError for something
+        that is not a node, LockError if it is detached or another tree's."""
+        if not isinstance(node, MambaTreeNode):
+            raise InvalidArgumentError(f"node must be a MambaTreeNode, got {node!r}")
         path, cur = [], node
         while cur is not self.root_node:
             parent = cur.parent
@@ -263,14 +357,19 @@ class MambaRadixCache:
                 self.full_protected_size_ += len(cur.value)
             cur.full_lock_ref += 1
 
-    def dec_lock_ref(self, node: MambaTreeNode) -> None:
-        """Undo :meth:`inc_lock_ref`; LockError (nothing changed) if a count would go negative."""
+    def _check_unlock(self, node: MambaTreeNode) -> list[MambaTreeNode]:
+        """The path :meth:`dec_lock_ref` would unlock, after its checks (nothing changes)."""
         path = self._path(node)
         if node.mamba_value is not None and node.mamba_lock_ref <= 0:
             raise LockError(f"mamba_lock_ref would go negative on node {node.node_id}")
         bad = [cur.node_id for cur in path if cur.full_lock_ref <= 0]
         if bad:
             raise LockError(f"full_lock_ref would go negative on nodes {bad}")
+        return path
+
+    def dec_lock_ref(self, node: MambaTreeNode) -> None:
+        """Undo :meth:`inc_lock_ref`; LockError (nothing changed) if a count would go negative."""
+        path = self._check_unlock(node)
         if node.mamba_value is not None:
             if node.mamba_lock_ref == 1:
                 self.mamba_evictable_size_ += 1
@@ -312,7 +411,9 @@ class MambaRadixCache:
 
     def evict_mamba(self, mamba_num: int) -> int:
         """Free at least ``mamba_num`` unlocked states, least recently used first (an inner node
-        becomes a tombstone, a leaf goes whole); returns the states freed."""
+        becomes a tombstone, a leaf goes whole); returns the states freed. InvalidArgumentError
+        for a ``mamba_num`` that is not an int >= 0."""
+        mamba_num = as_count("mamba_num", mamba_num)
         freed = 0
         while freed < mamba_num:
             node = self.mamba_lru_list.lru_no_lock()
@@ -331,7 +432,9 @@ class MambaRadixCache:
 
     def evict_full(self, full_num_tokens: int) -> int:
         """Free at least ``full_num_tokens`` tokens of unlocked leaves, least recently used
-        first; returns the tokens freed."""
+        first; returns the tokens freed. InvalidArgumentError for a ``full_num_tokens`` that is
+        not an int >= 0."""
+        full_num_tokens = as_count("full_num_tokens", full_num_tokens)
         freed = 0
         while freed < full_num_tokens:
             leaf = self.full_lru_list.lru_no_lock(leaf_only=True)
@@ -341,11 +444,10 @@ class MambaRadixCache:
         return freed
 
     def evict(self, num_tokens: int = 0, mamba_num: int = 0) -> tuple[int, int]:
-        """:meth:`evict_full` then :meth:`evict_mamba`; returns ``(tokens, states)`` freed."""
-        if num_tokens < 0 or mamba_num < 0:
-            raise InvalidArgumentError(
-                f"eviction sizes must be >= 0, got {num_tokens}, {mamba_num}"
-            )
+        """:meth:`evict_full` then :meth:`evict_mamba`; returns ``(tokens, states)`` freed.
+        InvalidArgumentError (nothing changed) unless both are ints >= 0."""
+        num_tokens = as_count("num_tokens", num_tokens)
+        mamba_num = as_count("mamba_num", mamba_num)
         full = self.evict_full(num_tokens) if num_tokens > 0 else 0
         return full, self.evict_mamba(mamba_num) if mamba_num > 0 else 0
 

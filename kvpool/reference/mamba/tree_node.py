@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Generic, Protocol, TypeVar
 
+from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_bool
 from kvpool.reference.radix_key import ChildKey, RadixKey
 
 _Node = TypeVar("_Node", bound="LRUNode")
@@ -37,6 +39,35 @@ class LRUNode(Protocol):
 
 
 N = TypeVar("N", bound=LRUNode)
+
+_NODE_FIELDS = ("node_id", "parent", "children", "full_lock_ref", "mamba_lock_ref", "mamba_value")
+
+
+def check_lru_node(name: str, node: object) -> None:
+    """``node`` reads as a tree node (pure, both twins: an int ``node_id`` and the fields an
+    LRU order reads); InvalidArgumentError naming ``name`` and the value otherwise."""
+    if (
+        any(not hasattr(node, f) for f in _NODE_FIELDS)
+        or isinstance(getattr(node, "node_id", None), bool)
+        or not isinstance(getattr(node, "node_id", None), int)
+    ):
+        raise InvalidArgumentError(f"{name} must be a Mamba tree node, got {node!r}")
+
+
+def lru_path(node: N, root: N) -> list[N]:
+    """``node`` and its ancestors below ``root``, nearest first (pure, both twins), after
+    checking both are nodes and ``root`` is an ancestor of ``node`` (or ``node`` itself):
+    InvalidArgumentError otherwise, before the caller changes anything."""
+    check_lru_node("node", node)
+    check_lru_node("root", root)
+    path: list[N] = []
+    cur: N | None = node
+    while cur is not root:
+        if cur is None:
+            raise InvalidArgumentError(f"root {root!r} is not an ancestor of node {node!r}")
+        path.append(cur)
+        cur = cur.parent
+    return path
 
 
 class MambaTreeNode:
@@ -92,33 +123,47 @@ class LRUList(Generic[N]):
     def __contains__(self, node: N) -> bool:
         return any(n is node for n in self.order)
 
+    def _check_member(self, node: N) -> None:
+        check_lru_node("node", node)
+        if node not in self:
+            raise InvalidArgumentError(f"node {node.node_id} is not in the LRU list")
+
     def remove(self, node: N) -> None:
+        """Take ``node`` out; InvalidArgumentError (nothing changed) for a node not in it."""
+        self._check_member(node)
         self.order = [n for n in self.order if n is not node]
 
     def insert_mru(self, node: N) -> None:
-        """Put ``node`` first (most recently used); it must not be in the list."""
-        assert node not in self, f"node {node.node_id} already in the LRU list"
+        """Put ``node`` first (most recently used); InvalidArgumentError (nothing changed) for
+        something that is not a node or a node already in the list."""
+        check_lru_node("node", node)
+        if node in self:
+            raise InvalidArgumentError(f"node {node.node_id} already in the LRU list")
         self.order.insert(0, node)
 
     def reset_node_mru(self, node: N) -> None:
-        """Move ``node`` (in the list) to the front."""
-        self.remove(node)
+        """Move ``node`` (in the list: InvalidArgumentError otherwise) to the front."""
+        self._check_member(node)
+        self.order = [n for n in self.order if n is not node]
         self.order.insert(0, node)
 
     def reset_node_and_parents_mru(self, node: N, root: N) -> None:
         """Move ``node`` and its ancestors (root excluded) to the front, the node most recent
-        and each ancestor just behind its child (in the mamba order only nodes with a state)."""
-        path: list[N] = []
-        while node is not root:
-            if not self.mamba or node.mamba_value is not None:
-                path.append(node)
-            assert node.parent is not None
-            node = node.parent
+        and each ancestor just behind its child (in the mamba order only nodes with a state).
+        InvalidArgumentError (nothing changed) when ``root`` is not an ancestor of ``node`` or
+        a node of the path that belongs in this order is not in it."""
+        path = [n for n in lru_path(node, root) if not self.mamba or n.mamba_value is not None]
+        members = {id(n) for n in self.order}
+        missing = [n.node_id for n in path if id(n) not in members]
+        if missing:
+            raise InvalidArgumentError(f"nodes {missing} of the path are not in the LRU list")
         ids = {id(n) for n in path}
         self.order = path + [n for n in self.order if id(n) not in ids]
 
     def lru_no_lock(self, leaf_only: bool = False) -> N | None:
-        """The least recently used unlocked node (``leaf_only``: unlocked leaf), or None."""
+        """The least recently used unlocked node (``leaf_only``: unlocked leaf), or None
+        (``leaf_only`` a bool: InvalidArgumentError otherwise)."""
+        as_bool("leaf_only", leaf_only)
         for node in reversed(self.order):
             if not self._locked(node) and not (leaf_only and node.children):
                 return node
@@ -128,4 +173,4 @@ class LRUList(Generic[N]):
         return tuple(n.node_id for n in self.order)
 
 
-__all__ = ["LRUList", "N"]
+__all__ = ["LRUList", "N", "check_lru_node", "lru_path"]

@@ -38,7 +38,7 @@ from kvpool.errors import (
     PageSizeError,
     ReservedIndexError,
 )
-from kvpool.host_checks import int_list
+from kvpool.host_checks import as_count, int_list
 from kvpool.reference.pools.paged_ops import (
     alloc_decode_slots,
     alloc_extend_slots,
@@ -184,14 +184,15 @@ class BaseTokenToKVPoolAllocator:
         return None if pages is None else self._slots_of(pages)
 
     def _check_need_size(self, need_size: int) -> None:
-        if not isinstance(need_size, int) or need_size < 0:
-            raise InvalidArgumentError(f"need_size must be a non-negative int, got {need_size!r}")
+        # A count of tokens: an int (not a bool, not a float to truncate) in [0, 2**63).
+        as_count("need_size", need_size)
 
     def free(self, free_index: Sequence[int]) -> None:
         """Return slots (validated before any change, see :meth:`_validate_free`). Empty input is a
         no-op. Inside a free group the slots are only buffered (validated against the free lists
-        and the buffer) until :meth:`free_group_end`."""
-        slots = list(free_index)
+        and the buffer) until :meth:`free_group_end`. InvalidArgumentError, before any change,
+        unless ``free_index`` is a sequence of integers (no bool, float or nested item)."""
+        slots = int_list("free_index", free_index)
         if not slots:
             return
         pending = self._pending_free if self._in_free_group else []
@@ -243,8 +244,11 @@ class BaseTokenToKVPoolAllocator:
         de-duplication (a page named twice is a double free). Paged: they go in front of
         ``free_pages`` as given. Inside a free group a paged allocator buffers them apart and
         returns them, in order, after the group's slot frees (as 0.5.23); page size 1 buffers
-        them with the slot frees (0.5.23's token allocator frees segments with ``free``)."""
-        pages = [int(p) for p in page_ids]
+        them with the slot frees (0.5.23's token allocator frees segments with ``free``).
+        InvalidArgumentError unless ``page_ids`` is a sequence of integers (a float page id is
+        refused, never truncated); every page must be held (the free checks, on its first
+        slot)."""
+        pages = int_list("page_ids", page_ids)
         if not pages:
             return
         if self._in_free_group and self.page_size == 1:
@@ -263,14 +267,33 @@ class BaseTokenToKVPoolAllocator:
     def free_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:
         """Free the pages of a segment of a sequence that starts at column ``start_pos`` (a
         multiple of ``page_size``, else AlignmentError): one page per ``page_size`` slots, in
-        order, through :meth:`free_page_ids` (SGLang 0.5.23's tree frees)."""
-        slots = list(free_index)
+        order, through :meth:`free_page_ids` (SGLang 0.5.23's tree frees). ``start_pos`` is a
+        column (an int >= 0) and ``free_index`` a sequence of integers (InvalidArgumentError);
+        each run of ``page_size`` slots from the start must lie in one page, or the pages after
+        a run's first slot would leak (InvalidArgumentError, SGLang's debug-mode check)."""
+        slots = int_list("free_index", free_index)
+        start = as_count("start_pos", start_pos)
         if not slots:
             return
-        if start_pos % self.page_size:
+        if start % self.page_size:
             raise AlignmentError(f"segment start {start_pos} is not page-aligned")
         self._validate_free(slots, [])
+        self._check_segment_runs(slots)
         self.free_page_ids([s // self.page_size for s in slots[:: self.page_size]])
+
+    def _check_segment_runs(self, slots: Sequence[int]) -> None:
+        """Every run ``slots[k * ps : (k + 1) * ps]`` lies in the page of its first slot (slots
+        already range-checked): the segment frees one page per run."""
+        ps = self.page_size
+        if ps == 1:
+            return
+        for i, s in enumerate(slots):
+            head = slots[i - i % ps]
+            if s // ps != head // ps:
+                raise InvalidArgumentError(
+                    f"free_index: slot {s} at position {i} is not in the page of its run's first "
+                    f"slot {head} (page_size={ps})"
+                )
 
     # ----------------------------------------------------------------- batch allocations
     def _check_batch(
@@ -313,6 +336,7 @@ class BaseTokenToKVPoolAllocator:
         prefix, _ = self._check_batch("prefix_lens", prefix_lens, prefix_lens_cpu)
         seq, _ = self._check_batch("seq_lens", seq_lens, seq_lens_cpu)
         locs = int_list("last_loc", last_loc)
+        as_count("extend_num_tokens", extend_num_tokens)  # never 2.0 == 2 by accident
         validate_extend_args(prefix, seq, locs, extend_num_tokens, self.page_size)
         self._check_prefix_pages_held(prefix, locs)
         num_new = sum(
@@ -355,14 +379,16 @@ class BaseTokenToKVPoolAllocator:
 
     def restore_state(self, state: object) -> None:
         """Put back free lists taken by :meth:`backup_state`. Raises InvalidArgumentError for
-        anything but two sequences of distinct page ids in ``1..num_pages``."""
+        anything but two sequences of distinct integer page ids in ``1..num_pages`` (a bool or
+        a float page id included)."""
         if not isinstance(state, tuple) or len(state) != 2:
-            raise InvalidArgumentError("state must be the (free_pages, release_pages) tuple")
-        free_pages, release_pages = (list(part) for part in state)
+            raise InvalidArgumentError(
+                f"state must be the (free_pages, release_pages) tuple, got {state!r}"
+            )
+        free_pages = int_list("state[0] (free_pages)", state[0])
+        release_pages = int_list("state[1] (release_pages)", state[1])
         every = free_pages + release_pages
-        bad = [
-            p for p in every if not isinstance(p, int) or not RESERVED_INDEX < p <= self.num_pages
-        ]
+        bad = [p for p in every if not RESERVED_INDEX < p <= self.num_pages]
         if bad or len(set(every)) != len(every):
             raise InvalidArgumentError(f"state holds bad or repeated page ids: {bad or every}")
         self._set_free_lists(free_pages, release_pages)

@@ -43,8 +43,21 @@ from collections.abc import Callable
 
 from kvpool.constants import floor_align, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError, PageSizeError
+from kvpool.host_checks import int_list
 from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
+from kvpool.reference.radix.checks import (
+    check_count,
+    check_distinct,
+    check_flag,
+    check_held,
+    check_insert_flags,
+    check_key,
+    check_release,
+    check_row_read_len,
+    check_up_to,
+    fill_len,
+)
 from kvpool.reference.radix.evict_policy import PriorityKey, get_priority_fn
 from kvpool.reference.radix.tree_view import pretty_print_tree, snapshot_tree
 from kvpool.reference.radix_key import (
@@ -188,7 +201,9 @@ class RadixCache:
     # ----------------------------------------------------------------- match / insert
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """Longest cached page-aligned prefix of ``key``; splits where the match ends inside a node.
-        Returns the matched slots and the deepest matched node (root if none)."""
+        Returns the matched slots and the deepest matched node (root if none).
+        InvalidArgumentError unless ``key`` is a RadixKey."""
+        check_key(key, RadixKey)
         key = self._align(key)
         if self.disable or len(key) == 0:
             return MatchResult([], self.root_node, self.root_node)
@@ -223,16 +238,26 @@ class RadixCache:
         tests). Returns the tokens already cached (a multiple of the page size). Frees nothing:
         the caller frees its duplicate slots ``value[cache_protected_len:returned]``. Counts a
         hit on the matched path and the new leaf unless ``chunked`` (a chunk of a prefill);
-        given ``inserted_len`` (tokens), only on the nodes ending past it (:func:`hit_floor`)."""
+        given ``inserted_len`` (tokens), only on the nodes ending past it (:func:`hit_floor`).
+
+        Checked before any change: ``key`` a RadixKey, ``priority`` an integer, ``chunked`` a
+        bool, ``inserted_len`` None or a count (InvalidArgumentError); ``value`` integers, at
+        least one per token, inside the pool and not slot 0 (:func:`check_tree_slots`), no slot
+        named twice (DoubleFreeError: the tree would free it twice), the page-aligned part
+        (what the tree may own) allocated (InvalidArgumentError)."""
+        check_key(key, RadixKey)
+        check_insert_flags(priority, chunked, inserted_len)
         explicit = value is not None
-        if value is None:
-            value = list(key.token_ids)
+        value = int_list("value", value) if value is not None else list(key.token_ids)
         if len(value) < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
         if explicit:  # the token ids stand in for slots in tests only
             value = check_tree_slots(
                 value[: len(key)], tree_slot_limit(self.token_to_kv_pool_allocator)
             )
+            check_distinct(value)
+            aligned = floor_align(len(key), self.page_size)
+            check_held(self.token_to_kv_pool_allocator, value[:aligned])
         if self.disable:
             return 0
         key = self._align(key)
@@ -276,12 +301,32 @@ class RadixCache:
             cur = parent
         return path
 
+    def _check_node(self, node: object) -> list[TreeNode]:
+        """``node``'s path to the root (empty for None): InvalidArgumentError unless it is a
+        TreeNode, LockError when it is not in this tree."""
+        if node is None:
+            return []
+        if not isinstance(node, TreeNode):
+            raise InvalidArgumentError(f"node must be a TreeNode or None, got {node!r}")
+        return self._path_to_root(node)
+
+    def _check_unlock(self, node: object) -> None:
+        """What :meth:`dec_lock_ref` of ``node`` checks, before a release changes anything."""
+        path = self._check_node(node)
+        if self.disable:
+            return
+        bad = [cur.node_id for cur in path if cur.lock_ref <= 0]
+        if bad:
+            raise LockError(f"lock_ref would go negative on nodes {bad}")
+
     def inc_lock_ref(self, node: TreeNode | None) -> int:
-        """Lock the path ``node`` -> root; returns the change in evictable size (<= 0)."""
+        """Lock the path ``node`` -> root; returns the change in evictable size (<= 0).
+        InvalidArgumentError for a non-node, LockError for a node not in the tree."""
+        path = self._check_node(node)
         if self.disable or node is None:
             return 0
         delta = 0
-        for cur in self._path_to_root(node):
+        for cur in path:
             if cur.lock_ref == 0:
                 self.evictable_size_ -= len(cur.key)
                 self.protected_size_ += len(cur.key)
@@ -291,10 +336,11 @@ class RadixCache:
 
     def dec_lock_ref(self, node: TreeNode | None) -> int:
         """Unlock the path ``node`` -> root; returns the change in evictable size (>= 0).
-        LockError (nothing changed) if a count would go negative."""
+        LockError (nothing changed) if a count would go negative or the node is not in the
+        tree; InvalidArgumentError for a non-node."""
+        path = self._check_node(node)
         if self.disable or node is None:
             return 0
-        path = self._path_to_root(node)
         bad = [cur.node_id for cur in path if cur.lock_ref <= 0]
         if bad:
             raise LockError(f"lock_ref would go negative on nodes {bad}")
@@ -320,9 +366,8 @@ class RadixCache:
 
     def evict(self, num_tokens: int) -> int:
         """Free whole unlocked leaves by policy until ``>= num_tokens`` tokens are freed or none is
-        left; returns the tokens freed."""
-        if num_tokens < 0:
-            raise InvalidArgumentError(f"num_tokens must be >= 0, got {num_tokens}")
+        left; returns the tokens freed. InvalidArgumentError unless ``num_tokens`` is a count."""
+        num_tokens = check_count("num_tokens", num_tokens)
         if self.disable or num_tokens == 0:
             return 0
         # Keys end with the node id, so two entries never compare their nodes.
@@ -369,9 +414,15 @@ class RadixCache:
         ``row[cache_protected_len:already cached]`` (``rules.tree_free``); match the key again,
         rewrite ``row[cache_protected_len:matched]`` with the tree's slots, and move
         ``cache_protected_len`` (to the key's length) and the lock to the matched node. Returns
-        ``row[:up_to]`` as it is afterwards."""
-        assert req.req_pool_idx is not None
-        row = req.req_pool_idx
+        ``row[:up_to]`` as it is afterwards.
+
+        Checked before any change: ``up_to`` a count, ``chunked`` a bool, the request
+        (:func:`~kvpool.reference.radix.checks.check_release` up to ``up_to``) and its lock
+        node (this tree's, locked)."""
+        up_to = check_up_to(up_to)
+        check_flag("chunked", chunked)
+        row, _, _ = check_release(req, self.req_to_token_pool, up_to)
+        self._check_unlock(req.last_node)
         kv = self.req_to_token_pool.read(row, 0, up_to)
         tokens = req.all_token_ids[:up_to]
         aligned = floor_align(up_to, self.page_size)
@@ -398,6 +449,9 @@ class RadixCache:
         self, req: Req, is_insert: bool = True, row_read: list[int] | None = None
     ) -> None:
         """Hand a finished request's committed KV to the tree (or free it), then unlock its node.
+        Checked before any change: ``is_insert`` a bool, the request
+        (:func:`~kvpool.reference.radix.checks.check_release`), its lock node (this tree's,
+        locked) and ``row_read`` (integers, one per committed token).
 
         ``kv = row[:committed]``. ``rules.release_path == "finished_req"`` (SGLang 0.5.16): with
         insert, insert the page-aligned part, free the duplicates
@@ -412,9 +466,13 @@ class RadixCache:
         ``row_read``: ``row[:committed]`` as the caller already read it, used instead of a read
         of the row (under ``"checkpoint"`` only without insert: the checkpoint rewrites the
         row); the twin's lifecycle passes its batch read, this lifecycle passes none."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
-        committed = req.kv_committed_len
+        check_flag("is_insert", is_insert)
+        _, committed, _ = check_release(req, self.req_to_token_pool)
+        self._check_unlock(req.last_node)
+        if row_read is not None:
+            row_read = int_list("row_read", row_read)
+            check_row_read_len(len(row_read), committed)
+        assert req.req_pool_idx is not None
         if self.rules.release_path == "checkpoint":
             rewritten = is_insert and not self.disable
             if rewritten:
@@ -461,10 +519,15 @@ class RadixCache:
         ``rules.release_path == "checkpoint"``: the same through :meth:`checkpoint` (its
         duplicate free follows ``rules.tree_free``; the prompt re-insert never applies, a chunk
         being part of the prompt). ``row_read``: ``row[:len(fill_ids)]`` as the caller already
-        read it, used instead of a read of the row (not under ``"checkpoint"``)."""
-        if req.req_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row")
-        row = req.req_pool_idx
+        read it, used instead of a read of the row (not under ``"checkpoint"``). Checked before
+        any change: ``chunked`` a bool, the request up to ``len(fill_ids)``, its lock node and
+        ``row_read``, as :meth:`cache_finished_req`."""
+        check_flag("chunked", chunked)
+        row, _, _ = check_release(req, self.req_to_token_pool, fill_len(req))
+        self._check_unlock(req.last_node)
+        if row_read is not None:
+            row_read = int_list("row_read", row_read)
+            check_row_read_len(len(row_read), len(req.fill_ids))
         tokens = list(req.fill_ids)
         if self.rules.release_path == "checkpoint" and not self.disable:
             req.prefix_indices = self.checkpoint(req, len(tokens), chunked)

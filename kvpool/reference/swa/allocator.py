@@ -61,7 +61,7 @@ from kvpool.errors import (
     IndexOutOfRangeError,
     InvalidArgumentError,
 )
-from kvpool.host_checks import int_list
+from kvpool.host_checks import as_count, int_list
 from kvpool.reference.pools.allocator import FreeListState
 from kvpool.reference.pools.allocator_choice import allocator_for
 from kvpool.reference.pools.paged_ops import (
@@ -260,7 +260,9 @@ class SWATokenToKVPoolAllocator:
         seq, _ = full_alloc._check_batch("seq_lens", seq_lens, seq_lens_cpu)
         if len(prefix) != 1 or len(seq) != 1:
             raise InvalidArgumentError("alloc_extend_swa_tail takes a batch of one request")
-        if not isinstance(swa_tail_len, int) or not 0 <= swa_tail_len <= extend_num_tokens:
+        extend_num_tokens = as_count("extend_num_tokens", extend_num_tokens)
+        swa_tail_len = as_count("swa_tail_len", swa_tail_len)
+        if not 0 <= swa_tail_len <= extend_num_tokens:
             raise InvalidArgumentError(
                 f"swa_tail_len must be in [0, {extend_num_tokens}], got {swa_tail_len!r}"
             )
@@ -327,6 +329,16 @@ class SWATokenToKVPoolAllocator:
         pages = list(dict.fromkeys(s // ps for s in slots))
         return [p * ps + i for p in pages for i in range(ps)]
 
+    def _check_full_held(self, slots: Sequence[int]) -> None:
+        """Full slots the caller holds (slot 0, padding, is skipped): InvalidArgumentError for a
+        slot on a free page of the full pool (freeing its SWA slot would act on a slot the
+        caller gave back already)."""
+        ps = self.page_size
+        free = self.full_attn_allocator._free_set
+        loose = sorted({s for s in slots if s != RESERVED_INDEX and s // ps in free})
+        if loose:
+            raise InvalidArgumentError(f"full slots not allocated: {loose}")
+
     def _check_full_range(self, slots: Sequence[int]) -> None:
         bad = [s for s in slots if not isinstance(s, int) or not 0 <= s < self._slot_limit()]
         if bad:
@@ -351,8 +363,9 @@ class SWATokenToKVPoolAllocator:
         """Free full slots (whole pages above page size 1) and the SWA slots their mapping
         names, zeroing those entries; inside a free group as ``Rules.swa_free_resolve`` says
         (module docstring). The full allocator's errors, then the SWA allocator's (a corrupt
-        mapping), before any change. Empty input is a no-op."""
-        slots = list(free_index)
+        mapping), before any change. Empty input is a no-op. InvalidArgumentError unless
+        ``free_index`` is a sequence of integers."""
+        slots = int_list("free_index", free_index)
         if not slots:
             return
         full_alloc = self.full_attn_allocator
@@ -368,12 +381,15 @@ class SWATokenToKVPoolAllocator:
     def free_swa(self, free_index: Sequence[int]) -> None:
         """Free only the SWA slots of full slots (tokens that slid out of the window; whole
         pages above page size 1) and zero their entries; the full slots stay allocated. Slots
-        mapped to 0 (none) are skipped. IndexOutOfRangeError for a slot outside the full pool;
-        the SWA allocator's errors for a corrupt mapping. Empty input is a no-op."""
-        slots = list(free_index)
+        mapped to 0 (none) are skipped. InvalidArgumentError for non-integers;
+        IndexOutOfRangeError for a slot outside the full pool; InvalidArgumentError for a slot
+        whose full page is free (slot 0, padding, is skipped); the SWA allocator's errors for a
+        corrupt mapping. Empty input is a no-op."""
+        slots = int_list("free_index", free_index)
         if not slots:
             return
         self._check_full_range(slots)
+        self._check_full_held(slots)
         indices, swa = self._resolve_swa(slots)
         self._release_swa(indices, swa)
 
@@ -387,7 +403,7 @@ class SWATokenToKVPoolAllocator:
         """Free full slots whose SWA slots were released already (SGLang 0.5.23's
         ``free_full``): InvalidArgumentError (nothing changed) for a slot whose mapping entry
         is not 0; the full allocator's errors. Empty input is a no-op."""
-        slots = list(free_index)
+        slots = int_list("free_index", free_index)
         if not slots:
             return
         self._check_unmapped(slots)
@@ -395,10 +411,14 @@ class SWATokenToKVPoolAllocator:
 
     def free_full_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:
         """:meth:`free_full` of a kv-row segment (the full pool's ``free_segment``: its pages
-        in order; ``start_pos`` page-aligned, else AlignmentError)."""
-        slots = list(free_index)
+        in order; ``start_pos`` page-aligned, else AlignmentError; a count, else
+        InvalidArgumentError)."""
+        slots = int_list("free_index", free_index)
+        start_pos = as_count("start_pos", start_pos)
         if not slots:
             return
+        if start_pos % self.page_size:
+            raise AlignmentError(f"segment start {start_pos} is not page-aligned")
         self._check_unmapped(slots)
         self.full_attn_allocator.free_segment(slots, start_pos)
 
@@ -423,10 +443,14 @@ class SWATokenToKVPoolAllocator:
 
     def free_swa_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:
         """Free the SWA pages of a kv-row segment (module docstring), zeroing their entries;
-        the full slots stay allocated. Empty input is a no-op."""
-        slots = list(free_index)
+        the full slots stay allocated. Empty input is a no-op. InvalidArgumentError for
+        non-integers, a ``start_pos`` that is no count or a slot whose full page is free."""
+        slots = int_list("free_index", free_index)
+        start_pos = as_count("start_pos", start_pos)
         if not slots:
             return
+        self._check_full_range(slots)
+        self._check_full_held(slots)
         indices, pages = self._segment_swa_pages(slots, start_pos)
         for i in indices:
             self.full_to_swa_index_mapping[i] = RESERVED_INDEX
@@ -435,7 +459,8 @@ class SWATokenToKVPoolAllocator:
     def free_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:
         """Both pools' pages of a kv-row segment: :meth:`free_swa_segment`, then the full
         pool's ``free_segment`` (validated in full first)."""
-        slots = list(free_index)
+        slots = int_list("free_index", free_index)
+        start_pos = as_count("start_pos", start_pos)
         if not slots:
             return
         self.full_attn_allocator._validate_free(slots, [])

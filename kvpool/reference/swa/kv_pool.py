@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.host_checks import int_list
+from kvpool.host_checks import as_int, int_list
 from kvpool.reference.kv.kv_cache import LayerBuffer
 from kvpool.reference.kv.mha import MHATokenToKVPool
 
@@ -52,8 +52,24 @@ class SWAKVPool:
         self.full_to_swa_index_mapping: list[int] | None = None
 
     def register_mapping(self, full_to_swa_index_mapping: list[int]) -> None:
-        """Share the allocator's mapping (the list itself: later updates are seen)."""
-        self.full_to_swa_index_mapping = full_to_swa_index_mapping
+        """Share the allocator's mapping (the list itself: later updates are seen).
+        InvalidArgumentError unless it is a list of ``size + page_size + 1`` integers ending
+        with -1 (the allocator's shape), IndexOutOfRangeError for an entry outside the SWA
+        pool; checked before the pool takes it."""
+        mapping = full_to_swa_index_mapping
+        want = self.size + self.page_size + 1
+        if not isinstance(mapping, list) or len(mapping) != want:
+            raise InvalidArgumentError(
+                f"full_to_swa_index_mapping must be a list of {want} slots, got {mapping!r:.80}"
+            )
+        entries = int_list("full_to_swa_index_mapping", mapping)
+        if entries[-1] != -1:
+            raise InvalidArgumentError("full_to_swa_index_mapping must end with -1")
+        limit = self.size_swa + self.page_size
+        bad = [e for e in entries[:-1] if not 0 <= e < limit]
+        if bad:
+            raise IndexOutOfRangeError(f"SWA slots out of range [0, {limit}): {bad[:8]}")
+        self.full_to_swa_index_mapping = mapping
 
     def translate_loc_from_full_to_swa(self, kv_indices: Sequence[int]) -> list[int]:
         """SWA slot of each full slot (0: none; -1 stays -1). InvalidArgumentError before a
@@ -68,6 +84,10 @@ class SWAKVPool:
         return [mapping[x] for x in locs]
 
     def _pool(self, layer_id: int) -> tuple[MHATokenToKVPool, int, bool]:
+        """The pool, local index and kind of ``layer_id``: InvalidArgumentError unless it is an
+        integer (a bool or a float would hash like one), IndexOutOfRangeError for an unknown
+        layer."""
+        layer_id = as_int("layer_id", layer_id)
         if layer_id not in self.layers_mapping:
             raise IndexOutOfRangeError(f"layer {layer_id} is neither a full nor an SWA layer")
         local, is_swa = self.layers_mapping[layer_id]
@@ -113,9 +133,9 @@ class SWAKVPool:
     def write_tags(self, loc: Sequence[int], tags: Sequence[int]) -> None:
         """``tags[i]`` at full slot ``loc[i]`` on every full layer and at its SWA slot on every
         SWA layer (tokens without an SWA slot skip the SWA layers)."""
+        swa = self.translate_loc_from_full_to_swa(loc)  # checked before the first write
         self.full_kv_pool.write_tags(loc, tags)
-        pairs = [(s, t) for s, t in zip(self.translate_loc_from_full_to_swa(loc), tags,
-                                        strict=True) if s != RESERVED_INDEX]  # fmt: skip
+        pairs = [(s, t) for s, t in zip(swa, tags, strict=True) if s != RESERVED_INDEX]
         self.swa_kv_pool.write_tags([s for s, _ in pairs], [t for _, t in pairs])
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:

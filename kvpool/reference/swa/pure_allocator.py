@@ -70,7 +70,10 @@ class PureSWATokenToKVPoolAllocator:
         return self.swa_attn_allocator.alloc(need_size)
 
     def free(self, free_index: Sequence[int]) -> None:
-        self.swa_attn_allocator.free([s for s in free_index if s != RESERVED_INDEX])
+        """Free the slots, dropping 0 entries (padding) as SGLang does; the token allocator's
+        errors (InvalidArgumentError for non-integers, before the padding is dropped)."""
+        slots = int_list("free_index", free_index)
+        self.swa_attn_allocator.free([s for s in slots if s != RESERVED_INDEX])
 
     free_swa = free
 

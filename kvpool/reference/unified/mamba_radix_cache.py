@@ -55,7 +55,8 @@ its FULL+SWA set has too (defaults: 0.5.23; ``Rules.for_sglang("0.5.16")``: 0.5.
 
 from __future__ import annotations
 
-from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.errors import LockError
+from kvpool.host_checks import as_count
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.mamba.radix_cache import MambaRadixCache
 from kvpool.reference.mamba.tree_node import MambaTreeNode
@@ -113,14 +114,15 @@ class UnifiedMambaRadixCache(MambaRadixCache):
         self._free_kv(slots)
 
     # ----------------------------------------------------------------- insert
-    def insert(
-        self, key: RadixKey, value: list[int], mamba_value: int, prev_prefix_len: int = 0
+    def _insert(
+        self, key: RadixKey, value: list[int], mamba_value: int, prev_prefix_len: int
     ) -> tuple[int, bool]:
-        """:meth:`MambaRadixCache.insert`; a state stored on a locked tombstone is protected,
-        and a state found already cached becomes the most recently used."""
+        """:meth:`MambaRadixCache.insert` (its checks, then this); a state stored on a locked
+        tombstone is protected, and a state found already cached becomes the most recently
+        used."""
         end = self._end_node(key)
         locked = end is not None and end.mamba_value is None and end.mamba_lock_ref > 0
-        cached, exist = super().insert(key, value, mamba_value, prev_prefix_len)
+        cached, exist = super()._insert(key, value, mamba_value, prev_prefix_len)
         if locked and not exist:
             self.mamba_evictable_size_ -= 1
             self.mamba_protected_size_ += 1
@@ -164,16 +166,9 @@ class UnifiedMambaRadixCache(MambaRadixCache):
         """Undo :meth:`inc_lock_ref` (under ``unified_tombstone_lock "skip"``: a counted lock
         first, else a skipped one, which gives back the KV locks only); LockError (nothing
         changed) if a count would go negative or no lock is open on the node."""
-        path = self._path(node)
+        path = self._check_unlock(node)
         skipped = self._skipped_locks.get(node.node_id, 0)
         counted = node.mamba_lock_ref > 0 and node is not self.root_node
-        if self.rules.unified_tombstone_lock == "skip" and not counted and skipped <= 0:
-            raise LockError(f"no lock is open on node {node.node_id}")
-        if self.rules.unified_tombstone_lock == "count" and node.mamba_lock_ref <= 0:
-            raise LockError(f"mamba_lock_ref would go negative on node {node.node_id}")
-        bad = [cur.node_id for cur in path if cur.full_lock_ref <= 0]
-        if bad:
-            raise LockError(f"full_lock_ref would go negative on nodes {bad}")
         if self.rules.unified_tombstone_lock == "skip" and not counted:
             self._skipped_locks[node.node_id] = skipped - 1
         else:
@@ -186,6 +181,20 @@ class UnifiedMambaRadixCache(MambaRadixCache):
                 self.full_evictable_size_ += len(cur.value)
                 self.full_protected_size_ -= len(cur.value)
             cur.full_lock_ref -= 1
+
+    def _check_unlock(self, node: MambaTreeNode) -> list[MambaTreeNode]:
+        """The path :meth:`dec_lock_ref` would unlock, after its checks (nothing changes)."""
+        path = self._path(node)
+        skipped = self._skipped_locks.get(node.node_id, 0)
+        counted = node.mamba_lock_ref > 0 and node is not self.root_node
+        if self.rules.unified_tombstone_lock == "skip" and not counted and skipped <= 0:
+            raise LockError(f"no lock is open on node {node.node_id}")
+        if self.rules.unified_tombstone_lock == "count" and node.mamba_lock_ref <= 0:
+            raise LockError(f"mamba_lock_ref would go negative on node {node.node_id}")
+        bad = [cur.node_id for cur in path if cur.full_lock_ref <= 0]
+        if bad:
+            raise LockError(f"full_lock_ref would go negative on nodes {bad}")
+        return path
 
     # ----------------------------------------------------------------- eviction
     def _evict_leaf(self, leaf: MambaTreeNode) -> tuple[int, int]:
@@ -216,11 +225,9 @@ class UnifiedMambaRadixCache(MambaRadixCache):
         freed, then unlocked states, least recently used first (an inner node becomes a
         tombstone, a leaf goes whole), until ``mamba_num`` states are freed, each walk counting
         what both freed; returns ``(tokens, states)`` freed. InvalidArgumentError (nothing
-        changed) for a negative amount."""
-        if num_tokens < 0 or mamba_num < 0:
-            raise InvalidArgumentError(
-                f"eviction sizes must be >= 0, got {num_tokens}, {mamba_num}"
-            )
+        changed) for an amount that is not an int >= 0."""
+        num_tokens = as_count("num_tokens", num_tokens)
+        mamba_num = as_count("mamba_num", mamba_num)
         tokens = states = 0
         while tokens < num_tokens:
             leaf = self.full_lru_list.lru_no_lock(leaf_only=True)
@@ -241,12 +248,14 @@ class UnifiedMambaRadixCache(MambaRadixCache):
         return tokens, states
 
     def evict_mamba(self, mamba_num: int) -> int:
-        """:meth:`evict` of ``mamba_num`` states; returns the states freed."""
-        return self.evict(0, max(mamba_num, 0))[1]
+        """:meth:`evict` of ``mamba_num`` states (an int >= 0: InvalidArgumentError otherwise);
+        returns the states freed."""
+        return self.evict(0, as_count("mamba_num", mamba_num))[1]
 
     def evict_full(self, full_num_tokens: int) -> int:
-        """:meth:`evict` of ``full_num_tokens`` tokens; returns the tokens freed."""
-        return self.evict(max(full_num_tokens, 0), 0)[0]
+        """:meth:`evict` of ``full_num_tokens`` tokens (an int >= 0: InvalidArgumentError
+        otherwise); returns the tokens freed."""
+        return self.evict(as_count("full_num_tokens", full_num_tokens), 0)[0]
 
 
 __all__ = ["UnifiedMambaRadixCache"]

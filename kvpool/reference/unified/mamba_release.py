@@ -59,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kvpool.errors import InvalidArgumentError
+from kvpool.host_checks import as_bool
 from kvpool.reference.mamba.radix_release import MambaLifecycleCache
 from kvpool.reference.mamba.tree_node import MambaTreeNode
 from kvpool.reference.radix_key import RadixKey
@@ -89,6 +89,11 @@ class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
         if node is not None and node is not self.root_node:
             super().dec_lock_ref(node)
 
+    def _check_release_node(self, node: object) -> None:
+        """:meth:`dec_lock_ref` skips None and the root; any other node must unlock."""
+        if node is not None and node is not self.root_node:
+            self._check_unlock(node)  # type: ignore[arg-type]
+
     def _inserted_node(self, key: RadixKey) -> MambaTreeNode:
         """The node an insert of ``key`` just ended on (SGLang's ``last_device_node``)."""
         node = self._end_node(key)
@@ -104,14 +109,15 @@ class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
     ) -> None:
         """Checkpoint a finished request into the tree (``is_insert``) or free its KV past
         ``cache_protected_len``, drop its lock, and give its state to the tree or back (module
-        docstring). InvalidArgumentError (nothing changed) without a row or a Mamba slot."""
-        if req.req_pool_idx is None or req.mamba_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
+        docstring). Everything is checked first (:meth:`MambaLifecycleCache._check_release`,
+        ``is_insert`` a bool): on an error (InvalidArgumentError and friends) nothing has
+        changed."""
+        as_bool("is_insert", is_insert)
+        _, _, read = self._check_release(req, row_read, finished=True)
+        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None  # checked
         committed, protected = req.kv_committed_len, req.cache_protected_len
         kv = (  # row_read: the caller's read of row[:committed]
-            self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
-            if row_read is None
-            else list(row_read)
+            self.req_to_token_pool.read(req.req_pool_idx, 0, committed) if read is None else read
         )
         pool = self.req_to_token_pool
         if is_insert and committed > 0:
@@ -138,13 +144,13 @@ class UnifiedMambaLifecycleCache(UnifiedMambaRadixCache, MambaLifecycleCache):
         """A chunk boundary: cache ``fill_ids`` with a copy of the request's state, rewrite
         ``row[cache_protected_len:len(fill_ids)]`` with the tree's slots, move the lock to the
         end node and set ``prefix_indices`` / ``cache_protected_len`` (module docstring). The
-        row and the request's own slot stay; ``chunked`` is accepted for the lifecycle's call."""
-        if req.req_pool_idx is None or req.mamba_pool_idx is None:
-            raise InvalidArgumentError(f"request {req.rid!r} holds no row or no Mamba slot")
+        row and the request's own slot stay; ``chunked`` is accepted for the lifecycle's call.
+        Everything is checked first (as :meth:`cache_finished_req`)."""
+        as_bool("chunked", chunked)
+        _, _, read = self._check_release(req, row_read, finished=False)
+        assert req.req_pool_idx is not None and req.mamba_pool_idx is not None  # checked
         row, tokens = req.req_pool_idx, list(req.fill_ids)
-        kv = (
-            self.req_to_token_pool.read(row, 0, len(tokens)) if row_read is None else list(row_read)
-        )
+        kv = self.req_to_token_pool.read(row, 0, len(tokens)) if read is None else read
         donated = self.alloc_mamba_slot()
         self.req_to_token_pool.mamba_pool.copy_from([req.mamba_pool_idx], [donated])
         key = RadixKey(tokens, req.extra_key)

@@ -21,6 +21,7 @@ Units: tokens and token slots, as in :class:`RadixCache`.
 from __future__ import annotations
 
 from kvpool.errors import InvalidArgumentError
+from kvpool.reference.radix.checks import check_key
 from kvpool.reference.radix.radix_cache import RadixCache
 from kvpool.reference.radix_key import RadixKey, TreeNode
 
@@ -47,6 +48,7 @@ class UnifiedRadixCache(RadixCache):
         ``[0, len(key)]``."""
         if prev_prefix_len is None:
             return super().insert(key, value, priority, chunked, inserted_len)
+        check_key(key, RadixKey)  # the spans below walk it before the base insert checks it
         if isinstance(prev_prefix_len, bool) or not isinstance(prev_prefix_len, int):
             raise InvalidArgumentError(f"prev_prefix_len must be an int, got {prev_prefix_len!r}")
         if not 0 <= prev_prefix_len <= len(key):

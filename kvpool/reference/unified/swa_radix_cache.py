@@ -72,6 +72,8 @@ from collections.abc import Callable
 
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
+from kvpool.host_checks import as_bool, as_count, int_list
+from kvpool.reference.radix.checks import check_count, check_distinct, check_key
 from kvpool.reference.radix.evict_policy import get_priority_fn
 from kvpool.reference.radix_key import RadixKey, check_tree_slots, tree_slot_limit
 from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
@@ -181,24 +183,27 @@ class UnifiedSWARadixCache(SWARadixCache):
         returns the tokens that were already cached. A hit counts on each walked node and the new
         leaf that ends past ``inserted_len`` tokens (SGLang 0.5.23's ``InsertParams.inserted_len``:
         a request's own earlier checkpoints counted the rest). InvalidArgumentError (nothing
-        changed) for fewer slots than tokens, an ``swa_evicted_seqlen`` that is not a page multiple
-        in ``[0, len(key)]``, a negative ``prev_prefix_len`` (one past the key frees nothing), or
-        any of the three that is not an int (a bool or a float is refused, not truncated)."""
-        for name, given in (("prev_prefix_len", prev_prefix_len),
-                            ("swa_evicted_seqlen", swa_evicted_seqlen),
-                            ("inserted_len", inserted_len)):  # fmt: skip
-            if isinstance(given, bool) or not isinstance(given, int):
-                raise InvalidArgumentError(f"{name} must be an int, got {given!r}")
+        changed) for a key that is not a RadixKey, fewer slots than tokens, an
+        ``swa_evicted_seqlen`` that is not a page multiple in ``[0, len(key)]``, a negative
+        ``prev_prefix_len`` or ``inserted_len`` (past the key they free and count nothing), or
+        any of the three that is not an int (a bool or a float is refused, not truncated); slots
+        outside the full pool or slot 0 (IndexOutOfRangeError, ReservedIndexError), a slot named
+        twice (DoubleFreeError) or one on a free page (InvalidArgumentError), as the base."""
+        check_key(key, RadixKey)
+        prev_prefix_len = as_count("prev_prefix_len", prev_prefix_len)
+        swa_evicted_seqlen = as_count("swa_evicted_seqlen", swa_evicted_seqlen)
+        inserted_len = as_count("inserted_len", inserted_len)
+        value = int_list("value", value)
         if len(value) < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
         limit = tree_slot_limit(self.token_to_kv_pool_allocator)
         value = check_tree_slots(value[: len(key)], limit)
+        check_distinct(value)
         key = key[: floor_align(len(key), self.page_size)]
         value = value[: len(key)]
+        self.token_to_kv_pool_allocator._check_full_held(value)
         if not 0 <= swa_evicted_seqlen <= len(key) or swa_evicted_seqlen % self.page_size:
             raise InvalidArgumentError(f"bad swa_evicted_seqlen {swa_evicted_seqlen}")
-        if prev_prefix_len < 0:
-            raise InvalidArgumentError(f"prev_prefix_len must be >= 0, got {prev_prefix_len}")
         self.last_insert_node = self.root_node
         """The node the last insert's key ended on (SGLang's ``InsertResult.last_device_node``;
         the root for an empty key)."""
@@ -357,8 +362,11 @@ class UnifiedSWARadixCache(SWARadixCache):
                      skip_swa: bool = False) -> None:  # fmt: skip
         """Undo :meth:`inc_lock_ref` (``skip_swa``: its window part was released already);
         only nodes holding SWA slots move between the SWA sizes. LockError (nothing changed)
-        if a count would go negative."""
+        if a count would go negative; InvalidArgumentError for a ``swa_uuid_for_lock`` that is
+        neither None nor an int, or a ``skip_swa`` that is not a bool."""
         path = self._path_to_root(node)
+        self._check_uuid(swa_uuid_for_lock)
+        as_bool("skip_swa", skip_swa)
         if any(c.full_lock_ref <= 0 for c in path):
             raise LockError(f"full lock_ref would go negative above node {node.node_id}")
         if skip_swa:
@@ -409,8 +417,10 @@ class UnifiedSWARadixCache(SWARadixCache):
     def dec_swa_lock_only(self, node: SWATreeNode, swa_uuid_for_lock: int | None = None) -> None:
         """Release the window part of a lock early (difference 4): a node whose SWA lock
         reaches 0 becomes SWA-evictable, and is tombstoned only if it is an unlocked leaf.
-        LockError (nothing changed) if a count would go negative."""
+        LockError (nothing changed) if a count would go negative; InvalidArgumentError for a
+        ``swa_uuid_for_lock`` that is neither None nor an int."""
         path = self._path_to_root(node)
+        self._check_uuid(swa_uuid_for_lock)
         if self.rules.unified_tombstone_lock == "skip":
             part = self._swa_release_skipping(path, swa_uuid_for_lock)
         else:
@@ -456,9 +466,9 @@ class UnifiedSWARadixCache(SWARadixCache):
     def evict(self, num_tokens: int, swa_num_tokens: int = 0) -> tuple[int, int]:
         """Free at least ``num_tokens`` full and ``swa_num_tokens`` SWA tokens if the tree
         allows (differences 2 and 3); returns (full tokens freed, SWA tokens freed).
-        InvalidArgumentError for a negative size."""
-        if num_tokens < 0 or swa_num_tokens < 0:
-            raise InvalidArgumentError("eviction sizes must be >= 0")
+        InvalidArgumentError unless both are counts (ints >= 0)."""
+        num_tokens = check_count("num_tokens", num_tokens)
+        swa_num_tokens = check_count("swa_num_tokens", swa_num_tokens)
         full = swa = 0
         while full < num_tokens:
             leaves = [n for n in self._nodes() if self._evictable_leaf(n)]

@@ -1,0 +1,42 @@
+"""The twin's argument checks of the host tier: index arguments as tensors, checked as the
+reference checks them (:mod:`kvpool.reference.hicache.args`).
+
+An index argument is first read by :func:`~kvpool.optimized.index_args.index_tensor` (a 1-D
+integer tensor, array or list: metadata, both modes). Host slots live in host memory, so their
+range and ownership are checked in both modes. Device slots given as a tensor are checked for
+range and ownership only in checked mode (a device read, README "Checked mode"); given as a
+list, their values are host values, so their range is checked in both modes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvpool.optimized.index_args import index_tensor
+from kvpool.reference.hicache.args import check_device_range, check_device_slots, check_host_slots
+
+
+def host_slot_arg(name: str, value: object, host: object) -> torch.Tensor:
+    """``value`` as a CPU int64 tensor of host slots inside ``host``, held, each once
+    (:func:`~kvpool.reference.hicache.args.check_host_slots`)."""
+    slots = index_tensor(name, value, "cpu")
+    check_host_slots(name, slots.tolist(), host)
+    return slots
+
+
+def device_slot_arg(
+    name: str, value: object, allocator: object, device: torch.device, checked: bool
+) -> torch.Tensor:
+    """``value`` as an int64 tensor of device slots on ``device``: checked mode, inside the
+    pool, held and each once (a device read); else, when given as host values (a list), inside
+    the pool."""
+    slots = index_tensor(name, value, device)
+    if checked:
+        check_device_slots(name, slots.tolist(), allocator)
+    elif not isinstance(value, torch.Tensor | np.ndarray):
+        check_device_range(name, slots.tolist(), allocator)
+    return slots
+
+
+__all__ = ["device_slot_arg", "host_slot_arg"]

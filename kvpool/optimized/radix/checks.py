@@ -1,0 +1,62 @@
+"""The twin's checks on slots a prefix tree will own (a tensor, an array or a list).
+
+:func:`tree_slots` mirrors what the reference's ``insert`` checks
+(:func:`kvpool.reference.radix_key.check_tree_slots` and
+:func:`kvpool.reference.radix.checks.check_distinct`): a 1-D integer argument (metadata, both
+modes), at least one slot per token, every slot inside the pool and not slot 0, no slot named
+twice. The range and duplicate checks read the values: they run in checked mode for a tensor
+(a device read, README "Checked mode") and always for host values (a list or an array, whose
+values the twin reads on the host anyway).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.errors import DoubleFreeError, InvalidArgumentError
+from kvpool.optimized.index_args import index_tensor
+from kvpool.optimized.radix_key import check_tree_range
+
+
+def check_distinct_slots(slots: torch.Tensor) -> None:
+    """No slot named twice (DoubleFreeError naming the repeated slots): a tree owning one slot
+    in two places frees it twice at eviction. Reads the values (checked mode)."""
+    if slots.numel() < 2:
+        return
+    values, counts = torch.unique(slots, return_counts=True)
+    if int(counts.max()) > 1:
+        raise DoubleFreeError("slots named twice in one insert", values[counts > 1].tolist())
+
+
+def check_slots_held(alloc: object, slots: torch.Tensor) -> None:
+    """Checked mode (a device read of the allocator's free-page mask): every slot allocated,
+    as :func:`kvpool.reference.radix.checks.check_held` (InvalidArgumentError). An allocator
+    without a mask (unchecked, or a stub) is not asked."""
+    mask = getattr(alloc, "_free_mask", None)
+    if mask is None or not slots.numel():
+        return
+    loose = mask[slots // getattr(alloc, "page_size", 1)]
+    if bool(loose.any()):
+        raise InvalidArgumentError(f"slots not allocated: {slots[loose][:8].tolist()}")
+
+
+def tree_slots(
+    value: object, num_tokens: int, device: torch.device, checked: bool, limit: int | None
+) -> torch.Tensor:
+    """``value`` as an int64 tensor on ``device``, checked as the module docstring says for
+    a key of ``num_tokens`` tokens (InvalidArgumentError for fewer slots than tokens)."""
+    host = not isinstance(value, torch.Tensor)
+    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == 0:
+        slots = torch.empty(0, dtype=torch.int64, device=device)  # no slot: any dtype will do
+    else:
+        slots = index_tensor("value", value, device)
+    if slots.shape[0] < num_tokens:
+        raise InvalidArgumentError(f"{slots.shape[0]} slots for a key of {num_tokens} tokens")
+    if checked or host:
+        owned = slots[:num_tokens]
+        check_tree_range(owned, limit)
+        check_distinct_slots(owned)
+    return slots
+
+
+__all__ = ["check_distinct_slots", "check_slots_held", "tree_slots"]
