@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TypeVar
 
 from kvpool.errors import InvalidArgumentError
@@ -67,12 +68,15 @@ def as_str(name: str, value: object) -> str:
 
 def int_list(name: str, values: Iterable[object]) -> list[int]:
     """Every element of ``values`` as an ``int`` (InvalidArgumentError when ``values`` is not a
-    sequence of integers: ``None``, a number, a string, bool, float or nested items, or an
-    item outside int64)."""
+    sequence of integers: ``None``, a number, a string, a set, a mapping or an iterator, bool,
+    float or nested items, or an item outside int64)."""
     if type(values) is list and all(type(v) is int for v in values):
         out: list[int] = list(values)  # the common case: plain ints, no per-item call
     else:
-        if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        # An index argument is ordered: a set or a mapping has no order to keep, an iterator
+        # would be used up by the check itself.
+        unordered = isinstance(values, AbstractSet | Mapping | Iterator)
+        if isinstance(values, str | bytes) or unordered or not isinstance(values, Iterable):
             raise InvalidArgumentError(f"{name} must be a sequence of integers, got {values!r}")
         try:
             out = [_index(v) for v in values]

@@ -11,6 +11,12 @@ Units: ``size`` and lengths are tokens; ``free_pages`` / ``release_pages`` are i
 page ids ``1..num_pages`` on ``device`` (page ``p`` owns slots ``[p * ps, (p + 1) * ps)``); every
 result is an int64 slot tensor equal, element by element, to the reference's list.
 
+The free list is held in up to three windows (a front the paged free writes to, a main one, a
+tail page size 1's free appends to; see ``__init__``), so that a free copies the freed pages
+only and a take is one view, where SGLang concatenates the whole list on every free and slices
+it twice on every take; ``free_pages`` joins them on read. Views handed out (``free_pages``,
+page size 1's slots) never change afterwards, and a restored backup is never written.
+
 Hot paths launch tensor work only: page counts come from host copies of the lengths
 (:mod:`kvpool.optimized.pools.paged_ops`), capacity is compared with tensor lengths (host metadata),
 and the batch operations run :func:`kvpool.kernels.alloc_extend` / ``alloc_decode`` through the
@@ -630,8 +636,10 @@ class BaseTokenToKVPoolAllocator:
             # A concatenation is the allocator's own: page size 1 may keep it as its tail
             # window instead of copying it (_append_free).
             self._owned = slots if len(self._pending_free) > 1 else None
-            self._return_pages(slots)
-            self._owned = None
+            try:
+                self._return_pages(slots)
+            finally:
+                self._owned = None
         if staged.numel():
             self._return_pages_in_order(staged)
         self._in_free_group = False
