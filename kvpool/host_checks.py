@@ -24,6 +24,10 @@ INT64_MAX = 2**63 - 1
 """The largest index or length either twin stores (the twin keeps them in int64 tensors)."""
 
 
+_PLAIN_INT = frozenset({int})
+"""The element types of a list of plain ints (``map(type, ...)`` runs in C: the fast path)."""
+
+
 def _index(value: object) -> int:
     if isinstance(value, bool):
         raise TypeError("bool")
@@ -70,7 +74,7 @@ def int_list(name: str, values: Iterable[object]) -> list[int]:
     """Every element of ``values`` as an ``int`` (InvalidArgumentError when ``values`` is not a
     sequence of integers: ``None``, a number, a string, a set, a mapping or an iterator, bool,
     float or nested items, or an item outside int64)."""
-    if type(values) is list and all(type(v) is int for v in values):
+    if type(values) is list and set(map(type, values)) <= _PLAIN_INT:
         out: list[int] = list(values)  # the common case: plain ints, no per-item call
     else:
         # An index argument is ordered: a set or a mapping has no order to keep, an iterator

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.index_args import index_tensor
 from kvpool.reference.hicache.args import check_device_range, check_device_slots, check_host_slots
 
@@ -39,4 +40,37 @@ def device_slot_arg(
     return slots
 
 
-__all__ = ["device_slot_arg", "host_slot_arg"]
+def check_row_read_index(row_read: object, need: int, device: torch.device) -> None:
+    """A caller's read of a request's row (None: no read): a 1-D integer index of at least
+    ``need`` slots (InvalidArgumentError; as
+    :func:`~kvpool.reference.hicache.args.check_row_read`)."""
+    if row_read is not None and index_tensor("row_read", row_read, device).numel() < need:
+        raise InvalidArgumentError(f"row_read holds fewer than {need} slots")
+
+
+def insert_slot_arg(
+    value: object,
+    key_len: int,
+    held_len: int,
+    allocator: object | None,
+    device: torch.device,
+    checked: bool,
+) -> torch.Tensor:
+    """An explicit ``value`` of ``insert`` as an int64 tensor of device slots on ``device``: at
+    least one per token of a ``key_len``-token key (InvalidArgumentError); given
+    ``allocator`` (a cache that is not disabled), its first ``held_len`` slots (the
+    page-aligned key) inside the pool, held and each once in checked mode (a device read), else
+    inside the pool when given as host values (a list)."""
+    slots = index_tensor("value", value, device)
+    if slots.shape[0] < key_len:
+        raise InvalidArgumentError(f"{len(slots)} slots for a key of {key_len} tokens")
+    if allocator is not None:
+        head = slots[:held_len]
+        if checked:  # a device read
+            check_device_slots("value", head.tolist(), allocator)
+        elif not isinstance(value, torch.Tensor | np.ndarray):  # host values
+            check_device_range("value", head.tolist(), allocator)
+    return slots
+
+
+__all__ = ["check_row_read_index", "device_slot_arg", "host_slot_arg", "insert_slot_arg"]

@@ -16,35 +16,35 @@ tree owns three collaborators: ``host_eviction``
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
-import numpy as np
 import torch
 
 from kvpool.constants import floor_align
-from kvpool.errors import ConfigError, InvalidArgumentError, LockError
-from kvpool.host_checks import as_bool, as_count, as_int
+from kvpool.errors import ConfigError
+from kvpool.host_checks import as_bool, as_count
+from kvpool.optimized.hicache.args import check_row_read_index, insert_slot_arg
 from kvpool.optimized.hicache.cache_controller import HiCacheController, PrefetchOperation
 from kvpool.optimized.hicache.evict import HostEviction
 from kvpool.optimized.hicache.prefetch import StoragePrefetch
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
+from kvpool.optimized.hicache.tree_view import hi_tree_snapshot, host_tier_snapshot
 from kvpool.optimized.hicache.unified_tier import UnifiedHostTier
-from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.radix.radix_cache import RadixCache
-from kvpool.optimized.radix.tree_view import bfs_nodes, snapshot_tree
+from kvpool.optimized.radix.tree_view import bfs_nodes
 from kvpool.optimized.radix_key import ChildKey, MatchResult, RadixKey, TreeNode, as_slots
 from kvpool.optimized.req import Req
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
 from kvpool.reference.hicache.args import (
-    check_device_range,
-    check_device_slots,
+    backup_args,
     check_instance,
-    check_lock_holder,
-    check_node,
-    check_span,
+    check_lockable,
+    check_release_request,
+    insert_args,
+    optional_count,
+    tree_node,
 )
 from kvpool.reference.hicache.hiradix_cache import WRITE_POLICIES
 from kvpool.reference.radix.radix_cache import hit_floor
@@ -136,22 +136,17 @@ class HiRadixCache(RadixCache):
     # ----------------------------------------------------------------- argument checks
     def _tree_node(self, name: str, node: object) -> HiTreeNode:
         """``node`` as a node of this tree (InvalidArgumentError otherwise)."""
-        check_node(name, node, self.root_node, HiTreeNode)
-        return as_hi(node)  # type: ignore[arg-type]
+        return tree_node(name, node, self.root_node, HiTreeNode)
 
-    def _check_request(self, name: str, req: object, up_to: int | None = None) -> None:
-        """As the reference's: a request the release path may take and, given ``up_to``, a
-        token count between its ``cache_protected_len`` and its tokens (and the row's width)."""
-        check_lock_holder(name, req, self.root_node, HiTreeNode)
-        if up_to is not None:
-            width = int(getattr(self.req_to_token_pool, "max_context_len", up_to))
-            high = min(len(req.all_token_ids), width)  # type: ignore[attr-defined]
-            check_span("up_to", up_to, req.cache_protected_len, high)  # type: ignore[attr-defined]
+    def _check_request(self, req: object, up_to: int | None = None) -> None:
+        """As the reference's, capped at the row's width when the pool states one."""
+        width = getattr(self.req_to_token_pool, "max_context_len", None)
+        check_release_request("req", req, self.root_node, HiTreeNode, up_to, width)
 
     def _check_row_read(self, row_read: object, need: int) -> None:
-        """A caller's read of a request's row: a 1-D integer index of at least ``need``."""
-        if row_read is not None and index_tensor("row_read", row_read, self.device).numel() < need:
-            raise InvalidArgumentError(f"row_read holds fewer than {need} slots")
+        """A caller's read of a request's row (:func:`check_row_read_index`). It overrides the
+        twin radix cache's, whose release path then reads the row itself."""
+        check_row_read_index(row_read, need, self.device)
 
     # ----------------------------------------------------------------- split / match / insert
     def _ck(self, node: TreeNode, key: RadixKey, pos: int) -> ChildKey:
@@ -241,27 +236,15 @@ class HiRadixCache(RadixCache):
         ``prev_prefix_len`` are freed here; see the reference). Checked first as the reference:
         the slots' range and ownership in checked mode (a device read), or when given as host
         values (a list)."""
-        check_instance("key", key, RadixKey)
-        priority = as_int("priority", priority)
-        chunked = as_bool("chunked", chunked)
-        if inserted_len is not None:
-            inserted_len = as_count("inserted_len", inserted_len)
-        prev_prefix_len = as_count("prev_prefix_len", prev_prefix_len)
-        explicit, raw = value is not None, value
-        value = (
-            index_tensor("value", value, self.device)
-            if value is not None
-            else as_slots(key.array, self.device)
+        priority, chunked, inserted_len, prev_prefix_len = insert_args(
+            key, RadixKey, priority, chunked, inserted_len, prev_prefix_len
         )
-        if value.shape[0] < len(key):
-            raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
-        if explicit and not self.disable:  # the token ids stand in for slots in tests only
-            head = value[: floor_align(len(key), self.page_size)]
-            alloc = self.token_to_kv_pool_allocator
-            if self.options.checked:  # a device read
-                check_device_slots("value", head.tolist(), alloc)
-            elif not isinstance(raw, torch.Tensor | np.ndarray):  # host values
-                check_device_range("value", head.tolist(), alloc)
+        if value is None:  # the token ids stand in for slots in tests only
+            value = as_slots(key.array, self.device)
+        else:
+            held = None if self.disable else self.token_to_kv_pool_allocator
+            head = floor_align(len(key), self.page_size)
+            value = insert_slot_arg(value, len(key), head, held, self.device, self.options.checked)
         if self.disable:
             return 0
         aligned = floor_align(len(key), self.page_size)
@@ -316,7 +299,7 @@ class HiRadixCache(RadixCache):
         duplicates themselves (see the reference). Checked first as the reference."""
         up_to = as_count("up_to", up_to)
         chunked = as_bool("chunked", chunked)
-        self._check_request("req", req, up_to)
+        self._check_request(req, up_to)
         if self.unified:
             return self.unified_tier.checkpoint(req, up_to, chunked)
         return super().checkpoint(req, up_to, chunked)
@@ -326,7 +309,7 @@ class HiRadixCache(RadixCache):
     ) -> None:
         """The twin radix cache's, checked first as the reference."""
         is_insert = as_bool("is_insert", is_insert)
-        self._check_request("req", req)
+        self._check_request(req)
         self._check_row_read(row_read, int(req.kv_committed_len))
         super().cache_finished_req(req, is_insert, row_read)
 
@@ -335,16 +318,14 @@ class HiRadixCache(RadixCache):
     ) -> None:
         """The twin radix cache's, checked first as the reference."""
         chunked = as_bool("chunked", chunked)
-        self._check_request("req", req)
+        self._check_request(req)
         self._check_row_read(row_read, len(req.fill_ids))
         super().cache_unfinished_req(req, chunked, row_read)
 
     def inc_lock_ref(self, node: TreeNode | None) -> int:
         """The twin radix cache's; a host-only node is refused as in the reference."""
         if node is not None:
-            check_instance("node", node, HiTreeNode)
-            if as_hi(node).evicted:
-                raise LockError(f"node {node.node_id} is host-only: nothing on device to lock")
+            check_lockable(node, HiTreeNode)
         return super().inc_lock_ref(node)
 
     def dec_lock_ref(self, node: TreeNode | None) -> int:
@@ -367,12 +348,7 @@ class HiRadixCache(RadixCache):
     def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
         """Write ``node``'s device slots to new host slots; see the reference (checked first
         alike: a node of this tree, not the root, on device, not backed up yet)."""
-        node = self._tree_node("node", node)
-        write_back = as_bool("write_back", write_back)
-        if node is self.root_node or node.evicted or node.backuped:
-            raise InvalidArgumentError(
-                f"node {node.node_id} is the root, host-only or backed up already"
-            )
+        node, write_back = backup_args(node, write_back, self.root_node, HiTreeNode)
         parent = as_hi(node.parent)
         if not write_back and parent is not self.root_node and not parent.backuped:
             return 0
@@ -404,8 +380,7 @@ class HiRadixCache(RadixCache):
         """Deliver the first ``num_acks`` write acknowledgements (all when None; unified rules:
         the queued writes are issued first)."""
         cc = self.cache_controller
-        if num_acks is not None:
-            num_acks = as_count("num_acks", num_acks)
+        num_acks = optional_count("num_acks", num_acks)
         write_back = as_bool("write_back", write_back)
         if self.unified:
             cc.start_writing()
@@ -423,8 +398,7 @@ class HiRadixCache(RadixCache):
     def loading_check(self, num_acks: int | None = None) -> int:
         """Deliver the first ``num_acks`` load acknowledgements (all when None)."""
         cc = self.cache_controller
-        if num_acks is not None:
-            num_acks = as_count("num_acks", num_acks)
+        num_acks = optional_count("num_acks", num_acks)
         count = len(cc.ack_load_queue) if num_acks is None else num_acks
         done = 0
         while done < count and cc.ack_load_queue:
@@ -449,8 +423,7 @@ class HiRadixCache(RadixCache):
         """Restore the host-only nodes from ``node`` up to the first device node; see the
         reference (checked first alike)."""
         node = self._tree_node("node", node)
-        if mem_quota is not None:
-            mem_quota = as_count("mem_quota", mem_quota)
+        mem_quota = optional_count("mem_quota", mem_quota)
         if self.unified:
             return self.unified_tier.load_back(node, mem_quota)
         last_hit_node = node
@@ -497,8 +470,7 @@ class HiRadixCache(RadixCache):
     ) -> tuple[torch.Tensor, HiTreeNode]:
         """Load back ``last_node`` if it is host-only; see the reference (checked first alike)."""
         last_node = self._tree_node("node", node)
-        if mem_quota is not None:
-            mem_quota = as_count("mem_quota", mem_quota)
+        mem_quota = optional_count("mem_quota", mem_quota)
         if last_node.evicted:
             loaded = self.load_back(last_node, mem_quota)
             if loaded is not None:
@@ -585,35 +557,12 @@ class HiRadixCache(RadixCache):
 
     # ----------------------------------------------------------------- views
     def snapshot(self) -> TreeSnapshot:
-        """The tree snapshot; nodes carry their host fields."""
-        tree = snapshot_tree(self)
-        by_id = {n.node_id: as_hi(n) for n in bfs_nodes(self.root_node)}
-        nodes = []
-        for s in tree.nodes:
-            n = by_id[s.node_id]
-            host = None if n.host_value is None else tuple(n.host_value.tolist())
-            nodes.append(replace(s, evicted=n.evicted, host_value=host,
-                                 host_ref_counter=n.host_ref_counter,
-                                 write_pending=n.write_through_pending_id is not None))  # fmt: skip
-        return replace(tree, nodes=tuple(nodes))
+        """The tree snapshot; nodes carry their host fields (:func:`hi_tree_snapshot`)."""
+        return hi_tree_snapshot(self)
 
     def host_snapshot(self) -> HostTierSnapshot:
-        """The whole host tier; see the reference."""
-        cc = self.cache_controller
-        acks = cc.ack_write_queue + cc.write_queue + cc.ack_load_queue + cc.load_queue
-        rows = cc.mem_pool_device.num_rows
-        released = [int(s) for page in cc.host_mem_release_queue for s in page.tolist()]
-        return HostTierSnapshot(
-            write_policy=self.write_policy,
-            device=self.token_to_kv_pool_allocator.snapshot(),
-            tree=self.snapshot(),
-            host=self.token_to_kv_pool_host.snapshot(),
-            transfers=tuple(a.snapshot() for a in acks),
-            prefetches=self.storage_prefetch.prefetch_snapshots(),
-            release_queue=tuple(released),
-            worker_held=tuple(cc.worker_held()),
-            device_tags=tuple(cc.mem_pool_device.read_tags(torch.arange(rows))),
-        )
+        """The whole host tier (:func:`host_tier_snapshot`; see the reference)."""
+        return host_tier_snapshot(self)
 
 
 __all__ = ["HiRadixCache"]

@@ -11,11 +11,9 @@ Units: ``size`` and lengths are tokens; ``free_pages`` / ``release_pages`` are i
 page ids ``1..num_pages`` on ``device`` (page ``p`` owns slots ``[p * ps, (p + 1) * ps)``); every
 result is an int64 slot tensor equal, element by element, to the reference's list.
 
-The free list is held in up to three windows (a front the paged free writes to, a main one, a
-tail page size 1's free appends to; see ``__init__``), so that a free copies the freed pages
-only and a take is one view, where SGLang concatenates the whole list on every free and slices
-it twice on every take; ``free_pages`` joins them on read. Views handed out (``free_pages``,
-page size 1's slots) never change afterwards, and a restored backup is never written.
+The free lists are a :class:`~kvpool.optimized.pools.free_list.FreeList` (``free_pages`` in
+windows, so that a free copies the freed pages only and a take is one view; views handed out
+never change, and a restored backup is never written).
 
 Hot paths launch tensor work only: page counts come from host copies of the lengths
 (:mod:`kvpool.optimized.pools.paged_ops`), capacity is compared with tensor lengths (host metadata),
@@ -35,7 +33,6 @@ device read (dtypes, array lengths, the host copies of the lengths:
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -56,6 +53,7 @@ from kvpool.kernels.host import HostLens
 from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
+from kvpool.optimized.pools.free_list import FreeList
 from kvpool.optimized.pools.paged_ops import (
     check_decode_host,
     check_extend_args,
@@ -68,6 +66,7 @@ from kvpool.optimized.pools.paged_ops import (
     check_prefix_pages_held,
     check_segment_runs,
     check_slot_range,
+    decode_host_fast,
     extend_new_pages_host,
     pages_to_slots,
 )
@@ -124,46 +123,8 @@ class BaseTokenToKVPoolAllocator:
         self.kernel_backend = opts.backend
         self._on_cpu = self.device.type == "cpu"  # a tensor's is_cpu is cheaper than its device
         self._offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
-        # The free list is up to three windows, in order, so that neither a free nor a take
-        # copies the whole list (SGLang concatenates it on every free):
-        # - front _fr[_fr_lo:_fr_end] (a buffer made here, None while unused): the paged
-        #   allocator's frees are written backwards into its room [0, _fr_lo) (LIFO);
-        # - main _fl[_fl_head:_fl_tail]: someone's tensor (a restored list, a sort: _fl_np is
-        #   None, _fl_room 0) or a buffer made here (then _fl_room entries past the tail are
-        #   ours to write: page size 1 appends there while no tail window follows);
-        # - tail _tl[:_tl_len] (a buffer made here, None while unused): page size 1 appends.
-        # Takes come from the first window: one view (from_numpy of a slice of the *_np view
-        # costs less than a tensor slice). free_pages joins the windows into the main one on
-        # first read (one copy) and keeps that view (_fl_view). On the CPU the buffers are made
-        # by numpy and their own copies (growing, joining, a take across windows) run there: a
-        # free and a take issue the same tensor operations whatever the lengths (none, or one
-        # copy of the freed pages), and no tensor is read back through .numpy() (to the
-        # lifecycle's sync-free counters, a device read).
-        # Nothing is ever written where a view handed out can see: the main window is never
-        # written, the tail only past what it holds, the front only where pages were taken
-        # (the paged allocator's taken pages become slots at once; page size 1, whose taken
-        # pages are its slots, never writes to a front).
-        self._fl = self._empty()
-        self._fl_np: npt.NDArray[np.int64] | None = None
-        self._fl_head = 0
-        self._fl_tail = 0
-        self._fl_room = 0
-        self._fl_view: torch.Tensor | None = None
-        self._fr: torch.Tensor | None = None
-        self._fr_np: npt.NDArray[np.int64] | None = None
-        self._fr_lo = 0
-        self._fr_end = 0
-        self._tl: torch.Tensor | None = None
-        self._tl_np: npt.NDArray[np.int64] | None = None
-        self._tl_len = 0
-        # A tail buffer dropped before any view of it was handed out (a restore, a join that
-        # copied it), reused by the next tail window: its memory is already paged in.
-        self._spare: tuple[torch.Tensor, npt.NDArray[np.int64] | None] | None = None
-        # The last backup_state's free list on the CPU and the numpy array it was made from:
-        # restoring that tensor makes it the main window with its numpy view, no copy.
-        self._backup: tuple[weakref.ref[torch.Tensor], npt.NDArray[np.int64]] | None = None
-        self._release_parts: list[torch.Tensor] = []  # release_pages, joined on read
-        self._release_count = 0  # pages in release_pages
+        # free_pages and release_pages: windows and parts, so that no free copies the list.
+        self._free_list = FreeList(self.device, self._appends_freed)
         # Checked mode only: free_mask[page] is True while the page is in either free list;
         # pending_mask[slot] (page size 1) while the slot waits in the open free group.
         self._free_mask: torch.Tensor | None = None
@@ -207,193 +168,21 @@ class BaseTokenToKVPoolAllocator:
     def free_pages(self) -> torch.Tensor:
         """The free list (int64 page ids, in order): a view, made on first read after a change.
         Never written in place: a view read once keeps its values."""
-        if self._tl_len or self._fr_lo < self._fr_end:
-            self._join()
-        view = self._fl_view
-        if view is None:
-            view = self._fl_view = self._fl[self._fl_head : self._fl_tail]
-        return view
+        return self._free_list.pages
 
     @free_pages.setter
     def free_pages(self, pages: torch.Tensor) -> None:
         # Someone's tensor (a restored backup, a sort, a test's): read, never written.
-        self._set_main(pages, None)
-
-    def _set_main(self, pages: torch.Tensor, host: npt.NDArray[np.int64] | None) -> None:
-        """The free list is ``pages``, no other window; ``host``: the numpy array ``pages`` was
-        made from (a buffer of this allocator's), else None."""
-        if self._tl is not None and self._tl is not pages:  # a tail no view has seen
-            self._spare = (self._tl, self._tl_np)
-        self._fl = self._fl_view = pages
-        self._fl_np = host
-        self._fl_head = 0
-        self._fl_tail = pages.numel()
-        self._fl_room = 0
-        self._fr = self._fr_np = None
-        self._fr_lo = self._fr_end = 0
-        self._tl = self._tl_np = None
-        self._tl_len = 0
-
-    def _num_free_pages(self) -> int:
-        """``len(free_pages)``, from the windows' bounds (no view made)."""
-        return self._fr_end - self._fr_lo + self._fl_tail - self._fl_head + self._tl_len
-
-    def _free_windows(self) -> list[torch.Tensor]:
-        """The non-empty windows of the free list, in order (views; their concatenation is
-        ``free_pages``)."""
-        windows = []
-        if self._fr is not None and self._fr_lo < self._fr_end:
-            windows.append(self._fr[self._fr_lo : self._fr_end])
-        if self._fl_head < self._fl_tail:
-            view = self._fl_view  # made already (a restored list, say): no new view
-            windows.append(self._fl[self._fl_head : self._fl_tail] if view is None else view)
-        if self._tl is not None and self._tl_len:
-            windows.append(self._tl[: self._tl_len])
-        return windows
-
-    def _host_windows(self) -> list[npt.NDArray[np.int64]] | None:
-        """The windows as numpy arrays when every one is a CPU buffer of this allocator's."""
-        windows = []
-        if self._fr_lo < self._fr_end:
-            if self._fr_np is None:
-                return None
-            windows.append(self._fr_np[self._fr_lo : self._fr_end])
-        if self._fl_head < self._fl_tail:
-            if self._fl_np is None:
-                return None
-            windows.append(self._fl_np[self._fl_head : self._fl_tail])
-        if self._tl_len:
-            if self._tl_np is None:
-                return None
-            windows.append(self._tl_np[: self._tl_len])
-        return windows
-
-    def _buffer(self, n: int) -> tuple[torch.Tensor, npt.NDArray[np.int64] | None]:
-        """A new int64 buffer on the device with room for ``n`` entries and as many again (a
-        window that outgrows it moves to one twice its size: each entry is copied O(1) times
-        on average). On the CPU it is made by numpy (returned too): the windows' own copies
-        then run in numpy, no tensor operation, and a take is ``from_numpy`` of a slice."""
-        if self._on_cpu:
-            arr = np.empty(2 * n + 1024, dtype=np.int64)
-            return torch.from_numpy(arr), arr
-        return torch.empty(2 * n + 1024, dtype=torch.int64, device=self.device), None
-
-    def _join(self) -> None:
-        """Make the free list one window, the main one: the windows' concatenation (one copy:
-        numpy's when every window is a CPU buffer of ours, else one tensor operation), or, when
-        only a tail window is left, that window as it is (no copy, its room kept)."""
-        if self._fl_head == self._fl_tail and self._fr_lo == self._fr_end and self._tl_len:
-            assert self._tl is not None
-            tail, tail_np, n = self._tl, self._tl_np, self._tl_len
-            self._set_main(tail, tail_np)
-            self._fl_tail, self._fl_room = n, tail.numel() - n
-            self._fl_view = None
-            return
-        host = self._host_windows()
-        if host is not None:
-            arr = np.concatenate(host) if host else np.empty(0, dtype=np.int64)
-            self._set_main(torch.from_numpy(arr), arr)
-        else:
-            windows = self._free_windows()
-            self._set_main(torch.cat(windows) if windows else self._empty(), None)
-
-    def _append_free(self, pages: torch.Tensor) -> None:
-        """Put ``pages`` (int64, on the device) at the tail of the free list: into the main
-        buffer's room while no tail window follows, else into the tail window (a new buffer
-        when it is full: a copy of the tail window only). Page size 1's free: one tensor
-        operation (the copy of ``pages``), whatever the lengths."""
-        k = pages.numel()
-        if pages is self._owned and not self._tl_len and k > self._fl_room:
-            # free_group_end's concatenation, due for an empty tail window: it becomes that
-            # window as it is (no copy; full, so the next append moves it to a buffer).
-            self._tl, self._tl_np, self._tl_len = pages, None, k
-            return
-        if not self._tl_len and k <= self._fl_room:
-            buf, at = self._fl, self._fl_tail
-            self._fl_tail = at + k
-            self._fl_room -= k
-            self._fl_view = None
-        else:
-            at = self._tl_len
-            tail = self._tl
-            if tail is None or at + k > tail.numel():
-                spare = self._spare
-                if spare is not None and at + k <= spare[0].numel():
-                    buf, arr = spare
-                else:
-                    buf, arr = self._buffer(at + k)
-                self._spare = None
-                if tail is not None:
-                    if arr is not None and self._tl_np is not None:
-                        arr[:at] = self._tl_np[:at]
-                    else:
-                        buf[:at] = tail[:at]
-                self._tl, self._tl_np = buf, arr
-            else:
-                buf = tail
-            self._tl_len = at + k
-        buf[at : at + k] = pages
-
-    def _prepend_free(self, pages: torch.Tensor, host: npt.NDArray[np.int64] | None) -> None:
-        """Put ``pages`` (int64, on the device) at the head of the free list, in their order:
-        written just before the front window (a new buffer when its room is used up: a copy
-        of the front window only). ``host``: a numpy array of the allocator's holding the
-        same pages (the paged free's de-duplicated pages): the front window takes it as it is
-        when empty, else numpy copies it (no tensor operation); without it one tensor
-        operation copies ``pages`` (``free_page_ids``)."""
-        k = pages.numel()
-        lo, front, front_np = self._fr_lo, self._fr, self._fr_np
-        if lo == self._fr_end:  # the front window is empty: the pages become it
-            if host is None:
-                # Someone's pages (free_page_ids): a clone, cheaper than a numpy-made copy
-                # (empty, from_numpy, copy_); a take across this window is then a torch.cat.
-                pages = pages.clone()
-            self._fr, self._fr_np, self._fr_lo, self._fr_end = pages, host, 0, k
-            return
-        if front is None or k > lo:
-            n = self._fr_end - lo
-            buf, arr = self._buffer(n + k)
-            end = buf.numel()
-            if arr is not None and front_np is not None:
-                arr[end - n :] = front_np[lo : self._fr_end]
-            else:
-                assert front is not None
-                buf[end - n :] = front[lo : self._fr_end]
-            front, front_np, lo = buf, arr, end - n
-            self._fr, self._fr_np, self._fr_end = front, front_np, end
-        lo -= k
-        if host is not None and front_np is not None:
-            front_np[lo : lo + k] = host
-        else:
-            front[lo : lo + k] = pages
-        self._fr_lo = lo
+        self._free_list.pages = pages
 
     @property
     def release_pages(self) -> torch.Tensor:
-        """The ``need_sort`` staging list (int64 page ids, in order). Held as parts joined on
-        the first read: staging a free adds a part (as SGLang 0.5.23's staged list), not a copy
-        of everything staged so far."""
-        parts = self._release_parts
-        if len(parts) == 1:
-            return parts[0]
-        if not parts:
-            return self._empty()
-        joined = torch.cat(parts)
-        self._release_parts = [joined]
-        return joined
+        """The ``need_sort`` staging list (int64 page ids, in order), joined on first read."""
+        return self._free_list.release
 
     @release_pages.setter
     def release_pages(self, pages: torch.Tensor) -> None:
-        self._release_parts = [pages] if pages.numel() else []
-        self._release_count = pages.numel()
-
-    def _stage(self, pages: torch.Tensor, at_tail: bool) -> None:
-        """Add ``pages`` (a tensor owned here) to ``release_pages``: at its tail or its head."""
-        if at_tail:
-            self._release_parts.append(pages)
-        else:
-            self._release_parts.insert(0, pages)
-        self._release_count += pages.numel()
+        self._free_list.release = pages
 
     def _set_free_lists(
         self,
@@ -401,29 +190,9 @@ class BaseTokenToKVPoolAllocator:
         release_pages: torch.Tensor,
         host: npt.NDArray[np.int64] | None = None,
     ) -> None:
-        """Replace both free lists (rebuilding the checked-mode mask). ``free_pages`` becomes
-        the main window, never written: as it is when the allocator made it (``host``, the
-        numpy array it was made from, or the last :meth:`backup_state`'s) or at page size 1
-        (frees go to a tail window); else, paged, as a copy in a buffer of the allocator's
-        (one tensor operation, a list of pages), so that a take running past the front window
-        joins the two in numpy, with no tensor operation."""
-        if host is None and self._backup is not None and self._backup[0]() is free_pages:
-            host = self._backup[1]  # the last backup, restored: its numpy view, no copy
-        if host is not None:
-            self._set_main(free_pages, host)
-        elif self._appends_freed or free_pages.numel() == 0:
-            self.free_pages = free_pages
-        else:
-            n = free_pages.numel()
-            arr = np.empty(n, dtype=np.int64) if self._on_cpu else None
-            main = (
-                torch.from_numpy(arr)
-                if arr is not None
-                else torch.empty(n, dtype=torch.int64, device=self.device)
-            )
-            main.copy_(free_pages)
-            self._set_main(main, arr)
-        self.release_pages = release_pages
+        """Replace both free lists (see :meth:`FreeList.replace`: ``host``, the numpy array
+        ``free_pages`` was made from, else None) and rebuild the checked-mode mask."""
+        self._free_list.replace(free_pages, release_pages, host)
         if self._free_mask is not None:
             self._free_mask.zero_()
             self._free_mask[free_pages] = True
@@ -441,82 +210,19 @@ class BaseTokenToKVPoolAllocator:
         """SGLang's ``need_sort`` merge when its pre-test ``merge_test`` holds (see the
         reference); skipped when the allocation would still be refused and
         ``refused_alloc_unchanged`` holds. Lengths are tensor shapes: no sync."""
-        if not (self.need_sort and merge_test and self._release_count > 0):
+        if not (self.need_sort and merge_test and self._free_list.release_count > 0):
             return
-        short = num_pages > self._num_free_pages() + self._release_count
+        short = num_pages > self._free_list.count() + self._free_list.release_count
         if not (short and self.rules.refused_alloc_unchanged):
             self.merge_and_sort_free()
 
     def _take_pages(self, num_pages: int) -> torch.Tensor | None:
         """Remove ``num_pages`` from the head of ``free_pages``; ``None`` and no change when
         they do not fit (call :meth:`_merge_before_take` first)."""
-        lo = self._fr_lo
-        if lo < self._fr_end:  # pages freed since the last join come first (paged: LIFO)
-            end = lo + num_pages
-            if end <= self._fr_end:
-                arr = self._fr_np
-                assert self._fr is not None
-                taken = torch.from_numpy(arr[lo:end]) if arr is not None else self._fr[lo:end]
-                self._fr_lo = end
-                if self._free_mask is not None:
-                    self._free_mask[taken] = False
-                return taken
-            if num_pages > self._num_free_pages():
-                return None
-            taken = self._take_across(num_pages)
-            if self._free_mask is not None:
-                self._free_mask[taken] = False
-            return taken
-        head = self._fl_head
-        end = head + num_pages
-        if end > self._fl_tail:
-            if num_pages > self._num_free_pages():
-                return None
-            taken = self._take_across(num_pages)
-            if self._free_mask is not None:
-                self._free_mask[taken] = False
-            return taken
-        # One view (the taken pages; the rest is made when free_pages is read).
-        arr = self._fl_np
-        taken = torch.from_numpy(arr[head:end]) if arr is not None else self._fl[head:end]
-        if num_pages:  # else nothing leaves the free list (a decode step opening no page)
-            self._fl_head = end
-            self._fl_view = None
-        if self._free_mask is not None:
+        taken = self._free_list.take(num_pages)
+        if taken is not None and self._free_mask is not None:
             self._free_mask[taken] = False
         return taken
-
-    def _take_across(self, num_pages: int) -> torch.Tensor:
-        """A take that runs past the first window (``num_pages`` fit in the free list): the
-        pages from the windows in order, as one fresh tensor (a copy of the taken pages only:
-        numpy's when every piece is a CPU buffer of ours, else one tensor operation). A tail
-        window it reaches becomes the main one (the main window is used up by then)."""
-        pieces: list[tuple[torch.Tensor, npt.NDArray[np.int64] | None]] = []
-        need = num_pages
-        lo, n = self._fr_lo, min(need, self._fr_end - self._fr_lo)
-        if n:
-            assert self._fr is not None
-            arr = self._fr_np
-            pieces.append((self._fr[lo : lo + n], None if arr is None else arr[lo : lo + n]))
-            self._fr_lo, need = lo + n, need - n
-        head, n = self._fl_head, min(need, self._fl_tail - self._fl_head)
-        if n:
-            arr = self._fl_np
-            pieces.append(
-                (self._fl[head : head + n], None if arr is None else arr[head : head + n])
-            )
-            self._fl_head, self._fl_view, need = head + n, None, need - n
-        if need:  # into the tail window: it becomes the main one, less the pages taken
-            tail, arr, held = self._tl, self._tl_np, self._tl_len
-            assert tail is not None
-            pieces.append((tail[:need], None if arr is None else arr[:need]))
-            self._set_main(tail, arr)
-            self._fl_head, self._fl_tail, self._fl_room = need, held, tail.numel() - held
-            self._fl_view = None
-        host = [a for _, a in pieces if a is not None]
-        if len(host) == len(pieces):
-            return torch.from_numpy(np.concatenate(host))
-        return torch.cat([t for t, _ in pieces])
 
     def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
         """SGLang's ``alloc_extend`` pre-test bound in pages (see the reference)."""
@@ -525,7 +231,7 @@ class BaseTokenToKVPoolAllocator:
     # ----------------------------------------------------------------- queries
     def available_size(self) -> int:
         """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
-        return (self._num_free_pages() + self._release_count) * self.page_size
+        return (self._free_list.count() + self._free_list.release_count) * self.page_size
 
     def snapshot(self) -> AllocatorSnapshot:
         """Plain copy of the free lists and the free-group state (device-to-host copies)."""
@@ -554,7 +260,7 @@ class BaseTokenToKVPoolAllocator:
             self._check_need_size(need_size)  # the full check; a plain int in range needs none
         num_pages = need_size // self.page_size
         if self.need_sort:
-            self._merge_before_take(num_pages > self._num_free_pages(), num_pages)
+            self._merge_before_take(num_pages > self._free_list.count(), num_pages)
         pages = self._take_pages(num_pages)
         if pages is None or self.page_size == 1:
             return pages
@@ -634,7 +340,7 @@ class BaseTokenToKVPoolAllocator:
             check_free_slots(firsts, self._free_mask, ps, True)
         if slots.numel():  # first: a refusal here (unchecked) leaves the group as it was
             # A concatenation is the allocator's own: page size 1 may keep it as its tail
-            # window instead of copying it (_append_free).
+            # window instead of copying it (FreeList.append).
             self._owned = slots if len(self._pending_free) > 1 else None
             try:
                 self._return_pages(slots)
@@ -764,7 +470,7 @@ class BaseTokenToKVPoolAllocator:
         )
         num_new = extend_new_pages_host(host_p, host_s, self.page_size)
         bound = self._extend_merge_bound(extend_num_tokens, len(seq_lens_cpu))
-        self._merge_before_take(bound > self._num_free_pages(), num_new)
+        self._merge_before_take(bound > self._free_list.count(), num_new)
         pages = self._take_pages(num_new)
         if pages is None:
             return None
@@ -782,42 +488,6 @@ class BaseTokenToKVPoolAllocator:
         )
         return out
 
-    def _decode_host_fast(
-        self, seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
-    ) -> npt.NDArray[np.int64] | None:
-        """Unchecked mode, the arguments an engine passes (``seq_lens`` and ``last_loc`` 1-D
-        int64 tensors on the device, ``seq_lens_cpu`` a 1-D int64 CPU tensor, one length,
-        every ``S >= 1``): the host copy as a numpy view, after the same always-on checks as
-        :func:`~kvpool.optimized.pools.paged_ops.check_decode_host`, inline (their calls cost
-        more than the checks at decode sizes). None otherwise: the general path checks again
-        and raises where it must."""
-        if self._free_mask is not None or not isinstance(seq_lens_cpu, _TENSOR):
-            return None
-        try:  # a list has no dtype (a numpy array has none of torch's): the general path
-            if not (
-                seq_lens.dtype is _INT64
-                and last_loc.dtype is _INT64
-                and seq_lens_cpu.dtype is _INT64
-                and seq_lens.ndim == 1
-                and last_loc.ndim == 1
-                and seq_lens_cpu.is_cpu
-            ):
-                return None
-        except AttributeError:
-            return None
-        if self._on_cpu:
-            if not (seq_lens.is_cpu and last_loc.is_cpu):
-                return None
-        elif seq_lens.device != self.device or last_loc.device != self.device:
-            return None
-        host_s: npt.NDArray[np.int64] = seq_lens_cpu.numpy()
-        n = host_s.size
-        if host_s.ndim != 1 or seq_lens.numel() != n or last_loc.numel() != n:
-            return None
-        if n and host_s[host_s.argmin()] < 1:  # argmin: a fraction of min()'s fixed cost
-            return None
-        return host_s
-
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: HostLens, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
@@ -826,7 +496,11 @@ class BaseTokenToKVPoolAllocator:
         if the new pages do not fit. Checked mode raises the reference's errors (unchecked mode
         too, but for a free page, when ``seq_lens`` or ``last_loc`` come as host values); types
         and shapes: InvalidArgumentError in both modes."""
-        host_s = self._decode_host_fast(seq_lens, seq_lens_cpu, last_loc)
+        host_s = (
+            None
+            if self._free_mask is not None  # checked mode: the general path checks everything
+            else decode_host_fast(seq_lens, seq_lens_cpu, last_loc, self.device, self._on_cpu)
+        )
         if host_s is None:  # anything but the engine's usual arguments: the general path
             host_given = not (
                 isinstance(seq_lens, torch.Tensor) and isinstance(last_loc, torch.Tensor)
@@ -850,14 +524,14 @@ class BaseTokenToKVPoolAllocator:
             # slots are the taken pages themselves (a view of the free list, as alloc returns).
             bs = int(host_s.size)
             if self.need_sort:
-                self._merge_before_take(bs > self._num_free_pages(), bs)
+                self._merge_before_take(bs > self._free_list.count(), bs)
             return self._take_pages(bs)
         # page_opening_requests on the checked host copy, inline: (S - 1) % ps == 0
         opens = ((host_s & (self.page_size - 1)) == 1).nonzero()[0]
         num_new = int(opens.size)
         bs = int(host_s.size)
         if self.need_sort:
-            self._merge_before_take(bs > self._num_free_pages(), num_new)
+            self._merge_before_take(bs > self._free_list.count(), num_new)
         if num_new:
             pages = self._take_pages(num_new)
             if pages is None:
@@ -883,17 +557,9 @@ class BaseTokenToKVPoolAllocator:
     # ----------------------------------------------------------------- free-list state
     def backup_state(self) -> FreeListState:
         """``(free_pages, release_pages)`` as clones (EAGLE v1 borrows draft slots with it).
-        On the CPU, from buffers of the allocator's, the free list's copy is made by numpy
-        (no tensor operation) and remembered: restoring it needs no copy."""
-        host = self._host_windows() if self._on_cpu else None
-        if host is None:
-            windows = self._free_windows()
-            free = torch.cat(windows) if len(windows) > 1 else self.free_pages.clone()
-        else:
-            arr = np.concatenate(host) if host else np.empty(0, dtype=np.int64)
-            free = torch.from_numpy(arr)
-            self._backup = (weakref.ref(free), arr)
-        return (free, self.release_pages.clone())
+        On the CPU the free list's copy is made by numpy and restoring it needs no copy
+        (:meth:`FreeList.backup`)."""
+        return self._free_list.backup()
 
     def restore_state(self, state: object) -> None:
         """Put back free lists taken by :meth:`backup_state`. Checked mode raises
@@ -913,15 +579,13 @@ class BaseTokenToKVPoolAllocator:
     def merge_and_sort_free(self) -> None:
         """``free_pages = sorted(free_pages + release_pages)``; ``release_pages`` empty. A no-op
         when ``release_pages`` is empty."""
-        if self._release_count == 0:
+        if self._free_list.release_count == 0:
             return
-        merged = torch.cat((*self._free_windows(), *self._release_parts))  # one copy
-        self.free_pages = sorted_pages(merged, self.num_pages)
-        self.release_pages = self._empty()
+        self._free_list.merge_and_sort(self.num_pages)
 
     def clear(self) -> None:
         """Every page free (ids ascending), no release pages, no open free group."""
-        if self._on_cpu:  # made by numpy: a buffer of the allocator's (see _buffer)
+        if self._on_cpu:  # made by numpy: a buffer of the free list's, restored with no copy
             arr = np.arange(RESERVED_INDEX + 1, self.num_pages + 1, dtype=np.int64)
             self._set_free_lists(torch.from_numpy(arr), self._empty(), arr)
         else:
@@ -934,29 +598,6 @@ class BaseTokenToKVPoolAllocator:
         self._pending_pages = []
         if self._pending_mask is not None:
             self._pending_mask.zero_()
-
-
-_COUNTING_SORT_PAGES_PER_ID = 8
-"""Counting sort when ``pages * this >= num_pages``: its cost is linear in the pool's page ids."""
-
-
-def sorted_pages(pages: torch.Tensor, num_pages: int) -> torch.Tensor:
-    """``torch.sort(pages).values``. For many page ids of a CPU pool, a counting sort over the
-    ids ``0..num_pages`` instead (linear, about 3x faster than torch's comparison sort on a
-    50k-page merge); it keeps duplicates, so it equals the sort on any state, even one an
-    unchecked misuse corrupted (ids out of ``0..num_pages`` take the sort)."""
-    n = pages.numel()
-    if (
-        n
-        and pages.is_cpu
-        and pages.dtype is torch.int64
-        and n * _COUNTING_SORT_PAGES_PER_ID >= num_pages
-    ):
-        ids = pages.numpy()
-        if ids.min() >= 0 and ids.max() <= num_pages:
-            counts = np.bincount(ids, minlength=num_pages + 1)
-            return torch.from_numpy(np.repeat(np.arange(num_pages + 1, dtype=np.int64), counts))
-    return torch.sort(pages).values
 
 
 def _joined(parts: list[torch.Tensor], empty: Callable[[], torch.Tensor]) -> torch.Tensor:

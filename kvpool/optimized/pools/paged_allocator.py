@@ -69,9 +69,11 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self._free_mask is not None:
             self._free_mask[pages] = True
         if not self.need_sort:
-            self._prepend_free(pages, host)  # no copy of the list (SGLang: one per free)
+            self._free_list.prepend(pages, host)  # no copy of the list (SGLang: one per free)
         else:
-            self._stage(pages if owned else pages.clone(), self.rules.release_order == "append")
+            self._free_list.stage(
+                pages if owned else pages.clone(), self.rules.release_order == "append"
+            )
 
     def _return_pages(self, slots: torch.Tensor) -> None:
         host = self._sorted_unique_host_pages(slots)

@@ -327,6 +327,47 @@ def check_free_list_state(state: object, num_pages: int) -> tuple[torch.Tensor, 
     return free_pages, release_pages
 
 
+def decode_host_fast(
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: HostLens,
+    last_loc: torch.Tensor,
+    device: torch.device,
+    on_cpu: bool,
+) -> Int64Array | None:
+    """``alloc_decode``'s unchecked fast path: for the arguments an engine passes
+    (``seq_lens`` and ``last_loc`` 1-D int64 tensors on ``device``, ``seq_lens_cpu`` a 1-D int64
+    CPU tensor, one length per request, every ``S >= 1``), the host copy as a numpy view, after
+    the same always-on checks as :func:`check_decode_host`, inline (their calls cost more than
+    the checks at decode sizes). None otherwise: the general path checks again and raises where
+    it must. ``on_cpu``: ``device`` is the CPU (any CPU tensor is on it)."""
+    if not isinstance(seq_lens_cpu, torch.Tensor):
+        return None
+    try:  # a list has no dtype (a numpy array has none of torch's): the general path
+        if not (
+            seq_lens.dtype is torch.int64
+            and last_loc.dtype is torch.int64
+            and seq_lens_cpu.dtype is torch.int64
+            and seq_lens.ndim == 1
+            and last_loc.ndim == 1
+            and seq_lens_cpu.is_cpu
+        ):
+            return None
+    except AttributeError:
+        return None
+    if on_cpu:
+        if not (seq_lens.is_cpu and last_loc.is_cpu):
+            return None
+    elif seq_lens.device != device or last_loc.device != device:
+        return None
+    host_s: Int64Array = seq_lens_cpu.numpy()
+    n = host_s.size
+    if host_s.ndim != 1 or seq_lens.numel() != n or last_loc.numel() != n:
+        return None
+    if n and host_s[host_s.argmin()] < 1:  # argmin: a fraction of min()'s fixed cost
+        return None
+    return host_s
+
+
 __all__ = [
     "PageIds",
     "check_decode_host",
@@ -340,6 +381,7 @@ __all__ = [
     "check_prefix_pages_held",
     "check_segment_runs",
     "check_slot_range",
+    "decode_host_fast",
     "decode_new_pages_host",
     "extend_new_pages_host",
     "host_ints",

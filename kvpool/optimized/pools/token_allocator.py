@@ -49,9 +49,9 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self._free_mask is not None:
             self._free_mask[slots] = True
         if self.need_sort:  # a copy: the slots may be the caller's tensor
-            self._stage(slots.clone(), True)
+            self._free_list.stage(slots.clone(), True)
         else:  # into the free list's spare tail: no copy of the whole list
-            self._append_free(slots)
+            self._free_list.append(slots, slots is self._owned)
 
 
 __all__ = ["TokenToKVPoolAllocator"]

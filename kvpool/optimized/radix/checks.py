@@ -16,6 +16,7 @@ import torch
 from kvpool.errors import DoubleFreeError, InvalidArgumentError
 from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.radix_key import check_tree_range
+from kvpool.reference.radix.checks import check_row_read_len
 
 
 def check_distinct_slots(slots: torch.Tensor) -> None:
@@ -59,4 +60,17 @@ def tree_slots(
     return slots
 
 
-__all__ = ["check_distinct_slots", "check_slots_held", "tree_slots"]
+def row_read_arg(row_read: object, stop: int, device: torch.device) -> torch.Tensor | None:
+    """A caller's read of a request's row (None: no read): a 1-D integer index argument of
+    ``stop`` columns (slots; metadata, both modes), as an int64 tensor on ``device``."""
+    if row_read is None:
+        return None
+    if isinstance(row_read, torch.Tensor) and row_read.dtype is torch.int64 and row_read.dim() == 1:
+        kv = row_read  # the lifecycle's batch read: taken as it is (a view, no launch)
+    else:
+        kv = index_tensor("row_read", row_read, device)
+    check_row_read_len(kv.shape[0], stop)
+    return kv
+
+
+__all__ = ["check_distinct_slots", "check_slots_held", "row_read_arg", "tree_slots"]

@@ -31,10 +31,9 @@ import torch
 
 from kvpool.constants import floor_align, is_power_of_two
 from kvpool.errors import ConfigError, InvalidArgumentError, LockError, PageSizeError
-from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.options import TwinOptions, options_of
-from kvpool.optimized.radix.checks import check_slots_held, tree_slots
+from kvpool.optimized.radix.checks import check_slots_held, row_read_arg, tree_slots
 from kvpool.optimized.radix.tree_view import pretty_print_tree, snapshot_tree
 from kvpool.optimized.radix_key import (
     ChildKey,
@@ -54,7 +53,6 @@ from kvpool.reference.radix.checks import (  # pure host checks, shared
     check_insert_flags,
     check_key,
     check_release,
-    check_row_read_len,
     check_up_to,
     fill_len,
 )
@@ -439,20 +437,9 @@ class RadixCache:
         return self._read_row(row, stop)
 
     def _check_row_read(self, row_read: object, stop: int) -> torch.Tensor | None:
-        """A caller's row read: a 1-D integer index argument of ``stop`` columns (metadata,
-        both modes), as an int64 tensor on the device."""
-        if row_read is None:
-            return None
-        if (
-            isinstance(row_read, torch.Tensor)
-            and row_read.dtype is torch.int64
-            and row_read.dim() == 1
-        ):
-            kv = row_read  # the lifecycle's batch read: taken as it is (a view, no launch)
-        else:
-            kv = index_tensor("row_read", row_read, self.device)
-        check_row_read_len(kv.shape[0], stop)
-        return kv
+        """A caller's row read of ``stop`` columns, as an int64 tensor on the device
+        (:func:`~kvpool.optimized.radix.checks.row_read_arg`)."""
+        return row_read_arg(row_read, stop, self.device)
 
     def _insert_req(self, req: Req, key: RadixKey, value: torch.Tensor, chunked: bool) -> int:
         """Insert ``key`` for ``req``, counting hits as ``rules.hit_count`` says (``chunked``, or

@@ -12,7 +12,8 @@ lock the tree can drop, a prefetch operation or an acknowledgement is of the rig
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar, cast
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import (
@@ -22,6 +23,9 @@ from kvpool.errors import (
     LockError,
     ReservedIndexError,
 )
+from kvpool.host_checks import as_bool, as_count, as_int, int_list
+
+_Node = TypeVar("_Node")
 
 
 def check_node(name: str, node: object, root: object, node_cls: type) -> None:
@@ -58,6 +62,102 @@ def check_lock_holder(name: str, req: object, root: object, node_cls: type) -> N
         if cur.lock_ref <= 0:
             raise LockError(f"{name}.last_node: node {cur.node_id} holds no lock to release")
         cur = cur.parent
+
+
+def tree_node(name: str, node: object, root: object, node_cls: type[_Node]) -> _Node:
+    """``node`` as a ``node_cls`` of the tree of ``root`` (:func:`check_node`)."""
+    check_node(name, node, root, node_cls)
+    return cast(_Node, node)
+
+
+def check_release_request(
+    name: str,
+    req: object,
+    root: object,
+    node_cls: type,
+    up_to: int | None = None,
+    width: int | None = None,
+) -> None:
+    """A request the release path may take (:func:`check_lock_holder`) and, given ``up_to``, a
+    token count between its ``cache_protected_len`` and the tokens it has, capped at ``width``
+    (the row's width in tokens; None: the pool states none, ``up_to`` caps itself)."""
+    check_lock_holder(name, req, root, node_cls)
+    if up_to is not None:
+        cap = up_to if width is None else int(width)
+        high = min(len(req.all_token_ids), cap)  # type: ignore[attr-defined]
+        check_span("up_to", up_to, req.cache_protected_len, high)  # type: ignore[attr-defined]
+
+
+def check_row_read(row_read: object, need: int) -> None:
+    """A caller's read of a request's row (None: no read): integers, at least ``need`` of them
+    (slots); InvalidArgumentError otherwise."""
+    if row_read is not None and len(int_list("row_read", row_read)) < need:  # type: ignore[arg-type]
+        raise InvalidArgumentError(f"row_read holds fewer than {need} slots: {row_read!r}")
+
+
+def optional_count(name: str, value: object) -> int | None:
+    """None, or ``value`` as a count (tokens or acknowledgements; ``as_count``)."""
+    return None if value is None else as_count(name, value)
+
+
+def insert_args(
+    key: object,
+    key_cls: type,
+    priority: object,
+    chunked: object,
+    inserted_len: object,
+    prev_prefix_len: object,
+) -> tuple[int, bool, int | None, int]:
+    """The checks ``insert`` runs on its arguments other than ``value``, in this order:
+    ``key`` a ``key_cls``, ``priority`` an integer, ``chunked`` a bool, ``inserted_len`` (if
+    given) and ``prev_prefix_len`` counts (tokens). Returns the last four as checked."""
+    check_instance("key", key, key_cls)
+    return (
+        as_int("priority", priority),
+        as_bool("chunked", chunked),
+        optional_count("inserted_len", inserted_len),
+        as_count("prev_prefix_len", prev_prefix_len),
+    )
+
+
+def insert_slots(
+    value: Iterable[object], key_len: int, held_len: int, allocator: object | None
+) -> list[int]:
+    """An explicit ``value`` of ``insert`` as device slots: integers, at least one per token of
+    a ``key_len``-token key (InvalidArgumentError); given ``allocator`` (a cache that is not
+    disabled), its first ``held_len`` slots (the page-aligned key) pass
+    :func:`check_device_slots`."""
+    slots = int_list("value", value)
+    if len(slots) < key_len:
+        raise InvalidArgumentError(f"{len(slots)} slots for a key of {key_len} tokens")
+    if allocator is not None:
+        check_device_slots("value", slots[:held_len], allocator)
+    return slots
+
+
+def check_lockable(node: object, node_cls: type) -> None:
+    """A node a lock may be taken on: a ``node_cls`` (InvalidArgumentError) with a device copy
+    (LockError for a host-only node: its tokens are not on device to protect)."""
+    check_instance("node", node, node_cls)
+    if node.evicted:  # type: ignore[attr-defined]
+        nid = node.node_id  # type: ignore[attr-defined]
+        raise LockError(f"node {nid} is host-only: nothing on device to lock")
+
+
+def backup_args(
+    node: object, write_back: object, root: object, node_cls: type[_Node]
+) -> tuple[_Node, bool]:
+    """``write_backup``'s arguments, in this order: ``node`` a node of this tree
+    (:func:`check_node`), ``write_back`` a bool, then ``node`` not the root, on device and not
+    backed up yet (InvalidArgumentError: a second backup would leak the first's host slots)."""
+    out = tree_node("node", node, root, node_cls)
+    flag = as_bool("write_back", write_back)
+    cur: Any = out  # a host-tier node of either twin: .evicted and .backuped are read
+    if cur is root or cur.evicted or cur.backuped:
+        raise InvalidArgumentError(
+            f"node {cur.node_id} is the root, host-only or backed up already"
+        )
+    return out, flag
 
 
 def check_instance(name: str, value: object, cls: type) -> None:
@@ -119,11 +219,19 @@ def check_device_slots(name: str, slots: list[int], allocator: object) -> None:
 
 
 __all__ = [
+    "backup_args",
     "check_device_range",
     "check_device_slots",
     "check_host_slots",
     "check_instance",
     "check_lock_holder",
+    "check_lockable",
     "check_node",
+    "check_release_request",
+    "check_row_read",
     "check_span",
+    "insert_args",
+    "insert_slots",
+    "optional_count",
+    "tree_node",
 ]

@@ -44,27 +44,31 @@ keeps its own; 0.5.16 raised the node before cutting it, so both halves).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
-from kvpool.errors import ConfigError, InvalidArgumentError, LockError
-from kvpool.host_checks import as_bool, as_count, as_int, int_list
+from kvpool.errors import ConfigError
+from kvpool.host_checks import as_bool, as_count
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.reference.hicache.args import (
-    check_device_slots,
+    backup_args,
     check_instance,
-    check_lock_holder,
-    check_node,
-    check_span,
+    check_lockable,
+    check_release_request,
+    check_row_read,
+    insert_args,
+    insert_slots,
+    optional_count,
+    tree_node,
 )
 from kvpool.reference.hicache.cache_controller import HiCacheController, PrefetchOperation
 from kvpool.reference.hicache.evict import HostEviction
 from kvpool.reference.hicache.prefetch import StoragePrefetch
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
+from kvpool.reference.hicache.tree_view import hi_tree_snapshot, host_tier_snapshot
 from kvpool.reference.hicache.unified_tier import UnifiedHostTier
 from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.radix.radix_cache import RadixCache, hit_floor
-from kvpool.reference.radix.tree_view import bfs_nodes, snapshot_tree
+from kvpool.reference.radix.tree_view import bfs_nodes
 from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.reference.req import Req
 from kvpool.rules import Rules
@@ -150,22 +154,13 @@ class HiRadixCache(RadixCache):
     # ----------------------------------------------------------------- argument checks
     def _tree_node(self, name: str, node: object) -> HiTreeNode:
         """``node`` as a node of this tree (InvalidArgumentError otherwise)."""
-        check_node(name, node, self.root_node, HiTreeNode)
-        return as_hi(node)  # type: ignore[arg-type]
+        return tree_node(name, node, self.root_node, HiTreeNode)
 
-    def _check_request(self, name: str, req: object, up_to: int | None = None) -> None:
-        """A request the release path may take (:func:`check_lock_holder`) and, given
-        ``up_to``, a token count between its ``cache_protected_len`` and the tokens it has
-        (and the row's width)."""
-        check_lock_holder(name, req, self.root_node, HiTreeNode)
-        if up_to is not None:
-            high = min(len(req.all_token_ids), self.req_to_token_pool.max_context_len)  # type: ignore[attr-defined]
-            check_span("up_to", up_to, req.cache_protected_len, high)  # type: ignore[attr-defined]
-
-    def _check_row_read(self, row_read: object, need: int) -> None:
-        """A caller's read of a request's row: integers, at least ``need`` of them."""
-        if row_read is not None and len(int_list("row_read", row_read)) < need:  # type: ignore[arg-type]
-            raise InvalidArgumentError(f"row_read holds fewer than {need} slots: {row_read!r}")
+    def _check_request(self, req: object, up_to: int | None = None) -> None:
+        """:func:`~kvpool.reference.hicache.args.check_release_request` on this tree, capped at
+        the row's width."""
+        width = self.req_to_token_pool.max_context_len
+        check_release_request("req", req, self.root_node, HiTreeNode, up_to, width)
 
     # ----------------------------------------------------------------- split / match / insert
     def _split_node(self, child: TreeNode, split_len: int) -> HiTreeNode:
@@ -258,21 +253,17 @@ class HiRadixCache(RadixCache):
 
         Checked before any change: ``key`` a RadixKey; given ``value``, integers, at least one
         per token, the key's slots inside the device pool, held and each once
-        (:func:`~kvpool.reference.hicache.args.check_device_slots`); ``priority`` an integer,
-        ``chunked`` a bool, ``inserted_len`` (if given) and ``prev_prefix_len`` counts."""
-        check_instance("key", key, RadixKey)
-        priority = as_int("priority", priority)
-        chunked = as_bool("chunked", chunked)
-        if inserted_len is not None:
-            inserted_len = as_count("inserted_len", inserted_len)
-        prev_prefix_len = as_count("prev_prefix_len", prev_prefix_len)
-        explicit = value is not None
-        value = list(key.token_ids) if value is None else int_list("value", value)
-        if len(value) < len(key):
-            raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
-        if explicit and not self.disable:  # the token ids stand in for slots in tests only
-            aligned = self._align(key)
-            check_device_slots("value", value[: len(aligned)], self.token_to_kv_pool_allocator)
+        (:func:`~kvpool.reference.hicache.args.insert_slots`); ``priority`` an integer,
+        ``chunked`` a bool, ``inserted_len`` (if given) and ``prev_prefix_len`` counts
+        (:func:`~kvpool.reference.hicache.args.insert_args`)."""
+        priority, chunked, inserted_len, prev_prefix_len = insert_args(
+            key, RadixKey, priority, chunked, inserted_len, prev_prefix_len
+        )
+        if value is None:  # the token ids stand in for slots in tests only
+            value = list(key.token_ids)
+        else:
+            held = None if self.disable else self.token_to_kv_pool_allocator
+            value = insert_slots(value, len(key), len(self._align(key)), held)
         if self.disable:
             return 0
         key = self._align(key)
@@ -329,7 +320,7 @@ class HiRadixCache(RadixCache):
         its ``cache_protected_len`` and its tokens, ``chunked`` is a bool."""
         up_to = as_count("up_to", up_to)
         chunked = as_bool("chunked", chunked)
-        self._check_request("req", req, up_to)
+        self._check_request(req, up_to)
         if self.unified:
             return self.unified_tier.checkpoint(req, up_to, chunked)
         return super().checkpoint(req, up_to, chunked)
@@ -340,8 +331,8 @@ class HiRadixCache(RadixCache):
         """The radix cache's, checked first: the request holds a row and a lock this tree can
         drop, ``is_insert`` is a bool, ``row_read`` (if given) holds the committed slots."""
         is_insert = as_bool("is_insert", is_insert)
-        self._check_request("req", req)
-        self._check_row_read(row_read, int(req.kv_committed_len))
+        self._check_request(req)
+        check_row_read(row_read, int(req.kv_committed_len))
         super().cache_finished_req(req, is_insert, row_read)
 
     def cache_unfinished_req(
@@ -350,8 +341,8 @@ class HiRadixCache(RadixCache):
         """The radix cache's, checked first: the request holds a row and a lock this tree can
         drop, ``chunked`` is a bool, ``row_read`` (if given) holds the prefilled slots."""
         chunked = as_bool("chunked", chunked)
-        self._check_request("req", req)
-        self._check_row_read(row_read, len(req.fill_ids))
+        self._check_request(req)
+        check_row_read(row_read, len(req.fill_ids))
         super().cache_unfinished_req(req, chunked, row_read)
 
     def inc_lock_ref(self, node: TreeNode | None) -> int:
@@ -359,9 +350,7 @@ class HiRadixCache(RadixCache):
         LockError for a detached one) with a device copy (LockError for a host-only node: its
         tokens are not on device to protect)."""
         if node is not None:
-            check_instance("node", node, HiTreeNode)
-            if as_hi(node).evicted:
-                raise LockError(f"node {node.node_id} is host-only: nothing on device to lock")
+            check_lockable(node, HiTreeNode)
         return super().inc_lock_ref(node)
 
     def dec_lock_ref(self, node: TreeNode | None) -> int:
@@ -391,12 +380,7 @@ class HiRadixCache(RadixCache):
         InvalidArgumentError (nothing changed) unless ``node`` is a node of this tree, not the
         root, on device and not backed up yet (a second backup would leak the first's host
         slots), and ``write_back`` a bool."""
-        node = self._tree_node("node", node)
-        write_back = as_bool("write_back", write_back)
-        if node is self.root_node or node.evicted or node.backuped:
-            raise InvalidArgumentError(
-                f"node {node.node_id} is the root, host-only or backed up already"
-            )
+        node, write_back = backup_args(node, write_back, self.root_node, HiTreeNode)
         parent = as_hi(node.parent)
         if not write_back and parent is not self.root_node and not parent.backuped:
             return 0
@@ -429,8 +413,7 @@ class HiRadixCache(RadixCache):
         content, clear the pending state and (write-through) unlock. Returns how many. Under
         the unified rules the queued writes are issued first (one acknowledgement)."""
         cc = self.cache_controller
-        if num_acks is not None:
-            num_acks = as_count("num_acks", num_acks)
+        num_acks = optional_count("num_acks", num_acks)
         write_back = as_bool("write_back", write_back)
         if self.unified:
             cc.start_writing()
@@ -449,8 +432,7 @@ class HiRadixCache(RadixCache):
         """Deliver the first ``num_acks`` load acknowledgements (all when None): copy the
         content into the device slots and unlock the restored nodes. Returns how many."""
         cc = self.cache_controller
-        if num_acks is not None:
-            num_acks = as_count("num_acks", num_acks)
+        num_acks = optional_count("num_acks", num_acks)
         count = len(cc.ack_load_queue) if num_acks is None else num_acks
         done = 0
         while done < count and cc.ack_load_queue:
@@ -479,8 +461,7 @@ class HiRadixCache(RadixCache):
         (nothing changed) unless ``node`` is a node of this tree and ``mem_quota`` (if given)
         a count."""
         node = self._tree_node("node", node)
-        if mem_quota is not None:
-            mem_quota = as_count("mem_quota", mem_quota)
+        mem_quota = optional_count("mem_quota", mem_quota)
         if self.unified:
             return self.unified_tier.load_back(node, mem_quota)
         last_hit_node = node
@@ -527,8 +508,7 @@ class HiRadixCache(RadixCache):
         if none) and the node the request should lock (the deepest one on device). Checked as
         :meth:`load_back`."""
         last_node = self._tree_node("node", node)
-        if mem_quota is not None:
-            mem_quota = as_count("mem_quota", mem_quota)
+        mem_quota = optional_count("mem_quota", mem_quota)
         if last_node.evicted:
             loaded = self.load_back(last_node, mem_quota)
             if loaded is not None:
@@ -617,36 +597,12 @@ class HiRadixCache(RadixCache):
 
     # ----------------------------------------------------------------- views
     def snapshot(self) -> TreeSnapshot:
-        """The tree snapshot; nodes carry their host fields."""
-        tree = snapshot_tree(self)
-        by_id = {n.node_id: as_hi(n) for n in bfs_nodes(self.root_node)}
-        nodes = []
-        for s in tree.nodes:
-            n = by_id[s.node_id]
-            host = None if n.host_value is None else tuple(n.host_value)
-            nodes.append(replace(s, evicted=n.evicted, host_value=host,
-                                 host_ref_counter=n.host_ref_counter,
-                                 write_pending=n.write_through_pending_id is not None))  # fmt: skip
-        return replace(tree, nodes=tuple(nodes))
+        """The tree snapshot; nodes carry their host fields (:func:`hi_tree_snapshot`)."""
+        return hi_tree_snapshot(self)
 
     def host_snapshot(self) -> HostTierSnapshot:
-        """The whole host tier: device allocator, tree, host pool, transfers in flight (queued
-        loads included), prefetches, the release queue, the worker-held slots, device tags."""
-        cc = self.cache_controller
-        acks = cc.ack_write_queue + cc.write_queue + cc.ack_load_queue + cc.load_queue
-        device = self.token_to_kv_pool_allocator.snapshot()
-        rows = cc.mem_pool_device.num_rows
-        return HostTierSnapshot(
-            write_policy=self.write_policy,
-            device=device,
-            tree=self.snapshot(),
-            host=self.token_to_kv_pool_host.snapshot(),
-            transfers=tuple(a.snapshot() for a in acks),
-            prefetches=self.storage_prefetch.prefetch_snapshots(),
-            release_queue=tuple(int(s) for page in cc.host_mem_release_queue for s in page),
-            worker_held=tuple(int(s) for s in cc.worker_held()),
-            device_tags=tuple(cc.mem_pool_device.read_tags(list(range(rows)))),
-        )
+        """The whole host tier (:func:`host_tier_snapshot` lists what it holds)."""
+        return host_tier_snapshot(self)
 
 
 __all__ = ["WRITE_POLICIES", "HiRadixCache"]

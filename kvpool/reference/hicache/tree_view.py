@@ -1,0 +1,77 @@
+"""Read-only views of a ``HiRadixCache``: the tree snapshot with each node's host fields, and the
+snapshot of the whole host tier.
+
+Units: ``value`` holds device slots, ``host_value`` host slots; nothing is written. Nodes are
+listed as :func:`~kvpool.reference.radix.tree_view.snapshot_tree` lists them (breadth-first from
+the root), so both twins list them identically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Protocol
+
+from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.reference.hicache.cache_controller import HiCacheController
+from kvpool.reference.hicache.prefetch import StoragePrefetch
+from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
+from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
+from kvpool.reference.radix.tree_view import TreeViewHost, bfs_nodes, snapshot_tree
+from kvpool.snapshot import HostTierSnapshot, TreeSnapshot
+
+
+class HostTierView(TreeViewHost, Protocol):
+    """What the views read of a ``HiRadixCache``; nothing is written."""
+
+    @property
+    def root_node(self) -> HiTreeNode: ...
+    @property
+    def write_policy(self) -> str: ...
+    @property
+    def cache_controller(self) -> HiCacheController: ...
+    @property
+    def token_to_kv_pool_allocator(self) -> BaseTokenToKVPoolAllocator: ...
+    @property
+    def token_to_kv_pool_host(self) -> HostPoolProtocol[list[int]]: ...
+    @property
+    def storage_prefetch(self) -> StoragePrefetch: ...
+    def snapshot(self) -> TreeSnapshot: ...
+
+
+def hi_tree_snapshot(tree: HostTierView) -> TreeSnapshot:
+    """The tree snapshot; nodes carry their host fields (host slots, host pins, a pending
+    write)."""
+    snap = snapshot_tree(tree)
+    by_id = {n.node_id: as_hi(n) for n in bfs_nodes(tree.root_node)}
+    nodes = []
+    for s in snap.nodes:
+        n = by_id[s.node_id]
+        host = None if n.host_value is None else tuple(n.host_value)
+        nodes.append(replace(s, evicted=n.evicted, host_value=host,
+                             host_ref_counter=n.host_ref_counter,
+                             write_pending=n.write_through_pending_id is not None))  # fmt: skip
+    return replace(snap, nodes=tuple(nodes))
+
+
+def host_tier_snapshot(tree: HostTierView) -> HostTierSnapshot:
+    """The whole host tier: device allocator, tree (``tree.snapshot()``), host pool, transfers
+    in flight (queued loads included), prefetches, the release queue, the worker-held slots,
+    device tags."""
+    cc = tree.cache_controller
+    acks = cc.ack_write_queue + cc.write_queue + cc.ack_load_queue + cc.load_queue
+    device = tree.token_to_kv_pool_allocator.snapshot()
+    rows = cc.mem_pool_device.num_rows
+    return HostTierSnapshot(
+        write_policy=tree.write_policy,
+        device=device,
+        tree=tree.snapshot(),
+        host=tree.token_to_kv_pool_host.snapshot(),
+        transfers=tuple(a.snapshot() for a in acks),
+        prefetches=tree.storage_prefetch.prefetch_snapshots(),
+        release_queue=tuple(int(s) for page in cc.host_mem_release_queue for s in page),
+        worker_held=tuple(int(s) for s in cc.worker_held()),
+        device_tags=tuple(cc.mem_pool_device.read_tags(list(range(rows)))),
+    )
+
+
+__all__ = ["HostTierView", "hi_tree_snapshot", "host_tier_snapshot"]
