@@ -184,8 +184,8 @@ class SWARadixLifecycle:
         """The checks of a hand-over (``cache_finished_req``, ``cache_unfinished_req``) before
         any change: ``req`` a request holding a row, the flag a bool, ``row_read`` None or the
         row's first ``need`` slots (``kv_committed_len`` when ``finished``, else
-        ``len(fill_ids)``) given as an integer index of at least that many (its content is
-        the caller's).
+        ``len(fill_ids)``) given as an integer index of at least that many, equal to the row
+        there (checked mode: a device read; unchecked, its content is the caller's).
         InvalidArgumentError naming the argument otherwise."""
         out = check_swa_req(req)
         value = as_bool(flag_name, flag)
@@ -199,6 +199,10 @@ class SWARadixLifecycle:
             raise InvalidArgumentError(
                 f"row_read holds {got.numel()} slots; the request needs {need}"
             )
+        # The reference compares the slots with the row; here that is a device read: checked
+        # mode only (unchecked, the content is the caller's, as the README says).
+        if self.tree.options.checked and not torch.equal(got[:need], self._read_row(row, need)):
+            raise InvalidArgumentError(f"row_read is not row {row}'s first {need} slots")
         return out, value, got
 
     def _key(self, req: SWAReq, stop: int) -> RadixKey:

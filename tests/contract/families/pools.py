@@ -97,6 +97,9 @@ def _slot_values(side: Twin, s: Subject) -> list[Bad]:
         out.append(Bad("held-and-free", side.idx([h["held"][0], free_slot]), device_read=True))
     if h["buffered"] and ps == 1:  # paged: a page named again in a group is freed once
         out.append(Bad("buffered-slot", side.idx([h["buffered"][0]]), device_read=True))
+    # A float that truncates to a held slot: only a type check refuses it (a range or
+    # ownership check would take it for that slot).
+    out += [Bad("float-of-held", [float(h["held"][0])]), Bad("held+0.5", [h["held"][0] + 0.5])]
     return out
 
 
@@ -126,6 +129,7 @@ def _page_values(side: Twin, s: Subject) -> list[Bad]:
     out.append(Bad("duplicate", side.idx([page, page]), device_read=True))
     if h["buffered"] and h["ps"] == 1:
         out.append(Bad("buffered-page", side.idx([h["buffered"][0]]), device_read=True))
+    out += [Bad("float-of-held", [float(page)]), Bad("held+0.5", [page + 0.5])]  # type only
     return out
 
 
