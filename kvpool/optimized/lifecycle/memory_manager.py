@@ -29,7 +29,7 @@ memory_manager`); prefixes are int64 tensors.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
@@ -50,23 +50,8 @@ from kvpool.optimized.lifecycle.session import SessionSlot
 from kvpool.optimized.lifecycle.spec_decode import spec_draft_v1, spec_step
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.optimized.req import Req
+from kvpool.reference.lifecycle.memory_manager import chunk_size_list
 from kvpool.snapshot import PoolSnapshot
-
-
-def chunk_size_list(chunk_sizes: object, batch: int) -> list[int | None]:
-    """``extend``'s ``chunk_sizes`` (tokens): ``None`` (every request whole), or one entry per
-    request of the ``batch``, each ``None`` or an int64 integer ``>= 1``; InvalidArgumentError
-    naming the value otherwise (a float, a bool, a string, a count that does not match)."""
-    if chunk_sizes is None:
-        return [None] * batch
-    if isinstance(chunk_sizes, str | bytes) or not isinstance(chunk_sizes, Iterable):
-        raise InvalidArgumentError(f"chunk_sizes must be a sequence or None, got {chunk_sizes!r}")
-    sizes = [None if c is None else as_int("chunk_sizes item", c) for c in chunk_sizes]
-    if len(sizes) != batch:
-        raise InvalidArgumentError(f"{len(sizes)} chunk sizes for {batch} requests")
-    if any(c is not None and c < 1 for c in sizes):
-        raise InvalidArgumentError(f"chunk sizes must be >= 1, got {sizes}")
-    return sizes
 
 
 class MemoryManager(LifecyclePrimitives):

@@ -13,39 +13,16 @@ from __future__ import annotations
 
 import torch
 
-from kvpool.constants import ceil_align, is_power_of_two
+from kvpool.constants import ceil_align
 from kvpool.errors import InvalidArgumentError, RequestStateError
-from kvpool.host_checks import as_bool, as_instance, as_int, instance_list
+from kvpool.host_checks import as_bool, as_instance, instance_list
 from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.lifecycle.batch_table import gather_columns, rows_of
 from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.optimized.req import Req
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
-
-
-def check_pools(req_to_token_pool: object, allocator: object) -> None:
-    """The pools a slot's row goes back through: a request table (``read`` and ``free``) and a
-    token allocator (``free`` and ``free_segment``); InvalidArgumentError naming the argument
-    otherwise. Duck-typed: an injected pool offering those calls qualifies."""
-    for name, obj, calls in (
-        ("req_to_token_pool", req_to_token_pool, ("read", "free")),
-        ("allocator", allocator, ("free", "free_segment")),
-    ):
-        if not all(callable(getattr(obj, c, None)) for c in calls):
-            raise InvalidArgumentError(f"{name} must offer {' and '.join(calls)}, got {obj!r}")
-
-
-def check_page_size(page_size: object, allocator: object = None) -> int:
-    """``page_size`` (tokens) as an int: a power of two, the allocator's own when it says
-    (``allocator.page_size``); InvalidArgumentError otherwise."""
-    ps = as_int("page_size", page_size)
-    if not is_power_of_two(ps):
-        raise InvalidArgumentError(f"page_size must be a power of two >= 1, got {page_size!r}")
-    own = getattr(allocator, "page_size", ps)
-    if own != ps:
-        raise InvalidArgumentError(f"page_size {ps} is not the allocator's page size {own}")
-    return ps
+from kvpool.reference.lifecycle.session import check_page_size, check_pools
 
 
 class SessionSlot:
@@ -234,4 +211,4 @@ class SessionSlot:
         self.forget()
 
 
-__all__ = ["SessionSlot", "check_page_size", "check_pools"]
+__all__ = ["SessionSlot"]
