@@ -18,6 +18,22 @@ from kvpool.optimized.index_args import index_tensor
 from kvpool.reference.hicache.args import check_device_range, check_device_slots, check_host_slots
 
 
+def not_held(slots: torch.Tensor, allocator: object) -> list[int] | None:
+    """The ``slots`` on a free page of the twin's ``allocator``, from its free-page mask (one
+    gather, checked mode); None for an allocator without one (the reference's
+    :func:`~kvpool.reference.hicache.args.slots_not_held` then asks it)."""
+    mask = getattr(allocator, "_free_mask", None)
+    if not isinstance(mask, torch.Tensor):
+        return None
+    if not slots.numel():
+        return []
+    pages = slots // getattr(allocator, "page_size", 1)
+    inside = (pages >= 0) & (pages < mask.numel())  # the range check names the others
+    loose = torch.zeros_like(inside)
+    loose[inside] = mask[pages[inside]]
+    return [int(s) for s in slots[loose].tolist()]
+
+
 def host_slot_arg(name: str, value: object, host: object) -> torch.Tensor:
     """``value`` as a CPU int64 tensor of host slots inside ``host``, held, each once
     (:func:`~kvpool.reference.hicache.args.check_host_slots`)."""
@@ -34,7 +50,7 @@ def device_slot_arg(
     the pool."""
     slots = index_tensor(name, value, device)
     if checked:
-        check_device_slots(name, slots.tolist(), allocator)
+        check_device_slots(name, slots.tolist(), allocator, not_held(slots, allocator))
     elif not isinstance(value, torch.Tensor | np.ndarray):
         check_device_range(name, slots.tolist(), allocator)
     return slots
@@ -67,10 +83,16 @@ def insert_slot_arg(
     if allocator is not None:
         head = slots[:held_len]
         if checked:  # a device read
-            check_device_slots("value", head.tolist(), allocator)
+            check_device_slots("value", head.tolist(), allocator, not_held(head, allocator))
         elif not isinstance(value, torch.Tensor | np.ndarray):  # host values
             check_device_range("value", head.tolist(), allocator)
     return slots
 
 
-__all__ = ["check_row_read_index", "device_slot_arg", "host_slot_arg", "insert_slot_arg"]
+__all__ = [
+    "check_row_read_index",
+    "device_slot_arg",
+    "host_slot_arg",
+    "insert_slot_arg",
+    "not_held",
+]

@@ -202,20 +202,35 @@ def check_device_range(name: str, slots: list[int], allocator: object) -> None:
         raise ReservedIndexError(f"{name}: slot {RESERVED_INDEX} is reserved")
 
 
-def check_device_slots(name: str, slots: list[int], allocator: object) -> None:
+def check_device_slots(
+    name: str, slots: list[int], allocator: object, not_held: list[int] | None = None
+) -> None:
     """Device slots a tree node or a transfer takes: :func:`check_device_range`, then each
-    listed once and held, not free in ``allocator`` (DoubleFreeError)."""
+    listed once and held, not free in ``allocator`` (DoubleFreeError). ``not_held``: the
+    listed slots on free pages when the caller has already found them (the twin, from its
+    free-page mask); else :func:`slots_not_held` finds them."""
     check_device_range(name, slots, allocator)
-    page_size = getattr(allocator, "page_size", 1)
     twice = sorted(s for s, c in Counter(slots).items() if c > 1)
-    free: list[int] = []
-    snapshot = getattr(allocator, "snapshot", None)
-    if slots and snapshot is not None:
-        snap = snapshot()
-        free_pages = set(snap.free_pages) | set(snap.release_pages)
-        free = [s for s in slots if s // page_size in free_pages]
+    free = slots_not_held(slots, allocator) if not_held is None else not_held
     if twice or free:
         raise DoubleFreeError(f"{name}: slots listed twice or not held", twice + free)
+
+
+def slots_not_held(slots: list[int], allocator: object) -> list[int]:
+    """The ``slots`` that lie on a free (or staged) page of ``allocator``: from its free-page
+    set when it keeps one (the reference's allocators: one lookup per slot), else from its
+    snapshot (an injected allocator; no snapshot: none)."""
+    if not slots:
+        return []
+    page_size = getattr(allocator, "page_size", 1)
+    free_pages = getattr(allocator, "_free_set", None)
+    if free_pages is None:
+        snapshot = getattr(allocator, "snapshot", None)
+        if snapshot is None:
+            return []
+        snap = snapshot()
+        free_pages = set(snap.free_pages) | set(snap.release_pages)
+    return [s for s in slots if s // page_size in free_pages]
 
 
 __all__ = [
@@ -233,5 +248,6 @@ __all__ = [
     "insert_args",
     "insert_slots",
     "optional_count",
+    "slots_not_held",
     "tree_node",
 ]
