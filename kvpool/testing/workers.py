@@ -2,10 +2,11 @@
 
 Each worker process rebuilds both implementations from their spec strings
 (:func:`kvpool.testing.implementations.resolve_implementation`) and executes the runs the
-parent hands it (:func:`kvpool.testing.runs.execute`), streaming every operation to the parent
-BEFORE executing it. So when a candidate kills its process (a segfault in a kernel, an abort, the
-OOM killer) or hangs (no message within ``step_timeout`` seconds), the parent still has the trace
-so far and reports a failure with detector ``crash`` naming the signal or the timeout.
+parent hands it (:func:`kvpool.testing.runs.execute`), recording every operation in its op log
+(:mod:`kvpool.testing.op_log`) BEFORE executing it. So when a candidate kills its process (a
+segfault in a kernel, an abort, the OOM killer) or hangs (neither a message nor a new op within
+``step_timeout`` seconds), the parent reads the trace so far from the log and reports a failure
+with detector ``crash`` naming the signal or the timeout.
 
 Determinism: runs are handed out in order; after a failure in run ``i`` no new run starts, the
 runs before ``i`` still running are finished, and the failure of the lowest run number is the
@@ -16,6 +17,7 @@ kills it counts as reproducing a crash; the next replay gets a new process).
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -26,6 +28,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from kvpool.testing.campaign import CampaignFailure, CampaignResult
+from kvpool.testing.op_log import OpLogWriter, log_mark, new_log, read_ops, remove_log
 from kvpool.testing.runs import shrink_ops
 from kvpool.testing.swarm import Op
 
@@ -47,25 +50,30 @@ class CampaignSpec:
 
 
 # ---------------------------------------------------------------------------- worker side
-def _worker_main(conn: Connection, spec: CampaignSpec) -> None:
-    """Serve ``("run", i)`` and ``("replay", i, ops)`` requests until ``("stop",)``."""
+def _worker_main(conn: Connection, spec: CampaignSpec, log: str) -> None:
+    """Serve ``("run", i)`` and ``("replay", i, ops)`` requests until ``("stop",)``, each op
+    recorded in the op log at path ``log`` before it executes."""
     for key, value in spec.env:
         os.environ[key] = value
     if os.environ.get("KVPOOL_CHECKED_INTERPRETER") == "1":
         from kvpool.testing.kernel_harness.interpreter import checked_interpreter
 
         with checked_interpreter():
-            _serve(conn, spec)
+            _serve(conn, spec, log)
     else:
-        _serve(conn, spec)
+        _serve(conn, spec, log)
 
 
-def _serve(conn: Connection, spec: CampaignSpec) -> None:
+def _serve(conn: Connection, spec: CampaignSpec, log: str) -> None:
     from kvpool.testing.implementations import resolve_implementation
     from kvpool.testing.runs import execute, run_config
 
     impl_a = resolve_implementation(spec.impl_a, spec.component)
     impl_b = resolve_implementation(spec.impl_b, spec.component)
+    # Everything built so far (modules, both implementations' factories) lives as long as the
+    # process: out of the collector's sight, a full collection walks only the runs' objects.
+    gc.freeze()
+    writer = OpLogWriter(log)
     conn.send(("ready",))
     while True:
         request = conn.recv()
@@ -74,11 +82,11 @@ def _serve(conn: Connection, spec: CampaignSpec) -> None:
         run = request[1]
         chooser, config = run_config(spec.component, impl_b, spec.seed, run)
         ops = request[2] if request[0] == "replay" else None
+        writer.start(run)
         conn.send(("start", run, asdict(config)))
-        stream = lambda op: conn.send(("op", op))  # noqa: E731
         done = execute(spec.component, impl_a, impl_b, config, chooser=chooser,
                        steps=spec.steps_per_run, ops=ops, labels=spec.labels,
-                       on_op=stream)  # fmt: skip
+                       on_op=writer.append)  # fmt: skip
         failure = None
         if done.failure is not None:
             f = done.failure
@@ -92,19 +100,37 @@ def _serve(conn: Connection, spec: CampaignSpec) -> None:
 class _Worker:
     process: Any
     conn: Connection
+    log: str
+    """The worker's op log (:mod:`kvpool.testing.op_log`)."""
     run: int | None = None
-    ops: list[Op] = field(default_factory=list)
     last_seen: float = 0.0
+    mark: tuple[int, int] = (0, 0)
+    """The log's :func:`~kvpool.testing.op_log.log_mark` when last looked at."""
+    observed: int = 0
+    """Ops of the current run an observer has seen."""
     config: dict[str, Any] = field(default_factory=dict)
+
+    def ops(self) -> list[Op]:
+        """The ops of the current run the worker has announced (read from its log)."""
+        return read_ops(self.log, self.run) if self.run is not None else []
+
+    def progressed(self, now: float) -> bool:
+        """Whether the worker announced an op since the last look (then ``last_seen = now``)."""
+        mark = log_mark(self.log)
+        if mark == self.mark:
+            return False
+        self.mark, self.last_seen = mark, now
+        return True
 
 
 def _start(spec: CampaignSpec) -> _Worker:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True)
+    log = new_log()
+    proc = ctx.Process(target=_worker_main, args=(child, spec, log), daemon=True)
     proc.start()
     child.close()
-    return _Worker(proc, parent, last_seen=time.monotonic())
+    return _Worker(proc, parent, log, last_seen=time.monotonic())
 
 
 def _death(worker: _Worker) -> str:
@@ -124,6 +150,7 @@ def _stop(worker: _Worker) -> None:
         worker.process.kill()
     worker.process.join(5)
     worker.conn.close()
+    remove_log(worker.log)
 
 
 def _crash_text(spec: CampaignSpec, run: int, ops: Sequence[Op], why: str) -> str:
@@ -150,12 +177,18 @@ class Replayer:
         w = self.worker
         try:
             w.conn.send(("replay", self.run, list(ops)))
-            while True:  # every op is announced: a silent step_timeout means a hung step
-                if not w.conn.poll(self.timeout):
-                    self.close()
-                    self.last_text = _crash_text(self.spec, self.run, ops, "hung (step timeout)")
-                    return ("crash", len(ops))
+            w.last_seen = time.monotonic()
+            while True:  # every op is logged: step_timeout without a new one is a hung step
+                if not w.conn.poll(min(1.0, self.timeout)):
+                    now = time.monotonic()
+                    if not w.progressed(now) and now - w.last_seen > self.timeout:
+                        self.close()
+                        why = "hung (step timeout)"
+                        self.last_text = _crash_text(self.spec, self.run, ops, why)
+                        return ("crash", len(ops))
+                    continue
                 msg = w.conn.recv()
+                w.last_seen = time.monotonic()
                 if msg[0] == "done":
                     break
         except (EOFError, OSError):
@@ -244,7 +277,7 @@ def run_block(
                         stop_at is None or next_run < stop_at
                     )
                     if in_time and allowed:
-                        w.run, w.ops, w.last_seen = next_run, [], time.monotonic()
+                        w.run, w.observed, w.last_seen = next_run, 0, time.monotonic()
                         w.conn.send(("run", next_run))
                         if observe is not None:
                             observe(next_run, None)
@@ -252,16 +285,22 @@ def run_block(
             busy = [w for w in pool if w.run is not None]
             if not busy:
                 break
-            ready = wait([w.conn for w in busy], timeout=1.0)
+            # Messages come at the start and end of a run only (ops go to the log): the
+            # timeout is how often a silent worker's log is looked at.
+            ready = wait([w.conn for w in busy], timeout=1.0 if observe is None else OBSERVE_S)
             now = time.monotonic()
             for w in busy:
                 run = w.run
                 assert run is not None
                 if w.conn not in ready:
-                    if now - w.last_seen > step_timeout:
+                    if w.progressed(now):
+                        if observe is not None:
+                            _observe_new(w, run, observe)
+                    elif now - w.last_seen > step_timeout:
                         why = f"hung: no progress for {step_timeout:g} s (step timeout)"
-                        failures[run] = ("crash", len(w.ops), why, list(w.ops), w.config)
-                        result.steps += len(w.ops)
+                        ops = w.ops()
+                        failures[run] = ("crash", len(ops), why, ops, w.config)
+                        result.steps += len(ops)
                         _stop(w)
                         pool.remove(w)
                         stop_at = min(stop_at or run + 1, run + 1)
@@ -269,24 +308,23 @@ def run_block(
                 try:
                     msg = w.conn.recv()
                 except (EOFError, OSError):
-                    failures[run] = ("crash", len(w.ops), _death(w), list(w.ops), w.config)
-                    result.steps += len(w.ops)
+                    ops = w.ops()
+                    failures[run] = ("crash", len(ops), _death(w), ops, w.config)
+                    result.steps += len(ops)
                     _stop(w)
                     pool.remove(w)
                     stop_at = min(stop_at or run + 1, run + 1)
                     continue
                 w.last_seen = now
-                if msg[0] == "op":
-                    w.ops.append(msg[1])
-                    if observe is not None:
-                        observe(run, msg[1])
-                elif msg[0] == "start":
+                if msg[0] == "start":
                     w.config = msg[2]
                 elif msg[0] == "done":
                     _, _, steps, checks, tags, failure, config = msg
                     result.add_run(config["page_size"], steps, checks, tags)
+                    if observe is not None:
+                        _observe_new(w, run, observe)
                     if failure is not None:
-                        failures[run] = (failure[0], failure[1], failure[2], list(w.ops), config)
+                        failures[run] = (failure[0], failure[1], failure[2], w.ops(), config)
                         stop_at = min(stop_at or run + 1, run + 1)
                     w.run = None
                     if progress is not None:
@@ -303,6 +341,18 @@ def run_block(
             _stop(w)
     result.seconds = time.monotonic() - start
     return result, failures, next_run
+
+
+OBSERVE_S = 0.1
+"""With an observer: the longest an op waits in the log before the observer sees it."""
+
+
+def _observe_new(w: _Worker, run: int, observe: Observer) -> None:
+    """Show ``observe`` the ops of ``w``'s run it has not seen."""
+    ops = w.ops()
+    for op in ops[w.observed :]:
+        observe(run, op)
+    w.observed = max(w.observed, len(ops))
 
 
 def _await_ready(pool: list[_Worker], spec: CampaignSpec, timeout: float = 300.0) -> None:
