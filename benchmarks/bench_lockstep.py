@@ -31,13 +31,14 @@ def machine_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
     """Run ``runs`` runs of ``component`` in this process; its row (see the module docstring)."""
     import torch
 
-    from kvpool.testing.campaign import run_machine
+    from kvpool.testing.campaign import quiet_collector, run_machine
     from kvpool.testing.implementations import optimized_implementation, reference_implementation
 
     torch.set_num_threads(1)
     ref, twin = reference_implementation(), optimized_implementation("torch")
     run_machine(component, ref, twin, 1e9, seed=seed + 1000, steps_per_run=STEPS_PER_RUN,
                 max_runs=1)  # fmt: skip
+    quiet_collector()  # as kvpool verify's workers do
     start = time.thread_time()
     result = run_machine(component, ref, twin, 1e9, seed=seed, steps_per_run=STEPS_PER_RUN,
                          max_runs=runs)  # fmt: skip

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvpool.testing import selfcheck
-from kvpool.testing.campaign import CampaignResult, run_machine
+from kvpool.testing.campaign import CampaignResult, quiet_collector, run_machine
 from kvpool.testing.machines.coverage import CATALOGUE
 
 if TYPE_CHECKING:
@@ -203,6 +203,7 @@ def _verify(
                                                  cluster, options.step_timeout, progress,
                                                  shipment=shipment)  # fmt: skip
         elif options.workers == 0:
+            quiet_collector()  # as a worker process does before its first run
             result = run_machine(options.component, impl_a, impl_b, options.seconds,
                                  options.seed, options.steps_per_run, labels, progress)  # fmt: skip
         else:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from kvpool.testing.campaign import CampaignFailure, CampaignResult
+from kvpool.testing.campaign import CampaignFailure, CampaignResult, quiet_collector
 from kvpool.testing.op_log import OpLogWriter, log_mark, new_log, read_ops, remove_log
 from kvpool.testing.runs import shrink_ops
 from kvpool.testing.swarm import Op
@@ -70,14 +70,13 @@ def _serve(conn: Connection, spec: CampaignSpec, log: str) -> None:
 
     impl_a = resolve_implementation(spec.impl_a, spec.component)
     impl_b = resolve_implementation(spec.impl_b, spec.component)
-    # Everything built so far (modules, both implementations' factories) lives as long as the
-    # process: out of the collector's sight, a full collection walks only the runs' objects.
-    gc.freeze()
+    quiet_collector()
     writer = OpLogWriter(log)
     conn.send(("ready",))
     while True:
         request = conn.recv()
         if request[0] == "stop":
+            gc.unfreeze()  # a normal exit: let the collector see everything again
             return
         run = request[1]
         chooser, config = run_config(spec.component, impl_b, spec.seed, run)

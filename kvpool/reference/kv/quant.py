@@ -29,6 +29,7 @@ import bisect
 import math
 import struct
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Final
 
 from kvpool.errors import InvalidArgumentError
@@ -106,11 +107,26 @@ def fp4_code(scaled: float) -> int:
     return (8 if scaled < 0 else 0) | magnitude
 
 
+def _exact_key(values: Sequence[float]) -> bytes:
+    """The values' float64 bits: a memo key that tells ``-0.0`` from ``0.0`` (equal, and of
+    equal hash, as floats, but the sign bit is stored)."""
+    return struct.pack(f"<{len(values)}d", *values)
+
+
 def fp4_quantize_row(row: Sequence[float]) -> tuple[list[int], list[int]]:
     """One token's flattened row (``len(row) % 16 == 0``) -> (``len/2`` packed bytes,
     ``len/16`` scale bytes)."""
     if len(row) % FP4_BLOCK:
         raise InvalidArgumentError(f"FP4 rows need a multiple of {FP4_BLOCK} values")
+    packed, scales = _fp4_quantize(_exact_key(row))
+    return list(packed), list(scales)
+
+
+@lru_cache(maxsize=1024)
+def _fp4_quantize(key: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """:func:`fp4_quantize_row` of the row whose float64 bits are ``key``. Memoised (a pure
+    function): a pool stores a tag row in K and V of every layer, the same row each time."""
+    row = struct.unpack(f"<{len(key) // 8}d", key)
     codes: list[int] = []
     scales: list[int] = []
     values = f32_all(row)
@@ -123,8 +139,8 @@ def fp4_quantize_row(row: Sequence[float]) -> tuple[list[int], list[int]]:
         e = fp4_block_exponent(block)
         scales.append(e + SCALE_BIAS)
         codes.extend(fp4_code(v / 2.0**e) for v in block)
-    packed = [codes[i] | (codes[i + 1] << 4) for i in range(0, len(codes), 2)]
-    return packed, scales
+    packed = tuple(codes[i] | (codes[i + 1] << 4) for i in range(0, len(codes), 2))
+    return packed, tuple(scales)
 
 
 def fp4_value(code: int) -> float:
@@ -185,6 +201,15 @@ def mxfp8_quantize_head(values: Sequence[float]) -> tuple[list[int], list[int]]:
     """One head's channels (``len % 32 == 0``) -> (e4m3 bytes, one UE8M0 scale byte per 32)."""
     if len(values) % MXFP8_BLOCK:
         raise InvalidArgumentError(f"MXFP8 heads need a multiple of {MXFP8_BLOCK} channels")
+    codes, scales = _mxfp8_quantize(_exact_key(values))
+    return list(codes), list(scales)
+
+
+@lru_cache(maxsize=1024)
+def _mxfp8_quantize(key: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """:func:`mxfp8_quantize_head` of the head whose float64 bits are ``key``. Memoised (a pure
+    function): a tag is stored in every head of K and V of every layer."""
+    values = struct.unpack(f"<{len(key) // 8}d", key)
     codes: list[int] = []
     scales: list[int] = []
     for start in range(0, len(values), MXFP8_BLOCK):
@@ -195,7 +220,7 @@ def mxfp8_quantize_head(values: Sequence[float]) -> tuple[list[int], list[int]]:
         descale = 2.0 ** (s - SCALE_BIAS)
         scaled = f32_all([v / descale for v in block])
         codes.extend(e4m3_code(min(max(v, -E4M3_MAX), E4M3_MAX)) for v in scaled)
-    return codes, scales
+    return tuple(codes), tuple(scales)
 
 
 def mxfp8_dequantize_head(codes: Sequence[int], scales: Sequence[int]) -> list[float]:
