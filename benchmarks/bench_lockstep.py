@@ -38,11 +38,11 @@ def machine_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
     ref, twin = reference_implementation(), optimized_implementation("torch")
     run_machine(component, ref, twin, 1e9, seed=seed + 1000, steps_per_run=STEPS_PER_RUN,
                 max_runs=1)  # fmt: skip
-    quiet_collector()  # as kvpool verify's workers do
-    start = time.thread_time()
-    result = run_machine(component, ref, twin, 1e9, seed=seed, steps_per_run=STEPS_PER_RUN,
-                         max_runs=runs)  # fmt: skip
-    cpu = time.thread_time() - start
+    with quiet_collector():  # as kvpool verify's workers run
+        start = time.thread_time()
+        result = run_machine(component, ref, twin, 1e9, seed=seed, steps_per_run=STEPS_PER_RUN,
+                             max_runs=runs)  # fmt: skip
+        cpu = time.thread_time() - start
     return {
         "machine": component,
         "runs": result.configurations,

@@ -15,9 +15,10 @@ the same detector. The result is deterministic for a given seed and failing run.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,14 +38,21 @@ lockstep step allocates thousands of short-lived tuples (two snapshots), which m
 collection every few steps; freed trees hold cycles, so the collector still runs, less often."""
 
 
-def quiet_collector() -> None:
-    """Ready this process for a long campaign: the objects built so far (modules, both
-    implementations' factories) are frozen out of the collector's sight, so an old-generation
-    collection walks only the runs' objects, and young collections run at
-    :data:`COLLECTOR_THRESHOLDS`. Nothing is collected that would not be: frozen objects are
-    alive anyway (``gc.unfreeze`` hands them back)."""
+@contextlib.contextmanager
+def quiet_collector() -> Iterator[None]:
+    """A long campaign's collector: the objects built before it (modules, both implementations'
+    factories) are frozen out of the collector's sight, so an old-generation collection walks
+    only the runs' objects, and young collections run at :data:`COLLECTOR_THRESHOLDS`. On
+    leaving, the thresholds are restored and the frozen objects handed back (nothing was
+    collected that would have been: they were alive when frozen)."""
+    thresholds = gc.get_threshold()
     gc.freeze()
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 @dataclass

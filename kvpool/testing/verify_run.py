@@ -203,9 +203,10 @@ def _verify(
                                                  cluster, options.step_timeout, progress,
                                                  shipment=shipment)  # fmt: skip
         elif options.workers == 0:
-            quiet_collector()  # as a worker process does before its first run
-            result = run_machine(options.component, impl_a, impl_b, options.seconds,
-                                 options.seed, options.steps_per_run, labels, progress)  # fmt: skip
+            with quiet_collector():  # as a worker process runs its runs
+                result = run_machine(options.component, impl_a, impl_b, options.seconds,
+                                     options.seed, options.steps_per_run, labels,
+                                     progress)  # fmt: skip
         else:
             result = run_parallel(_campaign_spec(options), options.seconds, options.workers,
                                   options.step_timeout, progress)  # fmt: skip

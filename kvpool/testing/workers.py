@@ -17,7 +17,6 @@ kills it counts as reproducing a crash; the next replay gets a new process).
 from __future__ import annotations
 
 import contextlib
-import gc
 import multiprocessing as mp
 import os
 import signal
@@ -27,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from kvpool.testing.bundle import Implementation
 from kvpool.testing.campaign import CampaignFailure, CampaignResult, quiet_collector
 from kvpool.testing.op_log import OpLogWriter, log_mark, new_log, read_ops, remove_log
 from kvpool.testing.runs import shrink_ops
@@ -66,17 +66,27 @@ def _worker_main(conn: Connection, spec: CampaignSpec, log: str) -> None:
 
 def _serve(conn: Connection, spec: CampaignSpec, log: str) -> None:
     from kvpool.testing.implementations import resolve_implementation
-    from kvpool.testing.runs import execute, run_config
 
     impl_a = resolve_implementation(spec.impl_a, spec.component)
     impl_b = resolve_implementation(spec.impl_b, spec.component)
-    quiet_collector()
     writer = OpLogWriter(log)
     conn.send(("ready",))
+    with quiet_collector():
+        _serve_runs(conn, spec, impl_a, impl_b, writer)
+
+
+def _serve_runs(
+    conn: Connection,
+    spec: CampaignSpec,
+    impl_a: Implementation,
+    impl_b: Implementation,
+    writer: OpLogWriter,
+) -> None:
+    from kvpool.testing.runs import execute, run_config
+
     while True:
         request = conn.recv()
         if request[0] == "stop":
-            gc.unfreeze()  # a normal exit: let the collector see everything again
             return
         run = request[1]
         chooser, config = run_config(spec.component, impl_b, spec.seed, run)
