@@ -9,8 +9,13 @@ sides, compares results and snapshots and checks every invariant, as in a campai
 ``steps`` and ``checks`` (invariant checks run: equal from run to run for one tree, so a change
 that skips a check shows here), ``cpu_s`` (CPU time of this thread: on a machine shared with
 other jobs wall time would count their slices) and ``steps_per_s`` (``steps / cpu_s``, one
-core). The last row, ``manager --workers 2``, is ``kvpool verify``'s default campaign itself:
-two worker processes for ``--seconds`` of wall time, steps per wall second.
+core), then where a step's CPU time went, in microseconds per step: ``us_call_a`` / ``us_call_b``
+(the operation on the reference / the candidate), ``us_snap_a`` / ``us_snap_b`` (building their
+snapshots), ``us_inv`` (the invariants) and ``us_rest`` (drawing the op, comparing results and
+snapshots, building each run's pair, the collector; the lifecycle machines only: a component
+machine's row leaves them blank). The last row, ``manager --workers 2``,
+is ``kvpool verify``'s default campaign itself: two worker processes for ``--seconds`` of
+wall time, steps per wall second.
 
     python benchmarks/bench_lockstep.py [--quick] [--only manager] [--runs 20] [--seconds 10]
     kvpool bench --only lockstep
@@ -19,12 +24,50 @@ two worker processes for ``--seconds`` of wall time, steps per wall second.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 STEPS_PER_RUN = 60
 """Operations per run (``kvpool verify``'s default)."""
+
+
+@contextlib.contextmanager
+def step_split() -> Iterator[Counter[str]]:
+    """Thread CPU nanoseconds spent, while inside, in each part of a lockstep step (the
+    driver's own methods, timed around; restored on leaving)."""
+    from kvpool.testing.lockstep_driver import Lockstep
+
+    spent: Counter[str] = Counter()
+    saved = {name: getattr(Lockstep, name) for name in ("_call", "_snapshot", "_check")}
+
+    def timed(name: str, part: Callable[[Lockstep, tuple[Any, ...]], str]) -> Any:
+        inner = saved[name]
+
+        def wrapper(self: Lockstep, *args: Any) -> Any:
+            start = time.thread_time_ns()
+            try:
+                return inner(self, *args)
+            finally:
+                spent[part(self, args)] += time.thread_time_ns() - start
+
+        return wrapper
+
+    Lockstep._call = timed("_call", lambda d, a: "call_a" if a[1] is d.a else "call_b")  # type: ignore[method-assign]
+    Lockstep._snapshot = timed("_snapshot", lambda d, a: "snap_a" if a[1] == 0 else "snap_b")  # type: ignore[method-assign]
+    Lockstep._check = timed("_check", lambda d, a: "inv")  # type: ignore[method-assign]
+    try:
+        yield spent
+    finally:
+        for name, method in saved.items():
+            setattr(Lockstep, name, method)
+
+
+SPLIT = ("call_a", "call_b", "snap_a", "snap_b", "inv")
+"""The parts of :func:`step_split`, in column order (``rest`` follows)."""
 
 
 def machine_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
@@ -38,11 +81,19 @@ def machine_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
     ref, twin = reference_implementation(), optimized_implementation("torch")
     run_machine(component, ref, twin, 1e9, seed=seed + 1000, steps_per_run=STEPS_PER_RUN,
                 max_runs=1)  # fmt: skip
-    with quiet_collector():  # as kvpool verify's workers run
+    with quiet_collector(), step_split() as spent:  # as kvpool verify's workers run
         start = time.thread_time()
         result = run_machine(component, ref, twin, 1e9, seed=seed, steps_per_run=STEPS_PER_RUN,
                              max_runs=runs)  # fmt: skip
         cpu = time.thread_time() - start
+    # ns of the whole campaign -> us per step; component machines step through their own
+    # driver (kvpool.testing.machines.base), which the split does not time: blank columns
+    per_step = 1e-3 / max(result.steps, 1)
+    timed = sum(spent[part] for part in SPLIT)
+    split: dict[str, int | None] = {
+        f"us_{part}": round(spent[part] * per_step) if timed else None for part in SPLIT
+    }
+    split["us_rest"] = round((cpu * 1e9 - timed) * per_step) if timed else None
     return {
         "machine": component,
         "runs": result.configurations,
@@ -51,6 +102,7 @@ def machine_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
         "failures": result.failures,
         "cpu_s": round(cpu, 2),
         "steps_per_s": round(result.steps / cpu) if cpu > 0 else None,
+        **split,
     }
 
 

@@ -56,3 +56,15 @@ def test_main_prints_one_line_per_machine(capsys: pytest.CaptureFixture[str]) ->
 def test_main_refuses_a_name_that_matches_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     assert _load("bench_lockstep").main(["--only", "nosuchmachine", "--runs", "1"]) == 1
     assert "no machine matches" in capsys.readouterr().err
+
+
+def test_a_lifecycle_row_splits_its_step_time_into_parts() -> None:
+    bench = _load("bench_lockstep")
+    row = bench.machine_row("manager", runs=1)
+    parts = [row[f"us_{p}"] for p in (*bench.SPLIT, "rest")]
+    assert all(isinstance(v, int) and v >= 0 for v in parts), row
+    assert row["us_call_a"] > 0 and row["us_snap_b"] > 0 and row["us_inv"] > 0
+    total_us = row["cpu_s"] * 1e6 / row["steps"]
+    assert abs(sum(parts) - total_us) <= 0.02 * total_us + 200, (parts, total_us)
+    component = bench.machine_row("allocator", runs=1)
+    assert all(component[f"us_{p}"] is None for p in (*bench.SPLIT, "rest"))
