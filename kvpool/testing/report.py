@@ -32,6 +32,10 @@ def short(value: Any, limit: int = MAX_SHOWN) -> str:
     return repr(value)
 
 
+_PLAIN = frozenset({type(None), bool, int, float, str})
+"""Result items already in plain form (exact types: a NumPy scalar is converted)."""
+
+
 def normalize(value: Any) -> Any:
     """Plain Python form of a result: tensors via ``.tolist()``, tuples as lists, recursively."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -39,6 +43,8 @@ def normalize(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return normalize(value.tolist())
     if isinstance(value, (list, tuple)):
+        if set(map(type, value)) <= _PLAIN:  # a flat list of slots: no call per item
+            return list(value)
         return [normalize(v) for v in value]
     return repr(value)
 

@@ -14,6 +14,7 @@ of a run (the shrinker's candidates) is still a list of valid calls.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from kvpool.config import PoolConfig
@@ -45,8 +46,8 @@ class AllocModel:
 
     def held_pages(self) -> set[int]:
         ps = self.config.page_size
-        slots = [s for b in self.blobs for s in b] + [s for q in self.seqs for s in q]
-        return {s // ps for s in slots + self.pending}
+        slots = chain(chain.from_iterable(self.blobs), chain.from_iterable(self.seqs), self.pending)
+        return set(slots) if ps == 1 else {s // ps for s in slots}
 
 
 def _seq(model: AllocModel, sel: int) -> list[int] | None:
