@@ -101,7 +101,9 @@ class Lockstep:
         self.b = factory_b(config)
         self.layers = LayerLoads(self.a, self.b) if config.layerwise_loading else None
         """The layer steps' state (:mod:`kvpool.testing.layer_ops`) under layer-wise loading."""
-        self.lines: list[str] = []
+        self.outcomes: list[tuple[Any, BaseException | None]] = []
+        """A's result or error at each step: the trace's lines are rendered from them and
+        :attr:`ops` only when a report needs them (:attr:`lines`)."""
         self.ops: list[Op] = []
         self.checks = 0
         self.next_rid = 1
@@ -112,6 +114,15 @@ class Lockstep:
         self.snap_a: PoolSnapshot = self.a.snapshot()
         self.snap_b: PoolSnapshot = self.b.snapshot()
         self._check(None, None)
+
+    @property
+    def lines(self) -> list[str]:
+        """The trace so far, one line per step: the call and A's outcome."""
+        return [
+            report.format_step(i, op.render(), f"raises {type(err).__name__}" if err else
+                               report.short(out))
+            for i, (op, (out, err)) in enumerate(zip(self.ops, self.outcomes, strict=True), 1)
+        ]  # fmt: skip
 
     def _comparable(self, snap: PoolSnapshot) -> PoolSnapshot:
         return snap if self.normalize is None else self.normalize(snap)
@@ -134,7 +145,7 @@ class Lockstep:
             )
         ]
         text = report.build_report(detector, self.lines, detail, snaps, self.config)
-        return LockstepFailure(detector, len(self.lines), text, indices)
+        return LockstepFailure(detector, len(self.outcomes), text, indices)
 
     @staticmethod
     def _fresh(manager: Any, cached: PoolSnapshot) -> PoolSnapshot:
@@ -173,8 +184,7 @@ class Lockstep:
         self.ops.append(op)
         out_a, err_a = self._call(op, self.a)
         out_b, err_b = self._call(op, self.b)
-        shown = f"raises {type(err_a).__name__}" if err_a else report.short(out_a)
-        self.lines.append(report.format_step(len(self.lines) + 1, op.render(), shown))
+        self.outcomes.append((out_a, err_a))
         self.next_rid, self.next_sid = advance_counters(op, self.next_rid, self.next_sid)
         if op.name == "new_req" and err_a is None and not dict(op.kwargs).get("session_id"):
             self.prompts[op.args[0]] = (list(op.args[1]), dict(op.kwargs).get("extra_key"))
@@ -184,7 +194,7 @@ class Lockstep:
         layer_problem = self.layers.check(self.labels) if self.layers is not None else None
         if layer_problem is not None:  # before the outcomes: a read that ran ahead is named
             raise self.fail(*layer_problem)
-        if len(self.lines) % self.check_every:
+        if len(self.outcomes) % self.check_every:
             self._compare_outcomes(out_a, err_a, out_b, err_b)
             return err_a if err_a is not None else out_a
         prev_a, prev_b = self.snap_a, self.snap_b
