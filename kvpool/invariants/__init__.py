@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Iterable
+from itertools import chain
 
 from kvpool.invariants import req_to_token as _req_to_token  # noqa: F401
 from kvpool.invariants.allocator import check_allocator  # (importing it registers its checks)
+from kvpool.invariants.derived import IdentityMemo
 from kvpool.invariants.registry import (
     INVARIANTS,
     SCOPES,
@@ -25,6 +27,7 @@ from kvpool.invariants.registry import (
     run_scope,
 )
 from kvpool.snapshot import (
+    HostTierSnapshot,
     PoolSnapshot,
     ReqToTokenSnapshot,
     SWAAllocatorSnapshot,
@@ -69,7 +72,19 @@ def _with_owner_rows(snap: PoolSnapshot) -> ReqToTokenSnapshot:
     extra += [
         (s.req_pool_idx, s.row) for s in snap.sessions if s.req_pool_idx is not None and s.row
     ]
-    return dataclasses.replace(snap.req_to_token, rows=snap.req_to_token.rows + tuple(extra))
+    table = snap.req_to_token
+    if not extra:
+        return table
+    # (built directly: dataclasses.replace costs more than the checks it feeds)
+    return ReqToTokenSnapshot(table.size, table.max_context_len, table.free_slots,
+                              table.req_generation, table.rows + tuple(extra))  # fmt: skip
+
+
+# _with_owner_rows constructs the table snapshot field by field: a new field must be
+# carried there too.
+assert [f.name for f in dataclasses.fields(ReqToTokenSnapshot)] == [
+    "size", "max_context_len", "free_slots", "req_generation", "rows"
+]  # fmt: skip
 
 
 def check_all(snapshot: PoolSnapshot, previous: PoolSnapshot | None = None) -> int:
@@ -98,19 +113,46 @@ def _host_tier(
     """Run the host invariants on ``snapshot.host``; return both snapshots with their trees
     reduced to the on-device nodes, and the number of checks run."""
     from kvpool.invariants.host import check_host_tier
+
+    assert snapshot.host is not None
+    count = check_host_tier(
+        _host_with_device_held(snapshot), None if previous is None else previous.host
+    )
+    snapshot = _device_snapshot(snapshot)
+    if previous is not None:
+        previous = _device_snapshot(previous)
+    return snapshot, previous, count
+
+
+def _build_host_with_device_held(snapshot: PoolSnapshot) -> HostTierSnapshot:
+    """``snapshot.host`` with ``device_held``: the pages of the requests' and sessions' private
+    ranges."""
     from kvpool.invariants.lifecycle import row_owners
-    from kvpool.invariants.tree import device_view
 
     assert snapshot.host is not None
     ps = snapshot.allocator.page_size
-    private = sorted({s // ps for _, _, p, _, a, row, _ in row_owners(snapshot) for s in row[p:a]})
-    host = dataclasses.replace(snapshot.host, device_held=tuple(private))
-    before = None if previous is None else previous.host
-    count = check_host_tier(host, before)
-    snapshot = dataclasses.replace(snapshot, tree=device_view(snapshot.tree))
-    if previous is not None:
-        previous = dataclasses.replace(previous, tree=device_view(previous.tree))
-    return snapshot, previous, count
+    ranges = (row[p:a] for _, _, p, _, a, row, _ in row_owners(snapshot))
+    if ps == 1:  # a slot is its own page: collect them in C
+        private = sorted(set(chain.from_iterable(ranges)))
+    else:
+        private = sorted({s // ps for part in ranges for s in part})
+    return dataclasses.replace(snapshot.host, device_held=tuple(private))
+
+
+def _build_device_snapshot(snapshot: PoolSnapshot) -> PoolSnapshot:
+    """``snapshot`` with its tree reduced to the on-device nodes (itself when none is
+    host-only)."""
+    from kvpool.invariants.tree import device_view
+
+    tree = device_view(snapshot.tree)
+    return snapshot if tree is snapshot.tree else dataclasses.replace(snapshot, tree=tree)
+
+
+# Built once per snapshot object: a step's snapshot is the next step's previous one.
+_host_with_device_held: IdentityMemo[PoolSnapshot, HostTierSnapshot] = IdentityMemo(
+    _build_host_with_device_held
+)
+_device_snapshot: IdentityMemo[PoolSnapshot, PoolSnapshot] = IdentityMemo(_build_device_snapshot)
 
 
 def check_swa_allocator(

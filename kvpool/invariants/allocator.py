@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from functools import lru_cache
 
+import kvpool.invariants.derived as derived
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.failure import fail
@@ -49,12 +50,13 @@ def check_shape(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> N
     scope="allocator",
 )
 def check_reserved_page(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
-    # membership tests run in C; the one offender there can be is the reserved page itself
-    named = (snap.free_pages, snap.release_pages, _pending_pages(snap), held_pages or ())
+    # membership tests in the shared page sets; the one offender there can be is the
+    # reserved page itself
+    named = RESERVED_INDEX in derived.free_pages(snap) or RESERVED_INDEX in (held_pages or ())
     fail(
         "INV-RESERVED-ZERO",
         "reserved page is free-listed, pending or held",
-        [RESERVED_INDEX] if any(RESERVED_INDEX in part for part in named) else [],
+        [RESERVED_INDEX] if named else [],
     )
 
 
@@ -64,9 +66,13 @@ def check_reserved_page(snap: AllocatorSnapshot, held_pages: frozenset[int] | No
     scope="allocator",
 )
 def check_page_range(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
+    # all in range (min and max of the shared page sets run in C; the scan names offenders)
+    if all(
+        not part or (min(part) > RESERVED_INDEX and max(part) <= snap.num_pages)
+        for part in (derived.free_pages(snap), held_pages or ())
+    ):
+        return
     named = _free_listed(snap) + _pending_pages(snap) + list(held_pages or ())
-    if not named or (min(named) > RESERVED_INDEX and max(named) <= snap.num_pages):
-        return  # all in range (min and max run in C; the scan below names the offenders)
     fail(
         "INV-PAGE-RANGE",
         f"page ids outside 1..{snap.num_pages}",
@@ -81,16 +87,18 @@ def check_page_range(snap: AllocatorSnapshot, held_pages: frozenset[int] | None)
     scope="allocator",
 )
 def check_no_double_free(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
-    listed = _free_listed(snap)
-    counts = Counter(listed)
-    if len(counts) < len(listed):  # some page is listed twice: name them
+    listed = derived.free_listed(snap)
+    if len(listed) < len(snap.free_pages) + len(snap.release_pages):  # a repeat: name them
+        counts = Counter(_free_listed(snap))
         fail(
             "INV-NO-DOUBLE-FREE", "pages free-listed twice", [p for p, n in counts.items() if n > 1]
         )
+    if not snap.pending_free:
+        return  # nothing pending: the checks below name nothing
     fail(
         "INV-NO-DOUBLE-FREE",
         "pages pending free in the open group are already free",
-        [p for p in _pending_pages(snap) if p in counts],
+        [p for p in derived.pending_pages(snap) if p in listed],
     )
     if snap.page_size == 1:
         pending = Counter(snap.pending_free)
@@ -118,15 +126,15 @@ def check_free_group(snap: AllocatorSnapshot, held_pages: frozenset[int] | None)
     scope="allocator",
 )
 def check_token_accounting(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
-    listed = _free_listed(snap)
-    if len(listed) > snap.num_pages:
+    listed = len(snap.free_pages) + len(snap.release_pages)
+    if listed > snap.num_pages:
         raise InvariantViolation(
             "INV-TOKEN-ACCOUNTING",
-            f"{len(listed)} free-listed pages but only {snap.num_pages} exist",
+            f"{listed} free-listed pages but only {snap.num_pages} exist",
         )
     if held_pages is None:
         return
-    free = set(listed)
+    free = derived.free_listed(snap)
     fail(
         "INV-TOKEN-ACCOUNTING",
         "pages both free and held (use after free)",
@@ -135,12 +143,12 @@ def check_token_accounting(snap: AllocatorSnapshot, held_pages: frozenset[int] |
     fail(
         "INV-TOKEN-ACCOUNTING",
         "pages leaked (neither free nor held)",
-        _all_pages(snap.num_pages) - free - held_pages,
+        all_pages(snap.num_pages) - free - held_pages,
     )
 
 
 @lru_cache(maxsize=64)
-def _all_pages(num_pages: int) -> frozenset[int]:
+def all_pages(num_pages: int) -> frozenset[int]:
     """Pages ``1..num_pages`` (built once per pool size: the accounting runs every step)."""
     return frozenset(range(RESERVED_INDEX + 1, num_pages + 1))
 
@@ -153,6 +161,7 @@ def check_allocator(snap: AllocatorSnapshot, held_pages: Iterable[int] | None = 
 
 
 __all__ = [
+    "all_pages",
     "check_allocator",
     "check_free_group",
     "check_no_double_free",

@@ -12,12 +12,17 @@ from collections.abc import Iterable, Sized
 
 from kvpool.errors import InvariantViolation
 
+_BUILTIN_SIZED = frozenset({list, tuple, set, frozenset, dict})
+
 
 def fail(invariant_id: str, message: str, indices: Iterable[int]) -> None:
     """Raise :class:`InvariantViolation` (``invariant_id``, ``message``, the distinct
     ``indices`` sorted) when ``indices`` names anything; return None otherwise."""
-    if isinstance(indices, Sized) and not len(indices):
-        return  # the common case, an empty collection: nothing to sort
+    if type(indices) in _BUILTIN_SIZED:  # (no ABC instance check for the usual types)
+        if not indices:
+            return  # the common case, an empty collection: nothing to sort
+    elif isinstance(indices, Sized) and not len(indices):
+        return
     bad = sorted(set(indices))
     if bad:
         raise InvariantViolation(invariant_id, message, bad)

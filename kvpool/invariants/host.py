@@ -15,13 +15,16 @@ not filled, ``worker_held``), or the release queue; every other slot is free (``
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from itertools import chain
 
+import kvpool.invariants.derived as derived
 from kvpool.errors import InvariantViolation
+from kvpool.invariants.allocator import all_pages
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant, run_scope
 from kvpool.snapshot import HostTierSnapshot, NodeSnapshot, TreeSnapshot
-from kvpool.tags import kv_tags
+from kvpool.tags import continue_tags, namespace_seed
 
 
 def _nodes(tree: TreeSnapshot) -> list[NodeSnapshot]:
@@ -32,9 +35,9 @@ def _nodes(tree: TreeSnapshot) -> list[NodeSnapshot]:
 def host_holders(snap: HostTierSnapshot) -> Counter[int]:
     """How many holders (tree nodes, ongoing prefetches, workers, the release queue) name each
     host slot."""
-    held: Counter[int] = Counter()
-    for node in _nodes(snap.tree):
-        held.update(node.host_value or ())
+    held: Counter[int] = Counter(
+        chain.from_iterable(node.host_value or () for node in snap.tree.nodes[1:])
+    )
     for p in snap.prefetches:
         held.update(p.host_indices[: p.completed_tokens])
     held.update(snap.worker_held)
@@ -50,8 +53,15 @@ def host_holders(snap: HostTierSnapshot) -> Counter[int]:
     scope="host",
 )
 def check_host_double_free(snap: HostTierSnapshot, previous: HostTierSnapshot | None) -> None:
-    free = Counter(chain(snap.host.free_slots, snap.host.release_slots))  # one counting pass
-    fail("INV-HOST-DOUBLE-FREE", "host slots free twice", [s for s, c in free.items() if c > 1])
+    listed = list(chain(snap.host.free_slots, snap.host.release_slots))
+    free = set(listed)
+    if len(free) < len(listed):  # a repeat: name the slots
+        counts = Counter(listed)
+        fail(
+            "INV-HOST-DOUBLE-FREE", "host slots free twice", [s for s, c in counts.items() if c > 1]
+        )
+    if not snap.release_queue:
+        return  # nothing queued: the checks below name nothing
     queued = Counter(snap.release_queue)
     fail(
         "INV-HOST-DOUBLE-FREE",
@@ -75,6 +85,15 @@ def check_host_accounting(snap: HostTierSnapshot, previous: HostTierSnapshot | N
     host = snap.host
     if host.size <= 0 or host.size % host.page_size:
         raise InvariantViolation("INV-HOST-ACCOUNTING", f"host size {host.size} not whole pages")
+    # The common verdict without a Counter or a loop per slot: the holders' and free lists'
+    # slots are size entries covering exactly 0..size-1, so each slot is named once.
+    named = list(chain.from_iterable(n.host_value or () for n in snap.tree.nodes[1:]))
+    for p in snap.prefetches:
+        named += p.host_indices[: p.completed_tokens]
+    for part in (snap.worker_held, snap.release_queue, host.free_slots, host.release_slots):
+        named += part
+    if len(named) == host.size and set(named) == _host_slots(host.size):
+        return
     # free + held counted in place (Counter's + builds and filters a new one each time)
     everything = host_holders(snap)
     everything.update(host.free_slots)
@@ -85,6 +104,12 @@ def check_host_accounting(snap: HostTierSnapshot, previous: HostTierSnapshot | N
           [s for s, c in everything.items() if c > 1])  # fmt: skip
     fail("INV-HOST-ACCOUNTING", "host slots neither free nor held (leaked)",
           [s for s in range(host.size) if s not in everything])  # fmt: skip
+
+
+@lru_cache(maxsize=64)
+def _host_slots(size: int) -> frozenset[int]:
+    """Host slots ``0..size-1`` (built once per pool size)."""
+    return frozenset(range(size))
 
 
 def _in_flight(snap: HostTierSnapshot, kind: str) -> tuple[set[int], set[int]]:
@@ -117,16 +142,21 @@ def check_host_pinned(snap: HostTierSnapshot, previous: HostTierSnapshot | None)
             for n in nodes
             if n.lock_ref <= 0
             and n.host_ref_counter <= 0
-            and (set(n.host_value or ()) & w_host or set(n.value) & l_dev)
-        ],
+            and (not w_host.isdisjoint(n.host_value or ()) or not l_dev.isdisjoint(n.value))
+        ]
+        if w_host or l_dev  # (no transfer in flight: nothing written or loaded)
+        else [],
     )
-    tree_hosts = {h for n in nodes for h in n.host_value or ()}
-    fail(
-        "INV-HOST-PINNED",
-        "host slots of a transfer in flight held by no tree node",
-        (w_host | l_host) - tree_hosts,
-    )
-    by_id = {n.node_id: n for n in snap.tree.nodes}
+    if w_host or l_host:
+        tree_hosts = set(chain.from_iterable(n.host_value or () for n in nodes))
+        fail(
+            "INV-HOST-PINNED",
+            "host slots of a transfer in flight held by no tree node",
+            (w_host | l_host) - tree_hosts,
+        )
+    if not snap.prefetches:
+        return
+    by_id = derived.by_id(snap.tree)
     pins = Counter(p.last_host_node_id for p in snap.prefetches)
     fail(
         "INV-HOST-PINNED",
@@ -153,7 +183,7 @@ def check_backup_done(snap: HostTierSnapshot, previous: HostTierSnapshot | None)
         if not n.evicted:
             continue
         host = n.host_value
-        incomplete = host is None or len(host) != len(n.key) or bool(set(host) & w_host)
+        incomplete = host is None or len(host) != len(n.key) or not w_host.isdisjoint(host)
         if (
             incomplete
             or n.write_pending
@@ -173,16 +203,14 @@ def check_backup_done(snap: HostTierSnapshot, previous: HostTierSnapshot | None)
 )
 def check_device_accounting(snap: HostTierSnapshot, previous: HostTierSnapshot | None) -> None:
     alloc, ps = snap.device, snap.device.page_size
-    free = set(alloc.free_pages) | set(alloc.release_pages)
-    free |= {s // ps for s in alloc.pending_free}
+    free = derived.free_pages(alloc)
     on_device = [n for n in _nodes(snap.tree) if not n.evicted]
-    held = Counter(s // ps for n in on_device for s in n.value)
-    pages = set(range(1, alloc.num_pages + 1))
-    fail("INV-HOST-DEVICE-ACCOUNTING", "device pages of nodes that are free",
-          [p for p in held if p in free])  # fmt: skip
-    outside = set(snap.device_held)  # the lifecycle's requests and sessions
+    values = chain.from_iterable(n.value for n in on_device)
+    held = set(values) if ps == 1 else {s // ps for s in values}
+    fail("INV-HOST-DEVICE-ACCOUNTING", "device pages of nodes that are free", held & free)
+    # the lifecycle's requests and sessions hold snap.device_held
     fail("INV-HOST-DEVICE-ACCOUNTING", "device pages neither free nor held (leaked)",
-          [p for p in pages if p not in free and p not in held and p not in outside])  # fmt: skip
+          all_pages(alloc.num_pages).difference(free, held, snap.device_held))  # fmt: skip
     fail("INV-HOST-DEVICE-ACCOUNTING", "host-only nodes holding device slots",
           [n.node_id for n in _nodes(snap.tree) if n.evicted and n.value])  # fmt: skip
     evictable = sum(len(n.key) for n in on_device if n.lock_ref == 0)
@@ -195,18 +223,47 @@ def check_device_accounting(snap: HostTierSnapshot, previous: HostTierSnapshot |
         )
 
 
-def _path_tags(snap: HostTierSnapshot) -> dict[int, list[int]]:
-    """Node id -> the tags its tokens must hold (from the whole root path, in its namespace)."""
-    by_id = {n.node_id: n for n in snap.tree.nodes}
-    out: dict[int, list[int]] = {}
+@lru_cache(maxsize=4096)
+def _tags_after(state: int, key: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`~kvpool.tags.continue_tags` remembered: a node's tokens and its path's state
+    rarely change between two snapshots."""
+    return tuple(continue_tags(state, key))
+
+
+def _path_tags(snap: HostTierSnapshot) -> dict[int, tuple[int, ...]]:
+    """Node id -> the tags its tokens must hold (from the whole root path, in its namespace):
+    ``kv_tags(path tokens, n.extra_key)`` over the node's own tokens, continued from the hash
+    state after its parent's path (:func:`kvpool.tags.continue_tags`), each ancestor's state
+    computed once per namespace."""
+    by_id = derived.by_id(snap.tree)
+    # (node id, namespace) -> hash state after the tokens of the path root -> that node
+    states: dict[tuple[int, str | None], int] = {}
+
+    def state_after(node: NodeSnapshot | None, namespace: str | None) -> int:
+        """Hash state after the keys of ``node``'s path (as the walk up finds it)."""
+        chain_up: list[NodeSnapshot] = []
+        state: int | None = None
+        while node is not None and node.parent_id is not None:
+            known = states.get((node.node_id, namespace))
+            if known is not None:
+                state = known
+                break
+            chain_up.append(node)
+            node = by_id.get(node.parent_id)
+        if state is None:
+            state = namespace_seed(namespace)
+        for above in reversed(chain_up):
+            tags = _tags_after(state, above.key)
+            state = tags[-1] - 1 if tags else state
+            states[(above.node_id, namespace)] = state
+        return state
+
+    out: dict[int, tuple[int, ...]] = {}
     for n in _nodes(snap.tree):
-        parts: list[tuple[int, ...]] = []
-        cur: NodeSnapshot | None = n
-        while cur is not None and cur.parent_id is not None:
-            parts.append(cur.key)
-            cur = by_id.get(cur.parent_id)
-        tokens = [t for part in reversed(parts) for t in part]
-        out[n.node_id] = kv_tags(tokens, n.extra_key)[len(tokens) - len(n.key) :]
+        if n.parent_id is None:  # (a root-like node: its path contributes no token)
+            out[n.node_id] = ()
+            continue
+        out[n.node_id] = _tags_after(state_after(by_id.get(n.parent_id), n.extra_key), n.key)
     return out
 
 
@@ -221,14 +278,16 @@ def check_host_kv_integrity(snap: HostTierSnapshot, previous: HostTierSnapshot |
         return
     expected = _path_tags(snap)
     _, l_dev = _in_flight(snap, "load")
+    host_tag, device_tags = snap.host.tags.__getitem__, snap.device_tags
+    device_tag = device_tags.__getitem__
     bad = []
     for n in _nodes(snap.tree):
         want = expected[n.node_id]
         hosts = n.host_value
-        if hosts is not None and not n.write_pending and [snap.host.tags[h] for h in hosts] != want:
+        if hosts is not None and not n.write_pending and tuple(map(host_tag, hosts)) != want:
             bad.append(n.node_id)
-        device_read = snap.device_tags and not n.evicted and not set(n.value) & l_dev
-        if device_read and [snap.device_tags[s] for s in n.value] != want:
+        device_read = device_tags and not n.evicted and l_dev.isdisjoint(n.value)
+        if device_read and tuple(map(device_tag, n.value)) != want:
             bad.append(n.node_id)
     fail("INV-HOST-KV-INTEGRITY", "nodes whose host or device copy holds other tokens' KV", bad)
 

@@ -11,20 +11,42 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from itertools import chain
 
+import kvpool.invariants.derived as derived
 from kvpool.constants import RESERVED_INDEX, ceil_align
 from kvpool.errors import InvariantViolation
+from kvpool.invariants.allocator import all_pages
+from kvpool.invariants.derived import page_contiguous, page_of
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant
-from kvpool.invariants.tree import lock_holders, nodes_by_id, path_values, tree_pages
-from kvpool.snapshot import PoolSnapshot
+from kvpool.invariants.tree import lock_holders, nodes_by_id, tree_pages
+from kvpool.snapshot import PoolSnapshot, ReqSnapshot, SessionSnapshot
 
 RowOwner = tuple[str, int | None, int, int, int, tuple[int, ...], int | None]
 """``(name, row, protected, committed, allocated, row contents, last_node_id)``."""
 
 
 def row_owners(snap: PoolSnapshot) -> list[RowOwner]:
-    """Every request and session holding a row."""
+    """Every request and session holding a row (built once per ``(reqs, sessions)`` pair and
+    shared: read-only)."""
+    reqs, sessions = snap.reqs, snap.sessions
+    for known_reqs, known_sessions, owners in _OWNERS:
+        if known_reqs is reqs and known_sessions is sessions:
+            return owners
+    owners = _build_row_owners(snap)
+    # (holding the tuples keeps their identities from being reused while remembered)
+    _OWNERS.insert(0, (reqs, sessions, owners))
+    del _OWNERS[4:]
+    return owners
+
+
+_OWNERS: list[tuple[tuple[ReqSnapshot, ...], tuple[SessionSnapshot, ...], list[RowOwner]]] = []
+"""The last few :func:`row_owners` results by the identity of the request and session tuples
+(snapshots are immutable; a lockstep step asks for the same pair many times)."""
+
+
+def _build_row_owners(snap: PoolSnapshot) -> list[RowOwner]:
     out: list[RowOwner] = [
         (
             f"req {r.rid}",
@@ -55,7 +77,7 @@ def row_owners(snap: PoolSnapshot) -> list[RowOwner]:
 
 
 def _pages(slots: Sequence[int], page_size: int) -> set[int]:
-    return {s // page_size for s in slots}
+    return set(page_of(slots, page_size))
 
 
 def page_owner_counts(snap: PoolSnapshot) -> Counter[int]:
@@ -72,12 +94,25 @@ def page_owner_counts(snap: PoolSnapshot) -> Counter[int]:
 
 
 def _ownership_errors(snap: PoolSnapshot) -> list[int]:
+    alloc = snap.allocator
+    num_pages, ps = alloc.num_pages, alloc.page_size
+    # The common verdict without a Counter or a loop per page: the owners' pages (each owner's
+    # counted once, as page_owner_counts counts them) are num_pages entries covering exactly
+    # the pages 1..num_pages, so each page is named once.
+    values = (n.value for n in snap.tree.nodes)
+    tree_ps = snap.tree.page_size  # (tree_pages counts the tree's pages by its own page size)
+    parts = [map(set, values) if tree_ps == 1 else (_pages(v, tree_ps) for v in values)]
+    parts.append(_pages(row[p:a], ps) for _, _, p, _, a, row, _ in row_owners(snap))
+    owned = list(chain.from_iterable(chain.from_iterable(parts)))
+    owned += alloc.free_pages
+    owned += alloc.release_pages
+    owned += _pages(alloc.pending_free, ps)
+    if len(owned) == num_pages and all_pages(num_pages) == set(owned):
+        return []
     counts = page_owner_counts(snap)
-    pages = range(RESERVED_INDEX + 1, snap.allocator.num_pages + 1)
+    pages = range(RESERVED_INDEX + 1, num_pages + 1)
     leaked = [p for p in pages if counts[p] == 0]
-    doubly = [
-        p for p, c in counts.items() if c > 1 or not RESERVED_INDEX < p <= snap.allocator.num_pages
-    ]
+    doubly = [p for p, c in counts.items() if c > 1 or not RESERVED_INDEX < p <= num_pages]
     return leaked + doubly
 
 
@@ -112,9 +147,11 @@ def check_pool_accounting(snap: PoolSnapshot, previous: PoolSnapshot | None) -> 
 def check_row_owners(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     table = snap.req_to_token
     held = [row for _, row, *_ in row_owners(snap) if row is not None]
-    counts = Counter(held)
-    fail("INV-ROW-OWNERS", "rows held twice", [r for r, c in counts.items() if c > 1])
-    fail("INV-ROW-OWNERS", "rows held and free", set(held) & set(table.free_slots))
+    distinct = set(held)
+    if len(distinct) < len(held):  # a repeat: name the rows
+        counts = Counter(held)
+        fail("INV-ROW-OWNERS", "rows held twice", [r for r, c in counts.items() if c > 1])
+    fail("INV-ROW-OWNERS", "rows held and free", distinct.intersection(table.free_slots))
     if len(table.free_slots) + len(held) != table.size:
         missing = set(range(RESERVED_INDEX + 1, table.size + 1)) - set(held) - set(table.free_slots)
         raise InvariantViolation(
@@ -142,26 +179,41 @@ def check_one_owner(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
 )
 def check_row_slots(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     alloc, ps = snap.allocator, snap.allocator.page_size
-    free = set(alloc.free_pages) | set(alloc.release_pages) | _pages(alloc.pending_free, ps)
+    free = derived.free_pages(alloc)
     by_id = nodes_by_id(snap.tree)
+    paths = derived.path_slots(snap.tree)
     for name, _, protected, _, _, row, last in row_owners(snap):
-        fail(
-            "INV-ROW-SLOTS",
-            f"{name} names free or out-of-range slots",
-            [s for s in row if s // ps in free or not RESERVED_INDEX < s // ps <= alloc.num_pages],
-        )
-        fail(
-            "INV-ROW-SLOTS",
-            f"{name}'s row is not page-contiguous (columns listed)",
-            [
-                c
-                for c in range(len(row))
-                if row[c] % ps != c % ps or (c % ps and row[c] != row[c - 1] + 1)
-            ],
-        )
+        contiguous = page_contiguous(row, ps)
+        # A page-contiguous row's first slot of each column block names all its pages; the
+        # scans below only name the offenders.
+        pages = _pages(row if ps == 1 or not contiguous else row[::ps], ps)
+        if pages and (
+            not free.isdisjoint(pages)
+            or min(pages) <= RESERVED_INDEX
+            or max(pages) > alloc.num_pages
+        ):
+            fail(
+                "INV-ROW-SLOTS",
+                f"{name} names free or out-of-range slots",
+                [
+                    s
+                    for s in row
+                    if s // ps in free or not RESERVED_INDEX < s // ps <= alloc.num_pages
+                ],
+            )
+        if not contiguous:
+            fail(
+                "INV-ROW-SLOTS",
+                f"{name}'s row is not page-contiguous (columns listed)",
+                [
+                    c
+                    for c in range(len(row))
+                    if row[c] % ps != c % ps or (c % ps and row[c] != row[c - 1] + 1)
+                ],
+            )
         if protected and not snap.tree.disabled:
-            path = path_values(snap.tree, last) if last is not None and last in by_id else None
-            if path is None or list(row[:protected]) != path:
+            path = paths(last) if last is not None and last in by_id else None
+            if path is None or tuple(row[:protected]) != path:
                 raise InvariantViolation(
                     "INV-ROW-SLOTS",
                     f"{name}: row[:{protected}] differs from the tree path to node {last}",
@@ -239,6 +291,8 @@ def check_kv_integrity(snap: PoolSnapshot, previous: PoolSnapshot | None) -> Non
             raise InvariantViolation(
                 "INV-KV-INTEGRITY", f"req {r.rid}: tag lists do not cover the committed tokens"
             )
+        if r.kv_tags == r.expected_tags:  # (one C comparison; the scan names the offenders)
+            continue
         fail(
             "INV-KV-INTEGRITY",
             f"req {r.rid}: slots hold another token's KV",

@@ -14,10 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpool.constants import RESERVED_INDEX
+from kvpool.invariants.derived import IdentityMemo
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import INVARIANTS, invariant, run_scope
 from kvpool.snapshot import (
     HybridReqToTokenSnapshot,
+    HybridStateSnapshot,
     MambaNodeSnapshot,
     MambaTreeSnapshot,
     PoolSnapshot,
@@ -165,13 +167,23 @@ def _pool_scope(check: Callable[[HybridReqToTokenSnapshot, MambaContext], None])
     def run(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         if snap.mamba is None:
             return
-        views = tuple(MambaReqView(r.rid, r.row, r.slot, r.track, r.expected_tag)
-                      for r in snap.mamba.reqs)  # fmt: skip
-        tree = snap.mamba.tree
-        checkpoints = () if tree is None else tree_checkpoints(tree)
-        check(snap.mamba.pool, MambaContext(views, checkpoints))
+        check(snap.mamba.pool, _pool_context(snap.mamba))
 
     return run
+
+
+def _build_pool_context(mamba: HybridStateSnapshot) -> MambaContext:
+    """The owners a hybrid manager's snapshot names: its live requests and the Mamba radix
+    cache's checkpoints (when the radix cache is on)."""
+    views = tuple(MambaReqView(r.rid, r.row, r.slot, r.track, r.expected_tag)
+                  for r in mamba.reqs)  # fmt: skip
+    tree = mamba.tree
+    checkpoints = () if tree is None else tree_checkpoints(tree)
+    return MambaContext(views, checkpoints)
+
+
+# built once per snapshot for the five pool-scope checks (a pure function of the snapshot)
+_pool_context: IdentityMemo[HybridStateSnapshot, MambaContext] = IdentityMemo(_build_pool_context)
 
 
 for _id, _check in (

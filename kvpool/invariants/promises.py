@@ -60,8 +60,8 @@ def check_capacity_honoured(snap: PoolSnapshot, previous: PoolSnapshot | None) -
     scope="pool",
 )
 def check_session_held(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
-    if previous is None:
-        return
+    if previous is None or not previous.sessions or not snap.sessions:
+        return  # (no session in one of them: nothing held in both)
     before = {s.session_id: s for s in previous.sessions if s.req_pool_idx is not None}
     bad = []
     for i, s in enumerate(snap.sessions):

@@ -13,15 +13,21 @@ A pure-SWA snapshot (``pure``: one pool, the identity mapping) only gets the all
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import itemgetter
 
+import kvpool.invariants.derived as derived
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, ceil_align
 from kvpool.errors import InvariantViolation
-from kvpool.invariants.allocator import check_allocator
+from kvpool.invariants.allocator import all_pages, check_allocator
+from kvpool.invariants.derived import IdentityMemo, page_of
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant, run_scope
 from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, SWAAllocatorSnapshot, TreeSnapshot
+
+_FIRST = itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -34,14 +40,23 @@ class SWAContext:
     tree: TreeSnapshot | None = None
 
 
-def _released_pages(snap: AllocatorSnapshot) -> set[int]:
-    pending = {s // snap.page_size for s in snap.pending_free}
-    return set(snap.free_pages) | set(snap.release_pages) | pending
+def _released_pages(snap: AllocatorSnapshot) -> frozenset[int]:
+    return derived.free_pages(snap)  # (free, release and pending pages, built once)
 
 
 def _live_entries(snap: SWAAllocatorSnapshot) -> list[tuple[int, int]]:
-    """(full slot, SWA slot) of every non-sentinel entry (the tail excluded)."""
-    return [(f, s) for f, s in enumerate(snap.full_to_swa[:-1]) if s != RESERVED_INDEX]
+    """(full slot, SWA slot) of every non-sentinel entry (the tail excluded); built once per
+    snapshot and shared (read-only)."""
+    return _live(snap)
+
+
+def _build_live(snap: SWAAllocatorSnapshot) -> list[tuple[int, int]]:
+    body = snap.full_to_swa[:-1]
+    # (the sentinel RESERVED_INDEX is 0, the one falsy slot: compress keeps the others, in C)
+    return list(compress(enumerate(body), body))
+
+
+_live: IdentityMemo[SWAAllocatorSnapshot, list[tuple[int, int]]] = IdentityMemo(_build_live)
 
 
 @invariant(
@@ -62,11 +77,14 @@ def check_mapping_shape(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
             f"{snap.full_to_swa[-1] if snap.full_to_swa else None} (want -1)",
         )
     limit = (swa.num_pages + 1) * swa.page_size
-    fail(
-        "INV-SWA-MAPPING-SHAPE",
-        f"entries outside {{0}} and [{swa.page_size}, {limit})",
-        [f for f, s in _live_entries(snap) if not swa.page_size <= s < limit],
-    )
+    entries = _live_entries(snap)
+    values = [s for _, s in entries]
+    if values and (min(values) < swa.page_size or max(values) >= limit):
+        fail(
+            "INV-SWA-MAPPING-SHAPE",
+            f"entries outside {{0}} and [{swa.page_size}, {limit})",
+            [f for f, s in entries if not swa.page_size <= s < limit],
+        )
     fail("INV-SWA-MAPPING-SHAPE", "full slot 0 is mapped", [0] if snap.full_to_swa[0] else [])
 
 
@@ -82,11 +100,14 @@ def check_free_unmapped(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     ps = snap.full.page_size
     released = _released_pages(snap.full)
     if snap.resolves_at_group_end:  # pending slots keep their entries until the group ends
-        released = set(snap.full.free_pages) | set(snap.full.release_pages)
+        released = derived.free_listed(snap.full)
+    entries = _live_entries(snap)
+    if released.isdisjoint(page_of(map(_FIRST, entries), ps)):
+        return  # (the verdict in C; the scan names the slots)
     fail(
         "INV-SWA-FREE-UNMAPPED",
         "released full slots still mapped",
-        [f for f, _ in _live_entries(snap) if f // ps in released],
+        [f for f, _ in entries if f // ps in released],
     )
 
 
@@ -101,17 +122,26 @@ def check_one_mapping(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
         return
     swa = snap.swa
     entries = _live_entries(snap)
-    counts = Counter(s for _, s in entries)
-    fail("INV-SWA-ONE-MAPPING", "SWA slots named twice", [s for s, n in counts.items() if n > 1])
+    values = [s for _, s in entries]
+    distinct = set(values)
+    if len(distinct) < len(values):  # a repeat: name the slots
+        counts = Counter(values)
+        fail(
+            "INV-SWA-ONE-MAPPING", "SWA slots named twice", [s for s, n in counts.items() if n > 1]
+        )
     released = _released_pages(swa)
+    mapped = set(page_of(distinct, swa.page_size))
+    if not released.isdisjoint(mapped):
+        fail(
+            "INV-SWA-ONE-MAPPING",
+            "entries naming released SWA pages (use after free)",
+            [s for s in values if s // swa.page_size in released],
+        )
     fail(
         "INV-SWA-ONE-MAPPING",
-        "entries naming released SWA pages (use after free)",
-        [s for _, s in entries if s // swa.page_size in released],
+        "held SWA pages nobody maps (leaked)",
+        all_pages(swa.num_pages).difference(released, mapped),
     )
-    mapped = {s // swa.page_size for s in counts}
-    every = set(range(RESERVED_INDEX + 1, swa.num_pages + 1))
-    fail("INV-SWA-ONE-MAPPING", "held SWA pages nobody maps (leaked)", every - released - mapped)
 
 
 @invariant(
@@ -122,10 +152,15 @@ def check_one_mapping(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
 )
 def check_no_double_free(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     swa = snap.swa
-    listed = Counter(list(swa.free_pages) + list(swa.release_pages))
-    fail("INV-SWA-NO-DOUBLE-FREE", "SWA pages free twice", [p for p, n in listed.items() if n > 1])
-    pending = [s // swa.page_size for s in swa.pending_free]
-    fail("INV-SWA-NO-DOUBLE-FREE", "pending SWA pages already free", set(pending) & set(listed))
+    listed = derived.free_listed(swa)
+    if len(listed) < len(swa.free_pages) + len(swa.release_pages):  # a repeat: name them
+        counts = Counter(list(swa.free_pages) + list(swa.release_pages))
+        fail("INV-SWA-NO-DOUBLE-FREE", "SWA pages free twice",
+             [p for p, n in counts.items() if n > 1])  # fmt: skip
+    if not swa.pending_free:
+        return  # nothing pending: the checks below name nothing
+    pending = derived.pending_pages(swa)
+    fail("INV-SWA-NO-DOUBLE-FREE", "pending SWA pages already free", listed.intersection(pending))
     if swa.page_size == 1:
         twice = Counter(swa.pending_free)
         fail("INV-SWA-NO-DOUBLE-FREE", "SWA slots pending twice", [s for s, n in twice.items()
@@ -138,10 +173,8 @@ def check_no_double_free(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     scope="swa",
 )
 def check_sentinel(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
-    swa = snap.swa
-    named = list(swa.free_pages) + list(swa.release_pages)
-    named += [s // swa.page_size for s in swa.pending_free]
-    fail("INV-SWA-SENTINEL", "SWA page 0 freed", [p for p in named if p == RESERVED_INDEX])
+    freed = RESERVED_INDEX in derived.free_pages(snap.swa)  # (free, release or pending)
+    fail("INV-SWA-SENTINEL", "SWA page 0 freed", [RESERVED_INDEX] if freed else [])
 
 
 @invariant(
@@ -158,7 +191,7 @@ def check_accounting(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     elif snap.pure:
         return
     else:
-        held = len({s // swa.page_size for _, s in _live_entries(snap)}) * swa.page_size
+        held = len(set(page_of([s for _, s in _live_entries(snap)], swa.page_size))) * swa.page_size
     if released + held != swa.size:
         raise InvariantViolation(
             "INV-SWA-ACCOUNTING",
@@ -181,7 +214,8 @@ def check_tombstone(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
         [
             n.node_id
             for n in ctx.tree.nodes
-            if n.swa_tombstone and any(mapping[f] != RESERVED_INDEX for f in n.value)
+            # (the sentinel RESERVED_INDEX is 0: a mapped slot is a truthy entry)
+            if n.swa_tombstone and any(map(mapping.__getitem__, n.value))
         ],
     )
 
@@ -219,6 +253,15 @@ def check_tree_locks(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
         )
 
 
+def _window_breaks(mapping: Sequence[int], row: Sequence[int], own: int, cut: int) -> bool:
+    """Whether a row past its tree-owned prefix (``own`` columns) disagrees with its window:
+    a column in ``[own, cut)`` mapped to an SWA slot, or one from ``cut`` on mapped to none.
+    Columns are looked up in order and the first disagreement ends the scan, as a scan per
+    column would (in C; the sentinel RESERVED_INDEX is 0, the one falsy entry)."""
+    get = mapping.__getitem__
+    return any(map(get, row[own:cut])) or not all(map(get, row[cut:]))
+
+
 @invariant(
     "INV-SWA-WINDOW",
     "hybrid SWA managers: past the tree-owned prefix (cache_protected_len), a request's tokens "
@@ -240,8 +283,7 @@ def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         # the tree owns the row's first cache_protected_len tokens (its nodes say what they hold)
         own = r.cache_protected_len
         cut = max(r.swa_evicted_seqlen, own)
-        if any((mapping[s] != RESERVED_INDEX) != (i >= cut) for i, s in enumerate(r.row)
-               if i >= own):  # fmt: skip
+        if _window_breaks(mapping, r.row, own, cut):
             bad.append(r.req_pool_idx)
         held += ceil_align(r.kv_allocated_len, swa.swa.page_size) - cut
     for s in snap.sessions:
@@ -249,8 +291,7 @@ def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
             continue
         own = s.cache_protected_len
         cut = max(s.swa_evicted_seqlen, own)
-        if any((mapping[f] != RESERVED_INDEX) != (i >= cut) for i, f in enumerate(s.row)
-               if i >= own):  # fmt: skip
+        if _window_breaks(mapping, s.row, own, cut):
             bad.append(s.req_pool_idx)
         held += ceil_align(s.kv_allocated_len, swa.swa.page_size) - cut
     fail("INV-SWA-WINDOW", "rows whose SWA mapping disagrees with their window", bad)

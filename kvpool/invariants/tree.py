@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import replace
 from itertools import chain
 
+import kvpool.invariants.derived as derived
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.failure import fail
@@ -25,8 +26,8 @@ from kvpool.snapshot import NodeSnapshot, PoolSnapshot, TreeSnapshot
 
 
 def nodes_by_id(tree: TreeSnapshot) -> dict[int, NodeSnapshot]:
-    """Node id -> node."""
-    return {n.node_id: n for n in tree.nodes}
+    """Node id -> node (built once per tree snapshot and shared: read-only)."""
+    return derived.by_id(tree)
 
 
 def path_values(tree: TreeSnapshot, node_id: int) -> list[int] | None:
@@ -47,9 +48,13 @@ def path_values(tree: TreeSnapshot, node_id: int) -> list[int] | None:
 
 def tree_pages(tree: TreeSnapshot) -> Counter[int]:
     """How many nodes name each page (slot // page_size, counted once per node)."""
+    ps = tree.page_size
     counts: Counter[int] = Counter()
+    if ps == 1:  # a slot is its own page: count each node's distinct slots in C
+        counts.update(chain.from_iterable(map(set, (n.value for n in tree.nodes))))
+        return counts
     for node in tree.nodes:
-        counts.update({slot // tree.page_size for slot in node.value})
+        counts.update(set(derived.page_of(node.value, ps)))
     return counts
 
 
@@ -72,12 +77,26 @@ def lock_holders(snap: PoolSnapshot) -> list[int]:
 def device_view(tree: TreeSnapshot) -> TreeSnapshot:
     """The tree without its host-only (``evicted``) nodes, which hold no device slots; they
     form whole subtrees below on-device nodes, so what is left is a radix tree over device
-    slots."""
+    slots. A tree whose nodes all stay unchanged is its own view (returned as is)."""
+    return _device_view(tree)
+
+
+def _build_device_view(tree: TreeSnapshot) -> TreeSnapshot:
     keep = {n.node_id for n in tree.nodes if not n.evicted}
     nodes = []
+    changed = False  # (no node dropped or rebuilt: the tree is its own view)
+    # A node object listed twice is rebuilt, as every node once was: the shape check tells
+    # the root from other nodes by identity.
+    reuse = len(set(map(id, tree.nodes))) == len(tree.nodes)
     for n in tree.nodes:
         if n.node_id not in keep:
+            changed = True
             continue
+        if reuse and len(n.child_ids) == len(n.child_keys) and keep.issuperset(n.child_ids):
+            # no child dropped (and nothing for zip to cut): the node as it is
+            nodes.append(n)
+            continue
+        changed = True
         kids = [(c, k) for c, k in zip(n.child_ids, n.child_keys, strict=False) if c in keep]
         nodes.append(
             replace(
@@ -86,7 +105,12 @@ def device_view(tree: TreeSnapshot) -> TreeSnapshot:
                 child_keys=tuple(k for _, k in kids),
             )
         )
-    return replace(tree, nodes=tuple(nodes))
+    return replace(tree, nodes=tuple(nodes)) if changed else tree
+
+
+_device_view: derived.IdentityMemo[TreeSnapshot, TreeSnapshot] = derived.IdentityMemo(
+    _build_device_view
+)
 
 
 @invariant(
@@ -109,45 +133,73 @@ def check_tree_shape(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         raise InvariantViolation("INV-TREE-SHAPE", "nodes[0] is not an empty root", [root.node_id])
     bad: list[int] = []
     for node in tree.nodes:
-        if len(node.child_ids) != len(node.child_keys):
-            bad.append(node.node_id)
-        seen: set[tuple[str | None, tuple[int, ...]]] = set()
-        for cid, ckey in zip(node.child_ids, node.child_keys, strict=False):
-            child = by_id.get(cid)
-            if child is None or child.parent_id != node.node_id:
-                bad.append(cid)
-                continue
-            if ckey != child.key[:ps] or (child.extra_key, ckey) in seen:
-                bad.append(cid)
-            seen.add((child.extra_key, ckey))
+        nid, cids = node.node_id, node.child_ids
+        if len(cids) != len(node.child_keys):
+            bad.append(nid)
+        if cids:  # (a leaf has no child link to check)
+            seen: set[tuple[str | None, tuple[int, ...]]] = set()
+            for cid, ckey in zip(cids, node.child_keys, strict=False):
+                child = by_id.get(cid)
+                if child is None or child.parent_id != nid:
+                    bad.append(cid)
+                    continue
+                named = (child.extra_key, ckey)
+                if ckey != child.key[:ps] or named in seen:
+                    bad.append(cid)
+                seen.add(named)
         if node is root:
             continue
         parent = by_id.get(node.parent_id if node.parent_id is not None else -1)
-        linked = parent is not None and node.node_id in parent.child_ids
-        namespace_ok = parent is None or parent is root or parent.extra_key == node.extra_key
-        if not linked or not namespace_ok:
-            bad.append(node.node_id)
-        if not node.key or len(node.key) % ps or len(node.value) != len(node.key):
-            bad.append(node.node_id)
+        if (
+            parent is None
+            or nid not in parent.child_ids
+            or (parent is not root and parent.extra_key != node.extra_key)
+        ):
+            bad.append(nid)
+        value = node.value
+        if not node.key or len(node.key) % ps or len(value) != len(node.key):
+            bad.append(nid)
         # (at page size 1 every value is trivially page-contiguous: no scan)
-        for k in range(0, len(node.value) - ps + 1, ps) if ps > 1 else ():
-            first = node.value[k]
-            if first % ps or tuple(node.value[k : k + ps]) != tuple(range(first, first + ps)):
-                bad.append(node.node_id)
+        for k in range(0, len(value) - ps + 1, ps) if ps > 1 else ():
+            first = value[k]
+            if first % ps or tuple(value[k : k + ps]) != tuple(range(first, first + ps)):
+                bad.append(nid)
     fail("INV-TREE-SHAPE", "malformed nodes", bad)
     if len(by_id) != len(tree.nodes):
         raise InvariantViolation("INV-TREE-SHAPE", "node ids repeat")
-    slots = Counter(chain.from_iterable(n.value for n in tree.nodes))
-    if len(slots) < sum(len(n.value) for n in tree.nodes):  # a repeat: name the slots
-        fail("INV-TREE-SHAPE", "slots in two nodes", [s for s, c in slots.items() if c > 1])
+    every = list(chain.from_iterable(n.value for n in tree.nodes))
+    distinct = set(every)
+    if len(distinct) < len(every):  # a repeat: name the slots
+        fail(
+            "INV-TREE-SHAPE", "slots in two nodes", [s for s, c in Counter(every).items() if c > 1]
+        )
     alloc = snap.allocator
-    free = set(alloc.free_pages) | set(alloc.release_pages)
-    free |= {s // alloc.page_size for s in alloc.pending_free}
-    fail(
-        "INV-TREE-SHAPE",
-        "tree slots not allocated (free, pending or out of range)",
-        [s for s in slots if s // ps in free or not RESERVED_INDEX < s // ps <= alloc.num_pages],
-    )
+    free = derived.free_pages(alloc)
+    # Every value is whole pages here (the malformed-node check passed), so a value's first
+    # slot of each page names all its pages; the per-slot scan below only names offenders.
+    pages: set[int] | None = None  # (None: a broken page size, the scan alone decides)
+    if ps == 1:
+        pages = distinct
+    elif ps > 1:
+        firsts = chain.from_iterable(n.value[::ps] for n in tree.nodes)
+        pages = set(derived.page_of(firsts, ps))
+    if pages is None or (
+        pages
+        and (
+            not free.isdisjoint(pages)
+            or min(pages) <= RESERVED_INDEX
+            or max(pages) > alloc.num_pages
+        )
+    ):
+        fail(
+            "INV-TREE-SHAPE",
+            "tree slots not allocated (free, pending or out of range)",
+            [
+                s
+                for s in distinct
+                if s // ps in free or not RESERVED_INDEX < s // ps <= alloc.num_pages
+            ],
+        )
 
 
 @invariant(
@@ -166,34 +218,42 @@ def check_locks(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     root = tree.nodes[0]
     if root.lock_ref != 1:
         raise InvariantViolation("INV-LOCKS", f"root lock_ref {root.lock_ref} != 1", [0])
-    fail("INV-LOCKS", "negative lock_ref", [n.node_id for n in tree.nodes if n.lock_ref < 0])
-    fail(
-        "INV-LOCKS",
-        "child locked more than its parent",
-        [
-            n.node_id
-            for n in tree.nodes
-            if n.parent_id is not None
-            and n.parent_id != root.node_id
-            and n.parent_id in by_id
-            and by_id[n.parent_id].lock_ref < n.lock_ref
-        ],
-    )
+    # one pass over the nodes gathers what the checks below report, in their order
+    negative: list[int] = []
+    over_parent: list[int] = []
+    root_id = root.node_id
+    for n in tree.nodes:
+        if n.lock_ref < 0:
+            negative.append(n.node_id)
+        pid = n.parent_id
+        if pid is not None and pid != root_id:
+            parent = by_id.get(pid)
+            if parent is not None and parent.lock_ref < n.lock_ref:
+                over_parent.append(n.node_id)
+    fail("INV-LOCKS", "negative lock_ref", negative)
+    fail("INV-LOCKS", "child locked more than its parent", over_parent)
     holders = lock_holders(snap)
     fail("INV-LOCKS", "holders name nodes not in the tree", [h for h in holders if h not in by_id])
-    expected: Counter[int] = Counter()
+    expected: dict[int, int] = {}
     for h in holders:
         cur = by_id.get(h)
         while cur is not None and cur.parent_id is not None:
-            expected[cur.node_id] += 1
+            expected[cur.node_id] = expected.get(cur.node_id, 0) + 1
             cur = by_id.get(cur.parent_id)
+    wrong: list[int] = []
+    evictable = protected = 0
+    for n in tree.nodes[1:]:
+        if n.lock_ref != expected.get(n.node_id, 0):
+            wrong.append(n.node_id)
+        if n.lock_ref == 0:
+            evictable += len(n.key)
+        elif n.lock_ref > 0:
+            protected += len(n.key)
     fail(
         "INV-LOCKS",
         "lock_ref differs from the number of holders below (leaked or lost lock)",
-        [n.node_id for n in tree.nodes[1:] if n.lock_ref != expected[n.node_id]],
+        wrong,
     )
-    evictable = sum(len(n.key) for n in tree.nodes[1:] if n.lock_ref == 0)
-    protected = sum(len(n.key) for n in tree.nodes[1:] if n.lock_ref > 0)
     if (evictable, protected) != (tree.evictable_size, tree.protected_size):
         raise InvariantViolation(
             "INV-LOCKS",

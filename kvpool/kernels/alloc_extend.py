@@ -32,7 +32,7 @@ import kvpool.kernels.checks as checks
 from kvpool.kernels.dispatch import block_for, check_page_size, nonempty, run_backend, write_back
 from kvpool.kernels.host import HostLens, Int64Array, host_array, host_copy, to_device
 from kvpool.kernels.launch import dense, exclusive_cumsum, launch, tl
-from kvpool.reference.pools.paged_ops import alloc_extend_slots
+from kvpool.reference.pools.paged_ops import alloc_extend_slots, extend_new_pages
 
 
 def _alloc_extend_kernel(  # type: ignore[no-untyped-def]
@@ -189,6 +189,70 @@ def alloc_extend_torch(
         torch.cumsum(diff[:total], 0, out=out_indices)
     else:
         out_indices.copy_(torch.cumsum(diff[:total], 0))
+
+
+_LIST_TOKENS = 4096
+"""Up to this many new tokens :func:`alloc_extend_host` builds the slots as a list (the
+reference's loop: one ``range`` per page); more take the NumPy plan."""
+
+
+def alloc_extend_host(
+    prefix_lens_cpu: Int64Array,
+    seq_lens_cpu: Int64Array,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+) -> bool:
+    """:func:`alloc_extend` for a caller that checked the batch and holds every tensor on the
+    CPU (a checked-mode allocator: host work is no device read there): the torch fallback's
+    plan and difference array computed in NumPy over views, written into ``out_indices``.
+    ``prefix_lens_cpu`` / ``seq_lens_cpu``: the lengths (tokens) as int64 arrays. Returns False,
+    writing nothing, when it cannot (a tensor off the CPU, ``out_indices`` not 1-D int64, a
+    length mismatch, too few ``free_pages``): the caller then runs the kernel."""
+    total = out_indices.numel()
+    if not (
+        out_indices.device.type == "cpu"
+        and last_loc.device.type == "cpu"
+        and free_pages.device.type == "cpu"
+        and out_indices.dtype == torch.int64
+        and out_indices.dim() == 1
+        and last_loc.dim() == 1
+        and free_pages.dim() == 1
+        and prefix_lens_cpu.size == seq_lens_cpu.size == last_loc.numel()
+    ):
+        return False
+    if total == 0 or prefix_lens_cpu.size == 0:
+        return True
+    if page_size == 1:  # every token takes one whole page, in batch order
+        if free_pages.numel() < total:
+            return False
+        out_indices.numpy()[:] = free_pages.numpy()[:total]
+        return True
+    if total <= _LIST_TOKENS:  # the reference's own loop over lists: a few range() runs
+        p, s = prefix_lens_cpu.tolist(), seq_lens_cpu.tolist()
+        needed = sum(extend_new_pages(a, b, page_size) for a, b in zip(p, s, strict=True))
+        if free_pages.numel() < needed or any(not 0 <= a <= b for a, b in zip(p, s, strict=True)):
+            return False
+        held = free_pages[:needed].tolist()
+        slots = alloc_extend_slots(p, s, last_loc.tolist(), held, page_size)
+        if len(slots) != total:
+            return False
+        out_indices.numpy()[:] = slots
+        return True
+    starts, ends, minus, num_pages = _extend_rows(prefix_lens_cpu, seq_lens_cpu, page_size)
+    if free_pages.numel() < num_pages or int(ends.max(initial=0)) > total:
+        return False
+    pages = free_pages.numpy()[:num_pages].astype(np.int64, copy=False)
+    first = np.concatenate(
+        (last_loc.numpy().astype(np.int64, copy=False), pages << (page_size.bit_length() - 1))
+    )
+    jump = first - minus  # first slot of the row - its start - 1 (as the torch fallback)
+    diff = np.ones(total + 1, dtype=np.int64)
+    np.add.at(diff, starts, jump)
+    np.subtract.at(diff, ends, jump)
+    np.cumsum(diff[:total], out=out_indices.numpy())
+    return True
 
 
 def _alloc_extend_per_token(

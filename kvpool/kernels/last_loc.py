@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 import kvpool.kernels.checks as checks
@@ -75,6 +76,25 @@ def get_last_loc_torch(
     rows = req_pool_indices.to(device=device, dtype=torch.int64)
     slots = req_to_token[rows, (p - 1).clamp(min=0)].to(torch.int64)
     return torch.where(p > 0, slots, torch.full_like(slots, NO_LAST_LOC))
+
+
+def get_last_loc_host(
+    req_to_token: torch.Tensor, rows: Sequence[int], prefix_lens: Sequence[int]
+) -> torch.Tensor | None:
+    """:func:`get_last_loc` for a caller that holds the rows and lengths on the host and a CPU
+    table (a checked-mode twin: host work is no device read there): the same int64 ``(bs,)``
+    values read through a NumPy view of the table. None when it cannot (a table off the CPU
+    or not 2-D, a cell outside it): the caller then runs the kernel."""
+    if req_to_token.device.type != "cpu" or req_to_token.dim() != 2:
+        return None
+    table = req_to_token.numpy()
+    height, width = table.shape
+    out = []
+    for r, p in zip(rows, prefix_lens, strict=True):
+        if not (-height <= r < height and 0 <= p <= width):
+            return None
+        out.append(table[r, p - 1] if p > 0 else NO_LAST_LOC)
+    return torch.from_numpy(np.array(out, dtype=np.int64))
 
 
 def get_last_loc_ref(

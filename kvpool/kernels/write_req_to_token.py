@@ -104,6 +104,52 @@ def _scatter(
     req_to_token[rows[req], col] = values.to(device=device, dtype=req_to_token.dtype)
 
 
+def write_req_to_token_host(
+    req_to_token: torch.Tensor,
+    rows: Sequence[int],
+    prefix_slots: torch.Tensor,
+    prefix_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    out_cache_loc: torch.Tensor,
+) -> bool:
+    """:func:`write_req_to_token` for a caller that holds the rows and lengths on the host and
+    every tensor on the CPU (a checked-mode twin: host work is no device read there): ``row[:P]
+    = prefix``, ``row[P:S] = new`` per request through NumPy views of the table and the slot
+    arrays (values cast to the table's dtype, as the kernels' stores). Returns False, writing
+    nothing, when it cannot: a tensor off the CPU, a 1-D slot array missing, lengths that do not
+    fit the slot arrays or a row outside the table; the caller then runs the kernel (whose
+    checks raise)."""
+    if not (
+        req_to_token.device.type == "cpu"
+        and req_to_token.dim() == 2
+        and prefix_slots.device.type == "cpu"
+        and out_cache_loc.device.type == "cpu"
+        and prefix_slots.dim() == 1
+        and out_cache_loc.dim() == 1
+    ):
+        return False
+    table = req_to_token.numpy()
+    prefix, new = prefix_slots.numpy(), out_cache_loc.numpy()
+    height, width = table.shape
+    if not len(rows) == len(prefix_lens) == len(seq_lens):
+        return False
+    total_prefix = total_new = 0
+    for r, a, b in zip(rows, prefix_lens, seq_lens, strict=True):  # every cell inside first
+        if not (0 <= a <= b <= width and -height <= r < height):
+            return False
+        total_prefix += a
+        total_new += b - a
+    if total_prefix != prefix.size or total_new != new.size:
+        return False
+    at_prefix = at_new = 0
+    for r, a, b in zip(rows, prefix_lens, seq_lens, strict=True):
+        table[r, :a] = prefix[at_prefix : at_prefix + a]
+        table[r, a:b] = new[at_new : at_new + b - a]
+        at_prefix += a
+        at_new += b - a
+    return True
+
+
 def write_req_to_token_torch(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,

@@ -11,7 +11,10 @@ mode (README, "Checked mode").
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.errors import InvalidArgumentError
@@ -41,6 +44,33 @@ def index_tensor(name: str, value: object, device: torch.device | str) -> torch.
     return torch.tensor(int_list(name, value), dtype=torch.int64, device=device)  # type: ignore[arg-type]
 
 
+def any_outside(values: torch.Tensor, low: int, high: int) -> bool:
+    """Whether any value of the 1-D integer tensor ``values`` lies outside ``[low, high)``:
+    read on the host (a view of a CPU tensor, one device read otherwise), as one comparison
+    of its extremes instead of several tensor operations."""
+    if values.device.type != "cpu":
+        return bool(((values < low) | (values >= high)).any())
+    if values.numel() <= _SMALL:
+        host: list[int] = values.tolist()
+        return bool(host) and (min(host) < low or max(host) >= high)
+    a = values.numpy()
+    return bool(a.size) and (int(a.min()) < low or int(a.max()) >= high)
+
+
+_SMALL = 64
+"""Up to this many values a list's ``min`` / ``max`` (or a set) cost less than NumPy's
+reductions (or ``np.unique``)."""
+
+
+# Any: any integer width (int32 page ids, int64 slots): only equality is read
+def has_repeats(values: npt.NDArray[np.integer[Any]]) -> bool:
+    """Whether a 1-D host array of integers names some value twice."""
+    if values.size <= _SMALL:
+        return len(set(values.tolist())) != values.size
+    ordered = np.sort(values)  # equal values end up side by side (np.unique's own method)
+    return bool((ordered[1:] == ordered[:-1]).any())
+
+
 def host_ints(name: str, value: object) -> list[int]:
     """``value`` as a list of Python ints (host lengths or columns given as a 1-D integer
     tensor or array, or a sequence of integers); InvalidArgumentError otherwise (the
@@ -52,4 +82,4 @@ def host_ints(name: str, value: object) -> list[int]:
     return int_list(name, value)  # type: ignore[arg-type]
 
 
-__all__ = ["host_ints", "index_tensor"]
+__all__ = ["any_outside", "has_repeats", "host_ints", "index_tensor"]

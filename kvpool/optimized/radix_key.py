@@ -278,7 +278,11 @@ def check_tree_range(slots: torch.Tensor, limit: int | None) -> None:
     is slot 0 (ReservedIndexError), as :func:`kvpool.reference.radix_key.check_tree_slots`."""
     if not slots.numel():
         return
-    low, high = int(slots.min()), int(slots.max())
+    if slots.is_cpu and slots.dtype in (torch.int64, torch.int32):  # a NumPy view: no launch
+        host = slots.numpy()
+        low, high = int(host.min()), int(host.max())
+    else:
+        low, high = int(slots.min()), int(slots.max())
     if low < 0 or (limit is not None and high >= limit):
         bad = slots[(slots < 0) | (slots >= (high + 1 if limit is None else limit))]
         raise IndexOutOfRangeError(f"tree slots out of range [0, {limit}): {bad[:8].tolist()}")

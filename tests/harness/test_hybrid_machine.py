@@ -20,7 +20,8 @@ def test_reference_against_twin_is_clean_and_covers_the_catalogue() -> None:
     assert result.failure is None, result.failure and result.failure.report
     missed = [t for t in CATALOGUE[NAME] if not result.coverage.get(t)]
     assert not missed, missed
-    assert result.invariant_checks > 10 * result.steps
+    # every step checks every invariant: on both sides, or once when their snapshots are equal
+    assert result.invariant_checks > 5 * result.steps
 
 
 def test_runs_are_deterministic() -> None:

@@ -12,11 +12,13 @@ import pytest
 from kvpool import kernels
 from kvpool.errors import InvalidArgumentError
 from kvpool.testing.kernel_harness.differential import (
+    KernelFailure,
     KernelReport,
     assert_kernel_matches,
     check_kernel,
+    fewer_requests,
 )
-from kvpool.testing.kernel_harness.inputs import OPS
+from kvpool.testing.kernel_harness.inputs import OPS, KernelCase
 from tests.kernels import candidates as C
 
 FAST: dict[str, Any] = {"max_examples": 40, "max_tokens": 256, "max_batch": 8}
@@ -131,3 +133,18 @@ def test_same_seed_same_verdict() -> None:
     b = check_kernel(C.get_last_loc_off_by_one, "get_last_loc", seed_value=3, **FAST)
     assert a.failure is not None and b.failure is not None
     assert a.failure.case == b.failure.case and a.examples == b.examples
+
+
+def test_fewer_requests_keeps_only_the_requests_the_failure_needs() -> None:
+    case = KernelCase("create_flashinfer_kv_indices", 1, 8, rows=(1, 2, 3),
+                      held=((1,), (2,), (3,)), free_pages=(), kv_lens=(1, 1, 1), width=2,
+                      num_rows=4)  # fmt: skip
+
+    def judge(c: KernelCase) -> KernelFailure | None:  # the bug needs request row 2 only
+        return KernelFailure("mismatch", c, "") if 2 in c.rows else None
+
+    out = fewer_requests(KernelFailure("mismatch", case, "found"), judge)
+    assert (out.case.rows, out.case.held, out.case.kv_lens) == ((2,), ((2,),), (1,))
+    assert out.case.free_pages == case.free_pages and out.case.num_pages == case.num_pages
+    other_kind = fewer_requests(KernelFailure("exception", case, ""), judge)
+    assert other_kind.case == case  # a drop that fails another way is not the same bug

@@ -27,6 +27,13 @@ def not_held(slots: torch.Tensor, allocator: object) -> list[int] | None:
         return None
     if not slots.numel():
         return []
+    if slots.is_cpu and mask.is_cpu:  # the same gather through NumPy views
+        host = slots.numpy()
+        host_pages = host // getattr(allocator, "page_size", 1)
+        within = (host_pages >= 0) & (host_pages < mask.numel())
+        free = np.zeros(host.shape, dtype=bool)
+        free[within] = mask.numpy()[host_pages[within]]
+        return [int(s) for s in host[free].tolist()]
     pages = slots // getattr(allocator, "page_size", 1)
     inside = (pages >= 0) & (pages < mask.numel())  # the range check names the others
     loose = torch.zeros_like(inside)

@@ -8,16 +8,23 @@ tensor; ``get_raw_kv_buffer`` returns the stored tensors themselves.
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.errors import InvalidArgumentError
+from kvpool.optimized.host_view import host_gather, in_bounds
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike, data_tensor
 from kvpool.optimized.kv.quant import as_float32, check_finite, fp4_dequantize, fp4_quantize
-from kvpool.optimized.kv.tag_codec import fp4_read_tags, fp4_tag_rows
+from kvpool.optimized.kv.tag_codec import fp4_host_tags, fp4_read_tags, fp4_tag_bytes
 from kvpool.optimized.options import TwinOptions
 from kvpool.reference.kv.fp4 import FP4_V_HEAD_DIM_ERROR, check_fp4_width
 from kvpool.reference.kv.kv_cache import as_scale
 from kvpool.reference.kv.quant import FP4_BLOCK
+from kvpool.reference.kv.tag_codec import FP4_DIGITS
+
+Rows = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+"""Rows a quantised pool stores: float32 values, or their ``(codes, scales)`` bytes."""
 
 
 def quantizable(
@@ -92,13 +99,15 @@ class MHATokenToKVPoolFP4(KVCache):
         v = quantizable(self.device, "cache_v", cache_v, shape, vs)
         self._store(local, slots, k, v)
 
-    def _store(self, local: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        k_packed, k_sf = fp4_quantize(k)
-        v_packed, v_sf = fp4_quantize(v)
-        self.k_buffer[local][slots] = k_packed
-        self.v_buffer[local][slots] = v_packed
-        self.k_scale_buffer[local][slots] = k_sf
-        self.v_scale_buffer[local][slots] = v_sf
+    def _store(self, local: int, slots: torch.Tensor, k: Rows, v: Rows) -> None:
+        """Write K and V rows (float32 to quantise, or their ``(packed, scales)`` bytes made
+        already: ``write_tags`` makes them once for every layer) at checked ``slots``."""
+        k_packed, k_sf = k if isinstance(k, tuple) else fp4_quantize(k)
+        v_packed, v_sf = v if isinstance(v, tuple) else fp4_quantize(v)
+        self._store_rows(self.k_buffer[local], slots, k_packed)
+        self._store_rows(self.v_buffer[local], slots, v_packed)
+        self._store_rows(self.k_scale_buffer[local], slots, k_sf)
+        self._store_rows(self.v_scale_buffer[local], slots, v_sf)
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         """K of ``layer_id`` dequantised: a new float32 ``(rows, head_num, head_dim)``."""
@@ -132,7 +141,8 @@ class MHATokenToKVPoolFP4(KVCache):
         held layer; slots and tags checked first."""
         slots = self._slots(loc)
         values = [int(t) for t in self._tags(tags, slots.numel()).tolist()]
-        rows = fp4_tag_rows(values, self.head_num, self.head_dim, self.device)
+        # K and V of every layer hold the same rows: their bytes are made once
+        rows = fp4_tag_bytes(values, self.head_num, self.head_dim, self.device)
         for local in range(self.layer_num):
             self._store(local, slots, rows, rows)
 
@@ -141,6 +151,14 @@ class MHATokenToKVPoolFP4(KVCache):
         slots = self._slots(loc)
         flat = fp4_dequantize(self.k_buffer[0][slots], self.k_scale_buffer[0][slots])
         return fp4_read_tags(flat.reshape(slots.numel(), -1))
+
+    def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`read_tags` of a manager's own slots: the first scale block of each, read once
+        on the host and decoded there (:func:`~kvpool.optimized.kv.tag_codec.fp4_host_tags`)."""
+        if not in_bounds(slots, self.num_rows):
+            return self.read_tags(slots.tolist())  # its IndexOutOfRangeError
+        packed = host_gather(self.k_buffer[0], slots, slice(0, (FP4_DIGITS + 2) // 2), flat=True)
+        return fp4_host_tags(packed, host_gather(self.k_scale_buffer[0], slots, 0))
 
 
 __all__ = ["MHATokenToKVPoolFP4", "quantizable"]

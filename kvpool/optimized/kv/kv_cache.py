@@ -29,11 +29,13 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.host_checks import as_int, int_list
-from kvpool.optimized.index_args import index_tensor
+from kvpool.optimized.host_view import float_ints, host_gather, in_bounds
+from kvpool.optimized.index_args import any_outside, index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.protocols.kv import LayerTransferCounter
@@ -84,6 +86,35 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     elif dtype in _DTYPE_NAMES:
         return _DTYPE_NAMES[dtype]
     raise ConfigError(f"unknown dtype {dtype!r}; known: {sorted(_DTYPE_NAMES)}")
+
+
+_HOST_STORE_DTYPES = frozenset(
+    {torch.float64, torch.float32, torch.float16, torch.uint8, torch.int8, torch.int32, torch.int64}
+)
+"""Buffer dtypes with a NumPy twin (:func:`store_rows`)."""
+
+
+def store_rows(buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """``buffer[slots] = rows``: through NumPy views when all three live on the CPU and
+    ``rows`` has the buffer's dtype, one NumPy twin of it (no tensor operation to dispatch),
+    else the indexed store itself."""
+    if (
+        buffer.is_cpu
+        and slots.is_cpu
+        and rows.is_cpu
+        and rows.dtype is buffer.dtype
+        and buffer.dtype in _HOST_STORE_DTYPES
+    ):
+        buffer.numpy()[slots.numpy()] = rows.numpy()
+    else:
+        buffer[slots] = rows
+
+
+_HOST_TAG_DTYPES: dict[torch.dtype, type[np.float32] | type[np.float64]] = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+}
+"""Buffer dtypes whose tag rows :meth:`KVCache._tag_rows_as` builds in NumPy."""
 
 
 class KVCache:
@@ -163,7 +194,7 @@ class KVCache:
             host = int_list(name, loc)
             slots = torch.tensor(host, dtype=torch.int64, device=self.device)
             values = (slots if slots.device.type == "cpu" else slots.cpu()) if host else None
-        if values is not None:
+        if values is not None and any_outside(values, 0, self.num_rows):
             bad = (values < 0) | (values >= self.num_rows)
             if bool(bad.any()):
                 raise IndexOutOfRangeError(
@@ -185,7 +216,7 @@ class KVCache:
         values = index_tensor("tags", tags, self.device)
         if values.numel() != n:  # metadata: one tag per slot, never broadcast
             raise InvalidArgumentError(f"{values.numel()} tags for {n} slots")
-        if self._reads(tags) and n:
+        if self._reads(tags) and n and any_outside(values, 0, TAG_LIMIT):
             bad = (values < 0) | (values >= TAG_LIMIT)
             if bool(bad.any()):
                 raise InvalidArgumentError(f"tags {values[bad].tolist()} outside [0, {TAG_LIMIT})")
@@ -268,6 +299,28 @@ class KVCache:
         rows[:, :, 0] = values.reshape(-1, 1).to(torch.float64)
         return rows
 
+    def _store_rows(self, buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """``buffer[slots] = rows`` for checked ``slots``: :func:`store_rows` in checked mode
+        (its slots are range-checked, so the NumPy store writes exactly what the indexed
+        store would); unchecked mode keeps the indexed store itself."""
+        if self.checked:
+            store_rows(buffer, slots, rows)
+        else:
+            buffer[slots] = rows
+
+    def _tag_rows_as(
+        self, values: torch.Tensor, heads: int, dim: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """``_tag_rows(values, heads, dim).to(dtype)`` (a new tensor). Built in NumPy in checked
+        mode for CPU tags and a float32 / float64 ``dtype``: a tag (``< TAG_LIMIT = 2**24``) is
+        exact in both, so skipping the float64 step changes no value. Unchecked mode keeps the
+        tensor operations (what a GPU runs: no read of the tags)."""
+        if self.checked and values.device.type == "cpu" and dtype in _HOST_TAG_DTYPES:
+            rows = np.zeros((values.numel(), heads, dim), dtype=_HOST_TAG_DTYPES[dtype])
+            rows[:, :, 0] = values.numpy().reshape(-1, 1)
+            return torch.from_numpy(rows)
+        return KVCache._tag_rows(values, heads, dim).to(dtype)
+
     # --------------------------------------------------------- the buffer interface
     def set_kv_buffer(
         self,
@@ -309,6 +362,19 @@ class KVCache:
         values = self._view(buf)[self._slots(loc), 0, 0]
         return [int(v) for v in values.to(torch.float64).tolist()]
 
+    def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`read_tags` of ``slots`` (1-D int64, read from a manager's own table) for a
+        snapshot: the same values and errors. Subclasses read their tag buffer once on the host
+        (:mod:`kvpool.optimized.host_view`); this default is ``read_tags`` of the list."""
+        return self.read_tags(slots.tolist())
+
+    def _host_read_tags(self, buf: torch.Tensor, slots: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`_read_tags` of ``slots`` (1-D int64) from one host read of channel 0 of head 0;
+        a slot out of range takes the checked path (its IndexOutOfRangeError)."""
+        if not in_bounds(slots, self.num_rows):
+            return self._read_tags(buf, slots.tolist())
+        return float_ints(host_gather(self._view(buf), slots, 0, 0))
+
 
 __all__ = [
     "FP8_DTYPES",
@@ -317,4 +383,5 @@ __all__ = [
     "TensorLike",
     "data_tensor",
     "resolve_dtype",
+    "store_rows",
 ]

@@ -8,6 +8,8 @@ of shape ``(size + page_size, head_num, v_head_dim)`` (row = token slot; dtype r
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
@@ -58,8 +60,8 @@ class MHATokenToKVPool(KVCache):
         self._write(local, slots, k, v)
 
     def _write(self, local: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffer[local][slots] = k
-        self.v_buffer[local][slots] = v
+        self._store_rows(self.k_buffer[local], slots, k)
+        self._store_rows(self.v_buffer[local], slots, v)
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self._view(self.k_buffer[self._wait(layer_id)])
@@ -80,8 +82,11 @@ class MHATokenToKVPool(KVCache):
         of every head of K and V; other channels 0); slots and tags checked first."""
         slots = self._slots(loc)
         values = self._tags(tags, slots.numel())
-        k = self._tag_rows(values, self.head_num, self.head_dim).to(self.dtype)
-        v = self._tag_rows(values, self.head_num, self.v_head_dim).to(self.dtype)
+        k = self._tag_rows_as(values, self.head_num, self.head_dim, self.dtype)
+        if self.v_head_dim == self.head_dim:  # V holds the same rows (stores copy them)
+            v = k
+        else:
+            v = self._tag_rows_as(values, self.head_num, self.v_head_dim, self.dtype)
         if self.store_dtype != self.dtype:
             k, v = k.view(self.store_dtype), v.view(self.store_dtype)
         for local in range(self.layer_num):
@@ -90,6 +95,10 @@ class MHATokenToKVPool(KVCache):
     def read_tags(self, loc: IndexLike) -> list[int]:
         """Tag at each slot: layer ``start_layer``, head 0, channel 0 of K (0 if never written)."""
         return self._read_tags(self.k_buffer[0], loc)
+
+    def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`read_tags` of a manager's own slots, from one host read."""
+        return self._host_read_tags(self.k_buffer[0], slots)
 
 
 __all__ = ["MHATokenToKVPool"]

@@ -7,6 +7,8 @@ channels. Same names, argument order and results as :mod:`kvpool.reference.kv.ml
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
@@ -72,15 +74,19 @@ class MLATokenToKVPool(KVCache):
         """Store ``tags[i]`` (``[0, TAG_LIMIT)``) at slot ``loc[i]`` on every layer (channel 0;
         others 0); slots and tags checked first."""
         slots = self._slots(loc)
-        rows = self._tag_rows(self._tags(tags, slots.numel()), 1, self.kv_dim).to(self.dtype)
+        rows = self._tag_rows_as(self._tags(tags, slots.numel()), 1, self.kv_dim, self.dtype)
         if self.store_dtype != self.dtype:
             rows = rows.view(self.store_dtype)
         for buf in self.kv_buffer:
-            buf[slots] = rows
+            self._store_rows(buf, slots, rows)
 
     def read_tags(self, loc: IndexLike) -> list[int]:
         """Tag at each slot: layer ``start_layer``, channel 0 of the fused row."""
         return self._read_tags(self.kv_buffer[0], loc)
+
+    def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`read_tags` of a manager's own slots, from one host read."""
+        return self._host_read_tags(self.kv_buffer[0], slots)
 
 
 __all__ = ["MLATokenToKVPool"]

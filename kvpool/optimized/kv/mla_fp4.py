@@ -6,16 +6,20 @@ Per layer: ``kv_buffer[l]`` uint8 ``(rows, 1, kv_dim // 2)`` and ``kv_scale_buff
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
-from kvpool.optimized.kv.fp4 import quantizable
+from kvpool.optimized.host_view import host_gather, in_bounds
+from kvpool.optimized.kv.fp4 import Rows, quantizable
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
 from kvpool.optimized.kv.quant import fp4_dequantize, fp4_quantize
-from kvpool.optimized.kv.tag_codec import fp4_read_tags, fp4_tag_rows
+from kvpool.optimized.kv.tag_codec import fp4_host_tags, fp4_read_tags, fp4_tag_bytes
 from kvpool.optimized.options import TwinOptions
 from kvpool.reference.kv.fp4 import check_fp4_width
 from kvpool.reference.kv.kv_cache import as_scale
 from kvpool.reference.kv.quant import FP4_BLOCK
+from kvpool.reference.kv.tag_codec import FP4_DIGITS
 
 
 class MLATokenToKVPoolFP4(KVCache):
@@ -72,10 +76,12 @@ class MLATokenToKVPoolFP4(KVCache):
         k = quantizable(self.device, "cache_k", cache_k, (slots.numel(), 1, self.kv_dim), ks)
         self._store(local, slots, k)
 
-    def _store(self, local: int, slots: torch.Tensor, k: torch.Tensor) -> None:
-        packed, sf = fp4_quantize(k)
-        self.kv_buffer[local][slots] = packed
-        self.kv_scale_buffer[local][slots] = sf
+    def _store(self, local: int, slots: torch.Tensor, k: Rows) -> None:
+        """Write rows (float32 to quantise, or their ``(packed, scales)`` bytes made already)
+        at checked ``slots``."""
+        packed, sf = k if isinstance(k, tuple) else fp4_quantize(k)
+        self._store_rows(self.kv_buffer[local], slots, packed)
+        self._store_rows(self.kv_scale_buffer[local], slots, sf)
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         """The fused buffer of ``layer_id`` dequantised: new float32 ``(rows, 1, kv_dim)``."""
@@ -105,7 +111,7 @@ class MLATokenToKVPoolFP4(KVCache):
         checked first."""
         slots = self._slots(loc)
         values = [int(t) for t in self._tags(tags, slots.numel()).tolist()]
-        rows = fp4_tag_rows(values, 1, self.kv_dim, self.device)
+        rows = fp4_tag_bytes(values, 1, self.kv_dim, self.device)  # once for every layer
         for local in range(self.layer_num):
             self._store(local, slots, rows)
 
@@ -114,6 +120,14 @@ class MLATokenToKVPoolFP4(KVCache):
         slots = self._slots(loc)
         flat = fp4_dequantize(self.kv_buffer[0][slots], self.kv_scale_buffer[0][slots])
         return fp4_read_tags(flat.reshape(slots.numel(), -1))
+
+    def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`read_tags` of a manager's own slots: the first scale block of each, read once
+        on the host and decoded there (:func:`~kvpool.optimized.kv.tag_codec.fp4_host_tags`)."""
+        if not in_bounds(slots, self.num_rows):
+            return self.read_tags(slots.tolist())  # its IndexOutOfRangeError
+        packed = host_gather(self.kv_buffer[0], slots, slice(0, (FP4_DIGITS + 2) // 2), flat=True)
+        return fp4_host_tags(packed, host_gather(self.kv_scale_buffer[0], slots, 0))
 
 
 __all__ = ["MLATokenToKVPoolFP4"]

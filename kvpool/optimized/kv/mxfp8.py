@@ -9,16 +9,20 @@ scale bytes ``k_scale_buffer[l]`` ``(rows, head_num, head_dim // 32)`` (V likewi
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.errors import ConfigError
-from kvpool.optimized.kv.fp4 import quantizable
+from kvpool.optimized.host_view import host_gather, in_bounds
+from kvpool.optimized.kv.fp4 import Rows, quantizable
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
 from kvpool.optimized.kv.quant import mxfp8_dequantize, mxfp8_quantize
-from kvpool.optimized.kv.tag_codec import mxfp8_read_tags, mxfp8_tag_rows
+from kvpool.optimized.kv.tag_codec import mxfp8_host_tags, mxfp8_read_tags, mxfp8_tag_bytes
 from kvpool.optimized.options import TwinOptions
 from kvpool.reference.kv.kv_cache import as_scale
 from kvpool.reference.kv.quant import MXFP8_BLOCK
+from kvpool.reference.kv.tag_codec import MXFP8_DIGITS
 
 
 class MHATokenToKVPoolMXFP8(KVCache):
@@ -86,13 +90,15 @@ class MHATokenToKVPoolMXFP8(KVCache):
         v = quantizable(self.device, "cache_v", cache_v, (n, self.head_num, self.v_head_dim), vs)
         self._store(local, slots, k, v)
 
-    def _store(self, local: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        k_q, k_sf = mxfp8_quantize(k)
-        v_q, v_sf = mxfp8_quantize(v)
-        self.k_buffer[local][slots] = k_q
-        self.v_buffer[local][slots] = v_q
-        self.k_scale_buffer[local][slots] = k_sf
-        self.v_scale_buffer[local][slots] = v_sf
+    def _store(self, local: int, slots: torch.Tensor, k: Rows, v: Rows) -> None:
+        """Write K and V rows (float32 to quantise, or their ``(codes, scales)`` bytes made
+        already: ``write_tags`` makes them once for every layer) at checked ``slots``."""
+        k_q, k_sf = k if isinstance(k, tuple) else mxfp8_quantize(k)
+        v_q, v_sf = v if isinstance(v, tuple) else mxfp8_quantize(v)
+        self._store_rows(self.k_buffer[local], slots, k_q)
+        self._store_rows(self.v_buffer[local], slots, v_q)
+        self._store_rows(self.k_scale_buffer[local], slots, k_sf)
+        self._store_rows(self.v_scale_buffer[local], slots, v_sf)
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         """K of ``layer_id`` dequantised: a new float32 ``(rows, head_num, head_dim)``."""
@@ -129,8 +135,12 @@ class MHATokenToKVPoolMXFP8(KVCache):
         held layer; slots and tags checked first."""
         slots = self._slots(loc)
         values = [int(t) for t in self._tags(tags, slots.numel()).tolist()]
-        k = mxfp8_tag_rows(values, self.head_num, self.head_dim, self.device)
-        v = mxfp8_tag_rows(values, self.head_num, self.v_head_dim, self.device)
+        # once for every layer (each stores the same bytes); V the same as K when as wide
+        k = mxfp8_tag_bytes(values, self.head_num, self.head_dim, self.device)
+        if self.v_head_dim == self.head_dim:
+            v = k
+        else:
+            v = mxfp8_tag_bytes(values, self.head_num, self.v_head_dim, self.device)
         for local in range(self.layer_num):
             self._store(local, slots, k, v)
 
@@ -139,6 +149,15 @@ class MHATokenToKVPoolMXFP8(KVCache):
         slots = self._slots(loc)
         heads = mxfp8_dequantize(self.k_buffer[0][slots], self.k_scale_buffer[0][slots])
         return mxfp8_read_tags(heads[:, 0, :])
+
+    def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`read_tags` of a manager's own slots: head 0's first scale block of each, read
+        once on the host and decoded there
+        (:func:`~kvpool.optimized.kv.tag_codec.mxfp8_host_tags`)."""
+        if not in_bounds(slots, self.num_rows):
+            return self.read_tags(slots.tolist())  # its IndexOutOfRangeError
+        codes = host_gather(self.k_buffer[0], slots, 0, slice(0, 1 + MXFP8_DIGITS))
+        return mxfp8_host_tags(codes, host_gather(self.k_scale_buffer[0], slots, 0, 0))
 
 
 __all__ = ["MHATokenToKVPoolMXFP8"]

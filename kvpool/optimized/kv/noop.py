@@ -7,9 +7,12 @@ Per layer a ``(page_size, head_num, head_dim)`` zero placeholder (SGLang's shape
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.errors import KVStorageError
+from kvpool.optimized.host_view import in_bounds
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache
 from kvpool.optimized.options import TwinOptions
 
@@ -86,6 +89,13 @@ class NoOpMHATokenToKVPool(KVCache):
     def read_tags(self, loc: IndexLike) -> list[int]:
         """The recorded tag of each slot (0 if never tagged)."""
         return [self.tag_record.get(s, 0) for s in self._slots(loc).tolist()]
+
+    def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`read_tags` of a manager's own slots (host values: no tensor is made)."""
+        if not in_bounds(slots, self.num_rows):
+            return self.read_tags(slots.tolist())  # its IndexOutOfRangeError
+        record = self.tag_record
+        return [record.get(s, 0) for s in slots.tolist()]
 
 
 __all__ = ["NoOpMHATokenToKVPool"]

@@ -10,9 +10,12 @@ The getters return those views (SGLang's shape); ``_raw`` holds exactly the refe
 
 from __future__ import annotations
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.optimized.host_view import float_ints, host_array, in_bounds
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike, data_tensor
 from kvpool.optimized.kv.quant import as_float32
 from kvpool.optimized.options import TwinOptions
@@ -135,8 +138,8 @@ class PageMajorMHATokenToKVPool(KVCache):
         (others 0); slots and tags checked first."""
         slots = self._slots(loc)
         values = self._tags(tags, slots.numel())
-        k = self._tag_rows(values, self.head_num, self.head_dim).to(torch.float32)
-        v = self._tag_rows(values, self.head_num, self.v_head_dim).to(torch.float32)
+        k = self._tag_rows_as(values, self.head_num, self.head_dim, torch.float32)
+        v = self._tag_rows_as(values, self.head_num, self.v_head_dim, torch.float32)
         for local in range(self.layer_num):
             self._store(local, slots, k, v)
 
@@ -145,6 +148,15 @@ class PageMajorMHATokenToKVPool(KVCache):
         page, slot = self._split(self._slots(loc))
         values = self.k_buffer[0][page, slot, 0, 0]
         return [int(v) for v in values.to(torch.float64).tolist()]
+
+    def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`read_tags` of a manager's own slots: channel 0 of head 0 of every token read
+        once on the host (a view on the CPU), then gathered by page and slot there."""
+        buf = self.k_buffer[0]
+        if buf.device.type != "cpu" or not in_bounds(slots, self.num_rows):
+            return self.read_tags(slots.tolist())  # one device gather; or its error
+        ps = self.page_size
+        return float_ints(host_array(buf)[slots // ps, slots % ps, 0, 0])
 
 
 __all__ = ["PageMajorMHATokenToKVPool"]

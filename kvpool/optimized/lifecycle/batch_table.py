@@ -16,6 +16,11 @@ A pool without a ``req_to_token`` tensor (an injected one, e.g. SGLang's own beh
 is served through its ``read`` / ``write``, one call per request. Rows and columns are trusted:
 the lifecycle computes them from its own state and checks them against ``max_context_len``
 first. Units: rows, columns (tokens), slots.
+
+``host=True`` (the checked-mode lifecycle passes it: its checks read the device anyway) lets a
+helper work on a CPU table through NumPy views instead, per request (a batch holds a few
+requests; a tensor operation costs more): the same values, and the unchecked hot path, which an
+engine runs on a GPU, keeps its fixed number of tensor operations.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import torch
 
 from kvpool import kernels
 from kvpool.kernels.host import to_device
+from kvpool.kernels.last_loc import get_last_loc_host
+from kvpool.kernels.write_req_to_token import write_req_to_token_host
 from kvpool.protocols.pools import ReqToTokenPoolProtocol
 
 Ints = Sequence[int] | npt.NDArray[np.int64]
@@ -86,11 +93,36 @@ def _plan(rows: Ints, starts: Ints, stops: Ints) -> npt.NDArray[np.int64]:
     return np.stack((np.repeat(r, lens), cols))
 
 
+def _host_cells(table: torch.Tensor, rows: Ints, starts: Ints, stops: Ints) -> bool:
+    """Whether the cells lie inside a CPU ``table`` (every row a valid index, ``0 <= start <=
+    stop <= width``), so that NumPy slices of its view read or write exactly them; False sends
+    the caller to the tensor path, which raises for a cell outside."""
+    if table.device.type != "cpu":
+        return False
+    height, width = table.shape
+    for r, a, b in zip(rows, starts, stops, strict=True):
+        if not (-height <= r < height and 0 <= a <= b <= width):
+            return False
+    return True
+
+
 def gather_columns(
-    pool: TablePool, rows: Ints, starts: Ints, stops: Ints, device: torch.device
+    pool: TablePool,
+    rows: Ints,
+    starts: Ints,
+    stops: Ints,
+    device: torch.device,
+    host: bool = False,
 ) -> torch.Tensor:
-    """``cat(table[rows[i], starts[i]:stops[i]])`` as int64 (a new tensor)."""
+    """``cat(table[rows[i], starts[i]:stops[i]])`` as int64 (a new tensor). ``host``: the
+    caller allows host work on a CPU table (checked mode; see the module docstring)."""
     table = table_of(pool)
+    if host and table is not None and _host_cells(table, rows, starts, stops):
+        # a CPU table: slices of its NumPy view, one copy (a batch holds a few requests)
+        view = table.numpy()
+        cells = [view[r, a:b] for r, a, b in zip(rows, starts, stops, strict=True)]
+        flat = np.concatenate(cells) if cells else np.empty(0, dtype=view.dtype)
+        return torch.from_numpy(flat.astype(np.int64, copy=False))
     if table is None:
         parts = [
             pool.read(int(r), int(a), int(b)) for r, a, b in zip(rows, starts, stops, strict=True)
@@ -103,9 +135,15 @@ def gather_columns(
 
 
 def scatter_columns(
-    pool: TablePool, rows: Ints, starts: Ints, stops: Ints, values: torch.Tensor
+    pool: TablePool,
+    rows: Ints,
+    starts: Ints,
+    stops: Ints,
+    values: torch.Tensor,
+    host: bool = False,
 ) -> None:
-    """``table[rows[i], starts[i]:stops[i]] = values[...]`` (``values`` flat, batch order)."""
+    """``table[rows[i], starts[i]:stops[i]] = values[...]`` (``values`` flat, batch order).
+    ``host``: as :func:`gather_columns`."""
     table = table_of(pool)
     if table is None:
         pos = 0
@@ -113,16 +151,38 @@ def scatter_columns(
             pool.write((int(r), slice(int(a), int(b))), values[pos : pos + int(b) - int(a)])
             pos += int(b) - int(a)
         return
+    if (
+        host
+        and values.device.type == "cpu"
+        and values.dim() == 1
+        and _host_cells(table, rows, starts, stops)
+        and sum(int(b) - int(a) for a, b in zip(starts, stops, strict=True)) == values.numel()
+    ):  # a CPU table: slices of NumPy views (values cast to the table's dtype, as below)
+        view, flat = table.numpy(), values.numpy()
+        pos = 0
+        for r, a, b in zip(rows, starts, stops, strict=True):
+            view[r, a:b] = flat[pos : pos + b - a]
+            pos += b - a
+        return
     idx = device_ints(_plan(rows, starts, stops), table.device)
     table[idx[0], idx[1]] = values.to(table.dtype)
 
 
 def last_locs(
-    pool: TablePool, rows: Ints, cols: Ints, device: torch.device, backend: str | None = None
+    pool: TablePool,
+    rows: Sequence[int],
+    cols: Sequence[int],
+    device: torch.device,
+    backend: str | None = None,
+    host: bool = False,
 ) -> torch.Tensor:
     """int64: the slot of column ``cols[i] - 1`` of row ``rows[i]``, -1 where ``cols[i] == 0``
-    (:func:`kvpool.kernels.get_last_loc`)."""
+    (:func:`kvpool.kernels.get_last_loc`). ``host``: as :func:`gather_columns`."""
     table = table_of(pool)
+    if host and table is not None:
+        held = get_last_loc_host(table, rows, cols)
+        if held is not None:
+            return held
     if table is None:
         stops = [int(c) for c in cols]
         starts = [max(c - 1, 0) for c in stops]
@@ -145,9 +205,11 @@ def write_rows(
     seq_lens: Sequence[int],
     new_slots: torch.Tensor,
     backend: str | None = None,
+    host: bool = False,
 ) -> None:
     """``row[:P_i] = prefixes[i]``, ``row[P_i:S_i] = new_slots[...]`` for every request
-    (:func:`kvpool.kernels.write_req_to_token`; ``new_slots`` flat in batch order)."""
+    (:func:`kvpool.kernels.write_req_to_token`; ``new_slots`` flat in batch order). ``host``:
+    as :func:`gather_columns`."""
     table = table_of(pool)
     if table is None:
         pos = 0
@@ -158,16 +220,21 @@ def write_rows(
         return
     if not rows:
         return
-    idx = device_ints(np.stack((rows, prefix_lens, seq_lens)), table.device)
     held = [
         p for p in prefixes if p.numel()
     ]  # a forgotten request's empty slots may be on the host
-    prefix_slots = torch.cat(held).to(table.device) if held else new_slots[:0]
+    prefix_slots = (held[0] if len(held) == 1 else torch.cat(held)) if held else new_slots[:0]
+    if host and write_req_to_token_host(
+        table, rows, prefix_slots, prefix_lens, seq_lens, new_slots
+    ):  # a CPU table in checked mode: NumPy slices, no tensor operation
+        return
+    idx = device_ints(np.stack((rows, prefix_lens, seq_lens)), table.device)
+    prefix_slots = prefix_slots.to(table.device)
     kernels.write_req_to_token(table, idx[0], prefix_slots, idx[1], idx[2], new_slots, backend)
 
 
 def read_held_rows(
-    pool: TablePool, reqs: Sequence[OverAllocated], device: torch.device
+    pool: TablePool, reqs: Sequence[OverAllocated], device: torch.device, host: bool = False
 ) -> dict[str, tuple[int, int, torch.Tensor]]:
     """``rid -> (row, stop, slots)``: columns ``[0, stop = kv_allocated_len)`` of every request
     that holds a row and columns (what a release reads: the committed KV the tree takes or
@@ -181,9 +248,13 @@ def read_held_rows(
     if not todo:
         return {}
     rows, stops = [t[1] for t in todo], [t[2] for t in todo]
-    flat = gather_columns(pool, rows, [0] * len(todo), stops, device)
-    parts = torch.split(flat, stops)
-    return {rid: (row, b, part) for (rid, row, b), part in zip(todo, parts, strict=True)}
+    flat = gather_columns(pool, rows, [0] * len(todo), stops, device, host)
+    out: dict[str, tuple[int, int, torch.Tensor]] = {}
+    at = 0
+    for rid, row, b in todo:  # slices: the views torch.split makes, without its overhead
+        out[rid] = (row, b, flat[at : at + b])
+        at += b
+    return out
 
 
 __all__ = [

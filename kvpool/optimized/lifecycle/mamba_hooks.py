@@ -247,6 +247,16 @@ class MambaHooks:
         sessions = instance_list("sessions", sessions, SessionSlot)
         if tree is not None:
             as_instance("tree", tree, MambaTreeSnapshot)
+        return self._snapshot_of(reqs, sessions, tree)
+
+    def _snapshot_of(
+        self,
+        reqs: Sequence[Req],
+        sessions: Iterable[SessionSlot],
+        tree: MambaTreeSnapshot | None,
+    ) -> HybridStateSnapshot:
+        """:meth:`snapshot` of arguments of the right types (a memory manager's own requests
+        and sessions), without their checks."""
         views = tuple(
             MambaReqSnapshot(
                 rid=r.rid,
@@ -258,7 +268,7 @@ class MambaHooks:
                     if r.mamba_pool_idx is None
                     or r.mamba_needs_clear
                     or r.mamba_cow_src_index is not None
-                    else mamba_state_tag(r.all_token_ids[: _state_len(r)], r.extra_key)
+                    else _expected_state_tag(r)
                 ),
             )
             for r in reqs
@@ -276,6 +286,16 @@ class MambaHooks:
             if s.mamba_pool_idx is not None
         )
         return HybridStateSnapshot(self.pool.hybrid_snapshot(), views + held, tree)
+
+
+def _expected_state_tag(req: Req) -> int:
+    """``mamba_state_tag(all_token_ids[:n], extra_key)`` for ``n = _state_len(req)``: the last of
+    the request's cached running KV tags (:meth:`Req.kv_tags_upto`, equal by contract; no
+    rehash of the whole history) for a count within its tokens."""
+    n = _state_len(req)
+    if not 0 < n <= req.seq_len():
+        return mamba_state_tag(req.all_token_ids[:n], req.extra_key)
+    return int(req.kv_tags_upto(n)[n - 1])
 
 
 def _state_len(req: Req) -> int:

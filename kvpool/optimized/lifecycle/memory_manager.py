@@ -197,7 +197,10 @@ class MemoryManager(LifecyclePrimitives):
             self.mamba_hooks.stage_cow([r for r in reqs if r.state == "waiting"])
             self.mamba_hooks.reclaim_before_alloc(reqs)  # 0.5.23: states before the KV
         held = [s for s in restoring if s is not None]
-        reads = iter(SessionSlot.read_rows(held, self.req_to_token_pool, self.device))
+        # no session to restore (most batches): no read to make
+        reads = iter(
+            SessionSlot.read_rows(held, self.req_to_token_pool, self.device) if held else ()
+        )
         for req, session in zip(reqs, restoring, strict=True):
             if session is not None:
                 session.restore_into(

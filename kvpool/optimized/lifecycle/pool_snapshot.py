@@ -2,21 +2,29 @@
 
 Mirrors :mod:`kvpool.reference.lifecycle.pool_snapshot`: requests in the manager's table order,
 sessions in opening order, rows read up to ``kv_allocated_len``, KV tags of every committed token
-beside what they must be. Everything is converted to plain Python ints (one host copy per row).
+beside what they must be. Everything is converted to plain Python ints. A snapshot is a
+verification read, not a hot path: each state tensor is read to the host once (a numpy view on
+the CPU, :mod:`kvpool.optimized.host_view`), then sliced there, with the manager's own internal
+readers (the public ones' argument checks are for callers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, cast
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
+from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
 from kvpool.optimized.lifecycle.mamba_hooks import MambaHooks
 from kvpool.optimized.lifecycle.session import SessionSlot
+from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.req import Req
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.snapshot import (
+    AllocatorSnapshot,
     HostTierSnapshot,
     MambaTreeSnapshot,
     PoolSnapshot,
@@ -60,32 +68,47 @@ class SnapshotHost(Protocol):
     def capacity_refusals(self) -> int: ...
 
 
-def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
-    """Snapshot every pool, request and session of ``mm``."""
+def build_pool_snapshot(
+    mm: SnapshotHost,
+    *,
+    req_swa: Callable[[str], int] | None = None,
+    session_swa: Mapping[str, int] | None = None,
+) -> PoolSnapshot:
+    """Snapshot every pool, request and session of ``mm``. SWA managers give ``req_swa`` (a
+    request id's ``swa_evicted_seqlen``) and ``session_swa`` (a session's, when it holds a row
+    with tokens); others leave those fields 0.
+
+    The table is read once (:meth:`ReqToTokenPool._read_held`: every request's and session's
+    row, with :meth:`ReqToTokenPool.read`'s checks), the KV tags of every committed slot in one
+    gather (the cache's ``_snapshot_tags`` where it has one, else ``read_tags``), and each piece
+    is converted to Python ints once."""
     pool = mm.req_to_token_pool
-    held_rows: list[tuple[int, int]] = []
+    all_reqs = list(mm.reqs.values())
+    held = [r for r in all_reqs if r.req_pool_idx is not None]
+    held_sessions = [s for s in mm.sessions.values() if s.req_pool_idx is not None]
+    held_rows = [(r.req_pool_idx, r.kv_allocated_len) for r in held]
+    held_rows += [(s.req_pool_idx, s.kv_allocated_len) for s in held_sessions]
+    pairs = cast("list[tuple[int, int]]", held_rows)  # rows are set: filtered above
+    arrays = _read_rows(pool, pairs)
+    row_values = [tuple(a.tolist()) for a in arrays]
+    req_rows = dict(zip((id(r) for r in held), row_values, strict=False))
+    session_rows = dict(zip((id(s) for s in held_sessions), row_values[len(held) :], strict=True))
+    stored = _committed_tags(
+        mm.kv_cache, [a[: r.kv_committed_len] for a, r in zip(arrays, held, strict=False)]
+    )
     reqs: list[ReqSnapshot] = []
-    rows: list[tuple[int, ...]] = []
-    committed_slots: list[int] = []
-    for req in mm.reqs.values():
-        row: tuple[int, ...] = ()
-        if req.req_pool_idx is not None:
-            held_rows.append((req.req_pool_idx, req.kv_allocated_len))
-            row = tuple(pool.read(req.req_pool_idx, 0, req.kv_allocated_len).tolist())
-            committed_slots.extend(row[: req.kv_committed_len])
-        rows.append(row)
-    # every committed slot's tag in one read (tags are per slot: the same as one read per
-    # request, without a KV-cache call per request)
-    stored = mm.kv_cache.read_tags(committed_slots) if committed_slots else []
     start = 0
-    for req, row in zip(mm.reqs.values(), rows, strict=True):
+    for req in all_reqs:
+        row: tuple[int, ...] = ()
         tags: tuple[int, ...] = ()
         expected: tuple[int, ...] = ()
         if req.req_pool_idx is not None:
+            row = req_rows[id(req)]
             committed = req.kv_committed_len
-            tags = tuple(stored[start : start + len(row[:committed])])
-            start += len(row[:committed])
-            expected = tuple(kv_tags(req.all_token_ids[:committed], req.extra_key))
+            count = len(row[:committed])
+            tags = tuple(stored[start : start + count])
+            start += count
+            expected = _expected_tags(req, committed)
         reqs.append(
             ReqSnapshot(
                 rid=req.rid,
@@ -93,7 +116,7 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
                 req_pool_idx=req.req_pool_idx,
                 input_len=len(req.origin_input_ids),
                 output_len=len(req.output_ids),
-                prefix_len=len(req.prefix_indices),
+                prefix_len=_length(req.prefix_indices),
                 kv_committed_len=req.kv_committed_len,
                 kv_allocated_len=req.kv_allocated_len,
                 cache_protected_len=req.cache_protected_len,
@@ -104,14 +127,12 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
                 row=row,
                 kv_tags=tags,
                 expected_tags=expected,
+                swa_evicted_seqlen=0 if req_swa is None else req_swa(req.rid),
             )
         )
     sessions: list[SessionSnapshot] = []
     for s in mm.sessions.values():
-        srow: tuple[int, ...] = ()
-        if s.req_pool_idx is not None:
-            held_rows.append((s.req_pool_idx, s.kv_allocated_len))
-            srow = tuple(pool.read(s.req_pool_idx, 0, s.kv_allocated_len).tolist())
+        srow = session_rows.get(id(s), ())
         sessions.append(
             SessionSnapshot(
                 session_id=s.session_id,
@@ -122,27 +143,85 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
                 last_node_id=None if s.last_node is None else s.last_node.node_id,
                 row=srow,
                 busy_with=s.busy_with,
+                swa_evicted_seqlen=(
+                    session_swa.get(s.session_id, 0) if session_swa is not None and srow else 0
+                ),
             )
         )
     tree = mm.tree_cache.snapshot()
     mamba_tree = tree if isinstance(tree, MambaTreeSnapshot) else None
+    allocator = mm.token_to_kv_pool_allocator
+    if isinstance(pool, ReqToTokenPool):  # the rows read above, not a second read
+        table = pool._snapshot_of([(p[0], v) for p, v in zip(pairs, row_values, strict=True)])
+    else:
+        table = pool.snapshot(pairs)
+    device = allocator.snapshot()
     return PoolSnapshot(
-        allocator=mm.token_to_kv_pool_allocator.snapshot(),
-        req_to_token=pool.snapshot(held_rows),
+        allocator=device,
+        req_to_token=table,
         tree=tree.as_tree_snapshot() if isinstance(tree, MambaTreeSnapshot) else tree,
         reqs=tuple(reqs),
         sessions=tuple(sessions),
-        max_total_num_tokens=mm.token_to_kv_pool_allocator.size,
+        max_total_num_tokens=allocator.size,
         extra={"capacity_refusals": mm.capacity_refusals},
         mamba=None
         if mm.mamba_hooks is None
-        else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values(), mamba_tree),
-        host=_host_snapshot(mm.tree_cache),
+        else mm.mamba_hooks._snapshot_of(all_reqs, mm.sessions.values(), mamba_tree),
+        host=_host_snapshot(mm.tree_cache, tree, allocator, device),
     )
 
 
-def _host_snapshot(tree: object) -> HostTierSnapshot | None:
-    """The host tier's snapshot when the tree cache has one (a ``HiRadixCache``)."""
+def _read_rows(
+    pool: ReqToTokenPoolProtocol[torch.Tensor], pairs: list[tuple[int, int]]
+) -> list[npt.NDArray[np.int64] | npt.NDArray[np.int32]]:
+    """Columns ``0:stop`` of each ``(row, stop)`` pair as host arrays (``read``'s checks):
+    one read of the twin's table, else one ``read`` per pair."""
+    if isinstance(pool, ReqToTokenPool):
+        return list(pool._read_held(pairs))
+    return [np.asarray(pool.read(row, 0, stop).tolist(), dtype=np.int64) for row, stop in pairs]
+
+
+def _committed_tags(
+    kv: _TagReader, parts: list[npt.NDArray[np.int64] | npt.NDArray[np.int32]]
+) -> list[int]:
+    """The stored tag of every slot of ``parts`` (in order) in one read: the cache's
+    ``_snapshot_tags`` (a host read) where it has one, else ``read_tags`` of the list."""
+    if not parts:
+        return []
+    slots = np.concatenate(parts).astype(np.int64, copy=False)
+    if not slots.size:
+        return []
+    fast = getattr(kv, "_snapshot_tags", None)
+    if fast is None:
+        return kv.read_tags(slots.tolist())
+    tags: list[int] = fast(slots)
+    return tags
+
+
+def _length(t: torch.Tensor) -> int:
+    """``len(t)``: the first dimension read from the shape (``Tensor.__len__`` is Python code
+    with a tracing check)."""
+    shape = t.shape
+    return shape[0] if len(shape) == 1 else len(t)
+
+
+def _expected_tags(req: Req, committed: int) -> tuple[int, ...]:
+    """``kv_tags(all_token_ids[:committed], extra_key)``: the request's cached running tags
+    (:meth:`Req.kv_tags_upto`, equal by contract) for a count within its tokens."""
+    if type(committed) is int and 0 <= committed <= req.seq_len():
+        return tuple(req.kv_tags_upto(committed).tolist())
+    return tuple(kv_tags(req.all_token_ids[:committed], req.extra_key))
+
+
+def _host_snapshot(
+    tree: object, tree_snap: object, allocator: object, device: AllocatorSnapshot
+) -> HostTierSnapshot | None:
+    """The host tier's snapshot when the tree cache has one (a ``HiRadixCache``); the twin's
+    takes ``tree_snap`` (the tree's snapshot just taken) and ``device`` (``allocator``'s, when
+    it is the tree's) instead of taking them again."""
+    if isinstance(tree, HiRadixCache) and isinstance(tree_snap, TreeSnapshot):
+        same = tree.token_to_kv_pool_allocator is allocator
+        return tree._host_snapshot_with(tree_snap, device if same else None)
     take = getattr(tree, "host_snapshot", None)
     if take is None:
         return None

@@ -273,7 +273,7 @@ class LifecyclePrimitives:
         step for SGLang's eviction bound (``batch_size`` 0: no bound, e.g. speculative)."""
         self._check_capacity(needed)
         available = self.token_to_kv_pool_allocator.available_size()
-        rules = self.config.rules if batch_size else Rules()
+        rules = self.config.rules if batch_size else _DEFAULT_RULES
         amount = eviction_target(rules, needed, new_tokens, batch_size, self.page_size, available)
         if amount > 0:
             self.tree_cache.evict(amount)
@@ -377,7 +377,14 @@ class LifecyclePrimitives:
             self.mamba_hooks.after_admission(reqs)
         prefixes = [r.prefix_indices for r in reqs]
         write_rows(
-            self.req_to_token_pool, rows, prefixes, prefix_lens, seqs, out, self.kernel_backend
+            self.req_to_token_pool,
+            rows,
+            prefixes,
+            prefix_lens,
+            seqs,
+            out,
+            self.kernel_backend,
+            self.options.checked,
         )
         for req, s in zip(reqs, seqs, strict=True):
             req.kv_allocated_len = s
@@ -402,7 +409,7 @@ class LifecyclePrimitives:
             self.capacity_refusals += 1
             raise OutOfMemoryError("allocator refused after eviction")
         rows = rows_of(reqs)
-        scatter_columns(self.req_to_token_pool, rows, cols, seq_lens, out)
+        scatter_columns(self.req_to_token_pool, rows, cols, seq_lens, out, self.options.checked)
         for req, col in zip(reqs, cols, strict=True):
             req.kv_allocated_len = col + 1
         return out
@@ -440,6 +447,12 @@ class LifecyclePrimitives:
         device: one concatenation of one-element views (as SGLang builds ``last_loc``)."""
         if self.page_size == 1 or not reqs:
             return self._empty  # page size 1 never reads last_loc
+        if self.options.checked and self.device.type == "cpu":
+            # checked mode reads the host anyway: each last slot through a NumPy view
+            held = [r.prefix_indices for r in reqs]
+            if all(p.is_cpu for p in held):
+                locs = [p.numpy()[-1] if p.numel() else NO_LAST_LOC for p in held]
+                return torch.from_numpy(np.array(locs, dtype=np.int64))
         none = self._no_last_loc
         return torch.cat([r.prefix_indices[-1:] if len(r.prefix_indices) else none for r in reqs])
 
@@ -449,7 +462,14 @@ class LifecyclePrimitives:
         if self.page_size == 1 or not reqs:
             return self._empty
         rows = rows_of(reqs)
-        return last_locs(self.req_to_token_pool, rows, cols, self.device, self.kernel_backend)
+        return last_locs(
+            self.req_to_token_pool,
+            rows,
+            cols,
+            self.device,
+            self.kernel_backend,
+            self.options.checked,
+        )
 
     def _held_row(self, req: Req, row: int) -> torch.Tensor:
         """Slots (int64) of columns ``[0, kv_allocated_len)`` of ``row``: the view
@@ -459,20 +479,26 @@ class LifecyclePrimitives:
         ahead = self._rows_read.pop(req.rid, None)
         if ahead is not None and ahead[:2] == (row, stop):
             return ahead[2]
-        return gather_columns(self.req_to_token_pool, [row], [0], [stop], self.device)
+        return gather_columns(
+            self.req_to_token_pool, [row], [0], [stop], self.device, self.options.checked
+        )
 
     def _read_rows(self, reqs: Sequence[Req]) -> dict[str, torch.Tensor]:
         """``rid -> row[:kv_allocated_len]`` (int64 views of one gather for the batch): what a
         prefill batch's chunked requests hand to ``cache_unfinished_req``."""
         return {
             rid: t[2]
-            for rid, t in read_held_rows(self.req_to_token_pool, reqs, self.device).items()
+            for rid, t in read_held_rows(
+                self.req_to_token_pool, reqs, self.device, self.options.checked
+            ).items()
         }
 
     def _read_held_rows(self, reqs: Sequence[Req]) -> None:
         """Read every request's row in one gather for :meth:`release_kv_cache` (a finish
         batch; see :func:`~kvpool.optimized.lifecycle.batch_table.read_held_rows`)."""
-        self._rows_read = read_held_rows(self.req_to_token_pool, reqs, self.device)
+        self._rows_read = read_held_rows(
+            self.req_to_token_pool, reqs, self.device, self.options.checked
+        )
 
     def _check_writes(
         self, reqs: object, starts: object, stops: object
@@ -511,7 +537,9 @@ class LifecyclePrimitives:
         if flat.numel() != want:
             raise InvalidArgumentError(f"slots holds {flat.numel()} slots; the ranges need {want}")
         if self.options.checked and want:
-            rows = gather_columns(self.req_to_token_pool, rows_of(reqs), starts, stops, self.device)
+            rows = gather_columns(
+                self.req_to_token_pool, rows_of(reqs), starts, stops, self.device, True
+            )
             if not torch.equal(rows.to(torch.int64), flat):
                 raise InvalidArgumentError("slots are not the rows' slots of those columns")
         return flat
@@ -549,7 +577,9 @@ class LifecyclePrimitives:
         arguments it built)."""
         if slots is None:
             rows = rows_of(reqs)
-            slots = gather_columns(self.req_to_token_pool, rows, starts, stops, self.device)
+            slots = gather_columns(
+                self.req_to_token_pool, rows, starts, stops, self.device, self.options.checked
+            )
         parts = [r.kv_tags_upto(b)[a:b] for r, a, b in zip(reqs, starts, stops, strict=True)]
         if parts and slots.numel():
             tags = np.concatenate(parts) if len(parts) > 1 else parts[0]
@@ -558,5 +588,9 @@ class LifecyclePrimitives:
             self.mamba_hooks.after_writes(reqs, stops)
         return slots
 
+
+_DEFAULT_RULES = Rules()
+"""The default rules (frozen: one instance serves every speculative eviction, whose checks
+of its fields would otherwise run per step)."""
 
 __all__ = ["LifecyclePrimitives", "build_hiradix_tree"]

@@ -16,6 +16,7 @@ from kvpool.constants import ceil_align
 from kvpool.errors import ContextOverflowError, InvalidArgumentError
 from kvpool.host_checks import as_int, token_list
 from kvpool.optimized.lifecycle.batch_table import device_ints, rows_of, scatter_columns
+from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.req import Req
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.tags import kv_tags
@@ -45,6 +46,8 @@ class SpecDecodeHost(Protocol):
     def device(self) -> torch.device: ...
     @property
     def _empty(self) -> torch.Tensor: ...
+    @property
+    def options(self) -> TwinOptions: ...
     def _running_full(self, rids: Sequence[str]) -> list[Req]: ...
     def _row_last_locs(self, reqs: Sequence[Req], cols: Sequence[int]) -> torch.Tensor: ...
     def _evict_for_alloc(self, prefix_lens: list[int], seq_lens: list[int]) -> None: ...
@@ -108,7 +111,7 @@ def spec_step(
     out = mm._alloc_slots(starts, ends, mm._row_last_locs(grown, starts)) if grow else mm._empty
     if grow:
         rows = rows_of(grown)
-        scatter_columns(mm.req_to_token_pool, rows, starts, ends, out)
+        scatter_columns(mm.req_to_token_pool, rows, starts, ends, out, mm.options.checked)
     for req, end in grow:
         req.kv_allocated_len = end
     taking = [(r, acc) for r, acc in zip(reqs, accepted, strict=True) if acc]

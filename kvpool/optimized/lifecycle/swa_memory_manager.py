@@ -46,6 +46,7 @@ from kvpool.constants import ceil_align
 from kvpool.errors import InvalidArgumentError, OutOfMemoryError
 from kvpool.host_checks import as_bool, as_count, as_instance, as_str, str_list
 from kvpool.optimized.lifecycle.memory_manager import MemoryManager
+from kvpool.optimized.lifecycle.pool_snapshot import build_pool_snapshot
 from kvpool.optimized.lifecycle.spec_decode import spec_step
 from kvpool.optimized.lifecycle.swa_radix_lifecycle import (
     SWARadixLifecycle,
@@ -481,17 +482,13 @@ class SWAMemoryManager(MemoryManager):
     def snapshot(self) -> PoolSnapshot:
         """The manager's snapshot with ``allocator`` the full pool's, ``swa`` both pools' and
         each request's ``swa_evicted_seqlen``."""
-        snap = super().snapshot()
+        # the SWA fields are set as each request and session is built (no second copy of each)
+        snap = build_pool_snapshot(self, req_swa=self.swa_evicted_seqlen,
+                                   session_swa=self._session_swa)  # fmt: skip
         swa = snap.allocator
         assert isinstance(swa, SWAAllocatorSnapshot)
-        reqs = tuple(dataclasses.replace(r, swa_evicted_seqlen=self.swa_evicted_seqlen(r.rid))
-                     for r in snap.reqs)  # fmt: skip
-        sessions = tuple(dataclasses.replace(
-            s, swa_evicted_seqlen=self._session_swa.get(s.session_id, 0) if s.row else 0)
-            for s in snap.sessions)  # fmt: skip
         full = swa.full
-        return dataclasses.replace(snap, allocator=full, swa=swa, reqs=reqs, sessions=sessions,
-                                   max_total_num_tokens=full.size)  # fmt: skip
+        return dataclasses.replace(snap, allocator=full, swa=swa, max_total_num_tokens=full.size)
 
 
 __all__ = ["SWAMemoryManager"]

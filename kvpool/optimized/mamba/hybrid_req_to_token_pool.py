@@ -24,6 +24,7 @@ from kvpool.errors import (
     ReservedIndexError,
 )
 from kvpool.host_checks import as_int
+from kvpool.optimized.host_view import host_array
 from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.mamba.allocator import MambaSlotAllocator
 from kvpool.optimized.mamba.pool import MambaPool
@@ -237,13 +238,17 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def hybrid_snapshot(self, rows: Sequence[tuple[int, int]] = ()) -> HybridReqToTokenSnapshot:
         """Plain copy of the table, allocator, state tags and mappings (syncs)."""
-        tracks = self.req_index_to_mamba_ping_pong_track_buffer_mapping.tolist()
+        # one host read per mapping (a view on the CPU); integer tensors list as ints
+        tracks: list[list[int]] = host_array(
+            self.req_index_to_mamba_ping_pong_track_buffer_mapping
+        ).tolist()
+        mapping: list[int] = host_array(self.req_index_to_mamba_index_mapping).tolist()
         return HybridReqToTokenSnapshot(
             table=self.snapshot(rows),
             mamba_allocator=self.mamba_allocator.snapshot(),
             mamba_pool=self.mamba_pool.snapshot(),
-            mamba_mapping=tuple(int(s) for s in self.req_index_to_mamba_index_mapping.tolist()),
-            track_mapping=tuple(tuple(int(s) for s in t) for t in tracks),
+            mamba_mapping=tuple(mapping),
+            track_mapping=tuple(map(tuple, tracks)),
         )
 
 

@@ -26,12 +26,18 @@ from kvpool.errors import (
     ReservedIndexError,
 )
 from kvpool.host_checks import int_list
+from kvpool.optimized.host_view import host_array
 from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.reference.mamba.pool import check_tags
 from kvpool.snapshot import MambaPoolSnapshot
 
 IndexLike = torch.Tensor | Sequence[int]
+
+_EXACT_TAG_LIMIT = float(2**53)
+"""Below this magnitude a state value converts to int64 exactly (truncation, as torch's)."""
+_PYTHON_SIZE = 512
+"""A state buffer of at most this many values is decoded in Python (numpy calls cost more)."""
 
 
 @contextmanager
@@ -76,6 +82,12 @@ class MambaPool:
     def _buffers(self) -> list[torch.Tensor]:
         return [*self.conv, self.temporal]
 
+    def _host_views(self, slots: torch.Tensor) -> bool:
+        """Whether indexed stores of ``slots`` may go through NumPy views: checked mode (the
+        slots were range-checked, so both stores write the same) with the slots and every
+        buffer on the CPU."""
+        return self.checked and slots.is_cpu and all(buf.is_cpu for buf in self._buffers())
+
     def check_slots_host(self, slots: Sequence[int]) -> list[int]:
         """Host ints: ReservedIndexError for slot 0, IndexOutOfRangeError outside ``1..size``
         (a tensor or array given here is read to the host: a 1-D integer index, else
@@ -106,6 +118,10 @@ class MambaPool:
         """Zero every layer's conv and temporal state of ``indices``."""
         slots = self.check_slots(indices)
         with _out_of_range():
+            if self._host_views(slots):  # NumPy views of CPU buffers: no tensor operation
+                for buf in self._buffers():
+                    buf.numpy()[:, slots.numpy()] = 0
+                return
             for buf in self._buffers():
                 buf[:, slots] = 0
 
@@ -147,6 +163,11 @@ class MambaPool:
         if (self.checked or host) and len(set(slots.tolist())) != slots.numel():
             raise InvalidArgumentError(f"{values.numel()} tags for repeated slots")
         with _out_of_range():
+            if self._host_views(slots) and values.is_cpu:  # NumPy views, as clear_slots
+                rows = values.numpy().reshape(1, -1, 1)
+                for buf in self._buffers():
+                    buf.numpy()[:, slots.numpy()] = rows
+                return
             for buf in self._buffers():
                 buf[:, slots] = values.view(1, -1, 1).expand(buf.shape[0], -1, buf.shape[2])
 
@@ -162,13 +183,38 @@ class MambaPool:
         tags = torch.where(agree, first, torch.full_like(first, -1.0)).to(torch.int64)
         return tuple(tuple(int(v) for v in row) for row in tags.tolist())
 
+    def _host_tags(self, buf: torch.Tensor) -> tuple[tuple[int, ...], ...]:
+        """:meth:`_tags` of ``buf`` from one host read (a view on the CPU), decided in numpy (in
+        Python for a small buffer); a tag a float cannot give as int64 exactly (infinite, huge,
+        NaN) takes :meth:`_tags`."""
+        state = host_array(buf)
+        if state.size <= _PYTHON_SIZE:  # a few slots: Python beats numpy's per-call cost
+            out: list[tuple[int, ...]] = []
+            for layer in state.tolist():
+                tags_of: list[int] = []
+                for values in layer:
+                    first_value = values[0]
+                    if not -_EXACT_TAG_LIMIT < first_value < _EXACT_TAG_LIMIT:  # NaN too
+                        return self._tags(buf)
+                    agree = values.count(first_value) == len(values)
+                    tags_of.append(int(first_value) if agree else -1)
+                out.append(tuple(tags_of))
+            return tuple(out)
+        first = state[:, :, 0]
+        agree = (state == first[:, :, None]).all(axis=-1)
+        tags = np.where(agree, first, np.float32(-1.0))
+        if tags.size and not bool(np.abs(tags).max() < _EXACT_TAG_LIMIT):
+            return self._tags(buf)
+        rows: list[list[int]] = tags.astype(np.int64).tolist()
+        return tuple(map(tuple, rows))
+
     def snapshot(self) -> MambaPoolSnapshot:
         """Plain copy of every layer's tags (one device-to-host copy per buffer)."""
         return MambaPoolSnapshot(
             size=self.size,
             num_layers=self.num_layers,
-            conv=self._tags(self.conv[0]),
-            temporal=self._tags(self.temporal),
+            conv=self._host_tags(self.conv[0]),
+            temporal=self._host_tags(self.temporal),
         )
 
 

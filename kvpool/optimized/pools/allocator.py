@@ -48,22 +48,22 @@ from kvpool.errors import (
 )
 from kvpool.host_checks import INT64_MAX, as_count
 from kvpool.kernels.alloc_decode import alloc_decode_unchecked, next_slots_if_torch
-from kvpool.kernels.alloc_extend import alloc_extend_unchecked
+from kvpool.kernels.alloc_extend import alloc_extend_host, alloc_extend_unchecked
 from kvpool.kernels.host import HostLens
 from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.free_list import FreeList
 from kvpool.optimized.pools.paged_ops import (
+    check_decode_args,
     check_decode_host,
-    check_extend_args,
+    check_extend_batch,
     check_extend_host,
     check_free_list_shape,
     check_free_list_state,
     check_free_slots,
     check_host_copy,
     check_integer_tensors,
-    check_prefix_pages_held,
     check_segment_runs,
     check_slot_range,
     decode_host_fast,
@@ -195,8 +195,8 @@ class BaseTokenToKVPoolAllocator:
         self._free_list.replace(free_pages, release_pages, host)
         if self._free_mask is not None:
             self._free_mask.zero_()
-            self._free_mask[free_pages] = True
-            self._free_mask[release_pages] = True
+            self._set_free(free_pages, True)
+            self._set_free(release_pages, True)
 
     def _return_pages(self, slots: torch.Tensor) -> None:
         """Put the pages of freed ``slots`` (already validated) back; subclasses fix the order."""
@@ -204,7 +204,17 @@ class BaseTokenToKVPoolAllocator:
 
     def _mark_free(self, pages: torch.Tensor) -> None:
         if self._free_mask is not None:
-            self._free_mask[pages] = True
+            self._set_free(pages, True)
+
+    def _set_free(self, pages: torch.Tensor, free: bool) -> None:
+        """``free_mask[pages] = free`` (checked mode only): through NumPy views when both live
+        on the CPU (no tensor operation), else one indexed store."""
+        mask = self._free_mask
+        assert mask is not None, "only checked mode keeps the mask"
+        if mask.is_cpu and pages.is_cpu:
+            mask.numpy()[pages.numpy()] = free
+        else:
+            mask[pages] = free
 
     def _merge_before_take(self, merge_test: bool, num_pages: int) -> None:
         """SGLang's ``need_sort`` merge when its pre-test ``merge_test`` holds (see the
@@ -221,7 +231,7 @@ class BaseTokenToKVPoolAllocator:
         they do not fit (call :meth:`_merge_before_take` first)."""
         taken = self._free_list.take(num_pages)
         if taken is not None and self._free_mask is not None:
-            self._free_mask[taken] = False
+            self._set_free(taken, False)
         return taken
 
     def _extend_merge_bound(self, extend_num_tokens: int, batch_size: int) -> int:
@@ -234,14 +244,16 @@ class BaseTokenToKVPoolAllocator:
         return (self._free_list.count() + self._free_list.release_count) * self.page_size
 
     def snapshot(self) -> AllocatorSnapshot:
-        """Plain copy of the free lists and the free-group state (device-to-host copies)."""
-        pending = self._pending_slots().tolist()
+        """Plain copy of the free lists and the free-group state (device-to-host copies; none,
+        and no empty tensor made, for an empty staging list or group)."""
+        pending = self._pending_slots().tolist() if self._pending_free else []
+        release = self.release_pages.tolist() if self._free_list.release_count else []
         return AllocatorSnapshot(
             page_size=self.page_size,
             num_pages=self.num_pages,
             size=self.size,
             free_pages=tuple(self.free_pages.tolist()),
-            release_pages=tuple(self.release_pages.tolist()),
+            release_pages=tuple(release),
             need_sort=self.need_sort,
             in_free_group=self._in_free_group,
             pending_free=tuple(pending),
@@ -462,9 +474,7 @@ class BaseTokenToKVPoolAllocator:
             p = check_host_copy("prefix_lens", prefix_lens, prefix_lens_cpu)
             s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
             loc = last_loc.to(torch.int64)
-            check_extend_args(p, s, loc, extend_num_tokens, self.page_size)
-            if self._free_mask is not None:
-                check_prefix_pages_held(p, loc, self._free_mask, self.page_size)
+            check_extend_batch(p, s, loc, extend_num_tokens, self._free_mask, self.page_size)
         host_p, host_s = check_extend_host(
             prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
         )
@@ -475,6 +485,10 @@ class BaseTokenToKVPoolAllocator:
         if pages is None:
             return None
         out = torch.empty(extend_num_tokens, dtype=torch.int64, device=self.device)
+        if self._free_mask is not None and alloc_extend_host(
+            host_p, host_s, last_loc, pages, out, self.page_size
+        ):  # checked mode on the CPU: the same plan in NumPy (it reads the host anyway)
+            return out
         alloc_extend_unchecked(
             prefix_lens,
             seq_lens,
@@ -511,13 +525,7 @@ class BaseTokenToKVPoolAllocator:
                 check_integer_tensors(seq_lens=seq_lens, last_loc=last_loc)
                 s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
                 loc = last_loc.to(torch.int64)
-                if bool((s < 1).any()):
-                    raise InvalidArgumentError(
-                        f"alloc_decode needs every seq_len >= 1, got {s.tolist()}"
-                    )
-                check_extend_args(s - 1, s, loc, s.numel(), self.page_size)
-                if self._free_mask is not None:
-                    check_prefix_pages_held(s - 1, loc, self._free_mask, self.page_size)
+                check_decode_args(s, loc, self._free_mask, self.page_size)
             host_s = check_decode_host(seq_lens, seq_lens_cpu, last_loc)  # the checked copy
         if self.page_size == 1:
             # Every request opens a page: its slot is the next free page, in batch order, so the

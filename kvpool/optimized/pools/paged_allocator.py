@@ -67,7 +67,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         # fresh tensor (else staging copies it: it may be the caller's); ``host``: a fresh
         # numpy array ``pages`` was made from (the CPU de-duplication's).
         if self._free_mask is not None:
-            self._free_mask[pages] = True
+            self._set_free(pages, True)
         if not self.need_sort:
             self._free_list.prepend(pages, host)  # no copy of the list (SGLang: one per free)
         else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
@@ -24,14 +25,21 @@ from kvpool.errors import (
     DoubleFreeError,
     IndexOutOfRangeError,
     InvalidArgumentError,
+    KVPoolError,
     ReservedIndexError,
 )
 from kvpool.host_checks import int_list
 from kvpool.kernels.host import HostLens, Int64Array, host_array
+from kvpool.optimized.index_args import any_outside, has_repeats
 from kvpool.optimized.key_match import is_integer_dtype
 
 PageIds = torch.Tensor | Sequence[int]
 """A free list as a caller hands it back: a 1-D integer tensor or a sequence of page ids."""
+
+
+_SMALL_BATCH = 64
+"""Up to this many requests host checks run on lists: NumPy's fixed cost per operation
+exceeds a Python loop's at such sizes (the results are the same int64 arithmetic)."""
 
 
 def _host(values: HostLens | Int64Array) -> Int64Array:
@@ -44,6 +52,9 @@ def extend_new_pages_host(
     """``sum(ceil(S/ps) - ceil(P/ps))`` from host copies (pages); no device work."""
     shift, mask = page_size.bit_length() - 1, page_size - 1  # page_size is a power of two
     s, p = _host(seq_lens_cpu), _host(prefix_lens_cpu)
+    if s.size <= _SMALL_BATCH and p.size <= _SMALL_BATCH:  # lists: cheaper than NumPy here
+        ends = _int64_sum([_wrap64(x + mask) >> shift for x in s.tolist()])
+        return _wrap64(ends - _int64_sum([_wrap64(x + mask) >> shift for x in p.tolist()]))
     return int(((s + mask) >> shift).sum() - ((p + mask) >> shift).sum())
 
 
@@ -118,12 +129,21 @@ def check_extend_host(
             f"batch arrays differ in length (prefix_lens, prefix_lens_cpu, seq_lens, "
             f"seq_lens_cpu, last_loc): {sizes}"
         )
-    new = s - p  # tokens to allocate per request
-    if p.size and (p.min() < 0 or new.min() < 0):
-        raise InvalidArgumentError(
-            f"need 0 <= prefix_len <= seq_len, got {p.tolist()}, {s.tolist()}"
-        )
-    expected = int(new.sum())
+    if p.size <= _SMALL_BATCH:  # the same int64 arithmetic on lists (cheaper at batch sizes)
+        pl = p.tolist()
+        gaps = [_wrap64(b - a) for a, b in zip(pl, s.tolist(), strict=True)]
+        if pl and (min(pl) < 0 or min(gaps) < 0):
+            raise InvalidArgumentError(
+                f"need 0 <= prefix_len <= seq_len, got {p.tolist()}, {s.tolist()}"
+            )
+        expected = _int64_sum(gaps)
+    else:
+        new = s - p  # tokens to allocate per request
+        if p.size and (p.min() < 0 or new.min() < 0):
+            raise InvalidArgumentError(
+                f"need 0 <= prefix_len <= seq_len, got {p.tolist()}, {s.tolist()}"
+            )
+        expected = int(new.sum())
     if not isinstance(extend_num_tokens, int) or extend_num_tokens != expected:
         raise InvalidArgumentError(
             f"extend_num_tokens={extend_num_tokens!r} but sum(seq_lens - prefix_lens)={expected}"
@@ -151,12 +171,46 @@ def check_decode_host(
 
 
 # --------------------------------------------------------------------------- checked mode
+def _host_view(t: torch.Tensor) -> npt.NDArray[np.generic]:
+    """``t``'s values on the host: a view of a CPU tensor (no copy), else one device read."""
+    return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
+
+
+def _host_rows(*tensors: torch.Tensor) -> list[list[int]]:
+    """Equal-length 1-D integer tensors as host lists of ints: free views of CPU tensors, else
+    ONE device read for all of them (stacked as int64 first)."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return [t.tolist() for t in tensors]
+    stacked = torch.stack([t.reshape(-1).to(torch.int64) for t in tensors])
+    rows: list[list[int]] = stacked.cpu().tolist()
+    return rows
+
+
+_INT64_WRAP = 1 << 64
+
+
+def _wrap64(value: int) -> int:
+    """``value`` wrapped to int64, as int64 tensor or array arithmetic wraps."""
+    return (value + (1 << 63)) % _INT64_WRAP - (1 << 63)
+
+
+def _int64_sum(values: Sequence[int]) -> int:
+    """``sum(values)`` wrapped to int64 as a device sum of an int64 tensor wraps."""
+    return _wrap64(sum(values))
+
+
 def check_host_copy(name: str, device_lens: torch.Tensor, host_lens: HostLens) -> torch.Tensor:
     """The device lengths as int64, after checking they equal their host copy
-    (InvalidArgumentError otherwise, as the reference)."""
-    dev = device_lens.to(torch.int64).reshape(-1)
-    host = torch.from_numpy(host_ints(f"{name}_cpu", host_lens)).to(dev.device)
-    if dev.shape != host.shape or not torch.equal(dev, host):
+    (InvalidArgumentError otherwise, as the reference). The comparison is made on the host:
+    a view for CPU lengths, one device read otherwise."""
+    dev = (
+        device_lens
+        if device_lens.dtype is torch.int64 and device_lens.dim() == 1
+        else device_lens.to(torch.int64).reshape(-1)
+    )
+    host = host_ints(f"{name}_cpu", host_lens)
+    # lists compare faster than NumPy's array_equal at batch sizes
+    if dev.shape[0] != host.shape[0] or _host_view(dev).tolist() != host.tolist():
         raise InvalidArgumentError(
             f"{name} and {name}_cpu differ: {dev.tolist()} vs {host.tolist()}"
         )
@@ -170,33 +224,40 @@ def check_extend_args(
     extend_num_tokens: int,
     page_size: int,
 ) -> None:
-    """Vectorised :func:`kvpool.reference.pools.paged_ops.validate_extend_args` (int64 inputs on one
-    device): equal lengths, ``0 <= P <= S``, ``last_loc == -1`` exactly when ``P == 0``, an
-    allocatable ``last_loc`` when ``P > 0``, ``(last_loc + 1) % ps == P % ps`` mid-page, and
-    ``extend_num_tokens == sum(S - P)``."""
-    p, s, loc = prefix_lens, seq_lens, last_loc
-    if not p.numel() == s.numel() == loc.numel():
+    """:func:`kvpool.reference.pools.paged_ops.validate_extend_args` over int64 inputs on one
+    device, read to the host once (a view on the CPU): equal lengths, ``0 <= P <= S``,
+    ``last_loc == -1`` exactly when ``P == 0``, an allocatable ``last_loc`` when ``P > 0``,
+    ``(last_loc + 1) % ps == P % ps`` mid-page, and ``extend_num_tokens == sum(S - P)`` (the
+    sum wrapped to int64, as a device sum would). The first failing request, and its first
+    failing check in the reference's order, decide the error."""
+    if not prefix_lens.numel() == seq_lens.numel() == last_loc.numel():
         raise InvalidArgumentError(
-            f"batch arrays differ in length: prefix_lens={p.numel()}, "
-            f"seq_lens={s.numel()}, last_loc={loc.numel()}"
+            f"batch arrays differ in length: prefix_lens={prefix_lens.numel()}, "
+            f"seq_lens={seq_lens.numel()}, last_loc={last_loc.numel()}"
         )
-    # One code per request: its first failing check, in the reference's order (0 = fine).
-    code = torch.zeros_like(p)
-    checks = (
-        (p < 0) | (s < p),
-        (p == 0) != (loc == NO_LAST_LOC),
-        (p > 0) & (loc <= RESERVED_INDEX),
-        (p % page_size != 0) & ((loc + 1) % page_size != p % page_size),
-    )
-    for number, failed in reversed(list(enumerate(checks, start=1))):
-        code = torch.where(failed, number, code)
-    bad = torch.nonzero(code)
-    if bad.numel():
-        i = int(bad[0, 0].item())
-        which, pi, si, li = (int(x) for x in (code[i], p[i], s[i], loc[i]))
+    p, s, loc = _host_rows(prefix_lens, seq_lens, last_loc)
+    _check_extend_rows(p, s, loc, extend_num_tokens, page_size)
+
+
+def _check_extend_rows(
+    p: list[int], s: list[int], loc: list[int], extend_num_tokens: int, ps: int
+) -> None:
+    """:func:`check_extend_args` on host lists of one length."""
+    for i, (pi, si, li) in enumerate(zip(p, s, loc, strict=True)):
+        if pi < 0 or si < pi:
+            which = 1
+        elif (pi == 0) != (li == NO_LAST_LOC):
+            which = 2
+        elif pi > 0 and li <= RESERVED_INDEX:
+            which = 3
+        # (li + 1) wraps to -2**63 at INT64_MAX on the device; both are 0 modulo a power of two
+        elif pi % ps != 0 and (li + 1) % ps != pi % ps:
+            which = 4
+        else:
+            continue
         message = f"request {i}: prefix_len={pi}, seq_len={si}, last_loc={li} breaks check {which}"
         raise (AlignmentError if which == 4 else InvalidArgumentError)(message)
-    expected = int(torch.sum(s - p).item())
+    expected = _int64_sum([b - a for a, b in zip(p, s, strict=True)])
     if extend_num_tokens != expected:
         raise InvalidArgumentError(
             f"extend_num_tokens={extend_num_tokens} but sum(seq_lens - prefix_lens)={expected}"
@@ -211,21 +272,82 @@ def check_prefix_pages_held(
 ) -> None:
     """A prefix ending mid-page continues in ``last_loc``'s page, which must exist
     (IndexOutOfRangeError), not be page 0 (ReservedIndexError) and not be free
-    (InvalidArgumentError). ``free_mask[page]`` is True for free pages (length num_pages + 1)."""
+    (InvalidArgumentError). ``free_mask[page]`` is True for free pages (length num_pages + 1).
+    Checked on the host: the lengths read once, the mask at the mid-page requests' pages."""
+    p, loc = _host_rows(prefix_lens, last_loc)
+    _check_pages_held_rows(p, loc, free_mask, page_size)
+
+
+def check_extend_batch(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    extend_num_tokens: int,
+    free_mask: torch.Tensor | None,
+    page_size: int,
+) -> None:
+    """:func:`check_extend_args`, then (with a free mask) :func:`check_prefix_pages_held`, on
+    one host read of the three arrays."""
+    if not prefix_lens.numel() == seq_lens.numel() == last_loc.numel():
+        check_extend_args(prefix_lens, seq_lens, last_loc, extend_num_tokens, page_size)
+    p, s, loc = _host_rows(prefix_lens, seq_lens, last_loc)
+    _check_extend_rows(p, s, loc, extend_num_tokens, page_size)
+    if free_mask is not None:
+        _check_pages_held_rows(p, loc, free_mask, page_size)
+
+
+def check_decode_args(
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_mask: torch.Tensor | None,
+    page_size: int,
+) -> None:
+    """``alloc_decode``'s value checks on int64 inputs of one device, read to the host once:
+    every ``S >= 1`` (InvalidArgumentError), then :func:`check_extend_args` and (with a free
+    mask) :func:`check_prefix_pages_held` for prefix ``S - 1``, one token each."""
+    if seq_lens.numel() != last_loc.numel():
+        (s,) = _host_rows(seq_lens)
+        _check_decode_lens(s)
+        # check_extend_args' length check raises (its prefix_lens, S - 1, has S's length)
+        check_extend_args(seq_lens, seq_lens, last_loc, seq_lens.numel(), page_size)
+    s, loc = _host_rows(seq_lens, last_loc)
+    _check_decode_lens(s)
+    p = [x - 1 for x in s]
+    _check_extend_rows(p, s, loc, len(s), page_size)
+    if free_mask is not None:
+        _check_pages_held_rows(p, loc, free_mask, page_size)
+
+
+def _check_decode_lens(s: list[int]) -> None:
+    if any(x < 1 for x in s):
+        raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1, got {s}")
+
+
+def _check_pages_held_rows(
+    p: list[int], loc: list[int], free_mask: torch.Tensor, page_size: int
+) -> None:
+    """:func:`check_prefix_pages_held` on host lists of one length."""
     num_pages = free_mask.numel() - 1
-    mid = prefix_lens % page_size != 0
-    page = last_loc // page_size
-    is_free = free_mask[page.clamp(0, num_pages)]
-    code = torch.zeros_like(page)
-    code = torch.where(mid & is_free, 3, code)
-    code = torch.where(mid & (page == RESERVED_INDEX), 2, code)
-    code = torch.where(mid & (page > num_pages), 1, code)
-    bad = torch.nonzero(code)
-    if bad.numel():
-        i = int(bad[0, 0].item())
-        which, loc = int(code[i].item()), int(last_loc[i].item())
-        error = (IndexOutOfRangeError, ReservedIndexError, InvalidArgumentError)[which - 1]
-        raise error(f"request {i}: last_loc {loc} is not in an allocated page")
+    mid = [i for i, pi in enumerate(p) if pi % page_size != 0]
+    if not mid:
+        return
+    pages = [loc[i] // page_size for i in mid]
+    held = [min(max(page, 0), num_pages) for page in pages]
+    if free_mask.device.type == "cpu":
+        is_free = free_mask.numpy()[held].tolist()
+    else:
+        is_free = free_mask[torch.tensor(held, device=free_mask.device)].tolist()
+    for i, page, free in zip(mid, pages, is_free, strict=True):
+        error: type[KVPoolError]
+        if page > num_pages:
+            error = IndexOutOfRangeError
+        elif page == RESERVED_INDEX:
+            error = ReservedIndexError
+        elif free:
+            error = InvalidArgumentError
+        else:
+            continue
+        raise error(f"request {i}: last_loc {loc[i]} is not in an allocated page")
 
 
 def check_free_slots(
@@ -241,6 +363,13 @@ def check_free_slots(
     size 1) a slot named twice in the call, or marked in ``pending_mask`` (slots buffered by the
     open free group), is a DoubleFreeError as well."""
     pages = check_slot_range(slots, free_mask.numel() - 1, page_size)
+    if (
+        slots.device.type == "cpu"
+        and free_mask.device.type == "cpu"
+        and slots.dtype in _HOST_INDEX_DTYPES
+    ):  # the same checks on NumPy views: no tensor operation, no device read
+        _check_free_slots_host(slots, pages, free_mask, no_duplicates, pending_mask)
+        return
     already_free = free_mask[pages]
     if bool(already_free.any()):
         pages_free = torch.unique(pages[already_free]).tolist()
@@ -254,6 +383,35 @@ def check_free_slots(
         raise DoubleFreeError("slots freed twice in one call or free group")
 
 
+_HOST_INDEX_DTYPES = (torch.int64, torch.int32)
+"""Slot dtypes the checks read through NumPy views (others take the tensor path)."""
+
+
+def _check_free_slots_host(
+    slots: torch.Tensor,
+    pages: torch.Tensor,
+    free_mask: torch.Tensor,
+    no_duplicates: bool,
+    pending_mask: torch.Tensor | None,
+) -> None:
+    """The rest of :func:`check_free_slots` for CPU tensors (the same errors, read through
+    NumPy views), after :func:`check_slot_range` passed."""
+    if free_mask.numpy()[pages.numpy()].any():
+        already_free = free_mask[pages]
+        pages_free = torch.unique(pages[already_free]).tolist()
+        raise DoubleFreeError("freeing pages that are already free", pages_free)
+    if not no_duplicates:
+        return
+    host = slots.numpy()
+    twice = has_repeats(host)
+    if pending_mask is not None and pending_mask.device.type == "cpu":
+        twice = twice or bool(pending_mask.numpy()[host].any())
+    elif pending_mask is not None:
+        twice = twice or bool(pending_mask[slots].any())
+    if twice:
+        raise DoubleFreeError("slots freed twice in one call or free group")
+
+
 def check_slot_range(slots: torch.Tensor, num_pages: int, page_size: int) -> torch.Tensor:
     """The first two of the reference's free checks (values only, no free list): every slot in
     ``[0, (num_pages + 1) * ps)`` (IndexOutOfRangeError; non-integer tensors too), no slot of
@@ -262,6 +420,14 @@ def check_slot_range(slots: torch.Tensor, num_pages: int, page_size: int) -> tor
     limit = (num_pages + 1) * page_size
     if slots.dtype.is_floating_point or slots.dtype.is_complex or slots.dtype == torch.bool:
         raise IndexOutOfRangeError(f"slots must be integers, got dtype {slots.dtype}")
+    # On the CPU both checks at once, on the extremes read through a view: every slot in
+    # [page_size, limit) is in range and off page 0; else the checks below name the error.
+    if (
+        slots.device.type == "cpu"
+        and slots.dtype in _HOST_INDEX_DTYPES
+        and not any_outside(slots, page_size, limit)
+    ):
+        return torch.from_numpy(slots.numpy() // page_size)  # no tensor operation either
     out_of_range = (slots < 0) | (slots >= limit)
     if bool(out_of_range.any()):
         raise IndexOutOfRangeError(
@@ -318,6 +484,12 @@ def check_free_list_state(state: object, num_pages: int) -> tuple[torch.Tensor, 
         for t in (free_pages, release_pages)
     ):
         raise InvalidArgumentError("state must hold two 1-D integer tensors of page ids")
+    if all(t.is_cpu and t.dtype in _HOST_INDEX_DTYPES for t in (free_pages, release_pages)):
+        # the same checks on NumPy views (no tensor operation): extremes, then repeats
+        host = np.concatenate((free_pages.numpy(), release_pages.numpy())).astype(np.int64)
+        if host.size and (int(host.min()) < 1 or int(host.max()) > num_pages or has_repeats(host)):
+            raise InvalidArgumentError(f"state holds bad or repeated page ids: {host.tolist()}")
+        return free_pages, release_pages
     every = torch.cat((free_pages.to(torch.int64), release_pages.to(torch.int64)))
     if every.numel() and (
         bool(((every < 1) | (every > num_pages)).any())
@@ -370,8 +542,10 @@ def decode_host_fast(
 
 __all__ = [
     "PageIds",
+    "check_decode_args",
     "check_decode_host",
     "check_extend_args",
+    "check_extend_batch",
     "check_extend_host",
     "check_free_list_shape",
     "check_free_list_state",

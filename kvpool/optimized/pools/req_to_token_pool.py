@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.constants import RESERVED_INDEX
@@ -241,24 +243,51 @@ class ReqToTokenPool:
 
     def snapshot(self, rows: Sequence[tuple[int, int]] = ()) -> ReqToTokenSnapshot:
         """Plain copy of the free rows and generations; ``rows`` lists ``(row, length)`` pairs whose
-        first ``length`` columns to include, free rows too (one device-to-host copy per row).
+        first ``length`` columns to include, free rows too (one host read of the table).
         InvalidArgumentError unless ``rows`` is a sequence of int pairs; rows and lengths are
         checked as :meth:`read`'s."""
         pairs = snapshot_rows(rows)
         for row, length in pairs:
             self._check_row(row)
             self._check_columns(0, length)
-        contents = tuple(
-            (row, tuple(int(v) for v in self.req_to_token[row, :length].tolist()))
-            for row, length in pairs
+        read = self._host_rows(pairs)
+        return self._snapshot_of(
+            [(row, tuple(v.tolist())) for (row, _), v in zip(pairs, read, strict=True)]
         )
+
+    def _snapshot_of(self, contents: Sequence[tuple[int, tuple[int, ...]]]) -> ReqToTokenSnapshot:
+        """:meth:`snapshot` whose rows ``contents`` (``(row, values)`` pairs) were already read
+        and checked by the caller."""
         return ReqToTokenSnapshot(
             size=self.size,
             max_context_len=self.max_context_len,
             free_slots=tuple(self.free_slots),
             req_generation=tuple(self.req_generation),
-            rows=contents,
+            rows=tuple(contents),
         )
+
+    def _read_held(self, pairs: Sequence[tuple[int, int]]) -> list[npt.NDArray[np.int32]]:
+        """:meth:`read` of columns ``0:stop`` of each ``(row, stop)`` pair (the same checks and
+        errors, pair by pair), from one host read of the table (:meth:`_host_rows`)."""
+        for row, stop in pairs:
+            self._check_held(row)
+            self._check_columns(0, stop)
+        return self._host_rows(pairs)
+
+    def _host_rows(self, pairs: Sequence[tuple[int, int]]) -> list[npt.NDArray[np.int32]]:
+        """The first ``length`` columns of each ``(row, length)`` pair (checked by the caller)
+        as int32 host arrays: views of the table on the CPU (convert them before it changes);
+        on another device, one gather of the rows and one copy."""
+        if not pairs:
+            return []
+        table = self.req_to_token
+        if table.device.type == "cpu":
+            view: npt.NDArray[np.int32] = table.numpy()
+            return [view[row, :length] for row, length in pairs]
+        index = torch.tensor([row for row, _ in pairs], dtype=torch.int64, device=table.device)
+        width = max(length for _, length in pairs)
+        copied: npt.NDArray[np.int32] = table[index, :width].cpu().numpy()
+        return [copied[i, :length] for i, (_, length) in enumerate(pairs)]
 
 
 __all__ = ["ReqToTokenPool"]

@@ -47,7 +47,7 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def _return_pages(self, slots: torch.Tensor) -> None:
         if self._free_mask is not None:
-            self._free_mask[slots] = True
+            self._set_free(slots, True)
         if self.need_sort:  # a copy: the slots may be the caller's tensor
             self._free_list.stage(slots.clone(), True)
         else:  # into the free list's spare tail: no copy of the whole list

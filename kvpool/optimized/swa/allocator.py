@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
@@ -27,7 +28,8 @@ from kvpool.errors import (
 )
 from kvpool.host_checks import as_count
 from kvpool.kernels.host import HostLens
-from kvpool.optimized.index_args import index_tensor
+from kvpool.optimized.host_view import host_array
+from kvpool.optimized.index_args import any_outside, index_tensor
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.allocator import FreeListState
 from kvpool.optimized.pools.allocator_choice import allocator_for
@@ -119,7 +121,7 @@ class SWATokenToKVPoolAllocator:
         return SWAAllocatorSnapshot(
             full=self.full_attn_allocator.snapshot(),
             swa=self.swa_attn_allocator.snapshot(),
-            full_to_swa=tuple(self.full_to_swa_index_mapping.tolist()),
+            full_to_swa=tuple(host_array(self.full_to_swa_index_mapping).tolist()),
             resolves_at_group_end=self._resolves_at_group_end(),
         )
 
@@ -149,6 +151,11 @@ class SWATokenToKVPoolAllocator:
         mask = self.full_attn_allocator._free_mask
         if mask is None:
             return
+        if mask.is_cpu and slots.is_cpu and slots.dtype in (torch.int64, torch.int32):
+            host = slots.numpy()  # the same gather through NumPy views: no tensor operation
+            pages = host[host != RESERVED_INDEX] // self.page_size
+            if not mask.numpy()[pages].any():
+                return
         named = slots[slots != RESERVED_INDEX]
         loose = mask[named // self.page_size]
         if bool(loose.any()):
@@ -158,6 +165,8 @@ class SWATokenToKVPoolAllocator:
 
     def _check_range(self, slots: torch.Tensor, low: int) -> None:
         limit = self._size_full + self.page_size
+        if not any_outside(slots, low, limit):
+            return
         bad = (slots < low) | (slots >= limit)
         if bool(bad.any()):
             raise IndexOutOfRangeError(f"full slots out of range: {slots[bad].tolist()}")
@@ -346,7 +355,7 @@ class SWATokenToKVPoolAllocator:
             self._host_range(last_loc, loc, NO_LAST_LOC)
         if self.checked:  # device reads first: the reference's order of checks
             seq = check_host_copy("seq_lens", seq, seq_lens_cpu)
-            if bool((seq < 1).any()):
+            if any_outside(seq, 1, 1 << 63):  # some S < 1 (int64 holds no S >= 2**63)
                 raise InvalidArgumentError(f"alloc_decode needs every seq_len >= 1: {seq.tolist()}")
             swa_loc = self._check_batch(seq - 1, seq, loc, seq.numel())
         host_s = check_decode_host(seq, seq_lens_cpu, loc)
@@ -372,6 +381,15 @@ class SWATokenToKVPoolAllocator:
         of its own)."""
         if self.page_size == 1:
             return slots
+        if self.checked and slots.is_cpu and self._offsets.is_cpu:
+            # checked mode reads the host anyway: the same order through NumPy views (each
+            # page at the position where the slots first name it)
+            pages_np = slots.numpy() // self.page_size
+            _, first_at = np.unique(pages_np, return_index=True)
+            ordered = pages_np[np.sort(first_at)]
+            return torch.from_numpy(
+                (ordered[:, None] * self.page_size + self._offsets.numpy()).reshape(-1)
+            )
         named = slots // self.page_size
         uniq, inverse = torch.unique(named, return_inverse=True)
         where = torch.arange(named.numel(), device=named.device)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.host_checks import as_int
-from kvpool.optimized.index_args import index_tensor
+from kvpool.optimized.index_args import any_outside, index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.kv.kv_cache import TensorLike
 from kvpool.optimized.kv.mha import MHATokenToKVPool
@@ -102,7 +104,9 @@ class SWAKVPool:
             raise InvalidArgumentError("no full_to_swa_index_mapping registered")
         locs = index_tensor("kv_indices", kv_indices, self.device)  # metadata: both modes
         # values: checked mode, or host values (no device read for them)
-        if self.checked or not isinstance(kv_indices, torch.Tensor):
+        if (self.checked or not isinstance(kv_indices, torch.Tensor)) and any_outside(
+            locs, -1, mapping.numel() - 1
+        ):
             bad = (locs < -1) | (locs >= mapping.numel() - 1)
             if bool(bad.any()):
                 raise IndexOutOfRangeError(f"full slots out of range: {locs[bad].tolist()}")
@@ -158,13 +162,22 @@ class SWAKVPool:
         SWA layer (tokens without an SWA slot skip the SWA layers)."""
         swa = self.translate_loc_from_full_to_swa(loc)  # checked before the first write
         self.full_kv_pool.write_tags(loc, tags)
-        keep = swa != RESERVED_INDEX
         values = torch.as_tensor(tags, device=self.device).reshape(-1)
+        if self.checked and swa.is_cpu and bool((swa.numpy() != RESERVED_INDEX).all()):
+            # every token has an SWA slot (the usual write): no selection to make (checked
+            # mode reads the host anyway)
+            self.swa_kv_pool.write_tags(swa, values)
+            return
+        keep = swa != RESERVED_INDEX
         self.swa_kv_pool.write_tags(swa[keep], values[keep])
 
     def read_tags(self, loc: TensorLike) -> list[int]:
         """The tag at each full slot (the first full layer)."""
         return self.full_kv_pool.read_tags(loc)
+
+    def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`read_tags` of a manager's own full slots, from one host read."""
+        return self.full_kv_pool._snapshot_tags(slots)
 
     def read_swa_tags(self, loc: TensorLike) -> list[int]:
         """The tag at each token's SWA slot (the first SWA layer); 0 for a token without one."""

@@ -14,6 +14,7 @@ import torch
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import ConfigError, IndexOutOfRangeError
 from kvpool.host_checks import int_list
+from kvpool.optimized.host_view import host_array
 from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.allocator import FreeListState
@@ -66,7 +67,7 @@ class PureSWATokenToKVPoolAllocator:
 
     def snapshot(self) -> SWAAllocatorSnapshot:
         snap = self.swa_attn_allocator.snapshot()
-        mapping = tuple(self.full_to_swa_index_mapping.tolist())
+        mapping = tuple(host_array(self.full_to_swa_index_mapping).tolist())
         return SWAAllocatorSnapshot(snap, snap, mapping, pure=True)
 
     def translate_loc_from_full_to_swa(self, kv_indices: IndexLike) -> torch.Tensor:

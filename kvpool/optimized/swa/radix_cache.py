@@ -466,15 +466,14 @@ class SWARadixCache:
     def snapshot(self) -> TreeSnapshot:
         """Nodes in BFS order (children in insertion order), root first; ``lock_ref`` is the full
         lock count."""
-        nodes, queue = [], [self.root_node]
-        while queue:
-            node = queue.pop(0)
+        nodes, queue, ps = [], [self.root_node], self.page_size
+        for node in queue:  # breadth-first: the list grows behind the loop, nothing popped
             kids = list(node.children.values())
             nodes.append(NodeSnapshot(
                 node.node_id, None if node.parent is None else node.parent.node_id,
                 tuple(node.key.token_ids), node.key.extra_key, tuple(node.value.tolist()),
-                node.full_lock_ref, tuple(c.node_id for c in kids),
-                tuple(tuple(c.key.token_ids[: self.page_size]) for c in kids),
+                node.full_lock_ref, tuple([c.node_id for c in kids]),
+                tuple([tuple(c.key.token_ids[:ps]) for c in kids]),
                 node.last_access_time, swa_tombstone=node.swa_tombstone,
                 swa_lock_ref=node.swa_lock_ref))  # fmt: skip
             queue.extend(kids)

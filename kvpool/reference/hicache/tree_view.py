@@ -8,7 +8,6 @@ the root), so both twins list them identically.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Protocol
 
 from kvpool.protocols.hicache import HostPoolProtocol
@@ -16,8 +15,9 @@ from kvpool.reference.hicache.cache_controller import HiCacheController
 from kvpool.reference.hicache.prefetch import StoragePrefetch
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
-from kvpool.reference.radix.tree_view import TreeViewHost, bfs_nodes, snapshot_tree
-from kvpool.snapshot import HostTierSnapshot, TreeSnapshot
+from kvpool.reference.radix.tree_view import HostFields, TreeViewHost, snapshot_tree
+from kvpool.reference.radix_key import TreeNode
+from kvpool.snapshot import AllocatorSnapshot, HostTierSnapshot, TreeSnapshot
 
 
 class HostTierView(TreeViewHost, Protocol):
@@ -41,30 +41,34 @@ class HostTierView(TreeViewHost, Protocol):
 def hi_tree_snapshot(tree: HostTierView) -> TreeSnapshot:
     """The tree snapshot; nodes carry their host fields (host slots, host pins, a pending
     write)."""
-    snap = snapshot_tree(tree)
-    by_id = {n.node_id: as_hi(n) for n in bfs_nodes(tree.root_node)}
-    nodes = []
-    for s in snap.nodes:
-        n = by_id[s.node_id]
-        host = None if n.host_value is None else tuple(n.host_value)
-        nodes.append(replace(s, evicted=n.evicted, host_value=host,
-                             host_ref_counter=n.host_ref_counter,
-                             write_pending=n.write_through_pending_id is not None))  # fmt: skip
-    return replace(snap, nodes=tuple(nodes))
+    return snapshot_tree(tree, _host_fields)
 
 
-def host_tier_snapshot(tree: HostTierView) -> HostTierSnapshot:
+def _host_fields(node: TreeNode) -> HostFields:
+    """A node's ``(evicted, host_value, host_ref_counter, write_pending)``."""
+    n = as_hi(node)
+    host = None if n.host_value is None else tuple(n.host_value)
+    return n.evicted, host, n.host_ref_counter, n.write_through_pending_id is not None
+
+
+def host_tier_snapshot(
+    tree: HostTierView,
+    tree_snapshot: TreeSnapshot | None = None,
+    device: AllocatorSnapshot | None = None,
+) -> HostTierSnapshot:
     """The whole host tier: device allocator, tree (``tree.snapshot()``), host pool, transfers
     in flight (queued loads included), prefetches, the release queue, the worker-held slots,
-    device tags."""
+    device tags. ``tree_snapshot`` and ``device``: ``tree.snapshot()`` and the device
+    allocator's snapshot when the caller took them at this instant (else taken here)."""
     cc = tree.cache_controller
     acks = cc.ack_write_queue + cc.write_queue + cc.ack_load_queue + cc.load_queue
-    device = tree.token_to_kv_pool_allocator.snapshot()
+    if device is None:
+        device = tree.token_to_kv_pool_allocator.snapshot()
     rows = cc.mem_pool_device.num_rows
     return HostTierSnapshot(
         write_policy=tree.write_policy,
         device=device,
-        tree=tree.snapshot(),
+        tree=tree.snapshot() if tree_snapshot is None else tree_snapshot,
         host=tree.token_to_kv_pool_host.snapshot(),
         transfers=tuple(a.snapshot() for a in acks),
         prefetches=tree.storage_prefetch.prefetch_snapshots(),

@@ -181,9 +181,10 @@ class KVCache:
         """``loc`` as slot ids: InvalidArgumentError unless a sequence of integers,
         IndexOutOfRangeError for one outside ``0..num_rows - 1``."""
         slots = int_list(name, loc)
-        bad = [s for s in slots if not 0 <= s < self.num_rows]
-        if bad:
-            raise IndexOutOfRangeError(f"{name}: slots {bad} outside 0..{self.num_rows - 1}")
+        rows = self.num_rows
+        if slots and (min(slots) < 0 or max(slots) >= rows):  # (min and max run in C)
+            bad = [s for s in slots if not 0 <= s < rows]
+            raise IndexOutOfRangeError(f"{name}: slots {bad} outside 0..{rows - 1}")
         return slots
 
     def _check_shape(self, what: str, data: object, n: int, heads: int, dim: int) -> None:

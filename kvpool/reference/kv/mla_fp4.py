@@ -97,7 +97,7 @@ class MLATokenToKVPoolFP4(KVCache):
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag each slot stores (the first held layer; 0 if none)."""
         # the tag lives in the first scale block (kvpool.reference.kv.tag_codec)
-        return [self.kv_layers[0]._tag(s) for s in self._slots(loc)]
+        return self.kv_layers[0]._tags_of(self._slots(loc))
 
 
 __all__ = ["MLATokenToKVPoolFP4"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from operator import itemgetter
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError
 from kvpool.host_checks import as_int
@@ -196,10 +197,16 @@ class MHATokenToKVPoolMXFP8(KVCache):
         """The tag each slot stores (head 0 of K on the first held layer; 0 if none)."""
         # the tag lives in head 0's first scale block (kvpool.reference.kv.tag_codec)
         layer = self.k_layers[0]
-        return [
-            _block_tag(tuple(layer.data[s][0][:MXFP8_BLOCK]), layer.scales[s][0][0])
-            for s in self._slots(loc)
-        ]
+        slots = self._slots(loc)
+        # (in C, per slot: head 0's first block of codes as a tuple, and its scale)
+        heads = map(_FIRST, map(layer.data.__getitem__, slots))
+        codes = map(tuple, map(itemgetter(slice(0, MXFP8_BLOCK)), heads))
+        scales = map(_FIRST, map(_FIRST, map(layer.scales.__getitem__, slots)))
+        return list(map(_block_tag, codes, scales))
+
+
+_FIRST = itemgetter(0)
+"""A row's first head, a head's first scale."""
 
 
 @lru_cache(maxsize=4096)

@@ -16,6 +16,7 @@ reads or writes the cache).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 
 from kvpool.errors import KVStorageError
 from kvpool.reference.kv.kv_cache import KVCache, LayerBuffer
@@ -82,7 +83,7 @@ class NoOpMHATokenToKVPool(KVCache):
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The recorded tag of each slot (0 if never tagged)."""
-        return [self.tag_record.get(s, 0) for s in self._slots(loc)]
+        return list(map(self.tag_record.get, self._slots(loc), repeat(0)))
 
 
 __all__ = ["NoOpMHATokenToKVPool"]

@@ -16,6 +16,7 @@ from kvpool.reference.lifecycle.mamba_hooks import MambaHooks
 from kvpool.reference.lifecycle.session import SessionSlot
 from kvpool.reference.req import Req
 from kvpool.snapshot import (
+    AllocatorSnapshot,
     HostTierSnapshot,
     MambaTreeSnapshot,
     PoolSnapshot,
@@ -23,7 +24,7 @@ from kvpool.snapshot import (
     SessionSnapshot,
     TreeSnapshot,
 )
-from kvpool.tags import kv_tags
+from kvpool.tags import kv_tags_tuple
 
 
 class _Snapshots(Protocol):
@@ -64,27 +65,30 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
     pool = mm.req_to_token_pool
     held_rows: list[tuple[int, int]] = []
     reqs: list[ReqSnapshot] = []
+    live = list(mm.reqs.values())
     rows: list[tuple[int, ...]] = []
     committed_slots: list[int] = []
-    for req in mm.reqs.values():
+    for req in live:
         row: tuple[int, ...] = ()
         if req.req_pool_idx is not None:
             held_rows.append((req.req_pool_idx, req.kv_allocated_len))
             row = tuple(pool.read(req.req_pool_idx, 0, req.kv_allocated_len))
-            committed_slots.extend(row[: req.kv_committed_len])
+            committed_slots += row[: req.kv_committed_len]
         rows.append(row)
     # every committed slot's tag in one read (tags are per slot: the same as one read per
     # request, without a KV-cache call per request)
-    stored = mm.kv_cache.read_tags(committed_slots) if committed_slots else []
+    stored = tuple(mm.kv_cache.read_tags(committed_slots)) if committed_slots else ()
     start = 0
-    for req, row in zip(mm.reqs.values(), rows, strict=True):
+    for req, row in zip(live, rows, strict=True):
         tags: tuple[int, ...] = ()
         expected: tuple[int, ...] = ()
         if req.req_pool_idx is not None:
             committed = req.kv_committed_len
-            tags = tuple(stored[start : start + len(row[:committed])])
-            start += len(row[:committed])
-            expected = tuple(kv_tags(req.all_token_ids[:committed], req.extra_key))
+            end = start + min(committed, len(row))  # (len(row[:committed]))
+            tags = stored[start:end]
+            start = end
+            expected = kv_tags_tuple(req.all_token_ids[:committed], req.extra_key)
+        last = req.last_node
         reqs.append(
             ReqSnapshot(
                 rid=req.rid,
@@ -97,7 +101,7 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
                 kv_allocated_len=req.kv_allocated_len,
                 cache_protected_len=req.cache_protected_len,
                 is_chunked=req.is_chunked,
-                last_node_id=None if req.last_node is None else req.last_node.node_id,
+                last_node_id=None if last is None else last.node_id,
                 session_id=req.session_id,
                 extra_key=req.extra_key,
                 row=row,
@@ -125,8 +129,9 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
         )
     tree = mm.tree_cache.snapshot()
     mamba_tree = tree if isinstance(tree, MambaTreeSnapshot) else None
+    allocator = mm.token_to_kv_pool_allocator.snapshot()
     return PoolSnapshot(
-        allocator=mm.token_to_kv_pool_allocator.snapshot(),
+        allocator=allocator,
         req_to_token=pool.snapshot(held_rows),
         tree=tree.as_tree_snapshot() if isinstance(tree, MambaTreeSnapshot) else tree,
         reqs=tuple(reqs),
@@ -136,13 +141,23 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
         mamba=None
         if mm.mamba_hooks is None
         else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values(), mamba_tree),
-        host=_host_snapshot(mm.tree_cache),
+        host=_host_snapshot(mm, tree, allocator),
     )
 
 
-def _host_snapshot(tree: object) -> HostTierSnapshot | None:
-    """The host tier's snapshot when the tree cache has one (a ``HiRadixCache``)."""
-    take = getattr(tree, "host_snapshot", None)
+def _host_snapshot(
+    mm: SnapshotHost, tree: TreeSnapshot | MambaTreeSnapshot, allocator: AllocatorSnapshot
+) -> HostTierSnapshot | None:
+    """The host tier's snapshot when the tree cache has one (a ``HiRadixCache``). The
+    reference's cache reuses ``tree`` (its ``snapshot()`` at this instant) and ``allocator``
+    (when its device allocator is the manager's): the same values it would take again."""
+    cache = mm.tree_cache
+    take_with = getattr(cache, "_host_snapshot_with", None)
+    if take_with is not None and isinstance(tree, TreeSnapshot):
+        same = getattr(cache, "token_to_kv_pool_allocator", None) is mm.token_to_kv_pool_allocator
+        with_parts: HostTierSnapshot = take_with(tree, allocator if same else None)
+        return with_parts
+    take = getattr(cache, "host_snapshot", None)
     if take is None:
         return None
     snap: HostTierSnapshot = take()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
@@ -67,7 +68,7 @@ from kvpool.reference.swa.lifecycle import (
     slide_swa_window,
     swa_eviction_demand,
 )
-from kvpool.snapshot import PoolSnapshot, SWAAllocatorSnapshot
+from kvpool.snapshot import PoolSnapshot, ReqSnapshot, SessionSnapshot, SWAAllocatorSnapshot
 
 
 def check_swa_config(config: PoolConfig) -> int:
@@ -495,14 +496,26 @@ class SWAMemoryManager(MemoryManager):
         snap = super().snapshot()
         swa = snap.allocator
         assert isinstance(swa, SWAAllocatorSnapshot)
-        reqs = tuple(dataclasses.replace(r, swa_evicted_seqlen=self.swa_evicted_seqlen(r.rid))
-                     for r in snap.reqs)  # fmt: skip
-        sessions = tuple(dataclasses.replace(
-            s, swa_evicted_seqlen=self._session_swa.get(s.session_id, 0) if s.row else 0)
-            for s in snap.sessions)  # fmt: skip
+        # (a request or session whose count is already the field's value is kept as it is: an
+        # equal snapshot without a dataclasses.replace, the costly part of this view)
+        reqs = tuple(_with_evicted(r, self.swa_evicted_seqlen(r.rid)) for r in snap.reqs)
+        sessions = tuple(
+            _with_evicted(s, self._session_swa.get(s.session_id, 0) if s.row else 0)
+            for s in snap.sessions
+        )
         full = swa.full
         return dataclasses.replace(snap, allocator=full, swa=swa, reqs=reqs, sessions=sessions,
                                    max_total_num_tokens=full.size)  # fmt: skip
+
+
+_Evicted = TypeVar("_Evicted", ReqSnapshot, SessionSnapshot)
+
+
+def _with_evicted(snap: _Evicted, evicted: int) -> _Evicted:
+    """``snap`` with ``swa_evicted_seqlen`` = ``evicted`` (tokens)."""
+    if snap.swa_evicted_seqlen == evicted:
+        return snap
+    return dataclasses.replace(snap, swa_evicted_seqlen=evicted)
 
 
 __all__ = ["SWAMemoryManager", "check_swa_config"]

@@ -7,6 +7,7 @@ twins (and two runs of one twin) list nodes identically.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from kvpool.reference.radix_key import TreeNode
@@ -46,32 +47,46 @@ def bfs_nodes(root: TreeNode) -> list[TreeNode]:
     return out
 
 
-def _plain_key(node: TreeNode, page_size: int) -> tuple[int, ...]:
-    """A child's key as the snapshot records it: its first page of tokens, as a tuple."""
-    return tuple(node.key.token_ids[:page_size])
+HostFields = tuple[bool, tuple[int, ...] | None, int, bool]
+"""A hierarchical cache node's ``(evicted, host_value, host_ref_counter, write_pending)``."""
+
+_NO_HOST: HostFields = (False, None, 0, False)
+"""The host fields of a node of a cache without the host tier (the snapshot's defaults)."""
 
 
-def snapshot_tree(cache: TreeViewHost) -> TreeSnapshot:
-    """:class:`~kvpool.snapshot.TreeSnapshot` of ``cache``; a disabled cache lists no nodes."""
+def snapshot_tree(
+    cache: TreeViewHost, host_fields: Callable[[TreeNode], HostFields] | None = None
+) -> TreeSnapshot:
+    """:class:`~kvpool.snapshot.TreeSnapshot` of ``cache``; a disabled cache lists no nodes.
+    ``host_fields`` (a hierarchical cache's) gives each node's ``(evicted, host_value,
+    host_ref_counter, write_pending)``; without it they keep their defaults."""
     nodes: list[NodeSnapshot] = []
     if not cache.disable:
+        ps = cache.page_size
         for node in bfs_nodes(cache.root_node):
-            children = list(node.children.values())
-            nodes.append(
-                NodeSnapshot(
-                    node_id=node.node_id,
-                    parent_id=None if node.parent is None else node.parent.node_id,
-                    key=tuple(node.key.token_ids),
-                    extra_key=node.key.extra_key,
-                    value=tuple(node.value),
-                    lock_ref=node.lock_ref,
-                    child_ids=tuple(c.node_id for c in children),
-                    child_keys=tuple(_plain_key(c, cache.page_size) for c in children),
-                    last_access_time=float(node.last_access_time),
-                    hit_count=node.hit_count,
-                    priority=node.priority,
-                )
+            children = node.children.values()
+            host = _NO_HOST if host_fields is None else host_fields(node)
+            parent = node.parent
+            key = node.key
+            snap = NodeSnapshot(
+                node_id=node.node_id,
+                parent_id=None if parent is None else parent.node_id,
+                key=tuple(key.token_ids),
+                extra_key=key.extra_key,
+                value=tuple(node.value),
+                lock_ref=node.lock_ref,
+                child_ids=tuple([c.node_id for c in children]),
+                # each child's key as recorded: its first page of tokens, as a tuple
+                child_keys=tuple([tuple(c.key.token_ids[:ps]) for c in children]),
+                last_access_time=float(node.last_access_time),
+                hit_count=node.hit_count,
+                priority=node.priority,
+                evicted=host[0],
+                host_value=host[1],
+                host_ref_counter=host[2],
+                write_pending=host[3],
             )
+            nodes.append(snap)
     return TreeSnapshot(
         page_size=cache.page_size,
         disabled=cache.disable,
@@ -113,4 +128,4 @@ def pretty_print_tree(cache: TreeViewHost) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["TreeViewHost", "bfs_nodes", "pretty_print_tree", "snapshot_tree"]
+__all__ = ["HostFields", "TreeViewHost", "bfs_nodes", "pretty_print_tree", "snapshot_tree"]

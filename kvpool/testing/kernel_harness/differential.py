@@ -4,7 +4,9 @@
 (:mod:`~kvpool.testing.kernel_harness.inputs`), runs the candidate on tensors
 (:mod:`~kvpool.testing.kernel_harness.ops`), compares every output with the pure-Python
 reference, and returns a :class:`KernelReport`. On a difference hypothesis shrinks the input,
-so the report shows the SMALLEST failing input it found, printed per request (row, P, S,
+then every request whose removal keeps the same kind of failure is dropped (:func:`drop_request`;
+hypothesis' shrinker may stop at a batch that still carries requests irrelevant to the bug), so
+the report shows the SMALLEST failing input it found, printed per request (row, P, S,
 last_loc, the free pages), with the first differing position, expected against got, and for the
 allocation ops the free-list effect (which free-list positions the candidate's pages came from,
 and pages that are not the request's own). ``assert_kernel_matches`` is the pytest form.
@@ -32,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypothesis import HealthCheck, given, seed, settings
@@ -225,6 +227,37 @@ def check_case(
     return _judge(case, run)
 
 
+_PER_REQUEST = ("rows", "held", "prefix_lens", "seq_lens", "kv_start", "kv_lens")
+"""The :class:`KernelCase` fields with one entry per request (the others are per pool)."""
+
+
+def drop_request(case: KernelCase, index: int) -> KernelCase:
+    """``case`` without request ``index`` (a valid input again: the pool, its free pages and the
+    other requests unchanged; the dropped request's slots stay held, by no request read here)."""
+    changes: dict[str, Any] = {}
+    for name in _PER_REQUEST:
+        values = getattr(case, name)
+        if values is not None and len(values) == case.batch_size:
+            changes[name] = values[:index] + values[index + 1 :]
+    return dataclasses.replace(case, **changes)
+
+
+def fewer_requests(
+    failure: KernelFailure, judge: Callable[[KernelCase], KernelFailure | None]
+) -> KernelFailure:
+    """``failure`` on the fewest requests: greedily drop each request whose removal still fails
+    with the same kind (``judge`` runs the candidate on a case), last request first."""
+    changed = True
+    while changed and failure.case.batch_size > 1:
+        changed = False
+        for i in reversed(range(failure.case.batch_size)):
+            found = judge(drop_request(failure.case, i))
+            if found is not None and found.kind == failure.kind:
+                failure, changed = found, True
+                break
+    return failure
+
+
 def edge_examples(op: str, page_sizes: Sequence[int]) -> list[KernelCase]:
     """Hand-built inputs run first on every check of the extend-shaped ops, at the largest page
     size: a prefix ending mid-page extended over several pages plus a tail, an extension that
@@ -308,7 +341,10 @@ def check_kernel(
         for case in edge_examples(op, page_sizes):
             body(case)
     except _CaseFailed as exc:
-        return KernelReport(op, tried, dict(edges), exc.failure)
+        failure = fewer_requests(exc.failure, lambda case: check_case(
+            candidate, case, checked=checked, shuffle_seeds=shuffle_seeds, device=device,
+            short_free_lists=short_free_lists))  # fmt: skip
+        return KernelReport(op, tried, dict(edges), failure)
     return KernelReport(op, tried, dict(edges), None)
 
 

@@ -1,0 +1,150 @@
+"""Data several invariants derive from one snapshot part, built once per part (not once per
+invariant).
+
+Snapshots are frozen dataclasses whose fields are ints, strings, tuples and nested frozen
+snapshots, so what is derived from one snapshot object never changes while that object lives.
+:class:`IdentityMemo` keeps the last few ``(part, derived)`` pairs by object identity; it holds a
+strong reference to each part it remembers, so an identity it compares against can never be
+reused by a new object. Within one lockstep step the invariants see the same part objects (both
+the snapshot and its previous one), so each derived value is built once per step and side.
+Callers must treat what these return as read-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from itertools import chain, repeat
+from operator import add, floordiv, mod
+from typing import Generic, TypeVar
+
+from kvpool.snapshot import AllocatorSnapshot, NodeSnapshot, TreeSnapshot
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class IdentityMemo(Generic[K, V]):
+    """``fn(part)`` remembered for the last ``size`` parts by identity (``is``, not ``==``:
+    equal but distinct parts are rebuilt, which only costs time)."""
+
+    __slots__ = ("_entries", "_fn", "_size")
+
+    def __init__(self, fn: Callable[[K], V], size: int = 4) -> None:
+        self._fn = fn
+        self._size = size
+        # id(part) -> (part, fn(part)), oldest first; holding the part keeps its id unique
+        self._entries: dict[int, tuple[K, V]] = {}
+
+    def __call__(self, part: K) -> V:
+        entry = self._entries.get(id(part))
+        if entry is not None and entry[0] is part:
+            return entry[1]
+        value = self._fn(part)
+        entries = self._entries
+        entries.pop(id(part), None)
+        entries[id(part)] = (part, value)
+        if len(entries) > self._size:
+            del entries[next(iter(entries))]
+        return value
+
+
+def _build_by_id(tree: TreeSnapshot) -> dict[int, NodeSnapshot]:
+    return {n.node_id: n for n in tree.nodes}
+
+
+by_id: IdentityMemo[TreeSnapshot, dict[int, NodeSnapshot]] = IdentityMemo(_build_by_id)
+"""Node id -> node of a tree snapshot (read-only)."""
+
+
+def _build_free_listed(alloc: AllocatorSnapshot) -> frozenset[int]:
+    return frozenset(chain(alloc.free_pages, alloc.release_pages))
+
+
+free_listed: IdentityMemo[AllocatorSnapshot, frozenset[int]] = IdentityMemo(_build_free_listed)
+"""Pages on the free or the release list."""
+
+
+def _build_pending_pages(alloc: AllocatorSnapshot) -> tuple[int, ...]:
+    return tuple(page_of(alloc.pending_free, alloc.page_size))
+
+
+pending_pages: IdentityMemo[AllocatorSnapshot, tuple[int, ...]] = IdentityMemo(_build_pending_pages)
+"""The page of each slot pending free (one entry per slot, in order)."""
+
+
+def _build_free_pages(alloc: AllocatorSnapshot) -> frozenset[int]:
+    pending = pending_pages(alloc)
+    listed = free_listed(alloc)
+    return listed.union(pending) if pending else listed
+
+
+free_pages: IdentityMemo[AllocatorSnapshot, frozenset[int]] = IdentityMemo(_build_free_pages)
+"""Pages nobody owns: the free and release lists and the pages of the pending frees."""
+
+
+def page_of(slots: Iterable[int], page_size: int) -> Iterable[int]:
+    """``slot // page_size`` for each slot, in order (in C: ``map`` of ``floordiv``; the slots
+    themselves at page size 1)."""
+    return slots if page_size == 1 else map(floordiv, slots, repeat(page_size))
+
+
+class PathSlots:
+    """Slots of the root -> node path of one tree (the concatenated values, as
+    :func:`kvpool.invariants.tree.path_values` gives them, as a tuple), each path built once."""
+
+    __slots__ = ("_by_id", "_paths")
+
+    def __init__(self, tree: TreeSnapshot) -> None:
+        self._by_id = by_id(tree)
+        self._paths: dict[int, tuple[int, ...] | None] = {}
+
+    def __call__(self, node_id: int) -> tuple[int, ...] | None:
+        """The path's slots; None if ``node_id`` is not in the tree."""
+        if node_id in self._paths:
+            return self._paths[node_id]
+        parts: list[tuple[int, ...]] = []
+        cur = self._by_id.get(node_id)
+        path: tuple[int, ...] | None = None
+        if cur is not None:
+            while cur is not None and cur.parent_id is not None:
+                parts.append(cur.value)
+                cur = self._by_id.get(cur.parent_id)
+            path = tuple(chain.from_iterable(reversed(parts)))
+        self._paths[node_id] = path
+        return path
+
+
+path_slots: IdentityMemo[TreeSnapshot, PathSlots] = IdentityMemo(PathSlots)
+"""The :class:`PathSlots` of a tree snapshot."""
+
+
+def page_contiguous(slots: Sequence[int], page_size: int) -> bool:
+    """Whether ``slots`` (one row's, by column) keep the paged layout: in each column block
+    ``[k * ps, (k + 1) * ps)`` the slots are consecutive from a page-aligned first slot. The
+    verdict of :func:`kvpool.invariants.req_to_token.contiguity_violations` (no violation),
+    computed with C-level ``map``/``chain`` instead of a loop per column. False for a page size
+    below 1 (a broken snapshot), so that callers fall back to their scans."""
+    if page_size == 1 or not slots:
+        return True
+    if page_size < 1:
+        return False  # (no verdict here: the callers' own scans decide, as they always did)
+    bases = slots[::page_size]
+    sizes = repeat(page_size)
+    if any(map(mod, bases, sizes)):  # a block starting off a page boundary
+        return False
+    ends = map(add, bases, sizes)
+    laid_out = tuple(chain.from_iterable(map(range, bases, ends)))
+    return laid_out[: len(slots)] == tuple(slots)
+
+
+__all__ = [
+    "IdentityMemo",
+    "PathSlots",
+    "by_id",
+    "free_listed",
+    "free_pages",
+    "page_contiguous",
+    "page_of",
+    "path_slots",
+    "pending_pages",
+]
