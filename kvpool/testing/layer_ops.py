@@ -13,8 +13,8 @@ batch's KV from the host one layer at a time while the forward pass starts:
   without a load.
 - ``layer_read(layer)``: the forward reads local layer ``layer`` (``get_key_buffer``), which
   waits for that layer. The reference raises ``LayerNotLoadedError`` when it has not loaded; the
-  twin waits ``PoolConfig.layer_wait_s`` (milliseconds in the swarm: nothing else can complete
-  it) and raises the same error, so both are one outcome for the lockstep.
+  twin waits ``PoolConfig.layer_wait_s`` (:data:`LAYER_WAIT_S` in the swarm: nothing else can
+  complete it) and raises the same error, so both are one outcome for the lockstep.
 
 The harness asks each side's counter, before every read, whether the layer had loaded; a read
 that returns when it had not is counted, and :meth:`LayerLoads.check` reports
@@ -35,6 +35,10 @@ from kvpool.testing.swarm import LAYER_KINDS, Chooser, Op, View, draw_op
 LAYER_OPS = frozenset(LAYER_KINDS)
 LAYER_SHARE = 3
 """One lifecycle step in ``LAYER_SHARE`` is a layer step when layer-wise loading is on."""
+LAYER_WAIT_S = 0.0002
+"""The campaign twin's wait for a layer that is not loaded (``PoolConfig.layer_wait_s``). In a
+single-threaded run nothing else can complete the layer, so the wait always times out: its
+length is wall time lost to every such read (2 ms was about 4% of a campaign's time)."""
 
 
 @dataclass
@@ -114,7 +118,8 @@ class LayerLoads:
 def layer_fields(config: PoolConfig) -> dict[str, Any]:
     """The lifecycle campaign's layer-wise loading (``layerwise_loading``, the layer steps of
     :mod:`kvpool.testing.layer_ops`): about one configuration in four, over 2 to 4 layers, the
-    twin waiting 2 ms for a layer (nothing else can complete it in a single-threaded run).
+    twin waiting :data:`LAYER_WAIT_S` for a layer (nothing else can complete it in a
+    single-threaded run).
     Derived from fields already drawn (no extra draw), and applied by the lifecycle target only
     (:class:`~kvpool.testing.machines.lifecycle.LifecycleTarget`), so ``swarm.draw_config`` and
     every run built on it elsewhere (the hypothesis machine, the quality hunts) stay as they
@@ -122,7 +127,7 @@ def layer_fields(config: PoolConfig) -> dict[str, Any]:
     pages = config.size // config.page_size
     if config.layerwise_loading or (pages + 2 * config.req_pool_size) % 4 != 1:
         return {}
-    return {"layerwise_loading": True, "layer_wait_s": 0.002, "num_layers": 2 + pages % 3}
+    return {"layerwise_loading": True, "layer_wait_s": LAYER_WAIT_S, "num_layers": 2 + pages % 3}
 
 
 def draw_lifecycle_op(c: Chooser, view: View, layers: LayerLoads | None, kind: str) -> Op:

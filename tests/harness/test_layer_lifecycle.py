@@ -20,7 +20,7 @@ from kvpool.testing.bundle import Implementation
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.factories import optimized_factory, reference_factory
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
-from kvpool.testing.layer_ops import draw_lifecycle_op
+from kvpool.testing.layer_ops import LAYER_WAIT_S, draw_lifecycle_op
 from kvpool.testing.lockstep_driver import Factory, Lockstep, LockstepFailure
 from kvpool.testing.machines.lifecycle import LifecycleTarget
 from kvpool.testing.swarm import KINDS, Op, RandomChooser, draw_config, draw_op
@@ -126,7 +126,7 @@ def test_the_lifecycle_target_draws_the_knob_and_keeps_the_other_configurations(
         )  # draw_config itself (the hypothesis machine) is as it was
         if drawn.layerwise_loading:
             layered += 1
-            assert 2 <= drawn.num_layers <= 4 and drawn.layer_wait_s == 0.002
+            assert 2 <= drawn.num_layers <= 4 and drawn.layer_wait_s == LAYER_WAIT_S
             drawn = dataclasses.replace(drawn, layerwise_loading=False, num_layers=2,
                                         layer_wait_s=30.0)  # fmt: skip
         assert drawn == plain
