@@ -104,3 +104,19 @@ def test_allocator_vs_sglang_rows_check_results_and_carry_targets() -> None:
     for row in b.rows:
         assert row["mode"] == "twin unchecked" and row["target"] == "<= 1.0"
         assert row["twin_us"] > 0 and row["twin/sglang"] > 0
+
+
+@pytest.mark.sglang_wheel
+def test_page_size_one_alloc_decode_is_informational() -> None:
+    """SGLang has no page-size-1 ``alloc_decode``: that row has no target and no verdict; its
+    decode step (``alloc(batch size)`` on both) and the paged ``alloc_decode`` rows have 0.67."""
+    bench = _load("bench_allocators")
+    modules, why = bench.load_sglang_or_reason("0.5.23")
+    assert modules is not None, why
+    b = _load("allocator_vs_sglang").Bench(modules, quick=True)
+    b.budget_s = 0.0
+    b.decode_rows()
+    info = [r for r in b.rows if r["op"].startswith("alloc_decode") and r["op"].endswith(" 1")]
+    assert info and all(r["target"] == "-" and r["ok"] == "-" for r in info)
+    rest = [r for r in b.rows if r not in info]
+    assert rest and all(r["target"] == "<= 0.67" and r["ok"] in ("yes", "NO") for r in rest)
