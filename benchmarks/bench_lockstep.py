@@ -29,7 +29,11 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_all, whoever loads us
+from run_all import format_table
 
 STEPS_PER_RUN = 60
 """Operations per run (``kvpool verify``'s default)."""
@@ -150,14 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print(f"no machine matches {args.only!r}", file=sys.stderr)
         return 1
-    cols: list[str] = []
-    for r in rows:
-        cols.extend(k for k in r if k not in cols)
-    cells = [["" if r.get(c) is None else str(r.get(c)) for c in cols] for r in rows]
-    widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
-    for line in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+    print(format_table(rows))
     return 0
 
 
