@@ -29,7 +29,7 @@ ROOT = Path(kvpool.__file__).parent
 SHARED = frozenset(
     {"kvpool", "kvpool.errors", "kvpool.constants", "kvpool.config", "kvpool.rules",
      "kvpool.snapshot", "kvpool.tags", "kvpool.protocols", "kvpool.injection",
-     "kvpool.host_checks", "kvpool.field_types", "kvpool.traces"}
+     "kvpool.host_checks", "kvpool.field_types", "kvpool.traces", "kvpool.records"}
 )  # fmt: skip
 PACKAGE_FLOORS = {
     "reference": 1,

@@ -9,7 +9,6 @@ Each invariant has a stable id (``INV-...``), a one-line description and a check
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from collections.abc import Iterable
 from itertools import chain
@@ -26,6 +25,7 @@ from kvpool.invariants.registry import (
     invariant,
     run_scope,
 )
+from kvpool.records import replaced
 from kvpool.snapshot import (
     HostTierSnapshot,
     PoolSnapshot,
@@ -75,16 +75,8 @@ def _with_owner_rows(snap: PoolSnapshot) -> ReqToTokenSnapshot:
     table = snap.req_to_token
     if not extra:
         return table
-    # (built directly: dataclasses.replace costs more than the checks it feeds)
-    return ReqToTokenSnapshot(table.size, table.max_context_len, table.free_slots,
-                              table.req_generation, table.rows + tuple(extra))  # fmt: skip
-
-
-# _with_owner_rows constructs the table snapshot field by field: a new field must be
-# carried there too.
-assert [f.name for f in dataclasses.fields(ReqToTokenSnapshot)] == [
-    "size", "max_context_len", "free_slots", "req_generation", "rows"
-]  # fmt: skip
+    # (replaced: dataclasses.replace costs more than the checks it feeds)
+    return replaced(table, rows=table.rows + tuple(extra))
 
 
 def check_all(snapshot: PoolSnapshot, previous: PoolSnapshot | None = None) -> int:
@@ -136,7 +128,7 @@ def _build_host_with_device_held(snapshot: PoolSnapshot) -> HostTierSnapshot:
         private = sorted(set(chain.from_iterable(ranges)))
     else:
         private = sorted({s // ps for part in ranges for s in part})
-    return dataclasses.replace(snapshot.host, device_held=tuple(private))
+    return replaced(snapshot.host, device_held=tuple(private))
 
 
 def _build_device_snapshot(snapshot: PoolSnapshot) -> PoolSnapshot:
@@ -145,7 +137,7 @@ def _build_device_snapshot(snapshot: PoolSnapshot) -> PoolSnapshot:
     from kvpool.invariants.tree import device_view
 
     tree = device_view(snapshot.tree)
-    return snapshot if tree is snapshot.tree else dataclasses.replace(snapshot, tree=tree)
+    return snapshot if tree is snapshot.tree else replaced(snapshot, tree=tree)
 
 
 # Built once per snapshot object: a step's snapshot is the next step's previous one.

@@ -67,9 +67,9 @@ def check_reserved_page(snap: AllocatorSnapshot, held_pages: frozenset[int] | No
 )
 def check_page_range(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
     # all in range (min and max of the shared page sets run in C; the scan names offenders)
-    if all(
-        not part or (min(part) > RESERVED_INDEX and max(part) <= snap.num_pages)
-        for part in (derived.free_pages(snap), held_pages or ())
+    free, held, num_pages = derived.free_pages(snap), held_pages or (), snap.num_pages
+    if (not free or (min(free) > RESERVED_INDEX and max(free) <= num_pages)) and (
+        not held or (min(held) > RESERVED_INDEX and max(held) <= num_pages)
     ):
         return
     named = _free_listed(snap) + _pending_pages(snap) + list(held_pages or ())

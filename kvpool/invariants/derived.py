@@ -27,25 +27,30 @@ class IdentityMemo(Generic[K, V]):
     """``fn(part)`` remembered for the last ``size`` parts by identity (``is``, not ``==``:
     equal but distinct parts are rebuilt, which only costs time)."""
 
-    __slots__ = ("_entries", "_fn", "_size")
+    __slots__ = ("_entries", "_fn", "_last", "_size")
 
     def __init__(self, fn: Callable[[K], V], size: int = 4) -> None:
         self._fn = fn
         self._size = size
         # id(part) -> (part, fn(part)), oldest first; holding the part keeps its id unique
         self._entries: dict[int, tuple[K, V]] = {}
+        # the entry asked for last (one identity test answers the common repeat)
+        self._last: tuple[K, V] | None = None
 
     def __call__(self, part: K) -> V:
+        last = self._last
+        if last is not None and last[0] is part:
+            return last[1]
         entry = self._entries.get(id(part))
-        if entry is not None and entry[0] is part:
-            return entry[1]
-        value = self._fn(part)
-        entries = self._entries
-        entries.pop(id(part), None)
-        entries[id(part)] = (part, value)
-        if len(entries) > self._size:
-            del entries[next(iter(entries))]
-        return value
+        if entry is None or entry[0] is not part:
+            entry = (part, self._fn(part))
+            entries = self._entries
+            entries.pop(id(part), None)
+            entries[id(part)] = entry
+            if len(entries) > self._size:
+                del entries[next(iter(entries))]
+        self._last = entry
+        return entry[1]
 
 
 def _build_by_id(tree: TreeSnapshot) -> dict[int, NodeSnapshot]:
@@ -118,7 +123,30 @@ path_slots: IdentityMemo[TreeSnapshot, PathSlots] = IdentityMemo(PathSlots)
 """The :class:`PathSlots` of a tree snapshot."""
 
 
+_CONTIGUOUS: dict[tuple[int, tuple[int, ...]], bool] = {}
+"""Verdicts of :func:`page_contiguous` by ``(page_size, slots)`` for tuple rows (a pure
+function of the values: a row kept between steps, or read by two checks, is decided once)."""
+
+_CONTIGUOUS_MAX = 1024  # (rows remembered before the memo starts over: bounds memory)
+
+
 def page_contiguous(slots: Sequence[int], page_size: int) -> bool:
+    """:func:`_page_contiguous`, remembered by value for tuple rows."""
+    if page_size == 1 or not slots:
+        return True
+    if type(slots) is not tuple:
+        return _page_contiguous(slots, page_size)
+    key = (page_size, slots)
+    verdict = _CONTIGUOUS.get(key)
+    if verdict is None:
+        verdict = _page_contiguous(slots, page_size)
+        if len(_CONTIGUOUS) >= _CONTIGUOUS_MAX:
+            _CONTIGUOUS.clear()
+        _CONTIGUOUS[key] = verdict
+    return verdict
+
+
+def _page_contiguous(slots: Sequence[int], page_size: int) -> bool:
     """Whether ``slots`` (one row's, by column) keep the paged layout: in each column block
     ``[k * ps, (k + 1) * ps)`` the slots are consecutive from a page-aligned first slot. The
     verdict of :func:`kvpool.invariants.req_to_token.contiguity_violations` (no violation),

@@ -21,9 +21,10 @@ from itertools import chain
 import kvpool.invariants.derived as derived
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.allocator import all_pages
+from kvpool.invariants.derived import page_of
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant, run_scope
-from kvpool.snapshot import HostTierSnapshot, NodeSnapshot, TreeSnapshot
+from kvpool.snapshot import HostPoolSnapshot, HostTierSnapshot, NodeSnapshot, TreeSnapshot
 from kvpool.tags import continue_tags, namespace_seed
 
 
@@ -53,10 +54,10 @@ def host_holders(snap: HostTierSnapshot) -> Counter[int]:
     scope="host",
 )
 def check_host_double_free(snap: HostTierSnapshot, previous: HostTierSnapshot | None) -> None:
-    listed = list(chain(snap.host.free_slots, snap.host.release_slots))
-    free = set(listed)
-    if len(free) < len(listed):  # a repeat: name the slots
-        counts = Counter(listed)
+    host = snap.host
+    free = _free_slots_in_range(host)[0]
+    if len(free) < len(host.free_slots) + len(host.release_slots):  # a repeat: name the slots
+        counts = Counter(chain(host.free_slots, host.release_slots))
         fail(
             "INV-HOST-DOUBLE-FREE", "host slots free twice", [s for s, c in counts.items() if c > 1]
         )
@@ -87,13 +88,23 @@ def check_host_accounting(snap: HostTierSnapshot, previous: HostTierSnapshot | N
         raise InvariantViolation("INV-HOST-ACCOUNTING", f"host size {host.size} not whole pages")
     # The common verdict without a Counter or a loop per slot: the holders' and free lists'
     # slots are size entries covering exactly 0..size-1, so each slot is named once.
-    named = list(chain.from_iterable(n.host_value or () for n in snap.tree.nodes[1:]))
+    held = list(chain.from_iterable(n.host_value or () for n in snap.tree.nodes[1:]))
     for p in snap.prefetches:
-        named += p.host_indices[: p.completed_tokens]
-    for part in (snap.worker_held, snap.release_queue, host.free_slots, host.release_slots):
-        named += part
-    if len(named) == host.size and set(named) == _host_slots(host.size):
-        return
+        held += p.host_indices[: p.completed_tokens]
+    held += snap.worker_held
+    held += snap.release_queue
+    if len(held) + len(host.free_slots) + len(host.release_slots) == host.size:
+        # The slots named (held, then free-listed) are exactly 0..size-1 when the free ones
+        # (shared with INV-HOST-DOUBLE-FREE) and the held ones all lie in range and together
+        # count size distinct slots: a subset of 0..size-1 as large as it is that range.
+        free, free_in_range = _free_slots_in_range(host)
+        held_set = set(held)
+        if (
+            free_in_range
+            and _host_slots(host.size).issuperset(held_set)
+            and len(free) + len(held_set.difference(free)) == host.size
+        ):
+            return
     # free + held counted in place (Counter's + builds and filters a new one each time)
     everything = host_holders(snap)
     everything.update(host.free_slots)
@@ -104,6 +115,29 @@ def check_host_accounting(snap: HostTierSnapshot, previous: HostTierSnapshot | N
           [s for s, c in everything.items() if c > 1])  # fmt: skip
     fail("INV-HOST-ACCOUNTING", "host slots neither free nor held (leaked)",
           [s for s in range(host.size) if s not in everything])  # fmt: skip
+
+
+_FREE_SETS: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[frozenset[int], bool]] = {}
+"""``(size, free_slots, release_slots)`` -> :func:`_free_slots_in_range`'s answer: a host pool's
+free lists mostly stay the same between steps (and two checks ask), so each is decided once."""
+
+
+def _free_slots_in_range(host: HostPoolSnapshot) -> tuple[frozenset[int], bool]:
+    """The host slots on the free or the release list, and whether all lie in 0..size-1
+    (remembered by value for tuple lists: a pure function of them and the size)."""
+    free_slots, release_slots = host.free_slots, host.release_slots
+    if type(free_slots) is not tuple or type(release_slots) is not tuple:
+        free = frozenset(chain(free_slots, release_slots))
+        return free, free <= _host_slots(host.size)
+    key = (host.size, free_slots, release_slots)
+    found = _FREE_SETS.get(key)
+    if found is None:
+        free = frozenset(chain(free_slots, release_slots))
+        found = (free, free <= _host_slots(host.size))
+        if len(_FREE_SETS) >= 64:
+            _FREE_SETS.clear()
+        _FREE_SETS[key] = found
+    return found
 
 
 @lru_cache(maxsize=64)
@@ -204,17 +238,26 @@ def check_backup_done(snap: HostTierSnapshot, previous: HostTierSnapshot | None)
 def check_device_accounting(snap: HostTierSnapshot, previous: HostTierSnapshot | None) -> None:
     alloc, ps = snap.device, snap.device.page_size
     free = derived.free_pages(alloc)
-    on_device = [n for n in _nodes(snap.tree) if not n.evicted]
-    values = chain.from_iterable(n.value for n in on_device)
-    held = set(values) if ps == 1 else {s // ps for s in values}
+    # one pass over the nodes gathers what the checks below report, in their order
+    values: list[int] = []
+    stray: list[int] = []  # host-only nodes holding device slots
+    evictable = protected = 0  # on-device tokens
+    for n in snap.tree.nodes[1:]:
+        if n.evicted:
+            if n.value:
+                stray.append(n.node_id)
+            continue
+        values += n.value
+        if n.lock_ref == 0:
+            evictable += len(n.key)
+        elif n.lock_ref > 0:
+            protected += len(n.key)
+    held = set(page_of(values, ps))
     fail("INV-HOST-DEVICE-ACCOUNTING", "device pages of nodes that are free", held & free)
     # the lifecycle's requests and sessions hold snap.device_held
     fail("INV-HOST-DEVICE-ACCOUNTING", "device pages neither free nor held (leaked)",
           all_pages(alloc.num_pages).difference(free, held, snap.device_held))  # fmt: skip
-    fail("INV-HOST-DEVICE-ACCOUNTING", "host-only nodes holding device slots",
-          [n.node_id for n in _nodes(snap.tree) if n.evicted and n.value])  # fmt: skip
-    evictable = sum(len(n.key) for n in on_device if n.lock_ref == 0)
-    protected = sum(len(n.key) for n in on_device if n.lock_ref > 0)
+    fail("INV-HOST-DEVICE-ACCOUNTING", "host-only nodes holding device slots", stray)
     if (evictable, protected) != (snap.tree.evictable_size, snap.tree.protected_size):
         raise InvariantViolation(
             "INV-HOST-DEVICE-ACCOUNTING",
@@ -230,40 +273,42 @@ def _tags_after(state: int, key: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(continue_tags(state, key))
 
 
+_namespace_seed = lru_cache(maxsize=256)(namespace_seed)
+""":func:`~kvpool.tags.namespace_seed` remembered (a loop per character of the namespace)."""
+
+
 def _path_tags(snap: HostTierSnapshot) -> dict[int, tuple[int, ...]]:
     """Node id -> the tags its tokens must hold (from the whole root path, in its namespace):
     ``kv_tags(path tokens, n.extra_key)`` over the node's own tokens, continued from the hash
     state after its parent's path (:func:`kvpool.tags.continue_tags`), each ancestor's state
     computed once per namespace."""
     by_id = derived.by_id(snap.tree)
+    get = by_id.get
     # (node id, namespace) -> hash state after the tokens of the path root -> that node
     states: dict[tuple[int, str | None], int] = {}
-
-    def state_after(node: NodeSnapshot | None, namespace: str | None) -> int:
-        """Hash state after the keys of ``node``'s path (as the walk up finds it)."""
+    out: dict[int, tuple[int, ...]] = {}
+    for n in snap.tree.nodes[1:]:
+        if n.parent_id is None:  # (a root-like node: its path contributes no token)
+            out[n.node_id] = ()
+            continue
+        namespace = n.extra_key
+        # the hash state after the keys of the parent's path (as the walk up finds it)
+        node = get(n.parent_id)
         chain_up: list[NodeSnapshot] = []
         state: int | None = None
         while node is not None and node.parent_id is not None:
-            known = states.get((node.node_id, namespace))
-            if known is not None:
-                state = known
+            state = states.get((node.node_id, namespace))
+            if state is not None:
                 break
             chain_up.append(node)
-            node = by_id.get(node.parent_id)
+            node = get(node.parent_id)
         if state is None:
-            state = namespace_seed(namespace)
+            state = _namespace_seed(namespace)
         for above in reversed(chain_up):
             tags = _tags_after(state, above.key)
             state = tags[-1] - 1 if tags else state
             states[(above.node_id, namespace)] = state
-        return state
-
-    out: dict[int, tuple[int, ...]] = {}
-    for n in _nodes(snap.tree):
-        if n.parent_id is None:  # (a root-like node: its path contributes no token)
-            out[n.node_id] = ()
-            continue
-        out[n.node_id] = _tags_after(state_after(by_id.get(n.parent_id), n.extra_key), n.key)
+        out[n.node_id] = _tags_after(state, n.key)
     return out
 
 

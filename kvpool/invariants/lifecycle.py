@@ -93,7 +93,54 @@ def page_owner_counts(snap: PoolSnapshot) -> Counter[int]:
     return counts
 
 
+def _owned_once(snap: PoolSnapshot) -> bool:
+    """A sufficient condition for :func:`_ownership_errors` to name nothing, decided from the
+    owners' slots without a set per owner: every owner's pages listed as they come (a tree
+    node's and a private range's first slot per column block when the values are
+    page-contiguous, hence each block within one page) are ``num_pages`` entries covering
+    exactly 1..num_pages. Then no owner names a page twice, so the per-owner page sets are
+    these very entries. False means undecided (the exact count decides)."""
+    alloc = snap.allocator
+    num_pages, ps = alloc.num_pages, alloc.page_size
+    tree_ps = snap.tree.page_size
+    owned: list[int] = []
+    if tree_ps == 1:
+        for n in snap.tree.nodes:
+            owned += n.value
+    elif tree_ps > 1:
+        firsts: list[int] = []
+        for n in snap.tree.nodes:
+            value = n.value
+            if not page_contiguous(value, tree_ps):
+                return False
+            firsts += value[::tree_ps]
+        owned += page_of(firsts, tree_ps)
+    else:
+        return False
+    if ps == 1:
+        for _, _, p, _, a, row, _ in row_owners(snap):
+            owned += row[p:a]
+    elif ps > 1:
+        firsts = []
+        for _, _, p, _, a, row, _ in row_owners(snap):
+            # (a private range from a page-aligned column of a page-contiguous row keeps the
+            # row's column blocks)
+            if p < 0 or p % ps or not page_contiguous(row, ps):
+                return False
+            firsts += row[p:a:ps]
+        owned += page_of(firsts, ps)
+    else:
+        return False
+    owned += alloc.free_pages
+    owned += alloc.release_pages
+    if alloc.pending_free:
+        owned += _pages(alloc.pending_free, ps)
+    return len(owned) == num_pages and all_pages(num_pages) == set(owned)
+
+
 def _ownership_errors(snap: PoolSnapshot) -> list[int]:
+    if _owned_once(snap):
+        return []
     alloc = snap.allocator
     num_pages, ps = alloc.num_pages, alloc.page_size
     # The common verdict without a Counter or a loop per page: the owners' pages (each owner's
@@ -124,7 +171,7 @@ def _ownership_errors(snap: PoolSnapshot) -> list[int]:
 )
 def check_pool_accounting(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     alloc, ps = snap.allocator, snap.allocator.page_size
-    pending = len(_pages(alloc.pending_free, ps)) * ps
+    pending = len(_pages(alloc.pending_free, ps)) * ps if alloc.pending_free else 0
     held = sum(ceil_align(a, ps) - p for _, _, p, _, a, _, _ in row_owners(snap))
     tree = snap.tree.evictable_size + snap.tree.protected_size
     total = alloc.available_size() + pending + tree + held
@@ -180,18 +227,34 @@ def check_one_owner(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
 def check_row_slots(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     alloc, ps = snap.allocator, snap.allocator.page_size
     free = derived.free_pages(alloc)
-    by_id = nodes_by_id(snap.tree)
-    paths = derived.path_slots(snap.tree)
+    by_id = derived.by_id(snap.tree)
+    paths: derived.PathSlots | None = None  # (asked for only when a row has a tree prefix)
+    num_pages = alloc.num_pages
+    tree_on = not snap.tree.disabled
     for name, _, protected, _, _, row, last in row_owners(snap):
         contiguous = page_contiguous(row, ps)
         # A page-contiguous row's first slot of each column block names all its pages; the
-        # scans below only name the offenders.
-        pages = _pages(row if ps == 1 or not contiguous else row[::ps], ps)
-        if pages and (
-            not free.isdisjoint(pages)
-            or min(pages) <= RESERVED_INDEX
-            or max(pages) > alloc.num_pages
-        ):
+        # scans below only name the offenders. The row's pages are not collected: at page
+        # size 1 a slot is its page, and slot // ps is monotone for ps >= 1, so the least and
+        # greatest page are those of the least and greatest slot (min, max and isdisjoint in
+        # C; a page size below 1 keeps the set, as every such snapshot always did).
+        if ps == 1:
+            broken = bool(row) and (
+                not free.isdisjoint(row) or min(row) <= RESERVED_INDEX or max(row) > num_pages
+            )
+        elif ps > 1:
+            firsts = row[::ps] if contiguous else row
+            broken = bool(firsts) and (
+                not free.isdisjoint(page_of(firsts, ps))
+                or min(firsts) // ps <= RESERVED_INDEX
+                or max(firsts) // ps > num_pages
+            )
+        else:
+            pages = _pages(row if not contiguous else row[::ps], ps)
+            broken = bool(pages) and (
+                not free.isdisjoint(pages) or min(pages) <= RESERVED_INDEX or max(pages) > num_pages
+            )
+        if broken:
             fail(
                 "INV-ROW-SLOTS",
                 f"{name} names free or out-of-range slots",
@@ -211,7 +274,9 @@ def check_row_slots(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
                     if row[c] % ps != c % ps or (c % ps and row[c] != row[c - 1] + 1)
                 ],
             )
-        if protected and not snap.tree.disabled:
+        if protected and tree_on:
+            if paths is None:
+                paths = derived.path_slots(snap.tree)
             path = paths(last) if last is not None and last in by_id else None
             if path is None or tuple(row[:protected]) != path:
                 raise InvariantViolation(
@@ -260,7 +325,8 @@ def check_idle(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     fail(
         "INV-IDLE",
         "idle, yet rows neither free nor held by a session",
-        set(range(RESERVED_INDEX + 1, table.size + 1)) - set(table.free_slots) - session_rows,
+        # (rows 1..size: the shared range, built once per size)
+        all_pages(table.size).difference(table.free_slots, session_rows),
     )
     by_id = nodes_by_id(snap.tree)
     on_session_paths: set[int] = set()

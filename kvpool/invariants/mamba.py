@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpool.constants import RESERVED_INDEX
+from kvpool.invariants.allocator import all_pages
 from kvpool.invariants.derived import IdentityMemo
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import INVARIANTS, invariant, run_scope
@@ -51,10 +52,14 @@ class MambaContext:
     owners_known: bool = True
 
 
-def _held(ctx: MambaContext) -> list[int]:
-    """Every slot named by an owner, once per owner naming it."""
+def _build_held(ctx: MambaContext) -> list[int]:
     slots = [s for r in ctx.reqs for s in ((r.slot,) if r.slot is not None else ()) + r.track]
     return slots + [s for s, _ in ctx.checkpoints]
+
+
+_held: IdentityMemo[MambaContext, list[int]] = IdentityMemo(_build_held)
+"""Every slot named by an owner, once per owner naming it (built once per context, shared by
+the checks: read-only)."""
 
 
 @invariant(
@@ -66,14 +71,18 @@ def _held(ctx: MambaContext) -> list[int]:
 def check_one_owner(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
     alloc = snap.mamba_allocator
     free = list(alloc.free_slots) + list(alloc.group_slots)
-    counts = Counter(free)
-    fail("INV-MAMBA-ONE-OWNER", "Mamba slots free twice", [s for s, n in counts.items() if n > 1])
-    held = Counter(_held(ctx))
-    fail("INV-MAMBA-ONE-OWNER", "Mamba slots held by two owners",
-         [s for s, n in held.items() if n > 1])  # fmt: skip
-    fail("INV-MAMBA-ONE-OWNER", "Mamba slots both free and held", set(counts) & set(held))
-    fail("INV-MAMBA-ONE-OWNER", "reserved Mamba slot free-listed or held",
-         [s for s in list(counts) + list(held) if s == RESERVED_INDEX])  # fmt: skip
+    free_set = set(free)
+    if len(free_set) < len(free):  # a repeat: name the slots (no Counter in the clean case)
+        fail("INV-MAMBA-ONE-OWNER", "Mamba slots free twice",
+             [s for s, n in Counter(free).items() if n > 1])  # fmt: skip
+    held = _held(ctx)
+    held_set = set(held)
+    if len(held_set) < len(held):
+        fail("INV-MAMBA-ONE-OWNER", "Mamba slots held by two owners",
+             [s for s, n in Counter(held).items() if n > 1])  # fmt: skip
+    fail("INV-MAMBA-ONE-OWNER", "Mamba slots both free and held", free_set & held_set)
+    if RESERVED_INDEX in free_set or RESERVED_INDEX in held_set:
+        fail("INV-MAMBA-ONE-OWNER", "reserved Mamba slot free-listed or held", [RESERVED_INDEX])
 
 
 @invariant(
@@ -85,12 +94,15 @@ def check_one_owner(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
 def check_accounting(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
     alloc = snap.mamba_allocator
     named = list(alloc.free_slots) + list(alloc.group_slots) + _held(ctx)
-    fail("INV-MAMBA-ACCOUNTING", f"Mamba slots outside 1..{alloc.size}",
-         [s for s in named if not RESERVED_INDEX < s <= alloc.size])  # fmt: skip
+    # (all in range by min and max, in C; the scan names the offenders)
+    if named and (min(named) <= RESERVED_INDEX or max(named) > alloc.size):
+        fail("INV-MAMBA-ACCOUNTING", f"Mamba slots outside 1..{alloc.size}",
+             [s for s in named if not RESERVED_INDEX < s <= alloc.size])  # fmt: skip
     if not ctx.owners_known:
         return
-    every = set(range(RESERVED_INDEX + 1, alloc.size + 1))
-    fail("INV-MAMBA-ACCOUNTING", "Mamba slots leaked (neither free nor held)", every - set(named))
+    # (slots 1..size: the allocator's shared page range, built once per size)
+    fail("INV-MAMBA-ACCOUNTING", "Mamba slots leaked (neither free nor held)",
+         all_pages(alloc.size).difference(named))  # fmt: skip
 
 
 @invariant(
@@ -111,8 +123,9 @@ def check_req_slot(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
         fail("INV-MAMBA-REQ-SLOT", "rows mapped to other track buffers than their request's",
              [r.row for r in ctx.reqs if r.row is not None and r.track
               and snap.track_mapping[r.row] != r.track])  # fmt: skip
-    fail("INV-MAMBA-REQ-SLOT", "rows held by two requests",
-         [r for r, n in Counter(rows).items() if n > 1])  # fmt: skip
+    if len(set(rows)) < len(rows):  # a repeat: name the rows
+        fail("INV-MAMBA-REQ-SLOT", "rows held by two requests",
+             [r for r, n in Counter(rows).items() if n > 1])  # fmt: skip
 
 
 @invariant(

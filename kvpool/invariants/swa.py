@@ -59,6 +59,14 @@ def _build_live(snap: SWAAllocatorSnapshot) -> list[tuple[int, int]]:
 _live: IdentityMemo[SWAAllocatorSnapshot, list[tuple[int, int]]] = IdentityMemo(_build_live)
 
 
+def _build_live_values(snap: SWAAllocatorSnapshot) -> list[int]:
+    return [s for _, s in _live(snap)]
+
+
+_live_values: IdentityMemo[SWAAllocatorSnapshot, list[int]] = IdentityMemo(_build_live_values)
+"""The SWA slot of every live entry, in :func:`_live_entries` order (read-only)."""
+
+
 @invariant(
     "INV-SWA-MAPPING-SHAPE",
     "full_to_swa has size_full + page_size + 1 entries, the last -1, every other 0 or an SWA "
@@ -77,13 +85,12 @@ def check_mapping_shape(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
             f"{snap.full_to_swa[-1] if snap.full_to_swa else None} (want -1)",
         )
     limit = (swa.num_pages + 1) * swa.page_size
-    entries = _live_entries(snap)
-    values = [s for _, s in entries]
+    values = _live_values(snap)
     if values and (min(values) < swa.page_size or max(values) >= limit):
         fail(
             "INV-SWA-MAPPING-SHAPE",
             f"entries outside {{0}} and [{swa.page_size}, {limit})",
-            [f for f, s in entries if not swa.page_size <= s < limit],
+            [f for f, s in _live_entries(snap) if not swa.page_size <= s < limit],
         )
     fail("INV-SWA-MAPPING-SHAPE", "full slot 0 is mapped", [0] if snap.full_to_swa[0] else [])
 
@@ -121,8 +128,7 @@ def check_one_mapping(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     if snap.pure:
         return
     swa = snap.swa
-    entries = _live_entries(snap)
-    values = [s for _, s in entries]
+    values = _live_values(snap)
     distinct = set(values)
     if len(distinct) < len(values):  # a repeat: name the slots
         counts = Counter(values)
@@ -191,7 +197,7 @@ def check_accounting(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     elif snap.pure:
         return
     else:
-        held = len(set(page_of([s for _, s in _live_entries(snap)], swa.page_size))) * swa.page_size
+        held = len(set(page_of(_live_values(snap), swa.page_size))) * swa.page_size
     if released + held != swa.size:
         raise InvariantViolation(
             "INV-SWA-ACCOUNTING",
@@ -230,19 +236,34 @@ def check_tree_locks(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
     tree = ctx.tree
     if tree is None:
         return
-    nodes = [n for n in tree.nodes if n.parent_id is not None]
-    fail("INV-SWA-TREE-LOCKS", "lock counts out of order (full >= swa >= 0)",
-         [n.node_id for n in nodes if not n.lock_ref >= n.swa_lock_ref >= 0])  # fmt: skip
-    # (a tombstone leaf may be unlocked: its request released its window, then its full lock;
-    # full eviction deletes it)
-    fail("INV-SWA-TREE-LOCKS", "tombstones with an SWA lock",
-         [n.node_id for n in nodes if n.swa_tombstone and n.swa_lock_ref])  # fmt: skip
-    sums = (
-        sum(len(n.value) for n in nodes if not n.lock_ref),
-        sum(len(n.value) for n in nodes if n.lock_ref),
-        sum(len(n.value) for n in nodes if not n.swa_tombstone and not n.swa_lock_ref),
-        sum(len(n.value) for n in nodes if not n.swa_tombstone and n.swa_lock_ref),
-    )
+    # one pass over the non-root nodes gathers what the checks below report, in their order
+    disordered: list[int] = []
+    tombstones_locked: list[int] = []
+    full_evictable = full_protected = swa_evictable = swa_protected = 0  # tokens
+    for n in tree.nodes:
+        if n.parent_id is None:
+            continue
+        lock, swa_lock = n.lock_ref, n.swa_lock_ref
+        if not lock >= swa_lock >= 0:
+            disordered.append(n.node_id)
+        # (a tombstone leaf may be unlocked: its request released its window, then its full
+        # lock; full eviction deletes it)
+        tombstone = n.swa_tombstone
+        if tombstone and swa_lock:
+            tombstones_locked.append(n.node_id)
+        size = len(n.value)
+        if lock:
+            full_protected += size
+        else:
+            full_evictable += size
+        if not tombstone:
+            if swa_lock:
+                swa_protected += size
+            else:
+                swa_evictable += size
+    fail("INV-SWA-TREE-LOCKS", "lock counts out of order (full >= swa >= 0)", disordered)
+    fail("INV-SWA-TREE-LOCKS", "tombstones with an SWA lock", tombstones_locked)
+    sums = (full_evictable, full_protected, swa_evictable, swa_protected)
     kept = (tree.evictable_size, tree.protected_size, tree.swa_evictable_size,
             tree.swa_protected_size)  # fmt: skip
     if sums != kept:

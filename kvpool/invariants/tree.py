@@ -14,7 +14,6 @@ pool invariants read the tree without its host-only nodes (:func:`device_view`).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from itertools import chain
 
 import kvpool.invariants.derived as derived
@@ -22,6 +21,7 @@ from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant
+from kvpool.records import replaced
 from kvpool.snapshot import NodeSnapshot, PoolSnapshot, TreeSnapshot
 
 
@@ -99,13 +99,13 @@ def _build_device_view(tree: TreeSnapshot) -> TreeSnapshot:
         changed = True
         kids = [(c, k) for c, k in zip(n.child_ids, n.child_keys, strict=False) if c in keep]
         nodes.append(
-            replace(
+            replaced(
                 n,
                 child_ids=tuple(c for c, _ in kids),
                 child_keys=tuple(k for _, k in kids),
             )
         )
-    return replace(tree, nodes=tuple(nodes)) if changed else tree
+    return replaced(tree, nodes=tuple(nodes)) if changed else tree
 
 
 _device_view: derived.IdentityMemo[TreeSnapshot, TreeSnapshot] = derived.IdentityMemo(
@@ -127,19 +127,24 @@ def check_tree_shape(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         if tree.evictable_size or tree.protected_size:
             raise InvariantViolation("INV-TREE-SHAPE", "a disabled tree has non-zero sizes")
         return
-    by_id = nodes_by_id(tree)
+    by_id = derived.by_id(tree)
+    get = by_id.get
     root = tree.nodes[0]
     if root.parent_id is not None or root.key or root.value:
         raise InvariantViolation("INV-TREE-SHAPE", "nodes[0] is not an empty root", [root.node_id])
     bad: list[int] = []
+    # every node's slots (the root has none) and, at a page size above 1, each value's first
+    # slot of every page, gathered in the same pass for the checks after it
+    every: list[int] = []
+    firsts: list[int] = []
     for node in tree.nodes:
-        nid, cids = node.node_id, node.child_ids
-        if len(cids) != len(node.child_keys):
+        nid, cids, ckeys = node.node_id, node.child_ids, node.child_keys
+        if len(cids) != len(ckeys):
             bad.append(nid)
         if cids:  # (a leaf has no child link to check)
             seen: set[tuple[str | None, tuple[int, ...]]] = set()
-            for cid, ckey in zip(cids, node.child_keys, strict=False):
-                child = by_id.get(cid)
+            for cid, ckey in zip(cids, ckeys, strict=False):
+                child = get(cid)
                 if child is None or child.parent_id != nid:
                     bad.append(cid)
                     continue
@@ -149,25 +154,33 @@ def check_tree_shape(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
                 seen.add(named)
         if node is root:
             continue
-        parent = by_id.get(node.parent_id if node.parent_id is not None else -1)
+        pid = node.parent_id
+        parent = get(pid if pid is not None else -1)
         if (
             parent is None
             or nid not in parent.child_ids
             or (parent is not root and parent.extra_key != node.extra_key)
         ):
             bad.append(nid)
-        value = node.value
-        if not node.key or len(node.key) % ps or len(value) != len(node.key):
+        key, value = node.key, node.value
+        every += value
+        if not key or len(key) % ps or len(value) != len(key):
             bad.append(nid)
-        # (at page size 1 every value is trivially page-contiguous: no scan)
-        for k in range(0, len(value) - ps + 1, ps) if ps > 1 else ():
+        # (at page size 1 every value is trivially page-contiguous, and a page-contiguous
+        # value, decided in C, has no offending page: no scan)
+        if ps <= 1:
+            continue
+        firsts += value[::ps]
+        if derived.page_contiguous(value, ps):
+            continue
+        for k in range(0, len(value) - ps + 1, ps):
             first = value[k]
             if first % ps or tuple(value[k : k + ps]) != tuple(range(first, first + ps)):
                 bad.append(nid)
-    fail("INV-TREE-SHAPE", "malformed nodes", bad)
+    if bad:
+        fail("INV-TREE-SHAPE", "malformed nodes", bad)
     if len(by_id) != len(tree.nodes):
         raise InvariantViolation("INV-TREE-SHAPE", "node ids repeat")
-    every = list(chain.from_iterable(n.value for n in tree.nodes))
     distinct = set(every)
     if len(distinct) < len(every):  # a repeat: name the slots
         fail(
@@ -181,7 +194,6 @@ def check_tree_shape(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     if ps == 1:
         pages = distinct
     elif ps > 1:
-        firsts = chain.from_iterable(n.value[::ps] for n in tree.nodes)
         pages = set(derived.page_of(firsts, ps))
     if pages is None or (
         pages
@@ -214,41 +226,49 @@ def check_locks(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     if tree.disabled:
         fail("INV-LOCKS", "holders name nodes of a disabled tree", lock_holders(snap))
         return
-    by_id = nodes_by_id(tree)
+    by_id = derived.by_id(tree)
+    get = by_id.get
     root = tree.nodes[0]
     if root.lock_ref != 1:
         raise InvariantViolation("INV-LOCKS", f"root lock_ref {root.lock_ref} != 1", [0])
     # one pass over the nodes gathers what the checks below report, in their order
     negative: list[int] = []
     over_parent: list[int] = []
+    evictable = protected = 0
     root_id = root.node_id
-    for n in tree.nodes:
-        if n.lock_ref < 0:
+    # (nodes[0]: its lock_ref is 1, so not negative; a parent of it is still compared)
+    pid = root.parent_id
+    if pid is not None and pid != root_id:
+        parent = get(pid)
+        if parent is not None and parent.lock_ref < 1:
+            over_parent.append(root_id)
+    rest = tree.nodes[1:]
+    for n in rest:
+        lock = n.lock_ref
+        if lock < 0:
             negative.append(n.node_id)
         pid = n.parent_id
         if pid is not None and pid != root_id:
-            parent = by_id.get(pid)
-            if parent is not None and parent.lock_ref < n.lock_ref:
+            parent = get(pid)
+            if parent is not None and parent.lock_ref < lock:
                 over_parent.append(n.node_id)
+        if lock == 0:
+            evictable += len(n.key)
+        elif lock > 0:
+            protected += len(n.key)
     fail("INV-LOCKS", "negative lock_ref", negative)
     fail("INV-LOCKS", "child locked more than its parent", over_parent)
     holders = lock_holders(snap)
-    fail("INV-LOCKS", "holders name nodes not in the tree", [h for h in holders if h not in by_id])
+    if holders:
+        missing = [h for h in holders if h not in by_id]
+        fail("INV-LOCKS", "holders name nodes not in the tree", missing)
     expected: dict[int, int] = {}
     for h in holders:
-        cur = by_id.get(h)
+        cur = get(h)
         while cur is not None and cur.parent_id is not None:
             expected[cur.node_id] = expected.get(cur.node_id, 0) + 1
-            cur = by_id.get(cur.parent_id)
-    wrong: list[int] = []
-    evictable = protected = 0
-    for n in tree.nodes[1:]:
-        if n.lock_ref != expected.get(n.node_id, 0):
-            wrong.append(n.node_id)
-        if n.lock_ref == 0:
-            evictable += len(n.key)
-        elif n.lock_ref > 0:
-            protected += len(n.key)
+            cur = get(cur.parent_id)
+    wrong = [n.node_id for n in rest if n.lock_ref != expected.get(n.node_id, 0)]
     fail(
         "INV-LOCKS",
         "lock_ref differs from the number of holders below (leaked or lost lock)",

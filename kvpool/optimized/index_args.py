@@ -26,6 +26,9 @@ def index_tensor(name: str, value: object, device: torch.device | str) -> torch.
     """``value`` as a 1-D int64 tensor on ``device`` (no copy when it already is one);
     InvalidArgumentError when it is not a 1-D integer index argument (module docstring)."""
     if isinstance(value, torch.Tensor):
+        if value.dtype is torch.int64 and value.dim() == 1:  # the usual index: fewer checks
+            where = device if isinstance(device, torch.device) else torch.device(device)
+            return value if value.device == where else value.to(where, torch.int64)
         if value.dim() != 1 or value.dtype == torch.bool or not is_integer_dtype(value.dtype):
             raise InvalidArgumentError(
                 f"{name} must be a 1-D integer tensor, got dtype {value.dtype} and shape "

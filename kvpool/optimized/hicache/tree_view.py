@@ -15,9 +15,10 @@ import torch
 from kvpool.optimized.hicache.cache_controller import HiCacheController
 from kvpool.optimized.hicache.prefetch import StoragePrefetch
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
-from kvpool.optimized.radix.tree_view import TreeViewHost, bfs_nodes
+from kvpool.optimized.radix.tree_view import TreeViewHost, bfs_nodes, node_keys
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import SegmentAllocatorProtocol
+from kvpool.records import fast_record
 from kvpool.snapshot import AllocatorSnapshot, HostTierSnapshot, NodeSnapshot, TreeSnapshot
 
 
@@ -39,6 +40,10 @@ class HostTierView(TreeViewHost, Protocol):
     def snapshot(self) -> TreeSnapshot: ...
 
 
+_NODE = fast_record(NodeSnapshot)
+"""Builds a :class:`NodeSnapshot` (every field by keyword: :func:`fast_record`)."""
+
+
 def hi_tree_snapshot(tree: HostTierView) -> TreeSnapshot:
     """The tree snapshot; nodes carry their host fields (host slots, host pins, a pending
     write). The nodes of :func:`~kvpool.optimized.radix.tree_view.snapshot_tree`, each built
@@ -46,22 +51,26 @@ def hi_tree_snapshot(tree: HostTierView) -> TreeSnapshot:
     nodes: list[NodeSnapshot] = []
     ps = tree.page_size
     if not tree.disable:
-        for node in bfs_nodes(tree.root_node):
+        order = bfs_nodes(tree.root_node)
+        keys = node_keys(order)
+        for node in order:
             n = as_hi(node)
-            children = list(node.children.values())
+            children = node.children.values()
             nodes.append(
-                NodeSnapshot(
+                _NODE(
                     node_id=node.node_id,
                     parent_id=None if node.parent is None else node.parent.node_id,
-                    key=tuple(node.arr.tolist()),
+                    key=keys[id(node)],
                     extra_key=node.key.extra_key,
                     value=tuple(node.value.tolist()),
                     lock_ref=node.lock_ref,
                     child_ids=tuple([c.node_id for c in children]),
-                    child_keys=tuple([tuple(c.arr[:ps].tolist()) for c in children]),
+                    child_keys=tuple([keys[id(c)][:ps] for c in children]),
                     last_access_time=float(node.last_access_time),
                     hit_count=node.hit_count,
                     priority=node.priority,
+                    swa_tombstone=False,
+                    swa_lock_ref=0,
                     evicted=n.evicted,
                     host_value=None if n.host_value is None else tuple(n.host_value.tolist()),
                     host_ref_counter=n.host_ref_counter,

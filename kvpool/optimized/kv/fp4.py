@@ -104,10 +104,15 @@ class MHATokenToKVPoolFP4(KVCache):
         already: ``write_tags`` makes them once for every layer) at checked ``slots``."""
         k_packed, k_sf = k if isinstance(k, tuple) else fp4_quantize(k)
         v_packed, v_sf = v if isinstance(v, tuple) else fp4_quantize(v)
-        self._store_rows(self.k_buffer[local], slots, k_packed)
-        self._store_rows(self.v_buffer[local], slots, v_packed)
-        self._store_rows(self.k_scale_buffer[local], slots, k_sf)
-        self._store_rows(self.v_scale_buffer[local], slots, v_sf)
+        self._store_all(
+            slots,
+            [
+                (self.k_buffer[local], k_packed),
+                (self.v_buffer[local], v_packed),
+                (self.k_scale_buffer[local], k_sf),
+                (self.v_scale_buffer[local], v_sf),
+            ],
+        )
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         """K of ``layer_id`` dequantised: a new float32 ``(rows, head_num, head_dim)``."""

@@ -27,6 +27,7 @@ widths, a move's slots: once each, here) as :mod:`kvpool.reference.kv.kv_cache`.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -307,6 +308,34 @@ class KVCache:
             store_rows(buffer, slots, rows)
         else:
             buffer[slots] = rows
+
+    def _store_all(
+        self, slots: torch.Tensor, stores: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        """``buffer[slots] = rows`` for every ``(buffer, rows)`` of ``stores``, in order, for
+        checked ``slots`` (a tag write's every layer): :meth:`_store_rows` of each, but in
+        checked mode on the CPU the slots' NumPy view is made once, and so is each rows
+        tensor's (a tag write stores the same rows in every layer)."""
+        if not (self.checked and slots.is_cpu):
+            for buffer, rows in stores:
+                self._store_rows(buffer, slots, rows)
+            return
+        index = slots.numpy()
+        # id -> view: every rows tensor stays alive in ``stores`` for the whole loop
+        views: dict[int, npt.NDArray[Any]] = {}
+        for buffer, rows in stores:
+            if (
+                buffer.is_cpu
+                and rows.is_cpu
+                and rows.dtype is buffer.dtype
+                and buffer.dtype in _HOST_STORE_DTYPES
+            ):
+                view = views.get(id(rows))
+                if view is None:
+                    view = views[id(rows)] = rows.numpy()
+                buffer.numpy()[index] = view
+            else:
+                buffer[slots] = rows
 
     def _tag_rows_as(
         self, values: torch.Tensor, heads: int, dim: int, dtype: torch.dtype

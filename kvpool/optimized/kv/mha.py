@@ -89,8 +89,10 @@ class MHATokenToKVPool(KVCache):
             v = self._tag_rows_as(values, self.head_num, self.v_head_dim, self.dtype)
         if self.store_dtype != self.dtype:
             k, v = k.view(self.store_dtype), v.view(self.store_dtype)
-        for local in range(self.layer_num):
-            self._write(local, slots, k, v)
+        stores: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for local in range(self.layer_num):  # :meth:`_write`'s stores, K then V
+            stores += ((self.k_buffer[local], k), (self.v_buffer[local], v))
+        self._store_all(slots, stores)
 
     def read_tags(self, loc: IndexLike) -> list[int]:
         """Tag at each slot: layer ``start_layer``, head 0, channel 0 of K (0 if never written)."""

@@ -77,8 +77,7 @@ class MLATokenToKVPool(KVCache):
         rows = self._tag_rows_as(self._tags(tags, slots.numel()), 1, self.kv_dim, self.dtype)
         if self.store_dtype != self.dtype:
             rows = rows.view(self.store_dtype)
-        for buf in self.kv_buffer:
-            self._store_rows(buf, slots, rows)
+        self._store_all(slots, [(buf, rows) for buf in self.kv_buffer])
 
     def read_tags(self, loc: IndexLike) -> list[int]:
         """Tag at each slot: layer ``start_layer``, channel 0 of the fused row."""

@@ -80,8 +80,7 @@ class MLATokenToKVPoolFP4(KVCache):
         """Write rows (float32 to quantise, or their ``(packed, scales)`` bytes made already)
         at checked ``slots``."""
         packed, sf = k if isinstance(k, tuple) else fp4_quantize(k)
-        self._store_rows(self.kv_buffer[local], slots, packed)
-        self._store_rows(self.kv_scale_buffer[local], slots, sf)
+        self._store_all(slots, [(self.kv_buffer[local], packed), (self.kv_scale_buffer[local], sf)])
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         """The fused buffer of ``layer_id`` dequantised: new float32 ``(rows, 1, kv_dim)``."""

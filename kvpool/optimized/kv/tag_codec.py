@@ -43,7 +43,7 @@ def _block0_codes(
     width: int,
     table: dict[float, int],
     marker: float,
-    by_digit: list[int],
+    by_digit: npt.NDArray[np.uint8],
 ) -> npt.NDArray[np.uint8]:
     """The quantised codes ``(n, width)`` of the tags' block 0 (the reference codec's row:
     ``marker``, then ``count`` digits of ``bits`` bits, least significant first, then zeros),
@@ -52,8 +52,31 @@ def _block0_codes(
     digits = (values[:, None] >> (bits * np.arange(count))) & ((1 << bits) - 1)
     codes = np.full((values.size, width), table[0.0], dtype=np.uint8)
     codes[:, 0] = table[marker]
-    codes[:, 1 : 1 + count] = np.asarray(by_digit, dtype=np.uint8)[digits]
+    codes[:, 1 : 1 + count] = by_digit[digits]
     return codes
+
+
+def _tiled(block: npt.NDArray[np.uint8], shape: tuple[int, ...]) -> npt.NDArray[np.uint8]:
+    """``np.tile(block, shape)`` for a 1-D ``block``: ``shape[-1]`` copies of it along the
+    last axis (one broadcast store; ``np.tile``'s Python-level cost dominates at these sizes)."""
+    out = np.empty((*shape, block.size), dtype=np.uint8)
+    out[...] = block
+    return out.reshape(*shape[:-1], shape[-1] * block.size)
+
+
+@functools.cache
+def _fp4_by_digit() -> npt.NDArray[np.uint8]:
+    """The 4-bit code of each FP4 tag digit (``fp4_tag_row``'s digit ``d`` is
+    ``E2M1_VALUES[d]``), in a block 0 (see :func:`_fp4_tag_block`)."""
+    table = _fp4_tag_block()[0]
+    return np.asarray([table[v] for v in E2M1_VALUES], dtype=np.uint8)
+
+
+@functools.cache
+def _mxfp8_by_digit() -> npt.NDArray[np.uint8]:
+    """The e4m3 byte of each MXFP8 tag digit (``mxfp8_tag_head``'s), in a block 0."""
+    table = _mxfp8_tag_block()[0]
+    return np.asarray([table[float(d)] for d in range(1 << MXFP8_DIGIT_BITS)], dtype=np.uint8)
 
 
 @functools.cache
@@ -85,8 +108,8 @@ def fp4_tag_bytes(
     table, scale, zero_packed, zero_scale = _fp4_tag_block()
     half = FP4_BLOCK // 2
     blocks = heads * dim // FP4_BLOCK
-    packed = np.tile(zero_packed, (n, blocks))
-    by_digit = [table[v] for v in E2M1_VALUES]  # fp4_tag_row's digit d is E2M1_VALUES[d]
+    packed = _tiled(zero_packed, (n, blocks))
+    by_digit = _fp4_by_digit()
     codes = _block0_codes(tags, FP4_DIGIT_BITS, FP4_DIGITS, FP4_BLOCK, table, E2M1_MAX, by_digit)
     packed[:, :half] = codes[:, 0::2] | (codes[:, 1::2] << 4)
     scales = np.full((n, blocks), zero_scale, dtype=np.uint8)
@@ -122,8 +145,8 @@ def mxfp8_tag_bytes(
         return mxfp8_quantize(mxfp8_tag_rows(tags, heads, dim, device))
     table, scale, zero_codes, zero_scale = _mxfp8_tag_block()
     blocks = dim // MXFP8_BLOCK
-    codes = np.tile(zero_codes, (n, heads, blocks))
-    by_digit = [table[float(d)] for d in range(1 << MXFP8_DIGIT_BITS)]  # mxfp8_tag_head's
+    codes = _tiled(zero_codes, (n, heads, blocks))
+    by_digit = _mxfp8_by_digit()
     first = _block0_codes(
         tags, MXFP8_DIGIT_BITS, MXFP8_DIGITS, MXFP8_BLOCK, table, E4M3_MAX, by_digit
     )

@@ -34,6 +34,7 @@ from kvpool.optimized.unified.mamba_release import (
     UnifiedMambaLifecycleCache,
     UnifiedMambaLifecycleCacheV0516,
 )
+from kvpool.records import fast_record
 from kvpool.reference.mamba.lifecycle import admission_headroom
 from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot, MambaTreeSnapshot
 from kvpool.tags import mamba_state_tag
@@ -258,7 +259,7 @@ class MambaHooks:
         """:meth:`snapshot` of arguments of the right types (a memory manager's own requests
         and sessions), without their checks."""
         views = tuple(
-            MambaReqSnapshot(
+            _MAMBA_REQ(
                 rid=r.rid,
                 row=r.req_pool_idx,
                 slot=r.mamba_pool_idx,
@@ -275,7 +276,7 @@ class MambaHooks:
             if r.req_pool_idx is not None or r.mamba_pool_idx is not None
         )
         held = tuple(
-            MambaReqSnapshot(
+            _MAMBA_REQ(
                 rid=f"session {s.session_id}",
                 row=s.req_pool_idx,
                 slot=s.mamba_pool_idx,
@@ -302,6 +303,10 @@ def _state_len(req: Req) -> int:
     """Tokens whose state the request's slot holds: those computed, or (waiting, after a
     copy-on-write) those of its matched prefix."""
     return req.kv_committed_len if req.req_pool_idx is not None else len(req.prefix_indices)
+
+
+_MAMBA_REQ = fast_record(MambaReqSnapshot)
+"""Builds a :class:`MambaReqSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 __all__ = [

@@ -23,6 +23,7 @@ from kvpool.optimized.lifecycle.session import SessionSlot
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.req import Req
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
+from kvpool.records import fast_record
 from kvpool.snapshot import (
     AllocatorSnapshot,
     HostTierSnapshot,
@@ -33,6 +34,12 @@ from kvpool.snapshot import (
     TreeSnapshot,
 )
 from kvpool.tags import kv_tags
+
+_REQ = fast_record(ReqSnapshot)
+"""Builds a :class:`ReqSnapshot` (every field by keyword: :func:`fast_record`)."""
+
+_SESSION = fast_record(SessionSnapshot)
+"""Builds a :class:`SessionSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 class _Snapshots(Protocol):
@@ -110,7 +117,7 @@ def build_pool_snapshot(
             start += count
             expected = _expected_tags(req, committed)
         reqs.append(
-            ReqSnapshot(
+            _REQ(
                 rid=req.rid,
                 state=req.state,
                 req_pool_idx=req.req_pool_idx,
@@ -134,7 +141,7 @@ def build_pool_snapshot(
     for s in mm.sessions.values():
         srow = session_rows.get(id(s), ())
         sessions.append(
-            SessionSnapshot(
+            _SESSION(
                 session_id=s.session_id,
                 req_pool_idx=s.req_pool_idx,
                 kv_committed_len=s.kv_committed_len,

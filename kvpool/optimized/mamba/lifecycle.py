@@ -107,7 +107,9 @@ def forward_state(
     host_tags = int_list("tags", tags)
     check_tags(host_tags)
     values = torch.tensor(host_tags, dtype=torch.int64).to(pool.device, non_blocking=True)
-    pool.mamba_pool.write_state(_index(pool, slots), values)
+    # write_state's checks passed above (slots in range and distinct, one tag in range each):
+    # its store only, without reading both lists back from the tensors
+    pool.mamba_pool._store_state(_index(pool, slots), values.to(torch.float32))
 
 
 def release_waiting(pool: HybridReqToTokenPool, req: MambaReqLike) -> list[int]:

@@ -119,8 +119,9 @@ class MambaPool:
         slots = self.check_slots(indices)
         with _out_of_range():
             if self._host_views(slots):  # NumPy views of CPU buffers: no tensor operation
+                index = slots.numpy()
                 for buf in self._buffers():
-                    buf.numpy()[:, slots.numpy()] = 0
+                    buf.numpy()[:, index] = 0
                 return
             for buf in self._buffers():
                 buf[:, slots] = 0
@@ -162,11 +163,19 @@ class MambaPool:
             raise InvalidArgumentError(f"{values.numel()} tags for {slots.numel()} slots")
         if (self.checked or host) and len(set(slots.tolist())) != slots.numel():
             raise InvalidArgumentError(f"{values.numel()} tags for repeated slots")
+        self._store_state(slots, values)
+
+    def _store_state(self, slots: torch.Tensor, values: torch.Tensor) -> None:
+        """The store of :meth:`write_state`: ``values[i]`` (float32, one per slot) into every
+        element of the state of ``slots[i]`` (int64, on the device), for slots and tags that
+        passed its checks (or the same checks on the host: the forward pass's
+        :func:`~kvpool.optimized.mamba.lifecycle.forward_state`)."""
         with _out_of_range():
             if self._host_views(slots) and values.is_cpu:  # NumPy views, as clear_slots
                 rows = values.numpy().reshape(1, -1, 1)
+                index = slots.numpy()
                 for buf in self._buffers():
-                    buf.numpy()[:, slots.numpy()] = rows
+                    buf.numpy()[:, index] = rows
                 return
             for buf in self._buffers():
                 buf[:, slots] = values.view(1, -1, 1).expand(buf.shape[0], -1, buf.shape[2])

@@ -32,6 +32,7 @@ from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.optimized.pools.paged_ops import check_free_slots
 from kvpool.optimized.radix_key import RadixKey, check_tree_range
 from kvpool.protocols.requests import MambaReqLike
+from kvpool.records import fast_record
 from kvpool.reference.mamba.hybrid_req_to_token_pool import MAMBA_FIELDS, check_mamba_req
 from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
@@ -451,7 +452,7 @@ class MambaRadixCache:
     def snapshot(self) -> MambaTreeSnapshot:
         """Plain copy of every node (pre-order), the sizes and both LRU orders."""
         nodes = tuple(
-            MambaNodeSnapshot(
+            _MAMBA_NODE(
                 node_id=n.node_id,
                 parent_id=None if n.parent is None else n.parent.node_id,
                 key=tuple(n.key.token_ids),
@@ -473,6 +474,10 @@ class MambaRadixCache:
             full_lru=self.full_lru_list.ids(),
             mamba_lru=self.mamba_lru_list.ids(),
         )
+
+
+_MAMBA_NODE = fast_record(MambaNodeSnapshot)
+"""Builds a :class:`MambaNodeSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 __all__ = ["MambaMatchResult", "MambaRadixCache"]

@@ -11,6 +11,7 @@ from collections import deque
 from typing import Protocol
 
 from kvpool.optimized.radix_key import TreeNode
+from kvpool.records import fast_record
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
 
@@ -32,6 +33,10 @@ class TreeViewHost(Protocol):
     def total_size(self) -> int: ...
 
 
+_NODE = fast_record(NodeSnapshot)
+"""Builds a :class:`NodeSnapshot` (every field by keyword: :func:`fast_record`)."""
+
+
 _PREVIEW = 8
 """Tokens/slots shown per node by :func:`pretty_print_tree` before eliding."""
 
@@ -47,26 +52,42 @@ def bfs_nodes(root: TreeNode) -> list[TreeNode]:
     return out
 
 
+def node_keys(order: list[TreeNode]) -> dict[int, tuple[int, ...]]:
+    """Each node's tokens as a tuple of ints, by ``id`` of the node (valid while ``order``, a
+    whole tree's :func:`bfs_nodes`, holds the nodes). Read once per node: a node's recorded
+    child key is the first page of the child's own tuple, not a second read of its array."""
+    return {id(node): tuple(node.arr.tolist()) for node in order}
+
+
 def snapshot_tree(cache: TreeViewHost) -> TreeSnapshot:
     """:class:`~kvpool.snapshot.TreeSnapshot` of ``cache``; a disabled cache lists no nodes."""
     nodes: list[NodeSnapshot] = []
     ps = cache.page_size
     if not cache.disable:
-        for node in bfs_nodes(cache.root_node):
-            children = list(node.children.values())
+        order = bfs_nodes(cache.root_node)
+        keys = node_keys(order)
+        for node in order:
+            children = node.children.values()
             nodes.append(
-                NodeSnapshot(
+                _NODE(
                     node_id=node.node_id,
                     parent_id=None if node.parent is None else node.parent.node_id,
-                    key=tuple(node.arr.tolist()),
+                    key=keys[id(node)],
                     extra_key=node.key.extra_key,
                     value=tuple(node.value.tolist()),
                     lock_ref=node.lock_ref,
                     child_ids=tuple([c.node_id for c in children]),
-                    child_keys=tuple([tuple(c.arr[:ps].tolist()) for c in children]),
+                    # each child's key as recorded: its first page of tokens
+                    child_keys=tuple([keys[id(c)][:ps] for c in children]),
                     last_access_time=float(node.last_access_time),
                     hit_count=node.hit_count,
                     priority=node.priority,
+                    swa_tombstone=False,
+                    swa_lock_ref=0,
+                    evicted=False,
+                    host_value=None,
+                    host_ref_counter=0,
+                    write_pending=False,
                 )
             )
     return TreeSnapshot(
@@ -108,4 +129,10 @@ def pretty_print_tree(cache: TreeViewHost) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["TreeViewHost", "bfs_nodes", "pretty_print_tree", "snapshot_tree"]
+__all__ = [
+    "TreeViewHost",
+    "bfs_nodes",
+    "node_keys",
+    "pretty_print_tree",
+    "snapshot_tree",
+]

@@ -178,7 +178,26 @@ class SWATokenToKVPoolAllocator:
         self._host_range(kv_indices, locs, NO_LAST_LOC)
         if self.checked:
             self._check_range(locs, NO_LAST_LOC)
-        return self.full_to_swa_index_mapping[locs]
+        return self._mapped(locs)
+
+    def _mapped(self, locs: torch.Tensor) -> torch.Tensor:
+        """``full_to_swa_index_mapping[locs]`` (a new int64 tensor) for range-checked ``locs``:
+        checked mode on the CPU gathers through NumPy views (it reads the host anyway; -1 reads
+        the tail entry in both), else the indexed read itself."""
+        mapping = self.full_to_swa_index_mapping
+        if self.checked and locs.is_cpu and mapping.is_cpu:
+            return torch.from_numpy(mapping.numpy()[locs.numpy()])
+        return mapping[locs]
+
+    def _map(self, full: torch.Tensor, swa: torch.Tensor) -> None:
+        """``full_to_swa_index_mapping[full] = swa`` for new full slots and their SWA slots
+        (both int64, from the inner allocators): through NumPy views in checked mode on the
+        CPU, else the indexed store itself."""
+        mapping = self.full_to_swa_index_mapping
+        if self.checked and full.is_cpu and swa.is_cpu and mapping.is_cpu:
+            mapping.numpy()[full.numpy()] = swa.numpy()
+        else:
+            mapping[full] = swa
 
     def set_full_to_swa_mapping(self, full_indices: IndexLike, swa_indices: IndexLike) -> None:
         """``mapping[full_indices[i]] = swa_indices[i]`` (0 unmaps). Checked mode:
@@ -208,7 +227,7 @@ class SWATokenToKVPoolAllocator:
         full = self.full_attn_allocator.alloc(need_size)
         swa = self.swa_attn_allocator.alloc(need_size)
         assert full is not None and swa is not None
-        self.full_to_swa_index_mapping[full] = swa
+        self._map(full, swa)
         return full
 
     def _check_batch(
@@ -281,7 +300,7 @@ class SWATokenToKVPoolAllocator:
         full = self.full_attn_allocator.alloc_extend(*args, loc, extend_num_tokens)
         swa = self.swa_attn_allocator.alloc_extend(*args, swa_loc, extend_num_tokens)
         assert full is not None and swa is not None
-        self.full_to_swa_index_mapping[full] = swa
+        self._map(full, swa)
         return full
 
     def alloc_extend_swa_tail(
@@ -367,7 +386,7 @@ class SWATokenToKVPoolAllocator:
         full = self.full_attn_allocator.alloc_decode(seq, seq_lens_cpu, loc)
         swa = self.swa_attn_allocator.alloc_decode(seq, seq_lens_cpu, swa_loc)
         assert full is not None and swa is not None
-        self.full_to_swa_index_mapping[full] = swa
+        self._map(full, swa)
         return full
 
     # ----------------------------------------------------------------- free
@@ -402,7 +421,7 @@ class SWATokenToKVPoolAllocator:
         """(mapping indices, their SWA slots other than the sentinel); checked mode validates
         the SWA slots against the SWA allocator."""
         indices = self._mapping_indices(slots)
-        swa = self.full_to_swa_index_mapping[indices]
+        swa = self._mapped(indices)
         swa = swa[swa != RESERVED_INDEX]  # the sentinel is no slot
         inner = self.swa_attn_allocator
         if inner._free_mask is not None and swa.numel():
@@ -412,7 +431,11 @@ class SWATokenToKVPoolAllocator:
         return indices, swa
 
     def _release_swa(self, indices: torch.Tensor, swa: torch.Tensor) -> None:
-        self.full_to_swa_index_mapping.index_fill_(0, indices, RESERVED_INDEX)
+        mapping = self.full_to_swa_index_mapping
+        if self.checked and indices.is_cpu and mapping.is_cpu:  # as :meth:`_mapped`
+            mapping.numpy()[indices.numpy()] = RESERVED_INDEX
+        else:
+            mapping.index_fill_(0, indices, RESERVED_INDEX)
         self.swa_attn_allocator.free(swa)
 
     def free(self, free_index: IndexLike) -> None:

@@ -182,7 +182,11 @@ class PageMajorMHATokenToKVPool(KVCache):
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag stored at each token of ``loc`` (K of the first held layer)."""
         view = self.k_buffer[0]
-        return [int(view[s][0][0]) for s in self._slots(loc)]
+        raw, base, ps = view.raw, view.base, view.page_size
+        page_items, row = view.stride[0], view.stride[1]
+        # channel 0 of head 0 is the row's first raw item (``view[s][0][0]``), read straight
+        # from the raw list at PageMajorView._offset's index, without building the row's heads
+        return [int(raw[base + (s // ps) * page_items + (s % ps) * row]) for s in self._slots(loc)]
 
 
 __all__ = ["PageMajorMHATokenToKVPool", "PageMajorView"]

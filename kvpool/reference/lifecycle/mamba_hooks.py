@@ -57,6 +57,7 @@ from kvpool.errors import (
     RequestStateError,
 )
 from kvpool.host_checks import as_count, as_instance, as_int, instance_list
+from kvpool.records import fast_record
 from kvpool.reference.lifecycle.session import SessionSlot
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.reference.mamba.lifecycle import (
@@ -294,7 +295,7 @@ class MambaHooks:
         if tree is not None:
             as_instance("tree", tree, MambaTreeSnapshot)
         views = tuple(
-            MambaReqSnapshot(
+            _MAMBA_REQ(
                 rid=r.rid,
                 row=r.req_pool_idx,
                 slot=r.mamba_pool_idx,
@@ -311,7 +312,7 @@ class MambaHooks:
             if r.req_pool_idx is not None or r.mamba_pool_idx is not None
         )
         held = tuple(
-            MambaReqSnapshot(
+            _MAMBA_REQ(
                 rid=f"session {s.session_id}",
                 row=s.req_pool_idx,
                 slot=s.mamba_pool_idx,
@@ -328,6 +329,10 @@ def _state_len(req: Req) -> int:
     """Tokens whose state the request's slot holds: those computed, or (waiting, after a
     copy-on-write) those of its matched prefix."""
     return req.kv_committed_len if req.req_pool_idx is not None else len(req.prefix_indices)
+
+
+_MAMBA_REQ = fast_record(MambaReqSnapshot)
+"""Builds a :class:`MambaReqSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 __all__ = [

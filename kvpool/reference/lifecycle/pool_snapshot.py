@@ -8,12 +8,14 @@ must be (``expected_tags``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
+from kvpool.records import fast_record
 from kvpool.reference.lifecycle.mamba_hooks import MambaHooks
 from kvpool.reference.lifecycle.session import SessionSlot
+from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.reference.req import Req
 from kvpool.snapshot import (
     AllocatorSnapshot,
@@ -25,6 +27,12 @@ from kvpool.snapshot import (
     TreeSnapshot,
 )
 from kvpool.tags import kv_tags_tuple
+
+_REQ = fast_record(ReqSnapshot)
+"""Builds a :class:`ReqSnapshot` (every field by keyword: :func:`fast_record`)."""
+
+_SESSION = fast_record(SessionSnapshot)
+"""Builds a :class:`SessionSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 class _Snapshots(Protocol):
@@ -60,10 +68,18 @@ class SnapshotHost(Protocol):
     def capacity_refusals(self) -> int: ...
 
 
-def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
-    """Snapshot every pool, request and session of ``mm``."""
+def build_pool_snapshot(
+    mm: SnapshotHost,
+    *,
+    req_swa: Callable[[str], int] | None = None,
+    session_swa: Mapping[str, int] | None = None,
+) -> PoolSnapshot:
+    """Snapshot every pool, request and session of ``mm``. SWA managers give ``req_swa`` (a
+    request id's ``swa_evicted_seqlen``) and ``session_swa`` (a session's, when it holds a row
+    with tokens); others leave those fields 0."""
     pool = mm.req_to_token_pool
     held_rows: list[tuple[int, int]] = []
+    contents: list[tuple[int, tuple[int, ...]]] = []  # (row, values) as read, for the table
     reqs: list[ReqSnapshot] = []
     live = list(mm.reqs.values())
     rows: list[tuple[int, ...]] = []
@@ -73,6 +89,7 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
         if req.req_pool_idx is not None:
             held_rows.append((req.req_pool_idx, req.kv_allocated_len))
             row = tuple(pool.read(req.req_pool_idx, 0, req.kv_allocated_len))
+            contents.append((req.req_pool_idx, row))
             committed_slots += row[: req.kv_committed_len]
         rows.append(row)
     # every committed slot's tag in one read (tags are per slot: the same as one read per
@@ -90,7 +107,7 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
             expected = kv_tags_tuple(req.all_token_ids[:committed], req.extra_key)
         last = req.last_node
         reqs.append(
-            ReqSnapshot(
+            _REQ(
                 rid=req.rid,
                 state=req.state,
                 req_pool_idx=req.req_pool_idx,
@@ -107,6 +124,7 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
                 row=row,
                 kv_tags=tags,
                 expected_tags=expected,
+                swa_evicted_seqlen=0 if req_swa is None else req_swa(req.rid),
             )
         )
     sessions: list[SessionSnapshot] = []
@@ -115,8 +133,9 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
         if s.req_pool_idx is not None:
             held_rows.append((s.req_pool_idx, s.kv_allocated_len))
             srow = tuple(pool.read(s.req_pool_idx, 0, s.kv_allocated_len))
+            contents.append((s.req_pool_idx, srow))
         sessions.append(
-            SessionSnapshot(
+            _SESSION(
                 session_id=s.session_id,
                 req_pool_idx=s.req_pool_idx,
                 kv_committed_len=s.kv_committed_len,
@@ -125,14 +144,21 @@ def build_pool_snapshot(mm: SnapshotHost) -> PoolSnapshot:
                 last_node_id=None if s.last_node is None else s.last_node.node_id,
                 row=srow,
                 busy_with=s.busy_with,
+                swa_evicted_seqlen=(
+                    session_swa.get(s.session_id, 0) if session_swa is not None and srow else 0
+                ),
             )
         )
     tree = mm.tree_cache.snapshot()
     mamba_tree = tree if isinstance(tree, MambaTreeSnapshot) else None
     allocator = mm.token_to_kv_pool_allocator.snapshot()
+    if isinstance(pool, ReqToTokenPool):  # the rows read above (read's checks), not again
+        table = pool._snapshot_of(contents)
+    else:
+        table = pool.snapshot(held_rows)
     return PoolSnapshot(
         allocator=allocator,
-        req_to_token=pool.snapshot(held_rows),
+        req_to_token=table,
         tree=tree.as_tree_snapshot() if isinstance(tree, MambaTreeSnapshot) else tree,
         reqs=tuple(reqs),
         sessions=tuple(sessions),

@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TypeVar
 
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.errors import ConfigError, InvalidArgumentError, OutOfMemoryError
 from kvpool.host_checks import as_bool, as_count, as_instance, as_str, str_list
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
+from kvpool.reference.lifecycle.pool_snapshot import build_pool_snapshot
 from kvpool.reference.lifecycle.spec_decode import spec_step
 from kvpool.reference.lifecycle.swa_radix_lifecycle import (
     SWARadixLifecycle,
@@ -68,7 +68,7 @@ from kvpool.reference.swa.lifecycle import (
     slide_swa_window,
     swa_eviction_demand,
 )
-from kvpool.snapshot import PoolSnapshot, ReqSnapshot, SessionSnapshot, SWAAllocatorSnapshot
+from kvpool.snapshot import PoolSnapshot, SWAAllocatorSnapshot
 
 
 def check_swa_config(config: PoolConfig) -> int:
@@ -493,29 +493,13 @@ class SWAMemoryManager(MemoryManager):
     def snapshot(self) -> PoolSnapshot:
         """The manager's snapshot with ``allocator`` the full pool's, ``swa`` both pools' and
         each request's ``swa_evicted_seqlen``."""
-        snap = super().snapshot()
+        # the SWA fields are set as each request and session is built (no second copy of each)
+        snap = build_pool_snapshot(self, req_swa=self.swa_evicted_seqlen,
+                                   session_swa=self._session_swa)  # fmt: skip
         swa = snap.allocator
         assert isinstance(swa, SWAAllocatorSnapshot)
-        # (a request or session whose count is already the field's value is kept as it is: an
-        # equal snapshot without a dataclasses.replace, the costly part of this view)
-        reqs = tuple(_with_evicted(r, self.swa_evicted_seqlen(r.rid)) for r in snap.reqs)
-        sessions = tuple(
-            _with_evicted(s, self._session_swa.get(s.session_id, 0) if s.row else 0)
-            for s in snap.sessions
-        )
         full = swa.full
-        return dataclasses.replace(snap, allocator=full, swa=swa, reqs=reqs, sessions=sessions,
-                                   max_total_num_tokens=full.size)  # fmt: skip
-
-
-_Evicted = TypeVar("_Evicted", ReqSnapshot, SessionSnapshot)
-
-
-def _with_evicted(snap: _Evicted, evicted: int) -> _Evicted:
-    """``snap`` with ``swa_evicted_seqlen`` = ``evicted`` (tokens)."""
-    if snap.swa_evicted_seqlen == evicted:
-        return snap
-    return dataclasses.replace(snap, swa_evicted_seqlen=evicted)
+        return dataclasses.replace(snap, allocator=full, swa=swa, max_total_num_tokens=full.size)
 
 
 __all__ = ["SWAMemoryManager", "check_swa_config"]

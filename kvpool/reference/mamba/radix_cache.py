@@ -42,6 +42,7 @@ from kvpool.errors import (
 )
 from kvpool.host_checks import as_bool, as_count, as_int
 from kvpool.protocols.requests import MambaReqLike
+from kvpool.records import fast_record
 from kvpool.reference.mamba.hybrid_req_to_token_pool import (
     MAMBA_FIELDS,
     HybridReqToTokenPool,
@@ -455,7 +456,7 @@ class MambaRadixCache:
     def snapshot(self) -> MambaTreeSnapshot:
         """Plain copy of every node (pre-order), the sizes and both LRU orders."""
         nodes = tuple(
-            MambaNodeSnapshot(
+            _MAMBA_NODE(
                 node_id=n.node_id,
                 parent_id=None if n.parent is None else n.parent.node_id,
                 key=tuple(n.key.token_ids),
@@ -477,6 +478,10 @@ class MambaRadixCache:
             full_lru=self.full_lru_list.ids(),
             mamba_lru=self.mamba_lru_list.ids(),
         )
+
+
+_MAMBA_NODE = fast_record(MambaNodeSnapshot)
+"""Builds a :class:`MambaNodeSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 __all__ = ["MambaMatchResult", "MambaRadixCache"]

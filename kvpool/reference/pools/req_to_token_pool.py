@@ -254,13 +254,19 @@ class ReqToTokenPool:
         for row, length in pairs:
             self._check_row(row)
             self._check_columns(0, length)
-        contents = tuple((row, tuple(self.req_to_token[row][:length])) for row, length in pairs)
+        return self._snapshot_of(
+            [(row, tuple(self.req_to_token[row][:length])) for row, length in pairs]
+        )
+
+    def _snapshot_of(self, contents: Sequence[tuple[int, tuple[int, ...]]]) -> ReqToTokenSnapshot:
+        """:meth:`snapshot` whose rows ``contents`` (``(row, values)`` pairs) were already read
+        and checked by the caller (the memory manager's snapshot, which reads them anyway)."""
         return ReqToTokenSnapshot(
             size=self.size,
             max_context_len=self.max_context_len,
             free_slots=tuple(self.free_slots),
             req_generation=tuple(self.req_generation),
-            rows=contents,
+            rows=tuple(contents),
         )
 
 

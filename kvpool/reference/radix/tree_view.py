@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from kvpool.records import fast_record
 from kvpool.reference.radix_key import TreeNode
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
@@ -30,6 +31,10 @@ class TreeViewHost(Protocol):
     @property
     def protected_size_(self) -> int: ...
     def total_size(self) -> int: ...
+
+
+_NODE = fast_record(NodeSnapshot)
+"""Builds a :class:`NodeSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 _PREVIEW = 8
@@ -63,24 +68,29 @@ def snapshot_tree(
     nodes: list[NodeSnapshot] = []
     if not cache.disable:
         ps = cache.page_size
-        for node in bfs_nodes(cache.root_node):
+        order = bfs_nodes(cache.root_node)
+        # each node's tokens as a tuple once (by id: every node is held by ``order``); a
+        # child's recorded key, its first page of tokens, is a slice of its own tuple
+        keys = {id(node): tuple(node.key.token_ids) for node in order}
+        for node in order:
             children = node.children.values()
             host = _NO_HOST if host_fields is None else host_fields(node)
             parent = node.parent
-            key = node.key
-            snap = NodeSnapshot(
+            snap = _NODE(
                 node_id=node.node_id,
                 parent_id=None if parent is None else parent.node_id,
-                key=tuple(key.token_ids),
-                extra_key=key.extra_key,
+                key=keys[id(node)],
+                extra_key=node.key.extra_key,
                 value=tuple(node.value),
                 lock_ref=node.lock_ref,
                 child_ids=tuple([c.node_id for c in children]),
                 # each child's key as recorded: its first page of tokens, as a tuple
-                child_keys=tuple([tuple(c.key.token_ids[:ps]) for c in children]),
+                child_keys=tuple([keys[id(c)][:ps] for c in children]),
                 last_access_time=float(node.last_access_time),
                 hit_count=node.hit_count,
                 priority=node.priority,
+                swa_tombstone=False,
+                swa_lock_ref=0,
                 evicted=host[0],
                 host_value=host[1],
                 host_ref_counter=host[2],
@@ -128,4 +138,10 @@ def pretty_print_tree(cache: TreeViewHost) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["HostFields", "TreeViewHost", "bfs_nodes", "pretty_print_tree", "snapshot_tree"]
+__all__ = [
+    "HostFields",
+    "TreeViewHost",
+    "bfs_nodes",
+    "pretty_print_tree",
+    "snapshot_tree",
+]

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.host_checks import as_bool, as_count, as_int, int_list
+from kvpool.records import fast_record
 from kvpool.reference.radix.checks import check_count, check_distinct, check_key
 from kvpool.reference.radix.radix_cache import logical_clock
 from kvpool.reference.radix_key import ChildKey, RadixKey, check_tree_slots, tree_slot_limit
@@ -486,17 +487,24 @@ class SWARadixCache:
         while queue:
             node = queue.pop(0)
             kids = list(node.children.values())
-            nodes.append(NodeSnapshot(
-                node.node_id, None if node.parent is None else node.parent.node_id,
-                tuple(node.key.token_ids), node.key.extra_key, tuple(node.value),
-                node.full_lock_ref, tuple(c.node_id for c in kids),
-                tuple(tuple(c.key.token_ids[: self.page_size]) for c in kids),
-                node.last_access_time, swa_tombstone=node.swa_tombstone,
-                swa_lock_ref=node.swa_lock_ref))  # fmt: skip
+            nodes.append(_NODE(node_id=node.node_id,
+                parent_id=None if node.parent is None else node.parent.node_id,
+                key=tuple(node.key.token_ids), extra_key=node.key.extra_key,
+                value=tuple(node.value), lock_ref=node.full_lock_ref,
+                child_ids=tuple(c.node_id for c in kids),
+                child_keys=tuple(tuple(c.key.token_ids[: self.page_size]) for c in kids),
+                last_access_time=node.last_access_time, hit_count=0, priority=0,
+                swa_tombstone=node.swa_tombstone, swa_lock_ref=node.swa_lock_ref,
+                evicted=False, host_value=None, host_ref_counter=0,
+                write_pending=False))  # fmt: skip
             queue.extend(kids)
         return TreeSnapshot(self.page_size, False, "lru", self.full_evictable_size_,
                             self.full_protected_size_, tuple(nodes), self.swa_evictable_size_,
                             self.swa_protected_size_)  # fmt: skip
+
+
+_NODE = fast_record(NodeSnapshot)
+"""Builds a :class:`NodeSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 __all__ = ["STAMP_STEP", "SWAMatchResult", "SWARadixCache"]
