@@ -15,11 +15,12 @@ import torch
 from kvpool.optimized.hicache.cache_controller import HiCacheController
 from kvpool.optimized.hicache.prefetch import StoragePrefetch
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
-from kvpool.optimized.radix.tree_view import TreeViewHost, bfs_nodes, node_keys
+from kvpool.optimized.radix.tree_view import TreeViewHost, snapshot_tree
+from kvpool.optimized.radix_key import TreeNode
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import SegmentAllocatorProtocol
-from kvpool.records import fast_record
-from kvpool.snapshot import AllocatorSnapshot, HostTierSnapshot, NodeSnapshot, TreeSnapshot
+from kvpool.reference.radix.tree_view import HostFields
+from kvpool.snapshot import AllocatorSnapshot, HostTierSnapshot, TreeSnapshot
 
 
 class HostTierView(TreeViewHost, Protocol):
@@ -40,51 +41,16 @@ class HostTierView(TreeViewHost, Protocol):
     def snapshot(self) -> TreeSnapshot: ...
 
 
-_NODE = fast_record(NodeSnapshot)
-"""Builds a :class:`NodeSnapshot` (every field by keyword: :func:`fast_record`)."""
-
-
 def hi_tree_snapshot(tree: HostTierView) -> TreeSnapshot:
     """The tree snapshot; nodes carry their host fields (host slots, host pins, a pending
-    write). The nodes of :func:`~kvpool.optimized.radix.tree_view.snapshot_tree`, each built
-    once with its host fields (no copy of a node to add them)."""
-    nodes: list[NodeSnapshot] = []
-    ps = tree.page_size
-    if not tree.disable:
-        order = bfs_nodes(tree.root_node)
-        keys = node_keys(order)
-        for node in order:
-            n = as_hi(node)
-            children = node.children.values()
-            nodes.append(
-                _NODE(
-                    node_id=node.node_id,
-                    parent_id=None if node.parent is None else node.parent.node_id,
-                    key=keys[id(node)],
-                    extra_key=node.key.extra_key,
-                    value=tuple(node.value.tolist()),
-                    lock_ref=node.lock_ref,
-                    child_ids=tuple([c.node_id for c in children]),
-                    child_keys=tuple([keys[id(c)][:ps] for c in children]),
-                    last_access_time=float(node.last_access_time),
-                    hit_count=node.hit_count,
-                    priority=node.priority,
-                    swa_tombstone=False,
-                    swa_lock_ref=0,
-                    evicted=n.evicted,
-                    host_value=None if n.host_value is None else tuple(n.host_value.tolist()),
-                    host_ref_counter=n.host_ref_counter,
-                    write_pending=n.write_through_pending_id is not None,
-                )
-            )
-    return TreeSnapshot(
-        page_size=ps,
-        disabled=tree.disable,
-        eviction_policy=tree.eviction_policy,
-        evictable_size=tree.evictable_size_,
-        protected_size=tree.protected_size_,
-        nodes=tuple(nodes),
-    )
+    write): :func:`~kvpool.optimized.radix.tree_view.snapshot_tree` with each node's."""
+    return snapshot_tree(tree, _host_fields)
+
+
+def _host_fields(node: TreeNode) -> HostFields:
+    n = as_hi(node)
+    host = None if n.host_value is None else tuple(n.host_value.tolist())
+    return (n.evicted, host, n.host_ref_counter, n.write_through_pending_id is not None)
 
 
 def host_tier_snapshot(

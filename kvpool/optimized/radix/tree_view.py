@@ -8,10 +8,12 @@ identically.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.records import fast_record
+from kvpool.reference.radix.tree_view import HostFields
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
 
@@ -59,8 +61,16 @@ def node_keys(order: list[TreeNode]) -> dict[int, tuple[int, ...]]:
     return {id(node): tuple(node.arr.tolist()) for node in order}
 
 
-def snapshot_tree(cache: TreeViewHost) -> TreeSnapshot:
-    """:class:`~kvpool.snapshot.TreeSnapshot` of ``cache``; a disabled cache lists no nodes."""
+_NO_HOST: HostFields = (False, None, 0, False)
+"""The host fields of a node of a cache without the host tier (the snapshot's defaults)."""
+
+
+def snapshot_tree(
+    cache: TreeViewHost, host_fields: Callable[[TreeNode], HostFields] | None = None
+) -> TreeSnapshot:
+    """:class:`~kvpool.snapshot.TreeSnapshot` of ``cache``; a disabled cache lists no nodes.
+    ``host_fields`` (a hierarchical cache's) gives each node's ``(evicted, host_value,
+    host_ref_counter, write_pending)``; without it they keep their defaults."""
     nodes: list[NodeSnapshot] = []
     ps = cache.page_size
     if not cache.disable:
@@ -68,6 +78,7 @@ def snapshot_tree(cache: TreeViewHost) -> TreeSnapshot:
         keys = node_keys(order)
         for node in order:
             children = node.children.values()
+            host = _NO_HOST if host_fields is None else host_fields(node)
             nodes.append(
                 _NODE(
                     node_id=node.node_id,
@@ -84,10 +95,10 @@ def snapshot_tree(cache: TreeViewHost) -> TreeSnapshot:
                     priority=node.priority,
                     swa_tombstone=False,
                     swa_lock_ref=0,
-                    evicted=False,
-                    host_value=None,
-                    host_ref_counter=0,
-                    write_pending=False,
+                    evicted=host[0],
+                    host_value=host[1],
+                    host_ref_counter=host[2],
+                    write_pending=host[3],
                 )
             )
     return TreeSnapshot(
