@@ -13,7 +13,7 @@ from typing import Protocol
 
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.records import fast_record
-from kvpool.reference.radix.tree_view import HostFields
+from kvpool.reference.radix.tree_view import NO_HOST, HostFields
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
 
@@ -61,10 +61,6 @@ def node_keys(order: list[TreeNode]) -> dict[int, tuple[int, ...]]:
     return {id(node): tuple(node.arr.tolist()) for node in order}
 
 
-_NO_HOST: HostFields = (False, None, 0, False)
-"""The host fields of a node of a cache without the host tier (the snapshot's defaults)."""
-
-
 def snapshot_tree(
     cache: TreeViewHost, host_fields: Callable[[TreeNode], HostFields] | None = None
 ) -> TreeSnapshot:
@@ -78,7 +74,7 @@ def snapshot_tree(
         keys = node_keys(order)
         for node in order:
             children = node.children.values()
-            host = _NO_HOST if host_fields is None else host_fields(node)
+            host = NO_HOST if host_fields is None else host_fields(node)
             nodes.append(
                 _NODE(
                     node_id=node.node_id,

@@ -55,7 +55,7 @@ def bfs_nodes(root: TreeNode) -> list[TreeNode]:
 HostFields = tuple[bool, tuple[int, ...] | None, int, bool]
 """A hierarchical cache node's ``(evicted, host_value, host_ref_counter, write_pending)``."""
 
-_NO_HOST: HostFields = (False, None, 0, False)
+NO_HOST: HostFields = (False, None, 0, False)
 """The host fields of a node of a cache without the host tier (the snapshot's defaults)."""
 
 
@@ -74,7 +74,7 @@ def snapshot_tree(
         keys = {id(node): tuple(node.key.token_ids) for node in order}
         for node in order:
             children = node.children.values()
-            host = _NO_HOST if host_fields is None else host_fields(node)
+            host = NO_HOST if host_fields is None else host_fields(node)
             parent = node.parent
             snap = _NODE(
                 node_id=node.node_id,
@@ -139,6 +139,7 @@ def pretty_print_tree(cache: TreeViewHost) -> str:
 
 
 __all__ = [
+    "NO_HOST",
     "HostFields",
     "TreeViewHost",
     "bfs_nodes",
