@@ -137,9 +137,6 @@ class BaseTokenToKVPoolAllocator:
         self._owned: torch.Tensor | None = None  # free_group_end's concatenation, while returned
         self._pending_free: list[torch.Tensor] = []
         self._pending_pages: list[torch.Tensor] = []  # paged free_page_ids inside a group
-        self._buffer: list[torch.Tensor] | None = None
-        """``_pending_free`` while an unchecked free group is open, else None: the one attribute
-        :meth:`free` reads before buffering (a group of 1,024 small frees is mostly calls)."""
         self.clear()
 
     # ----------------------------------------------------------------- state helpers
@@ -289,25 +286,25 @@ class BaseTokenToKVPoolAllocator:
         buffered as it is (no tensor operation: the lifecycle frees one tensor per request
         there; one on another device is moved when the group ends), outside (on the device)
         its pages go back at once; anything else is converted and checked first."""
-        buffer = self._buffer
-        if buffer is not None:  # an open group, unchecked
-            try:  # two attribute reads decide (a list has no dtype: the general path)
-                if free_index.dtype is _INT64 and free_index.ndim == 1:  # type: ignore[union-attr]
-                    # As it is, an empty one too (it joins as nothing); one on another device
-                    # is moved when the group ends (_pending_slots).
-                    buffer.append(free_index)  # type: ignore[arg-type]
-                    return
-            except AttributeError:
-                pass
-        elif self._free_mask is None and (
-            type(free_index) is _TENSOR
-            and free_index.dtype is _INT64
-            and free_index.ndim == 1
-            and (free_index.is_cpu if self._on_cpu else free_index.device == self.device)
-        ):
-            if free_index.numel():
-                self._return_pages(free_index)
-            return
+        if self._free_mask is None:
+            if self._in_free_group:
+                try:  # two attribute reads decide (a list has no dtype: the general path)
+                    if free_index.dtype is _INT64 and free_index.ndim == 1:  # type: ignore[union-attr]
+                        # As it is, an empty one too (it joins as nothing); one on another
+                        # device is moved when the group ends (_pending_slots).
+                        self._pending_free.append(free_index)  # type: ignore[arg-type]
+                        return
+                except AttributeError:
+                    pass
+            elif (
+                type(free_index) is _TENSOR
+                and free_index.dtype is _INT64
+                and free_index.ndim == 1
+                and (free_index.is_cpu if self._on_cpu else free_index.device == self.device)
+            ):
+                if free_index.numel():
+                    self._return_pages(free_index)
+                return
         slots = self._as_index(free_index)  # metadata: checked in both modes
         if slots.numel() == 0:
             return
@@ -336,7 +333,6 @@ class BaseTokenToKVPoolAllocator:
         self._in_free_group = True
         self._pending_free = []
         self._pending_pages = []
-        self._buffer = self._pending_free if self._free_mask is None else None
 
     def free_group_end(self) -> None:
         """Close the group and perform its buffered frees as ONE :meth:`free` of their
@@ -367,7 +363,6 @@ class BaseTokenToKVPoolAllocator:
         self._in_free_group = False
         self._pending_free = []
         self._pending_pages = []
-        self._buffer = None
         if self._pending_mask is not None:
             self._pending_mask.zero_()
 
@@ -609,7 +604,6 @@ class BaseTokenToKVPoolAllocator:
         self._in_free_group = False
         self._pending_free = []
         self._pending_pages = []
-        self._buffer = None
         if self._pending_mask is not None:
             self._pending_mask.zero_()
 
