@@ -1,4 +1,7 @@
-"""Host reads of the twin's state tensors for snapshots (verification reads, not hot paths).
+"""Host views of the twin's state tensors: snapshot reads, and the stores checked mode makes.
+
+Snapshots are verification reads, not hot paths. Checked mode reads the host anyway, so on a CPU
+its stores go through NumPy views too (:func:`store_at`: no tensor operation to dispatch).
 
 A snapshot reads each state tensor once: a CPU tensor of a dtype numpy has is viewed in place
 (``Tensor.numpy``: no copy, no torch dispatch per piece), then sliced and gathered in numpy and
@@ -86,6 +89,21 @@ def float_ints(values: HostArray) -> list[int]:
     return list(map(int, wide.tolist()))
 
 
+def store_at(dst: torch.Tensor, index: torch.Tensor, value: torch.Tensor | int | bool) -> None:
+    """``dst[index] = value`` (``index`` a 1-D integer tensor, in range): through NumPy views
+    when ``dst`` and ``index`` (and a tensor ``value``) live on the CPU in a NumPy dtype, a tensor
+    ``value`` of ``dst``'s dtype (the indexed store refuses another), else the indexed store
+    itself."""
+    if dst.is_cpu and index.is_cpu and dst.dtype in _NUMPY_DTYPES and index.dtype in _NUMPY_DTYPES:
+        if not isinstance(value, torch.Tensor):
+            dst.numpy()[index.numpy()] = value
+            return
+        if value.is_cpu and value.dtype is dst.dtype:
+            dst.numpy()[index.numpy()] = value.numpy()
+            return
+    dst[index] = value
+
+
 def in_bounds(index: npt.NDArray[np.int64], limit: int) -> bool:
     """Whether every value of ``index`` (int64) lies in ``[0, limit)`` (True when empty): one
     reduction, a negative value being a huge one seen as unsigned."""
@@ -96,4 +114,4 @@ def in_bounds(index: npt.NDArray[np.int64], limit: int) -> bool:
     return bool(np.maximum.reduce(index.view(np.uint64)) < limit)
 
 
-__all__ = ["HostArray", "float_ints", "host_array", "host_gather", "in_bounds"]
+__all__ = ["HostArray", "float_ints", "host_array", "host_gather", "in_bounds", "store_at"]

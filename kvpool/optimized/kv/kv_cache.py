@@ -27,7 +27,6 @@ widths, a move's slots: once each, here) as :mod:`kvpool.reference.kv.kv_cache`.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +34,7 @@ import torch
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.host_checks import as_int, int_list
-from kvpool.optimized.host_view import float_ints, host_gather, in_bounds
+from kvpool.optimized.host_view import float_ints, host_gather, in_bounds, store_at
 from kvpool.optimized.index_args import any_outside, index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
@@ -87,28 +86,6 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     elif dtype in _DTYPE_NAMES:
         return _DTYPE_NAMES[dtype]
     raise ConfigError(f"unknown dtype {dtype!r}; known: {sorted(_DTYPE_NAMES)}")
-
-
-_HOST_STORE_DTYPES = frozenset(
-    {torch.float64, torch.float32, torch.float16, torch.uint8, torch.int8, torch.int32, torch.int64}
-)
-"""Buffer dtypes with a NumPy twin (:func:`store_rows`)."""
-
-
-def store_rows(buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """``buffer[slots] = rows``: through NumPy views when all three live on the CPU and
-    ``rows`` has the buffer's dtype, one NumPy twin of it (no tensor operation to dispatch),
-    else the indexed store itself."""
-    if (
-        buffer.is_cpu
-        and slots.is_cpu
-        and rows.is_cpu
-        and rows.dtype is buffer.dtype
-        and buffer.dtype in _HOST_STORE_DTYPES
-    ):
-        buffer.numpy()[slots.numpy()] = rows.numpy()
-    else:
-        buffer[slots] = rows
 
 
 _HOST_TAG_DTYPES: dict[torch.dtype, type[np.float32] | type[np.float64]] = {
@@ -301,11 +278,11 @@ class KVCache:
         return rows
 
     def _store_rows(self, buffer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """``buffer[slots] = rows`` for checked ``slots``: :func:`store_rows` in checked mode
+        """``buffer[slots] = rows`` for checked ``slots``: :func:`store_at` in checked mode
         (its slots are range-checked, so the NumPy store writes exactly what the indexed
         store would); unchecked mode keeps the indexed store itself."""
         if self.checked:
-            store_rows(buffer, slots, rows)
+            store_at(buffer, slots, rows)
         else:
             buffer[slots] = rows
 
@@ -313,29 +290,9 @@ class KVCache:
         self, slots: torch.Tensor, stores: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> None:
         """``buffer[slots] = rows`` for every ``(buffer, rows)`` of ``stores``, in order, for
-        checked ``slots`` (a tag write's every layer): :meth:`_store_rows` of each, but in
-        checked mode on the CPU the slots' NumPy view is made once, and so is each rows
-        tensor's (a tag write stores the same rows in every layer)."""
-        if not (self.checked and slots.is_cpu):
-            for buffer, rows in stores:
-                self._store_rows(buffer, slots, rows)
-            return
-        index = slots.numpy()
-        # id -> view: every rows tensor stays alive in ``stores`` for the whole loop
-        views: dict[int, npt.NDArray[Any]] = {}
+        checked ``slots`` (a tag write's every layer): :meth:`_store_rows` of each."""
         for buffer, rows in stores:
-            if (
-                buffer.is_cpu
-                and rows.is_cpu
-                and rows.dtype is buffer.dtype
-                and buffer.dtype in _HOST_STORE_DTYPES
-            ):
-                view = views.get(id(rows))
-                if view is None:
-                    view = views[id(rows)] = rows.numpy()
-                buffer.numpy()[index] = view
-            else:
-                buffer[slots] = rows
+            self._store_rows(buffer, slots, rows)
 
     def _tag_rows_as(
         self, values: torch.Tensor, heads: int, dim: int, dtype: torch.dtype
@@ -412,5 +369,4 @@ __all__ = [
     "TensorLike",
     "data_tensor",
     "resolve_dtype",
-    "store_rows",
 ]

@@ -50,6 +50,7 @@ from kvpool.host_checks import INT64_MAX, as_count
 from kvpool.kernels.alloc_decode import alloc_decode_unchecked, next_slots_if_torch
 from kvpool.kernels.alloc_extend import alloc_extend_host, alloc_extend_unchecked
 from kvpool.kernels.host import HostLens
+from kvpool.optimized.host_view import store_at
 from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
@@ -209,12 +210,8 @@ class BaseTokenToKVPoolAllocator:
     def _set_free(self, pages: torch.Tensor, free: bool) -> None:
         """``free_mask[pages] = free`` (checked mode only): through NumPy views when both live
         on the CPU (no tensor operation), else one indexed store."""
-        mask = self._free_mask
-        assert mask is not None, "only checked mode keeps the mask"
-        if mask.is_cpu and pages.is_cpu:
-            mask.numpy()[pages.numpy()] = free
-        else:
-            mask[pages] = free
+        assert self._free_mask is not None, "only checked mode keeps the mask"
+        store_at(self._free_mask, pages, free)
 
     def _merge_before_take(self, merge_test: bool, num_pages: int) -> None:
         """SGLang's ``need_sort`` merge when its pre-test ``merge_test`` holds (see the

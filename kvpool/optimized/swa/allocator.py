@@ -28,7 +28,7 @@ from kvpool.errors import (
 )
 from kvpool.host_checks import as_count
 from kvpool.kernels.host import HostLens
-from kvpool.optimized.host_view import host_array
+from kvpool.optimized.host_view import host_array, store_at
 from kvpool.optimized.index_args import any_outside, index_tensor
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.allocator import FreeListState
@@ -193,11 +193,10 @@ class SWATokenToKVPoolAllocator:
         """``full_to_swa_index_mapping[full] = swa`` for new full slots and their SWA slots
         (both int64, from the inner allocators): through NumPy views in checked mode on the
         CPU, else the indexed store itself."""
-        mapping = self.full_to_swa_index_mapping
-        if self.checked and full.is_cpu and swa.is_cpu and mapping.is_cpu:
-            mapping.numpy()[full.numpy()] = swa.numpy()
+        if self.checked:
+            store_at(self.full_to_swa_index_mapping, full, swa)
         else:
-            mapping[full] = swa
+            self.full_to_swa_index_mapping[full] = swa
 
     def set_full_to_swa_mapping(self, full_indices: IndexLike, swa_indices: IndexLike) -> None:
         """``mapping[full_indices[i]] = swa_indices[i]`` (0 unmaps). Checked mode:
@@ -432,8 +431,8 @@ class SWATokenToKVPoolAllocator:
 
     def _release_swa(self, indices: torch.Tensor, swa: torch.Tensor) -> None:
         mapping = self.full_to_swa_index_mapping
-        if self.checked and indices.is_cpu and mapping.is_cpu:  # as :meth:`_mapped`
-            mapping.numpy()[indices.numpy()] = RESERVED_INDEX
+        if self.checked:  # as :meth:`_map`
+            store_at(mapping, indices, RESERVED_INDEX)
         else:
             mapping.index_fill_(0, indices, RESERVED_INDEX)
         self.swa_attn_allocator.free(swa)
