@@ -49,7 +49,7 @@ from kvpool.reference.hicache.args import (
 from kvpool.reference.hicache.hiradix_cache import WRITE_POLICIES
 from kvpool.reference.radix.radix_cache import hit_floor
 from kvpool.rules import Rules
-from kvpool.snapshot import AllocatorSnapshot, HostTierSnapshot, PrefetchSnapshot, TreeSnapshot
+from kvpool.snapshot import HostTierSnapshot, PrefetchSnapshot, TreeSnapshot
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -563,14 +563,6 @@ class HiRadixCache(RadixCache):
     def host_snapshot(self) -> HostTierSnapshot:
         """The whole host tier (:func:`host_tier_snapshot`; see the reference)."""
         return host_tier_snapshot(self)
-
-    def _host_snapshot_with(
-        self, tree: TreeSnapshot, device: AllocatorSnapshot | None
-    ) -> HostTierSnapshot:
-        """:meth:`host_snapshot` whose ``tree`` is ``tree`` (this cache's :meth:`snapshot`) and
-        whose ``device`` is ``device`` (its allocator's; None: taken here), both taken just
-        before with nothing changed since: not taken twice."""
-        return host_tier_snapshot(self, tree, device)
 
 
 __all__ = ["HiRadixCache"]

@@ -18,6 +18,7 @@ import numpy.typing as npt
 import torch
 
 from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
+from kvpool.optimized.hicache.tree_view import host_tier_snapshot
 from kvpool.optimized.lifecycle.mamba_hooks import MambaHooks
 from kvpool.optimized.lifecycle.session import SessionSlot
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
@@ -223,12 +224,12 @@ def _expected_tags(req: Req, committed: int) -> tuple[int, ...]:
 def _host_snapshot(
     tree: object, tree_snap: object, allocator: object, device: AllocatorSnapshot
 ) -> HostTierSnapshot | None:
-    """The host tier's snapshot when the tree cache has one (a ``HiRadixCache``); the twin's
-    takes ``tree_snap`` (the tree's snapshot just taken) and ``device`` (``allocator``'s, when
-    it is the tree's) instead of taking them again."""
+    """The host tier's snapshot when the tree cache has one (a ``HiRadixCache``), given
+    ``tree_snap`` (the tree's snapshot just taken) and ``device`` (``allocator``'s, when it is
+    the tree's) instead of taking them again."""
     if isinstance(tree, HiRadixCache) and isinstance(tree_snap, TreeSnapshot):
         same = tree.token_to_kv_pool_allocator is allocator
-        return tree._host_snapshot_with(tree_snap, device if same else None)
+        return host_tier_snapshot(tree, tree_snap, device if same else None)
     take = getattr(tree, "host_snapshot", None)
     if take is None:
         return None

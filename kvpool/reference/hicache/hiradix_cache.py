@@ -72,7 +72,7 @@ from kvpool.reference.radix.tree_view import bfs_nodes
 from kvpool.reference.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.reference.req import Req
 from kvpool.rules import Rules
-from kvpool.snapshot import AllocatorSnapshot, HostTierSnapshot, PrefetchSnapshot, TreeSnapshot
+from kvpool.snapshot import HostTierSnapshot, PrefetchSnapshot, TreeSnapshot
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
@@ -603,14 +603,6 @@ class HiRadixCache(RadixCache):
     def host_snapshot(self) -> HostTierSnapshot:
         """The whole host tier (:func:`host_tier_snapshot` lists what it holds)."""
         return host_tier_snapshot(self)
-
-    def _host_snapshot_with(
-        self, tree_snapshot: TreeSnapshot, device: AllocatorSnapshot | None
-    ) -> HostTierSnapshot:
-        """:meth:`host_snapshot` reusing ``self.snapshot()`` and (when not None) the device
-        allocator's snapshot, both taken by the caller at this instant (the memory manager's
-        whole snapshot takes them anyway)."""
-        return host_tier_snapshot(self, tree_snapshot, device)
 
 
 __all__ = ["WRITE_POLICIES", "HiRadixCache"]

@@ -13,6 +13,8 @@ from typing import Protocol
 
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.records import fast_record
+from kvpool.reference.hicache.hiradix_cache import HiRadixCache
+from kvpool.reference.hicache.tree_view import host_tier_snapshot
 from kvpool.reference.lifecycle.mamba_hooks import MambaHooks
 from kvpool.reference.lifecycle.session import SessionSlot
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
@@ -167,23 +169,20 @@ def build_pool_snapshot(
         mamba=None
         if mm.mamba_hooks is None
         else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values(), mamba_tree),
-        host=_host_snapshot(mm, tree, allocator),
+        host=_host_snapshot(mm.tree_cache, tree, mm.token_to_kv_pool_allocator, allocator),
     )
 
 
 def _host_snapshot(
-    mm: SnapshotHost, tree: TreeSnapshot | MambaTreeSnapshot, allocator: AllocatorSnapshot
+    tree: object, tree_snap: object, allocator: object, device: AllocatorSnapshot
 ) -> HostTierSnapshot | None:
-    """The host tier's snapshot when the tree cache has one (a ``HiRadixCache``). The
-    reference's cache reuses ``tree`` (its ``snapshot()`` at this instant) and ``allocator``
-    (when its device allocator is the manager's): the same values it would take again."""
-    cache = mm.tree_cache
-    take_with = getattr(cache, "_host_snapshot_with", None)
-    if take_with is not None and isinstance(tree, TreeSnapshot):
-        same = getattr(cache, "token_to_kv_pool_allocator", None) is mm.token_to_kv_pool_allocator
-        with_parts: HostTierSnapshot = take_with(tree, allocator if same else None)
-        return with_parts
-    take = getattr(cache, "host_snapshot", None)
+    """The host tier's snapshot when the tree cache has one (a ``HiRadixCache``), given
+    ``tree_snap`` (the tree's snapshot just taken) and ``device`` (``allocator``'s, when it is
+    the tree's) instead of taking them again."""
+    if isinstance(tree, HiRadixCache) and isinstance(tree_snap, TreeSnapshot):
+        same = tree.token_to_kv_pool_allocator is allocator
+        return host_tier_snapshot(tree, tree_snap, device if same else None)
+    take = getattr(tree, "host_snapshot", None)
     if take is None:
         return None
     snap: HostTierSnapshot = take()
