@@ -74,6 +74,14 @@ def int_list(name: str, values: Iterable[object]) -> list[int]:
     """Every element of ``values`` as an ``int`` (InvalidArgumentError when ``values`` is not a
     sequence of integers: ``None``, a number, a string, a set, a mapping or an iterator, bool,
     float or nested items, or an item outside int64)."""
+    return int_span(name, values)[0]
+
+
+def int_span(name: str, values: Iterable[object]) -> tuple[list[int], int, int]:
+    """``(int_list(name, values), smallest, largest)``: the same checks and errors, and the
+    bounds the int64 check takes anyway, so a caller checking a range of its own need not pass
+    over the list again. No elements give ``(0, -1)``, an empty span, which passes a range
+    check ``smallest < lo or largest >= stop`` for every ``lo <= 0 <= stop``."""
     if type(values) is list and set(map(type, values)) <= _PLAIN_INT:
         out: list[int] = list(values)  # the common case: plain ints, no per-item call
     else:
@@ -86,15 +94,18 @@ def int_list(name: str, values: Iterable[object]) -> list[int]:
             out = [_index(v) for v in values]
         except TypeError:
             raise InvalidArgumentError(f"{name} must hold integers, got {values!r}") from None
-    if out and (min(out) < -INT64_MAX - 1 or max(out) > INT64_MAX):
+    if not out:
+        return out, 0, -1
+    low, high = min(out), max(out)
+    if low < -INT64_MAX - 1 or high > INT64_MAX:
         raise InvalidArgumentError(f"{name} must hold int64 values, got {values!r}")
-    return out
+    return out, low, high
 
 
 def count_list(name: str, values: Iterable[object]) -> list[int]:
     """:func:`int_list`, every element ``>= 0`` (lengths)."""
-    out = int_list(name, values)
-    if out and min(out) < 0:
+    out, smallest, _ = int_span(name, values)
+    if smallest < 0:
         raise InvalidArgumentError(f"{name} must hold values >= 0, got {values!r}")
     return out
 
@@ -156,8 +167,12 @@ def instance_list(name: str, values: object, cls: type[_T]) -> list[_T]:
     object twice."""
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise InvalidArgumentError(f"{name} must be a sequence of {cls.__name__}, got {values!r}")
-    out = [as_instance(f"{name} item", v, cls) for v in values]
-    if len({id(v) for v in out}) != len(out):
+    out: list[_T] = []
+    for v in values:  # (as_instance's check and message, without a call per item)
+        if not isinstance(v, cls):
+            raise InvalidArgumentError(f"{name} item must be a {cls.__name__}, got {v!r}")
+        out.append(v)
+    if len(set(map(id, out))) != len(out):
         raise InvalidArgumentError(f"{name} names the same {cls.__name__} twice")
     return out
 
@@ -175,6 +190,7 @@ __all__ = [
     "count_list",
     "instance_list",
     "int_list",
+    "int_span",
     "str_list",
     "token_list",
 ]

@@ -45,6 +45,30 @@ def fast_record(cls: Callable[P, R]) -> Callable[P, R]:
     return make
 
 
+_FIELD_NAMES: dict[type, frozenset[str] | None] = {}
+""":func:`filled_record`'s field names per class (None: not a :func:`plain_record`)."""
+
+
+def filled_record(cls: type[R], fields: dict[str, object]) -> R:
+    """``cls(**fields)``, where ``fields`` is a fresh dict the caller hands over (its own
+    literal, not kept). When ``cls`` is a :func:`plain_record` and ``fields`` names each of its
+    fields once, the new instance takes ``fields`` itself as its ``__dict__``: no keyword call
+    and no copy (about a third of :func:`fast_record`'s cost; a snapshot builds a record per
+    request, session and node every step). Any other call is ``cls(**fields)``."""
+    names = _FIELD_NAMES.get(cls, frozenset())
+    if names is not None and not names:
+        names = _FIELD_NAMES[cls] = (
+            frozenset(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+            if plain_record(cls)
+            else None
+        )
+    if names is None or fields.keys() != names:
+        return cls(**fields)
+    record = object.__new__(cls)
+    object.__setattr__(record, "__dict__", fields)
+    return record
+
+
 _PLAIN: dict[type, bool] = {}
 """:func:`plain_record`'s answer per class (a class's fields do not change)."""
 
@@ -88,4 +112,4 @@ def replaced(part: K, **changes: object) -> K:
     return new
 
 
-__all__ = ["fast_record", "plain_record", "replaced"]
+__all__ = ["fast_record", "filled_record", "plain_record", "replaced"]

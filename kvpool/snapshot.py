@@ -10,7 +10,9 @@ Units: ``*_size`` and ``*_len`` fields are tokens; ``free_pages``/``release_page
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+from kvpool.records import fast_record
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,10 @@ class NodeSnapshot:
     """HiRadixCache only: pins on the host copy (a load, a write-back or a prefetch using it)."""
     write_pending: bool = False
     """HiRadixCache only: a write of this node to host was issued and is not acknowledged yet."""
+
+
+_NODE = fast_record(NodeSnapshot)
+"""Builds a :class:`NodeSnapshot` (every field by keyword: :func:`~kvpool.records.fast_record`)."""
 
 
 @dataclass(frozen=True)
@@ -290,7 +296,7 @@ class MambaTreeSnapshot:
         the KV lock), so that the lifecycle's tree and pool invariants read it."""
         by_id = {n.node_id: n for n in self.nodes}
         nodes = tuple(
-            NodeSnapshot(
+            _NODE(
                 node_id=n.node_id,
                 parent_id=n.parent_id,
                 key=n.key,
@@ -298,8 +304,16 @@ class MambaTreeSnapshot:
                 value=n.value,
                 lock_ref=n.full_lock_ref,
                 child_ids=n.child_ids,
-                child_keys=tuple(by_id[c].key[:1] if c in by_id else () for c in n.child_ids),
+                child_keys=tuple([by_id[c].key[:1] if c in by_id else () for c in n.child_ids]),
                 last_access_time=0.0,
+                hit_count=0,
+                priority=0,
+                swa_tombstone=False,
+                swa_lock_ref=0,
+                evicted=False,
+                host_value=None,
+                host_ref_counter=0,
+                write_pending=False,
             )
             for n in self.nodes
         )
@@ -395,3 +409,28 @@ class HostTierSnapshot:
     device_held: tuple[int, ...] = ()
     """Device pages held outside the tree (the lifecycle's requests and sessions: their private
     ranges); a component run holds none. Not leaked, for ``INV-HOST-DEVICE-ACCOUNTING``."""
+
+
+def _same_fields(self: object, other: object) -> object:
+    """``__eq__`` of a record whose every field is compared: the same class and equal instance
+    dicts (which hold exactly the fields)."""
+    if other.__class__ is self.__class__:
+        return self.__dict__ == other.__dict__
+    return NotImplemented
+
+
+def _compare_by_fields() -> None:
+    """Every record of this module whose fields all take part in ``==`` compares through
+    :func:`_same_fields`: the answer of the generated ``__eq__`` (same class, every field equal)
+    from one C-level dict comparison
+    instead of two tuples of fields built in Python (the harness compares whole snapshots at
+    every step). The generated ``__hash__`` stays. :class:`PoolSnapshot` keeps its own
+    (``extra`` is not compared)."""
+    for record in list(globals().values()):
+        if isinstance(record, type) and record.__module__ == __name__:
+            table = getattr(record, "__dataclass_fields__", None)
+            if table is not None and all(f.compare for f in fields(record)):
+                record.__eq__ = _same_fields  # type: ignore[assignment, method-assign]
+
+
+_compare_by_fields()

@@ -32,6 +32,9 @@ def kv_tags(token_ids: Sequence[int], extra_key: str | None = None) -> list[int]
 _MEMO_LIMIT: Final[int] = 4096
 """Token sequences :func:`kv_tags_tuple` remembers before it starts over (bounds memory)."""
 
+_PLAIN_INT: Final[frozenset[type]] = frozenset({int})
+"""The element types of a list of plain ints (``set(map(type, ...))`` runs in C)."""
+
 _memo: dict[tuple[str | None, tuple[int, ...]], tuple[int, ...]] = {}
 
 
@@ -40,7 +43,10 @@ def kv_tags_tuple(token_ids: Sequence[int], extra_key: str | None = None) -> tup
     asks for every live request's tags after every step, and a request's tokens are mostly the
     same as at the previous step or one token longer (continued from the shorter sequence's
     last tag). Exact: the tags are a pure function of the namespace and the tokens."""
-    tokens = tuple(map(int, token_ids))
+    if type(token_ids) is list and set(map(type, token_ids)) <= _PLAIN_INT:
+        tokens = tuple(token_ids)  # plain ints already (a request's tokens): no call per item
+    else:
+        tokens = tuple(map(int, token_ids))
     key = (extra_key, tokens)
     found = _memo.get(key)
     if found is not None:

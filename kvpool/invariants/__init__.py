@@ -15,7 +15,9 @@ from itertools import chain
 
 from kvpool.invariants import req_to_token as _req_to_token  # noqa: F401
 from kvpool.invariants.allocator import check_allocator  # (importing it registers its checks)
-from kvpool.invariants.derived import IdentityMemo
+from kvpool.invariants.derived import IdentityMemo, identity_memo
+from kvpool.invariants.host import check_host_tier  # (host-scope checks only)
+from kvpool.invariants.lifecycle import row_owners  # (registers the tree's, then its, checks)
 from kvpool.invariants.registry import (
     INVARIANTS,
     SCOPES,
@@ -25,7 +27,8 @@ from kvpool.invariants.registry import (
     invariant,
     run_scope,
 )
-from kvpool.records import replaced
+from kvpool.invariants.tree import device_view
+from kvpool.records import fast_record, replaced
 from kvpool.snapshot import (
     HostTierSnapshot,
     PoolSnapshot,
@@ -68,10 +71,8 @@ def check_req_to_token(
 
 def _with_owner_rows(snap: PoolSnapshot) -> ReqToTokenSnapshot:
     """The table snapshot plus the rows requests and sessions report, for the layout checks."""
-    extra = [(r.req_pool_idx, r.row) for r in snap.reqs if r.req_pool_idx is not None and r.row]
-    extra += [
-        (s.req_pool_idx, s.row) for s in snap.sessions if s.req_pool_idx is not None and s.row
-    ]
+    # (the requests, then the sessions, holding a row: the pool checks' shared list)
+    extra = [(idx, row) for _, idx, _, _, _, row, _ in row_owners(snap) if row]
     table = snap.req_to_token
     if not extra:
         return table
@@ -90,13 +91,20 @@ def check_all(snapshot: PoolSnapshot, previous: PoolSnapshot | None = None) -> i
     count = 0
     if snapshot.host is not None:
         snapshot, previous, count = _host_tier(snapshot, previous)
-    count += check_allocator(snapshot.allocator)
-    count += check_req_to_token(
-        _with_owner_rows(snapshot),
+    # (what check_allocator and check_req_to_token run, without their argument conversions:
+    # no held set here)
+    count += run_scope("allocator", snapshot.allocator, None)
+    ctx = _row_context(
+        held_rows=None,
         previous=None if previous is None else previous.req_to_token,
         page_size=snapshot.allocator.page_size,
     )
+    count += run_scope("req_to_token", _with_owner_rows(snapshot), ctx)
     return count + run_scope("pool", snapshot, previous)
+
+
+_row_context = fast_record(RowContext)
+"""Builds a :class:`RowContext` (every field by keyword: :func:`~kvpool.records.fast_record`)."""
 
 
 def _host_tier(
@@ -104,8 +112,6 @@ def _host_tier(
 ) -> tuple[PoolSnapshot, PoolSnapshot | None, int]:
     """Run the host invariants on ``snapshot.host``; return both snapshots with their trees
     reduced to the on-device nodes, and the number of checks run."""
-    from kvpool.invariants.host import check_host_tier
-
     assert snapshot.host is not None
     count = check_host_tier(
         _host_with_device_held(snapshot), None if previous is None else previous.host
@@ -119,8 +125,6 @@ def _host_tier(
 def _build_host_with_device_held(snapshot: PoolSnapshot) -> HostTierSnapshot:
     """``snapshot.host`` with ``device_held``: the pages of the requests' and sessions' private
     ranges."""
-    from kvpool.invariants.lifecycle import row_owners
-
     assert snapshot.host is not None
     ps = snapshot.allocator.page_size
     ranges = (row[p:a] for _, _, p, _, a, row, _ in row_owners(snapshot))
@@ -134,17 +138,15 @@ def _build_host_with_device_held(snapshot: PoolSnapshot) -> HostTierSnapshot:
 def _build_device_snapshot(snapshot: PoolSnapshot) -> PoolSnapshot:
     """``snapshot`` with its tree reduced to the on-device nodes (itself when none is
     host-only)."""
-    from kvpool.invariants.tree import device_view
-
     tree = device_view(snapshot.tree)
     return snapshot if tree is snapshot.tree else replaced(snapshot, tree=tree)
 
 
 # Built once per snapshot object: a step's snapshot is the next step's previous one.
-_host_with_device_held: IdentityMemo[PoolSnapshot, HostTierSnapshot] = IdentityMemo(
+_host_with_device_held: IdentityMemo[PoolSnapshot, HostTierSnapshot] = identity_memo(
     _build_host_with_device_held
 )
-_device_snapshot: IdentityMemo[PoolSnapshot, PoolSnapshot] = IdentityMemo(_build_device_snapshot)
+_device_snapshot: IdentityMemo[PoolSnapshot, PoolSnapshot] = identity_memo(_build_device_snapshot)
 
 
 def check_swa_allocator(

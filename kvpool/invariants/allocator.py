@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 import kvpool.invariants.derived as derived
-from kvpool.constants import RESERVED_INDEX, is_power_of_two
+from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant, run_scope
@@ -33,7 +33,9 @@ def _pending_pages(snap: AllocatorSnapshot) -> list[int]:
     scope="allocator",
 )
 def check_shape(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
-    if not is_power_of_two(snap.page_size) or snap.num_pages < 0:
+    ps = snap.page_size
+    # (is_power_of_two, inline: this runs at every step)
+    if not (ps > 0 and (ps & (ps - 1)) == 0) or snap.num_pages < 0:
         raise InvariantViolation(
             "INV-ALLOCATOR-SHAPE", f"bad page_size {snap.page_size} / num_pages {snap.num_pages}"
         )
@@ -53,11 +55,8 @@ def check_reserved_page(snap: AllocatorSnapshot, held_pages: frozenset[int] | No
     # membership tests in the shared page sets; the one offender there can be is the
     # reserved page itself
     named = RESERVED_INDEX in derived.free_pages(snap) or RESERVED_INDEX in (held_pages or ())
-    fail(
-        "INV-RESERVED-ZERO",
-        "reserved page is free-listed, pending or held",
-        [RESERVED_INDEX] if named else [],
-    )
+    if named:
+        fail("INV-RESERVED-ZERO", "reserved page is free-listed, pending or held", [RESERVED_INDEX])
 
 
 @invariant(
@@ -115,7 +114,7 @@ def check_no_double_free(snap: AllocatorSnapshot, held_pages: frozenset[int] | N
     scope="allocator",
 )
 def check_free_group(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
-    if not snap.in_free_group:
+    if snap.pending_free and not snap.in_free_group:  # (nothing pending: nothing to name)
         fail("INV-FREE-GROUP", "slots pending free with no open group", snap.pending_free)
 
 

@@ -3,9 +3,9 @@ invariant).
 
 Snapshots are frozen dataclasses whose fields are ints, strings, tuples and nested frozen
 snapshots, so what is derived from one snapshot object never changes while that object lives.
-:class:`IdentityMemo` keeps the last few ``(part, derived)`` pairs by object identity; it holds a
-strong reference to each part it remembers, so an identity it compares against can never be
-reused by a new object. Within one lockstep step the invariants see the same part objects (both
+:func:`identity_memo` keeps the last few ``(part, derived)`` pairs by object identity; it holds
+a strong reference to each part it remembers, so an identity it looks up can never be reused by
+a new object. Within one lockstep step the invariants see the same part objects (both
 the snapshot and its previous one), so each derived value is built once per step and side.
 Callers must treat what these return as read-only.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, repeat
 from operator import add, floordiv, mod
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from kvpool.snapshot import AllocatorSnapshot, NodeSnapshot, TreeSnapshot
 
@@ -23,41 +23,38 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-class IdentityMemo(Generic[K, V]):
-    """``fn(part)`` remembered for the last ``size`` parts by identity (``is``, not ``==``:
-    equal but distinct parts are rebuilt, which only costs time)."""
+IdentityMemo = Callable[[K], V]
+"""What :func:`identity_memo` returns: ``part -> fn(part)``, remembered by identity."""
 
-    __slots__ = ("_entries", "_fn", "_last", "_size")
 
-    def __init__(self, fn: Callable[[K], V], size: int = 4) -> None:
-        self._fn = fn
-        self._size = size
-        # id(part) -> (part, fn(part)), oldest first; holding the part keeps its id unique
-        self._entries: dict[int, tuple[K, V]] = {}
-        # the entry asked for last (one identity test answers the common repeat)
-        self._last: tuple[K, V] | None = None
+def identity_memo(fn: Callable[[K], V], size: int = 4) -> IdentityMemo[K, V]:
+    """``fn(part)`` remembered for the last ``size`` parts built, by identity (``is``, not
+    ``==``: equal but distinct parts are rebuilt, which only costs time). The oldest part built
+    is forgotten first. A plain function over one dict (not an object with ``__call__``): a
+    hit, the common case, is one call and one dict lookup."""
+    # id(part) -> (part, fn(part)), oldest first. Every part remembered is held here, so no
+    # other live object can have its id: an id found names this very part.
+    entries: dict[int, tuple[K, V]] = {}
+    get = entries.get
 
-    def __call__(self, part: K) -> V:
-        last = self._last
-        if last is not None and last[0] is part:
-            return last[1]
-        entry = self._entries.get(id(part))
-        if entry is None or entry[0] is not part:
-            entry = (part, self._fn(part))
-            entries = self._entries
-            entries.pop(id(part), None)
-            entries[id(part)] = entry
-            if len(entries) > self._size:
-                del entries[next(iter(entries))]
-        self._last = entry
-        return entry[1]
+    def lookup(part: K) -> V:
+        found = get(id(part))
+        if found is not None:
+            return found[1]
+        value = fn(part)
+        entries[id(part)] = (part, value)
+        if len(entries) > size:
+            del entries[next(iter(entries))]
+        return value
+
+    return lookup
 
 
 def _build_by_id(tree: TreeSnapshot) -> dict[int, NodeSnapshot]:
     return {n.node_id: n for n in tree.nodes}
 
 
-by_id: IdentityMemo[TreeSnapshot, dict[int, NodeSnapshot]] = IdentityMemo(_build_by_id)
+by_id: IdentityMemo[TreeSnapshot, dict[int, NodeSnapshot]] = identity_memo(_build_by_id)
 """Node id -> node of a tree snapshot (read-only)."""
 
 
@@ -65,7 +62,7 @@ def _build_free_listed(alloc: AllocatorSnapshot) -> frozenset[int]:
     return frozenset(chain(alloc.free_pages, alloc.release_pages))
 
 
-free_listed: IdentityMemo[AllocatorSnapshot, frozenset[int]] = IdentityMemo(_build_free_listed)
+free_listed: IdentityMemo[AllocatorSnapshot, frozenset[int]] = identity_memo(_build_free_listed)
 """Pages on the free or the release list."""
 
 
@@ -73,17 +70,20 @@ def _build_pending_pages(alloc: AllocatorSnapshot) -> tuple[int, ...]:
     return tuple(page_of(alloc.pending_free, alloc.page_size))
 
 
-pending_pages: IdentityMemo[AllocatorSnapshot, tuple[int, ...]] = IdentityMemo(_build_pending_pages)
+pending_pages: IdentityMemo[AllocatorSnapshot, tuple[int, ...]] = identity_memo(
+    _build_pending_pages
+)
 """The page of each slot pending free (one entry per slot, in order)."""
 
 
 def _build_free_pages(alloc: AllocatorSnapshot) -> frozenset[int]:
-    pending = pending_pages(alloc)
     listed = free_listed(alloc)
-    return listed.union(pending) if pending else listed
+    if not alloc.pending_free:  # (the common case: the listed pages, no pending ones to add)
+        return listed
+    return listed.union(pending_pages(alloc))
 
 
-free_pages: IdentityMemo[AllocatorSnapshot, frozenset[int]] = IdentityMemo(_build_free_pages)
+free_pages: IdentityMemo[AllocatorSnapshot, frozenset[int]] = identity_memo(_build_free_pages)
 """Pages nobody owns: the free and release lists and the pages of the pending frees."""
 
 
@@ -119,7 +119,7 @@ class PathSlots:
         return path
 
 
-path_slots: IdentityMemo[TreeSnapshot, PathSlots] = IdentityMemo(PathSlots)
+path_slots: IdentityMemo[TreeSnapshot, PathSlots] = identity_memo(PathSlots)
 """The :class:`PathSlots` of a tree snapshot."""
 
 
@@ -130,12 +130,21 @@ function of the values: a row kept between steps, or read by two checks, is deci
 _CONTIGUOUS_MAX = 1024  # (rows remembered before the memo starts over: bounds memory)
 
 
+_SEEN: dict[int, tuple[tuple[int, ...], int, bool]] = {}
+"""``id(slots) -> (slots, page_size, verdict)`` of the tuple rows decided lately: one row
+object is read by several checks in a step (its owner's, the table's), and a lookup by
+identity skips hashing it. Every row remembered is held here, so an id found names it."""
+
+
 def page_contiguous(slots: Sequence[int], page_size: int) -> bool:
-    """:func:`_page_contiguous`, remembered by value for tuple rows."""
+    """:func:`_page_contiguous`, remembered by identity, then by value, for tuple rows."""
     if page_size == 1 or not slots:
         return True
     if type(slots) is not tuple:
         return _page_contiguous(slots, page_size)
+    seen = _SEEN.get(id(slots))
+    if seen is not None and seen[1] == page_size:
+        return seen[2]
     key = (page_size, slots)
     verdict = _CONTIGUOUS.get(key)
     if verdict is None:
@@ -143,7 +152,13 @@ def page_contiguous(slots: Sequence[int], page_size: int) -> bool:
         if len(_CONTIGUOUS) >= _CONTIGUOUS_MAX:
             _CONTIGUOUS.clear()
         _CONTIGUOUS[key] = verdict
+    if len(_SEEN) >= _SEEN_MAX:
+        _SEEN.clear()
+    _SEEN[id(slots)] = (slots, page_size, verdict)
     return verdict
+
+
+_SEEN_MAX = 64  # (a few steps' rows: bounds the rows held)
 
 
 def _page_contiguous(slots: Sequence[int], page_size: int) -> bool:
@@ -171,6 +186,7 @@ __all__ = [
     "by_id",
     "free_listed",
     "free_pages",
+    "identity_memo",
     "page_contiguous",
     "page_of",
     "path_slots",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from itertools import chain
 
 import kvpool.invariants.derived as derived
-from kvpool.constants import RESERVED_INDEX, ceil_align
+from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.allocator import all_pages
 from kvpool.invariants.derived import page_contiguous, page_of
@@ -31,19 +31,23 @@ def row_owners(snap: PoolSnapshot) -> list[RowOwner]:
     """Every request and session holding a row (built once per ``(reqs, sessions)`` pair and
     shared: read-only)."""
     reqs, sessions = snap.reqs, snap.sessions
-    for known_reqs, known_sessions, owners in _OWNERS:
-        if known_reqs is reqs and known_sessions is sessions:
-            return owners
+    found = _OWNERS_GET(id(reqs))
+    if found is not None and found[1] is sessions:
+        return found[2]
     owners = _build_row_owners(snap)
     # (holding the tuples keeps their identities from being reused while remembered)
-    _OWNERS.insert(0, (reqs, sessions, owners))
-    del _OWNERS[4:]
+    _OWNERS.pop(id(reqs), None)
+    _OWNERS[id(reqs)] = (reqs, sessions, owners)
+    if len(_OWNERS) > 4:
+        del _OWNERS[next(iter(_OWNERS))]
     return owners
 
 
-_OWNERS: list[tuple[tuple[ReqSnapshot, ...], tuple[SessionSnapshot, ...], list[RowOwner]]] = []
-"""The last few :func:`row_owners` results by the identity of the request and session tuples
-(snapshots are immutable; a lockstep step asks for the same pair many times)."""
+_OWNERS: dict[int, tuple[tuple[ReqSnapshot, ...], tuple[SessionSnapshot, ...], list[RowOwner]]] = {}
+"""The last few :func:`row_owners` results (oldest first) by the identity of the request tuple,
+with the session tuple they were built with (snapshots are immutable; a lockstep step asks for
+the same pair many times). A request tuple remembered is held here, so an id found names it."""
+_OWNERS_GET = _OWNERS.get
 
 
 def _build_row_owners(snap: PoolSnapshot) -> list[RowOwner]:
@@ -172,7 +176,9 @@ def _ownership_errors(snap: PoolSnapshot) -> list[int]:
 def check_pool_accounting(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     alloc, ps = snap.allocator, snap.allocator.page_size
     pending = len(_pages(alloc.pending_free, ps)) * ps if alloc.pending_free else 0
-    held = sum(ceil_align(a, ps) - p for _, _, p, _, a, _, _ in row_owners(snap))
+    held = 0
+    for _, _, p, _, a, _, _ in row_owners(snap):
+        held += -(-a // ps) * ps - p  # ceil_align(a, ps) - p (inline: a call per owner)
     tree = snap.tree.evictable_size + snap.tree.protected_size
     total = alloc.available_size() + pending + tree + held
     size = snap.max_total_num_tokens or alloc.size
@@ -193,12 +199,13 @@ def check_pool_accounting(snap: PoolSnapshot, previous: PoolSnapshot | None) -> 
 )
 def check_row_owners(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     table = snap.req_to_token
-    held = [row for _, row, *_ in row_owners(snap) if row is not None]
+    held = [owner[1] for owner in row_owners(snap) if owner[1] is not None]
     distinct = set(held)
     if len(distinct) < len(held):  # a repeat: name the rows
         counts = Counter(held)
         fail("INV-ROW-OWNERS", "rows held twice", [r for r, c in counts.items() if c > 1])
-    fail("INV-ROW-OWNERS", "rows held and free", distinct.intersection(table.free_slots))
+    if not distinct.isdisjoint(table.free_slots):  # (decided in C; the set names the rows)
+        fail("INV-ROW-OWNERS", "rows held and free", distinct.intersection(table.free_slots))
     if len(table.free_slots) + len(held) != table.size:
         missing = set(range(RESERVED_INDEX + 1, table.size + 1)) - set(held) - set(table.free_slots)
         raise InvariantViolation(
@@ -215,6 +222,8 @@ def check_row_owners(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     scope="pool",
 )
 def check_one_owner(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    if _owned_once(snap):
+        return  # (the common verdict, without the call that would decide it again)
     fail("INV-ONE-OWNER", "pages with no owner or several", _ownership_errors(snap))
 
 
@@ -299,7 +308,8 @@ def check_lengths(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         ordered = 0 <= protected <= committed <= allocated <= width
         if not ordered or protected % ps or len(contents) != allocated or row is None:
             bad.append(i)
-    fail("INV-LENGTHS", "owners (index in row_owners order) with bad lengths", bad)
+    if bad:
+        fail("INV-LENGTHS", "owners (index in row_owners order) with bad lengths", bad)
     bad = []
     for i, r in enumerate(snap.reqs):
         if r.req_pool_idx is None and (r.kv_allocated_len or r.kv_committed_len):
@@ -308,7 +318,8 @@ def check_lengths(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
             bad.append(i)
         if r.is_chunked and r.state != "running":
             bad.append(i)
-    fail("INV-LENGTHS", "requests (index in snapshot order) with bad lengths or state", bad)
+    if bad:
+        fail("INV-LENGTHS", "requests (index in snapshot order) with bad lengths or state", bad)
 
 
 @invariant(
@@ -318,8 +329,9 @@ def check_lengths(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     scope="pool",
 )
 def check_idle(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
-    if any(r.req_pool_idx is not None or r.last_node_id is not None for r in snap.reqs):
-        return
+    for r in snap.reqs:  # (a loop, not any() over a generator: most steps return here)
+        if r.req_pool_idx is not None or r.last_node_id is not None:
+            return
     session_rows = {s.req_pool_idx for s in snap.sessions if s.req_pool_idx is not None}
     table = snap.req_to_token
     fail(

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.invariants.allocator import all_pages
-from kvpool.invariants.derived import IdentityMemo
+from kvpool.invariants.derived import IdentityMemo, identity_memo
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import INVARIANTS, invariant, run_scope
+from kvpool.records import fast_record
 from kvpool.snapshot import (
     HybridReqToTokenSnapshot,
     HybridStateSnapshot,
@@ -57,7 +58,7 @@ def _build_held(ctx: MambaContext) -> list[int]:
     return slots + [s for s, _ in ctx.checkpoints]
 
 
-_held: IdentityMemo[MambaContext, list[int]] = IdentityMemo(_build_held)
+_held: IdentityMemo[MambaContext, list[int]] = identity_memo(_build_held)
 """Every slot named by an owner, once per owner naming it (built once per context, shared by
 the checks: read-only)."""
 
@@ -80,7 +81,8 @@ def check_one_owner(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
     if len(held_set) < len(held):
         fail("INV-MAMBA-ONE-OWNER", "Mamba slots held by two owners",
              [s for s, n in Counter(held).items() if n > 1])  # fmt: skip
-    fail("INV-MAMBA-ONE-OWNER", "Mamba slots both free and held", free_set & held_set)
+    if not free_set.isdisjoint(held_set):  # (decided in C; the intersection names the slots)
+        fail("INV-MAMBA-ONE-OWNER", "Mamba slots both free and held", free_set & held_set)
     if RESERVED_INDEX in free_set or RESERVED_INDEX in held_set:
         fail("INV-MAMBA-ONE-OWNER", "reserved Mamba slot free-listed or held", [RESERVED_INDEX])
 
@@ -137,7 +139,8 @@ def check_req_slot(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
 def check_checkpoint(snap: HybridReqToTokenSnapshot, ctx: MambaContext) -> None:
     pool = snap.mamba_pool
     bad = [s for s, tag in ctx.checkpoints if 0 < s <= pool.size and pool.state_tag(s) != tag]
-    fail("INV-MAMBA-CHECKPOINT", "cached Mamba states overwritten", bad)
+    if bad:
+        fail("INV-MAMBA-CHECKPOINT", "cached Mamba states overwritten", bad)
 
 
 @invariant(
@@ -188,15 +191,20 @@ def _pool_scope(check: Callable[[HybridReqToTokenSnapshot, MambaContext], None])
 def _build_pool_context(mamba: HybridStateSnapshot) -> MambaContext:
     """The owners a hybrid manager's snapshot names: its live requests and the Mamba radix
     cache's checkpoints (when the radix cache is on)."""
-    views = tuple(MambaReqView(r.rid, r.row, r.slot, r.track, r.expected_tag)
-                  for r in mamba.reqs)  # fmt: skip
+    views = tuple([_req_view(name=r.rid, row=r.row, slot=r.slot, track=r.track,
+                             expected_tag=r.expected_tag) for r in mamba.reqs])  # fmt: skip
     tree = mamba.tree
     checkpoints = () if tree is None else tree_checkpoints(tree)
-    return MambaContext(views, checkpoints)
+    return _context(reqs=views, checkpoints=checkpoints, owners_known=True)
+
+
+# (built every step: fast_record fills the records without their generated __init__)
+_req_view = fast_record(MambaReqView)
+_context = fast_record(MambaContext)
 
 
 # built once per snapshot for the five pool-scope checks (a pure function of the snapshot)
-_pool_context: IdentityMemo[HybridStateSnapshot, MambaContext] = IdentityMemo(_build_pool_context)
+_pool_context: IdentityMemo[HybridStateSnapshot, MambaContext] = identity_memo(_build_pool_context)
 
 
 for _id, _check in (

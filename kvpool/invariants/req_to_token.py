@@ -26,11 +26,8 @@ from kvpool.snapshot import ReqToTokenSnapshot
 )
 def check_reserved_row(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
     named = RESERVED_INDEX in snap.free_slots or RESERVED_INDEX in (ctx.held_rows or ())
-    fail(
-        "INV-RESERVED-ZERO",
-        "reserved row is free-listed or held",
-        [RESERVED_INDEX] if named else [],
-    )
+    if named:
+        fail("INV-RESERVED-ZERO", "reserved row is free-listed or held", [RESERVED_INDEX])
     # A held row never maps a token to the reserved page (slots [0, page_size)).
     first_real_slot = ctx.page_size if ctx.page_size is not None else RESERVED_INDEX + 1
     for row, slots in snap.rows:
@@ -49,8 +46,15 @@ def check_reserved_row(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
     scope="req_to_token",
 )
 def check_row_range(snap: ReqToTokenSnapshot, ctx: RowContext) -> None:
-    named = list(snap.free_slots) + list(ctx.held_rows or ()) + [r for r, _ in snap.rows]
-    if named and (min(named) <= RESERVED_INDEX or max(named) > snap.size):
+    free, held, size = snap.free_slots, ctx.held_rows or (), snap.size
+    ids = [r for r, _ in snap.rows]
+    # (each part in range by its min and max, in C, without joining them first)
+    if (
+        (free and (min(free) <= RESERVED_INDEX or max(free) > size))
+        or (held and (min(held) <= RESERVED_INDEX or max(held) > size))
+        or (ids and (min(ids) <= RESERVED_INDEX or max(ids) > size))
+    ):
+        named = list(free) + list(held) + ids
         fail(
             "INV-ROW-RANGE",
             f"rows outside 1..{snap.size}",

@@ -19,12 +19,13 @@ from itertools import compress
 from operator import itemgetter
 
 import kvpool.invariants.derived as derived
-from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, ceil_align
+from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.allocator import all_pages, check_allocator
-from kvpool.invariants.derived import IdentityMemo, page_of
+from kvpool.invariants.derived import IdentityMemo, identity_memo, page_of
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant, run_scope
+from kvpool.records import fast_record
 from kvpool.snapshot import AllocatorSnapshot, PoolSnapshot, SWAAllocatorSnapshot, TreeSnapshot
 
 _FIRST = itemgetter(0)
@@ -51,19 +52,39 @@ def _live_entries(snap: SWAAllocatorSnapshot) -> list[tuple[int, int]]:
 
 
 def _build_live(snap: SWAAllocatorSnapshot) -> list[tuple[int, int]]:
-    body = snap.full_to_swa[:-1]
-    # (the sentinel RESERVED_INDEX is 0, the one falsy slot: compress keeps the others, in C)
-    return list(compress(enumerate(body), body))
+    mapping = snap.full_to_swa
+    if type(mapping) is not tuple:
+        return _scan_live(mapping)
+    # (a mapping is often the previous step's: one hash and compare in C, not a scan)
+    found = _LIVE_BY_MAPPING.get(mapping)
+    if found is None:
+        found = _scan_live(mapping)
+        if len(_LIVE_BY_MAPPING) >= 16:
+            _LIVE_BY_MAPPING.clear()
+        _LIVE_BY_MAPPING[mapping] = found
+    return found
 
 
-_live: IdentityMemo[SWAAllocatorSnapshot, list[tuple[int, int]]] = IdentityMemo(_build_live)
+def _scan_live(mapping: Sequence[int]) -> list[tuple[int, int]]:
+    body = mapping[:-1]
+    # (the sentinel RESERVED_INDEX is 0, the one falsy slot: compress keeps the full slots of
+    # the others, in C, without a pair per entry)
+    full = list(compress(range(len(body)), body))
+    return list(zip(full, map(body.__getitem__, full), strict=True))
+
+
+_LIVE_BY_MAPPING: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+""":func:`_scan_live` by mapping value (a pure function of it; shared, read-only)."""
+
+
+_live: IdentityMemo[SWAAllocatorSnapshot, list[tuple[int, int]]] = identity_memo(_build_live)
 
 
 def _build_live_values(snap: SWAAllocatorSnapshot) -> list[int]:
     return [s for _, s in _live(snap)]
 
 
-_live_values: IdentityMemo[SWAAllocatorSnapshot, list[int]] = IdentityMemo(_build_live_values)
+_live_values: IdentityMemo[SWAAllocatorSnapshot, list[int]] = identity_memo(_build_live_values)
 """The SWA slot of every live entry, in :func:`_live_entries` order (read-only)."""
 
 
@@ -92,7 +113,8 @@ def check_mapping_shape(snap: SWAAllocatorSnapshot, ctx: SWAContext) -> None:
             f"entries outside {{0}} and [{swa.page_size}, {limit})",
             [f for f, s in _live_entries(snap) if not swa.page_size <= s < limit],
         )
-    fail("INV-SWA-MAPPING-SHAPE", "full slot 0 is mapped", [0] if snap.full_to_swa[0] else [])
+    if snap.full_to_swa[0]:
+        fail("INV-SWA-MAPPING-SHAPE", "full slot 0 is mapped", [0])
 
 
 @invariant(
@@ -298,6 +320,7 @@ def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     mapping = swa.full_to_swa
     bad: list[int] = []
     held = 0
+    sps = swa.swa.page_size
     for r in snap.reqs:
         if r.req_pool_idx is None:
             continue
@@ -306,7 +329,7 @@ def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         cut = max(r.swa_evicted_seqlen, own)
         if _window_breaks(mapping, r.row, own, cut):
             bad.append(r.req_pool_idx)
-        held += ceil_align(r.kv_allocated_len, swa.swa.page_size) - cut
+        held += -(-r.kv_allocated_len // sps) * sps - cut  # (ceil_align, inline)
     for s in snap.sessions:
         if s.req_pool_idx is None:
             continue
@@ -314,12 +337,17 @@ def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         cut = max(s.swa_evicted_seqlen, own)
         if _window_breaks(mapping, s.row, own, cut):
             bad.append(s.req_pool_idx)
-        held += ceil_align(s.kv_allocated_len, swa.swa.page_size) - cut
-    fail("INV-SWA-WINDOW", "rows whose SWA mapping disagrees with their window", bad)
+        held += -(-s.kv_allocated_len // sps) * sps - cut  # (ceil_align, inline)
+    if bad:
+        fail("INV-SWA-WINDOW", "rows whose SWA mapping disagrees with their window", bad)
     tree = None if snap.tree.disabled else snap.tree
     if tree is not None:
         held += tree.swa_evictable_size + tree.swa_protected_size
-    run_scope("swa", swa, SWAContext(held, tree))
+    run_scope("swa", swa, _swa_context(swa_held_tokens=held, tree=tree))
+
+
+# (built every step: fast_record fills the record without its generated __init__)
+_swa_context = fast_record(SWAContext)
 
 
 def check_swa_allocator(

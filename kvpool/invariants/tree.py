@@ -108,7 +108,7 @@ def _build_device_view(tree: TreeSnapshot) -> TreeSnapshot:
     return replaced(tree, nodes=tuple(nodes)) if changed else tree
 
 
-_device_view: derived.IdentityMemo[TreeSnapshot, TreeSnapshot] = derived.IdentityMemo(
+_device_view: derived.IdentityMemo[TreeSnapshot, TreeSnapshot] = derived.identity_memo(
     _build_device_view
 )
 
@@ -123,7 +123,8 @@ _device_view: derived.IdentityMemo[TreeSnapshot, TreeSnapshot] = derived.Identit
 def check_tree_shape(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     tree, ps = snap.tree, snap.tree.page_size
     if tree.disabled or not tree.nodes:
-        fail("INV-TREE-SHAPE", "a disabled tree lists nodes", [n.node_id for n in tree.nodes])
+        if tree.nodes:
+            fail("INV-TREE-SHAPE", "a disabled tree lists nodes", [n.node_id for n in tree.nodes])
         if tree.evictable_size or tree.protected_size:
             raise InvariantViolation("INV-TREE-SHAPE", "a disabled tree has non-zero sizes")
         return
@@ -256,12 +257,16 @@ def check_locks(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
             evictable += len(n.key)
         elif lock > 0:
             protected += len(n.key)
-    fail("INV-LOCKS", "negative lock_ref", negative)
-    fail("INV-LOCKS", "child locked more than its parent", over_parent)
+    # (each fail only when its list names something: most steps name nothing)
+    if negative:
+        fail("INV-LOCKS", "negative lock_ref", negative)
+    if over_parent:
+        fail("INV-LOCKS", "child locked more than its parent", over_parent)
     holders = lock_holders(snap)
     if holders:
         missing = [h for h in holders if h not in by_id]
-        fail("INV-LOCKS", "holders name nodes not in the tree", missing)
+        if missing:
+            fail("INV-LOCKS", "holders name nodes not in the tree", missing)
     expected: dict[int, int] = {}
     for h in holders:
         cur = get(h)
@@ -269,11 +274,12 @@ def check_locks(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
             expected[cur.node_id] = expected.get(cur.node_id, 0) + 1
             cur = get(cur.parent_id)
     wrong = [n.node_id for n in rest if n.lock_ref != expected.get(n.node_id, 0)]
-    fail(
-        "INV-LOCKS",
-        "lock_ref differs from the number of holders below (leaked or lost lock)",
-        wrong,
-    )
+    if wrong:
+        fail(
+            "INV-LOCKS",
+            "lock_ref differs from the number of holders below (leaked or lost lock)",
+            wrong,
+        )
     if (evictable, protected) != (tree.evictable_size, tree.protected_size):
         raise InvariantViolation(
             "INV-LOCKS",

@@ -32,7 +32,7 @@ import kvpool.kernels.checks as checks
 from kvpool.kernels.dispatch import block_for, check_page_size, nonempty, run_backend, write_back
 from kvpool.kernels.host import HostLens, Int64Array, host_array, host_copy, to_device
 from kvpool.kernels.launch import dense, exclusive_cumsum, launch, tl
-from kvpool.reference.pools.paged_ops import alloc_extend_slots, extend_new_pages
+from kvpool.reference.pools.paged_ops import alloc_extend_slots
 
 
 def _alloc_extend_kernel(  # type: ignore[no-untyped-def]
@@ -229,14 +229,15 @@ def alloc_extend_host(
             return False
         out_indices.numpy()[:] = free_pages.numpy()[:total]
         return True
-    if total <= _LIST_TOKENS:  # the reference's own loop over lists: a few range() runs
-        p, s = prefix_lens_cpu.tolist(), seq_lens_cpu.tolist()
-        needed = sum(extend_new_pages(a, b, page_size) for a, b in zip(p, s, strict=True))
-        if free_pages.numel() < needed or any(not 0 <= a <= b for a, b in zip(p, s, strict=True)):
-            return False
-        held = free_pages[:needed].tolist()
-        slots = alloc_extend_slots(p, s, last_loc.tolist(), held, page_size)
-        if len(slots) != total:
+    if total <= _LIST_TOKENS:  # the reference's plan over lists: one range() per run
+        slots = _extend_slot_runs(
+            prefix_lens_cpu.tolist(),
+            seq_lens_cpu.tolist(),
+            last_loc.tolist(),
+            free_pages,
+            page_size,
+        )
+        if slots is None or len(slots) != total:
             return False
         out_indices.numpy()[:] = slots
         return True
@@ -253,6 +254,35 @@ def alloc_extend_host(
     np.subtract.at(diff, ends, jump)
     np.cumsum(diff[:total], out=out_indices.numpy())
     return True
+
+
+def _extend_slot_runs(
+    p: list[int], s: list[int], loc: list[int], free_pages: torch.Tensor, ps: int
+) -> list[int] | None:
+    """:func:`~kvpool.reference.pools.paged_ops.alloc_extend_slots` on host lists (tokens;
+    ``free_pages`` a CPU tensor of page ids), each run of consecutive slots one ``range``:
+    part 1 from ``last_loc + 1``, then one run per new page (a whole page, or the tail at the
+    head of the last one). None when some request has not ``0 <= P <= S`` or the pages are
+    too few."""
+    needed = 0
+    for a, b in zip(p, s, strict=True):
+        if not 0 <= a <= b:
+            return None
+        needed += -(-b // ps) + a // -ps  # ceil(S / ps) - ceil(P / ps)
+    if free_pages.numel() < needed:
+        return None
+    held = free_pages.numpy()[:needed].tolist()  # a CPU tensor: a view
+    out: list[int] = []
+    at = 0
+    for a, b, last in zip(p, s, loc, strict=True):
+        column = -(-a // ps) * ps  # the first column past the prefix's pages
+        out.extend(range(last + 1, last + 1 + min(b, column) - a))
+        while column < b:
+            base = held[at] * ps
+            out.extend(range(base, base + min(ps, b - column)))
+            column += ps
+            at += 1
+    return out
 
 
 def _alloc_extend_per_token(

@@ -127,7 +127,9 @@ class Req:
         have = int(self._array.shape[0])
         if have < stop:
             tokens = self.all_token_ids
-            grow = max(stop, min(len(tokens), 2 * have))  # amortised growth for decode steps
+            # amortised growth for decode steps; the first read takes every token (a prefill
+            # reads the whole prompt right after the match read all but its last)
+            grow = max(stop, min(len(tokens), 2 * have)) if have else len(tokens)
             self._array = np.concatenate((self._array, compact_tokens(tokens[have:grow])))
         return self._array[:stop]
 
@@ -152,6 +154,15 @@ class Req:
                 grown = scan_kv_tags(h, new)
             self._tags = tags = np.concatenate((tags, grown))
         return tags[:stop]
+
+    def _prefix_len(self) -> int:
+        """``len(prefix_indices)`` (tokens): a 1-D tensor's ``shape[0]``, without
+        ``Tensor.__len__``'s Python-level dispatch; any other container's ``len``."""
+        prefix = self.prefix_indices
+        if type(prefix) is torch.Tensor and prefix.dim() == 1:
+            n: int = prefix.shape[0]
+            return n
+        return len(prefix)
 
     def _reset_mamba_fields(self) -> None:
         """Hybrid models: the Mamba slot, its pending clear or copy, the track buffers

@@ -52,7 +52,7 @@ class LayerSide:
 def counter_state(manager: Any) -> tuple[int, int, tuple[tuple[bool, ...], ...]]:
     """``(producer, consumer, done flags per event)`` of ``manager.layer_done_counter``."""
     counter = manager.layer_done_counter
-    done = tuple(tuple(bool(d) for d in e.done) for e in counter.events)
+    done = tuple([tuple(map(bool, e.done)) for e in counter.events])
     return counter.producer_index, counter.consumer_index, done
 
 
@@ -63,7 +63,12 @@ class LayerLoads:
         self.sides = (LayerSide(manager_a), LayerSide(manager_b))
 
     def _side(self, manager: Any) -> LayerSide:
-        return next(s for s in self.sides if s.manager is manager)
+        first, second = self.sides
+        if manager is first.manager:
+            return first
+        if manager is second.manager:
+            return second
+        raise ValueError("the manager is neither side of this run")
 
     def call(self, op: Op, manager: Any) -> Any:
         """Run layer step ``op`` on ``manager`` (one of the two sides)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvpool.records import fast_record, replaced
+from kvpool.records import fast_record, filled_record, replaced
 from kvpool.snapshot import (
     MambaNodeSnapshot,
     MambaReqSnapshot,
@@ -105,3 +105,19 @@ def test_replaced_equals_dataclasses_replace() -> None:
     assert node.lock_ref == 1  # the original untouched
     with pytest.raises(ValueError):  # a class with __post_init__ is replaced its own way
         replaced(_Checked(1), n=-1)
+
+
+def test_filled_record_takes_the_dict_or_calls_the_class() -> None:
+    fields: dict[str, object] = dict(NODE)
+    made = filled_record(NodeSnapshot, fields)
+    own = NodeSnapshot(**NODE)  # type: ignore[arg-type]
+    assert made == own and hash(made) == hash(own) and repr(made) == repr(own)
+    assert vars(made) is fields  # the caller's dict itself, no copy
+    partial = {k: v for k, v in NODE.items() if k != "write_pending"}
+    assert vars(filled_record(NodeSnapshot, dict(partial))) == vars(own)  # the default, filled
+    with pytest.raises(TypeError):  # a name that is no field: the dataclass's own error
+        filled_record(NodeSnapshot, {**NODE, "bogus": 1})
+    with pytest.raises(ValueError):  # a class with __post_init__ runs it
+        filled_record(_Checked, {"n": -1})
+    assert filled_record(_Slotted, {"n": 2}) == _Slotted(2)
+    assert filled_record(_Hidden, {"n": 2}) == _Hidden(2)

@@ -19,6 +19,7 @@ from kvpool.optimized.radix.tree_view import TreeViewHost, snapshot_tree
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import SegmentAllocatorProtocol
+from kvpool.records import filled_record
 from kvpool.reference.radix.tree_view import HostFields
 from kvpool.snapshot import AllocatorSnapshot, HostTierSnapshot, TreeSnapshot
 
@@ -49,7 +50,8 @@ def hi_tree_snapshot(tree: HostTierView) -> TreeSnapshot:
 
 def _host_fields(node: TreeNode) -> HostFields:
     n = as_hi(node)
-    host = None if n.host_value is None else tuple(n.host_value.tolist())
+    value = n.host_value
+    host = None if value is None else tuple(value.tolist())
     return (n.evicted, host, n.host_ref_counter, n.write_through_pending_id is not None)
 
 
@@ -72,16 +74,22 @@ def host_tier_snapshot(
         device_tags = device_pool.read_tags(torch.arange(rows))
     else:
         device_tags = fast(np.arange(rows, dtype=np.int64))
-    return HostTierSnapshot(
-        write_policy=tree.write_policy,
-        device=tree.token_to_kv_pool_allocator.snapshot() if device_snap is None else device_snap,
-        tree=tree.snapshot() if tree_snap is None else tree_snap,
-        host=tree.token_to_kv_pool_host.snapshot(),
-        transfers=tuple(a.snapshot() for a in acks),
-        prefetches=tree.storage_prefetch.prefetch_snapshots(),
-        release_queue=tuple(released),
-        worker_held=tuple(cc.worker_held()),
-        device_tags=tuple(device_tags),
+    return filled_record(
+        HostTierSnapshot,
+        {
+            "write_policy": tree.write_policy,
+            "device": (
+                tree.token_to_kv_pool_allocator.snapshot() if device_snap is None else device_snap
+            ),
+            "tree": tree.snapshot() if tree_snap is None else tree_snap,
+            "host": tree.token_to_kv_pool_host.snapshot(),
+            "transfers": tuple([a.snapshot() for a in acks]),
+            "prefetches": tree.storage_prefetch.prefetch_snapshots(),
+            "release_queue": tuple(released),
+            "worker_held": tuple(cc.worker_held()),
+            "device_tags": tuple(device_tags),
+            "device_held": (),
+        },
     )
 
 

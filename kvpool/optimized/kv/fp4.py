@@ -13,7 +13,7 @@ import numpy.typing as npt
 import torch
 
 from kvpool.errors import InvalidArgumentError
-from kvpool.optimized.host_view import host_gather, in_bounds
+from kvpool.optimized.host_view import in_bounds
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike, data_tensor
 from kvpool.optimized.kv.quant import as_float32, check_finite, fp4_dequantize, fp4_quantize
 from kvpool.optimized.kv.tag_codec import fp4_host_tags, fp4_read_tags, fp4_tag_bytes
@@ -162,8 +162,10 @@ class MHATokenToKVPoolFP4(KVCache):
         on the host and decoded there (:func:`~kvpool.optimized.kv.tag_codec.fp4_host_tags`)."""
         if not in_bounds(slots, self.num_rows):
             return self.read_tags(slots.tolist())  # its IndexOutOfRangeError
-        packed = host_gather(self.k_buffer[0], slots, slice(0, (FP4_DIGITS + 2) // 2), flat=True)
-        return fp4_host_tags(packed, host_gather(self.k_scale_buffer[0], slots, 0))
+        packed = self._host_take(
+            self.k_buffer[0], slots, slice(0, (FP4_DIGITS + 2) // 2), flat=True
+        )
+        return fp4_host_tags(packed, self._host_take(self.k_scale_buffer[0], slots, 0))
 
 
 __all__ = ["MHATokenToKVPoolFP4", "quantizable"]

@@ -34,7 +34,14 @@ import torch
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
 from kvpool.host_checks import as_int, int_list
-from kvpool.optimized.host_view import float_ints, host_gather, in_bounds, store_at
+from kvpool.optimized.host_view import (
+    HostArray,
+    float_ints,
+    host_array,
+    host_gather,
+    in_bounds,
+    store_at,
+)
 from kvpool.optimized.index_args import any_outside, index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
@@ -94,6 +101,28 @@ _HOST_TAG_DTYPES: dict[torch.dtype, type[np.float32] | type[np.float64]] = {
 }
 """Buffer dtypes whose tag rows :meth:`KVCache._tag_rows_as` builds in NumPy."""
 
+_VIEWABLE: frozenset[torch.dtype] = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.uint8, torch.int8, torch.int64}
+)
+"""Storage dtypes :meth:`KVCache._store_all` writes through NumPy views (``Tensor.numpy``
+supports them; bfloat16 and fp8 it does not)."""
+
+
+_INTS_THEN_SLICES: dict[tuple[bool, ...], bool] = {
+    (): True,
+    (False,): True,
+    (True,): True,
+    (False, False): True,
+    (False, True): True,
+}
+"""Index tails (True: a slice, False: an int) after which ``view[:, *tail][slots]`` equals
+``view[slots, *tail]`` (ints, then slices: every int sits next to ``slots``, so numpy keeps the
+rows first); :meth:`KVCache._host_take`'s tails. Any other tail takes the mixed gather."""
+
+_TAKE_ROW_BYTES = 512
+"""Rows of at most this many bytes are gathered whole (``take``) when the tail keeps a slice:
+short rows copy faster than numpy gathers their strided sub-rows."""
+
 
 class KVCache:
     """Shared bookkeeping: sizes, dtypes, layer range, the transfer hook, slot and tag helpers."""
@@ -123,6 +152,8 @@ class KVCache:
         self.device = opts.device
         self.checked = opts.checked
         self.layer_transfer_counter: LayerTransferCounter | None = None
+        # each buffer's view in its own dtype; see :meth:`_numpy_of`
+        self._numpy_views: dict[int, tuple[torch.Tensor, int, HostArray]] = {}
 
     @property
     def num_rows(self) -> int:
@@ -286,11 +317,76 @@ class KVCache:
         else:
             buffer[slots] = rows
 
+    def _numpy_of(self, buffer: torch.Tensor) -> HostArray:
+        """``buffer.numpy()`` (a view) of a CPU buffer of a :data:`_VIEWABLE` dtype, made once per
+        buffer (``Tensor.numpy`` costs more than a small store): a state buffer is never
+        resized, so its view stays its view; another tensor (a replaced buffer, a copy: a new
+        object or new memory) gets its own. Any other tensor: one host copy
+        (:func:`~kvpool.optimized.host_view.host_array`), kept by no one."""
+        if not (buffer.is_cpu and buffer.dtype in _VIEWABLE and not buffer.requires_grad):
+            return host_array(buffer)
+        held = self._numpy_views.get(id(buffer))
+        if held is not None and held[0] is buffer and held[1] == buffer.data_ptr():
+            return held[2]
+        view = buffer.numpy()
+        self._numpy_views[id(buffer)] = (buffer, buffer.data_ptr(), view)
+        return view
+
+    def _host_take(
+        self,
+        buf: torch.Tensor,
+        slots: npt.NDArray[np.int64],
+        *rest: int | slice,
+        flat: bool = False,
+    ) -> HostArray:
+        """:func:`~kvpool.optimized.host_view.host_gather` of ``buf`` (the same values), through
+        the buffer's kept view (:meth:`_numpy_of`) when it has one to keep."""
+        if not (buf.is_cpu and buf.dtype in _VIEWABLE and not buf.requires_grad):
+            return host_gather(buf, slots, *rest, flat=flat)
+        view = self._numpy_of(buf)
+        if flat:
+            view = view.reshape(view.shape[0], -1)
+        kinds = tuple([type(r) is slice for r in rest])
+        if _INTS_THEN_SLICES.get(kinds, False):
+            # the same values: the other axes taken first (a view), then one gather of rows
+            # (numpy's 1-D gather is cheaper than its mixed one)
+            axes = (slice(None), *rest)
+            if True in kinds and view.strides[0] <= _TAKE_ROW_BYTES:
+                # a slice left in the tail: numpy gathers strided sub-rows slowly; whole short
+                # rows taken (contiguous copies), then sliced, are the same values
+                rows: HostArray = view.take(slots, axis=0)[axes]
+                return rows
+            rows = view[axes][slots]
+            return rows
+        where = (slots, *rest)
+        taken: HostArray = view[where]
+        return taken
+
     def _store_all(
         self, slots: torch.Tensor, stores: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> None:
         """``buffer[slots] = rows`` for every ``(buffer, rows)`` of ``stores``, in order, for
-        checked ``slots`` (a tag write's every layer): :meth:`_store_rows` of each."""
+        checked ``slots`` (a tag write's every layer): :meth:`_store_rows` of each. In checked
+        mode on the CPU the stores :func:`store_at` makes, through one NumPy view of ``slots``
+        and of each distinct ``rows`` for them all (a write repeats the same rows per layer)."""
+        if self.checked and slots.is_cpu and slots.dtype is torch.int64 and slots.dim() == 1:
+            index = slots.numpy()
+            # the rows in their own dtype (float, or the bytes of fp8 / fp4 storage)
+            sources: dict[int, HostArray] = {}
+            for buffer, rows in stores:
+                if not (
+                    buffer.is_cpu
+                    and rows.is_cpu
+                    and rows.dtype is buffer.dtype
+                    and buffer.dtype in _VIEWABLE
+                ):
+                    self._store_rows(buffer, slots, rows)
+                    continue
+                source = sources.get(id(rows))  # rows live in ``stores``: ids stay theirs
+                if source is None:
+                    source = sources[id(rows)] = rows.numpy()
+                self._numpy_of(buffer)[index] = source
+            return
         for buffer, rows in stores:
             self._store_rows(buffer, slots, rows)
 
@@ -359,7 +455,7 @@ class KVCache:
         a slot out of range takes the checked path (its IndexOutOfRangeError)."""
         if not in_bounds(slots, self.num_rows):
             return self._read_tags(buf, slots.tolist())
-        return float_ints(host_gather(self._view(buf), slots, 0, 0))
+        return float_ints(self._host_take(self._view(buf), slots, 0, 0))
 
 
 __all__ = [

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvpool.optimized.host_view import host_gather, in_bounds
+from kvpool.optimized.host_view import in_bounds
 from kvpool.optimized.kv.fp4 import Rows, quantizable
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
 from kvpool.optimized.kv.quant import fp4_dequantize, fp4_quantize
@@ -125,8 +125,10 @@ class MLATokenToKVPoolFP4(KVCache):
         on the host and decoded there (:func:`~kvpool.optimized.kv.tag_codec.fp4_host_tags`)."""
         if not in_bounds(slots, self.num_rows):
             return self.read_tags(slots.tolist())  # its IndexOutOfRangeError
-        packed = host_gather(self.kv_buffer[0], slots, slice(0, (FP4_DIGITS + 2) // 2), flat=True)
-        return fp4_host_tags(packed, host_gather(self.kv_scale_buffer[0], slots, 0))
+        packed = self._host_take(
+            self.kv_buffer[0], slots, slice(0, (FP4_DIGITS + 2) // 2), flat=True
+        )
+        return fp4_host_tags(packed, self._host_take(self.kv_scale_buffer[0], slots, 0))
 
 
 __all__ = ["MLATokenToKVPoolFP4"]

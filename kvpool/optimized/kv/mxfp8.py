@@ -14,7 +14,7 @@ import numpy.typing as npt
 import torch
 
 from kvpool.errors import ConfigError
-from kvpool.optimized.host_view import host_gather, in_bounds
+from kvpool.optimized.host_view import in_bounds
 from kvpool.optimized.kv.fp4 import Rows, quantizable
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
 from kvpool.optimized.kv.quant import mxfp8_dequantize, mxfp8_quantize
@@ -161,8 +161,8 @@ class MHATokenToKVPoolMXFP8(KVCache):
         (:func:`~kvpool.optimized.kv.tag_codec.mxfp8_host_tags`)."""
         if not in_bounds(slots, self.num_rows):
             return self.read_tags(slots.tolist())  # its IndexOutOfRangeError
-        codes = host_gather(self.k_buffer[0], slots, 0, slice(0, 1 + MXFP8_DIGITS))
-        return mxfp8_host_tags(codes, host_gather(self.k_scale_buffer[0], slots, 0, 0))
+        codes = self._host_take(self.k_buffer[0], slots, 0, slice(0, 1 + MXFP8_DIGITS))
+        return mxfp8_host_tags(codes, self._host_take(self.k_scale_buffer[0], slots, 0, 0))
 
 
 __all__ = ["MHATokenToKVPoolMXFP8"]

@@ -15,7 +15,7 @@ import numpy.typing as npt
 import torch
 
 from kvpool.errors import ConfigError, InvalidArgumentError
-from kvpool.optimized.host_view import float_ints, host_array, in_bounds
+from kvpool.optimized.host_view import float_ints, in_bounds
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike, data_tensor
 from kvpool.optimized.kv.quant import as_float32
 from kvpool.optimized.options import TwinOptions
@@ -156,7 +156,7 @@ class PageMajorMHATokenToKVPool(KVCache):
         if buf.device.type != "cpu" or not in_bounds(slots, self.num_rows):
             return self.read_tags(slots.tolist())  # one device gather; or its error
         ps = self.page_size
-        return float_ints(host_array(buf)[slots // ps, slots % ps, 0, 0])
+        return float_ints(self._numpy_of(buf)[slots // ps, slots % ps, 0, 0])
 
 
 __all__ = ["PageMajorMHATokenToKVPool"]

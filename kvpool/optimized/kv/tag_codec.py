@@ -237,11 +237,15 @@ def _mxfp8_table() -> npt.NDArray[np.int32]:
 
 _FP4_TABLE = _fp4_table()
 _MXFP8_TABLE = _mxfp8_table()
+_POSITIONS = {t.shape[0]: np.arange(t.shape[0])[None, :] for t in (_FP4_TABLE, _MXFP8_TABLE)}
+"""``arange(positions)[None, :]`` of each table (made once: the decode's byte positions)."""
 
 
 def _table_tags(table: npt.NDArray[np.int32], data: npt.NDArray[np.uint8],
                 scale0: npt.NDArray[np.uint8]) -> list[int]:  # fmt: skip
-    positions = np.arange(table.shape[0])[None, :]
+    positions = _POSITIONS.get(table.shape[0])
+    if positions is None:
+        positions = np.arange(table.shape[0])[None, :]
     sums = np.add.reduce(table[positions, scale0[:, None], data[:, : table.shape[0]]], axis=1)
     tags: list[int] = np.maximum(sums, 0).tolist()
     return tags

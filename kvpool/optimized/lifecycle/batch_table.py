@@ -93,6 +93,16 @@ def _plan(rows: Ints, starts: Ints, stops: Ints) -> npt.NDArray[np.int64]:
     return np.stack((np.repeat(r, lens), cols))
 
 
+def _table_numpy(pool: TablePool, table: torch.Tensor) -> npt.NDArray[np.generic]:
+    """``table.numpy()`` of a CPU table: the pool's kept view when it keeps one
+    (:meth:`~kvpool.optimized.pools.req_to_token_pool.ReqToTokenPool._table_view`)."""
+    view_of = getattr(pool, "_table_view", None)
+    if view_of is None:
+        return table.numpy()
+    view: npt.NDArray[np.generic] = view_of(table)
+    return view
+
+
 def _host_cells(table: torch.Tensor, rows: Ints, starts: Ints, stops: Ints) -> bool:
     """Whether the cells lie inside a CPU ``table`` (every row a valid index, ``0 <= start <=
     stop <= width``), so that NumPy slices of its view read or write exactly them; False sends
@@ -119,7 +129,7 @@ def gather_columns(
     table = table_of(pool)
     if host and table is not None and _host_cells(table, rows, starts, stops):
         # a CPU table: slices of its NumPy view, one copy (a batch holds a few requests)
-        view = table.numpy()
+        view = _table_numpy(pool, table)
         cells = [view[r, a:b] for r, a, b in zip(rows, starts, stops, strict=True)]
         flat = np.concatenate(cells) if cells else np.empty(0, dtype=view.dtype)
         return torch.from_numpy(flat.astype(np.int64, copy=False))
@@ -158,7 +168,7 @@ def scatter_columns(
         and _host_cells(table, rows, starts, stops)
         and sum(int(b) - int(a) for a, b in zip(starts, stops, strict=True)) == values.numel()
     ):  # a CPU table: slices of NumPy views (values cast to the table's dtype, as below)
-        view, flat = table.numpy(), values.numpy()
+        view, flat = _table_numpy(pool, table), values.numpy()
         pos = 0
         for r, a, b in zip(rows, starts, stops, strict=True):
             view[r, a:b] = flat[pos : pos + b - a]

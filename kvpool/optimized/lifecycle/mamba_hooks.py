@@ -34,7 +34,7 @@ from kvpool.optimized.unified.mamba_release import (
     UnifiedMambaLifecycleCache,
     UnifiedMambaLifecycleCacheV0516,
 )
-from kvpool.records import fast_record
+from kvpool.records import filled_record
 from kvpool.reference.mamba.lifecycle import admission_headroom
 from kvpool.snapshot import HybridStateSnapshot, MambaReqSnapshot, MambaTreeSnapshot
 from kvpool.tags import mamba_state_tag
@@ -258,35 +258,48 @@ class MambaHooks:
     ) -> HybridStateSnapshot:
         """:meth:`snapshot` of arguments of the right types (a memory manager's own requests
         and sessions), without their checks."""
-        views = tuple(
-            _MAMBA_REQ(
-                rid=r.rid,
-                row=r.req_pool_idx,
-                slot=r.mamba_pool_idx,
-                track=tuple(r.mamba_ping_pong_track_buffer or ()),
-                expected_tag=(
-                    None
-                    if r.mamba_pool_idx is None
-                    or r.mamba_needs_clear
-                    or r.mamba_cow_src_index is not None
-                    else _expected_state_tag(r)
-                ),
+        views: list[MambaReqSnapshot] = []
+        for r in reqs:
+            slot = r.mamba_pool_idx
+            if r.req_pool_idx is None and slot is None:
+                continue
+            views.append(
+                filled_record(
+                    MambaReqSnapshot,
+                    {
+                        "rid": r.rid,
+                        "row": r.req_pool_idx,
+                        "slot": slot,
+                        "track": tuple(r.mamba_ping_pong_track_buffer or ()),
+                        "expected_tag": (
+                            None
+                            if slot is None
+                            or r.mamba_needs_clear
+                            or r.mamba_cow_src_index is not None
+                            else _expected_state_tag(r)
+                        ),
+                    },
+                )
             )
-            for r in reqs
-            if r.req_pool_idx is not None or r.mamba_pool_idx is not None
-        )
-        held = tuple(
-            _MAMBA_REQ(
-                rid=f"session {s.session_id}",
-                row=s.req_pool_idx,
-                slot=s.mamba_pool_idx,
-                track=tuple(s.mamba_ping_pong_track_buffer or ()),
-                expected_tag=mamba_state_tag(s.tokens, s.extra_key),
+        for s in sessions:
+            if s.mamba_pool_idx is None:
+                continue
+            views.append(
+                filled_record(
+                    MambaReqSnapshot,
+                    {
+                        "rid": f"session {s.session_id}",
+                        "row": s.req_pool_idx,
+                        "slot": s.mamba_pool_idx,
+                        "track": tuple(s.mamba_ping_pong_track_buffer or ()),
+                        "expected_tag": mamba_state_tag(s.tokens, s.extra_key),
+                    },
+                )
             )
-            for s in sessions
-            if s.mamba_pool_idx is not None
+        return filled_record(
+            HybridStateSnapshot,
+            {"pool": self.pool.hybrid_snapshot(), "reqs": tuple(views), "tree": tree},
         )
-        return HybridStateSnapshot(self.pool.hybrid_snapshot(), views + held, tree)
 
 
 def _expected_state_tag(req: Req) -> int:
@@ -303,10 +316,6 @@ def _state_len(req: Req) -> int:
     """Tokens whose state the request's slot holds: those computed, or (waiting, after a
     copy-on-write) those of its matched prefix."""
     return req.kv_committed_len if req.req_pool_idx is not None else len(req.prefix_indices)
-
-
-_MAMBA_REQ = fast_record(MambaReqSnapshot)
-"""Builds a :class:`MambaReqSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 __all__ = [

@@ -138,7 +138,7 @@ class MemoryManager(LifecyclePrimitives):
         req.prefix_indices = prefix
         req.last_node = last
         req.matched = True
-        return len(req.prefix_indices)
+        return req._prefix_len()
 
     def _unmatch(self, req: Req) -> None:
         if self.mamba_hooks is not None:
@@ -176,7 +176,7 @@ class MemoryManager(LifecyclePrimitives):
             prefix_lens = [
                 s.kv_committed_len
                 if s is not None
-                else (r.kv_committed_len if r.state == "running" else len(r.prefix_indices))
+                else (r.kv_committed_len if r.state == "running" else r._prefix_len())
                 for r, s in zip(reqs, restoring, strict=True)
             ]
             seq_lens = [
@@ -212,7 +212,7 @@ class MemoryManager(LifecyclePrimitives):
                     row_read=next(reads),
                 )
             elif req.state == "waiting":
-                req.cache_protected_len = len(req.prefix_indices)
+                req.cache_protected_len = req._prefix_len()
         out = self.alloc_for_extend(reqs, seq_lens)
         self._wait_for_loads()
         self._write_kv_batch(reqs, prefix_lens, seq_lens, out)  # the new slots, in batch order

@@ -24,7 +24,7 @@ from kvpool.optimized.lifecycle.session import SessionSlot
 from kvpool.optimized.pools.req_to_token_pool import ReqToTokenPool
 from kvpool.optimized.req import Req
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
-from kvpool.records import fast_record
+from kvpool.records import filled_record
 from kvpool.snapshot import (
     AllocatorSnapshot,
     HostTierSnapshot,
@@ -35,12 +35,6 @@ from kvpool.snapshot import (
     TreeSnapshot,
 )
 from kvpool.tags import kv_tags
-
-_REQ = fast_record(ReqSnapshot)
-"""Builds a :class:`ReqSnapshot` (every field by keyword: :func:`fast_record`)."""
-
-_SESSION = fast_record(SessionSnapshot)
-"""Builds a :class:`SessionSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 class _Snapshots(Protocol):
@@ -92,68 +86,78 @@ def build_pool_snapshot(
     is converted to Python ints once."""
     pool = mm.req_to_token_pool
     all_reqs = list(mm.reqs.values())
+    all_sessions = list(mm.sessions.values())
     held = [r for r in all_reqs if r.req_pool_idx is not None]
-    held_sessions = [s for s in mm.sessions.values() if s.req_pool_idx is not None]
     held_rows = [(r.req_pool_idx, r.kv_allocated_len) for r in held]
-    held_rows += [(s.req_pool_idx, s.kv_allocated_len) for s in held_sessions]
+    held_rows += [
+        (s.req_pool_idx, s.kv_allocated_len) for s in all_sessions if s.req_pool_idx is not None
+    ]
     pairs = cast("list[tuple[int, int]]", held_rows)  # rows are set: filtered above
     arrays = _read_rows(pool, pairs)
     row_values = [tuple(a.tolist()) for a in arrays]
-    req_rows = dict(zip((id(r) for r in held), row_values, strict=False))
-    session_rows = dict(zip((id(s) for s in held_sessions), row_values[len(held) :], strict=True))
     stored = _committed_tags(
         mm.kv_cache, [a[: r.kv_committed_len] for a, r in zip(arrays, held, strict=False)]
     )
+    # rows come back in ``pairs`` order: held requests in table order, then held sessions
+    next_row = iter(row_values).__next__
     reqs: list[ReqSnapshot] = []
     start = 0
     for req in all_reqs:
         row: tuple[int, ...] = ()
         tags: tuple[int, ...] = ()
         expected: tuple[int, ...] = ()
+        committed = req.kv_committed_len
         if req.req_pool_idx is not None:
-            row = req_rows[id(req)]
-            committed = req.kv_committed_len
+            row = next_row()
             count = len(row[:committed])
             tags = tuple(stored[start : start + count])
             start += count
             expected = _expected_tags(req, committed)
+        last = req.last_node
         reqs.append(
-            _REQ(
-                rid=req.rid,
-                state=req.state,
-                req_pool_idx=req.req_pool_idx,
-                input_len=len(req.origin_input_ids),
-                output_len=len(req.output_ids),
-                prefix_len=_length(req.prefix_indices),
-                kv_committed_len=req.kv_committed_len,
-                kv_allocated_len=req.kv_allocated_len,
-                cache_protected_len=req.cache_protected_len,
-                is_chunked=req.is_chunked,
-                last_node_id=None if req.last_node is None else req.last_node.node_id,
-                session_id=req.session_id,
-                extra_key=req.extra_key,
-                row=row,
-                kv_tags=tags,
-                expected_tags=expected,
-                swa_evicted_seqlen=0 if req_swa is None else req_swa(req.rid),
+            filled_record(
+                ReqSnapshot,
+                {
+                    "rid": req.rid,
+                    "state": req.state,
+                    "req_pool_idx": req.req_pool_idx,
+                    "input_len": len(req.origin_input_ids),
+                    "output_len": len(req.output_ids),
+                    "prefix_len": _length(req.prefix_indices),
+                    "kv_committed_len": committed,
+                    "kv_allocated_len": req.kv_allocated_len,
+                    "cache_protected_len": req.cache_protected_len,
+                    "is_chunked": req.is_chunked,
+                    "last_node_id": None if last is None else last.node_id,
+                    "session_id": req.session_id,
+                    "extra_key": req.extra_key,
+                    "row": row,
+                    "kv_tags": tags,
+                    "expected_tags": expected,
+                    "swa_evicted_seqlen": 0 if req_swa is None else req_swa(req.rid),
+                },
             )
         )
     sessions: list[SessionSnapshot] = []
-    for s in mm.sessions.values():
-        srow = session_rows.get(id(s), ())
+    for s in all_sessions:
+        srow = () if s.req_pool_idx is None else next_row()
+        last = s.last_node
         sessions.append(
-            _SESSION(
-                session_id=s.session_id,
-                req_pool_idx=s.req_pool_idx,
-                kv_committed_len=s.kv_committed_len,
-                kv_allocated_len=s.kv_allocated_len,
-                cache_protected_len=s.cache_protected_len,
-                last_node_id=None if s.last_node is None else s.last_node.node_id,
-                row=srow,
-                busy_with=s.busy_with,
-                swa_evicted_seqlen=(
-                    session_swa.get(s.session_id, 0) if session_swa is not None and srow else 0
-                ),
+            filled_record(
+                SessionSnapshot,
+                {
+                    "session_id": s.session_id,
+                    "req_pool_idx": s.req_pool_idx,
+                    "kv_committed_len": s.kv_committed_len,
+                    "kv_allocated_len": s.kv_allocated_len,
+                    "cache_protected_len": s.cache_protected_len,
+                    "last_node_id": None if last is None else last.node_id,
+                    "row": srow,
+                    "busy_with": s.busy_with,
+                    "swa_evicted_seqlen": (
+                        session_swa.get(s.session_id, 0) if session_swa is not None and srow else 0
+                    ),
+                },
             )
         )
     tree = mm.tree_cache.snapshot()
@@ -164,18 +168,23 @@ def build_pool_snapshot(
     else:
         table = pool.snapshot(pairs)
     device = allocator.snapshot()
-    return PoolSnapshot(
-        allocator=device,
-        req_to_token=table,
-        tree=tree.as_tree_snapshot() if isinstance(tree, MambaTreeSnapshot) else tree,
-        reqs=tuple(reqs),
-        sessions=tuple(sessions),
-        max_total_num_tokens=allocator.size,
-        extra={"capacity_refusals": mm.capacity_refusals},
-        mamba=None
-        if mm.mamba_hooks is None
-        else mm.mamba_hooks._snapshot_of(all_reqs, mm.sessions.values(), mamba_tree),
-        host=_host_snapshot(mm.tree_cache, tree, allocator, device),
+    hooks = mm.mamba_hooks
+    return filled_record(
+        PoolSnapshot,
+        {
+            "allocator": device,
+            "req_to_token": table,
+            "tree": tree if mamba_tree is None else mamba_tree.as_tree_snapshot(),
+            "reqs": tuple(reqs),
+            "sessions": tuple(sessions),
+            "max_total_num_tokens": allocator.size,
+            "extra": {"capacity_refusals": mm.capacity_refusals},
+            "mamba": None
+            if hooks is None
+            else hooks._snapshot_of(all_reqs, all_sessions, mamba_tree),
+            "swa": None,
+            "host": _host_snapshot(mm.tree_cache, tree, allocator, device),
+        },
     )
 
 
@@ -196,7 +205,8 @@ def _committed_tags(
     ``_snapshot_tags`` (a host read) where it has one, else ``read_tags`` of the list."""
     if not parts:
         return []
-    slots = np.concatenate(parts).astype(np.int64, copy=False)
+    # one part (a single request, the common case) needs no concatenation
+    slots = (parts[0] if len(parts) == 1 else np.concatenate(parts)).astype(np.int64, copy=False)
     if not slots.size:
         return []
     fast = getattr(kv, "_snapshot_tags", None)

@@ -69,7 +69,7 @@ from kvpool.optimized.radix.chunk_cache import ChunkCache
 from kvpool.optimized.radix.radix_cache import RadixCache
 from kvpool.optimized.req import Req
 from kvpool.reference.lifecycle.mamba_hooks import check_hybrid_config
-from kvpool.reference.pools.paged_ops import decode_new_pages, eviction_target, extend_new_pages
+from kvpool.reference.pools.paged_ops import decode_new_pages, eviction_target
 from kvpool.rules import Rules
 
 
@@ -205,6 +205,9 @@ class LifecyclePrimitives:
         self._empty = torch.empty(0, dtype=torch.int64, device=dev)
         self._no_last_loc = torch.full((1,), NO_LAST_LOC, dtype=torch.int64, device=dev)
         self._rows_read: dict[str, tuple[int, int, torch.Tensor]] = {}
+        # checked mode on the CPU hands the allocators the CPU length tensors as their host
+        # copies too (viewed, where lists are checked value by value); unchecked: lists
+        self._host_lens = opts.checked and dev.type == "cpu"
         self.kernel_backend = opts.backend
         """Backend of the kernels the lifecycle runs on the table (``None``: the default); the
         options' one, as every component's."""
@@ -247,8 +250,8 @@ class LifecyclePrimitives:
         """Slots to take from the allocator for columns ``[P_i, S_i)``, in tokens."""
         if self.page_size == 1:
             return sum(s - p for p, s in zip(prefix_lens, seq_lens, strict=True))
-        ps = self.page_size
-        pages = sum(extend_new_pages(p, s, ps) for p, s in zip(prefix_lens, seq_lens, strict=True))
+        ps = self.page_size  # extend_new_pages inline: ceil(S / ps) - ceil(P / ps) per request
+        pages = sum(-(-s // ps) + p // -ps for p, s in zip(prefix_lens, seq_lens, strict=True))
         return pages * ps
 
     def _check_capacity(self, needed: int, extra_available: int = 0) -> None:
@@ -296,8 +299,10 @@ class LifecyclePrimitives:
         if self.page_size == 1:
             out = alloc.alloc(total)
         else:
-            lens = device_ints([prefix_lens, seq_lens], self.device)  # one host-to-device copy
-            out = alloc.alloc_extend(lens[0], prefix_lens, lens[1], seq_lens, last_loc, total)
+            # one host-to-device copy; checked on the CPU each row is its own host copy (itself)
+            p_dev, s_dev = device_ints([prefix_lens, seq_lens], self.device)
+            p_cpu, s_cpu = (p_dev, s_dev) if self._host_lens else (prefix_lens, seq_lens)
+            out = alloc.alloc_extend(p_dev, p_cpu, s_dev, s_cpu, last_loc, total)
         if out is None:  # only a candidate allocator that ignores capacity gets here
             self.capacity_refusals += 1
             raise OutOfMemoryError("allocator refused after eviction")
@@ -319,7 +324,7 @@ class LifecyclePrimitives:
         reqs = instance_list("reqs", reqs, Req)
         seqs = count_list("seq_lens", host_ints("seq_lens", seq_lens))
         fresh = self.req_to_token_pool.check_alloc(reqs)
-        prefix_lens = [len(r.prefix_indices) for r in reqs]
+        prefix_lens = [r._prefix_len() for r in reqs]
         if len(seqs) != len(reqs) or any(s < p for p, s in zip(prefix_lens, seqs, strict=True)):
             raise InvalidArgumentError(f"need one seq_len >= prefix_len per request, got {seqs}")
         if any(s > self.config.max_context_len for s in seqs):
@@ -376,16 +381,8 @@ class LifecyclePrimitives:
         if self.mamba_hooks is not None:
             self.mamba_hooks.after_admission(reqs)
         prefixes = [r.prefix_indices for r in reqs]
-        write_rows(
-            self.req_to_token_pool,
-            rows,
-            prefixes,
-            prefix_lens,
-            seqs,
-            out,
-            self.kernel_backend,
-            self.options.checked,
-        )
+        pool, backend, checked = self.req_to_token_pool, self.kernel_backend, self.options.checked
+        write_rows(pool, rows, prefixes, prefix_lens, seqs, out, backend, checked)
         for req, s in zip(reqs, seqs, strict=True):
             req.kv_allocated_len = s
         return out
@@ -404,7 +401,8 @@ class LifecyclePrimitives:
             out = alloc.alloc(len(reqs))
         else:
             last = self._row_last_locs(reqs, cols)
-            out = alloc.alloc_decode(device_ints(seq_lens, self.device), seq_lens, last)
+            lens = device_ints(seq_lens, self.device)
+            out = alloc.alloc_decode(lens, lens if self._host_lens else seq_lens, last)
         if out is None:  # only a candidate allocator that ignores capacity gets here
             self.capacity_refusals += 1
             raise OutOfMemoryError("allocator refused after eviction")
@@ -447,7 +445,7 @@ class LifecyclePrimitives:
         device: one concatenation of one-element views (as SGLang builds ``last_loc``)."""
         if self.page_size == 1 or not reqs:
             return self._empty  # page size 1 never reads last_loc
-        if self.options.checked and self.device.type == "cpu":
+        if self._host_lens:  # checked on the CPU
             # checked mode reads the host anyway: each last slot through a NumPy view
             held = [r.prefix_indices for r in reqs]
             if all(p.is_cpu for p in held):

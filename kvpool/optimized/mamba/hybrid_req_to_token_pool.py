@@ -24,7 +24,6 @@ from kvpool.errors import (
     ReservedIndexError,
 )
 from kvpool.host_checks import as_int
-from kvpool.optimized.host_view import host_array
 from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.mamba.allocator import MambaSlotAllocator
 from kvpool.optimized.mamba.pool import MambaPool
@@ -238,13 +237,13 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def hybrid_snapshot(self, rows: Sequence[tuple[int, int]] = ()) -> HybridReqToTokenSnapshot:
         """Plain copy of the table, allocator, state tags and mappings (syncs)."""
-        # one host read per mapping (a view on the CPU); integer tensors list as ints
-        tracks: list[list[int]] = host_array(
-            self.req_index_to_mamba_ping_pong_track_buffer_mapping
-        ).tolist()
-        mapping: list[int] = host_array(self.req_index_to_mamba_index_mapping).tolist()
+        # one host read per mapping (torch lists integer tensors as ints, with no view made)
+        tracks: list[list[int]] = self.req_index_to_mamba_ping_pong_track_buffer_mapping.tolist()
+        mapping: list[int] = self.req_index_to_mamba_index_mapping.tolist()
+        # no rows asked (a memory manager's snapshot reads them itself): nothing to check
+        empty = type(rows) is tuple and not rows
         return HybridReqToTokenSnapshot(
-            table=self.snapshot(rows),
+            table=self._snapshot_of(()) if empty else self.snapshot(rows),
             mamba_allocator=self.mamba_allocator.snapshot(),
             mamba_pool=self.mamba_pool.snapshot(),
             mamba_mapping=tuple(mapping),

@@ -196,10 +196,11 @@ class MambaPool:
         """:meth:`_tags` of ``buf`` from one host read (a view on the CPU), decided in numpy (in
         Python for a small buffer); a tag a float cannot give as int64 exactly (infinite, huge,
         NaN) takes :meth:`_tags`."""
-        state = host_array(buf)
-        if state.size <= _PYTHON_SIZE:  # a few slots: Python beats numpy's per-call cost
+        if buf.numel() <= _PYTHON_SIZE:  # a few slots: Python beats numpy's per-call cost
             out: list[tuple[int, ...]] = []
-            for layer in state.tolist():
+            # torch lists every dtype as the Python floats of its values (the host view's)
+            # without the view's own cost
+            for layer in buf.tolist():
                 tags_of: list[int] = []
                 for values in layer:
                     first_value = values[0]
@@ -209,6 +210,7 @@ class MambaPool:
                     tags_of.append(int(first_value) if agree else -1)
                 out.append(tuple(tags_of))
             return tuple(out)
+        state = host_array(buf)
         first = state[:, :, 0]
         agree = (state == first[:, :, None]).all(axis=-1)
         tags = np.where(agree, first, np.float32(-1.0))

@@ -32,7 +32,7 @@ from kvpool.optimized.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.optimized.pools.paged_ops import check_free_slots
 from kvpool.optimized.radix_key import RadixKey, check_tree_range
 from kvpool.protocols.requests import MambaReqLike
-from kvpool.records import fast_record
+from kvpool.records import filled_record
 from kvpool.reference.mamba.hybrid_req_to_token_pool import MAMBA_FIELDS, check_mamba_req
 from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
@@ -452,32 +452,37 @@ class MambaRadixCache:
     def snapshot(self) -> MambaTreeSnapshot:
         """Plain copy of every node (pre-order), the sizes and both LRU orders."""
         nodes = tuple(
-            _MAMBA_NODE(
-                node_id=n.node_id,
-                parent_id=None if n.parent is None else n.parent.node_id,
-                key=tuple(n.key.token_ids),
-                extra_key=n.key.extra_key,
-                value=tuple(int(v) for v in n.value.tolist()),
-                mamba_value=n.mamba_value,
-                full_lock_ref=n.full_lock_ref,
-                mamba_lock_ref=n.mamba_lock_ref,
-                child_ids=tuple(c.node_id for c in n.children.values()),
-            )
-            for n in self._nodes()
+            [
+                filled_record(
+                    MambaNodeSnapshot,
+                    {
+                        "node_id": n.node_id,
+                        "parent_id": None if n.parent is None else n.parent.node_id,
+                        "key": tuple(n.key.token_ids),
+                        "extra_key": n.key.extra_key,
+                        "value": tuple(map(int, n.value.tolist())),
+                        "mamba_value": n.mamba_value,
+                        "full_lock_ref": n.full_lock_ref,
+                        "mamba_lock_ref": n.mamba_lock_ref,
+                        "child_ids": tuple([c.node_id for c in n.children.values()]),
+                    },
+                )
+                for n in self._nodes()
+            ]
         )
-        return MambaTreeSnapshot(
-            full_evictable_size=self.full_evictable_size_,
-            mamba_evictable_size=self.mamba_evictable_size_,
-            full_protected_size=self.full_protected_size_,
-            mamba_protected_size=self.mamba_protected_size_,
-            nodes=nodes,
-            full_lru=self.full_lru_list.ids(),
-            mamba_lru=self.mamba_lru_list.ids(),
+        return filled_record(
+            MambaTreeSnapshot,
+            {
+                "full_evictable_size": self.full_evictable_size_,
+                "mamba_evictable_size": self.mamba_evictable_size_,
+                "full_protected_size": self.full_protected_size_,
+                "mamba_protected_size": self.mamba_protected_size_,
+                "nodes": nodes,
+                "full_lru": self.full_lru_list.ids(),
+                "mamba_lru": self.mamba_lru_list.ids(),
+                "unified": False,
+            },
         )
-
-
-_MAMBA_NODE = fast_record(MambaNodeSnapshot)
-"""Builds a :class:`MambaNodeSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 __all__ = ["MambaMatchResult", "MambaRadixCache"]

@@ -33,13 +33,13 @@ device read (dtypes, array lengths, the host copies of the lengths:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvpool.constants import RESERVED_INDEX, is_power_of_two
+from kvpool.constants import is_power_of_two
 from kvpool.errors import (
     AlignmentError,
     ConfigError,
@@ -54,7 +54,7 @@ from kvpool.optimized.host_view import store_at
 from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.key_match import is_integer_dtype
 from kvpool.optimized.options import TwinOptions, twin_options
-from kvpool.optimized.pools.free_list import FreeList
+from kvpool.optimized.pools.free_list import FreeList, joined_parts
 from kvpool.optimized.pools.paged_ops import (
     check_decode_args,
     check_decode_host,
@@ -71,8 +71,12 @@ from kvpool.optimized.pools.paged_ops import (
     extend_new_pages_host,
     pages_to_slots,
 )
+from kvpool.records import fast_record
 from kvpool.rules import Rules
 from kvpool.snapshot import AllocatorSnapshot
+
+_SNAPSHOT = fast_record(AllocatorSnapshot)
+"""Builds an :class:`AllocatorSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 FreeListState = tuple[torch.Tensor, torch.Tensor]
 """What :meth:`BaseTokenToKVPoolAllocator.backup_state` returns: ``(free_pages, release_pages)``."""
@@ -245,7 +249,7 @@ class BaseTokenToKVPoolAllocator:
         and no empty tensor made, for an empty staging list or group)."""
         pending = self._pending_slots().tolist() if self._pending_free else []
         release = self.release_pages.tolist() if self._free_list.release_count else []
-        return AllocatorSnapshot(
+        return _SNAPSHOT(
             page_size=self.page_size,
             num_pages=self.num_pages,
             size=self.size,
@@ -341,7 +345,7 @@ class BaseTokenToKVPoolAllocator:
             raise InvalidArgumentError("free_group_end without free_group_begin")
         ps = self.page_size
         slots = self._pending_slots()
-        staged = _joined(self._pending_pages, self._empty)
+        staged = joined_parts(self._pending_pages, self.device, self._on_cpu)
         if self._free_mask is not None and slots.numel():
             check_free_slots(slots, self._free_mask, ps, not self._dedup_pages)
         if self._free_mask is not None and staged.numel():
@@ -366,16 +370,7 @@ class BaseTokenToKVPoolAllocator:
     def _pending_slots(self) -> torch.Tensor:
         """The open group's buffered slots as one int64 tensor on the device, in order (no copy
         for a single one); tensors buffered from another device are moved here."""
-        parts = self._pending_free
-        if not parts:
-            return self._empty()
-        try:
-            joined = parts[0] if len(parts) == 1 else torch.cat(parts)
-        except RuntimeError:  # on different devices: each moved first
-            joined = torch.cat([self._as_index(p) for p in parts])
-        if joined.is_cpu if self._on_cpu else joined.device == self.device:
-            return joined
-        return joined.to(self.device)
+        return joined_parts(self._pending_free, self.device, self._on_cpu)
 
     # ----------------------------------------------------------------- segment frees (0.5.23)
     def free_page_ids(self, page_ids: IndexLike) -> None:
@@ -466,17 +461,18 @@ class BaseTokenToKVPoolAllocator:
         seq_lens = self._as_index(seq_lens, "seq_lens")
         last_loc = self._as_index(last_loc, "last_loc")
         as_count("extend_num_tokens", extend_num_tokens)
-        if self._free_mask is not None or host_given:  # the reference's order of checks
+        full = self._free_mask is not None or host_given  # value checks on the lengths
+        if full:  # the reference's order of checks
             check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
             p = check_host_copy("prefix_lens", prefix_lens, prefix_lens_cpu)
             s = check_host_copy("seq_lens", seq_lens, seq_lens_cpu)
             loc = last_loc.to(torch.int64)
             check_extend_batch(p, s, loc, extend_num_tokens, self._free_mask, self.page_size)
         host_p, host_s = check_extend_host(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-        )
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, full
+        )  # full: check_extend_batch made these checks; only the host copies are read
         num_new = extend_new_pages_host(host_p, host_s, self.page_size)
-        bound = self._extend_merge_bound(extend_num_tokens, len(seq_lens_cpu))
+        bound = self._extend_merge_bound(extend_num_tokens, host_s.size)  # the checked copy
         self._merge_before_take(bound > self._free_list.count(), num_new)
         pages = self._take_pages(num_new)
         if pages is None:
@@ -590,26 +586,13 @@ class BaseTokenToKVPoolAllocator:
 
     def clear(self) -> None:
         """Every page free (ids ascending), no release pages, no open free group."""
-        if self._on_cpu:  # made by numpy: a buffer of the free list's, restored with no copy
-            arr = np.arange(RESERVED_INDEX + 1, self.num_pages + 1, dtype=np.int64)
-            self._set_free_lists(torch.from_numpy(arr), self._empty(), arr)
-        else:
-            every = torch.arange(
-                RESERVED_INDEX + 1, self.num_pages + 1, dtype=torch.int64, device=self.device
-            )
-            self._set_free_lists(every, self._empty())
+        every, host = self._free_list.every_page(self.num_pages)  # on the CPU: numpy-made
+        self._set_free_lists(every, self._empty(), host)
         self._in_free_group = False
         self._pending_free = []
         self._pending_pages = []
         if self._pending_mask is not None:
             self._pending_mask.zero_()
-
-
-def _joined(parts: list[torch.Tensor], empty: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """The buffered tensors of a free group as one (no copy for a single one)."""
-    if not parts:
-        return empty()
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 __all__ = ["BaseTokenToKVPoolAllocator", "FreeListState"]

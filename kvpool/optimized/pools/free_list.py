@@ -6,7 +6,8 @@ keeps plain lists). It holds the free list in up to three windows (a front the p
 to, a main one, a tail page size 1's free appends to; see :meth:`FreeList.__init__`), so that a
 free copies the freed pages only and a take is one view, where SGLang concatenates the whole list
 on every free and slices it twice on every take; :attr:`FreeList.pages` joins them on read. The
-``need_sort`` staging list is held as parts, joined on read.
+``need_sort`` staging list is held as parts, joined on read; so are a free group's buffered
+frees (:func:`joined_parts`).
 
 Units: page ids ``1..num_pages`` as int64 tensors on ``device``; counts are pages. Contract:
 a view :attr:`FreeList.pages` hands out never changes afterwards, nor do :meth:`FreeList.take`'s
@@ -23,6 +24,8 @@ import weakref
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from kvpool.constants import RESERVED_INDEX
 
 
 class FreeList:
@@ -337,6 +340,16 @@ class FreeList:
         self.release_count += pages.numel()
 
     # ----------------------------------------------------------------- both lists
+    def every_page(self, num_pages: int) -> tuple[torch.Tensor, npt.NDArray[np.int64] | None]:
+        """Page ids ``1..num_pages`` ascending (a cleared free list) as an int64 tensor on the
+        device, and on the CPU the numpy array it is made from (to :meth:`replace`: a buffer of
+        this list's, restored with no copy), else None."""
+        first = RESERVED_INDEX + 1  # page 0 is reserved: never free
+        if self._on_cpu:
+            arr = np.arange(first, num_pages + 1, dtype=np.int64)
+            return torch.from_numpy(arr), arr
+        return torch.arange(first, num_pages + 1, dtype=torch.int64, device=self.device), None
+
     def replace(
         self,
         free_pages: torch.Tensor,
@@ -388,6 +401,21 @@ class FreeList:
         self.release = self._empty()
 
 
+def joined_parts(parts: list[torch.Tensor], device: torch.device, on_cpu: bool) -> torch.Tensor:
+    """1-D int64 tensors buffered in order (a free group's frees) as one on ``device``
+    (``on_cpu``: it is the CPU): no copy for a single one already there, an empty tensor for
+    none; parts on another device are moved here."""
+    if not parts:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    try:
+        joined = parts[0] if len(parts) == 1 else torch.cat(parts)
+    except RuntimeError:  # on different devices: each moved first
+        joined = torch.cat([p.to(device) for p in parts])
+    if joined.is_cpu if on_cpu else joined.device == device:
+        return joined
+    return joined.to(device)
+
+
 _COUNTING_SORT_PAGES_PER_ID = 8
 """Counting sort when ``pages * this >= num_pages``: its cost is linear in the pool's page ids."""
 
@@ -411,4 +439,4 @@ def sorted_pages(pages: torch.Tensor, num_pages: int) -> torch.Tensor:
     return torch.sort(pages).values
 
 
-__all__ = ["FreeList", "sorted_pages"]
+__all__ = ["FreeList", "joined_parts", "sorted_pages"]

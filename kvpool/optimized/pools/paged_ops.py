@@ -116,13 +116,19 @@ def check_extend_host(
     seq_lens_cpu: HostLens,
     last_loc: torch.Tensor,
     extend_num_tokens: object,
+    checked: bool = False,
 ) -> tuple[Int64Array, Int64Array]:
     """The preconditions of ``alloc_extend`` that need no device read, done in both modes:
     integer dtypes, one length for the five arrays, ``0 <= P <= S`` and
     ``extend_num_tokens == sum(S - P)`` on the host copies (InvalidArgumentError, as the
-    reference). Returns the host copies as int64 arrays."""
-    check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
+    reference). Returns the host copies as int64 arrays. ``checked``: the caller made these
+    checks already (:func:`check_host_copy` on both copies, then :func:`check_extend_batch`,
+    which test the same conditions): the copies are only read."""
+    if not checked:
+        check_integer_tensors(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc)
     p, s = host_ints("prefix_lens_cpu", prefix_lens_cpu), host_ints("seq_lens_cpu", seq_lens_cpu)
+    if checked:
+        return p, s
     sizes = (prefix_lens.numel(), p.size, seq_lens.numel(), s.size, last_loc.numel())
     if len(set(sizes)) != 1:
         raise InvalidArgumentError(
@@ -203,6 +209,14 @@ def check_host_copy(name: str, device_lens: torch.Tensor, host_lens: HostLens) -
     """The device lengths as int64, after checking they equal their host copy
     (InvalidArgumentError otherwise, as the reference). The comparison is made on the host:
     a view for CPU lengths, one device read otherwise."""
+    if (
+        host_lens is device_lens
+        and type(device_lens) is torch.Tensor
+        and device_lens.dtype is torch.int64
+        and device_lens.dim() == 1
+        and device_lens.is_cpu
+    ):  # one CPU tensor as both (checked mode on the CPU): equal to itself, nothing to read
+        return device_lens
     dev = (
         device_lens
         if device_lens.dtype is torch.int64 and device_lens.dim() == 1

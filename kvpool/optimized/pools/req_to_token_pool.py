@@ -73,6 +73,9 @@ class ReqToTokenPool:
         self.req_to_token = torch.zeros(
             (size + 1, max_context_len), dtype=torch.int32, device=self.device
         )
+        self._numpy_view: tuple[torch.Tensor, int, npt.NDArray[np.int32]] | None = None
+        """The table's host view (:meth:`_table_view`): the table it views, its address, the
+        view."""
         self.req_generation: list[int] = [0] * (size + 1)
         self.free_slots: list[int] = []
         self._free_set = bytearray(size + 1)  # 1 while the row is in free_slots (host, O(1))
@@ -269,10 +272,30 @@ class ReqToTokenPool:
     def _read_held(self, pairs: Sequence[tuple[int, int]]) -> list[npt.NDArray[np.int32]]:
         """:meth:`read` of columns ``0:stop`` of each ``(row, stop)`` pair (the same checks and
         errors, pair by pair), from one host read of the table (:meth:`_host_rows`)."""
+        size, width, free = self.size, self.max_context_len, self._free_set
         for row, stop in pairs:
+            # the checks' passing case inline (exact ints: a bool fails ``type(...) is int``);
+            # anything else takes the checks themselves, for their errors
+            if (
+                type(row) is int
+                and type(stop) is int
+                and RESERVED_INDEX < row <= size
+                and 0 <= stop <= width
+                and not free[row]
+            ):
+                continue
             self._check_held(row)
             self._check_columns(0, stop)
         return self._host_rows(pairs)
+
+    def _table_view(self, table: torch.Tensor) -> npt.NDArray[np.int32]:
+        """``table.numpy()`` of the CPU table, made once (``Tensor.numpy`` costs more than the
+        reads it serves): the table is never resized, so its view stays its view; another
+        tensor (a replaced table: a new object or new memory) gets its own."""
+        held = self._numpy_view
+        if held is None or held[0] is not table or held[1] != table.data_ptr():
+            held = self._numpy_view = (table, table.data_ptr(), table.numpy())
+        return held[2]
 
     def _host_rows(self, pairs: Sequence[tuple[int, int]]) -> list[npt.NDArray[np.int32]]:
         """The first ``length`` columns of each ``(row, length)`` pair (checked by the caller)
@@ -281,8 +304,8 @@ class ReqToTokenPool:
         if not pairs:
             return []
         table = self.req_to_token
-        if table.device.type == "cpu":
-            view: npt.NDArray[np.int32] = table.numpy()
+        if table.is_cpu:  # ``is_cpu``: one attribute, not a device object's ``type``
+            view = self._table_view(table)
             return [view[row, :length] for row, length in pairs]
         index = torch.tensor([row for row, _ in pairs], dtype=torch.int64, device=table.device)
         width = max(length for _, length in pairs)

@@ -7,12 +7,11 @@ identically.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 from kvpool.optimized.radix_key import TreeNode
-from kvpool.records import fast_record
+from kvpool.records import fast_record, filled_record
 from kvpool.reference.radix.tree_view import NO_HOST, HostFields
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
@@ -35,8 +34,8 @@ class TreeViewHost(Protocol):
     def total_size(self) -> int: ...
 
 
-_NODE = fast_record(NodeSnapshot)
-"""Builds a :class:`NodeSnapshot` (every field by keyword: :func:`fast_record`)."""
+_TREE = fast_record(TreeSnapshot)
+"""Builds a :class:`TreeSnapshot` (every field by keyword)."""
 
 
 _PREVIEW = 8
@@ -45,12 +44,11 @@ _PREVIEW = 8
 
 def bfs_nodes(root: TreeNode) -> list[TreeNode]:
     """Every node, root first, breadth-first by child insertion order."""
-    out: list[TreeNode] = []
-    queue = deque([root])
-    while queue:
-        node = queue.popleft()
-        out.append(node)
-        queue.extend(node.children.values())
+    out = [root]
+    i = 0
+    while i < len(out):  # the list is its own queue: nodes are appended in visiting order
+        out.extend(out[i].children.values())
+        i += 1
     return out
 
 
@@ -75,35 +73,41 @@ def snapshot_tree(
         for node in order:
             children = node.children.values()
             host = NO_HOST if host_fields is None else host_fields(node)
+            parent = node.parent
             nodes.append(
-                _NODE(
-                    node_id=node.node_id,
-                    parent_id=None if node.parent is None else node.parent.node_id,
-                    key=keys[id(node)],
-                    extra_key=node.key.extra_key,
-                    value=tuple(node.value.tolist()),
-                    lock_ref=node.lock_ref,
-                    child_ids=tuple([c.node_id for c in children]),
-                    # each child's key as recorded: its first page of tokens
-                    child_keys=tuple([keys[id(c)][:ps] for c in children]),
-                    last_access_time=float(node.last_access_time),
-                    hit_count=node.hit_count,
-                    priority=node.priority,
-                    swa_tombstone=False,
-                    swa_lock_ref=0,
-                    evicted=host[0],
-                    host_value=host[1],
-                    host_ref_counter=host[2],
-                    write_pending=host[3],
+                filled_record(
+                    NodeSnapshot,
+                    {
+                        "node_id": node.node_id,
+                        "parent_id": None if parent is None else parent.node_id,
+                        "key": keys[id(node)],
+                        "extra_key": node.key.extra_key,
+                        "value": tuple(node.value.tolist()),
+                        "lock_ref": node.lock_ref,
+                        "child_ids": tuple([c.node_id for c in children]),
+                        # each child's key as recorded: its first page of tokens
+                        "child_keys": tuple([keys[id(c)][:ps] for c in children]),
+                        "last_access_time": float(node.last_access_time),
+                        "hit_count": node.hit_count,
+                        "priority": node.priority,
+                        "swa_tombstone": False,
+                        "swa_lock_ref": 0,
+                        "evicted": host[0],
+                        "host_value": host[1],
+                        "host_ref_counter": host[2],
+                        "write_pending": host[3],
+                    },
                 )
             )
-    return TreeSnapshot(
+    return _TREE(
         page_size=ps,
         disabled=cache.disable,
         eviction_policy=cache.eviction_policy,
         evictable_size=cache.evictable_size_,
         protected_size=cache.protected_size_,
         nodes=tuple(nodes),
+        swa_evictable_size=0,
+        swa_protected_size=0,
     )
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
@@ -37,8 +36,6 @@ from kvpool.optimized.pools.paged_ops import (
     check_decode_host,
     check_extend_args,
     check_extend_host,
-    check_free_list_shape,
-    check_free_list_state,
     check_free_slots,
     check_host_copy,
     check_integer_tensors,
@@ -46,6 +43,11 @@ from kvpool.optimized.pools.paged_ops import (
     check_slot_range,
     decode_new_pages_host,
     extend_new_pages_host,
+)
+from kvpool.optimized.swa.mapping_ops import (
+    check_full_held,
+    check_swa_state,
+    slots_of_named_pages,
 )
 from kvpool.rules import Rules
 from kvpool.snapshot import SWAAllocatorSnapshot
@@ -145,23 +147,9 @@ class SWATokenToKVPoolAllocator:
             check_slot_range(slots, self._size_full // self.page_size, self.page_size)
 
     def _check_full_held(self, slots: torch.Tensor) -> None:
-        """Checked mode (a device read): full slots the caller holds (slot 0, padding, is
-        skipped): InvalidArgumentError for a slot on a free page of the full pool, as the
-        reference. ``slots`` are in range already."""
-        mask = self.full_attn_allocator._free_mask
-        if mask is None:
-            return
-        if mask.is_cpu and slots.is_cpu and slots.dtype in (torch.int64, torch.int32):
-            host = slots.numpy()  # the same gather through NumPy views: no tensor operation
-            pages = host[host != RESERVED_INDEX] // self.page_size
-            if not mask.numpy()[pages].any():
-                return
-        named = slots[slots != RESERVED_INDEX]
-        loose = mask[named // self.page_size]
-        if bool(loose.any()):
-            raise InvalidArgumentError(
-                f"full slots not allocated: {sorted(set(named[loose].tolist()))}"
-            )
+        """Checked mode (a device read): full slots the caller holds, as the reference
+        (:func:`~kvpool.optimized.swa.mapping_ops.check_full_held`: slot 0 skipped)."""
+        check_full_held(slots, self.full_attn_allocator._free_mask, self.page_size)
 
     def _check_range(self, slots: torch.Tensor, low: int) -> None:
         limit = self._size_full + self.page_size
@@ -394,27 +382,11 @@ class SWATokenToKVPoolAllocator:
 
     def _mapping_indices(self, slots: torch.Tensor) -> torch.Tensor:
         """The full slots a free of ``slots`` resolves: every slot of their pages above page
-        size 1, each page once, in the order the slots first name them (as the reference; the
-        sentinel mask that follows waits for the device anyway, so the ``unique`` adds no sync
-        of its own)."""
+        size 1, each page once, in the order the slots first name them, as the reference
+        (:func:`~kvpool.optimized.swa.mapping_ops.slots_of_named_pages`)."""
         if self.page_size == 1:
             return slots
-        if self.checked and slots.is_cpu and self._offsets.is_cpu:
-            # checked mode reads the host anyway: the same order through NumPy views (each
-            # page at the position where the slots first name it)
-            pages_np = slots.numpy() // self.page_size
-            _, first_at = np.unique(pages_np, return_index=True)
-            ordered = pages_np[np.sort(first_at)]
-            return torch.from_numpy(
-                (ordered[:, None] * self.page_size + self._offsets.numpy()).reshape(-1)
-            )
-        named = slots // self.page_size
-        uniq, inverse = torch.unique(named, return_inverse=True)
-        where = torch.arange(named.numel(), device=named.device)
-        first = torch.full_like(uniq, named.numel()).scatter_reduce_(0, inverse, where, "amin")
-        pages: torch.Tensor = uniq[torch.argsort(first)]
-        out: torch.Tensor = (pages.unsqueeze(1) * self.page_size + self._offsets).reshape(-1)
-        return out
+        return slots_of_named_pages(slots, self.page_size, self._offsets, self.checked)
 
     def _resolve_swa(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mapping indices, their SWA slots other than the sentinel); checked mode validates
@@ -601,24 +573,13 @@ class SWATokenToKVPoolAllocator:
         )
 
     def restore_state(self, state: object) -> None:
-        """Put back a :meth:`backup_state` (checked mode validates it in full first)."""
-        if not isinstance(state, tuple) or len(state) != 3:
-            raise InvalidArgumentError("state must be the (full, swa, mapping) tuple")
-        mapping = state[2]
-        shape_ok = isinstance(mapping, torch.Tensor) and mapping.shape == (
-            self.full_to_swa_index_mapping.shape
-        )
-        if not shape_ok:  # metadata, like both free lists' shapes: checked in both modes
-            raise InvalidArgumentError("state holds a mapping of the wrong shape")
-        check_free_list_shape(state[0])
-        check_free_list_shape(state[1])
-        if self.checked:
-            if int(mapping[-1]) != NO_LAST_LOC:
-                raise InvalidArgumentError("state holds a mapping without its -1 sentinel")
-            check_free_list_state(state[0], self.full_attn_allocator.num_pages)
-            check_free_list_state(state[1], self.swa_attn_allocator.num_pages)
-        self.full_attn_allocator.restore_state(state[0])
-        self.swa_attn_allocator.restore_state(state[1])
+        """Put back a :meth:`backup_state` (checked mode validates it in full first; the
+        errors: :func:`~kvpool.optimized.swa.mapping_ops.check_swa_state`)."""
+        full, swa = self.full_attn_allocator, self.swa_attn_allocator
+        shape, pages = self.full_to_swa_index_mapping.shape, (full.num_pages, swa.num_pages)
+        full_state, swa_state, mapping = check_swa_state(state, shape, pages, self.checked)
+        full.restore_state(full_state)
+        swa.restore_state(swa_state)
         self.full_to_swa_index_mapping.copy_(mapping)
 
     def merge_and_sort_free(self) -> None:

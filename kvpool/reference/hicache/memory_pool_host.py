@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from itertools import chain
 from typing import Protocol
 
 from kvpool.errors import (
@@ -34,6 +35,7 @@ from kvpool.errors import (
 )
 from kvpool.host_checks import as_count, int_list
 from kvpool.protocols.hicache import TaggedKVPoolProtocol
+from kvpool.records import fast_record
 from kvpool.snapshot import HostPoolSnapshot
 
 ITEMSIZE: dict[str, int] = {
@@ -87,6 +89,10 @@ class MLADevicePool(DevicePoolOfHost, Protocol):
 
     @property
     def qk_rope_head_dim(self) -> int: ...
+
+
+_HOST_POOL = fast_record(HostPoolSnapshot)
+"""Builds a :class:`HostPoolSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 class HostKVCache:
@@ -234,9 +240,13 @@ class HostKVCache:
 
     def snapshot(self) -> HostPoolSnapshot:
         """Plain snapshot: free list, released chunks (flattened, in order) and tags."""
-        released = tuple(s for chunk in self.release_slots for s in chunk)
-        return HostPoolSnapshot(self.size, self.page_size, tuple(self.free_slots), released,
-                                tuple(self.tags))  # fmt: skip
+        return _HOST_POOL(
+            size=self.size,
+            page_size=self.page_size,
+            free_slots=tuple(self.free_slots),
+            release_slots=tuple(chain.from_iterable(self.release_slots)),
+            tags=tuple(self.tags),
+        )
 
 
 class MHATokenToKVPoolHost(HostKVCache):

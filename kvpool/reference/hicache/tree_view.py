@@ -8,9 +8,11 @@ the root), so both twins list them identically.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Protocol
 
 from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.records import fast_record
 from kvpool.reference.hicache.cache_controller import HiCacheController
 from kvpool.reference.hicache.prefetch import StoragePrefetch
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
@@ -36,6 +38,10 @@ class HostTierView(TreeViewHost, Protocol):
     @property
     def storage_prefetch(self) -> StoragePrefetch: ...
     def snapshot(self) -> TreeSnapshot: ...
+
+
+_HOST_TIER = fast_record(HostTierSnapshot)
+"""Builds a :class:`HostTierSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 def hi_tree_snapshot(tree: HostTierView) -> TreeSnapshot:
@@ -65,15 +71,15 @@ def host_tier_snapshot(
     if device is None:
         device = tree.token_to_kv_pool_allocator.snapshot()
     rows = cc.mem_pool_device.num_rows
-    return HostTierSnapshot(
+    return _HOST_TIER(
         write_policy=tree.write_policy,
         device=device,
         tree=tree.snapshot() if tree_snapshot is None else tree_snapshot,
         host=tree.token_to_kv_pool_host.snapshot(),
         transfers=tuple(a.snapshot() for a in acks),
         prefetches=tree.storage_prefetch.prefetch_snapshots(),
-        release_queue=tuple(int(s) for page in cc.host_mem_release_queue for s in page),
-        worker_held=tuple(int(s) for s in cc.worker_held()),
+        release_queue=tuple(map(int, chain.from_iterable(cc.host_mem_release_queue))),
+        worker_held=tuple(map(int, cc.worker_held())),
         device_tags=tuple(cc.mem_pool_device.read_tags(list(range(rows)))),
     )
 

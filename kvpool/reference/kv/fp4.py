@@ -11,7 +11,7 @@ at byte 0, which dequantises to 0.0.
   layer, slots, shapes and finiteness before any write.
 - ``get_key_buffer`` / ``get_value_buffer`` return the layer dequantised (a fresh
   ``[rows][head_num][head_dim]`` list, as SGLang returns a new tensor); ``get_raw_kv_buffer``
-  the stored bytes ``(k, v, k_scales, v_scales)`` (live lists).
+  the stored bytes ``(k, v, k_scales, v_scales)`` (live lists, for reading).
 - Tags use the FP4 encoding of :mod:`kvpool.reference.kv.tag_codec`.
 """
 
@@ -68,12 +68,14 @@ class FP4Layer:
     """Packed bytes and scales of one tensor (K, V or MLA's fused row) on one layer: ``rows``
     slots of ``heads * dim`` values each. The public methods check their arguments (a slot is
     an integer in ``0..rows - 1``; a row ``heads * dim`` finite reals) before any change; the
-    pools, which check once per call, use the unchecked ``_store`` and ``_move``."""
+    pools, which check once per call, use the unchecked ``_store``, ``_put`` and ``_move``.
+    A row is replaced, never edited in place (:mod:`kvpool.reference.kv.kv_cache`)."""
 
     def __init__(self, rows: int, heads: int, dim: int) -> None:
         self.heads, self.dim = heads, dim
-        self.data: ByteRows = [[[0] * (dim // 2) for _ in range(heads)] for _ in range(rows)]
-        self.scales: ScaleRows = [[0] * (heads * dim // FP4_BLOCK) for _ in range(rows)]
+        # one zero row in every slot: rows are replaced, never changed in place (kv_cache)
+        self.data: ByteRows = [[[0] * (dim // 2) for _ in range(heads)]] * rows
+        self.scales: ScaleRows = [[0] * (heads * dim // FP4_BLOCK)] * rows
 
     def _slot(self, name: str, slot: object) -> int:
         out = as_int(name, slot)
@@ -91,17 +93,26 @@ class FP4Layer:
         self._store(index, values)
 
     def _store(self, slot: int, flat: Sequence[float]) -> None:
+        self._put(slot, self._quantized(flat))
+
+    def _quantized(self, flat: Sequence[float]) -> tuple[list[list[int]], list[int]]:
+        """``flat`` (``heads * dim`` finite float32 values) quantised: its packed bytes as
+        ``[heads][dim // 2]`` and its scale bytes."""
         packed, scales = fp4_quantize_row(flat)
-        self.data[slot] = pack_rows(packed, self.heads)
-        self.scales[slot] = scales
+        return pack_rows(packed, self.heads), scales
+
+    def _put(self, slot: int, row: tuple[list[list[int]], list[int]]) -> None:
+        """Store a :meth:`_quantized` row in slot ``slot`` (the lists themselves, so a row
+        quantised once may stand in many layers: rows are never changed in place)."""
+        self.data[slot], self.scales[slot] = row
 
     def flat(self, slot: int) -> list[float]:
         """Row ``slot`` dequantised: ``heads * dim`` floats."""
         return self._flat(self._slot("slot", slot))
 
     def _flat(self, slot: int) -> list[float]:
-        packed = [b for head in self.data[slot] for b in head]
-        return fp4_dequantize_row(packed, self.scales[slot])
+        packed = tuple(chain.from_iterable(self.data[slot]))  # the heads' bytes in order
+        return list(_row_values(packed, tuple(self.scales[slot])))
 
     def tag(self, slot: int) -> int:
         """The tag row ``slot`` stores: :func:`fp4_read_tag` of :meth:`flat`, which reads only
@@ -122,8 +133,11 @@ class FP4Layer:
         half = FP4_BLOCK // 2
         data, scales = self.data, self.scales
         heads = list(map(_FIRST, map(data.__getitem__, slots)))
-        if heads and min(map(len, heads)) >= half:  # every first head spans the block
-            blocks = map(tuple, map(itemgetter(slice(0, half)), heads))
+        widths = set(map(len, heads))
+        if widths and min(widths) >= half:  # every first head spans the block
+            # (first heads of exactly one block, the usual widths, are the block as they are)
+            firsts = heads if widths == {half} else map(itemgetter(slice(0, half)), heads)
+            blocks = map(tuple, firsts)
             return list(map(_block_tag, blocks, map(_FIRST, map(scales.__getitem__, slots))))
         out: list[int] = []
         append = out.append
@@ -162,6 +176,13 @@ def _block_tag(packed: tuple[int, ...], scale: int) -> int:
     """The tag of a first block (8 packed bytes, one scale byte): a pure function of them,
     memoised because the lockstep harness reads every committed slot's tag after every step."""
     return fp4_read_tag(fp4_dequantize_row(packed, (scale,)))
+
+
+@lru_cache(maxsize=1024)
+def _row_values(packed: tuple[int, ...], scales: tuple[int, ...]) -> tuple[float, ...]:
+    """A stored row dequantised: a pure function of its bytes, memoised because a layer read
+    dequantises every row and most rows hold zeros or a tag."""
+    return tuple(fp4_dequantize_row(packed, scales))
 
 
 FP4_V_HEAD_DIM_ERROR = "the FP4 pool sizes V with head_dim: v_head_dim must equal it"
@@ -258,10 +279,13 @@ class MHATokenToKVPoolFP4(KVCache):
         held layer; slots and tags checked first."""
         slots = self._slots(loc)
         width = self.head_num * self.head_dim
-        flats = [flatten(unflatten(fp4_tag_row(t, width), self.head_num, self.head_dim), None)
-                 for t in self._tags(tags, len(slots))]  # fmt: skip
-        for local in range(self.layer_num):
-            self._store(local, slots, flats, flats)
+        # a tag row holds e2m1 grid values, exact in float32 (what ``flatten`` would round to),
+        # and every layer stores the same bytes: each row is quantised once
+        rows = [self.k_layers[0]._quantized(fp4_tag_row(t, width))
+                for t in self._tags(tags, len(slots))]  # fmt: skip
+        for layer in (*self.k_layers, *self.v_layers):
+            for slot, row in zip(slots, rows, strict=True):
+                layer._put(slot, row)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag each slot stores (K of the first held layer; 0 if none)."""

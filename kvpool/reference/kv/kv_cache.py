@@ -15,6 +15,11 @@ Decisions:
   exact Python floats: no quantisation, so values round-trip exactly whatever the dtype.
 - ``set_kv_buffer`` stores ``x / scale`` when a scale is given and never mutates its inputs.
 - ``read_tags`` reads layer ``start_layer``, head 0, channel 0 of K (MLA: of the fused row).
+- A stored row is never changed in place: every write and every move puts a new row (list) in
+  its slot, and the live buffers the getters return are for reading. So one row object may
+  stand in many slots: a fresh buffer holds one zero row in every slot, and a tag write stores
+  the rows it builds once in every layer. Code that edits a row it read would therefore edit
+  every slot holding it; it must store a new row (``set_kv_buffer``) instead.
 - The constructor checks every pool shares live here once: the sizes and layer range
   (:class:`KVCache`), the MHA head geometry (:meth:`KVCache._set_mha_heads`) and the MLA widths
   (:meth:`KVCache._set_mla_dims`), each with one ConfigError message; and the slot checks of a
@@ -37,7 +42,7 @@ from collections.abc import Collection, Iterator, Sequence
 from typing import Protocol
 
 from kvpool.errors import ConfigError, IndexOutOfRangeError, InvalidArgumentError
-from kvpool.host_checks import as_int, as_positive_real, int_list
+from kvpool.host_checks import as_int, as_positive_real, int_list, int_span
 from kvpool.protocols.kv import LayerTransferCounter
 
 Row = list[list[float]]
@@ -180,9 +185,9 @@ class KVCache:
     def _slots(self, loc: Sequence[int], name: str = "loc") -> list[int]:
         """``loc`` as slot ids: InvalidArgumentError unless a sequence of integers,
         IndexOutOfRangeError for one outside ``0..num_rows - 1``."""
-        slots = int_list(name, loc)
+        slots, smallest, largest = int_span(name, loc)  # (the bounds its int64 check takes)
         rows = self.num_rows
-        if slots and (min(slots) < 0 or max(slots) >= rows):  # (min and max run in C)
+        if smallest < 0 or largest >= rows:
             bad = [s for s in slots if not 0 <= s < rows]
             raise IndexOutOfRangeError(f"{name}: slots {bad} outside 0..{rows - 1}")
         return slots

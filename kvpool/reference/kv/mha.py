@@ -3,7 +3,7 @@
 Per layer ``size + page_size`` rows (row = token slot), each ``[head_num][head_dim]`` floats for
 K and ``[head_num][v_head_dim]`` for V (the layout and dtype rules of
 :mod:`kvpool.reference.kv.kv_cache`). ``get_key_buffer`` / ``get_kv_buffer`` return the live
-per-layer lists (like a tensor view).
+per-layer lists (like a tensor view), for reading: a row is replaced, never edited in place.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class MHATokenToKVPool(KVCache):
         self.v_buffer: list[LayerBuffer] = [self._zeros(self.v_head_dim) for _ in range(layer_num)]
 
     def _zeros(self, dim: int) -> LayerBuffer:
-        return [[[0.0] * dim for _ in range(self.head_num)] for _ in range(self.num_rows)]
+        # one zero row in every slot: rows are replaced, never changed in place (kv_cache)
+        return [[[0.0] * dim for _ in range(self.head_num)]] * self.num_rows
 
     def set_kv_buffer(
         self,
@@ -92,9 +93,12 @@ class MHATokenToKVPool(KVCache):
         slots = self._slots(loc)
         values = self._tags(tags, len(slots))
         k_rows = self._tag_rows(values, self.head_num, self.head_dim)
-        v_rows = self._tag_rows(values, self.head_num, self.v_head_dim)
-        for local in range(self.layer_num):
-            self._write(local, slots, k_rows, v_rows, 1.0, 1.0)
+        same_dim = self.v_head_dim == self.head_dim
+        v_rows = k_rows if same_dim else self._tag_rows(values, self.head_num, self.v_head_dim)
+        # what ``_write`` with scale 1.0 stores (x / 1.0 == x), the same rows in every layer
+        for kbuf, vbuf in zip(self.k_buffer, self.v_buffer, strict=True):
+            for slot, k_row, v_row in zip(slots, k_rows, v_rows, strict=True):
+                kbuf[slot], vbuf[slot] = k_row, v_row
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag stored at each slot of ``loc`` (K of the first held layer)."""

@@ -29,8 +29,9 @@ class MLATokenToKVPool(KVCache):
     ) -> None:
         super().__init__(size, page_size, dtype, layer_num, start_layer)
         self._set_mla_dims(kv_lora_rank, qk_rope_head_dim)
+        # one zero row in every slot: rows are replaced, never changed in place (kv_cache)
         self.kv_buffer: list[LayerBuffer] = [
-            [[[0.0] * self.kv_dim] for _ in range(self.num_rows)] for _ in range(layer_num)
+            [[[0.0] * self.kv_dim]] * self.num_rows for _ in range(layer_num)
         ]
 
     def set_kv_buffer(
@@ -85,8 +86,10 @@ class MLATokenToKVPool(KVCache):
         slots and tags checked first."""
         slots = self._slots(loc)
         rows = self._tag_rows(self._tags(tags, len(slots)), 1, self.kv_dim)
-        for local in range(self.layer_num):
-            self._write(local, slots, rows, 1.0)
+        # what ``_write`` with scale 1.0 stores (x / 1.0 == x), the same rows in every layer
+        for buf in self.kv_buffer:
+            for slot, row in zip(slots, rows, strict=True):
+                buf[slot] = row
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag stored at each slot of ``loc`` (the first held layer)."""

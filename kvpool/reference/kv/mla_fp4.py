@@ -90,9 +90,13 @@ class MLATokenToKVPoolFP4(KVCache):
         """Store each tag (``[0, TAG_LIMIT)``) in FP4 form in every held layer; slots and tags
         checked first."""
         slots = self._slots(loc)
-        rows = [flatten([fp4_tag_row(t, self.kv_dim)], None) for t in self._tags(tags, len(slots))]
-        for local in range(self.layer_num):
-            self._store(local, slots, rows)
+        # a tag row holds e2m1 grid values, exact in float32 (what ``flatten`` would round to),
+        # and every layer stores the same bytes: each row is quantised once
+        rows = [self.kv_layers[0]._quantized(fp4_tag_row(t, self.kv_dim))
+                for t in self._tags(tags, len(slots))]  # fmt: skip
+        for layer in self.kv_layers:
+            for slot, row in zip(slots, rows, strict=True):
+                layer._put(slot, row)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag each slot stores (the first held layer; 0 if none)."""

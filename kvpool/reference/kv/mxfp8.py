@@ -46,13 +46,14 @@ class MXFP8Layer:
     """e4m3 bytes and UE8M0 scales of K or V on one layer: ``rows`` slots of ``heads`` heads of
     ``dim`` channels. The public methods check their arguments (a slot is an integer in
     ``0..rows - 1``; a row ``[heads][dim]`` finite reals) before any change; the pool, which
-    checks once per call, uses the unchecked ``_store`` and ``_move``."""
+    checks once per call, uses the unchecked ``_store``, ``_put`` and ``_move``. A row is
+    replaced, never edited in place (:mod:`kvpool.reference.kv.kv_cache`)."""
 
     def __init__(self, rows: int, heads: int, dim: int) -> None:
         self.heads, self.dim = heads, dim
-        self.data: ByteRows = [[[0] * dim for _ in range(heads)] for _ in range(rows)]
-        self.scales: ByteRows = [[[0] * (dim // MXFP8_BLOCK) for _ in range(heads)]
-                                 for _ in range(rows)]  # fmt: skip
+        # one zero row in every slot: rows are replaced, never changed in place (kv_cache)
+        self.data: ByteRows = [[[0] * dim for _ in range(heads)]] * rows
+        self.scales: ByteRows = [[[0] * (dim // MXFP8_BLOCK) for _ in range(heads)]] * rows
 
     def _slot(self, name: str, slot: object) -> int:
         out = as_int(name, slot)
@@ -67,9 +68,18 @@ class MXFP8Layer:
         self._store(index, _scaled(row, None))
 
     def _store(self, slot: int, row: Sequence[Sequence[float]]) -> None:
+        self._put(slot, self._quantized(row))
+
+    def _quantized(self, row: Sequence[Sequence[float]]) -> tuple[list[list[int]], list[list[int]]]:
+        """``row`` (``[heads][dim]`` finite float32 values) quantised: its e4m3 bytes and its
+        scale bytes, both ``[heads][n]``."""
         quantized = [mxfp8_quantize_head(head) for head in row]
-        self.data[slot] = [codes for codes, _ in quantized]
-        self.scales[slot] = [scales for _, scales in quantized]
+        return [codes for codes, _ in quantized], [scales for _, scales in quantized]
+
+    def _put(self, slot: int, row: tuple[list[list[int]], list[list[int]]]) -> None:
+        """Store a :meth:`_quantized` row in slot ``slot`` (the lists themselves, so a row
+        quantised once may stand in many layers: rows are never changed in place)."""
+        self.data[slot], self.scales[slot] = row
 
     def row(self, slot: int) -> list[list[float]]:
         """Row ``slot`` dequantised: ``[heads][dim]`` floats."""
@@ -77,7 +87,7 @@ class MXFP8Layer:
 
     def _row(self, slot: int) -> list[list[float]]:
         data, scales = self.data[slot], self.scales[slot]
-        return [mxfp8_dequantize_head(c, s) for c, s in zip(data, scales, strict=True)]
+        return [list(_head_values(tuple(c), tuple(s))) for c, s in zip(data, scales, strict=True)]
 
     def dequantized(self) -> LayerBuffer:
         """Every row dequantised: ``[rows][heads][dim]`` floats (a fresh list)."""
@@ -188,10 +198,15 @@ class MHATokenToKVPoolMXFP8(KVCache):
         held layer; slots and tags checked first."""
         slots = self._slots(loc)
         values = self._tags(tags, len(slots))
-        k = [_scaled([mxfp8_tag_head(t, self.head_dim)] * self.head_num, None) for t in values]
-        v = [_scaled([mxfp8_tag_head(t, self.v_head_dim)] * self.head_num, None) for t in values]
-        for local in range(self.layer_num):
-            self._store(local, slots, k, v)
+        # a tag head holds integers up to 448, exact (and finite) in float32: what ``_scaled``
+        # would round to; every layer stores the same bytes, so each row is quantised once
+        quantize_k, quantize_v = self.k_layers[0]._quantized, self.v_layers[0]._quantized
+        k = [quantize_k([mxfp8_tag_head(t, self.head_dim)] * self.head_num) for t in values]
+        v = [quantize_v([mxfp8_tag_head(t, self.v_head_dim)] * self.head_num) for t in values]
+        for k_layer, v_layer in zip(self.k_layers, self.v_layers, strict=True):
+            for slot, k_row, v_row in zip(slots, k, v, strict=True):
+                k_layer._put(slot, k_row)
+                v_layer._put(slot, v_row)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag each slot stores (head 0 of K on the first held layer; 0 if none)."""
@@ -200,7 +215,11 @@ class MHATokenToKVPoolMXFP8(KVCache):
         slots = self._slots(loc)
         # (in C, per slot: head 0's first block of codes as a tuple, and its scale)
         heads = map(_FIRST, map(layer.data.__getitem__, slots))
-        codes = map(tuple, map(itemgetter(slice(0, MXFP8_BLOCK)), heads))
+        # (a head of exactly one block, the usual width, is the block as it is)
+        firsts = (
+            heads if layer.dim == MXFP8_BLOCK else map(itemgetter(slice(0, MXFP8_BLOCK)), heads)
+        )
+        codes = map(tuple, firsts)
         scales = map(_FIRST, map(_FIRST, map(layer.scales.__getitem__, slots)))
         return list(map(_block_tag, codes, scales))
 
@@ -215,6 +234,13 @@ def _block_tag(codes: tuple[int, ...], scale: int) -> int:
     them, memoised because the lockstep harness reads every committed slot's tag after every
     step."""
     return mxfp8_read_tag(mxfp8_dequantize_head(codes, (scale,)))
+
+
+@lru_cache(maxsize=1024)
+def _head_values(codes: tuple[int, ...], scales: tuple[int, ...]) -> tuple[float, ...]:
+    """A stored head dequantised: a pure function of its bytes, memoised because a layer read
+    dequantises every head and most heads hold zeros or a tag."""
+    return tuple(mxfp8_dequantize_head(codes, scales))
 
 
 __all__ = ["MHATokenToKVPoolMXFP8"]

@@ -45,7 +45,8 @@ class NoOpMHATokenToKVPool(KVCache):
         self.tag_record: dict[int, int] = {}
 
     def _placeholder(self, dim: int) -> LayerBuffer:
-        return [[[0.0] * dim for _ in range(self.head_num)] for _ in range(self.page_size)]
+        # one zero row in every slot: nothing ever writes a placeholder
+        return [[[0.0] * dim for _ in range(self.head_num)]] * self.page_size
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
         """``(0, 0)``: the placeholders are not counted, as SGLang reports."""

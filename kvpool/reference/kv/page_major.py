@@ -113,6 +113,10 @@ class PageMajorMHATokenToKVPool(KVCache):
             self.v_buffer.append(
                 PageMajorView(self._raw, v_base, self.page_items, v_row, v_dim, page_size)
             )
+        # where each token's tag lives (``read_tags``): channel 0 of head 0 of its K row on the
+        # first held layer is the row's first raw item, at the view's ``_offset``
+        first_k = self.k_buffer[0]
+        self._tag_items: list[int] = list(map(first_k._offset, range(len(first_k))))
 
     def raw_bytes(self) -> bytes:
         """The raw buffer as little-endian float32 bytes (what the twin's ``_raw`` holds)."""
@@ -174,19 +178,17 @@ class PageMajorMHATokenToKVPool(KVCache):
         values = self._tags(tags, len(slots))
         k_rows = self._tag_rows(values, self.head_num, self.head_dim)
         v_rows = self._tag_rows(values, self.head_num, self.v_head_dim)
-        ks = [[div32(x, None) for h in r for x in h] for r in k_rows]
-        vs = [[div32(x, None) for h in r for x in h] for r in v_rows]
+        # a tag (< 2**24) and 0.0 are exact in float32: the rows need no rounding (div32)
+        ks = [[x for h in r for x in h] for r in k_rows]
+        vs = [[x for h in r for x in h] for r in v_rows]
         for local in range(self.layer_num):
             self._store(local, slots, ks, vs)
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
         """The tag stored at each token of ``loc`` (K of the first held layer)."""
-        view = self.k_buffer[0]
-        raw, base, ps = view.raw, view.base, view.page_size
-        page_items, row = view.stride[0], view.stride[1]
-        # channel 0 of head 0 is the row's first raw item (``view[s][0][0]``), read straight
-        # from the raw list at PageMajorView._offset's index, without building the row's heads
-        return [int(raw[base + (s // ps) * page_items + (s % ps) * row]) for s in self._slots(loc)]
+        # ``view[s][0][0]`` read straight from the raw list, without building the row's heads
+        raw, items = self._raw, self._tag_items
+        return [int(raw[items[s]]) for s in self._slots(loc)]
 
 
 __all__ = ["PageMajorMHATokenToKVPool", "PageMajorView"]

@@ -96,7 +96,7 @@ def check_finite(values: Sequence[float]) -> None:
 # ------------------------------------------------------------------------------------- FP4
 def fp4_block_exponent(block: Sequence[float]) -> int:
     """The power-of-two exponent ``e`` of one 16-value block (scale byte ``e + 127``)."""
-    amax = max(abs(f32(v)) for v in block)
+    amax = max(map(abs, f32_all(block)))
     return ceil_log2(max(f32(amax / E2M1_MAX), f32(1e-10)))
 
 
@@ -214,7 +214,7 @@ def _mxfp8_quantize(key: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:
     scales: list[int] = []
     for start in range(0, len(values), MXFP8_BLOCK):
         block = f32_all(values[start : start + MXFP8_BLOCK])
-        amax = max(max(abs(v) for v in block), f32(1e-30))
+        amax = max(max(map(abs, block)), f32(1e-30))
         s = min(max(ceil_log2(f32(amax / E4M3_MAX)) + SCALE_BIAS, 0), 254)
         scales.append(s)
         descale = 2.0 ** (s - SCALE_BIAS)

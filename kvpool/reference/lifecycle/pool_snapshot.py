@@ -36,6 +36,9 @@ _REQ = fast_record(ReqSnapshot)
 _SESSION = fast_record(SessionSnapshot)
 """Builds a :class:`SessionSnapshot` (every field by keyword: :func:`fast_record`)."""
 
+_POOL = fast_record(PoolSnapshot)
+"""Builds a :class:`PoolSnapshot` (every field by keyword)."""
+
 
 class _Snapshots(Protocol):
     """A component that snapshots itself (the tree cache, radix or chunk)."""
@@ -158,7 +161,7 @@ def build_pool_snapshot(
         table = pool._snapshot_of(contents)
     else:
         table = pool.snapshot(held_rows)
-    return PoolSnapshot(
+    return _POOL(
         allocator=allocator,
         req_to_token=table,
         tree=tree.as_tree_snapshot() if isinstance(tree, MambaTreeSnapshot) else tree,
@@ -169,6 +172,7 @@ def build_pool_snapshot(
         mamba=None
         if mm.mamba_hooks is None
         else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values(), mamba_tree),
+        swa=None,
         host=_host_snapshot(mm.tree_cache, tree, mm.token_to_kv_pool_allocator, allocator),
     )
 

@@ -105,8 +105,8 @@ class MambaPool:
         return MambaPoolSnapshot(
             size=self.size,
             num_layers=self.num_layers,
-            conv=tuple(tuple(layer) for layer in self.conv),
-            temporal=tuple(tuple(layer) for layer in self.temporal),
+            conv=tuple(map(tuple, self.conv)),
+            temporal=tuple(map(tuple, self.temporal)),
         )
 
 

@@ -39,6 +39,7 @@ from kvpool.errors import (
     ReservedIndexError,
 )
 from kvpool.host_checks import as_count, int_list
+from kvpool.records import fast_record
 from kvpool.reference.pools.paged_ops import (
     alloc_decode_slots,
     alloc_extend_slots,
@@ -48,6 +49,9 @@ from kvpool.reference.pools.paged_ops import (
 )
 from kvpool.rules import Rules
 from kvpool.snapshot import AllocatorSnapshot
+
+_SNAPSHOT = fast_record(AllocatorSnapshot)
+"""Builds an :class:`AllocatorSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 FreeListState = tuple[tuple[int, ...], tuple[int, ...]]
 """What :meth:`BaseTokenToKVPoolAllocator.backup_state` returns: ``(free_pages, release_pages)``."""
@@ -160,7 +164,7 @@ class BaseTokenToKVPoolAllocator:
 
     def snapshot(self) -> AllocatorSnapshot:
         """Plain copy of the free lists and the free-group state."""
-        return AllocatorSnapshot(
+        return _SNAPSHOT(
             page_size=self.page_size,
             num_pages=self.num_pages,
             size=self.size,

@@ -24,12 +24,17 @@ from kvpool.errors import (
 )
 from kvpool.host_checks import int_list
 from kvpool.protocols.requests import ReqLike
+from kvpool.records import fast_record
 from kvpool.rules import Rules
 from kvpool.snapshot import ReqToTokenSnapshot
 
 SLOT_VALUE_LIMIT = 2**31
 """Table entries are token-slot ids in ``[0, SLOT_VALUE_LIMIT)``: the twin keeps the table as
 int32 (an engine's pools hold far fewer slots)."""
+
+
+_TABLE = fast_record(ReqToTokenSnapshot)
+"""Builds a :class:`ReqToTokenSnapshot` (every field by keyword: :func:`fast_record`)."""
 
 
 def request_list(reqs: object) -> list[ReqLike]:
@@ -261,7 +266,7 @@ class ReqToTokenPool:
     def _snapshot_of(self, contents: Sequence[tuple[int, tuple[int, ...]]]) -> ReqToTokenSnapshot:
         """:meth:`snapshot` whose rows ``contents`` (``(row, values)`` pairs) were already read
         and checked by the caller (the memory manager's snapshot, which reads them anyway)."""
-        return ReqToTokenSnapshot(
+        return _TABLE(
             size=self.size,
             max_context_len=self.max_context_len,
             free_slots=tuple(self.free_slots),

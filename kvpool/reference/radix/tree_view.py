@@ -6,7 +6,6 @@ twins (and two runs of one twin) list nodes identically.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -36,6 +35,9 @@ class TreeViewHost(Protocol):
 _NODE = fast_record(NodeSnapshot)
 """Builds a :class:`NodeSnapshot` (every field by keyword: :func:`fast_record`)."""
 
+_TREE = fast_record(TreeSnapshot)
+"""Builds a :class:`TreeSnapshot` (every field by keyword)."""
+
 
 _PREVIEW = 8
 """Tokens/slots shown per node by :func:`pretty_print_tree` before eliding."""
@@ -43,12 +45,9 @@ _PREVIEW = 8
 
 def bfs_nodes(root: TreeNode) -> list[TreeNode]:
     """Every node, root first, breadth-first by child insertion order."""
-    out: list[TreeNode] = []
-    queue = deque([root])
-    while queue:
-        node = queue.popleft()
-        out.append(node)
-        queue.extend(node.children.values())
+    out = [root]
+    for node in out:  # the list is its own queue: read in order while it grows at the end
+        out.extend(node.children.values())
     return out
 
 
@@ -97,13 +96,15 @@ def snapshot_tree(
                 write_pending=host[3],
             )
             nodes.append(snap)
-    return TreeSnapshot(
+    return _TREE(
         page_size=cache.page_size,
         disabled=cache.disable,
         eviction_policy=cache.eviction_policy,
         evictable_size=cache.evictable_size_,
         protected_size=cache.protected_size_,
         nodes=tuple(nodes),
+        swa_evictable_size=0,
+        swa_protected_size=0,
     )
 
 
