@@ -123,7 +123,7 @@ def build_pool_snapshot(
                     "req_pool_idx": req.req_pool_idx,
                     "input_len": len(req.origin_input_ids),
                     "output_len": len(req.output_ids),
-                    "prefix_len": _length(req.prefix_indices),
+                    "prefix_len": req._prefix_len(),
                     "kv_committed_len": committed,
                     "kv_allocated_len": req.kv_allocated_len,
                     "cache_protected_len": req.cache_protected_len,
@@ -214,13 +214,6 @@ def _committed_tags(
         return kv.read_tags(slots.tolist())
     tags: list[int] = fast(slots)
     return tags
-
-
-def _length(t: torch.Tensor) -> int:
-    """``len(t)``: the first dimension read from the shape (``Tensor.__len__`` is Python code
-    with a tracing check)."""
-    shape = t.shape
-    return shape[0] if len(shape) == 1 else len(t)
 
 
 def _expected_tags(req: Req, committed: int) -> tuple[int, ...]:
