@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
-from kvpool.records import fast_record
+from kvpool.records import filled_record
 from kvpool.reference.hicache.hiradix_cache import HiRadixCache
 from kvpool.reference.hicache.tree_view import host_tier_snapshot
 from kvpool.reference.lifecycle.mamba_hooks import MambaHooks
@@ -29,15 +29,6 @@ from kvpool.snapshot import (
     TreeSnapshot,
 )
 from kvpool.tags import kv_tags_tuple
-
-_REQ = fast_record(ReqSnapshot)
-"""Builds a :class:`ReqSnapshot` (every field by keyword: :func:`fast_record`)."""
-
-_SESSION = fast_record(SessionSnapshot)
-"""Builds a :class:`SessionSnapshot` (every field by keyword: :func:`fast_record`)."""
-
-_POOL = fast_record(PoolSnapshot)
-"""Builds a :class:`PoolSnapshot` (every field by keyword)."""
 
 
 class _Snapshots(Protocol):
@@ -112,24 +103,27 @@ def build_pool_snapshot(
             expected = kv_tags_tuple(req.all_token_ids[:committed], req.extra_key)
         last = req.last_node
         reqs.append(
-            _REQ(
-                rid=req.rid,
-                state=req.state,
-                req_pool_idx=req.req_pool_idx,
-                input_len=len(req.origin_input_ids),
-                output_len=len(req.output_ids),
-                prefix_len=len(req.prefix_indices),
-                kv_committed_len=req.kv_committed_len,
-                kv_allocated_len=req.kv_allocated_len,
-                cache_protected_len=req.cache_protected_len,
-                is_chunked=req.is_chunked,
-                last_node_id=None if last is None else last.node_id,
-                session_id=req.session_id,
-                extra_key=req.extra_key,
-                row=row,
-                kv_tags=tags,
-                expected_tags=expected,
-                swa_evicted_seqlen=0 if req_swa is None else req_swa(req.rid),
+            filled_record(
+                ReqSnapshot,
+                {
+                    "rid": req.rid,
+                    "state": req.state,
+                    "req_pool_idx": req.req_pool_idx,
+                    "input_len": len(req.origin_input_ids),
+                    "output_len": len(req.output_ids),
+                    "prefix_len": len(req.prefix_indices),
+                    "kv_committed_len": req.kv_committed_len,
+                    "kv_allocated_len": req.kv_allocated_len,
+                    "cache_protected_len": req.cache_protected_len,
+                    "is_chunked": req.is_chunked,
+                    "last_node_id": None if last is None else last.node_id,
+                    "session_id": req.session_id,
+                    "extra_key": req.extra_key,
+                    "row": row,
+                    "kv_tags": tags,
+                    "expected_tags": expected,
+                    "swa_evicted_seqlen": 0 if req_swa is None else req_swa(req.rid),
+                },
             )
         )
     sessions: list[SessionSnapshot] = []
@@ -140,18 +134,21 @@ def build_pool_snapshot(
             srow = tuple(pool.read(s.req_pool_idx, 0, s.kv_allocated_len))
             contents.append((s.req_pool_idx, srow))
         sessions.append(
-            _SESSION(
-                session_id=s.session_id,
-                req_pool_idx=s.req_pool_idx,
-                kv_committed_len=s.kv_committed_len,
-                kv_allocated_len=s.kv_allocated_len,
-                cache_protected_len=s.cache_protected_len,
-                last_node_id=None if s.last_node is None else s.last_node.node_id,
-                row=srow,
-                busy_with=s.busy_with,
-                swa_evicted_seqlen=(
-                    session_swa.get(s.session_id, 0) if session_swa is not None and srow else 0
-                ),
+            filled_record(
+                SessionSnapshot,
+                {
+                    "session_id": s.session_id,
+                    "req_pool_idx": s.req_pool_idx,
+                    "kv_committed_len": s.kv_committed_len,
+                    "kv_allocated_len": s.kv_allocated_len,
+                    "cache_protected_len": s.cache_protected_len,
+                    "last_node_id": None if s.last_node is None else s.last_node.node_id,
+                    "row": srow,
+                    "busy_with": s.busy_with,
+                    "swa_evicted_seqlen": (
+                        session_swa.get(s.session_id, 0) if session_swa is not None and srow else 0
+                    ),
+                },
             )
         )
     tree = mm.tree_cache.snapshot()
@@ -161,19 +158,22 @@ def build_pool_snapshot(
         table = pool._snapshot_of(contents)
     else:
         table = pool.snapshot(held_rows)
-    return _POOL(
-        allocator=allocator,
-        req_to_token=table,
-        tree=tree.as_tree_snapshot() if isinstance(tree, MambaTreeSnapshot) else tree,
-        reqs=tuple(reqs),
-        sessions=tuple(sessions),
-        max_total_num_tokens=mm.token_to_kv_pool_allocator.size,
-        extra={"capacity_refusals": mm.capacity_refusals},
-        mamba=None
-        if mm.mamba_hooks is None
-        else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values(), mamba_tree),
-        swa=None,
-        host=_host_snapshot(mm.tree_cache, tree, mm.token_to_kv_pool_allocator, allocator),
+    return filled_record(
+        PoolSnapshot,
+        {
+            "allocator": allocator,
+            "req_to_token": table,
+            "tree": tree.as_tree_snapshot() if isinstance(tree, MambaTreeSnapshot) else tree,
+            "reqs": tuple(reqs),
+            "sessions": tuple(sessions),
+            "max_total_num_tokens": mm.token_to_kv_pool_allocator.size,
+            "extra": {"capacity_refusals": mm.capacity_refusals},
+            "mamba": None
+            if mm.mamba_hooks is None
+            else mm.mamba_hooks.snapshot(mm.reqs.values(), mm.sessions.values(), mamba_tree),
+            "swa": None,
+            "host": _host_snapshot(mm.tree_cache, tree, mm.token_to_kv_pool_allocator, allocator),
+        },
     )
 
 

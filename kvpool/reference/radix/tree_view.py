@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from kvpool.records import fast_record
+from kvpool.records import filled_record
 from kvpool.reference.radix_key import TreeNode
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
@@ -30,13 +30,6 @@ class TreeViewHost(Protocol):
     @property
     def protected_size_(self) -> int: ...
     def total_size(self) -> int: ...
-
-
-_NODE = fast_record(NodeSnapshot)
-"""Builds a :class:`NodeSnapshot` (every field by keyword: :func:`fast_record`)."""
-
-_TREE = fast_record(TreeSnapshot)
-"""Builds a :class:`TreeSnapshot` (every field by keyword)."""
 
 
 _PREVIEW = 8
@@ -75,36 +68,42 @@ def snapshot_tree(
             children = node.children.values()
             host = NO_HOST if host_fields is None else host_fields(node)
             parent = node.parent
-            snap = _NODE(
-                node_id=node.node_id,
-                parent_id=None if parent is None else parent.node_id,
-                key=keys[id(node)],
-                extra_key=node.key.extra_key,
-                value=tuple(node.value),
-                lock_ref=node.lock_ref,
-                child_ids=tuple([c.node_id for c in children]),
-                # each child's key as recorded: its first page of tokens, as a tuple
-                child_keys=tuple([keys[id(c)][:ps] for c in children]),
-                last_access_time=float(node.last_access_time),
-                hit_count=node.hit_count,
-                priority=node.priority,
-                swa_tombstone=False,
-                swa_lock_ref=0,
-                evicted=host[0],
-                host_value=host[1],
-                host_ref_counter=host[2],
-                write_pending=host[3],
+            snap = filled_record(
+                NodeSnapshot,
+                {
+                    "node_id": node.node_id,
+                    "parent_id": None if parent is None else parent.node_id,
+                    "key": keys[id(node)],
+                    "extra_key": node.key.extra_key,
+                    "value": tuple(node.value),
+                    "lock_ref": node.lock_ref,
+                    "child_ids": tuple([c.node_id for c in children]),
+                    # each child's key as recorded: its first page of tokens, as a tuple
+                    "child_keys": tuple([keys[id(c)][:ps] for c in children]),
+                    "last_access_time": float(node.last_access_time),
+                    "hit_count": node.hit_count,
+                    "priority": node.priority,
+                    "swa_tombstone": False,
+                    "swa_lock_ref": 0,
+                    "evicted": host[0],
+                    "host_value": host[1],
+                    "host_ref_counter": host[2],
+                    "write_pending": host[3],
+                },
             )
             nodes.append(snap)
-    return _TREE(
-        page_size=cache.page_size,
-        disabled=cache.disable,
-        eviction_policy=cache.eviction_policy,
-        evictable_size=cache.evictable_size_,
-        protected_size=cache.protected_size_,
-        nodes=tuple(nodes),
-        swa_evictable_size=0,
-        swa_protected_size=0,
+    return filled_record(
+        TreeSnapshot,
+        {
+            "page_size": cache.page_size,
+            "disabled": cache.disable,
+            "eviction_policy": cache.eviction_policy,
+            "evictable_size": cache.evictable_size_,
+            "protected_size": cache.protected_size_,
+            "nodes": tuple(nodes),
+            "swa_evictable_size": 0,
+            "swa_protected_size": 0,
+        },
     )
 
 
