@@ -53,10 +53,11 @@ def filled_record(cls: type[R], fields: dict[str, object]) -> R:
     """``cls(**fields)``, where ``fields`` is a fresh dict the caller hands over (its own
     literal, not kept). When ``cls`` is a :func:`plain_record` and ``fields`` names each of its
     fields once, the new instance takes ``fields`` itself as its ``__dict__``: no keyword call
-    and no copy (about a third of :func:`fast_record`'s cost; a snapshot builds a record per
-    request, session and node every step). Any other call is ``cls(**fields)``."""
-    names = _FIELD_NAMES.get(cls, frozenset())
-    if names is not None and not names:
+    and no copy, which :func:`fast_record` needs (a snapshot builds a record per request,
+    session and node every step). Any other call is ``cls(**fields)``."""
+    try:
+        names = _FIELD_NAMES[cls]
+    except KeyError:
         names = _FIELD_NAMES[cls] = (
             frozenset(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
             if plain_record(cls)

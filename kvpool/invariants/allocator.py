@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 import kvpool.invariants.derived as derived
-from kvpool.constants import RESERVED_INDEX
+from kvpool.constants import RESERVED_INDEX, is_power_of_two
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.failure import fail
 from kvpool.invariants.registry import invariant, run_scope
@@ -33,9 +33,7 @@ def _pending_pages(snap: AllocatorSnapshot) -> list[int]:
     scope="allocator",
 )
 def check_shape(snap: AllocatorSnapshot, held_pages: frozenset[int] | None) -> None:
-    ps = snap.page_size
-    # (is_power_of_two, inline: this runs at every step)
-    if not (ps > 0 and (ps & (ps - 1)) == 0) or snap.num_pages < 0:
+    if not is_power_of_two(snap.page_size) or snap.num_pages < 0:
         raise InvariantViolation(
             "INV-ALLOCATOR-SHAPE", f"bad page_size {snap.page_size} / num_pages {snap.num_pages}"
         )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from itertools import chain
 
 import kvpool.invariants.derived as derived
-from kvpool.constants import RESERVED_INDEX
+from kvpool.constants import RESERVED_INDEX, ceil_align
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.allocator import all_pages
 from kvpool.invariants.derived import page_contiguous, page_of
@@ -176,9 +176,7 @@ def _ownership_errors(snap: PoolSnapshot) -> list[int]:
 def check_pool_accounting(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
     alloc, ps = snap.allocator, snap.allocator.page_size
     pending = len(_pages(alloc.pending_free, ps)) * ps if alloc.pending_free else 0
-    held = 0
-    for _, _, p, _, a, _, _ in row_owners(snap):
-        held += -(-a // ps) * ps - p  # ceil_align(a, ps) - p (inline: a call per owner)
+    held = sum(ceil_align(a, ps) - p for _, _, p, _, a, _, _ in row_owners(snap))
     tree = snap.tree.evictable_size + snap.tree.protected_size
     total = alloc.available_size() + pending + tree + held
     size = snap.max_total_num_tokens or alloc.size

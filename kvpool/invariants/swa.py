@@ -19,7 +19,7 @@ from itertools import compress
 from operator import itemgetter
 
 import kvpool.invariants.derived as derived
-from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
+from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX, ceil_align
 from kvpool.errors import InvariantViolation
 from kvpool.invariants.allocator import all_pages, check_allocator
 from kvpool.invariants.derived import IdentityMemo, identity_memo, page_of
@@ -329,7 +329,7 @@ def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         cut = max(r.swa_evicted_seqlen, own)
         if _window_breaks(mapping, r.row, own, cut):
             bad.append(r.req_pool_idx)
-        held += -(-r.kv_allocated_len // sps) * sps - cut  # (ceil_align, inline)
+        held += ceil_align(r.kv_allocated_len, sps) - cut
     for s in snap.sessions:
         if s.req_pool_idx is None:
             continue
@@ -337,7 +337,7 @@ def check_window(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
         cut = max(s.swa_evicted_seqlen, own)
         if _window_breaks(mapping, s.row, own, cut):
             bad.append(s.req_pool_idx)
-        held += -(-s.kv_allocated_len // sps) * sps - cut  # (ceil_align, inline)
+        held += ceil_align(s.kv_allocated_len, sps) - cut
     if bad:
         fail("INV-SWA-WINDOW", "rows whose SWA mapping disagrees with their window", bad)
     tree = None if snap.tree.disabled else snap.tree

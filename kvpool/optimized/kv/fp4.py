@@ -158,14 +158,21 @@ class MHATokenToKVPoolFP4(KVCache):
         return fp4_read_tags(flat.reshape(slots.numel(), -1))
 
     def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
-        """:meth:`read_tags` of a manager's own slots: the first scale block of each, read once
-        on the host and decoded there (:func:`~kvpool.optimized.kv.tag_codec.fp4_host_tags`)."""
-        if not in_bounds(slots, self.num_rows):
-            return self.read_tags(slots.tolist())  # its IndexOutOfRangeError
-        packed = self._host_take(
-            self.k_buffer[0], slots, slice(0, (FP4_DIGITS + 2) // 2), flat=True
-        )
-        return fp4_host_tags(packed, self._host_take(self.k_scale_buffer[0], slots, 0))
+        """:meth:`read_tags` of a manager's own slots (:func:`fp4_snapshot_tags` of K)."""
+        return fp4_snapshot_tags(self, self.k_buffer[0], self.k_scale_buffer[0], slots)
 
 
-__all__ = ["MHATokenToKVPoolFP4", "quantizable"]
+def fp4_snapshot_tags(
+    pool: KVCache, packed: torch.Tensor, scales: torch.Tensor, slots: npt.NDArray[np.int64]
+) -> list[int]:
+    """The tags an FP4 pool's ``read_tags`` gives for ``slots``, from the layer's ``packed``
+    bytes and ``scales``: the first scale block of each slot, read once on the host and decoded
+    there (:func:`~kvpool.optimized.kv.tag_codec.fp4_host_tags`); slots out of range go to
+    ``read_tags`` for its IndexOutOfRangeError."""
+    if not in_bounds(slots, pool.num_rows):
+        return pool.read_tags(slots.tolist())
+    block = pool._host_take(packed, slots, slice(0, (FP4_DIGITS + 2) // 2), flat=True)
+    return fp4_host_tags(block, pool._host_take(scales, slots, 0))
+
+
+__all__ = ["MHATokenToKVPoolFP4", "fp4_snapshot_tags", "quantizable"]

@@ -10,16 +10,14 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from kvpool.optimized.host_view import in_bounds
-from kvpool.optimized.kv.fp4 import Rows, quantizable
+from kvpool.optimized.kv.fp4 import Rows, fp4_snapshot_tags, quantizable
 from kvpool.optimized.kv.kv_cache import IndexLike, KVCache, TensorLike
 from kvpool.optimized.kv.quant import fp4_dequantize, fp4_quantize
-from kvpool.optimized.kv.tag_codec import fp4_host_tags, fp4_read_tags, fp4_tag_bytes
+from kvpool.optimized.kv.tag_codec import fp4_read_tags, fp4_tag_bytes
 from kvpool.optimized.options import TwinOptions
 from kvpool.reference.kv.fp4 import check_fp4_width
 from kvpool.reference.kv.kv_cache import as_scale
 from kvpool.reference.kv.quant import FP4_BLOCK
-from kvpool.reference.kv.tag_codec import FP4_DIGITS
 
 
 class MLATokenToKVPoolFP4(KVCache):
@@ -121,14 +119,9 @@ class MLATokenToKVPoolFP4(KVCache):
         return fp4_read_tags(flat.reshape(slots.numel(), -1))
 
     def _snapshot_tags(self, slots: npt.NDArray[np.int64]) -> list[int]:
-        """:meth:`read_tags` of a manager's own slots: the first scale block of each, read once
-        on the host and decoded there (:func:`~kvpool.optimized.kv.tag_codec.fp4_host_tags`)."""
-        if not in_bounds(slots, self.num_rows):
-            return self.read_tags(slots.tolist())  # its IndexOutOfRangeError
-        packed = self._host_take(
-            self.kv_buffer[0], slots, slice(0, (FP4_DIGITS + 2) // 2), flat=True
-        )
-        return fp4_host_tags(packed, self._host_take(self.kv_scale_buffer[0], slots, 0))
+        """:meth:`read_tags` of a manager's own slots (:func:`fp4_snapshot_tags` of the fused
+        row)."""
+        return fp4_snapshot_tags(self, self.kv_buffer[0], self.kv_scale_buffer[0], slots)
 
 
 __all__ = ["MLATokenToKVPoolFP4"]
