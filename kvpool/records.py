@@ -45,28 +45,35 @@ def fast_record(cls: Callable[P, R]) -> Callable[P, R]:
     return make
 
 
-_FIELD_NAMES: dict[type, frozenset[str] | None] = {}
-""":func:`filled_record`'s field names per class (None: not a :func:`plain_record`)."""
+_FIELD_COUNTS: dict[type, int] = {}
+""":func:`filled_record`'s number of fields per class (-1: not a :func:`plain_record`)."""
+
+_new_instance = object.__new__
+_set_dict = object.__setattr__
 
 
 def filled_record(cls: type[R], fields: dict[str, object]) -> R:
-    """``cls(**fields)``, where ``fields`` is a fresh dict the caller hands over (its own
-    literal, not kept). When ``cls`` is a :func:`plain_record` and ``fields`` names each of its
-    fields once, the new instance takes ``fields`` itself as its ``__dict__``: no keyword call
-    and no copy, which :func:`fast_record` needs (a snapshot builds a record per request,
-    session and node every step). Any other call is ``cls(**fields)``."""
-    try:
-        names = _FIELD_NAMES[cls]
-    except KeyError:
-        names = _FIELD_NAMES[cls] = (
-            frozenset(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    """``cls(**fields)``, where ``fields`` is a fresh dict literal the caller hands over (not
+    kept) naming fields of ``cls``. When ``cls`` is a :func:`plain_record` and ``fields`` has
+    as many entries as ``cls`` has fields, the new instance takes ``fields`` itself as its
+    ``__dict__``: no keyword call, no copy and no per-call name check (a snapshot builds a
+    record per request, session and node every step). Any other call is ``cls(**fields)``
+    (a field left to its default, a name too many).
+
+    Precondition: a literal with every field names each once. The builders' literals are
+    code, not data; ``tests/harness/test_snapshot_eq.py`` checks that every record of both
+    twins' snapshots holds exactly its class's fields."""
+    count = _FIELD_COUNTS.get(cls)
+    if count is None:
+        count = _FIELD_COUNTS[cls] = (
+            len(dataclasses.fields(cls))  # type: ignore[arg-type]
             if plain_record(cls)
-            else None
+            else -1
         )
-    if names is None or fields.keys() != names:
+    if len(fields) != count:
         return cls(**fields)
-    record = object.__new__(cls)
-    object.__setattr__(record, "__dict__", fields)
+    record = _new_instance(cls)
+    _set_dict(record, "__dict__", fields)
     return record
 
 

@@ -33,25 +33,28 @@ def _records(value: object) -> Iterator[object]:
             yield from _records(item)
 
 
-def _snapshots(runs: int) -> list[PoolSnapshot]:
-    """Both twins' snapshots after every step of the first ``runs`` default-campaign runs."""
+def _snapshots(
+    runs: int, machines: tuple[str, ...] = ("manager", "hicache_manager")
+) -> list[PoolSnapshot]:
+    """Both twins' snapshots after every step of the first ``runs`` runs, the machines taking
+    turns."""
     ref, twin = reference_implementation(), optimized_implementation("torch")
     taken: list[PoolSnapshot] = []
-    original = Lockstep.run
+    original = Lockstep._snapshot
 
-    def run(self: Lockstep, op: object) -> object:
-        out = original(self, op)  # type: ignore[arg-type]
-        taken.extend((self.snap_a, self.snap_b))
-        return out
+    def snapshot(self: Lockstep, manager: object, side: int) -> PoolSnapshot:
+        snap = original(self, manager, side)
+        taken.append(snap)  # (each one as taken: a step that then fails still shows its own)
+        return snap
 
-    Lockstep.run = run  # type: ignore[method-assign]
+    Lockstep._snapshot = snapshot  # type: ignore[method-assign]
     try:
         for i in range(runs):
-            chooser, config = run_config("hicache_manager" if i % 2 else "manager", twin, 0, i)
-            execute("hicache_manager" if i % 2 else "manager", ref, twin, config,
-                    chooser=chooser, steps=30)  # fmt: skip
+            machine = machines[i % len(machines)]
+            chooser, config = run_config(machine, twin, 0, i)
+            execute(machine, ref, twin, config, chooser=chooser, steps=30)
     finally:
-        Lockstep.run = original  # type: ignore[method-assign]
+        Lockstep._snapshot = original  # type: ignore[method-assign]
     return taken
 
 
@@ -82,6 +85,18 @@ def test_equality_is_the_field_by_field_answer_on_real_snapshots() -> None:
                 assert (a != b) == (_fields(a) != _fields(b)), cls.__name__
                 if a == b:
                     assert hash(a) == hash(b), cls.__name__
+
+
+def test_every_record_holds_exactly_its_fields() -> None:
+    """The builders' literals (``filled_record``'s precondition): every record of both twins'
+    snapshots, on every kind of manager, holds each field of its class once and nothing else."""
+    seen: set[type] = set()
+    for snap in _snapshots(8, ("manager", "hicache_manager", "swa_manager", "mamba_manager")):
+        for record in _records(snap):
+            names = {f.name for f in dataclasses.fields(record)}  # type: ignore[arg-type]
+            assert vars(record).keys() == names, type(record).__name__
+            seen.add(type(record))
+    assert len(seen) > 12, sorted(c.__name__ for c in seen)
 
 
 def test_other_types_and_uncompared_fields() -> None:

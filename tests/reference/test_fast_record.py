@@ -115,8 +115,10 @@ def test_filled_record_takes_the_dict_or_calls_the_class() -> None:
     assert vars(made) is fields  # the caller's dict itself, no copy
     partial = {k: v for k, v in NODE.items() if k != "write_pending"}
     assert vars(filled_record(NodeSnapshot, dict(partial))) == vars(own)  # the default, filled
-    with pytest.raises(TypeError):  # a name that is no field: the dataclass's own error
+    with pytest.raises(TypeError):  # a name too many: the dataclass's own error
         filled_record(NodeSnapshot, {**NODE, "bogus": 1})
+    with pytest.raises(TypeError):  # a default left out and a name that is no field
+        filled_record(NodeSnapshot, {**partial, "bogus": 1, "other": 2})
     with pytest.raises(ValueError):  # a class with __post_init__ runs it
         filled_record(_Checked, {"n": -1})
     assert filled_record(_Slotted, {"n": 2}) == _Slotted(2)

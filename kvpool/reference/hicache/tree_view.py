@@ -9,7 +9,7 @@ the root), so both twins list them identically.
 from __future__ import annotations
 
 from itertools import chain
-from typing import Protocol
+from typing import Protocol, cast
 
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.records import fast_record
@@ -80,8 +80,23 @@ def host_tier_snapshot(
         prefetches=tree.storage_prefetch.prefetch_snapshots(),
         release_queue=tuple(map(int, chain.from_iterable(cc.host_mem_release_queue))),
         worker_held=tuple(map(int, cc.worker_held())),
-        device_tags=tuple(cc.mem_pool_device.read_tags(list(range(rows)))),
+        device_tags=tuple(_every_tag(cc.mem_pool_device, rows)),
     )
+
+
+def _every_tag(device_pool: object, rows: int) -> list[int]:
+    """The tag of every device row: the pool's ``_snapshot_tags`` (no element checks of a list
+    known to be ints) where it has one, else ``read_tags``."""
+    every = list(range(rows))
+    fast = getattr(device_pool, "_snapshot_tags", None)
+    if fast is not None:
+        tags: list[int] = fast(every)
+        return tags
+    return cast("_TagReader", device_pool).read_tags(every)
+
+
+class _TagReader(Protocol):
+    def read_tags(self, loc: list[int]) -> list[int]: ...
 
 
 __all__ = ["HostTierView", "hi_tree_snapshot", "host_tier_snapshot"]

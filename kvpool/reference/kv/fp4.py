@@ -287,10 +287,10 @@ class MHATokenToKVPoolFP4(KVCache):
             for slot, row in zip(slots, rows, strict=True):
                 layer._put(slot, row)
 
-    def read_tags(self, loc: Sequence[int]) -> list[int]:
+    def _tags_at(self, slots: list[int]) -> list[int]:
         """The tag each slot stores (K of the first held layer; 0 if none)."""
         # the tag lives in the first scale block (kvpool.reference.kv.tag_codec)
-        return self.k_layers[0]._tags_of(self._slots(loc))
+        return self.k_layers[0]._tags_of(slots)
 
 
 __all__ = [

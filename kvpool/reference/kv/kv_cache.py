@@ -280,7 +280,20 @@ class KVCache:
         raise NotImplementedError
 
     def read_tags(self, loc: Sequence[int]) -> list[int]:
-        """Tag at each slot: layer ``start_layer``, head 0, channel 0 of K (0 if never written)."""
+        """Tag at each slot: layer ``start_layer``, head 0, channel 0 of K (0 if never written);
+        ``loc`` checked as every slot argument."""
+        return self._tags_at(self._slots(loc))
+
+    def _snapshot_tags(self, slots: list[int]) -> list[int]:
+        """:meth:`read_tags` of ``slots``, a list of ints a snapshot read from the manager's own
+        table (or every row): the same values and errors, with one range test in place of the
+        element checks (the snapshot reads every committed slot at every step)."""
+        if slots and (min(slots) < 0 or max(slots) >= self.num_rows):
+            return self.read_tags(slots)  # (its IndexOutOfRangeError)
+        return self._tags_at(slots)
+
+    def _tags_at(self, slots: list[int]) -> list[int]:
+        """The tag at each of ``slots``, ints in ``0..num_rows - 1`` (subclasses)."""
         raise NotImplementedError
 
 

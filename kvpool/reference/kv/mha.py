@@ -100,10 +100,10 @@ class MHATokenToKVPool(KVCache):
             for slot, k_row, v_row in zip(slots, k_rows, v_rows, strict=True):
                 kbuf[slot], vbuf[slot] = k_row, v_row
 
-    def read_tags(self, loc: Sequence[int]) -> list[int]:
-        """The tag stored at each slot of ``loc`` (K of the first held layer)."""
+    def _tags_at(self, slots: list[int]) -> list[int]:
+        """The tag stored at each of ``slots`` (K of the first held layer)."""
         buf = self.k_buffer[0]
-        return [int(buf[s][0][0]) for s in self._slots(loc)]
+        return [int(buf[s][0][0]) for s in slots]
 
 
 __all__ = ["MHATokenToKVPool"]

@@ -91,10 +91,10 @@ class MLATokenToKVPool(KVCache):
             for slot, row in zip(slots, rows, strict=True):
                 buf[slot] = row
 
-    def read_tags(self, loc: Sequence[int]) -> list[int]:
-        """The tag stored at each slot of ``loc`` (the first held layer)."""
+    def _tags_at(self, slots: list[int]) -> list[int]:
+        """The tag stored at each of ``slots`` (the first held layer)."""
         buf = self.kv_buffer[0]
-        return [int(buf[s][0][0]) for s in self._slots(loc)]
+        return [int(buf[s][0][0]) for s in slots]
 
 
 __all__ = ["MLATokenToKVPool"]

@@ -208,11 +208,10 @@ class MHATokenToKVPoolMXFP8(KVCache):
                 k_layer._put(slot, k_row)
                 v_layer._put(slot, v_row)
 
-    def read_tags(self, loc: Sequence[int]) -> list[int]:
+    def _tags_at(self, slots: list[int]) -> list[int]:
         """The tag each slot stores (head 0 of K on the first held layer; 0 if none)."""
         # the tag lives in head 0's first scale block (kvpool.reference.kv.tag_codec)
         layer = self.k_layers[0]
-        slots = self._slots(loc)
         # (in C, per slot: head 0's first block of codes as a tuple, and its scale)
         heads = map(_FIRST, map(layer.data.__getitem__, slots))
         # (a head of exactly one block, the usual width, is the block as it is)

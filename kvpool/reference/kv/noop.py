@@ -82,9 +82,9 @@ class NoOpMHATokenToKVPool(KVCache):
         for slot, tag in zip(slots, self._tags(tags, len(slots)), strict=True):
             self.tag_record[slot] = tag
 
-    def read_tags(self, loc: Sequence[int]) -> list[int]:
+    def _tags_at(self, slots: list[int]) -> list[int]:
         """The recorded tag of each slot (0 if never tagged)."""
-        return list(map(self.tag_record.get, self._slots(loc), repeat(0)))
+        return list(map(self.tag_record.get, slots, repeat(0)))
 
 
 __all__ = ["NoOpMHATokenToKVPool"]

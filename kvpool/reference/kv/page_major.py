@@ -184,11 +184,11 @@ class PageMajorMHATokenToKVPool(KVCache):
         for local in range(self.layer_num):
             self._store(local, slots, ks, vs)
 
-    def read_tags(self, loc: Sequence[int]) -> list[int]:
-        """The tag stored at each token of ``loc`` (K of the first held layer)."""
+    def _tags_at(self, slots: list[int]) -> list[int]:
+        """The tag stored at each token of ``slots`` (K of the first held layer)."""
         # ``view[s][0][0]`` read straight from the raw list, without building the row's heads
         raw, items = self._raw, self._tag_items
-        return [int(raw[items[s]]) for s in self._slots(loc)]
+        return [int(raw[items[s]]) for s in slots]
 
 
 __all__ = ["PageMajorMHATokenToKVPool", "PageMajorView"]

@@ -90,7 +90,7 @@ def build_pool_snapshot(
         rows.append(row)
     # every committed slot's tag in one read (tags are per slot: the same as one read per
     # request, without a KV-cache call per request)
-    stored = tuple(mm.kv_cache.read_tags(committed_slots)) if committed_slots else ()
+    stored = _stored_tags(mm.kv_cache, committed_slots) if committed_slots else ()
     start = 0
     for req, row in zip(live, rows, strict=True):
         tags: tuple[int, ...] = ()
@@ -175,6 +175,13 @@ def build_pool_snapshot(
             "host": _host_snapshot(mm.tree_cache, tree, mm.token_to_kv_pool_allocator, allocator),
         },
     )
+
+
+def _stored_tags(kv: _TagReader, slots: list[int]) -> tuple[int, ...]:
+    """The tag at each of ``slots`` (ints read from the manager's own table): the cache's
+    ``_snapshot_tags`` where it has one (no element checks), else ``read_tags``."""
+    fast = getattr(kv, "_snapshot_tags", None)
+    return tuple(kv.read_tags(slots) if fast is None else fast(slots))
 
 
 def _host_snapshot(
