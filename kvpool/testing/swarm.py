@@ -44,16 +44,38 @@ class Chooser(Protocol):
 
 
 class RandomChooser:
-    """Chooser over ``random.Random(seed)``: fast, deterministic for a seed."""
+    """Chooser over ``random.Random(seed)``: fast, deterministic for a seed.
+
+    Each draw is the one ``randint`` / ``randrange`` make, from the same generator in the same
+    order: for a plain ``random.Random`` the draw is taken here as the interpreter takes it
+    (``getrandbits`` of the width's bit length until below the width), without their two
+    layers of argument handling (a campaign draws a dozen numbers a step);
+    ``tests/harness/test_swarm_draws.py`` holds the two to the same numbers and state."""
 
     def __init__(self, seed: int | random.Random) -> None:
         self.rng = seed if isinstance(seed, random.Random) else random.Random(seed)
+        self._bits = self.rng.getrandbits if type(self.rng) is random.Random else None
+
+    def _below(self, n: int) -> int:
+        """A uniform int in ``[0, n)`` for ``n >= 1``: ``randrange(n)``'s draw."""
+        bits = self._bits
+        if bits is None:  # a generator of another kind draws its own way
+            return self.rng.randrange(n)
+        k = n.bit_length()
+        r = bits(k)
+        while r >= n:
+            r = bits(k)
+        return r
 
     def integer(self, lo: int, hi: int) -> int:
-        return self.rng.randint(lo, hi)
+        if type(lo) is not int or type(hi) is not int or hi < lo:
+            return self.rng.randint(lo, hi)  # (its conversions and its error)
+        return lo + self._below(hi - lo + 1)
 
     def choice(self, options: Sequence[T]) -> T:
-        return options[self.rng.randrange(len(options))]
+        if not options:
+            return options[self.rng.randrange(0)]  # (its error)
+        return options[self._below(len(options))]
 
 
 @dataclass(frozen=True)
