@@ -8,9 +8,11 @@ worker's pipe, which woke the parent at every step (tens of microseconds of the 
 step, taken from the two cores the workers run on).
 
 A record is ``run`` (int64), the payload's length in bytes (uint32), then the pickled
-:class:`~kvpool.testing.swarm.Op`. The worker empties the log when a run starts; records carry
-their run number, so a reader that looks before the worker emptied it takes no op of an earlier
-run for the current one. A record cut short by the end of the file (a write that a kill
+fields of the :class:`~kvpool.testing.swarm.Op` as a tuple ``(name, args, kwargs,
+expect_error)``: a plain tuple pickles without the dataclass's reduce protocol, and a worker
+logs every step. The worker empties the log when a run starts; records carry their run
+number, so a reader that looks before the worker emptied it takes no op of an earlier run for
+the current one. A record cut short by the end of the file (a write that a kill
 interrupted) is ignored.
 """
 
@@ -56,7 +58,8 @@ class OpLogWriter:
 
     def append(self, op: Op) -> None:
         """Record ``op`` (one system call: complete in the page cache when it returns)."""
-        data = pickle.dumps(op, protocol=pickle.HIGHEST_PROTOCOL)
+        fields = (op.name, op.args, op.kwargs, op.expect_error)
+        data = pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
         os.write(self.fd, _HEADER.pack(self.run, len(data)) + data)
 
     def close(self) -> None:
@@ -79,7 +82,8 @@ def read_ops(path: str, run: int) -> list[Op]:
         if end > len(data):
             break  # a record cut short by a kill: the op never started
         if record_run == run:
-            ops.append(pickle.loads(data[at + _HEADER.size : end]))
+            name, args, kwargs, expect_error = pickle.loads(data[at + _HEADER.size : end])
+            ops.append(Op(name, args, kwargs, expect_error))
         at = end
     return ops
 

@@ -100,8 +100,8 @@ def _serve_runs(
         if done.failure is not None:
             f = done.failure
             failure = (f.detector, f.step, str(f))
-        conn.send(("done", run, done.steps, done.checks, dict(done.coverage), failure,
-                   asdict(config)))  # fmt: skip
+        # (the config went with "start": the parent keeps it for the run)
+        conn.send(("done", run, done.steps, done.checks, dict(done.coverage), failure))
 
 
 # ---------------------------------------------------------------------------- parent side
@@ -328,7 +328,8 @@ def run_block(
                 if msg[0] == "start":
                     w.config = msg[2]
                 elif msg[0] == "done":
-                    _, _, steps, checks, tags, failure, config = msg
+                    _, _, steps, checks, tags, failure = msg
+                    config = w.config
                     result.add_run(config["page_size"], steps, checks, tags)
                     if observe is not None:
                         _observe_new(w, run, observe)
