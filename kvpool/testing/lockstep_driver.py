@@ -182,7 +182,8 @@ class Lockstep:
 
     def run(self, op: Op) -> Any:
         """Execute ``op`` on both, compare everything, check every invariant; returns A's result
-        (normalized) or A's error instance."""
+        (normalized) or A's error instance (a refusal, a ``KVPoolError``, without its
+        traceback: :func:`without_frames`)."""
         self.ops.append(op)
         out_a, err_a = self._call(op, self.a)
         out_b, err_b = self._call(op, self.b)
