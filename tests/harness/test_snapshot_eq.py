@@ -6,9 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import kvpool.snapshot as snapshot_module
-from kvpool.snapshot import AllocatorSnapshot, NodeSnapshot, PoolSnapshot
+from kvpool.snapshot import (
+    AllocatorSnapshot,
+    HostTierSnapshot,
+    MambaNodeSnapshot,
+    MambaTreeSnapshot,
+    NodeSnapshot,
+    PoolSnapshot,
+)
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.lockstep_driver import Lockstep
 from kvpool.testing.runs import execute, run_config
@@ -34,17 +42,22 @@ def _records(value: object) -> Iterator[object]:
 
 
 def _snapshots(
-    runs: int, machines: tuple[str, ...] = ("manager", "hicache_manager")
+    runs: int,
+    machines: tuple[str, ...] = ("manager", "hicache_manager"),
+    trees: list[object] | None = None,
 ) -> list[PoolSnapshot]:
     """Both twins' snapshots after every step of the first ``runs`` runs, the machines taking
-    turns."""
+    turns; ``trees`` (when given) also receives each side's tree cache snapshot, as the cache
+    takes it."""
     ref, twin = reference_implementation(), optimized_implementation("torch")
     taken: list[PoolSnapshot] = []
     original = Lockstep._snapshot
 
-    def snapshot(self: Lockstep, manager: object, side: int) -> PoolSnapshot:
+    def snapshot(self: Lockstep, manager: Any, side: int) -> PoolSnapshot:
         snap = original(self, manager, side)
         taken.append(snap)  # (each one as taken: a step that then fails still shows its own)
+        if trees is not None:  # the tree cache's own snapshot (a Mamba tree's nodes too)
+            trees.append(manager.tree_cache.snapshot())
         return snap
 
     Lockstep._snapshot = snapshot  # type: ignore[method-assign]
@@ -91,12 +104,16 @@ def test_every_record_holds_exactly_its_fields() -> None:
     """The builders' literals (``filled_record``'s precondition): every record of both twins'
     snapshots, on every kind of manager, holds each field of its class once and nothing else."""
     seen: set[type] = set()
-    for snap in _snapshots(8, ("manager", "hicache_manager", "swa_manager", "mamba_manager")):
+    trees: list[object] = []
+    machines = ("manager", "hicache_manager", "swa_manager", "mamba_manager")
+    for snap in [*_snapshots(16, machines, trees), *trees]:
         for record in _records(snap):
             names = {f.name for f in dataclasses.fields(record)}  # type: ignore[arg-type]
             assert vars(record).keys() == names, type(record).__name__
             seen.add(type(record))
-    assert len(seen) > 12, sorted(c.__name__ for c in seen)
+    assert {MambaNodeSnapshot, MambaTreeSnapshot, HostTierSnapshot} <= seen, sorted(
+        c.__name__ for c in seen
+    )
 
 
 def test_other_types_and_uncompared_fields() -> None:
