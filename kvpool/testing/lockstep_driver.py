@@ -210,7 +210,7 @@ class Lockstep:
             self._check(prev_a, prev_b, same)
         # Both unchanged, without comparing A's two: A's now equals B's now, which equals B's
         # before, which equalled A's before (snapshots compared as they are).
-        both_kept = kept and self.normalize is None and self._were_equal
+        both_kept = kept and self._were_equal
         self._were_equal = same and self.normalize is None
         self._compare_outcomes(out_a, err_a, out_b, err_b)
         if op.expect_error and err_a is None:

@@ -9,13 +9,14 @@ the root), so both twins list them identically.
 from __future__ import annotations
 
 from itertools import chain
-from typing import Protocol, cast
+from typing import Protocol
 
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.records import fast_record
 from kvpool.reference.hicache.cache_controller import HiCacheController
 from kvpool.reference.hicache.prefetch import StoragePrefetch
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
+from kvpool.reference.kv.kv_cache import snapshot_tags
 from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.radix.tree_view import HostFields, TreeViewHost, snapshot_tree
 from kvpool.reference.radix_key import TreeNode
@@ -80,23 +81,8 @@ def host_tier_snapshot(
         prefetches=tree.storage_prefetch.prefetch_snapshots(),
         release_queue=tuple(map(int, chain.from_iterable(cc.host_mem_release_queue))),
         worker_held=tuple(map(int, cc.worker_held())),
-        device_tags=tuple(_every_tag(cc.mem_pool_device, rows)),
+        device_tags=tuple(snapshot_tags(cc.mem_pool_device, list(range(rows)))),
     )
-
-
-def _every_tag(device_pool: object, rows: int) -> list[int]:
-    """The tag of every device row: the pool's ``_snapshot_tags`` (no element checks of a list
-    known to be ints) where it has one, else ``read_tags``."""
-    every = list(range(rows))
-    fast = getattr(device_pool, "_snapshot_tags", None)
-    if fast is not None:
-        tags: list[int] = fast(every)
-        return tags
-    return cast("_TagReader", device_pool).read_tags(every)
-
-
-class _TagReader(Protocol):
-    def read_tags(self, loc: list[int]) -> list[int]: ...
 
 
 __all__ = ["HostTierView", "hi_tree_snapshot", "host_tier_snapshot"]

@@ -297,6 +297,24 @@ class KVCache:
         raise NotImplementedError
 
 
+class TagReader(Protocol):
+    """A KV cache as a snapshot reads it: the tag stored at each slot (any storage variant, an
+    SWA pool or one a user injects)."""
+
+    def read_tags(self, loc: list[int]) -> list[int]: ...
+
+
+def snapshot_tags(kv: TagReader, slots: list[int]) -> list[int]:
+    """``kv.read_tags(slots)`` for a snapshot's read (``slots`` ints the manager took from its
+    own table, or every row): through :meth:`KVCache._snapshot_tags` where ``kv`` has it (one
+    range test instead of the element checks), else ``read_tags`` itself."""
+    fast = getattr(kv, "_snapshot_tags", None)
+    if fast is None:
+        return kv.read_tags(slots)
+    tags: list[int] = fast(slots)
+    return tags
+
+
 __all__ = [
     "DTYPES",
     "FP8_DTYPES",
@@ -306,8 +324,10 @@ __all__ = [
     "LayerBuffer",
     "LayerRows",
     "Row",
+    "TagReader",
     "as_scale",
     "check_rows",
     "layer_move_pairs",
+    "snapshot_tags",
     "tag_list",
 ]

@@ -8,13 +8,14 @@ must be (``expected_tags``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, TokenAllocatorProtocol
 from kvpool.records import filled_record
 from kvpool.reference.hicache.hiradix_cache import HiRadixCache
 from kvpool.reference.hicache.tree_view import host_tier_snapshot
+from kvpool.reference.kv.kv_cache import TagReader, snapshot_tags
 from kvpool.reference.lifecycle.mamba_hooks import MambaHooks
 from kvpool.reference.lifecycle.session import SessionSlot
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
@@ -37,12 +38,6 @@ class _Snapshots(Protocol):
     def snapshot(self) -> TreeSnapshot | MambaTreeSnapshot: ...
 
 
-class _TagReader(Protocol):
-    """The KV cache as the snapshot reads it: the tag stored at each slot."""
-
-    def read_tags(self, loc: Sequence[int]) -> list[int]: ...
-
-
 class SnapshotHost(Protocol):
     """What :func:`build_pool_snapshot` reads of a memory manager (nothing is written)."""
 
@@ -53,7 +48,7 @@ class SnapshotHost(Protocol):
     @property
     def tree_cache(self) -> _Snapshots: ...
     @property
-    def kv_cache(self) -> _TagReader: ...
+    def kv_cache(self) -> TagReader: ...
     @property
     def mamba_hooks(self) -> MambaHooks | None: ...
     @property
@@ -90,7 +85,7 @@ def build_pool_snapshot(
         rows.append(row)
     # every committed slot's tag in one read (tags are per slot: the same as one read per
     # request, without a KV-cache call per request)
-    stored = _stored_tags(mm.kv_cache, committed_slots) if committed_slots else ()
+    stored = tuple(snapshot_tags(mm.kv_cache, committed_slots)) if committed_slots else ()
     start = 0
     for req, row in zip(live, rows, strict=True):
         tags: tuple[int, ...] = ()
@@ -175,13 +170,6 @@ def build_pool_snapshot(
             "host": _host_snapshot(mm.tree_cache, tree, mm.token_to_kv_pool_allocator, allocator),
         },
     )
-
-
-def _stored_tags(kv: _TagReader, slots: list[int]) -> tuple[int, ...]:
-    """The tag at each of ``slots`` (ints read from the manager's own table): the cache's
-    ``_snapshot_tags`` where it has one (no element checks), else ``read_tags``."""
-    fast = getattr(kv, "_snapshot_tags", None)
-    return tuple(kv.read_tags(slots) if fast is None else fast(slots))
 
 
 def _host_snapshot(
