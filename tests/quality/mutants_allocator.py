@@ -35,11 +35,12 @@ def paged_free_no_dedup(mm: Any) -> None:
 
 def group_frees_separately(mm: Any) -> None:
     alloc = mm.token_to_kv_pool_allocator
-    need(alloc, "_pending_free", "_in_free_group", "_return_pages")
+    need(alloc, "_pending_free", "_in_free_group", "_buffer_as_is", "_return_pages")
 
     def make(_orig: Any) -> Callable[[], None]:
         def free_group_end() -> None:
             pending, alloc._pending_free, alloc._in_free_group = alloc._pending_free, [], False
+            alloc._buffer_as_is = None
             for slots in pending:  # one free per buffered call instead of one for the group
                 alloc._return_pages(slots)
 

@@ -141,6 +141,7 @@ class BaseTokenToKVPoolAllocator:
         self._in_free_group = False
         self._owned: torch.Tensor | None = None  # free_group_end's concatenation, while returned
         self._pending_free: list[torch.Tensor] = []
+        self._buffer_as_is: list[torch.Tensor] | None = None  # unchecked in a group: _pending_free
         self._pending_pages: list[torch.Tensor] = []  # paged free_page_ids inside a group
         self.clear()
 
@@ -284,28 +285,27 @@ class BaseTokenToKVPoolAllocator:
         until :meth:`free_group_end`. Checked mode validates first, as the reference.
 
         Unchecked, a 1-D int64 tensor needs no conversion and no check: inside a group it is
-        buffered as it is (no tensor operation: the lifecycle frees one tensor per request
-        there; one on another device is moved when the group ends), outside (on the device)
-        its pages go back at once; anything else is converted and checked first."""
-        if self._free_mask is None:
-            if self._in_free_group:
-                try:  # two attribute reads decide (a list has no dtype: the general path)
-                    if free_index.dtype is _INT64 and free_index.ndim == 1:  # type: ignore[union-attr]
-                        # As it is, an empty one too (it joins as nothing); one on another
-                        # device is moved when the group ends (_pending_slots).
-                        self._pending_free.append(free_index)  # type: ignore[arg-type]
-                        return
-                except AttributeError:
-                    pass
-            elif (
-                type(free_index) is _TENSOR
-                and free_index.dtype is _INT64
-                and free_index.ndim == 1
-                and (free_index.is_cpu if self._on_cpu else free_index.device == self.device)
-            ):
-                if free_index.numel():
-                    self._return_pages(free_index)
-                return
+        buffered as it is, an empty one too (no tensor operation: the lifecycle frees one tensor
+        per request there; one on another device is moved when the group ends), outside (on the
+        device) its pages go back at once; anything else is converted and checked first."""
+        buffer = self._buffer_as_is
+        if buffer is not None:
+            try:  # two attribute reads decide (a list has no dtype: the general path)
+                if free_index.dtype is _INT64 and free_index.ndim == 1:  # type: ignore[union-attr]
+                    buffer.append(free_index)  # type: ignore[arg-type]
+                    return
+            except AttributeError:
+                pass
+        elif (  # unchecked, outside a group (inside one, the buffer above is set)
+            self._free_mask is None
+            and type(free_index) is _TENSOR
+            and free_index.dtype is _INT64
+            and free_index.ndim == 1
+            and (free_index.is_cpu if self._on_cpu else free_index.device == self.device)
+        ):
+            if free_index.numel():
+                self._return_pages(free_index)
+            return
         slots = self._as_index(free_index)  # metadata: checked in both modes
         if slots.numel() == 0:
             return
@@ -333,6 +333,7 @@ class BaseTokenToKVPoolAllocator:
             raise InvalidArgumentError("free_group_begin inside an open free group")
         self._in_free_group = True
         self._pending_free = []
+        self._buffer_as_is = self._pending_free if self._free_mask is None else None
         self._pending_pages = []
 
     def free_group_end(self) -> None:
@@ -361,11 +362,7 @@ class BaseTokenToKVPoolAllocator:
                 self._owned = None
         if staged.numel():
             self._return_pages_in_order(staged)
-        self._in_free_group = False
-        self._pending_free = []
-        self._pending_pages = []
-        if self._pending_mask is not None:
-            self._pending_mask.zero_()
+        self._close_group()
 
     def _pending_slots(self) -> torch.Tensor:
         """The open group's buffered slots as one int64 tensor on the device, in order (no copy
@@ -588,8 +585,13 @@ class BaseTokenToKVPoolAllocator:
         """Every page free (ids ascending), no release pages, no open free group."""
         every, host = self._free_list.every_page(self.num_pages)  # on the CPU: numpy-made
         self._set_free_lists(every, self._empty(), host)
+        self._close_group()
+
+    def _close_group(self) -> None:
+        """No open free group, nothing buffered."""
         self._in_free_group = False
         self._pending_free = []
+        self._buffer_as_is = None
         self._pending_pages = []
         if self._pending_mask is not None:
             self._pending_mask.zero_()

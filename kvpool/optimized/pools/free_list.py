@@ -190,7 +190,7 @@ class FreeList:
             self._tl, self._tl_np, self._tl_len = pages, None, k
             return
         if not self._tl_len and k <= self._fl_room:
-            buf, at = self._fl, self._fl_tail
+            buf, arr, at = self._fl, self._fl_np, self._fl_tail
             self._fl_tail = at + k
             self._fl_room -= k
             self._fl_view = None
@@ -211,9 +211,12 @@ class FreeList:
                         buf[:at] = tail[:at]
                 self._tl, self._tl_np = buf, arr
             else:
-                buf = tail
+                buf, arr = tail, self._tl_np
             self._tl_len = at + k
-        buf[at : at + k] = pages
+        if arr is not None and pages.is_cpu:  # numpy's copy: no tensor operation
+            arr[at : at + k] = pages.numpy()
+        else:
+            buf[at : at + k] = pages
 
     def prepend(self, pages: torch.Tensor, host: npt.NDArray[np.int64] | None) -> None:
         """Put ``pages`` (int64, on the device) at the head of the free list, in their order:
