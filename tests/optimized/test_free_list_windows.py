@@ -71,6 +71,17 @@ class Run:
             out.extend(range(p * ps, p * ps + n))
         return out
 
+    def as_tensor(self, slots: list[int]) -> torch.Tensor:
+        """``slots`` as an int64 tensor of its own, or as a view: every second element of a
+        longer tensor (not contiguous), or the middle of one (an offset into its storage). A
+        free copies the values into the free list all the same."""
+        how = self.rng.randrange(3)
+        if how == 1:
+            return torch.tensor([v for s in slots for v in (s, -1)], dtype=torch.int64)[::2]
+        if how == 2:
+            return torch.tensor([-1, *slots, -1], dtype=torch.int64)[1:-1]
+        return torch.tensor(slots, dtype=torch.int64)
+
     def take_block(self) -> list[int]:
         """Some pages of a held block (removed from ``held``): a run of them, often all."""
         i = self.rng.randrange(len(self.held))
@@ -112,7 +123,7 @@ class Run:
         if how == 0 or self.ps == 1 or in_group:
             slots = self.slots(block, partial=self.ps > 1 and self.rng.random() < 0.5)
             self.ref.free(slots)
-            self.twin.free(torch.tensor(slots, dtype=torch.int64))
+            self.twin.free(self.as_tensor(slots))
         elif how == 1:
             self.ref.free_page_ids(block)
             self.twin.free_page_ids(torch.tensor(block, dtype=torch.int64))
