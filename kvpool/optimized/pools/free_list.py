@@ -180,9 +180,10 @@ class FreeList:
     def append(self, pages: torch.Tensor, owned: bool) -> None:
         """Put ``pages`` (int64, on the device) at the tail of the free list: into the main
         buffer's room while no tail window follows, else into the tail window (a new buffer
-        when it is full: a copy of the tail window only). Page size 1's free: one tensor
-        operation (the copy of ``pages``), whatever the lengths. ``owned``: ``pages`` is the
-        allocator's own fresh tensor (free_group_end's concatenation), never seen by a caller."""
+        when it is full: a copy of the tail window only). Page size 1's free: one copy of
+        ``pages``, whatever the lengths (numpy's, into a CPU buffer of ours). ``owned``:
+        ``pages`` is the allocator's own fresh tensor (free_group_end's concatenation), never
+        seen by a caller."""
         k = pages.numel()
         if owned and not self._tl_len and k > self._fl_room:
             # free_group_end's concatenation, due for an empty tail window: it becomes that
@@ -213,8 +214,8 @@ class FreeList:
             else:
                 buf, arr = tail, self._tl_np
             self._tl_len = at + k
-        if arr is not None and pages.is_cpu:  # numpy's copy: no tensor operation
-            arr[at : at + k] = pages.numpy()
+        if arr is not None and type(pages) is torch.Tensor and pages.is_cpu:
+            arr[at : at + k] = pages.numpy()  # numpy's copy: no tensor operation (1/2 the time)
         else:
             buf[at : at + k] = pages
 
