@@ -17,7 +17,13 @@ machine's row leaves them blank). The last row, ``manager --workers 2``,
 is ``kvpool verify``'s default campaign itself: two worker processes for ``--seconds`` of
 wall time, steps per wall second.
 
+``--reuse`` prints instead, for the four lifecycle machines, how often each part of the
+reference's snapshot came out equal to the step before and how much of the reference's snapshot
+time went on steps that changed nothing (:func:`reuse_row`): the room for a trusted oracle that
+hands back its unchanged parts instead of reading them again.
+
     python benchmarks/bench_lockstep.py [--quick] [--only manager] [--runs 20] [--seconds 10]
+    python benchmarks/bench_lockstep.py --reuse [--runs 200]
     kvpool bench --only lockstep
 """
 
@@ -110,6 +116,67 @@ def machine_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
     }
 
 
+PARTS = ("allocator", "req_to_token", "tree", "reqs", "sessions", "mamba", "swa", "host")
+"""The parts of a :class:`~kvpool.snapshot.PoolSnapshot` a :func:`reuse_row` follows."""
+
+
+def reuse_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
+    """What reusing the trusted reference's unchanged snapshot parts could save on a lifecycle
+    machine (``--reuse``): ``runs`` runs in this process, as :func:`machine_row`. Columns:
+    ``kept_pct`` (steps after which the reference's whole snapshot equals its previous one),
+    then per part the percentage of steps that left it equal (``-``: a part this machine never
+    has); ``us_snap_a`` (the reference's snapshot, us per step over all steps) and
+    ``us_snap_a_kept`` (the share of it spent on the kept steps: what skipping those snapshots
+    would save); ``us_inv`` (the invariants, for scale). The comparisons run outside the timed
+    parts."""
+    import torch
+
+    from kvpool.testing.campaign import quiet_collector, run_machine
+    from kvpool.testing.implementations import optimized_implementation, reference_implementation
+    from kvpool.testing.lockstep_driver import Lockstep
+
+    torch.set_num_threads(1)
+    ref, twin = reference_implementation(), optimized_implementation("torch")
+    seen: Counter[str] = Counter()
+    present: set[str] = set()
+    inner = Lockstep._snapshot
+
+    def observed(self: Lockstep, manager: Any, side: int) -> Any:
+        if side:
+            return inner(self, manager, side)
+        start = time.thread_time_ns()
+        snap = inner(self, manager, side)
+        spent = time.thread_time_ns() - start
+        seen["snap_a"] += spent
+        seen["snaps"] += 1
+        if snap == self.snap_a:
+            seen["kept"] += 1
+            seen["snap_a_kept"] += spent
+        for part in PARTS:
+            now = getattr(snap, part)
+            present.update([part] if now is not None else [])
+            seen[part] += now == getattr(self.snap_a, part)
+        return snap
+
+    Lockstep._snapshot = observed  # type: ignore[method-assign]
+    try:
+        with quiet_collector(), step_split() as spent:
+            result = run_machine(component, ref, twin, 1e9, seed=seed,
+                                 steps_per_run=STEPS_PER_RUN, max_runs=runs)  # fmt: skip
+    finally:
+        Lockstep._snapshot = inner  # type: ignore[method-assign]
+    steps, snaps = max(result.steps, 1), max(seen["snaps"], 1)
+    return {
+        "machine": component,
+        "steps": result.steps,
+        "kept_pct": round(100 * seen["kept"] / snaps, 1),
+        **{part: round(100 * seen[part] / snaps) if part in present else "-" for part in PARTS},
+        "us_snap_a": round(seen["snap_a"] * 1e-3 / steps),
+        "us_snap_a_kept": round(seen["snap_a_kept"] * 1e-3 / steps),
+        "us_inv": round(spent["inv"] * 1e-3 / steps),
+    }
+
+
 def workers_row(seconds: float, workers: int = 2, seed: int = 0) -> dict[str, Any]:
     """The default campaign (``manager``) on ``workers`` processes for ``seconds`` of wall time:
     steps per wall second, as ``kvpool verify`` reports them."""
@@ -149,8 +216,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="runs per machine (default 20)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="wall seconds of the two-worker campaign (default 20)")  # fmt: skip
+    parser.add_argument("--reuse", action="store_true",
+                        help="the lifecycle machines: their unchanged snapshot parts")  # fmt: skip
     args = parser.parse_args(argv)
-    rows = run(args.quick, args.only, args.runs, args.seconds)
+    if args.reuse:
+        from kvpool.testing.machines import TARGETS
+
+        n = args.runs if args.runs is not None else 20
+        names = [m for m in TARGETS if m.endswith("manager") and (args.only or "") in m]
+        rows = [reuse_row(name, n) for name in names]
+    else:
+        rows = run(args.quick, args.only, args.runs, args.seconds)
     if not rows:
         print(f"no machine matches {args.only!r}", file=sys.stderr)
         return 1

@@ -68,3 +68,20 @@ def test_a_lifecycle_row_splits_its_step_time_into_parts() -> None:
     assert abs(sum(parts) - total_us) <= 0.02 * total_us + 200, (parts, total_us)
     component = bench.machine_row("allocator", runs=1)
     assert all(component[f"us_{p}"] is None for p in (*bench.SPLIT, "rest"))
+
+
+def test_a_reuse_row_measures_the_reference_snapshots_that_changed_nothing() -> None:
+    bench = _load("bench_lockstep")
+    row = bench.reuse_row("manager", runs=2)
+    assert (row["machine"], row["steps"]) == ("manager", 120)
+    assert 0 < row["kept_pct"] < 100  # some steps change the state, some (refusals) do not
+    assert row["swa"] == "-" and isinstance(row["allocator"], int)
+    assert all(row[p] == "-" or 0 <= row[p] <= 100 for p in bench.PARTS)
+    assert 0 < row["us_snap_a_kept"] < row["us_snap_a"] and row["us_inv"] > 0
+
+
+def test_main_reuse_prints_the_lifecycle_machines(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _load("bench_lockstep").main(["--reuse", "--only", "swa", "--runs", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["machine", "steps", "kept_pct"]
+    assert [line.split()[0] for line in out[1:]] == ["swa_manager"]
