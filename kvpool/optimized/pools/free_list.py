@@ -215,7 +215,7 @@ class FreeList:
                 buf, arr = tail, self._tl_np
             self._tl_len = at + k
         if arr is not None and type(pages) is torch.Tensor and pages.is_cpu:
-            arr[at : at + k] = pages.numpy()  # numpy's copy: no tensor operation (1/2 the time)
+            arr[at : at + k] = pages.numpy()  # half the time of the tensor slice assignment
         else:
             buf[at : at + k] = pages
 
