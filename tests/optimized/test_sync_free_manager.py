@@ -7,7 +7,9 @@ counters:
 - **device reads**: ``item`` / ``int`` / ``bool`` / ``tolist`` / ``numpy`` / ``cpu`` of a tensor
   and operations whose result size depends on tensor data (``nonzero``, ``masked_select``,
   ``unique``, boolean indexing, ``repeat_interleave`` without ``output_size``): each is a
-  device-to-host sync on a GPU. There must be none.
+  device-to-host sync on a GPU. There must be none. (The free list's CPU windows take freed
+  pages through a numpy view, :data:`CPU_ONLY_VIEWS`, logged apart: on a GPU that copy is a
+  launch.)
 - **launches**: every tensor operation that is not a view (what becomes a kernel launch on a
   GPU). Their number must not grow with the batch: batch 2 and batch 16 issue the same.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,6 +58,12 @@ DATA_DEPENDENT = frozenset(
 )  # fmt: skip
 """Operators whose result size (or value on the host) needs the device's data."""
 
+CPU_ONLY_VIEWS = frozenset({("free_list.py", "append")})
+"""(file, function) of the ``numpy`` calls that exist on a CPU only: the free list's windows
+there are numpy buffers, and a free copies its pages in with numpy (a view of the pages, no
+read); on a GPU the buffers have no numpy view and the copy is one tensor operation. Logged as
+``cpu:numpy``, not as a read."""
+
 PAGE_DEDUP = frozenset({"read:aten.masked_select", "read:aten.unique_consecutive", "read:numpy"})
 """How the paged allocator finds the distinct pages of a ``free``: a bitmap, a sort, or (a few
 slots on a CPU) a sort of a numpy view of the slots; one read each."""
@@ -79,7 +88,10 @@ class _HostReads(TorchFunctionMode):
     ) -> Any:
         name = getattr(func, "__name__", "")
         if not self.paused.depth and name in HOST_READS:
-            self.log[f"read:{name}"] += 1
+            caller = sys._getframe(1).f_code  # the Python frame that called the tensor method
+            where = (caller.co_filename.rsplit("/", 1)[-1], caller.co_name)
+            kind = "cpu" if name == "numpy" and where in CPU_ONLY_VIEWS else "read"
+            self.log[f"{kind}:{name}"] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -284,6 +296,17 @@ def test_the_counters_see_a_per_request_loop() -> None:
     assert reads(log)["read:aten._local_scalar_dense"] == 4
     assert reads(log)["read:aten.index"] == 1
     assert launches(log) == 4 + 1  # the four adds and the comparison
+
+
+def test_only_the_free_lists_cpu_copy_is_not_a_read() -> None:
+    """Control: a ``numpy`` view taken anywhere else is a read; the free list's CPU-only copy
+    (:data:`CPU_ONLY_VIEWS`) is logged apart, and a page-size-1 finish on a CPU takes it."""
+    log: Counter[str] = Counter()
+    with _HostReads(log, _Paused()):
+        torch.arange(8).numpy()
+    assert reads(log) == {"read:numpy": 1}
+    _, steps = run_lifecycle(2, 1)
+    assert steps["finish"]["cpu:numpy"] >= 1 and not reads(steps["finish"])
 
 
 def _tree_reads_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:
