@@ -154,7 +154,8 @@ def reuse_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
             seen["snap_a_kept"] += spent
         for part in PARTS:
             now = getattr(snap, part)
-            present.update([part] if now is not None else [])
+            if now is not None:
+                present.add(part)
             seen[part] += now == getattr(self.snap_a, part)
         return snap
 
