@@ -157,6 +157,22 @@ def test_write_back_writes_on_eviction_and_frees_the_device_after_the_ack(twin: 
 
 
 @pytest.mark.parametrize("twin", TWINS)
+def test_write_back_with_the_host_full_drops_the_subtree_in_stack_walk_order(twin: str) -> None:
+    """The host has room for both leaves but not for their parent: the parent's subtree is
+    dropped node by node as a stack walk visits them (SGLang 0.5.16's order), so the host slots
+    of the leaf inserted last go back first. A breadth-first drop gives (0, 1, 2, 3, 4)."""
+    r = rig(twin, "write_back", ratio=0.3)
+    assert r.host.size == 5
+    r.insert([1, 2, 3, 4, 5, 6])
+    assert r.insert([1, 2, 3, 7, 8]) == 3
+    assert r.tree.evict(6) == 8 and r.alloc.available_size() == 16
+    snap = r.tree.host_snapshot()
+    assert snap.tree.nodes[1:] == ()
+    assert snap.host.release_slots == (3, 4, 0, 1, 2)
+    check_host_tier(snap)
+
+
+@pytest.mark.parametrize("twin", TWINS)
 def test_evict_host_frees_unpinned_host_only_leaves(twin: str) -> None:
     r = rig(twin, ratio=0.25)  # 5 host slots
     r.insert([1, 2])

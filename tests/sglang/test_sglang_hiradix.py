@@ -13,9 +13,13 @@ import logging
 
 import pytest
 
+from kvpool.config import PoolConfig
+from kvpool.rules import Rules
 from kvpool.sglang import implementation
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import reference_implementation
+from kvpool.testing.runs import execute
+from kvpool.testing.swarm import Op
 
 pytestmark = pytest.mark.sglang_wheel
 
@@ -39,6 +43,24 @@ def test_sglang_hiradix_cache_in_lockstep_with_the_reference(
     missing = [t for t in REACHED if not result.coverage.get(t)]
     assert not missing, missing
     assert not any(t.startswith("prefetch") for t in result.coverage)
+
+
+def test_a_full_host_drops_a_subtree_in_sglangs_order(caplog: pytest.LogCaptureFixture) -> None:
+    """The shrunk trace of a 0.5.16 campaign (``--seed 20261202``, run 1952; specs/sglang.md,
+    "Differences found against the reference"): write-back eviction stages both leaves to the
+    12 host slots, their parent finds no room, and the subtree is dropped. SGLang releases the
+    host slots in stack-walk order (the leaf inserted last first); kvpool walked breadth-first."""
+    caplog.set_level(logging.ERROR)  # SGLang warns when it drops a subtree without a backup
+    config = PoolConfig(size=20, page_size=4, eviction_policy="priority", hicache_ratio=0.5,
+                        hicache_write_policy="write_back", hicache_load_back_threshold=4,
+                        hicache_prefetch_threshold=4, rules=Rules.for_sglang("0.5.16"))  # fmt: skip
+    no_key = (("extra_key", None),)
+    ops = [Op("insert", ([2, 3, 3, 3, 1, 1, 1, 2, 2, 1, 2, 2],), no_key),
+           Op("insert", ([2, 3, 3, 3, 1, 1, 3, 3, 2, 3],), no_key), Op("evict", (13,))]  # fmt: skip
+    done = execute("hiradix_cache", reference_implementation(), implementation("0.5.16"), config,
+                   ops=ops)  # fmt: skip
+    assert done.failure is None, done.failure and str(done.failure)
+    assert done.steps == 3 and done.coverage.get("evict:freed")
 
 
 def test_sglang_0_5_23_offers_its_unified_host_tier_as_hiradix_cache() -> None:

@@ -18,7 +18,7 @@ from kvpool.host_checks import as_count
 from kvpool.optimized.hicache.cache_controller import HiCacheController
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.optimized.hicache.unified_tier import UnifiedHostTier
-from kvpool.optimized.radix.tree_view import bfs_nodes
+from kvpool.optimized.radix.tree_view import stack_walk
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.reference.radix.evict_policy import PriorityKey
 
@@ -188,7 +188,7 @@ class HostEviction:
 
     def _drop_subtree_no_host(self, top: HiTreeNode) -> int:
         tree = self.tree
-        nodes = [as_hi(n) for n in bfs_nodes(top)]
+        nodes = [as_hi(n) for n in stack_walk(top)]
         if any(n.host_ref_counter > 0 for n in nodes):
             return 0
         freed = 0
@@ -298,12 +298,7 @@ class HostEviction:
         reference). Returns the device tokens freed."""
         tree = self.tree
         registry = tree.unified_tier.full_host_duplicates
-        descendants: list[HiTreeNode] = []
-        stack = [as_hi(c) for c in top.children.values()]
-        while stack:
-            cur = stack.pop()
-            descendants.append(cur)
-            stack.extend(as_hi(c) for c in cur.children.values())
+        descendants = [as_hi(n) for n in stack_walk(top)[1:]]
         for n in [top, *descendants]:
             if (
                 n.lock_ref > 0

@@ -21,7 +21,7 @@ from kvpool.reference.hicache.cache_controller import HiCacheController
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.reference.hicache.unified_tier import UnifiedHostTier
 from kvpool.reference.radix.evict_policy import PriorityKey
-from kvpool.reference.radix.tree_view import bfs_nodes
+from kvpool.reference.radix.tree_view import bfs_nodes, stack_walk
 from kvpool.reference.radix_key import ChildKey, RadixKey, TreeNode
 
 Heap = list[tuple[PriorityKey, HiTreeNode]]
@@ -179,9 +179,11 @@ class HostEviction:
 
     def _drop_subtree_no_host(self, top: HiTreeNode) -> int:
         """Write-back with a full host: drop ``top`` and its host-only subtree, host and device
-        copies, unless some host copy there is pinned (then nothing; returns 0)."""
+        copies, unless some host copy there is pinned (then nothing; returns 0). Node by node
+        in stack-walk order (:func:`stack_walk`, as SGLang 0.5.16), each node's host copy
+        before its device copy: the order the host slots go back."""
         tree = self.tree
-        nodes = [as_hi(n) for n in bfs_nodes(top)]
+        nodes = [as_hi(n) for n in stack_walk(top)]
         if any(n.host_ref_counter > 0 for n in nodes):
             return 0
         freed = 0
@@ -294,12 +296,7 @@ class HostEviction:
         depth-first order (children popped from the end). Returns the device tokens freed."""
         tree = self.tree
         registry = tree.unified_tier.full_host_duplicates
-        descendants: list[HiTreeNode] = []
-        stack = [as_hi(c) for c in top.children.values()]
-        while stack:
-            cur = stack.pop()
-            descendants.append(cur)
-            stack.extend(as_hi(c) for c in cur.children.values())
+        descendants = [as_hi(n) for n in stack_walk(top)[1:]]
         for n in [top, *descendants]:
             if (
                 n.lock_ref > 0

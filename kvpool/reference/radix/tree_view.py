@@ -1,7 +1,8 @@
 """Read-only views of a radix tree: the plain snapshot and a readable text dump.
 
 Node order everywhere is breadth-first from the root, children in their insertion order, so both
-twins (and two runs of one twin) list nodes identically.
+twins (and two runs of one twin) list nodes identically. :func:`stack_walk` gives the other order
+a tree needs: the one in which SGLang drops a subtree.
 """
 
 from __future__ import annotations
@@ -41,6 +42,20 @@ def bfs_nodes(root: TreeNode) -> list[TreeNode]:
     out = [root]
     for node in out:  # the list is its own queue: read in order while it grows at the end
         out.extend(node.children.values())
+    return out
+
+
+def stack_walk(top: TreeNode) -> list[TreeNode]:
+    """Every node of ``top``'s subtree, ``top`` first, in the order a stack walk visits them:
+    a node is popped, then its children are pushed in insertion order, so the last-inserted
+    child is visited next (depth-first, children from the last). SGLang drops a subtree in this
+    order, so it decides the order in which the subtree's slots go back."""
+    out: list[TreeNode] = []
+    stack = [top]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
     return out
 
 
@@ -145,4 +160,5 @@ __all__ = [
     "bfs_nodes",
     "pretty_print_tree",
     "snapshot_tree",
+    "stack_walk",
 ]
