@@ -52,7 +52,13 @@ class CampaignSpec:
 # ---------------------------------------------------------------------------- worker side
 def _worker_main(conn: Connection, spec: CampaignSpec, log: str) -> None:
     """Serve ``("run", i)`` and ``("replay", i, ops)`` requests until ``("stop",)``, each op
-    recorded in the op log at path ``log`` before it executes."""
+    recorded in the op log at path ``log`` before it executes.
+
+    Torch (imported later, by the implementations) gets ONE intra-op thread unless
+    ``spec.env`` says otherwise: the workers are the campaign's parallelism, one per core, and
+    a second OpenMP pool in each only contends for the same cores (a candidate that does not
+    set it itself, SGLang's classes among them, ran several times slower on two workers)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
     for key, value in spec.env:
         os.environ[key] = value
     if os.environ.get("KVPOOL_CHECKED_INTERPRETER") == "1":

@@ -2,8 +2,8 @@
 (``--impl tests.harness.crashy_impl:NAME``): the reference allocator, except that an
 allocation of exactly 3 pages raises SIGSEGV (as a wild kernel pointer would) in ``crashy``,
 sleeps for an hour in ``hangy``, kills the Ray worker that started its process in
-``ray_killer`` (outside Ray it never breaks), and ``born_broken`` lists the reserved page 0 as
-free."""
+``ray_killer`` (outside Ray it never breaks), ``born_broken`` lists the reserved page 0 as
+free, and ``one_thread_only`` cannot be built where torch has more than one intra-op thread."""
 
 from __future__ import annotations
 
@@ -85,3 +85,18 @@ def born_broken() -> Implementation:
         return alloc
 
     return Implementation("born-broken", allocator=allocator)
+
+
+def one_thread_only() -> Implementation:
+    make = reference_implementation().allocator
+    assert make is not None
+
+    def allocator(config: PoolConfig) -> Any:
+        import torch
+
+        threads = torch.get_num_threads()
+        if threads != 1:
+            raise RuntimeError(f"torch has {threads} intra-op threads in this worker")
+        return make(config)
+
+    return Implementation("one-thread-only", allocator=allocator)

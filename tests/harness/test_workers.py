@@ -30,6 +30,21 @@ def test_a_segfault_is_a_shrunk_crash_with_the_signal() -> None:
     assert any(op.startswith(("alloc(", "extend(")) for op in result.failure.ops)
 
 
+def test_a_worker_gives_torch_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers are the parallelism: torch in each gets one intra-op thread, whatever the
+    parent's environment asks (a candidate that does not set it, SGLang's classes, ran
+    several times slower on two workers); ``spec.env`` may still ask for more."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    result = run_parallel(_spec("one_thread_only"), 1.0, 1, step_timeout=30.0)
+    assert result.failure is None, result.failure and result.failure.report
+    assert result.steps > 0
+    more = CampaignSpec("allocator", "reference", "tests.harness.crashy_impl:one_thread_only", 0,
+                        30, LABELS, env=(("OMP_NUM_THREADS", "2"),))  # fmt: skip
+    refused = run_parallel(more, 1.0, 1, step_timeout=30.0, shrink_budget=1.0)
+    assert refused.failure is not None and refused.failure.detector == "crash"
+    assert "2 intra-op threads" in refused.failure.report
+
+
 @pytest.mark.slow
 def test_a_hung_step_is_a_crash_named_by_the_timeout() -> None:
     result = run_parallel(_spec("hangy"), 20.0, 1, step_timeout=1.5, shrink_budget=30.0)
