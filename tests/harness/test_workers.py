@@ -30,6 +30,7 @@ def test_a_segfault_is_a_shrunk_crash_with_the_signal() -> None:
     assert any(op.startswith(("alloc(", "extend(")) for op in result.failure.ops)
 
 
+@pytest.mark.slow
 def test_a_worker_gives_torch_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers are the parallelism: torch in each gets one intra-op thread, whatever the
     parent's environment asks (a candidate that does not set it, SGLang's classes, ran

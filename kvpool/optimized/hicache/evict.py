@@ -18,9 +18,9 @@ from kvpool.host_checks import as_count
 from kvpool.optimized.hicache.cache_controller import HiCacheController
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.optimized.hicache.unified_tier import UnifiedHostTier
-from kvpool.optimized.radix.tree_view import stack_walk
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.reference.radix.evict_policy import PriorityKey
+from kvpool.reference.radix.tree_view import stack_walk
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 

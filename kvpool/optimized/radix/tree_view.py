@@ -2,7 +2,7 @@
 
 Mirrors :mod:`kvpool.reference.radix.tree_view`: nodes breadth-first from the root, children in
 their insertion order, the same fields and the same text, so both twins print and snapshot
-identically; :func:`stack_walk`, the order in which SGLang drops a subtree.
+identically.
 """
 
 from __future__ import annotations
@@ -49,20 +49,6 @@ def bfs_nodes(root: TreeNode) -> list[TreeNode]:
     while i < len(out):  # the list is its own queue: nodes are appended in visiting order
         out.extend(out[i].children.values())
         i += 1
-    return out
-
-
-def stack_walk(top: TreeNode) -> list[TreeNode]:
-    """Every node of ``top``'s subtree, ``top`` first, in the order a stack walk visits them:
-    a node is popped, then its children are pushed in insertion order, so the last-inserted
-    child is visited next (depth-first, children from the last). SGLang drops a subtree in this
-    order, so it decides the order in which the subtree's slots go back."""
-    out: list[TreeNode] = []
-    stack = [top]
-    while stack:
-        node = stack.pop()
-        out.append(node)
-        stack.extend(node.children.values())
     return out
 
 
@@ -160,5 +146,4 @@ __all__ = [
     "node_keys",
     "pretty_print_tree",
     "snapshot_tree",
-    "stack_walk",
 ]

@@ -7,8 +7,8 @@ a tree needs: the one in which SGLang drops a subtree.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from kvpool.records import filled_record
 from kvpool.reference.radix_key import TreeNode
@@ -45,12 +45,23 @@ def bfs_nodes(root: TreeNode) -> list[TreeNode]:
     return out
 
 
-def stack_walk(top: TreeNode) -> list[TreeNode]:
+class Walkable(Protocol):
+    """A tree node of either twin, as :func:`stack_walk` reads it."""
+
+    @property
+    def children(self) -> Mapping[Any, Any]: ...
+
+
+N = TypeVar("N", bound=Walkable)
+
+
+def stack_walk(top: N) -> list[N]:
     """Every node of ``top``'s subtree, ``top`` first, in the order a stack walk visits them:
     a node is popped, then its children are pushed in insertion order, so the last-inserted
     child is visited next (depth-first, children from the last). SGLang drops a subtree in this
-    order, so it decides the order in which the subtree's slots go back."""
-    out: list[TreeNode] = []
+    order, so it decides the order in which the subtree's slots go back. Both twins use this
+    one walk (it reads only ``children``)."""
+    out: list[N] = []
     stack = [top]
     while stack:
         node = stack.pop()
@@ -157,6 +168,7 @@ __all__ = [
     "NO_HOST",
     "HostFields",
     "TreeViewHost",
+    "Walkable",
     "bfs_nodes",
     "pretty_print_tree",
     "snapshot_tree",
