@@ -49,7 +49,7 @@ class Walkable(Protocol):
     """A tree node of either twin, as :func:`stack_walk` reads it."""
 
     @property
-    def children(self) -> Mapping[Any, Any]: ...
+    def children(self) -> Mapping[Any, Any]: ...  # either twin's keys and nodes
 
 
 N = TypeVar("N", bound=Walkable)
