@@ -12,6 +12,8 @@ same starting state, restored outside the timed region):
   ``alloc_decode`` of 1 .. 1024 requests; the twin's cost at 1024 over its cost at 1 shows that
   no hot path loops over requests in Python, and the crossover is the smallest batch size at
   which the twin is faster (below it, torch's fixed per-call cost loses to plain Python).
+- join: a free group's end concatenates one part per free; ``torch.cat`` of 16, 64 and 1,024
+  parts against the twin's ``cat_index_parts`` (below torch's autograd layer from 64 parts).
 
 SGLang side by side, in the same run: SGLang 0.5.23's own allocator classes (its CPU code,
 loaded from the published wheel at run time by :func:`kvpool.sglang.load_sglang`, never stored
@@ -53,6 +55,7 @@ from kvpool.constants import NO_LAST_LOC
 from kvpool.optimized import PagedTokenToKVPoolAllocator as TwinAllocator
 from kvpool.optimized import TokenToKVPoolAllocator as TwinTokenAllocator
 from kvpool.optimized.options import TwinOptions
+from kvpool.optimized.pools.free_list import PARTS_BELOW_AUTOGRAD, cat_index_parts
 from kvpool.reference import PagedTokenToKVPoolAllocator as RefAllocator
 from kvpool.reference import TokenToKVPoolAllocator as RefTokenAllocator
 
@@ -298,6 +301,7 @@ def run(
         _free_rows(device, seq, calls, ref_calls, sg, "64 reqs, page size 1", 1 << 16, False, 1)
     )
     rows.extend(_scaling_rows(device, calls, ref_calls))
+    rows.extend(_join_rows(device, calls))
     if sg is not None:
         rows.extend(sglang_rows(sg, quick, device))
     return rows
@@ -402,6 +406,40 @@ def _scaling_rows(device: str, calls: int, ref_calls: int) -> list[dict[str, Any
                 "crossover_bs": crossover,
                 "note": "target twin_bs1024/bs1 <= 4; crossover: smallest batch size measured "
                 "at which the twin is faster (reference faster below it)",
+            }
+        )
+    return rows
+
+
+def _join_rows(device: str, calls: int) -> list[dict[str, Any]]:
+    """A free group's end joins one part per free: ``torch.cat`` against the twin's
+    :func:`cat_index_parts` (below autograd's layer from its threshold on), timed alternately
+    on the same parts (1-80 slots each, views of one buffer, as page size 1 hands out)."""
+    rng = random.Random(2)
+    rows: list[dict[str, Any]] = []
+    for n in (16, 64, 1024):
+        lens = [rng.randrange(1, 81) for _ in range(n)]
+        whole = torch.arange(sum(lens), dtype=torch.int64, device=device)
+        parts = list(torch.split(whole, lens))
+        sync = _sync(device)
+        plain: list[float] = []
+        joined: list[float] = []
+        for _ in range(calls * 5):
+            for call, times in ((torch.cat, plain), (cat_index_parts, joined)):
+                sync()
+                t0 = time.perf_counter()
+                call(parts)
+                sync()
+                times.append(time.perf_counter() - t0)
+        cat_us, twin_us = statistics.median(plain) * 1e6, statistics.median(joined) * 1e6
+        rows.append(
+            {
+                "bench": "allocators",
+                "op": f"join {n} index parts (a free group's end)",
+                "torch_cat_us": round(cat_us, 1),
+                "cat_index_parts_us": round(twin_us, 1),
+                "twin/torch_cat": round(twin_us / cat_us, 2),
+                "note": f"below autograd from {PARTS_BELOW_AUTOGRAD} parts",
             }
         )
     return rows

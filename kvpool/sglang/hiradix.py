@@ -37,6 +37,7 @@ import torch
 
 from kvpool.errors import SGLangLoadError
 from kvpool.optimized.hicache.cache_controller import HiCacheAck, HiCacheController
+from kvpool.optimized.hicache.tree_view import device_row_tags
 from kvpool.reference.hicache.memory_pool_host import host_pool_size
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.clock import frozen_at, install_clock
@@ -302,14 +303,13 @@ class SGLangHiRadixCache:
     def host_snapshot(self) -> HostTierSnapshot:
         """The host tier as kvpool's ``HiRadixCache.host_snapshot`` reports it."""
         cc = self.cache_controller
-        rows = cc.mem_pool_device.num_rows
         return HostTierSnapshot(
             write_policy=cc.write_policy,
             device=self.allocator.snapshot(),
             tree=self.snapshot(),
             host=self.token_to_kv_pool_host.snapshot(),
             transfers=tuple(a.snapshot() for a in cc.transfers()),
-            device_tags=tuple(cc.mem_pool_device.read_tags(torch.arange(rows))),
+            device_tags=tuple(device_row_tags(cc.mem_pool_device)),
         )
 
 

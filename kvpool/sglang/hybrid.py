@@ -37,6 +37,8 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvpool.constants import RESERVED_INDEX
@@ -71,6 +73,11 @@ def _cache_params(num_layers: int) -> Any:
     dtype = types.SimpleNamespace(conv=_STATE_DTYPE, temporal=_STATE_DTYPE)
     return types.SimpleNamespace(shape=shape, dtype=dtype, is_kda=False,
                                  layers=list(range(num_layers)))  # fmt: skip
+
+
+def _as_tuples(tags: npt.NDArray[np.int64]) -> tuple[tuple[int, ...], ...]:
+    """Rows of tags as tuples of ints."""
+    return tuple(tuple(row) for row in tags.tolist())
 
 
 def _opt_int(value: Any) -> int | None:
@@ -212,11 +219,13 @@ class SGLangMambaPool:
             shape = (1, len(values)) + (1,) * (buf.dim() - 2)
             buf[:, index] = values.view(shape).expand(buf.shape[0], len(values), *buf.shape[2:])
 
-    def _layer_tags(self, buf: torch.Tensor) -> list[tuple[int, ...]]:
-        flat = buf.reshape(buf.shape[0], buf.shape[1], -1)
-        low, high = flat.min(dim=2).values, flat.max(dim=2).values
-        tags = torch.where(low == high, low, torch.full_like(low, -1.0))
-        return [tuple(int(t) for t in layer.tolist()) for layer in tags]
+    def _layer_tags(self, buf: torch.Tensor) -> npt.NDArray[np.int64]:
+        """Per layer and slot (rows, columns), the value all of the slot's elements hold, -1
+        where they differ. In numpy: the buffers are tiny (one element per slot and layer, see
+        ``_cache_params``), where torch's reductions cost more in dispatch than in work."""
+        flat = buf.detach().cpu().reshape(buf.shape[0], buf.shape[1], -1).numpy()
+        low, high = flat.min(axis=2), flat.max(axis=2)
+        return np.where(low == high, low, -1.0).astype(np.int64)
 
     def snapshot(self) -> MambaPoolSnapshot:
         """kvpool's tags: per layer and slot, the value all of a buffer's elements hold (-1
@@ -224,10 +233,10 @@ class SGLangMambaPool:
         convs, temporal = self._buffers()
         conv = self._layer_tags(convs[0])
         for other in convs[1:]:
-            conv = [tuple(a if a == b else -1 for a, b in zip(x, y, strict=True))
-                    for x, y in zip(conv, self._layer_tags(other), strict=True)]  # fmt: skip
-        return MambaPoolSnapshot(self.size, self.num_layers, tuple(conv),
-                                 tuple(self._layer_tags(temporal)))  # fmt: skip
+            tags = self._layer_tags(other)
+            conv = np.where(conv == tags, conv, -1)
+        return MambaPoolSnapshot(self.size, self.num_layers, _as_tuples(conv),
+                                 _as_tuples(self._layer_tags(temporal)))  # fmt: skip
 
     def state_tags(self, indices: Sequence[int]) -> list[int]:
         snap = self.snapshot()

@@ -51,6 +51,21 @@ def download_wheel(version: str, cache_dir: str | os.PathLike[str] | None = None
     return found[-1]
 
 
+_OPEN_WHEELS: dict[tuple[Path, int], zipfile.ZipFile] = {}
+
+
+def _open_wheel(wheel: Path) -> zipfile.ZipFile:
+    """``wheel`` opened once per process and kept open: opening a zip reads its whole directory
+    (thousands of entries, tens of milliseconds), and loading SGLang reads a few hundred files.
+    Keyed by process id too: a forked worker opens its own (a file offset shared with its parent
+    would mix their reads). Reads are thread-safe (``ZipFile`` locks its file)."""
+    key = (wheel, os.getpid())
+    zf = _OPEN_WHEELS.get(key)
+    if zf is None:
+        zf = _OPEN_WHEELS[key] = zipfile.ZipFile(wheel)
+    return zf
+
+
 @dataclass(frozen=True)
 class SGLangSource:
     """SGLang's files: under directory ``root`` (which holds ``sglang/``) or inside wheel
@@ -71,8 +86,7 @@ class SGLangSource:
         if relpath not in self._names:
             return None
         assert self.wheel is not None
-        with zipfile.ZipFile(self.wheel) as zf:
-            return zf.read(relpath).decode("utf-8")
+        return _open_wheel(self.wheel).read(relpath).decode("utf-8")
 
     def filename(self, relpath: str) -> str:
         """A readable name for tracebacks: the real path, or ``WHEEL/relpath``."""
@@ -101,8 +115,7 @@ class SGLangSource:
         if not dest.is_file():
             dest.parent.mkdir(parents=True, exist_ok=True)
             partial = dest.with_name(f"{dest.name}.{os.getpid()}.part")
-            with zipfile.ZipFile(self.wheel) as zf:
-                partial.write_bytes(zf.read(relpath))
+            partial.write_bytes(_open_wheel(self.wheel).read(relpath))
             partial.replace(dest)  # atomic: concurrent workers never load a half-written file
         return dest
 

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from kvpool.optimized.hicache.cache_controller import HiCacheAck, HiCacheController, _merge
+from kvpool.optimized.hicache.tree_view import device_row_tags
 from kvpool.reference.hicache.memory_pool_host import host_pool_size
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.cache_req import InsertedLen
@@ -543,7 +544,6 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
         """The host tier as kvpool's ``HiRadixCache.host_snapshot`` reports it (transfer node
         ids in kvpool's numbering)."""
         cc = self.cache_controller
-        rows = cc.mem_pool_device.num_rows
         transfers = []
         for ack in cc.transfers():
             snap = ack.snapshot()
@@ -555,7 +555,7 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
             tree=self.snapshot(),
             host=self.token_to_kv_pool_host.snapshot(),
             transfers=tuple(transfers),
-            device_tags=tuple(cc.mem_pool_device.read_tags(torch.arange(rows))),
+            device_tags=tuple(device_row_tags(cc.mem_pool_device)),
         )
 
 

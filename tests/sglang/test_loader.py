@@ -4,6 +4,7 @@ run: needs neither SGLang nor the network)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import types
@@ -16,6 +17,7 @@ import pytest
 from kvpool.errors import KVPoolError, SGLangLoadError
 from kvpool.sglang import importer as importer_mod
 from kvpool.sglang import load_sglang, resolve_source
+from kvpool.sglang import source as source_mod
 from kvpool.sglang.importer import PrivateSGLang
 from kvpool.sglang.stubs import NOTHING, is_placeholder, placeholder
 from tests.sglang.fake_tree import FILES, make_fake_tree
@@ -94,6 +96,34 @@ def test_resolve_wheel(tmp_path: Path) -> None:
     found = resolve_source(str(wheel))
     assert found.version == "0.5.23"  # no _version.py: taken from the file name
     assert found.read("sglang/srt/x.py") == "X = 1\n" and found.read("sglang/y.py") is None
+
+
+def test_a_wheel_is_opened_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a zip reads its whole directory: many reads share one open wheel, and a process
+    of another id (a forked worker) opens its own."""
+    wheel = tmp_path / "sglang-0.5.23-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sglang/__init__.py", "")
+        for i in range(5):
+            zf.writestr(f"sglang/srt/m{i}.py", f"X = {i}\n")
+    found = resolve_source(str(wheel))
+    opened: list[Path] = []
+    real = zipfile.ZipFile
+
+    def counting(path: Path, *args: Any, **kwargs: Any) -> zipfile.ZipFile:
+        opened.append(Path(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile, "ZipFile", counting)
+    monkeypatch.setattr(source_mod, "_OPEN_WHEELS", {})
+    texts = [found.read(f"sglang/srt/m{i}.py") for i in range(5) for _ in range(3)]
+    assert texts == [f"X = {i}\n" for i in range(5) for _ in range(3)]
+    assert opened == [wheel]
+    monkeypatch.setattr(os, "getpid", lambda: -1)  # as a forked child would see
+    assert found.read("sglang/srt/m4.py") == "X = 4\n"
+    assert opened == [wheel, wheel]
 
 
 def test_missing_path_is_a_typed_error(tmp_path: Path) -> None:

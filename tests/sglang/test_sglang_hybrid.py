@@ -65,6 +65,25 @@ def test_sglang_pool_copies_and_clears_states_like_the_reference() -> None:
     assert sgl.hybrid_snapshot() == ref.hybrid_snapshot()
 
 
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.23"])
+def test_sglang_mamba_buffers_read_as_tags_per_layer_and_slot(version: str) -> None:
+    """The adapter's tag view of SGLang's state buffers: a slot's value per layer, -1 where a
+    slot's elements disagree (a NaN never equals itself)."""
+    impl = implementation(version)
+    assert impl.hybrid_req_to_token_pool is not None
+    config = PoolConfig(req_pool_size=3, max_context_len=16, mamba_slots=6, mamba_layers=2,
+                        rules=impl.rules_or_default())  # fmt: skip
+    pool = impl.hybrid_req_to_token_pool(config).mamba_pool
+    pool.write_state([1, 2, 5], [7, 9, 4])
+    convs, temporal = pool._buffers()
+    temporal[1, 2] = 5.0  # layer 1 of slot 2 holds another tag
+    convs[0][0, 5] = float("nan")  # layer 0's conv state of slot 5 unreadable
+    snap = pool.snapshot()
+    assert snap.conv == ((0, 7, 9, 0, 0, -1, 0), (0, 7, 9, 0, 0, 4, 0))
+    assert snap.temporal == ((0, 7, 9, 0, 0, 4, 0), (0, 7, 5, 0, 0, 4, 0))
+    assert [snap.state_tag(s) for s in (1, 2, 3, 5)] == [7, -1, 0, -1]
+
+
 def test_sglang_alloc_asserts_after_taking_rows_when_mamba_slots_are_short() -> None:
     """Rules.mamba_slot_shortage="assert": why the campaigns never drive SGLang there."""
     ref, sgl = _pools(track_buffers=2)

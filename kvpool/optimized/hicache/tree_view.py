@@ -17,7 +17,7 @@ from kvpool.optimized.hicache.prefetch import StoragePrefetch
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.optimized.radix.tree_view import TreeViewHost, snapshot_tree
 from kvpool.optimized.radix_key import TreeNode
-from kvpool.protocols.hicache import HostPoolProtocol
+from kvpool.protocols.hicache import HostPoolProtocol, TaggedKVPoolProtocol
 from kvpool.protocols.pools import SegmentAllocatorProtocol
 from kvpool.records import filled_record
 from kvpool.reference.radix.tree_view import HostFields
@@ -55,6 +55,17 @@ def _host_fields(node: TreeNode) -> HostFields:
     return (n.evicted, host, n.host_ref_counter, n.write_through_pending_id is not None)
 
 
+def device_row_tags(device_pool: TaggedKVPoolProtocol[torch.Tensor]) -> list[int]:
+    """The tag of every row of ``device_pool`` (``num_rows``): one host read where the pool has
+    one (``_snapshot_tags``: the twin's KV pools), else ``read_tags`` of every row."""
+    rows = device_pool.num_rows
+    fast = getattr(device_pool, "_snapshot_tags", None)
+    if fast is None:
+        return device_pool.read_tags(torch.arange(rows))
+    tags: list[int] = fast(np.arange(rows, dtype=np.int64))
+    return tags
+
+
 def host_tier_snapshot(
     tree: HostTierView,
     tree_snap: TreeSnapshot | None = None,
@@ -67,13 +78,8 @@ def host_tier_snapshot(
     cc = tree.cache_controller
     acks = cc.ack_write_queue + cc.write_queue + cc.ack_load_queue + cc.load_queue
     device_pool = cc.mem_pool_device
-    rows = device_pool.num_rows
     released = [int(s) for page in cc.host_mem_release_queue for s in page.tolist()]
-    fast = getattr(device_pool, "_snapshot_tags", None)
-    if fast is None:
-        device_tags = device_pool.read_tags(torch.arange(rows))
-    else:
-        device_tags = fast(np.arange(rows, dtype=np.int64))
+    device_tags = device_row_tags(device_pool)
     return filled_record(
         HostTierSnapshot,
         {
@@ -93,4 +99,4 @@ def host_tier_snapshot(
     )
 
 
-__all__ = ["HostTierView", "hi_tree_snapshot", "host_tier_snapshot"]
+__all__ = ["HostTierView", "device_row_tags", "hi_tree_snapshot", "host_tier_snapshot"]

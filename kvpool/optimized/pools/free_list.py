@@ -19,7 +19,9 @@ The checked-mode free mask is the allocator's: nothing here checks page ids.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -326,7 +328,7 @@ class FreeList:
             return parts[0]
         if not parts:
             return self._empty()
-        joined = torch.cat(parts)
+        joined = cat_index_parts(parts)
         self._release_parts = [joined]
         return joined
 
@@ -400,9 +402,33 @@ class FreeList:
     def merge_and_sort(self, num_pages: int) -> None:
         """``pages = sorted(pages + release)``; ``release`` empty (``num_pages``: the pool's
         largest page id). Call only with pages staged."""
-        merged = torch.cat((*self._windows(), *self._release_parts))  # one copy
+        merged = cat_index_parts((*self._windows(), *self._release_parts))  # one copy
         self.pages = sorted_pages(merged, num_pages)
         self.release = self._empty()
+
+
+_BELOW_AUTOGRAD: Callable[[], contextlib.AbstractContextManager[object]] = getattr(
+    torch._C, "_AutoDispatchBelowADInplaceOrView", contextlib.nullcontext
+)
+"""Torch's guard that dispatches below its autograd layers (a no-op context where a torch
+release lacks it)."""
+
+PARTS_BELOW_AUTOGRAD = 64
+"""Parts from which :func:`cat_index_parts` skips autograd's layer: entering the guard has a
+fixed cost, which a join of a few parts does not win back (``benchmarks/bench_allocators.py``'s
+join rows time 16, 64 and 1,024 parts)."""
+
+
+def cat_index_parts(parts: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``torch.cat(parts)`` of integer index tensors (tokens, slots or pages; never one that
+    requires grad). Of many parts (a free group of 1,024 frees) it runs below torch's autograd
+    layer: for integer tensors that layer records nothing, yet it visits every part (about a
+    third of a 1,024-part concatenation on the CPU: the benchmark's join rows). The result is
+    an ordinary tensor, not an inference tensor: its holder may write it in place later."""
+    if len(parts) < PARTS_BELOW_AUTOGRAD:
+        return torch.cat(parts)
+    with _BELOW_AUTOGRAD():
+        return torch.cat(parts)
 
 
 def joined_parts(parts: list[torch.Tensor], device: torch.device, on_cpu: bool) -> torch.Tensor:
@@ -412,7 +438,7 @@ def joined_parts(parts: list[torch.Tensor], device: torch.device, on_cpu: bool) 
     if not parts:
         return torch.empty(0, dtype=torch.int64, device=device)
     try:
-        joined = parts[0] if len(parts) == 1 else torch.cat(parts)
+        joined = parts[0] if len(parts) == 1 else cat_index_parts(parts)
     except RuntimeError:  # on different devices: each moved first
         joined = torch.cat([p.to(device) for p in parts])
     if joined.is_cpu if on_cpu else joined.device == device:
@@ -443,4 +469,4 @@ def sorted_pages(pages: torch.Tensor, num_pages: int) -> torch.Tensor:
     return torch.sort(pages).values
 
 
-__all__ = ["FreeList", "joined_parts", "sorted_pages"]
+__all__ = ["PARTS_BELOW_AUTOGRAD", "FreeList", "cat_index_parts", "joined_parts", "sorted_pages"]

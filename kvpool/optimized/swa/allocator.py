@@ -32,6 +32,7 @@ from kvpool.optimized.index_args import any_outside, index_tensor
 from kvpool.optimized.options import TwinOptions, twin_options
 from kvpool.optimized.pools.allocator import FreeListState
 from kvpool.optimized.pools.allocator_choice import allocator_for
+from kvpool.optimized.pools.free_list import cat_index_parts
 from kvpool.optimized.pools.paged_ops import (
     check_decode_host,
     check_extend_args,
@@ -549,7 +550,7 @@ class SWATokenToKVPoolAllocator:
         if not self._in_free_group:
             raise InvalidArgumentError("free_group_end without free_group_begin")
         if self._resolves_at_group_end():
-            slots = torch.cat(self._group_slots) if self._group_slots else self._as_index([])
+            slots = cat_index_parts(self._group_slots) if self._group_slots else self._as_index([])
             indices, swa = self._resolve_swa(slots)
             self.full_attn_allocator.free_group_end()
             self._release_swa(indices, swa)
