@@ -183,8 +183,10 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         return RadixCache(pool, alloc, config.page_size, False, config.eviction_policy,
                           rules=config.rules, options=opts)  # fmt: skip
 
-    def manager(config: PoolConfig) -> Any:
-        return MemoryManager(config, options=opts)
+    def manager(config: PoolConfig, **parts: Any) -> Any:
+        """The twin's lifecycle; ``parts``: components by keyword (``tree_cache=`` the unified
+        tree's factory: :func:`~kvpool.testing.machines.lifecycle.manager_factory`)."""
+        return MemoryManager(config, options=opts, **parts)
 
     def unified(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         from kvpool.optimized.unified.radix_cache import UnifiedRadixCache

@@ -211,3 +211,39 @@ def test_a_row_read_ahead_releases_as_a_read_of_the_row(
         given.tree_cache.cache_finished_req(req, is_insert, row_read=_row(given, req, stop))
         own.tree_cache.cache_finished_req(own.reqs[rid], is_insert)
     assert given.snapshot() == own.snapshot()
+
+
+@pytest.mark.parametrize("make", TWINS)
+@pytest.mark.parametrize("unified", [False, True])
+def test_a_checkpoint_frees_duplicates_once_or_per_node(make: Any, unified: bool) -> None:
+    """A chunk whose duplicates span two nodes (another request's two chunks): the legacy tree's
+    checkpoint frees them in one call, SGLang 0.5.23's unified tree one ``free_segment`` per
+    node, in walk order; a paged free puts its pages at the head of the free list, so the
+    second node's page comes first. (Found by a campaign against SGLang 0.5.23, seed 20261203.)"""
+    config = PoolConfig(size=20, page_size=2, req_pool_size=3, max_context_len=48, rules=NEW)
+    mm = manager_factory(make(), unified)(config)
+    mm.new_req("r1", [2, 3, 3, 2, 2, 2, 2])
+    mm.new_req("r2", [3, 1, 1, 1, 2, 2, 1, 2, 3])
+    mm.new_req("r3", [3, 1, 1, 1, 2, 2, 1, 2, 3, 2])
+    mm.extend(["r3", "r1", "r2"], [1, 2, 5])  # r2's chunk caches [3, 1, 1, 1]
+    # r2's chunk caches [2, 2] below it; r3's six tokens duplicate both nodes: pages 1 and 7
+    # (slots 2, 3, 14, 15) in the first, page 8 (slots 16, 17) in the second
+    got = mm.extend(["r2", "r3"], [2, 5])
+    assert [int(s) for s in got] == [11, 12, 3, 14, 15, 16, 17]
+    free = tuple(mm.snapshot().allocator.free_pages)
+    assert free == ((8, 1, 7, 9, 10) if unified else (1, 7, 8, 9, 10))
+
+
+@pytest.mark.slow
+def test_twins_agree_over_the_unified_tree() -> None:
+    """The lifecycle over SGLang 0.5.23's unified tree (its server default) in lockstep, twin
+    against reference: checkpoints that free their duplicates node by node, splits that keep
+    the creation time."""
+    ref = replace(reference_implementation(), rules=NEW, unified_lifecycle=True)
+    twin = replace(optimized_implementation(), rules=NEW, unified_lifecycle=True)
+    result = run_machine(
+        "manager", ref, twin, seconds=300.0, seed=5, max_runs=30, labels=("reference", "twin")
+    )
+    assert result.failure is None, result.failure.report if result.failure else ""
+    assert result.steps == 30 * 60
+    assert result.coverage.get("finish:ok", 0) > 0

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import pytest
 
+from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError
+from kvpool.rules import Rules
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.allocators import SGLangAllocator
+from kvpool.sglang.implementation import from_spec
 from kvpool.sglang.req_to_token import SGLangReqToTokenPool
 from kvpool.sglang.unified_base import UnifiedNodeRef
 from kvpool.sglang.unified_radix import SGLangUnifiedRadixCache
@@ -24,6 +27,8 @@ from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import reference_implementation
 from kvpool.testing.machines.coverage import CATALOGUE
 from kvpool.testing.machines.unified import coarse_tree
+from kvpool.testing.runs import execute
+from kvpool.testing.swarm import Op
 
 pytestmark = pytest.mark.sglang_wheel
 
@@ -50,6 +55,24 @@ def test_lifecycle_on_the_unified_cache_passes(core: str) -> None:
                          max_runs=6)  # fmt: skip
     assert result.failure is None, result.failure.report
     assert result.coverage.get("finish:ok", 0) > 0
+
+
+@pytest.mark.parametrize("spec", ["0.5.23", "0.5.23+python-core", "0.5.23+kvpool-lifecycle"])
+def test_a_checkpoint_frees_each_nodes_duplicates(spec: str) -> None:
+    """The shrunk trace of a campaign (``--impl sglang:0.5.23+kvpool-lifecycle --seed
+    20261203``, run 97; specs/sglang.md, "Differences found against the reference"): r3's
+    chunk duplicates two nodes that r2's chunks cached. SGLang's unified tree frees each
+    node's duplicates with its own ``free_segment``; the reference freed them in one call."""
+    config = PoolConfig(size=20, page_size=2, req_pool_size=3, max_context_len=48,
+                        eviction_policy="filo", rules=Rules.for_sglang("0.5.23"))  # fmt: skip
+    ops = [Op("new_req", ("r1", [2, 3, 3, 2, 2, 2, 2])),
+           Op("new_req", ("r2", [3, 1, 1, 1, 2, 2, 1, 2, 3])),
+           Op("new_req", ("r3", [3, 1, 1, 1, 2, 2, 1, 2, 3, 2])),
+           Op("extend", (["r3", "r1", "r2"],), (("chunk_sizes", [1, 2, 5]),)),
+           Op("extend", (["r2", "r3"],), (("chunk_sizes", [2, 5]),))]  # fmt: skip
+    done = execute("manager", reference_implementation(), from_spec(spec), config, ops=ops)
+    assert done.failure is None, done.failure and str(done.failure)
+    assert done.steps == 5
 
 
 def test_python_core_against_rust_core() -> None:

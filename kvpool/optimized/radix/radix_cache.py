@@ -450,6 +450,16 @@ class RadixCache:
         req.cache_inserted_len = max(req.cache_inserted_len, len(key))
         return done
 
+    def _insert_checkpoint(
+        self, req: Req, key: RadixKey, value: torch.Tensor, chunked: bool
+    ) -> int:
+        """:meth:`checkpoint`'s insert and its duplicates' free: one free in the legacy tree (see
+        the reference). Returns the tokens of ``key`` the tree held already."""
+        protected = req.cache_protected_len
+        cached = self._insert_req(req, key, value, chunked)
+        self._free_tree_slots(value[protected:cached], protected)
+        return cached
+
     def checkpoint(self, req: Req, up_to: int, chunked: bool = False) -> torch.Tensor:
         """SGLang 0.5.23's ``checkpoint`` (see the reference): insert, re-insert a shorter
         page-aligned prompt with ``priority + 1`` and no hit, free the duplicates, match again,
@@ -462,14 +472,13 @@ class RadixCache:
         kv = self._read_row(row, up_to)
         aligned = floor_align(up_to, self.page_size)
         key = req_key(req, aligned)
-        new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked)
+        self._insert_checkpoint(req, key, kv[:aligned], chunked)
         prompt = floor_align(min(up_to, len(req.origin_input_ids)), self.page_size)
         if 0 < prompt < aligned:
             self.insert(
                 req_key(req, prompt), kv[:prompt], priority=req.priority + 1, inserted_len=prompt
             )
         protected = req.cache_protected_len
-        self._free_tree_slots(kv[protected:new_prefix_len], protected)
         match = self.match_prefix(key)
         new_indices = match.device_indices
         num_new = len(new_indices)

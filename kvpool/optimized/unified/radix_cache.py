@@ -15,6 +15,7 @@ from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.radix.radix_cache import RadixCache
 from kvpool.optimized.radix_key import RadixKey, TreeNode
+from kvpool.optimized.req import Req
 from kvpool.reference.radix.checks import check_key  # a pure host check, shared
 
 
@@ -49,13 +50,28 @@ class UnifiedRadixCache(RadixCache):
             )
         spans = [] if self.disable else self._overlap_spans(key)
         cached = super().insert(key, value, priority, chunked, inserted_len)
-        if value is None or self.disable:
-            return cached
+        if value is not None and not self.disable:
+            self._free_duplicates(value, spans, prev_prefix_len)
+        return cached
+
+    def _insert_checkpoint(
+        self, req: Req, key: RadixKey, value: torch.Tensor, chunked: bool
+    ) -> int:
+        """:meth:`checkpoint`'s insert frees the duplicates itself, as ``insert`` with
+        ``prev_prefix_len = cache_protected_len``: one ``free_segment`` per overlapped node, in
+        walk order (see the reference)."""
+        spans = self._overlap_spans(key)
+        cached = self._insert_req(req, key, value, chunked)
+        self._free_duplicates(value, spans, req.cache_protected_len)
+        return cached
+
+    def _free_duplicates(self, value: torch.Tensor, spans: list[tuple[int, int]], at: int) -> None:
+        """Free ``value[max(start, at):end]`` for each overlapped node's ``[start, end)``
+        (tokens), in walk order, each one ``free_segment`` from column 0."""
         for start, end in spans:
-            lo = max(start, prev_prefix_len)
+            lo = max(start, at)
             if lo < end:
                 self.token_to_kv_pool_allocator.free_segment(value[lo:end], 0)
-        return cached
 
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         """The legacy split, except that the new upper node keeps ``child``'s creation time

@@ -406,12 +406,24 @@ class RadixCache:
         req.cache_inserted_len = max(req.cache_inserted_len, len(key))
         return done
 
+    def _insert_checkpoint(self, req: Req, key: RadixKey, value: list[int], chunked: bool) -> int:
+        """:meth:`checkpoint`'s insert of ``key`` for ``req`` (hits as :meth:`_insert_req`) and
+        the free of the duplicates ``value[cache_protected_len:cached]``: one free
+        (``rules.tree_free``) in the legacy tree. Returns ``cached``, the tokens of ``key`` the
+        tree held already. (SGLang frees after the prompt's re-insert, which touches no slot:
+        the order is not observable.)"""
+        protected = req.cache_protected_len
+        cached = self._insert_req(req, key, value, chunked)
+        self._free_tree_slots(value[protected:cached], protected)
+        return cached
+
     def checkpoint(self, req: Req, up_to: int, chunked: bool = False) -> list[int]:
         """SGLang 0.5.23's ``checkpoint``: insert the page-aligned part of the first ``up_to``
         tokens (the row's slots; hits by ``rules.hit_count`` and ``chunked``); when the
         page-aligned prompt is shorter but not empty, insert it again with ``priority + 1`` and
         no hit (the leaf splits at the prompt boundary); free the duplicates
-        ``row[cache_protected_len:already cached]`` (``rules.tree_free``); match the key again,
+        ``row[cache_protected_len:already cached]`` (:meth:`_insert_checkpoint`: one free by
+        ``rules.tree_free``, the unified tree one per overlapped node); match the key again,
         rewrite ``row[cache_protected_len:matched]`` with the tree's slots, and move
         ``cache_protected_len`` (to the key's length) and the lock to the matched node. Returns
         ``row[:up_to]`` as it is afterwards.
@@ -427,12 +439,11 @@ class RadixCache:
         tokens = req.all_token_ids[:up_to]
         aligned = floor_align(up_to, self.page_size)
         key = RadixKey(tokens[:aligned], req.extra_key)
-        new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked)
+        self._insert_checkpoint(req, key, kv[:aligned], chunked)
         prompt = floor_align(min(up_to, len(req.origin_input_ids)), self.page_size)
         if 0 < prompt < aligned:
             self.insert(key[:prompt], kv[:prompt], priority=req.priority + 1, inserted_len=prompt)
         protected = req.cache_protected_len
-        self._free_tree_slots(kv[protected:new_prefix_len], protected)
         match = self.match_prefix(key)
         new_indices = match.device_indices
         self.req_to_token_pool.write(

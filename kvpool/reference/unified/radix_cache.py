@@ -11,6 +11,9 @@ contract, which this class adds:
   length, page-aligned), one free per overlapped node, in walk order; the legacy tree frees
   nothing and leaves them to the caller. ``P`` (tokens, default 0) is the length the caller
   already had from the tree (its ``cache_protected_len``): those slots are the tree's own.
+  ``checkpoint`` inserts so (``P = cache_protected_len``), where the legacy tree's checkpoint
+  frees the same slots in one call: the free list comes out in another order when the
+  duplicates span two nodes or more.
 - **A split keeps the creation time.** The new upper node of a split takes the creation time
   of the node it was cut from (the legacy tree gives it the walk's time), which decides the
   ``fifo`` / ``filo`` order.
@@ -24,6 +27,7 @@ from kvpool.errors import InvalidArgumentError
 from kvpool.reference.radix.checks import check_key
 from kvpool.reference.radix.radix_cache import RadixCache
 from kvpool.reference.radix_key import RadixKey, TreeNode
+from kvpool.reference.req import Req
 
 
 class UnifiedRadixCache(RadixCache):
@@ -57,13 +61,28 @@ class UnifiedRadixCache(RadixCache):
             )
         spans = self._overlap_spans(key)
         cached = super().insert(key, value, priority, chunked, inserted_len)
-        if value is None or self.disable:
-            return cached
+        if value is not None and not self.disable:
+            self._free_duplicates(value, spans, prev_prefix_len)
+        return cached
+
+    def _insert_checkpoint(self, req: Req, key: RadixKey, value: list[int], chunked: bool) -> int:
+        """:meth:`checkpoint`'s insert frees the duplicates itself, as ``insert`` with
+        ``prev_prefix_len = cache_protected_len``: one ``free_segment`` per overlapped node, in
+        walk order (SGLang 0.5.23's ``checkpoint_into_tree``), where the legacy tree makes one
+        free of them all."""
+        spans = self._overlap_spans(key)
+        cached = self._insert_req(req, key, value, chunked)
+        self._free_duplicates(value, spans, req.cache_protected_len)
+        return cached
+
+    def _free_duplicates(self, value: list[int], spans: list[tuple[int, int]], at: int) -> None:
+        """Free ``value[max(start, at):end]`` for each overlapped node's ``[start, end)``
+        (tokens), in walk order, each one ``free_segment`` from column 0 (its pages are whole:
+        node bounds are page-aligned)."""
         for start, end in spans:
-            lo = max(start, prev_prefix_len)
+            lo = max(start, at)
             if lo < end:
                 self.token_to_kv_pool_allocator.free_segment(list(value[lo:end]), 0)
-        return cached
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         """The legacy split, except that the new upper node keeps ``child``'s creation time
