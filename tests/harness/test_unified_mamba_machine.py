@@ -24,10 +24,13 @@ from kvpool.reference import radix_key as ref_key
 from kvpool.reference.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool as RefPool
 from kvpool.reference.pools.token_allocator import TokenToKVPoolAllocator as RefAlloc
 from kvpool.reference.unified.mamba_radix_cache import UnifiedMambaRadixCache as RefUnified
+from kvpool.rules import Rules
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
 from kvpool.testing.machines.coverage import CATALOGUE
 from kvpool.testing.machines.hybrid import MachineMambaReq
+from kvpool.testing.runs import execute
+from kvpool.testing.swarm import Op
 
 REF = reference_implementation()
 MACHINE = "unified_mamba_radix_cache"
@@ -179,3 +182,29 @@ def test_a_request_copies_the_matched_state() -> None:
     assert match.device_indices == [1, 2] and match.cow_staged
     assert (req.mamba_pool_idx, req.mamba_cow_src_index) == (2, 1)
     assert _rows(tree) == [((1, 2), 1, 0)]  # [5] went whole; the matched node was locked
+
+
+def test_a_copy_from_a_state_its_lock_no_longer_protects_expects_nothing() -> None:
+    """The shrunk trace of a 0.5.16 campaign (``--sglang 0.5.16 --component
+    unified_mamba_radix_cache --seed 20261203``, run 1480), under 0.5.16's rules, twin against
+    reference. A direct lock taken while node 7 was a tombstone takes no Mamba lock; a request's
+    copy-on-write match then locks the revived node, and the direct unlock releases a Mamba
+    lock: the match's. The next insert evicts the staged state and reuses its slot, so the copy
+    reads the new state. Both sides do so; the model expected the matched state and flagged
+    INV-MAMBA-STATE-INTEGRITY. It now names no state for such a copy."""
+    config = PoolConfig(size=36, page_size=1, req_pool_size=4, max_context_len=16,
+                        mamba_slots=5, rules=Rules.for_sglang("0.5.16"))  # fmt: skip
+    ns = "ns"
+    ops = [Op("insert", ([2, 3, 2, 3, 1, 2], ns, False)), Op("lock_node", (3,)),
+           Op("insert", ([2, 1, 3, 1], ns, False)), Op("insert", ([3, 2], None, True)),
+           Op("insert", ([1, 1, 1, 1], None, True)), Op("match", ([3, 1, 1, 2, 3], None, True)),
+           Op("match", ([1, 1, 3], None, True)), Op("match", ([1], None, False)),
+           Op("insert", ([2, 1], None, True)), Op("insert", ([1, 1, 1], ns, True)),
+           Op("lock_node", (6,)), Op("lock_node", (7,)), Op("lock_node", (4,)),
+           Op("lock_node", (2,)), Op("insert", ([1, 1], None, True)),
+           Op("match", ([1, 1, 2, 1, 2], None, True)), Op("unlock_node", (7,)),
+           Op("insert", ([1, 3, 1, 1, 2], ns, True)), Op("forward", (7, 3))]  # fmt: skip
+    done = execute(MACHINE, REF, optimized_implementation(), config, ops=ops)
+    assert done.failure is None, done.failure and str(done.failure)
+    assert done.steps == len(ops)
+    assert done.coverage.get("copy:ok")

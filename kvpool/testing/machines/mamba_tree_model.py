@@ -22,14 +22,17 @@ EXTRA_KEYS = (None, None, None, "ns")
 
 @dataclass
 class TreeReq:
-    """A matched request: its slot, whether its copy is due (of a state tagged ``src_tag``), the
-    state its slot must hold and the token history behind it."""
+    """A matched request: its slot, whether its copy is due (of a state tagged ``src_tag``, in
+    slot ``src_slot`` of node ``src_node``), the state its slot must hold and the token history
+    behind it."""
 
     slot: int | None
     pending: bool
     expected_tag: int | None
     history: tuple[int, ...] | None
     src_tag: int | None = None
+    src_slot: int | None = None
+    src_node: int | None = None
 
 
 @dataclass
@@ -129,10 +132,12 @@ def observe_tree(model: TreeModel, op: Op, out: Outcome) -> None:
             src = node.mamba_value
             history = model.ckpt_history.get(src) if src is not None and staged else None
             src_tag = model.ckpt_tags.get(src) if src is not None and staged else None
-            model.reqs[args[0]] = TreeReq(slot, staged, None, history, src_tag)
+            model.reqs[args[0]] = TreeReq(slot, staged, None, history, src_tag, src, node_id)
     elif name == "copy":
         req = model.reqs[args[0]]
         req.pending, req.expected_tag = False, req.src_tag
+        if _source_unlocked_and_lost(out.before.tree, req):
+            req.expected_tag, req.history = None, None
     elif name == "forward":
         req = model.reqs[args[0]]
         req.history = None if req.history is None else (*req.history, args[2])
@@ -141,6 +146,19 @@ def observe_tree(model: TreeModel, op: Op, out: Outcome) -> None:
         del model.reqs[args[0]]
     model.tree_slots = {n.mamba_value for n in tree.nodes if n.mamba_value is not None}
     model.ckpt_tags = {s: t for s, t in model.ckpt_tags.items() if s in model.tree_slots}
+
+
+def _source_unlocked_and_lost(tree: MambaTreeSnapshot, req: TreeReq) -> bool:
+    """Whether the state a request's copy-on-write staged left its node before the copy while
+    nothing held the node's Mamba lock. The match's lock protects it; a direct unlock can drop
+    that lock first (SGLang 0.5.16's unified tree takes no Mamba lock on a tombstone, yet
+    releases one once the node has a state again: ``Rules.unified_tombstone_lock="skip"``), and
+    the copy then reads whatever the slot holds: no state the model can name. Lost under a
+    Mamba lock, the expectation stays (an implementation bug)."""
+    node = next((n for n in tree.nodes if n.node_id == req.src_node), None)
+    if node is None or req.src_slot is None:
+        return False
+    return node.mamba_value != req.src_slot and node.mamba_lock_ref == 0
 
 
 def tree_coverage(model: TreeModel, op: Op, out: Outcome) -> list[str]:
