@@ -75,6 +75,26 @@ def test_a_checkpoint_frees_each_nodes_duplicates(spec: str) -> None:
     assert done.steps == 5
 
 
+def test_the_legacy_tree_option_keeps_a_hybrid_models_unified_tree() -> None:
+    """``+legacy-tree`` gives the FULL lifecycle 0.5.23's legacy ``RadixCache``; a hybrid model
+    keeps the FULL+MAMBA unified tree (0.5.23 removed the legacy Mamba tree), so the lockstep
+    compares its snapshot as the unified lifecycle's (``coarse_hybrid``). Before, the first chunk
+    failed on the Mamba tree's KV recency list, which the unified FULL component keeps none of
+    (``--impl sglang:0.5.23+legacy-tree --seed 20261203``, run 1, 2 steps)."""
+    rules = Rules.for_sglang("0.5.23")
+    config = PoolConfig(size=16, page_size=1, req_pool_size=6, max_context_len=16,
+                        need_sort=True, mamba_slots=4, rules=rules)  # fmt: skip
+    ops = [Op("new_req", ("r1", [1, 2, 3, 3, 3, 2, 1, 1])),
+           Op("extend", (["r1"],), (("chunk_sizes", [5]),))]  # fmt: skip
+    legacy = from_spec("0.5.23+legacy-tree")
+    assert not legacy.unified_lifecycle
+    done = execute("manager", reference_implementation(), legacy, config, ops=ops)
+    assert done.failure is None, done.failure and str(done.failure)
+    result = run_machine("manager", reference_implementation(), legacy, 3600.0, seed=20261203,
+                         max_runs=6)  # fmt: skip
+    assert result.failure is None, result.failure.report
+
+
 def test_python_core_against_rust_core() -> None:
     python, rust = (implementation("0.5.23", tree_core=core) for core in ("python", "rust"))
     result = run_machine("unified_radix_cache", python, rust, 3600.0, seed=7, max_runs=RUNS,

@@ -98,6 +98,26 @@ def without_kv_order(snap: PoolSnapshot) -> PoolSnapshot:
     return dataclasses.replace(snap, tree=coarse_tree(snap.tree), mamba=mamba)
 
 
+def coarse_hybrid(snap: PoolSnapshot) -> PoolSnapshot:
+    """:func:`coarse_pool` for a hybrid model's snapshot (one with a Mamba tree), else ``snap``
+    as it is: the lifecycle's normalisation when only the Mamba tree is SGLang's unified one."""
+    if snap.mamba is None or snap.mamba.tree is None:
+        return snap
+    return coarse_pool(snap)
+
+
+def _unified_hybrid(impl: Implementation) -> bool:
+    """Whether ``impl`` is SGLang with 0.5.23's FULL+MAMBA ``UnifiedRadixCache`` (its rules pair
+    the unified Mamba tree with 0.5.23's release): a hybrid model's tree is that one even when
+    the FULL lifecycle takes the legacy tree (``+legacy-tree``), which 0.5.23 removed for
+    Mamba: :func:`coarse_hybrid`."""
+    rules = impl.rules
+    return rules is not None and (rules.mamba_tree, rules.release_path) == (
+        "unified",
+        "checkpoint",
+    )
+
+
 def _keeps_no_kv_order(impl: Implementation) -> bool:
     """Whether ``impl`` is SGLang with 0.5.16's unified Mamba tree in the lifecycle (its rules
     pair the unified tree with 0.5.16's release): :func:`without_kv_order`."""
@@ -125,15 +145,17 @@ class LifecyclePair:
     ) -> None:
         self.coverage: Counter[str] = Counter()
         unified = impl_a.unified_lifecycle or impl_b.unified_lifecycle
+        normalize: Callable[[PoolSnapshot], PoolSnapshot] | None = None
+        if unified:
+            normalize = coarse_pool
+        elif _unified_hybrid(impl_b):
+            normalize = coarse_hybrid
+        elif _keeps_no_kv_order(impl_b):
+            normalize = without_kv_order
         self.lockstep = Lockstep(
-            manager_factory(impl_a, unified),
-            manager_factory(impl_b, unified),
-            config,
-            labels,
-            normalize=coarse_pool
-            if unified
-            else (without_kv_order if _keeps_no_kv_order(impl_b) else None),
-        )
+            manager_factory(impl_a, unified), manager_factory(impl_b, unified), config, labels,
+            normalize=normalize,
+        )  # fmt: skip
         self.reachability = impl_b.reachability
         self.rejects_misuse = (impl_b.rules or config.rules).rejects_misuse
         """False when the candidate's rules say its components accept misuse silently (SGLang):
