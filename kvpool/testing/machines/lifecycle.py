@@ -107,15 +107,10 @@ def coarse_hybrid(snap: PoolSnapshot) -> PoolSnapshot:
 
 
 def _unified_hybrid(impl: Implementation) -> bool:
-    """Whether ``impl`` is SGLang with 0.5.23's FULL+MAMBA ``UnifiedRadixCache`` (its rules pair
-    the unified Mamba tree with 0.5.23's release): a hybrid model's tree is that one even when
-    the FULL lifecycle takes the legacy tree (``+legacy-tree``), which 0.5.23 removed for
-    Mamba: :func:`coarse_hybrid`."""
-    rules = impl.rules
-    return rules is not None and (rules.mamba_tree, rules.release_path) == (
-        "unified",
-        "checkpoint",
-    )
+    """Whether ``impl`` has a unified FULL+MAMBA tree and no legacy Mamba tree (SGLang 0.5.23
+    removed it): a hybrid model's lifecycle runs over the unified tree even when the FULL
+    lifecycle takes the legacy one (``+legacy-tree``): :func:`coarse_hybrid`."""
+    return impl.mamba_radix_cache is None and impl.unified_mamba_radix_cache is not None
 
 
 def _keeps_no_kv_order(impl: Implementation) -> bool:
