@@ -296,8 +296,8 @@ class HostEviction:
         depth-first order (children popped from the end). Returns the device tokens freed."""
         tree = self.tree
         registry = tree.unified_tier.full_host_duplicates
-        descendants = [as_hi(n) for n in stack_walk(top)[1:]]
-        for n in [top, *descendants]:
+        nodes = [as_hi(n) for n in stack_walk(top)]  # top first
+        for n in nodes:
             if (
                 n.lock_ref > 0
                 or n.host_ref_counter > 0
@@ -307,7 +307,7 @@ class HostEviction:
                 return 0
         freed = int(tree.cache_controller.evict_device(top.value))
         tree.evictable_size_ -= freed
-        for n in reversed(descendants):
+        for n in reversed(nodes[1:]):
             assert n.evicted and n.host_value is not None, f"node {n.node_id} not host-only"
             tree.cache_controller.evict_host(n.host_value)
             n.host_value = None
