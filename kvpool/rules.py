@@ -335,6 +335,20 @@ class Rules:
         )
 
 
+UNIFIED_SERVER_FROM = "0.5.23"
+"""The first audited SGLang release whose server builds the ``UnifiedRadixCache`` for an
+ordinary model (specs/unified_cache.md); the releases before it build the legacy
+``RadixCache``."""
+
+
+def server_builds_unified_tree(version: str) -> bool:
+    """Whether SGLang ``version``'s server builds the ``UnifiedRadixCache`` for an ordinary model
+    (from :data:`UNIFIED_SERVER_FROM` on). ConfigError for a release :meth:`Rules.for_sglang`
+    has no preset for."""
+    Rules.for_sglang(version)
+    return _version_tuple(version) >= _version_tuple(UNIFIED_SERVER_FROM)
+
+
 def _version_tuple(version: str) -> tuple[int, ...]:
     try:
         return tuple(int(p) for p in version.split(".")[:3])
@@ -342,4 +356,4 @@ def _version_tuple(version: str) -> tuple[int, ...]:
         raise ConfigError(f"not a release number: {version!r}") from None
 
 
-__all__ = ["SGLANG_RELEASES", "Rules"]
+__all__ = ["SGLANG_RELEASES", "UNIFIED_SERVER_FROM", "Rules", "server_builds_unified_tree"]

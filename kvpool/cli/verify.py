@@ -9,7 +9,8 @@ alone: ``allocator`` / ``req_to_token_pool`` / ``radix_cache``, ``swa_allocator`
 variant and layer-wise loading), the reference (or ``--oracle SPEC``: any two implementations,
 e.g. SGLang's two tree cores) against a candidate (``--impl``: the optimized twin by default,
 ``sglang[:SOURCE]`` for SGLang's own classes, ``--tree-core`` choosing 0.5.23's unified-cache
-core, or ``MODULE:NAME`` / ``path.py:NAME``), every invariant checked after every step, in
+core, or ``MODULE:NAME`` / ``path.py:NAME``; ``--rules RELEASE``: kvpool's two sides follow
+SGLang RELEASE's rules and its server's tree), every invariant checked after every step, in
 ``--workers`` processes so that a candidate that crashes or hangs is a reported failure, or
 fanned out over a Ray cluster with ``--ray [ADDRESS]`` (blocks of runs, one task per CPU).
 Prints a summary with the coverage reached, and writes it as JSON with ``--report`` (always,
@@ -62,9 +63,9 @@ TREE_COMPONENTS = {
 
 
 def impl_spec(text: str) -> str:
-    """``reference``, ``optimized[BACKEND]``, ``sglang[:SOURCE]`` or a user's
-    ``MODULE:NAME`` / ``path/to/file.py:NAME``."""
-    if text.split("[")[0].split(":")[0] in BUILTIN_IMPLS:
+    """``reference``, ``optimized[BACKEND]`` (either with ``@RELEASE``), ``sglang[:SOURCE]`` or
+    a user's ``MODULE:NAME`` / ``path/to/file.py:NAME``."""
+    if text.split("@")[0].split("[")[0].split(":")[0] in BUILTIN_IMPLS:
         return text
     return callable_spec(text)
 
@@ -140,6 +141,14 @@ def register(sub: Any) -> None:
         metavar="SPEC",
         help="the side the candidate is checked against, any spec --impl takes, e.g. "
         "sglang:0.5.23+python-core to run SGLang's Python tree core against its Rust core",
+    )
+    p.add_argument(
+        "--rules",
+        metavar="RELEASE",
+        default=None,
+        help="both sides, kvpool's own, follow SGLang RELEASE's rules preset and run the "
+        "lifecycle over the tree that release's server builds (reference@RELEASE against "
+        "optimized@RELEASE) (default: none, kvpool's own rules)",
     )
     p.add_argument(
         "--naive",
@@ -237,12 +246,15 @@ def run(args: argparse.Namespace) -> int:
                  "it with --component unified_radix_cache")  # fmt: skip
         args.component = TREE_COMPONENTS[args.tree_components]
     candidate = _candidate(args)
+    oracle = args.oracle
+    if args.rules is not None:
+        candidate, oracle = (_following(args.rules, spec) for spec in (candidate, oracle))
     env = _env(args)
     saved = {key: os.environ.get(key) for key, _ in env}
     if args.workers == 0:  # in this process: before anything imports triton
         os.environ.update(dict(env))
     try:
-        return _verify(args, candidate, env)
+        return _verify(args, candidate, oracle, env)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -251,13 +263,35 @@ def run(args: argparse.Namespace) -> int:
                 os.environ[key] = value
 
 
-def _verify(args: argparse.Namespace, candidate: str, env: tuple[tuple[str, str], ...]) -> int:
+def _following(release: str, spec: str) -> str:
+    """``spec@release`` for one of kvpool's own implementations; a one-line usage error for
+    any other (SGLang brings its release's rules; a user's implementation its own) and for a
+    release without a preset."""
+    from kvpool.errors import ConfigError
+    from kvpool.rules import Rules
+    from kvpool.testing.implementations import builtin_spec
+
+    if not builtin_spec(spec):
+        fail(f"verify: --rules sets the rules of kvpool's own sides (reference, optimized); "
+             f"{spec} brings its own")  # fmt: skip
+    if "@" in spec:
+        fail(f"verify: {spec} names its release already: give --rules or @RELEASE, not both")
+    try:
+        Rules.for_sglang(release)
+    except ConfigError as exc:
+        fail(f"verify: --rules: {exc}")
+    return f"{spec}@{release}"
+
+
+def _verify(
+    args: argparse.Namespace, candidate: str, oracle: str, env: tuple[tuple[str, str], ...]
+) -> int:
     from kvpool.testing.verify_run import VerifyOptions, verify
 
     options = VerifyOptions(
         component=args.component,
         candidate=candidate,
-        oracle=args.oracle,
+        oracle=oracle,
         seconds=args.seconds,
         seed=args.seed,
         steps_per_run=args.steps_per_run,

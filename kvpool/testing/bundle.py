@@ -124,6 +124,12 @@ class Implementation:
     unified_lifecycle: bool = False
     """Whether the lifecycle's tree is ``unified_radix_cache`` (SGLang 0.5.23's server default)
     rather than ``radix_cache``."""
+    coarse_unified_tree: bool = False
+    """Whether the snapshot of its unified tree leaves out what SGLang's tree cores do not
+    expose (access times, hit counts, priorities, the children's order): a lifecycle over the
+    unified tree then compares both sides' trees as
+    :func:`~kvpool.testing.machines.unified.coarse_tree` does. False (kvpool's twins, whose
+    snapshots are whole): compared exactly."""
 
     def rules_or_default(self) -> Rules:
         """The rules this implementation follows (kvpool's default when it names none)."""

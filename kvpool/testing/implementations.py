@@ -1,7 +1,9 @@
 """The implementations kvpool ships, and how a spec string names one (``--impl``).
 
 Specs: ``reference``; ``optimized`` or ``optimized[BACKEND]`` (the torch twin, kernels run by
-``torch``, ``interpret`` or ``triton``); ``NAME`` or ``NAME:ARGS`` of an implementation plug-in
+``torch``, ``interpret`` or ``triton``); either with ``@RELEASE`` (``reference@0.5.23``:
+following SGLang RELEASE's rules preset, its lifecycle over the tree that release's server
+builds: :func:`following_release`); ``NAME`` or ``NAME:ARGS`` of an implementation plug-in
 (:mod:`kvpool.testing.plugins`), such as ``sglang`` or ``sglang:SOURCE`` (SGLang's own classes
 through :mod:`kvpool.sglang`; SOURCE is a release like ``0.5.16``, a source path or
 ``installed``; suffixes: ``+naive`` routes ``alloc_extend`` through SGLang's naive path,
@@ -249,9 +251,40 @@ def _mamba_slots(config: PoolConfig) -> int:
     return config.mamba_slots if config.mamba_slots is not None else config.req_pool_size
 
 
+def following_release(impl: Implementation, release: str) -> Implementation:
+    """``impl`` following SGLang ``release``'s rules preset (:meth:`Rules.for_sglang`), its
+    lifecycle over the tree that release's server builds for an ordinary model (the unified
+    radix cache from 0.5.23 on: :func:`~kvpool.rules.server_builds_unified_tree`), labelled
+    ``LABEL@RELEASE``. kvpool's twins verified as they run when they stand in for that release.
+    ConfigError for a release without a preset."""
+    from dataclasses import replace
+
+    from kvpool.rules import Rules, server_builds_unified_tree
+
+    return replace(
+        impl,
+        label=f"{impl.label}@{release}",
+        rules=Rules.for_sglang(release),
+        unified_lifecycle=server_builds_unified_tree(release),
+    )
+
+
+def builtin_spec(spec: str) -> bool:
+    """Whether ``spec`` names one of kvpool's own implementations (``reference`` or
+    ``optimized[...]``, with or without ``@RELEASE``)."""
+    name = spec.partition("@")[0]
+    return name in ("reference", "optimized") or (
+        name.startswith("optimized[") and name.endswith("]")
+    )
+
+
 def resolve_implementation(spec: str, component: str = "manager") -> Implementation:
     """The implementation a spec names (see the module docstring). ValueError for a malformed
-    spec, ImportError for a missing module, TypeError for an object of the wrong kind."""
+    spec, ImportError for a missing module, TypeError for an object of the wrong kind,
+    ConfigError for an ``@RELEASE`` without a rules preset."""
+    if builtin_spec(spec) and "@" in spec:
+        name, _, release = spec.partition("@")
+        return following_release(resolve_implementation(name, component), release)
     if spec == "reference":
         return reference_implementation()
     if spec == "optimized" or spec.startswith("optimized["):
@@ -289,4 +322,10 @@ def _takes_no_arguments(fn: Any) -> bool:
                for p in params)  # fmt: skip
 
 
-__all__ = ["optimized_implementation", "reference_implementation", "resolve_implementation"]
+__all__ = [
+    "builtin_spec",
+    "following_release",
+    "optimized_implementation",
+    "reference_implementation",
+    "resolve_implementation",
+]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvpool.testing.implementations import builtin_spec
 from kvpool.testing.plugins import find_plugin
 from kvpool.testing.workers import CampaignSpec
 
@@ -71,7 +72,7 @@ def stage(spec: CampaignSpec, folder: Path) -> Shipment | None:
 
 
 def _stage_side(impl: str, side: str, folder: Path, shipped: list[str], env: dict[str, str]) -> str:
-    if impl in ("reference", "optimized") or impl.startswith("optimized["):
+    if builtin_spec(impl):
         return impl
     plugin = find_plugin(impl.partition(":")[0])
     if plugin is not None:

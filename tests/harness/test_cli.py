@@ -34,6 +34,24 @@ def test_verify_reference_vs_optimized(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.slow
+def test_verify_rules_runs_both_twins_as_a_release(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--rules 0.5.23``: reference@0.5.23 against optimized@0.5.23 (SGLang 0.5.23's rules,
+    the lifecycle over the unified tree, chunks cached through ``checkpoint``)."""
+    report = tmp_path / "verify.json"
+    argv = ["verify", "--rules", "0.5.23", "--seconds", "2", "--seed", "3", "--workers", "0",
+            "--no-progress", "--report", str(report)]  # fmt: skip
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "reference@0.5.23 vs optimized[torch]@0.5.23" in out
+    data = json.loads(report.read_text())
+    assert (data["oracle"], data["candidate"]) == ("reference@0.5.23", "optimized[torch]@0.5.23")
+    assert data["failures"] == 0 and data["steps"] > 0
+
+
+@pytest.mark.slow
 def test_verify_third_party_implementation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -115,11 +115,13 @@ def _unified_hybrid(impl: Implementation) -> bool:
 
 def _keeps_no_kv_order(impl: Implementation) -> bool:
     """Whether ``impl`` is SGLang with 0.5.16's unified Mamba tree in the lifecycle (its rules
-    pair the unified tree with 0.5.16's release): :func:`without_kv_order`."""
+    pair the unified tree with 0.5.16's release, its snapshot is a tree core's):
+    :func:`without_kv_order`."""
     rules = impl.rules
-    return rules is not None and (rules.mamba_tree, rules.release_path) == (
-        "unified",
-        "finished_req",
+    return (
+        impl.coarse_unified_tree
+        and rules is not None
+        and (rules.mamba_tree, rules.release_path) == ("unified", "finished_req")
     )
 
 
@@ -141,7 +143,7 @@ class LifecyclePair:
         self.coverage: Counter[str] = Counter()
         unified = impl_a.unified_lifecycle or impl_b.unified_lifecycle
         normalize: Callable[[PoolSnapshot], PoolSnapshot] | None = None
-        if unified:
+        if unified and (impl_a.coarse_unified_tree or impl_b.coarse_unified_tree):
             normalize = coarse_pool
         elif _unified_hybrid(impl_b):
             normalize = coarse_hybrid

@@ -82,9 +82,11 @@ class SWALifecyclePair(LifecyclePair):
         self.coverage: Counter[str] = Counter()
         # SGLang's unified trees (0.5.23's; 0.5.16's, Rules.swa_tree "unified") report no times,
         # hit counts or priorities, and 0.5.23's Rust core no per-node SWA lock counts: compare
-        # as the unified SWA machine does
+        # as the unified SWA machine does (kvpool's own twins under those rules: exactly)
         rules = impl_b.rules or config.rules
-        unified = rules.swa_window_release == "scheduler" or rules.swa_tree == "unified"
+        unified = (rules.swa_window_release == "scheduler" or rules.swa_tree == "unified") and (
+            impl_a.coarse_unified_tree or impl_b.coarse_unified_tree
+        )
         self._swa_locks = True
         self.lockstep = Lockstep(
             swa_manager_factory(impl_a), swa_manager_factory(impl_b), config, labels,

@@ -7,7 +7,10 @@ that must catch it. :func:`hunt_implementation` runs the component machine, refe
 the mutant, for a fixed number of seeded runs (deterministic), and reports as
 :func:`kvpool.testing.quality.hunt` does. Both sides follow ``rejects_misuse=False``: with
 checked mode off the twin does not police misuse, so only the invariants and the lockstep
-comparison can find the damage.
+comparison can find the damage. A mutant with a ``release`` runs both sides as kvpool's twins
+stand in for that SGLang release instead (its rules preset, its server's tree:
+:func:`~kvpool.testing.implementations.following_release`; the presets police no misuse either):
+bugs on the paths only that release's rules take.
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ from dataclasses import dataclass
 from kvpool.rules import Rules
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.campaign import run_machine
-from kvpool.testing.implementations import optimized_implementation, reference_implementation
+from kvpool.testing.implementations import (
+    following_release,
+    optimized_implementation,
+    reference_implementation,
+)
 from kvpool.testing.quality.hunt import HuntResult
 
 ImplPatch = Callable[[Implementation], Implementation]
@@ -36,13 +43,21 @@ class ImplementationMutant:
     expected: tuple[str, ...]
     patch: ImplPatch
     component: str = "hybrid_req_to_token_pool"
+    release: str | None = None
+    """An SGLang release both sides follow (its rules preset and its server's tree); None:
+    kvpool's own rules with misuse off."""
 
     def implementation(self, base: Implementation | None = None) -> Implementation:
-        """``base`` (default: the unchecked torch twin) with this bug, misuse rules off."""
-        start = base or optimized_implementation("torch", checked=False)
-        return self.patch(
-            dataclasses.replace(start, label=self.name, rules=Rules(rejects_misuse=False))
-        )
+        """``base`` (default: the unchecked torch twin) with this bug, misuse rules off (or
+        following :attr:`release`)."""
+        start = self.following(base or optimized_implementation("torch", checked=False))
+        return self.patch(dataclasses.replace(start, label=self.name))
+
+    def following(self, impl: Implementation) -> Implementation:
+        """``impl`` under this mutant's rules: :attr:`release`'s, else misuse off."""
+        if self.release is not None:
+            return following_release(impl, self.release)
+        return dataclasses.replace(impl, rules=Rules(rejects_misuse=False))
 
 
 def hunt_implementation(
@@ -56,7 +71,7 @@ def hunt_implementation(
     the mutant (built on ``base``, default the unchecked torch twin); the first failure is
     shrunk (by the campaign) and reported."""
     start = time.monotonic()
-    ref = dataclasses.replace(reference_implementation(), rules=Rules(rejects_misuse=False))
+    ref = mutant.following(reference_implementation())
     labels = ("reference", mutant.name)
     result = run_machine(mutant.component, ref, mutant.implementation(base), seconds=600.0,
                          seed=seed, steps_per_run=steps, labels=labels, max_runs=runs)  # fmt: skip
