@@ -42,7 +42,12 @@ def jit_calls_interpreted() -> Iterator[None]:
 
     Without ``TRITON_INTERPRET=1`` at import, triton's own library functions are compiled-mode
     ``JITFunction`` objects that refuse to be called; inside a launch they are run through the
-    interpreter instead."""
+    interpreter instead, as ``InterpretedFunction.__call__`` runs a device function: patch
+    ``triton.language`` for the function's module, run its rewritten body, wrap what it raises
+    in ``InterpreterError``. The patch is made once per function per launch (this context):
+    triton's device call repeats it at every call and never undoes it (the launch's own scope
+    restores what the two share), and it walks every member of ``triton.language`` (about half
+    a millisecond; a launch's grid calls ``tl.cdiv`` once per program)."""
     interp = triton_interpreter()
     from triton.runtime.jit import JITFunction
 
@@ -50,9 +55,18 @@ def jit_calls_interpreted() -> Iterator[None]:
     if getattr(original, "_kvpool_interpreted", False):
         yield
         return
+    bodies: dict[Any, Any] = {}
+    """A device function's Python function -> its rewritten body, patched in this launch."""
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return interp.InterpretedFunction(self.fn)(*args, **kwargs)
+        body = bodies.get(self.fn)
+        if body is None:
+            interp._patch_lang(self.fn)
+            body = bodies[self.fn] = interp.InterpretedFunction(self.fn).rewrite()
+        try:
+            return body(*args, **kwargs)
+        except Exception as exc:  # as InterpretedFunction.__call__ reports a device call's error
+            raise interp.InterpreterError(repr(exc)) from exc
 
     call._kvpool_interpreted = True  # type: ignore[attr-defined]
     JITFunction.__call__ = call

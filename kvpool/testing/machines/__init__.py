@@ -1,20 +1,25 @@
 """Component machines: one component of two implementations driven in lockstep.
 
 :data:`TARGETS` maps each component name of ``kvpool verify --component`` to its machine:
-``allocator`` (:mod:`.allocator`), ``req_to_token_pool`` (:mod:`.table`), ``radix_cache``
-(:mod:`.radix`), ``manager`` (the whole lifecycle, :mod:`.lifecycle`) and
-``hybrid_req_to_token_pool`` (a hybrid model's table, Mamba slots and states, :mod:`.hybrid`)
-and ``mamba_radix_cache`` (the hybrid prefix tree with state checkpoints, :mod:`.mamba_tree`).
-Each is driven by
-(:mod:`.radix`), ``swa_allocator`` (:mod:`.swa_allocator`), ``swa_radix_cache``
-(:mod:`.swa_radix`), ``manager`` (the whole lifecycle, :mod:`.lifecycle`) and ``swa_manager``
-(the lifecycle of a hybrid sliding-window model, :mod:`.swa_manager`), ``mamba_manager``
-(the lifecycle of hybrid Mamba models only, :mod:`.mamba_manager`), ``hicache_manager`` (the
-lifecycle with the host tier only, :mod:`.hicache_manager`), ``hiradix_cache``
-(the hierarchical cache with its host tier, :mod:`.hiradix`) and ``kv_pool`` (a KV storage
-variant and layer-wise loading, :mod:`.kv_pool`). Each is driven by
-:class:`~kvpool.testing.machines.base.ComponentPair` (or, for the lifecycle, the existing
-:class:`~kvpool.testing.lockstep_driver.Lockstep`) through the one campaign runner.
+
+- the lifecycles: ``manager`` (the whole lifecycle, :mod:`.lifecycle`), ``mamba_manager``
+  (hybrid Mamba models only, :mod:`.mamba_manager`), ``hicache_manager`` (with the host tier
+  only, :mod:`.hicache_manager`) and ``swa_manager`` (a hybrid sliding-window model,
+  :mod:`.swa_manager`);
+- the pools: ``allocator`` (:mod:`.allocator`), ``req_to_token_pool`` (:mod:`.table`),
+  ``hybrid_req_to_token_pool`` (a hybrid model's table, Mamba slots and states,
+  :mod:`.hybrid`), ``swa_allocator`` (:mod:`.swa_allocator`) and ``kv_pool`` (a KV storage
+  variant and layer-wise loading, :mod:`.kv_pool`);
+- the prefix trees: ``radix_cache`` (:mod:`.radix`), ``mamba_radix_cache`` (the hybrid tree
+  with state checkpoints, :mod:`.mamba_tree`), ``swa_radix_cache`` (:mod:`.swa_radix`),
+  ``hiradix_cache`` (the hierarchical cache with its host tier, :mod:`.hiradix`) and SGLang
+  0.5.23's unified cache with each component set: ``unified_radix_cache`` (:mod:`.unified`),
+  ``unified_mamba_radix_cache`` (:mod:`.unified_mamba`) and ``unified_swa_radix_cache``
+  (:mod:`.unified_swa`).
+
+A component machine is driven by :class:`~kvpool.testing.machines.base.ComponentPair`, a
+lifecycle by :class:`~kvpool.testing.lockstep_driver.Lockstep` (:func:`make_pair`), through the
+one campaign runner.
 """
 
 from __future__ import annotations
