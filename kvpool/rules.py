@@ -33,6 +33,7 @@ SWA_FREE_UNMAPPED = ("skip", "caller")
 SWA_WINDOW_RELEASES = ("decode", "scheduler", "maybe_evict")
 SWA_TREES = ("swa_radix", "unified")
 HICACHE_HOST_TIERS = ("hiradix", "unified")
+PREFETCH_REFILLS = ("drop", "attach")
 UNIFIED_FREES = ("segment", "free")
 UNIFIED_SPLIT_RECENCIES = ("beside", "front")
 UNIFIED_TOMBSTONE_LOCKS = ("count", "skip")
@@ -191,6 +192,15 @@ class Rules:
       In the request lifecycle: the checkpoint's inserts free the request's duplicates past its
       ``cache_protected_len`` (no free of the lifecycle's own), and ``extend`` / ``finish`` end
       by issuing the batch's queued writes (``flush_pending_backups``).
+    - ``prefetch_refill``: what a storage prefetch's completion does, under a write-through
+      policy, with the fetched tokens past the tree's end when the node they would hang below
+      is on device without a host copy (another request inserted it after the prefetch
+      started; under ``write_through_selective`` a first insert has none). ``"drop"`` (kvpool;
+      SGLang's later fix in its unified tree, sgl-project/sglang#31902): their host slots are
+      freed with the duplicates', so backed-up nodes keep forming a prefix from the root.
+      ``"attach"`` (SGLang 0.5.16): a host-only child below that node; evicting the node's
+      other children then promotes it, and ``_evict_regular`` asserts a leaf (the scheduler
+      dies: specs/sglang_findings.md); the harness does not drive an eviction there.
 
     Three knobs say which release's ``UnifiedRadixCache`` the unified FULL+SWA tree
     (``UnifiedSWARadixCache``, both twins) follows, the last two also the FULL+MAMBA tree
@@ -244,6 +254,7 @@ class Rules:
     swa_eviction_interval: int = 1
     swa_tree: str = "swa_radix"
     hicache_host_tier: str = "hiradix"
+    prefetch_refill: str = "drop"
     unified_free: str = "segment"
     unified_split_recency: str = "beside"
     unified_tombstone_lock: str = "count"
@@ -267,6 +278,7 @@ class Rules:
             ("swa_window_release", self.swa_window_release, SWA_WINDOW_RELEASES),
             ("swa_tree", self.swa_tree, SWA_TREES),
             ("hicache_host_tier", self.hicache_host_tier, HICACHE_HOST_TIERS),
+            ("prefetch_refill", self.prefetch_refill, PREFETCH_REFILLS),
             ("unified_free", self.unified_free, UNIFIED_FREES),
             ("unified_split_recency", self.unified_split_recency, UNIFIED_SPLIT_RECENCIES),
             ("unified_tombstone_lock", self.unified_tombstone_lock, UNIFIED_TOMBSTONE_LOCKS),
@@ -313,6 +325,7 @@ class Rules:
                 unified_free="free",
                 unified_split_recency="front",
                 unified_tombstone_lock="skip",
+                prefetch_refill="attach",
             )
         # Rows pop from the tail from 0.5.18 on; the monotonic generation, the staged pages and
         # the shortfall eviction are 0.5.23's (audited releases only: specs/fidelity.md).

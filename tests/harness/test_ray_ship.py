@@ -21,6 +21,7 @@ def _spec(
 
 def test_specs_naming_nothing_local_ship_nothing(tmp_path: Path) -> None:
     assert stage(_spec("optimized[interpret]"), tmp_path) is None
+    assert stage(_spec("optimized[torch]@0.5.23", "reference@0.5.23"), tmp_path) is None
     assert stage(_spec("kvpool.testing.implementations:reference_implementation"),
                  tmp_path) is None  # fmt: skip
     assert not any(tmp_path.iterdir())

@@ -481,7 +481,8 @@ class HiRadixCache(RadixCache):
 
     def _insert_helper_host(self, node: HiTreeNode, key: RadixKey, host_value: torch.Tensor) -> int:
         """Insert ``key`` below ``node`` as host-only content (a prefetch's fetched tokens);
-        returns the tokens already in the tree (their host slots are the caller's to free)."""
+        returns the tokens whose host slots are the caller's to free (see the reference: the
+        rest too when dropped, ``Rules.prefetch_refill``)."""
         now = self.clock()
         node.last_access_time = now
         stop = len(key)
@@ -496,6 +497,8 @@ class HiRadixCache(RadixCache):
             if n < len(child):
                 child = self._split(child, n)
             node = as_hi(child)
+        if pos < stop and self.storage_prefetch.drops_refill(node):
+            return stop
         if pos < stop:
             leaf_key = RadixKey.from_array(key.array[pos:stop], key.extra_key)
             empty = torch.empty(0, dtype=torch.int64, device=self.device)

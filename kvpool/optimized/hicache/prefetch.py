@@ -21,6 +21,7 @@ from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.radix_key import RadixKey, TreeNode
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.reference.hicache.args import check_node
+from kvpool.rules import Rules
 from kvpool.snapshot import PrefetchSnapshot
 from kvpool.tags import kv_tags
 
@@ -47,6 +48,12 @@ class PrefetchTree(Protocol):
     def cache_controller(self) -> HiCacheController: ...
 
     @property
+    def write_policy(self) -> str: ...
+
+    @property
+    def rules(self) -> Rules: ...
+
+    @property
     def token_to_kv_pool_host(self) -> HostPoolProtocol[torch.Tensor]: ...
 
     def evict_host(self, num_tokens: int) -> int: ...
@@ -62,6 +69,16 @@ class StoragePrefetch:
     def __init__(self, tree: PrefetchTree) -> None:
         self.tree = tree
         self.reset()
+
+    def drops_refill(self, node: HiTreeNode) -> bool:
+        """Whether a completing prefetch drops the tokens below ``node`` (see the reference)."""
+        tree = self.tree
+        return (
+            node is not tree.root_node
+            and not node.backuped
+            and tree.write_policy != "write_back"
+            and tree.rules.prefetch_refill == "drop"
+        )
 
     def reset(self) -> None:
         """Forget every prefetch (frees nothing)."""

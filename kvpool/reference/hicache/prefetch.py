@@ -35,6 +35,7 @@ from kvpool.reference.hicache.args import check_node
 from kvpool.reference.hicache.cache_controller import HiCacheController, PrefetchOperation
 from kvpool.reference.hicache.tree_node import HiTreeNode, as_hi
 from kvpool.reference.radix_key import RadixKey, TreeNode
+from kvpool.rules import Rules
 from kvpool.snapshot import PrefetchSnapshot
 from kvpool.tags import kv_tags
 
@@ -61,6 +62,12 @@ class PrefetchTree(Protocol):
     def cache_controller(self) -> HiCacheController: ...
 
     @property
+    def write_policy(self) -> str: ...
+
+    @property
+    def rules(self) -> Rules: ...
+
+    @property
     def token_to_kv_pool_host(self) -> HostPoolProtocol[list[int]]: ...
 
     def evict_host(self, num_tokens: int) -> int: ...
@@ -78,6 +85,20 @@ class StoragePrefetch:
     def __init__(self, tree: PrefetchTree) -> None:
         self.tree = tree
         self.reset()
+
+    def drops_refill(self, node: HiTreeNode) -> bool:
+        """Whether a completing prefetch drops the fetched tokens that would hang below
+        ``node`` (their host slots freed, as its duplicates'): ``node`` is on device without a
+        host copy, the policy writes through and ``Rules.prefetch_refill`` is ``"drop"``, so
+        backed-up nodes keep forming a prefix from the root. ``"attach"`` (SGLang 0.5.16)
+        hangs them below it as a host-only child (specs/host_tier.md)."""
+        tree = self.tree
+        return (
+            node is not tree.root_node
+            and not node.backuped
+            and tree.write_policy != "write_back"
+            and tree.rules.prefetch_refill == "drop"
+        )
 
     def reset(self) -> None:
         """Forget every prefetch (frees nothing)."""

@@ -232,6 +232,8 @@ class HiRadixTarget:
                           expect_error=True)  # fmt: skip
             name = "evict_host" if op.args[0] % 3 == 2 else "evict"
             return Op(name, (-1 - op.args[0],), expect_error=True)
+        if op.name in ("evict", "load_back") and _eviction_asserts(model):
+            return None  # the implementation asserts there (Rules.prefetch_refill "attach")
         return op
 
     # ---------------------------------------------------------------- calling
@@ -368,6 +370,27 @@ def _reclaimed(before: TreeSnapshot, after: TreeSnapshot) -> list[str]:
     had = {n.node_id for n in before.nodes if not n.evicted and n.host_value and n.parent_id}
     lost = [n for n in after.nodes if n.node_id in had and not n.evicted and n.host_value is None]
     return ["host:duplicate-reclaimed"] if lost else []
+
+
+def _eviction_asserts(model: HiModel) -> bool:
+    """Whether a device eviction now (``evict``, or a load-back short of device slots) could
+    reach a device node without a host copy whose children are host-only, which write-through
+    eviction deletes asserting a leaf: a prefetch attached them under
+    ``Rules.prefetch_refill == "attach"`` (SGLang 0.5.16). A node with a host-only child is
+    enough: evicting its other children promotes it."""
+    cfg, snap = model.config, model.snap
+    if cfg.rules.prefetch_refill != "attach" or cfg.hicache_write_policy == "write_back":
+        return False
+    if snap is None:
+        return False
+    by_id = {n.node_id: n for n in snap.tree.nodes}
+    return any(
+        n.parent_id is not None
+        and not n.evicted
+        and n.host_value is None
+        and any(by_id[c].evicted for c in n.child_ids)
+        for n in snap.tree.nodes
+    )
 
 
 def _on_device(tree: TreeSnapshot, handle: Handle) -> bool:

@@ -1,0 +1,117 @@
+"""A storage prefetch that completes through a device node with no host copy (another request
+inserted it after the prefetch started) would hang the fetched suffix below it as a host-only
+child: a gap in the backed-up prefix that write-through keeps from the root. kvpool's rules drop
+that refill (``Rules.prefetch_refill == "drop"``: its host slots freed with the duplicates', as
+SGLang's later fix does in the unified tree); SGLang 0.5.16 attaches it (``"attach"``), and
+evicting the node's other children then promotes the node, whose deletion asserts a leaf: the
+scheduler dies (specs/sglang_findings.md). The hiradix machine does not drive that preset into
+an eviction there. (Found by ``kvpool verify --rules 0.5.16 --component hiradix_cache --seed
+20261207``, run 1043.)
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvpool.config import PoolConfig
+from kvpool.rules import Rules
+from kvpool.testing.implementations import (
+    following_release,
+    optimized_implementation,
+    reference_implementation,
+    resolve_implementation,
+)
+from kvpool.testing.machines import TARGETS
+from kvpool.testing.runs import execute
+from kvpool.testing.swarm import Op, RandomChooser
+
+OLD = Rules.for_sglang("0.5.16")
+
+TRACE = [
+    Op("prefetch", (0, [1, 2, 2, 2, 3, 3, 3, 1, 1, 1, 1, 1]), (("extra_key", "a"),)),
+    Op("storage_hit", (1, 12)),
+    Op("insert", ([1, 2, 2, 2, 1, 2, 3, 1],), (("extra_key", None),)),
+    Op("prefetch_io", (1, 3)),
+    Op("check_prefetch_progress", (1,)),
+    Op("evict", (7,)),
+]
+"""The shrunk trace, as the machine draws it (a request is named by its index among the
+prefetching ones): the prefetch holds the whole host pool (two pages), so the insert's nodes
+get no host copy; the two fetched pages complete through node [1, 2, 2, 2] (its host copy freed
+as a duplicate) and attach [3, 3, 3, 1] below it, host-only; the eviction frees node
+[1, 2, 3, 1] and promotes its parent."""
+
+CALLS = [
+    Op("prefetch", ("r0", [1, 2, 2, 2, 3, 3, 3, 1, 1, 1, 1, 1]), (("extra_key", "a"),)),
+    Op("storage_hit", ("r0", 12)),
+    Op("insert", ([1, 2, 2, 2, 1, 2, 3, 1],), (("extra_key", None),)),
+    Op("prefetch_io", ("r0", 3)),
+    Op("check_prefetch_progress", ("r0",)),
+    Op("evict", (7,)),
+]
+"""The same calls made on one side directly."""
+
+
+def _config(rules: Rules) -> PoolConfig:
+    return PoolConfig(size=12, page_size=4, req_pool_size=16, max_context_len=512,
+                      eviction_policy="slru", rules=rules, hicache_ratio=0.5,
+                      hicache_write_policy="write_through", hicache_load_back_threshold=4,
+                      hicache_prefetch_threshold=4, hicache_storage=True)  # fmt: skip
+
+
+def test_kvpools_rules_drop_the_refill_below_a_device_node() -> None:
+    """Twin and reference in lockstep; on one side: the completion leaves no host-only node and
+    every host slot free or queued for release; the eviction then frees both device nodes."""
+    ref, twin = reference_implementation(), optimized_implementation()
+    done = execute("hiradix_cache", ref, twin, _config(Rules()), ops=TRACE)
+    assert done.failure is None, done.failure
+    target = TARGETS["hiradix_cache"]
+    side = target.build(ref, _config(Rules()))  # type: ignore[union-attr]
+    outs = [target.call(side, op) for op in CALLS[:-1]]  # type: ignore[union-attr]
+    assert outs[-1] is True  # the prefetch ended
+    snap = side.tree.host_snapshot()
+    assert not any(n.evicted for n in snap.tree.nodes)  # nothing host-only
+    assert all(n.host_value is None for n in snap.tree.nodes[1:])
+    assert len(snap.host.free_slots) + len(snap.host.release_slots) == snap.host.size
+    assert target.call(side, CALLS[-1]) == 8  # type: ignore[union-attr]
+    snap = side.tree.host_snapshot()
+    assert [n.node_id for n in snap.tree.nodes] == [0]
+    assert sorted(snap.device.free_pages) == [1, 2, 3]
+
+
+def test_sglang_0_5_16_attaches_it_and_asserts_a_leaf_at_eviction() -> None:
+    """Under 0.5.16's preset the refill hangs below the device node, and the eviction fails
+    SGLang's assertion, as its scheduler would."""
+    impl = following_release(reference_implementation(), "0.5.16")
+    config = _config(OLD)
+    target = TARGETS["hiradix_cache"]
+    side = target.build(impl, config)  # type: ignore[union-attr]
+    for op in CALLS[:-1]:
+        target.call(side, op)  # type: ignore[union-attr]
+    nodes = side.tree.host_snapshot().tree.nodes
+    [host_only] = [n for n in nodes if n.evicted]
+    parent = next(n for n in nodes if n.node_id == host_only.parent_id)
+    assert (host_only.key, parent.key, parent.host_value) == ((3, 3, 3, 1), (1, 2, 2, 2), None)
+    with pytest.raises(AssertionError, match="without a backup has children"):
+        target.call(side, CALLS[-1])  # type: ignore[union-attr]
+
+
+def test_the_machine_does_not_drive_0_5_16_into_that_eviction() -> None:
+    """The campaign's run that found it passes under 0.5.16's preset: the eviction is not
+    drawn while a device node without a host copy has a host-only child."""
+    ref = resolve_implementation("reference@0.5.16", "hiradix_cache")
+    twin = resolve_implementation("optimized@0.5.16", "hiradix_cache")
+    chooser = RandomChooser(random.Random("20261207/1043"))
+    config = TARGETS["hiradix_cache"].draw_config(chooser, twin)
+    assert (config.page_size, config.hicache_storage) == (4, True)
+    done = execute("hiradix_cache", ref, twin, config, chooser=chooser, steps=60)
+    assert done.failure is None, done.failure
+    assert done.steps == 60
+
+
+def test_the_presets() -> None:
+    assert Rules().prefetch_refill == "drop"
+    assert OLD.prefetch_refill == "attach"
+    assert Rules.for_sglang("0.5.23").prefetch_refill == "drop"
