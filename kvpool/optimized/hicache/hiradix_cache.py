@@ -497,7 +497,7 @@ class HiRadixCache(RadixCache):
             if n < len(child):
                 child = self._split(child, n)
             node = as_hi(child)
-        if pos < stop and self.storage_prefetch.drops_refill(node):
+        if pos < stop and self.storage_prefetch._drops_refill(node):
             return stop
         if pos < stop:
             leaf_key = RadixKey.from_array(key.array[pos:stop], key.extra_key)

@@ -70,7 +70,7 @@ class StoragePrefetch:
         self.tree = tree
         self.reset()
 
-    def drops_refill(self, node: HiTreeNode) -> bool:
+    def _drops_refill(self, node: HiTreeNode) -> bool:
         """Whether a completing prefetch drops the tokens below ``node`` (see the reference)."""
         tree = self.tree
         return (

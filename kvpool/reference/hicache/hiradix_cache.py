@@ -520,7 +520,7 @@ class HiRadixCache(RadixCache):
     def _insert_helper_host(self, node: HiTreeNode, key: RadixKey, host_value: list[int]) -> int:
         """Insert ``key`` below ``node`` as host-only content at ``host_value`` (a prefetch's
         fetched tokens); returns the tokens whose host slots are the caller's to free: those in
-        the tree already, or all of them (:meth:`StoragePrefetch.drops_refill`)."""
+        the tree already, or all of them (:meth:`StoragePrefetch._drops_refill`)."""
         now = self.clock()
         node.last_access_time = now
         matched = 0
@@ -535,7 +535,7 @@ class HiRadixCache(RadixCache):
             if n < len(child.key):
                 child = self._split_node(child, n)
             node = as_hi(child)
-        if len(key) > 0 and self.storage_prefetch.drops_refill(node):
+        if len(key) > 0 and self.storage_prefetch._drops_refill(node):
             return matched + len(key)
         if len(key) > 0:
             leaf = self._new_node(key, [], node, now, node.priority)

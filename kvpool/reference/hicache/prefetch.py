@@ -86,7 +86,7 @@ class StoragePrefetch:
         self.tree = tree
         self.reset()
 
-    def drops_refill(self, node: HiTreeNode) -> bool:
+    def _drops_refill(self, node: HiTreeNode) -> bool:
         """Whether a completing prefetch drops the fetched tokens that would hang below
         ``node`` (their host slots freed, as its duplicates'): ``node`` is on device without a
         host copy, the policy writes through and ``Rules.prefetch_refill`` is ``"drop"``, so
