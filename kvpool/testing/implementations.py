@@ -18,9 +18,11 @@ rebuild the same implementation.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kvpool.config import PoolConfig
+from kvpool.rules import Rules, server_builds_unified_tree
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.plugins import find_plugin
 
@@ -257,10 +259,6 @@ def following_release(impl: Implementation, release: str) -> Implementation:
     radix cache from 0.5.23 on: :func:`~kvpool.rules.server_builds_unified_tree`), labelled
     ``LABEL@RELEASE``. kvpool's twins verified as they run when they stand in for that release.
     ConfigError for a release without a preset."""
-    from dataclasses import replace
-
-    from kvpool.rules import Rules, server_builds_unified_tree
-
     return replace(
         impl,
         label=f"{impl.label}@{release}",

@@ -23,7 +23,7 @@ from kvpool.testing.implementations import (
     reference_implementation,
     resolve_implementation,
 )
-from kvpool.testing.machines import TARGETS
+from kvpool.testing.machines.hiradix import HiRadixTarget
 from kvpool.testing.runs import execute
 from kvpool.testing.swarm import Op, RandomChooser
 
@@ -67,15 +67,15 @@ def test_kvpools_rules_drop_the_refill_below_a_device_node() -> None:
     ref, twin = reference_implementation(), optimized_implementation()
     done = execute("hiradix_cache", ref, twin, _config(Rules()), ops=TRACE)
     assert done.failure is None, done.failure
-    target = TARGETS["hiradix_cache"]
-    side = target.build(ref, _config(Rules()))  # type: ignore[union-attr]
-    outs = [target.call(side, op) for op in CALLS[:-1]]  # type: ignore[union-attr]
+    target = HiRadixTarget()
+    side = target.build(ref, _config(Rules()))
+    outs = [target.call(side, op) for op in CALLS[:-1]]
     assert outs[-1] is True  # the prefetch ended
     snap = side.tree.host_snapshot()
     assert not any(n.evicted for n in snap.tree.nodes)  # nothing host-only
     assert all(n.host_value is None for n in snap.tree.nodes[1:])
     assert len(snap.host.free_slots) + len(snap.host.release_slots) == snap.host.size
-    assert target.call(side, CALLS[-1]) == 8  # type: ignore[union-attr]
+    assert target.call(side, CALLS[-1]) == 8
     snap = side.tree.host_snapshot()
     assert [n.node_id for n in snap.tree.nodes] == [0]
     assert sorted(snap.device.free_pages) == [1, 2, 3]
@@ -86,16 +86,16 @@ def test_sglang_0_5_16_attaches_it_and_asserts_a_leaf_at_eviction() -> None:
     SGLang's assertion, as its scheduler would."""
     impl = following_release(reference_implementation(), "0.5.16")
     config = _config(OLD)
-    target = TARGETS["hiradix_cache"]
-    side = target.build(impl, config)  # type: ignore[union-attr]
+    target = HiRadixTarget()
+    side = target.build(impl, config)
     for op in CALLS[:-1]:
-        target.call(side, op)  # type: ignore[union-attr]
+        target.call(side, op)
     nodes = side.tree.host_snapshot().tree.nodes
     [host_only] = [n for n in nodes if n.evicted]
     parent = next(n for n in nodes if n.node_id == host_only.parent_id)
     assert (host_only.key, parent.key, parent.host_value) == ((3, 3, 3, 1), (1, 2, 2, 2), None)
     with pytest.raises(AssertionError, match="without a backup has children"):
-        target.call(side, CALLS[-1])  # type: ignore[union-attr]
+        target.call(side, CALLS[-1])
 
 
 def test_the_machine_does_not_drive_0_5_16_into_that_eviction() -> None:
@@ -104,7 +104,7 @@ def test_the_machine_does_not_drive_0_5_16_into_that_eviction() -> None:
     ref = resolve_implementation("reference@0.5.16", "hiradix_cache")
     twin = resolve_implementation("optimized@0.5.16", "hiradix_cache")
     chooser = RandomChooser(random.Random("20261207/1043"))
-    config = TARGETS["hiradix_cache"].draw_config(chooser, twin)
+    config = HiRadixTarget().draw_config(chooser, twin)
     assert (config.page_size, config.hicache_storage) == (4, True)
     done = execute("hiradix_cache", ref, twin, config, chooser=chooser, steps=60)
     assert done.failure is None, done.failure
