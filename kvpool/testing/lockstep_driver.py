@@ -133,7 +133,9 @@ class Lockstep:
         """The generator's view of the current state (from A's snapshot)."""
         view = make_view(self.config, self.snap_a, self.next_rid, self.next_sid)
         view.done.extend(self.gone[-4:])
-        view.prompts = {r: self.prompts[r] for r in view.waiting if r in self.prompts}
+        view.prompts = {
+            r: self.prompts[r] for r in view.waiting + view.chunked if r in self.prompts
+        }
         view.layers = self.layers
         return view
 

@@ -216,9 +216,10 @@ class View:
     next_rid: int
     next_sid: int
     prompts: dict[str, tuple[list[int], str | None]] = field(default_factory=dict)
-    """Prompts (tokens, extra key) of the waiting requests the generator created: a new request
-    may copy one (the same prompt sent twice, or parallel sampling), which makes two requests
-    prefill the same prefix in one batch: the duplicate-slot paths."""
+    """Prompts (tokens, extra key) of the requests in prefill (waiting or chunked) the generator
+    created: a new request may copy a waiting one's (the same prompt sent twice, or parallel
+    sampling), which makes two requests prefill the same prefix in one batch: the duplicate-slot
+    paths; an extend may take those that share a prefix together (:func:`_sharing`)."""
     layers: Any = None
     """Layer-wise loading: the run's ``layer_ops.LayerLoads`` (draws the layer steps)."""
 
@@ -239,6 +240,30 @@ def make_view(config: PoolConfig, snap: PoolSnapshot, next_rid: int, next_sid: i
     for s in snap.sessions:
         (v.busy_sessions if s.busy_with else v.idle_sessions).append(s.session_id)
     return v
+
+
+def _sharing(c: Chooser, v: View) -> list[str]:
+    """Under the checkpoint release path (``Rules.release_path``, SGLang 0.5.23's), two times
+    in three when requests in prefill share their prompt's first two pages: two or three of one
+    such group, in drawn order (else nothing, with no draw under kvpool's own rules).
+
+    Why: a chunk's checkpoint frees its duplicates node by node over the unified tree, and the
+    order shows only when the duplicates span two nodes or more: one request of a group must
+    start its prefill before another's chunks are cached, then overtake them. Independent picks
+    (:func:`_pick`) of small, busy pools made that a few times in a thousand checkpoints."""
+    if v.config.rules.release_path != "checkpoint":
+        return []
+    head = 2 * v.config.page_size
+    groups: dict[tuple[str | None, tuple[int, ...]], list[str]] = {}
+    for rid in v.waiting + v.chunked:
+        if rid in v.prompts and len(v.prompts[rid][0]) > head:
+            tokens, extra = v.prompts[rid]
+            groups.setdefault((extra, tuple(tokens[:head])), []).append(rid)
+    shared = [g for g in groups.values() if len(g) > 1]
+    if not shared or c.integer(0, 2) == 0:
+        return []
+    group = list(c.choice(shared))
+    return [group.pop(c.integer(0, len(group) - 1)) for _ in range(min(len(group), 3))]
 
 
 def _pick(c: Chooser, pool: Sequence[str], most: int) -> list[str]:
@@ -296,10 +321,17 @@ def draw_op(c: Chooser, v: View, kind: str) -> Op:
     if kind == "match_prefix" and v.waiting:
         return Op("match_prefix", (c.choice(v.waiting),))
     if kind == "extend" and v.waiting + v.chunked:
-        rids = _pick(c, v.waiting + v.chunked, 3)
-        sizes = [
-            c.choice((None, c.integer(1, v.remaining[r]), 1 + v.remaining[r] // 2)) for r in rids
-        ]
+        rids = _sharing(c, v)
+        if rids:
+            sizes: list[int | None] = [
+                min(c.choice((1, ps, ps, 2 * ps)), v.remaining[r]) for r in rids
+            ]
+        else:
+            rids = _pick(c, v.waiting + v.chunked, 3)
+            sizes = [
+                c.choice((None, c.integer(1, v.remaining[r]), 1 + v.remaining[r] // 2))
+                for r in rids
+            ]
         return Op("extend", (rids,), (("chunk_sizes", sizes),))
     if kind == "decode" and v.running:
         rids = _pick(c, v.running, 3)

@@ -36,7 +36,8 @@ def test_kvpools_own_rules_never_reach_it(mutant: ImplementationMutant) -> None:
 
 @pytest.mark.slow
 def test_unmutated_twin_passes_the_same_budget() -> None:
+    budget = max(m.runs for m in RELEASE_MUTANTS)
     clean = ImplementationMutant("no-bug", "control", ("none",), lambda impl: impl, "manager",
-                                 "0.5.23")  # fmt: skip
+                                 "0.5.23", runs=budget)  # fmt: skip
     result = hunt_implementation(clean)
     assert not result.caught, result.report

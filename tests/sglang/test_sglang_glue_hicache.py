@@ -53,7 +53,9 @@ def test_host_configurations_get_sglangs_host_tier_glue() -> None:
 @pytest.mark.parametrize("core", ["rust", "python"])
 def test_host_tier_glue_campaign_passes_with_host_coverage(core: str) -> None:
     candidate = implementation("0.5.23", tree_core=core)
-    result = run_machine("manager", reference_implementation(), candidate, 3600.0, seed=7,
+    # a load-back needs a host-only node that a later prompt reaches: about two in 40 runs,
+    # none in seed 7's since the checkpoint rules' extends take shared prompts together
+    result = run_machine("manager", reference_implementation(), candidate, 3600.0, seed=2,
                          max_runs=40, config_drawer=draw_host_config)  # fmt: skip
     assert result.failure is None, result.failure.report
     assert result.steps == 40 * 60

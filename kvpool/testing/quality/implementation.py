@@ -46,6 +46,9 @@ class ImplementationMutant:
     release: str | None = None
     """An SGLang release both sides follow (its rules preset and its server's tree); None:
     kvpool's own rules with misuse off."""
+    runs: int = 40
+    """The seeded runs :func:`hunt_implementation` gives it unless told otherwise (a bug whose
+    interleaving is rare gets a larger, still fixed, budget)."""
 
     def implementation(self, base: Implementation | None = None) -> Implementation:
         """``base`` (default: the unchecked torch twin) with this bug, misuse rules off (or
@@ -62,19 +65,21 @@ class ImplementationMutant:
 
 def hunt_implementation(
     mutant: ImplementationMutant,
-    runs: int = 40,
+    runs: int | None = None,
     steps: int = 40,
     seed: int = 0,
     base: Implementation | None = None,
 ) -> HuntResult:
-    """Run ``runs`` seeded runs of ``steps`` steps of the mutant's machine, reference against
-    the mutant (built on ``base``, default the unchecked torch twin); the first failure is
-    shrunk (by the campaign) and reported."""
+    """Run ``runs`` (default: the mutant's :attr:`~ImplementationMutant.runs`) seeded runs of
+    ``steps`` steps of the mutant's machine, reference against the mutant (built on ``base``,
+    default the unchecked torch twin); the first failure is shrunk (by the campaign) and
+    reported."""
     start = time.monotonic()
     ref = mutant.following(reference_implementation())
     labels = ("reference", mutant.name)
     result = run_machine(mutant.component, ref, mutant.implementation(base), seconds=600.0,
-                         seed=seed, steps_per_run=steps, labels=labels, max_runs=runs)  # fmt: skip
+                         seed=seed, steps_per_run=steps, labels=labels,
+                         max_runs=mutant.runs if runs is None else runs)  # fmt: skip
     failure = result.failure
     return HuntResult(
         mutant.name, mutant.kind, mutant.expected, failure is not None,
