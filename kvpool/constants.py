@@ -22,6 +22,11 @@ EVICTION_POLICIES: Final[tuple[str, ...]] = (
 )
 """Radix-cache eviction policies, by the names SGLang uses. ``lru`` is the default."""
 
+ROOT_PRIORITY: Final[int] = -(2**63 - 1)
+"""The radix root's priority in SGLang (``-sys.maxsize``, so that any real priority is above
+it). Inserts raise the nodes they enter, never the root; a host-only node that a storage
+prefetch hangs directly below the root inherits it (``priority`` eviction takes it first)."""
+
 SUPPORTED_PAGE_SIZES_TESTED: Final[tuple[int, ...]] = (1, 2, 4, 16, 64)
 """The page sizes every stateful suite draws from."""
 

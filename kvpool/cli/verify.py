@@ -131,6 +131,8 @@ def register(sub: Any) -> None:
         "--tree-components",
         choices=tuple(TREE_COMPONENTS),
         default="full",
+        # the choices hold commas: argparse's own {a,b,c} would run them together
+        metavar="{" + " | ".join(TREE_COMPONENTS) + "}",
         help="with --component unified_radix_cache: the unified cache's component set "
         "(full: an ordinary model; full,swa: sliding-window; full,mamba: hybrid SSM)",
     )

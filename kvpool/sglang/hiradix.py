@@ -20,31 +20,52 @@ counts and ``reset``. What is not SGLang's, and why it does not change what is c
   SGLangHostPool`) with the tags beside it; its size is kvpool's formula.
 - **Clock and node ids** as :class:`~kvpool.sglang.radix.SGLangRadixCache`: each walking
   ``match_prefix`` / ``insert`` reads its own tick, node ids are per cache.
-- **Storage** is not attached (``enable_storage`` False): no prefetch runs.
+- **Storage** (``enable_storage``, the configuration's ``hicache_storage``): SGLang's tree runs
+  its prefetches (``prefetch_from_storage``, the scheduler's allocation of a storage hit in
+  ``_drain_storage_control_queues_impl``, ``check_prefetch_progress``,
+  ``release_aborted_request``, ``drain_storage_control_queues``). No backend is attached; what
+  SGLang's threads do is kvpool's model of them (specs/host_tier.md): the query thread's hit is
+  the one ``storage_hit`` names (revoked below the threshold, as the thread does), and the I/O
+  worker is the twin controller's ``prefetch_io`` (the content: the tags of the node's path and
+  the prefetched tokens). Backups to storage are not modelled (kvpool's model has none): the
+  adapter's tree writes none, where SGLang's would pin each acknowledged write's host copy
+  until storage acknowledges it. Nor are page hashes: SGLang's (a C++ extension it compiles
+  at run time) become one name per page of the node's tokens (:func:`_page_names`).
+  ``reset`` forgets the prefetches, as kvpool's: SGLang flushes only a fully idle scheduler
+  (``Scheduler.flush_cache``), which has no waiting request and so no prefetch, but its
+  ``reset`` leaves ``ongoing_prefetch`` as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import queue
 import threading
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from kvpool.constants import floor_align
 from kvpool.errors import SGLangLoadError
-from kvpool.optimized.hicache.cache_controller import HiCacheAck, HiCacheController
+from kvpool.optimized.hicache.cache_controller import (
+    HiCacheAck,
+    HiCacheController,
+    PrefetchOperation,
+)
 from kvpool.optimized.hicache.tree_view import device_row_tags
 from kvpool.reference.hicache.memory_pool_host import host_pool_size
 from kvpool.sglang.allocators import as_index_tensor
+from kvpool.sglang.cache_req import token_array
 from kvpool.sglang.clock import frozen_at, install_clock
 from kvpool.sglang.host_pool import SGLangHostPool
 from kvpool.sglang.loader import SGLangModules
 from kvpool.sglang.radix import _install_node_id, to_sglang_key
-from kvpool.snapshot import HostTierSnapshot, NodeSnapshot, TreeSnapshot
+from kvpool.snapshot import HostTierSnapshot, NodeSnapshot, PrefetchSnapshot, TreeSnapshot
+from kvpool.tags import kv_tags
 
 _HI = "sglang.srt.mem_cache.hiradix_cache"
 _RADIX = "sglang.srt.mem_cache.radix_cache"
@@ -79,8 +100,77 @@ class _Ack:
         self.finish_event = _Event(lambda: controller.complete(ack))
 
 
+def _page_names(node: Any, page_size: int) -> list[str]:
+    """A node's page hashes as SGLang's tree keeps them (one per page): its tokens, page by
+    page; nothing compares them (kvpool models no storage content by hash)."""
+    tokens = [int(t) for t in node.key.raw_token_ids()]
+    return [str(tokens[i : i + page_size]) for i in range(0, len(tokens), page_size)]
+
+
+class _Queue(list[Any]):
+    """A list that also answers the ``queue.Queue`` calls SGLang's drains make."""
+
+    def __init__(self, items: Iterable[Any] = ()) -> None:
+        super().__init__(items)
+
+    def put(self, item: Any) -> None:
+        self.append(item)
+
+    def get_nowait(self) -> Any:
+        if not self:
+            raise queue.Empty
+        return self.pop(0)
+
+    def qsize(self) -> int:
+        return len(self)
+
+
+@dataclass(eq=False)
+class _Prefetch(PrefetchOperation):
+    """The twin's prefetch operation with what SGLang's tree reads of its own: the page hashes
+    (one name per page of the hit) and ``is_terminated``."""
+
+    hash_value: list[str] = field(default_factory=list)
+
+    def is_terminated(self) -> bool:
+        return self.terminated
+
+
 class _Controller(HiCacheController):
-    """kvpool's twin controller with SGLang's acknowledgement objects and keyword calls."""
+    """kvpool's twin controller with SGLang's acknowledgement objects and keyword calls, and the
+    storage queues SGLang's tree drains (lists that answer ``put`` / ``get_nowait``)."""
+
+    def reset(self) -> None:
+        super().reset()
+        self.prefetch_buffer: list[PrefetchOperation] = _Queue()
+        self.host_mem_release_queue: list[torch.Tensor] = _Queue()
+        self.prefetch_revoke_queue = _Queue()
+        self.prefetch_hit_queue = _Queue()
+        self.ack_backup_queue = _Queue()
+        self.prefetch_tokens_occupied = 0
+        self.pending_tags: torch.Tensor | None = None
+        """The content of the prefetch SGLang's tree is about to start (set by the adapter)."""
+
+    def prefetch(self, request_id: str, tags: Any, *_: Any, **__: Any) -> PrefetchOperation:
+        """SGLang's call passes its key, hash and prefix keys where the twin takes ``tags``: the
+        content is the one the adapter computed for this prefetch (:attr:`pending_tags`)."""
+        assert self.pending_tags is not None, "a prefetch the adapter did not start"
+        content, self.pending_tags = self.pending_tags, None
+        return _Prefetch(request_id, content)
+
+    # Any: SGLang unpacks (tokens fetched, page hashes) where the twin returns the tokens
+    def terminate_prefetch(self, operation: PrefetchOperation) -> Any:
+        done = super().terminate_prefetch(operation)
+        return done, getattr(operation, "hash_value", [])
+
+    def prefetch_rate_limited(self) -> bool:
+        """kvpool models no rate limit (specs/host_tier.md)."""
+        return False
+
+    def prefetch_io(self, request_id: str, num_pages: int) -> int:
+        got = super().prefetch_io(request_id, num_pages)
+        self.prefetch_buffer = _Queue(self.prefetch_buffer)  # the twin rebuilt it as a list
+        return got
 
     def write(self, device_indices: Any, node_id: int = -1, **_: Any) -> torch.Tensor | None:
         got = super().write(as_index_tensor(device_indices), node_id)
@@ -143,7 +233,8 @@ class SGLangHiRadixCache:
     def __init__(self, modules: SGLangModules, req_to_token_pool: Any, allocator: Any,
                  page_size: int, device_pool: Any, host_to_device_ratio: float,
                  eviction_policy: str = "lru", write_policy: str = "write_through",
-                 load_back_threshold: int = 10) -> None:  # fmt: skip
+                 load_back_threshold: int = 10, prefetch_threshold: int = 256,
+                 enable_storage: bool = False) -> None:  # fmt: skip
         hi = modules.module(_HI)
         cls = hi.__dict__.get("HiRadixCache")
         if cls is None:
@@ -152,6 +243,7 @@ class SGLangHiRadixCache:
         self._radix = modules.module(_RADIX)
         for module in (self._radix, hi):
             install_clock(module)
+        hi.__dict__["compute_node_hash_values"] = _page_names  # its native hash is not built here
         _install_node_id(self._radix)
         self._now, self._next_id = 0.0, 0
         per_token = 2 * device_pool.head_num * device_pool.head_dim * device_pool.layer_num * 4
@@ -165,7 +257,8 @@ class SGLangHiRadixCache:
             _enable_metrics_flag=False, page_size=page_size, kv_cache=device_pool,
             token_to_kv_pool_host=self.token_to_kv_pool_host, tp_group=None,
             attn_cp_group=None, attn_tp_group=None, pp_group=None, tp_world_size=1, pp_rank=0,
-            pp_size=1, enable_storage=False, enable_storage_metrics=False,
+            pp_size=1, enable_storage=enable_storage, enable_storage_metrics=False,
+            prefetch_threshold=prefetch_threshold, hicache_storage_pass_prefix_keys=False,
             extra_metric_labels=None, prefetch_stop_policy="best_effort",
             load_cache_event=threading.Event(), cache_controller=self.cache_controller,
             ongoing_write_through={}, ongoing_load_back={}, ongoing_prefetch={},
@@ -181,6 +274,8 @@ class SGLangHiRadixCache:
             page_size=page_size, eviction_policy=eviction_policy)  # fmt: skip
         with self._call():
             self._radix.RadixCache.__init__(impl, params)
+        if enable_storage:  # no backend: a host copy goes nowhere further (module docstring)
+            impl.write_backup_storage = lambda node, backup_len=None: None
         self.impl = impl
 
     @contextlib.contextmanager
@@ -269,6 +364,89 @@ class SGLangHiRadixCache:
         self._next_id = 0
         with self._call():
             self.impl.reset()
+        self.impl.ongoing_prefetch.clear()  # SGLang's flush has none (module docstring)
+
+    # ------------------------------------------------------------------ storage prefetches
+    @property
+    def ongoing_prefetch(self) -> dict[str, Any]:
+        """SGLang's prefetches in flight, by request id."""
+        prefetches: dict[str, Any] = self.impl.ongoing_prefetch
+        return prefetches
+
+    def _content(self, node: Any, tokens: list[int]) -> torch.Tensor:
+        """The stored content of ``tokens`` below ``node``: the tags of its path and them."""
+        path: list[int] = []
+        while node.parent is not None:
+            path = [int(t) for t in node.key.raw_token_ids()] + path
+            node = node.parent
+        tags = kv_tags(path + tokens, node.key.extra_key)[len(path) :]
+        return torch.tensor(tags, dtype=torch.int64)
+
+    def prefetch_from_storage(self, req_id: str, last_host_node: Any,
+                              new_input_tokens: list[int]) -> bool:  # fmt: skip
+        """SGLang's ``prefetch_from_storage``; whether a prefetch started."""
+        tokens = list(new_input_tokens)
+        aligned = tokens[: floor_align(len(tokens), self.page_size)]
+        cc = self.cache_controller
+        cc.pending_tags = self._content(last_host_node, aligned)
+        with self._call():  # the scheduler passes a slice of the request's array('q')
+            self.impl.prefetch_from_storage(req_id, last_host_node, token_array(tokens))
+        cc.pending_tags = None
+        return req_id in self.impl.ongoing_prefetch
+
+    def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
+        """Storage holds the first ``hit_tokens`` tokens: SGLang's query thread as kvpool models
+        it (the hit capped at the request and page-aligned; below the threshold, or once the
+        prefetch was terminated, a revoke), then SGLang's own allocation step (host slots, one
+        host eviction, a shorter hit, or a revoke). Whether the transfer started."""
+        info = self.impl.ongoing_prefetch.get(req_id)
+        if info is None or info[2].host_indices is not None:
+            return False
+        _, key, op = info
+        cc, ps = self.cache_controller, self.page_size
+        hit = 0 if op.is_terminated() else floor_align(min(max(hit_tokens, 0), len(key)), ps)
+        if hit < self.impl.prefetch_threshold:
+            cc.prefetch_revoke_queue.put(req_id)
+        else:
+            op.hash_value = [f"{req_id}/{page}" for page in range(hit // ps)]
+            op.storage_hit_count = hit
+            cc.prefetch_hit_queue.put(op)
+        with self._call():
+            self.impl._drain_storage_control_queues_impl(n_revoke=None, n_storage_hit=None,
+                                                         n_backup=0, n_release=0,
+                                                         log_metrics=False)  # fmt: skip
+        return req_id in self.impl.ongoing_prefetch and op.host_indices is not None
+
+    def prefetch_io(self, req_id: str, num_pages: int) -> int:
+        """The I/O worker fetches up to ``num_pages`` more pages (the twin controller's)."""
+        return self.cache_controller.prefetch_io(req_id, num_pages)
+
+    def check_prefetch_progress(self, req_id: str) -> bool:
+        """SGLang's ``check_prefetch_progress`` (``best_effort``: the prefetch ends now); a
+        prefetch with host slots inserts what it fetched, which walks the tree (one tick)."""
+        info = self.impl.ongoing_prefetch.get(req_id)
+        with self._call(info is not None and info[2].host_indices is not None):
+            return bool(self.impl.check_prefetch_progress(req_id))
+
+    def release_aborted_request(self, rid: str) -> None:
+        with self._call():
+            self.impl.release_aborted_request(rid)
+
+    def drain_storage_control_queues(self) -> int:
+        """SGLang's drain of its storage queues; the host slots it freed (SGLang: None)."""
+        before = self.token_to_kv_pool_host.available_size()
+        with self._call():
+            self.impl.drain_storage_control_queues()
+        return self.token_to_kv_pool_host.available_size() - before
+
+    def _prefetch_snapshots(self) -> tuple[PrefetchSnapshot, ...]:
+        out = []
+        for rid in sorted(self.impl.ongoing_prefetch):
+            node, key, op = self.impl.ongoing_prefetch[rid]
+            held = () if op.host_indices is None else tuple(op.host_indices.tolist())
+            done, stopped = int(op.completed_tokens), bool(op.is_terminated())
+            out.append(PrefetchSnapshot(rid, int(node.id), len(key), held, done, stopped))
+        return tuple(out)
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> TreeSnapshot:
@@ -309,8 +487,12 @@ class SGLangHiRadixCache:
             tree=self.snapshot(),
             host=self.token_to_kv_pool_host.snapshot(),
             transfers=tuple(a.snapshot() for a in cc.transfers()),
+            prefetches=self._prefetch_snapshots(),
+            release_queue=tuple(int(s) for page in cc.host_mem_release_queue
+                                for s in page.tolist()),
+            worker_held=tuple(cc.worker_held()),
             device_tags=tuple(device_row_tags(cc.mem_pool_device)),
-        )
+        )  # fmt: skip
 
 
 __all__ = ["SGLangHiRadixCache"]

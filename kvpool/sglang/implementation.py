@@ -140,7 +140,9 @@ def implementation(
         return SGLangHiRadixCache(modules, pool, alloc, config.page_size,
                                   kv_cache_from_config(config), config.hicache_ratio,
                                   config.eviction_policy, config.hicache_write_policy,
-                                  config.hicache_load_back_threshold)  # fmt: skip
+                                  config.hicache_load_back_threshold,
+                                  config.hicache_prefetch_threshold,
+                                  config.hicache_storage)  # fmt: skip
 
     def unified_hiradix_cache(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         """0.5.23's host tier: the unified cache with ``init_hicache``'s host tier attached
@@ -301,7 +303,7 @@ def implementation(
         rules=rules,
         index=index,
         hiradix_cache=hiradix_cache if _has_hiradix(modules) else unified_hicache,
-        hiradix_storage=False,
+        hiradix_storage=_has_hiradix(modules),  # 0.5.16's storage prefetches
         unified_radix_cache=unified,
         unified_mamba_radix_cache=unified_mamba,
         unified_swa_radix_cache=unified_swa,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvpool.constants import floor_align
+from kvpool.constants import ROOT_PRIORITY, floor_align
 from kvpool.errors import ConfigError
 from kvpool.host_checks import as_bool, as_count
 from kvpool.optimized.hicache.args import check_row_read_index, insert_slot_arg
@@ -484,7 +484,8 @@ class HiRadixCache(RadixCache):
         returns the tokens whose host slots are the caller's to free (see the reference: the
         rest too when dropped, ``Rules.prefetch_refill``)."""
         now = self.clock()
-        node.last_access_time = now
+        if node is not self.root_node:  # the root is never touched (its time never counts)
+            node.last_access_time = now
         stop = len(key)
         pos = 0
         while pos < stop:
@@ -502,7 +503,8 @@ class HiRadixCache(RadixCache):
         if pos < stop:
             leaf_key = RadixKey.from_array(key.array[pos:stop], key.extra_key)
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
-            leaf = self._new_node(leaf_key, empty, node, now, node.priority)
+            priority = ROOT_PRIORITY if node is self.root_node else node.priority
+            leaf = self._new_node(leaf_key, empty, node, now, priority)
             leaf.evicted = True
             leaf.host_value = host_value[pos:].clone()
             leaf.child_key = self._ck(node, key, pos)

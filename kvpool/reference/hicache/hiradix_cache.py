@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kvpool.constants import ROOT_PRIORITY
 from kvpool.errors import ConfigError
 from kvpool.host_checks import as_bool, as_count
 from kvpool.protocols.hicache import HostPoolProtocol
@@ -520,9 +521,11 @@ class HiRadixCache(RadixCache):
     def _insert_helper_host(self, node: HiTreeNode, key: RadixKey, host_value: list[int]) -> int:
         """Insert ``key`` below ``node`` as host-only content at ``host_value`` (a prefetch's
         fetched tokens); returns the tokens whose host slots are the caller's to free: those in
-        the tree already, or all of them (:meth:`StoragePrefetch._drops_refill`)."""
+        the tree already, or all of them (:meth:`StoragePrefetch._drops_refill`). The new leaf
+        takes its parent's priority, the root's being SGLang's floor (:data:`ROOT_PRIORITY`)."""
         now = self.clock()
-        node.last_access_time = now
+        if node is not self.root_node:  # the root is never touched (its time never counts)
+            node.last_access_time = now
         matched = 0
         while len(key) > 0:
             child = node.children.get(self._child_key(node, key))
@@ -538,7 +541,8 @@ class HiRadixCache(RadixCache):
         if len(key) > 0 and self.storage_prefetch._drops_refill(node):
             return matched + len(key)
         if len(key) > 0:
-            leaf = self._new_node(key, [], node, now, node.priority)
+            priority = ROOT_PRIORITY if node is self.root_node else node.priority
+            leaf = self._new_node(key, [], node, now, priority)
             leaf.evicted = True
             leaf.host_value = list(host_value)
             node.children[self._child_key(node, key)] = leaf

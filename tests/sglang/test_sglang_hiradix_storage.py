@@ -1,0 +1,54 @@
+"""Opt-in (``--run-sglang-wheel``): storage prefetches through SGLang 0.5.16's own
+``HiRadixCache`` (:class:`kvpool.sglang.hiradix.SGLangHiRadixCache` with ``enable_storage``).
+The tree's code is SGLang's (``prefetch_from_storage``, the allocation of a storage hit,
+``check_prefetch_progress``, ``release_aborted_request``, the drain of its queues); its query
+thread and I/O worker are kvpool's model of them. Two facts kvpool states are SGLang's: a
+prefetch completing through a device node with no host copy attaches its refill there, and the
+eviction that promotes that node then fails SGLang's own assertion (specs/sglang_findings.md,
+9); a refill directly below the root takes the root's floor priority."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kvpool.constants import ROOT_PRIORITY
+from kvpool.sglang import implementation
+from kvpool.testing.implementations import following_release, reference_implementation
+from kvpool.testing.machines.hiradix import HiRadixTarget
+from kvpool.testing.runs import execute
+from tests.reference.test_prefetch_refill import CALLS, OLD, TRACE, _config
+from tests.reference.test_prefetch_root import fetched
+
+pytestmark = pytest.mark.sglang_wheel
+
+
+def test_a_refill_below_a_device_node_crashes_sglangs_eviction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The trace that found finding 9 on the reference, now on SGLang's tree: in lockstep with
+    the reference under 0.5.16's preset up to the eviction, then SGLang's ``_evict_regular``
+    asserts a leaf, as its scheduler would die."""
+    caplog.set_level(logging.ERROR)
+    impl = implementation("0.5.16")
+    ref = following_release(reference_implementation(), "0.5.16")
+    done = execute("hiradix_cache", ref, impl, _config(OLD), ops=TRACE[:-1])
+    assert done.failure is None, done.failure
+    assert done.steps == len(TRACE) - 1
+    target = HiRadixTarget()
+    side = target.build(impl, _config(OLD))
+    for op in CALLS[:-1]:
+        target.call(side, op)
+    nodes = side.tree.host_snapshot().tree.nodes
+    [host_only] = [n for n in nodes if n.evicted]
+    parent = next(n for n in nodes if n.node_id == host_only.parent_id)
+    assert (host_only.key, parent.key, parent.host_value) == ((3, 3, 3, 1), (1, 2, 2, 2), None)
+    with pytest.raises(AssertionError, match="non-leaf"):
+        target.call(side, CALLS[-1])
+
+
+def test_a_refill_below_the_root_takes_its_floor_priority() -> None:
+    _, node = fetched(implementation("0.5.16")).nodes
+    assert node.evicted and node.key == (2, 3, 3, 1)
+    assert node.priority == ROOT_PRIORITY
