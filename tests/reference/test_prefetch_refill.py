@@ -12,11 +12,13 @@ an eviction there. (Found by ``kvpool verify --rules 0.5.16 --component hiradix_
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
 from kvpool.config import PoolConfig
 from kvpool.rules import Rules
+from kvpool.testing.bundle import Implementation
 from kvpool.testing.implementations import (
     following_release,
     optimized_implementation,
@@ -81,21 +83,26 @@ def test_kvpools_rules_drop_the_refill_below_a_device_node() -> None:
     assert sorted(snap.device.free_pages) == [1, 2, 3]
 
 
-def test_sglang_0_5_16_attaches_it_and_asserts_a_leaf_at_eviction() -> None:
-    """Under 0.5.16's preset the refill hangs below the device node, and the eviction fails
-    SGLang's assertion, as its scheduler would."""
-    impl = following_release(reference_implementation(), "0.5.16")
-    config = _config(OLD)
+def attached(impl: Implementation) -> Callable[[], object]:
+    """``CALLS`` but the eviction on ``impl`` under 0.5.16's preset, checking that the refill
+    hangs host-only below the device node without a host copy; returns the eviction's call."""
     target = HiRadixTarget()
-    side = target.build(impl, config)
+    side = target.build(impl, _config(OLD))
     for op in CALLS[:-1]:
         target.call(side, op)
     nodes = side.tree.host_snapshot().tree.nodes
     [host_only] = [n for n in nodes if n.evicted]
     parent = next(n for n in nodes if n.node_id == host_only.parent_id)
     assert (host_only.key, parent.key, parent.host_value) == ((3, 3, 3, 1), (1, 2, 2, 2), None)
+    return lambda: target.call(side, CALLS[-1])
+
+
+def test_sglang_0_5_16_attaches_it_and_asserts_a_leaf_at_eviction() -> None:
+    """Under 0.5.16's preset the refill hangs below the device node, and the eviction fails
+    SGLang's assertion, as its scheduler would."""
+    evict = attached(following_release(reference_implementation(), "0.5.16"))
     with pytest.raises(AssertionError, match="without a backup has children"):
-        target.call(side, CALLS[-1])
+        evict()
 
 
 def test_the_machine_does_not_drive_0_5_16_into_that_eviction() -> None:
