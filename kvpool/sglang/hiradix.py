@@ -374,12 +374,14 @@ class SGLangHiRadixCache:
         return prefetches
 
     def _content(self, node: Any, tokens: list[int]) -> torch.Tensor:
-        """The stored content of ``tokens`` below ``node``: the tags of its path and them."""
+        """The stored content of ``tokens`` below ``node``: the tags of its path and them, in
+        its namespace (its key's ``extra_key``)."""
+        extra = node.key.extra_key
         path: list[int] = []
         while node.parent is not None:
             path = [int(t) for t in node.key.raw_token_ids()] + path
             node = node.parent
-        tags = kv_tags(path + tokens, node.key.extra_key)[len(path) :]
+        tags = kv_tags(path + tokens, extra)[len(path) :]
         return torch.tensor(tags, dtype=torch.int64)
 
     def prefetch_from_storage(self, req_id: str, last_host_node: Any,
