@@ -58,6 +58,7 @@ from kvpool.optimized.hicache.cache_controller import (
 )
 from kvpool.optimized.hicache.tree_view import device_row_tags
 from kvpool.reference.hicache.memory_pool_host import host_pool_size
+from kvpool.reference.hicache.prefetch import hit_tokens_held
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.cache_req import token_array
 from kvpool.sglang.clock import frozen_at, install_clock
@@ -406,7 +407,7 @@ class SGLangHiRadixCache:
             return False
         _, key, op = info
         cc, ps = self.cache_controller, self.page_size
-        hit = 0 if op.is_terminated() else floor_align(min(max(hit_tokens, 0), len(key)), ps)
+        hit = 0 if op.is_terminated() else hit_tokens_held(hit_tokens, len(key), ps)
         if hit < self.impl.prefetch_threshold:
             cc.prefetch_revoke_queue.put(req_id)
         else:

@@ -249,8 +249,9 @@ def _sharing(c: Chooser, v: View) -> list[str]:
 
     Why: a chunk's checkpoint frees its duplicates node by node over the unified tree, and the
     order shows only when the duplicates span two nodes or more: one request of a group must
-    start its prefill before another's chunks are cached, then overtake them. Independent picks
-    (:func:`_pick`) of small, busy pools made that a few times in a thousand checkpoints."""
+    start its prefill before another's chunks are cached, then overtake them, which independent
+    picks (:func:`_pick`) of small, busy pools rarely made (the seeded bug
+    ``checkpoint-frees-once`` of tests/quality/mutants_release.py went unseen)."""
     if v.config.rules.release_path != "checkpoint":
         return []
     head = 2 * v.config.page_size

@@ -21,6 +21,7 @@ from kvpool.optimized.index_args import index_tensor
 from kvpool.optimized.radix_key import RadixKey, TreeNode
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.reference.hicache.args import check_node
+from kvpool.reference.hicache.prefetch import hit_tokens_held
 from kvpool.rules import Rules
 from kvpool.snapshot import PrefetchSnapshot
 from kvpool.tags import kv_tags
@@ -133,7 +134,7 @@ class StoragePrefetch:
         if info is None or info[2].host_indices is not None:
             return False
         _, key, op = info
-        hit = floor_align(min(max(hit_tokens, 0), len(key)), tree.page_size)
+        hit = hit_tokens_held(hit_tokens, len(key), tree.page_size)
         if hit < tree.prefetch_threshold or hit == 0 or op.terminated:
             self._revoke_pending_prefetch(req_id)
             return False

@@ -40,6 +40,12 @@ from kvpool.snapshot import PrefetchSnapshot
 from kvpool.tags import kv_tags
 
 
+def hit_tokens_held(hit_tokens: int, wanted: int, page_size: int) -> int:
+    """The tokens a storage hit of ``hit_tokens`` covers for a prefetch of ``wanted`` tokens:
+    capped at the prefetch, whole pages only (SGLang's query thread counts page hits)."""
+    return floor_align(min(max(hit_tokens, 0), wanted), page_size)
+
+
 class PrefetchTree(Protocol):
     """The parts of ``HiRadixCache`` its storage prefetches use."""
 
@@ -157,7 +163,7 @@ class StoragePrefetch:
         if info is None or info[2].host_indices is not None:
             return False
         _, key, op = info
-        hit = floor_align(min(max(hit_tokens, 0), len(key)), tree.page_size)
+        hit = hit_tokens_held(hit_tokens, len(key), tree.page_size)
         if hit < tree.prefetch_threshold or hit == 0 or op.terminated:
             self._revoke_pending_prefetch(req_id)
             return False
@@ -239,4 +245,4 @@ class StoragePrefetch:
         return tuple(out)
 
 
-__all__ = ["PrefetchTree", "StoragePrefetch"]
+__all__ = ["PrefetchTree", "StoragePrefetch", "hit_tokens_held"]
