@@ -33,7 +33,7 @@ SWA_FREE_UNMAPPED = ("skip", "caller")
 SWA_WINDOW_RELEASES = ("decode", "scheduler", "maybe_evict")
 SWA_TREES = ("swa_radix", "unified")
 HICACHE_HOST_TIERS = ("hiradix", "unified")
-PREFETCH_REFILLS = ("drop", "attach")
+PREFETCH_REFILLS = ("drop", "attach", "refill")
 UNIFIED_FREES = ("segment", "free")
 UNIFIED_SPLIT_RECENCIES = ("beside", "front")
 UNIFIED_TOMBSTONE_LOCKS = ("count", "skip")
@@ -201,6 +201,11 @@ class Rules:
       ``"attach"`` (SGLang 0.5.16): a host-only child below that node; evicting the node's
       other children then promotes it, and ``_evict_regular`` asserts a leaf (the scheduler
       dies: specs/sglang_findings.md); the harness does not drive an eviction there.
+      ``"refill"`` (SGLang 0.5.23's tree cores, ``insert_host``): every matched node on device
+      without a host copy takes the fetched slots of its tokens as its host copy (it becomes a
+      duplicate), so the walk ends at a backed-up node and the rest attaches below it; only
+      the tokens of nodes that already had a host copy are freed; the rest is dropped only
+      when no node matched and the anchor itself has no host copy.
 
     Three knobs say which release's ``UnifiedRadixCache`` the unified FULL+SWA tree
     (``UnifiedSWARadixCache``, both twins) follows, the last two also the FULL+MAMBA tree
@@ -338,6 +343,7 @@ class Rules:
             row_order="lifo",
             release_order="append",
             tree_free="segment",
+            prefetch_refill="refill",
             hit_count="inserted_len",
             release_path="checkpoint",
             mamba_tree="unified",

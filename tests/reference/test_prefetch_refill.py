@@ -2,22 +2,28 @@
 inserted it after the prefetch started) would hang the fetched suffix below it as a host-only
 child: a gap in the backed-up prefix that write-through keeps from the root. kvpool's rules drop
 that refill (``Rules.prefetch_refill == "drop"``: its host slots freed with the duplicates', as
-SGLang's later fix does in the unified tree); SGLang 0.5.16 attaches it (``"attach"``), and
-evicting the node's other children then promotes the node, whose deletion asserts a leaf: the
-scheduler dies (specs/sglang_findings.md). The hiradix machine does not drive that preset into
-an eviction there. (Found by ``kvpool verify --rules 0.5.16 --component hiradix_cache --seed
-20261207``, run 1043.)
+SGLang's fix sgl-project/sglang#31902 does when nothing is refilled); SGLang 0.5.16 attaches it
+(``"attach"``), and evicting the node's other children then promotes the node, whose deletion
+asserts a leaf: the scheduler dies (specs/sglang_findings.md). The hiradix machine does not
+drive that preset into an eviction there. (Found by ``kvpool verify --rules 0.5.16 --component
+hiradix_cache --seed 20261207``, run 1043.) SGLang 0.5.23's tree cores refill (``"refill"``):
+the device node takes the fetched slots of its tokens as its host copy and the rest hangs below
+it; :data:`CASES` are the completions tests/sglang/test_sglang_prefetch_refill.py also runs
+through SGLang's own ``insert_host``.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
 from kvpool.config import PoolConfig
 from kvpool.rules import Rules
+from kvpool.snapshot import HostTierSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.implementations import (
     following_release,
@@ -25,7 +31,7 @@ from kvpool.testing.implementations import (
     reference_implementation,
     resolve_implementation,
 )
-from kvpool.testing.machines.hiradix import HiRadixTarget
+from kvpool.testing.machines.hiradix import HiRadixTarget, coarse_host_tier
 from kvpool.testing.runs import execute
 from kvpool.testing.swarm import Op, RandomChooser
 
@@ -118,7 +124,130 @@ def test_the_machine_does_not_drive_0_5_16_into_that_eviction() -> None:
     assert done.steps == 60
 
 
+@pytest.mark.parametrize("impl", [reference_implementation, optimized_implementation])
+def test_sglang_0_5_23_refills_the_device_node(impl: Callable[[], Implementation]) -> None:
+    """Under ``"refill"`` the device node [1, 2, 2, 2] takes the first fetched page as its host
+    copy (nothing is freed) and [3, 3, 3, 1] hangs below it host-only; the eviction then
+    deletes [1, 2, 3, 1] and demotes [1, 2, 2, 2], whose host copy stays. Twin and reference
+    also agree on the machine's trace."""
+    rules = replace(Rules(), prefetch_refill="refill")
+    done = execute("hiradix_cache", reference_implementation(), optimized_implementation(),
+                   _config(rules), ops=TRACE)  # fmt: skip
+    assert done.failure is None, done.failure
+    target = HiRadixTarget()
+    side = target.build(impl(), _config(rules))
+    for op in CALLS[:-1]:
+        target.call(side, op)
+    snap = side.tree.host_snapshot()
+    shape = {n.key: (n.evicted, n.host_value is not None) for n in snap.tree.nodes[1:]}
+    assert shape == {(1, 2, 2, 2): (False, True), (1, 2, 3, 1): (False, False),
+                     (3, 3, 3, 1): (True, True)}  # fmt: skip
+    assert not snap.host.free_slots and not snap.host.release_slots  # every fetched slot kept
+    assert target.call(side, CALLS[-1]) == 8
+    after = side.tree.host_snapshot().tree.nodes
+    assert [(n.key, n.evicted) for n in after[1:]] == [((1, 2, 2, 2), True), ((3, 3, 3, 1), True)]
+
+
 def test_the_presets() -> None:
     assert Rules().prefetch_refill == "drop"
     assert OLD.prefetch_refill == "attach"
-    assert Rules.for_sglang("0.5.23").prefetch_refill == "drop"
+    assert Rules.for_sglang("0.5.23").prefetch_refill == "refill"
+
+
+PREFIX = [1, 2, 2, 2]
+OTHER = [1, 2, 2, 2, 1, 2, 3, 1]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A tree built by ``inserts`` (each backed up while the host pool has room, when
+    ``backed``), then a prefetch of ``fetch`` reserving ``len(fetch)`` host slots below the
+    node matched by ``anchor`` (the root when empty)."""
+
+    write_policy: str
+    host_ratio: float
+    backed: tuple[tuple[int, ...], ...]
+    inserts: tuple[tuple[int, ...], ...]
+    fetch: tuple[int, ...]
+    anchor: tuple[int, ...] = ()
+
+
+CASES = {
+    # the fetched prompt runs through a device node with no host copy: it takes the
+    # fetched slots (a refill), the rest hangs below it; nothing is freed
+    "refill-below-the-root": Case("write_through", 0.5, (), (tuple(OTHER),),
+                                  (1, 2, 2, 2, 3, 3, 3, 1)),
+    # a backed-up node first (its fetched slots freed), then a refill, then the rest
+    "backed-then-refill": Case("write_through", 2.0, (tuple(PREFIX),), (tuple(OTHER),),
+                               (1, 2, 2, 2, 1, 2, 3, 1, 5, 5, 5, 5)),
+    # write-back: no refill, every matched token's fetched slot freed
+    "write-back": Case("write_back", 0.5, (), (tuple(OTHER),), (1, 2, 2, 2, 3, 3, 3, 1)),
+    # nothing matches below a device anchor with no host copy: the whole fetch is dropped
+    "dropped-below-a-device-anchor": Case("write_through", 0.5, (), (tuple(OTHER),),
+                                          (1, 2, 3, 1, 7, 7, 7, 7), anchor=tuple(OTHER)),
+}  # fmt: skip
+
+
+@dataclass
+class Outcome:
+    freed: int
+    evicted: int
+    before: HostTierSnapshot
+    after: HostTierSnapshot
+
+
+def _case_config(case: Case) -> PoolConfig:
+    return PoolConfig(size=16, page_size=4, rules=Rules.for_sglang("0.5.23"),
+                      hicache_ratio=case.host_ratio, hicache_write_policy=case.write_policy,
+                      hicache_load_back_threshold=4)  # fmt: skip
+
+
+Complete = Callable[[Any, Any, Any, Any], int]
+"""A prefetch's completion: (tree, anchor, key, fetched host slots) -> the slots to free."""
+
+
+def _run(impl: Implementation, case: Case, complete: Complete) -> Outcome:
+    config = _case_config(case)
+    assert impl.req_to_token_pool and impl.allocator and impl.hiradix_cache and impl.radix_key
+    make_key = impl.radix_key
+
+    def key_of(tokens: list[int]) -> Any:
+        return make_key(tokens, None)
+
+    pool, alloc = impl.req_to_token_pool(config), impl.allocator(config)
+    tree = impl.hiradix_cache(config, pool, alloc)
+    for tokens in case.backed:
+        tree.insert(key_of(list(tokens)), alloc.alloc(len(tokens)))
+        tree.writing_check()
+    host = tree.token_to_kv_pool_host
+    # the whole host pool reserved (the rest by other prefetches): the inserts below get no
+    # host copy
+    fetched = host.alloc(host.available_size())
+    assert fetched is not None and len(fetched) >= len(case.fetch)
+    fetched = fetched[: len(case.fetch)]
+    for tokens in case.inserts:
+        tree.insert(key_of(list(tokens)), alloc.alloc(len(tokens)))
+        tree.writing_check()
+    anchor = tree.match_prefix(key_of(list(case.anchor))).last_device_node
+    freed = complete(tree, anchor, key_of(list(case.fetch)), fetched)
+    host.free(fetched[:freed])
+    before = coarse_host_tier(tree.host_snapshot())
+    evicted = tree.evict(16)
+    return Outcome(freed, evicted, before, coarse_host_tier(tree.host_snapshot()))
+
+
+def _kvpool(tree: Any, anchor: Any, key: Any, fetched: Any) -> int:
+    return int(tree._insert_helper_host(anchor, key, fetched))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_twins_agree_on_every_completion_case(name: str) -> None:
+    """Both twins under 0.5.23's preset (``"refill"``): the same slots freed, the same tree,
+    host pool and device pool before and after the eviction (SGLang's own ``insert_host``
+    against the reference: tests/sglang/test_sglang_prefetch_refill.py)."""
+    case = CASES[name]
+    ref = _run(reference_implementation(), case, _kvpool)
+    twin = _run(optimized_implementation(), case, _kvpool)
+    assert (twin.freed, twin.evicted, twin.before, twin.after) == (
+        ref.freed, ref.evicted, ref.before, ref.after)  # fmt: skip
+    assert ref.freed < len(case.fetch) or name.startswith("dropped")

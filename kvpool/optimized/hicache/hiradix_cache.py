@@ -482,22 +482,33 @@ class HiRadixCache(RadixCache):
     def _insert_helper_host(self, node: HiTreeNode, key: RadixKey, host_value: torch.Tensor) -> int:
         """Insert ``key`` below ``node`` as host-only content (a prefetch's fetched tokens);
         returns the tokens whose host slots are the caller's to free (see the reference: the
-        rest too when dropped, ``Rules.prefetch_refill``)."""
+        rest too when dropped; only the backed-up nodes' under ``"refill"``, whose matched nodes
+        without a host copy take one, ``Rules.prefetch_refill``)."""
         now = self.clock()
         if node is not self.root_node:  # the root is never touched (its time never counts)
             node.last_access_time = now
+        refill = self.rules.prefetch_refill == "refill" and self.write_policy != "write_back"
         stop = len(key)
-        pos = 0
+        pos = backed = 0
+        refilled = False
         while pos < stop:
             child = node.children.get(self._ck(node, key, pos))
             if child is None:
                 break
             child.last_access_time = now
             n = self._matched(child, key, pos, stop)
-            pos += n
             if n < len(child):
                 child = self._split(child, n)
             node = as_hi(child)
+            if refill and node.host_value is None:
+                node.host_value = host_value[pos : pos + n].clone()
+                if self.unified:
+                    self.unified_tier.track_duplicate(node)
+                refilled = True
+            else:  # backed-up nodes form a prefix from the root (see the reference)
+                assert not refilled, f"node {node.node_id}: backed up below a refilled node"
+                backed += n
+            pos += n
         if pos < stop and self.storage_prefetch._drops_refill(node):
             return stop
         if pos < stop:
@@ -510,7 +521,7 @@ class HiRadixCache(RadixCache):
             leaf.child_key = self._ck(node, key, pos)
             node.children[leaf.child_key] = leaf
             self._num_nodes += 1
-        return pos
+        return backed if refill else pos
 
     # ----------------------------------------------------------------- eviction
     def evict(self, num_tokens: int) -> int:

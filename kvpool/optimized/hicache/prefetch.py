@@ -78,7 +78,7 @@ class StoragePrefetch:
             node is not tree.root_node
             and not node.backuped
             and tree.write_policy != "write_back"
-            and tree.rules.prefetch_refill == "drop"
+            and tree.rules.prefetch_refill != "attach"
         )
 
     def reset(self) -> None:

@@ -520,24 +520,40 @@ class HiRadixCache(RadixCache):
 
     def _insert_helper_host(self, node: HiTreeNode, key: RadixKey, host_value: list[int]) -> int:
         """Insert ``key`` below ``node`` as host-only content at ``host_value`` (a prefetch's
-        fetched tokens); returns the tokens whose host slots are the caller's to free: those in
-        the tree already, or all of them (:meth:`StoragePrefetch._drops_refill`). The new leaf
-        takes its parent's priority, the root's being SGLang's floor (:data:`ROOT_PRIORITY`)."""
+        fetched tokens); returns the tokens, from the front, whose host slots are the caller's
+        to free: those in the tree already, or all of them
+        (:meth:`StoragePrefetch._drops_refill`). Under ``Rules.prefetch_refill == "refill"``
+        with a write-through policy a matched node without a host copy takes its tokens' slots
+        as one instead, and only the tokens of nodes that had a host copy are freed. The new
+        leaf takes its parent's priority, the root's being SGLang's floor
+        (:data:`ROOT_PRIORITY`)."""
         now = self.clock()
         if node is not self.root_node:  # the root is never touched (its time never counts)
             node.last_access_time = now
-        matched = 0
+        refill = self.rules.prefetch_refill == "refill" and self.write_policy != "write_back"
+        matched = backed = 0
+        refilled = False
         while len(key) > 0:
             child = node.children.get(self._child_key(node, key))
             if child is None:
                 break
             child.last_access_time = now
             n = self._match_len(child.key, key)
-            key, host_value = key[n:], host_value[n:]
-            matched += n
             if n < len(child.key):
                 child = self._split_node(child, n)
             node = as_hi(child)
+            if refill and node.host_value is None:  # a complete host copy: a duplicate
+                node.host_value = list(host_value[:n])
+                if self.unified:
+                    self.unified_tier.track_duplicate(node)
+                refilled = True
+            else:
+                # write-through keeps backed-up nodes a prefix from the root, so the freed
+                # slots (the backed-up nodes') come first (SGLang asserts the same)
+                assert not refilled, f"node {node.node_id}: backed up below a refilled node"
+                backed += n
+            key, host_value = key[n:], host_value[n:]
+            matched += n
         if len(key) > 0 and self.storage_prefetch._drops_refill(node):
             return matched + len(key)
         if len(key) > 0:
@@ -546,7 +562,7 @@ class HiRadixCache(RadixCache):
             leaf.evicted = True
             leaf.host_value = list(host_value)
             node.children[self._child_key(node, key)] = leaf
-        return matched
+        return backed if refill else matched
 
     # ----------------------------------------------------------------- eviction
     def evict(self, num_tokens: int) -> int:

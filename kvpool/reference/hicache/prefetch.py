@@ -95,15 +95,17 @@ class StoragePrefetch:
     def _drops_refill(self, node: HiTreeNode) -> bool:
         """Whether a completing prefetch drops the fetched tokens that would hang below
         ``node`` (their host slots freed, as its duplicates'): ``node`` is on device without a
-        host copy, the policy writes through and ``Rules.prefetch_refill`` is ``"drop"``, so
-        backed-up nodes keep forming a prefix from the root. ``"attach"`` (SGLang 0.5.16)
-        hangs them below it as a host-only child (specs/host_tier.md)."""
+        host copy, the policy writes through and ``Rules.prefetch_refill`` is ``"drop"`` or
+        ``"refill"`` (where the walk ends at such a node only when it matched nothing: the
+        nodes it matched took host copies), so backed-up nodes keep forming a prefix from the
+        root. ``"attach"`` (SGLang 0.5.16) hangs them below it as a host-only child
+        (specs/host_tier.md)."""
         tree = self.tree
         return (
             node is not tree.root_node
             and not node.backuped
             and tree.write_policy != "write_back"
-            and tree.rules.prefetch_refill == "drop"
+            and tree.rules.prefetch_refill != "attach"
         )
 
     def reset(self) -> None:
