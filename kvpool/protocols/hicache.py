@@ -58,6 +58,11 @@ class HostPoolProtocol(Protocol[IdxT]):
     tags: IdxT
 
     @property
+    def size(self) -> int:
+        """Host slots (tokens)."""
+        ...
+
+    @property
     def page_size(self) -> int: ...
 
     @property

@@ -385,9 +385,10 @@ class SGLangHiRadixCache:
         tags = kv_tags(path + tokens, extra)[len(path) :]
         return torch.tensor(tags, dtype=torch.int64)
 
-    def prefetch_from_storage(self, req_id: str, last_host_node: Any,
-                              new_input_tokens: list[int]) -> bool:  # fmt: skip
-        """SGLang's ``prefetch_from_storage``; whether a prefetch started."""
+    def prefetch_from_storage(self, req_id: str, last_host_node: Any, new_input_tokens: list[int],
+                              extra_key: str | None = None) -> bool:  # fmt: skip
+        """SGLang's ``prefetch_from_storage``; whether a prefetch started. ``extra_key`` (the
+        request's namespace) is not passed: 0.5.16 takes the node's."""
         tokens = list(new_input_tokens)
         aligned = tokens[: floor_align(len(tokens), self.page_size)]
         cc = self.cache_controller

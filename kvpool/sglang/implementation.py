@@ -153,7 +153,9 @@ def implementation(
         return SGLangUnifiedHiCache(modules, pool, alloc, config.page_size,
                                     kv_cache_from_config(config), config.hicache_ratio,
                                     config.eviction_policy, config.hicache_write_policy,
-                                    config.hicache_load_back_threshold, tree_core)  # fmt: skip
+                                    config.hicache_load_back_threshold, tree_core,
+                                    config.hicache_prefetch_threshold,
+                                    config.hicache_storage)  # fmt: skip
 
     unified_hicache = unified_hiradix_cache if has_unified_cache(modules) else None
     unified = None
@@ -303,7 +305,9 @@ def implementation(
         rules=rules,
         index=index,
         hiradix_cache=hiradix_cache if _has_hiradix(modules) else unified_hicache,
-        hiradix_storage=_has_hiradix(modules),  # 0.5.16's storage prefetches
+        # 0.5.16's storage prefetches; 0.5.23's over the Python tree core (kvpool.sglang.
+        # unified_storage: the Rust core reports no host slots of what insert_host makes)
+        hiradix_storage=_has_hiradix(modules) or tree_core == "python",
         unified_radix_cache=unified,
         unified_mamba_radix_cache=unified_mamba,
         unified_swa_radix_cache=unified_swa,

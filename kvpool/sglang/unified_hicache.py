@@ -11,7 +11,8 @@ What is not SGLang's, and why it does not change what is compared:
 
 - **Attaching the host tier.** ``init_hicache`` reads server arguments and builds the host
   buffers and the controller (CUDA streams, threads) through the pool assembler; the adapter
-  sets what it sets for one rank without storage, in cache mode: the controller, the host
+  sets what it sets for one rank in cache mode (storage: :mod:`kvpool.sglang.unified_storage`,
+  Python tree core only): the controller, the host
   pool group, the FULL component's host pool, ``set_hicache_enabled`` on the tree core, the
   write-through threshold (1 for ``write_through``, 2 otherwise), ``is_write_back`` and the
   load-back threshold (``init_hicache`` hard-codes 10; the adapter takes the machine's), then
@@ -45,7 +46,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +60,9 @@ from kvpool.sglang.loader import SGLangModules
 from kvpool.sglang.radix import to_sglang_key
 from kvpool.sglang.unified_base import BASE, UnifiedNodeRef, UnifiedTreeBase
 from kvpool.snapshot import HostTierSnapshot, NodeSnapshot, TreeSnapshot
+
+if TYPE_CHECKING:
+    from kvpool.sglang.unified_storage import UnifiedStorage
 
 
 class _Event:
@@ -226,7 +230,8 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
     def __init__(self, modules: SGLangModules, req_to_token_pool: Any, allocator: Any,
                  page_size: int, device_pool: Any, host_to_device_ratio: float,
                  eviction_policy: str = "lru", write_policy: str = "write_through",
-                 load_back_threshold: int = 10, tree_core: str = "rust") -> None:  # fmt: skip
+                 load_back_threshold: int = 10, tree_core: str = "rust",
+                 prefetch_threshold: int = 256, enable_storage: bool = False) -> None:  # fmt: skip
         self.page_size = page_size
         self.disable = False
         self.eviction_policy = eviction_policy.lower()
@@ -239,7 +244,15 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
         size = host_pool_size(device_pool.size, 1, host_to_device_ratio, 0, page_size)
         self.token_to_kv_pool_host = _TaggedHostPool(modules, device_pool, size, page_size)
         group = _HostGroup(self.token_to_kv_pool_host)
-        self.cache_controller = _Controller(allocator, group, page_size, write_policy)
+        self.storage: UnifiedStorage | None = None
+        """Storage prefetches (Python tree core only: kvpool.sglang.unified_storage)."""
+        self.cache_controller: _Controller
+        if enable_storage:
+            from kvpool.sglang.unified_storage import StorageController
+
+            self.cache_controller = StorageController(allocator, group, page_size, write_policy)
+        else:
+            self.cache_controller = _Controller(allocator, group, page_size, write_policy)
         self._build(
             modules,
             tree_core,
@@ -263,6 +276,15 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
         impl.write_through_threshold = 1 if write_policy == "write_through" else 2
         impl.is_write_back = write_policy == "write_back"
         impl.load_back_threshold = load_back_threshold
+        if enable_storage:  # the reset copies the controller's enable_storage into the cache
+            from kvpool.sglang.unified_storage import UnifiedStorage, install_page_names
+
+            install_page_names(modules)
+            # no backend: an acknowledged write goes no further (kvpool models no backups)
+            impl.write_backup_storage = lambda node_id: None
+            impl.prefetch_threshold = prefetch_threshold
+            impl.prefetch_stop_policy = "best_effort"
+            self.storage = UnifiedStorage(self)
         self._tree_lock = self._lock_of
         self.reset()
 
@@ -498,6 +520,7 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
                 evicted=not root and data.value is None,
                 host_value=(() if root else None) if host is None
                 else tuple(int(h) for h in list(host)),
+                host_ref_counter=int(data.host_lock_ref),
                 write_pending=int(node.id) in pending,
             ))  # fmt: skip
         return rows
@@ -555,8 +578,27 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
             tree=self.snapshot(),
             host=self.token_to_kv_pool_host.snapshot(),
             transfers=tuple(transfers),
+            prefetches=() if self.storage is None else self.storage.prefetch_snapshots(),
+            release_queue=tuple(
+                int(s) for page in cc.host_mem_release_queue for s in as_index_tensor(page).tolist()
+            ),
+            worker_held=tuple(cc.worker_held()),
             device_tags=tuple(device_row_tags(cc.mem_pool_device)),
         )
 
+    def __getattr__(self, name: str) -> Any:
+        """The storage calls (``prefetch_from_storage``, ``storage_hit``, ``prefetch_io``,
+        ``check_prefetch_progress``, ``release_aborted_request``,
+        ``drain_storage_control_queues``) are :attr:`storage`'s when storage is on."""
+        storage = self.__dict__.get("storage")
+        if storage is not None and name in _STORAGE_CALLS:
+            return getattr(storage, name)
+        raise AttributeError(name)
+
+
+_STORAGE_CALLS = frozenset({
+    "prefetch_from_storage", "storage_hit", "prefetch_io", "check_prefetch_progress",
+    "release_aborted_request", "drain_storage_control_queues", "ongoing_prefetch",
+})  # fmt: skip
 
 __all__ = ["SGLangUnifiedHiCache", "UnifiedHiMatch"]

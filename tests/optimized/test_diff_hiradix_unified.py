@@ -2,7 +2,8 @@
 SGLang 0.5.23's rules (``Rules.hicache_host_tier == "unified"``, ``tree_free == "segment"``),
 driven in lockstep by the ``hiradix_cache`` machine (every ``INV-HOST-*`` invariant, the device
 allocator's, tree shape and locks after every step; trees compared as the unified cache
-reports them, ``coarse_host_tier``), with the unified host tier's paths in the coverage."""
+reports them, ``coarse_host_tier``), with the unified host tier's paths, storage prefetches
+included, in the coverage."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ UNIFIED = Rules.for_sglang("0.5.23")
 REACHED = (
     "insert:write-issued", "writing_check:acked", "evict:to-host", "evict:freed",
     "match_prefix:host-hit", "load_back:loaded", "load_back:skipped", "loading_check:acked",
-    "evict_host:freed", "host:duplicate-reclaimed",
+    "evict_host:freed", "host:duplicate-reclaimed", "prefetch:ok", "storage_hit:ok",
+    "prefetch_io:ok", "drain_storage_control_queues:ok",
 )  # fmt: skip
 
 
@@ -37,16 +39,21 @@ def test_twin_and_reference_agree_under_the_unified_host_tier() -> None:
     assert len(result.page_sizes) == 3
 
 
-def test_the_unified_rules_draw_no_storage_and_the_default_draws_are_unchanged() -> None:
+def test_storage_is_drawn_under_both_rules_with_the_same_draws() -> None:
+    """Storage prefetches (0.5.23's flow under the unified rules: tests/reference/
+    test_prefetch_unified.py) are drawn whenever the implementation runs them, the rest of the
+    configuration drawn alike; an implementation without them (SGLang 0.5.23's adapter) draws
+    none."""
     import random
 
     target = HiRadixTarget()
     unified = dataclasses.replace(reference_implementation(), rules=UNIFIED)
+    without = dataclasses.replace(unified, hiradix_storage=False)
     storage = 0
     for seed in range(60):
-        plain_rng, unified_rng = random.Random(seed), random.Random(seed)
-        plain = target.draw_config(RandomChooser(plain_rng), reference_implementation())
-        drawn = target.draw_config(RandomChooser(unified_rng), unified)
-        assert not drawn.hicache_storage  # storage prefetches are 0.5.16's flow
-        storage += plain.hicache_storage
-    assert storage > 0  # the default rules still draw it
+        plain = target.draw_config(RandomChooser(random.Random(seed)), reference_implementation())
+        drawn = target.draw_config(RandomChooser(random.Random(seed)), unified)
+        assert dataclasses.replace(drawn, rules=plain.rules) == plain
+        assert not target.draw_config(RandomChooser(random.Random(seed)), without).hicache_storage
+        storage += drawn.hicache_storage
+    assert storage > 0

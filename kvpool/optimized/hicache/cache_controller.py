@@ -86,6 +86,8 @@ class HiCacheController:
         # that owns this controller sets its own mode
         self.checked = bool(getattr(token_to_kv_pool_allocator, "checked", True))
         self.segment_frees = False
+        self.acks_at_drain = False
+        """SGLang 0.5.23's prefetch worker (see the reference)."""
         self.reset()
 
     def reset(self) -> None:
@@ -95,6 +97,7 @@ class HiCacheController:
         self.ack_write_queue: list[HiCacheAck] = []
         self.ack_load_queue: list[HiCacheAck] = []
         self.prefetch_buffer: list[PrefetchOperation] = []
+        self.ack_prefetch_queue: list[tuple[PrefetchOperation, int | None]] = []
         self.host_mem_release_queue: list[torch.Tensor] = []
         self.producer_count = 0
 
@@ -217,12 +220,15 @@ class HiCacheController:
     def prefetch_io(self, request_id: str, num_pages: int) -> int:
         """The worker of ``request_id``'s transfer fetches up to ``num_pages`` more pages; a
         terminated or finished transfer ends, queueing its unfilled host slots for release.
-        Returns the tokens fetched by this call (0: no transfer running for the request)."""
+        Returns the tokens fetched by this call (0: no transfer running for the request).
+        Under ``acks_at_drain`` a call with ``num_pages > 0`` runs the whole transfer."""
         request_id = as_str("request_id", request_id)
         num_pages = as_count("num_pages", num_pages)
         op = next((o for o in self.prefetch_buffer if o.request_id == request_id), None)
         if op is None or op.host_indices is None:
             return 0
+        if self.acks_at_drain:
+            return self._read_whole(op) if num_pages else 0
         start = op.completed_tokens
         got = 0
         if not op.terminated:
@@ -235,9 +241,21 @@ class HiCacheController:
             self.append_host_mem_release(op.host_indices[op.completed_tokens :])
         return got
 
+    def _read_whole(self, op: PrefetchOperation) -> int:
+        """``acks_at_drain``: the whole transfer in one batch, acknowledged (see the
+        reference)."""
+        assert op.host_indices is not None
+        got = 0 if op.terminated else op.storage_hit_count
+        self.mem_pool_host.tags[op.host_indices[:got]] = op.tags[:got]
+        self.prefetch_buffer = [o for o in self.prefetch_buffer if o is not op]
+        self.ack_prefetch_queue += [(op, got), (op, None)]
+        return got
+
     def worker_held(self) -> list[int]:
-        """Host slots the running transfers reserved and have not filled (theirs to release)."""
-        parts = [op.host_indices[op.completed_tokens :] for op in self.prefetch_buffer
+        """Host slots the running transfers reserved and have not filled (theirs to release);
+        under ``acks_at_drain`` also those of transfers whose end is not acknowledged yet."""
+        ended = [op for op, tokens in self.ack_prefetch_queue if tokens is None]
+        parts = [op.host_indices[op.completed_tokens :] for op in self.prefetch_buffer + ended
                  if op.host_indices is not None]  # fmt: skip
         return torch.cat(parts).tolist() if parts else []
 

@@ -93,6 +93,7 @@ class HiRadixCache(RadixCache):
         resolved = rules if rules is not None else Rules()
         self.unified = resolved.hicache_host_tier == "unified"
         self.cache_controller.segment_frees = self.unified and resolved.tree_free == "segment"
+        self.cache_controller.acks_at_drain = self.unified
         # the collaborators exist before the tree's first reset, which resets them
         self.host_eviction = HostEviction(self)
         self.storage_prefetch = StoragePrefetch(self)
@@ -111,6 +112,8 @@ class HiRadixCache(RadixCache):
         self.unified_tier.reset()
         super().reset()
         self.root_node.host_value = _EMPTY
+        if self.unified:  # SGLang's floor, raised by every insert
+            self.root_node.priority = ROOT_PRIORITY
 
     @property
     def frees_duplicates(self) -> bool:
@@ -247,6 +250,8 @@ class HiRadixCache(RadixCache):
             value = insert_slot_arg(value, len(key), head, held, self.device, self.options.checked)
         if self.disable:
             return 0
+        if self.unified:  # 0.5.23 raises the root too (see the reference)
+            self.root_node.priority = max(self.root_node.priority, priority)
         aligned = floor_align(len(key), self.page_size)
         if aligned == 0:
             return 0
@@ -514,7 +519,8 @@ class HiRadixCache(RadixCache):
         if pos < stop:
             leaf_key = RadixKey.from_array(key.array[pos:stop], key.extra_key)
             empty = torch.empty(0, dtype=torch.int64, device=self.device)
-            priority = ROOT_PRIORITY if node is self.root_node else node.priority
+            floor = node is self.root_node and not self.unified
+            priority = ROOT_PRIORITY if floor else node.priority
             leaf = self._new_node(leaf_key, empty, node, now, priority)
             leaf.evicted = True
             leaf.host_value = host_value[pos:].clone()
@@ -541,11 +547,15 @@ class HiRadixCache(RadixCache):
         return self.storage_prefetch.ongoing_prefetch
 
     def prefetch_from_storage(
-        self, req_id: str, last_host_node: TreeNode, new_input_tokens: list[int]
+        self,
+        req_id: str,
+        last_host_node: TreeNode,
+        new_input_tokens: list[int],
+        extra_key: str | None = None,
     ) -> bool:
         """Start a prefetch below ``last_host_node``; whether it started."""
         return self.storage_prefetch.prefetch_from_storage(req_id, last_host_node,
-                                                           new_input_tokens)  # fmt: skip
+                                                           new_input_tokens, extra_key)  # fmt: skip
 
     def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
         """Storage holds the first ``hit_tokens`` tokens: reserve host slots or revoke."""

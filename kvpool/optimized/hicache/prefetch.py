@@ -86,18 +86,32 @@ class StoragePrefetch:
         self.ongoing_prefetch: dict[str, tuple[HiTreeNode, RadixKey, PrefetchOperation]] = {}
 
     def prefetch_from_storage(
-        self, req_id: str, last_host_node: TreeNode, new_input_tokens: list[int]
+        self,
+        req_id: str,
+        last_host_node: TreeNode,
+        new_input_tokens: list[int],
+        extra_key: str | None = None,
     ) -> bool:
         """Start a prefetch of ``new_input_tokens`` (page-aligned) below ``last_host_node``;
-        returns whether it started."""
+        returns whether it started (checked first as the reference; the unified rules' gate,
+        rate limit, namespace and pin as there)."""
         tree = self.tree
         req_id = as_str("req_id", req_id)
         if req_id in self.ongoing_prefetch:
             raise InvalidArgumentError(f"request {req_id!r} already prefetches")
         check_node("last_host_node", last_host_node, tree.root_node, HiTreeNode)
-        if not tree.unified and not as_hi(last_host_node).backuped:
+        anchor = as_hi(last_host_node)
+        if not tree.unified and not anchor.backuped:
             raise InvalidArgumentError(
                 f"last_host_node {last_host_node.node_id} has no host copy to extend"
+            )
+        if extra_key is not None:
+            extra_key = as_str("extra_key", extra_key)
+        root = anchor is tree.root_node
+        if tree.unified and not root and anchor.key.extra_key != extra_key:
+            raise InvalidArgumentError(
+                f"last_host_node {anchor.node_id} is in namespace {anchor.key.extra_key!r}, "
+                f"not {extra_key!r}"
             )
         raw: object = new_input_tokens
         if isinstance(raw, torch.Tensor | np.ndarray):  # a 1-D integer index, read on host
@@ -106,23 +120,40 @@ class StoragePrefetch:
         tokens = tokens[: floor_align(len(tokens), tree.page_size)]
         if not tree.enable_storage or not tokens or len(tokens) < tree.prefetch_threshold:
             return False
-        anchor = as_hi(last_host_node)
+        namespace = anchor.key.extra_key
+        pinned = True
+        if tree.unified:
+            if not (root or anchor.backuped) or self._rate_limited():
+                return False
+            namespace = extra_key
+            pinned = not root or tree.write_policy == "write_back"
         path: list[int] = []
         cur: TreeNode = anchor
         while cur.parent is not None:
             path = cur.arr.tolist() + path
             cur = cur.parent
-        tags = kv_tags(path + tokens, anchor.key.extra_key)[len(path) :]
-        anchor.protect_host()
-        key = RadixKey(tokens, anchor.key.extra_key)
+        tags = kv_tags(path + tokens, namespace)[len(path) :]
+        if pinned:
+            anchor.protect_host()
+        key = RadixKey(tokens, namespace)
         op = tree.cache_controller.prefetch(req_id, torch.tensor(tags, dtype=torch.int64))
+        op.extra["pinned"] = pinned
         self.ongoing_prefetch[req_id] = (anchor, key, op)
         return True
+
+    def _rate_limited(self) -> bool:
+        """The unified rules: the prefetches in flight ask for half the host pool or more."""
+        asked = sum(len(key) for _, key, _ in self.ongoing_prefetch.values())
+        return asked >= int(0.5 * self.tree.token_to_kv_pool_host.size)
+
+    def _unpin(self, info: tuple[HiTreeNode, RadixKey, PrefetchOperation]) -> None:
+        if info[2].extra.get("pinned", True):
+            info[0].release_host()
 
     def _revoke_pending_prefetch(self, req_id: str) -> None:
         info = self.ongoing_prefetch.pop(req_id, None)
         if info is not None:
-            info[0].release_host()
+            self._unpin(info)
 
     def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
         """Storage holds the first ``hit_tokens`` tokens: reserve host slots or revoke
@@ -163,18 +194,26 @@ class StoragePrefetch:
         info = self.ongoing_prefetch.get(req_id)
         if info is None:
             return True
-        last_host_node, key, op = info
+        _, _, op = info
+        tree.cache_controller.terminate_prefetch(op)
         if op.host_indices is None:
-            tree.cache_controller.terminate_prefetch(op)
             self._revoke_pending_prefetch(req_id)
             return True
-        completed = tree.cache_controller.terminate_prefetch(op)
+        self._complete(req_id)
+        return True
+
+    def _complete(self, req_id: str) -> None:
+        """Insert the tokens counted by now, free the cached ones' slots, unpin (see the
+        reference)."""
+        tree = self.tree
+        info = self.ongoing_prefetch.pop(req_id)
+        last_host_node, key, op = info
+        assert op.host_indices is not None
+        completed = op.completed_tokens
         written = op.host_indices[:completed]
         matched = tree._insert_helper_host(last_host_node, key[:completed], written)
         tree.token_to_kv_pool_host.free(op.host_indices[:matched])
-        last_host_node.release_host()
-        del self.ongoing_prefetch[req_id]
-        return True
+        self._unpin(info)
 
     def release_aborted_request(self, rid: str) -> None:
         """An aborted request's prefetch: stop it, queue its fetched host slots for release."""
@@ -183,13 +222,13 @@ class StoragePrefetch:
         info = self.ongoing_prefetch.get(rid)
         if info is None:
             return
-        last_host_node, _, op = info
+        op = info[2]
         if op.host_indices is None:
             cc.terminate_prefetch(op)
             self._revoke_pending_prefetch(rid)
             return
         completed = cc.terminate_prefetch(op)
-        last_host_node.release_host()
+        self._unpin(info)
         del self.ongoing_prefetch[rid]
         cc.append_host_mem_release(op.host_indices[:completed])
 
@@ -199,8 +238,26 @@ class StoragePrefetch:
         return int(self.tree.cache_controller.prefetch_io(req_id, num_pages))
 
     def drain_storage_control_queues(self) -> int:
-        """Free the host slots queued for release; returns how many."""
-        return int(self.tree.cache_controller.drain_release())
+        """Free the host slots queued for release; returns how many (under the unified rules
+        after applying the worker's acknowledgements, as the reference)."""
+        cc = self.tree.cache_controller
+        host = self.tree.token_to_kv_pool_host
+        before = int(host.available_size())
+        if cc.acks_at_drain:
+            acks, cc.ack_prefetch_queue = cc.ack_prefetch_queue, []
+            for op, tokens in acks:
+                info = self.ongoing_prefetch.get(op.request_id)
+                current = info is not None and info[2] is op
+                if tokens is not None:
+                    if current:
+                        op.completed_tokens = tokens
+                    continue
+                if current:
+                    self._complete(op.request_id)
+                assert op.host_indices is not None  # only a transfer with slots runs
+                cc.append_host_mem_release(op.host_indices[op.completed_tokens :])
+        cc.drain_release()
+        return int(host.available_size()) - before
 
     def prefetch_snapshots(self) -> tuple[PrefetchSnapshot, ...]:
         """The ongoing prefetches, by request id."""

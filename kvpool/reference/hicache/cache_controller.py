@@ -20,6 +20,10 @@ Units: device indices are device token slots, host indices host slots; both page
   finds its operation terminated, or finishes it, releases the host slots it did not fill
   through ``append_host_mem_release``. ``host_mem_release_queue`` holds host slots queued for
   release, one page per entry; ``drain_release`` frees them.
+- ``acks_at_drain`` (SGLang 0.5.23): the worker reads a transfer in one batch (SGLang's batches
+  are 128 pages; a prefetch here is a few pages), checking the termination once, before it
+  starts; what it read is not counted at once but acknowledged on ``ack_prefetch_queue`` (the
+  batch's tokens, then the end), which the cache applies when it drains its queues.
 """
 
 from __future__ import annotations
@@ -97,6 +101,8 @@ class HiCacheController:
         self.page_size = page_size
         self.write_policy = write_policy
         self.segment_frees = False
+        self.acks_at_drain = False
+        """SGLang 0.5.23's prefetch worker (see the module docstring)."""
         self.reset()
 
     def reset(self) -> None:
@@ -106,6 +112,9 @@ class HiCacheController:
         self.ack_write_queue: list[HiCacheAck] = []
         self.ack_load_queue: list[HiCacheAck] = []
         self.prefetch_buffer: list[PrefetchOperation] = []
+        self.ack_prefetch_queue: list[tuple[PrefetchOperation, int | None]] = []
+        """``acks_at_drain``: ``(operation, tokens read)`` per batch, ``(operation, None)`` at its
+        end, in the order the worker sent them."""
         self.host_mem_release_queue: list[list[int]] = []
         self.producer_count = 0
 
@@ -228,12 +237,15 @@ class HiCacheController:
         """The worker of ``request_id``'s transfer fetches up to ``num_pages`` more pages (their
         stored tags land in the host slots); a terminated or finished transfer ends and its
         unfilled host slots are queued for release. Returns the tokens fetched by this call
-        (0 for a request with no transfer running)."""
+        (0 for a request with no transfer running). Under ``acks_at_drain`` a call with
+        ``num_pages > 0`` runs the whole transfer instead (:meth:`_read_whole`)."""
         request_id = as_str("request_id", request_id)
         num_pages = as_count("num_pages", num_pages)
         op = next((o for o in self.prefetch_buffer if o.request_id == request_id), None)
         if op is None or op.host_indices is None:
             return 0
+        if self.acks_at_drain:
+            return self._read_whole(op) if num_pages else 0
         start = op.completed_tokens
         got = 0
         if not op.terminated:
@@ -247,10 +259,25 @@ class HiCacheController:
             self.append_host_mem_release(op.host_indices[op.completed_tokens :])
         return got
 
+    def _read_whole(self, op: PrefetchOperation) -> int:
+        """``acks_at_drain``: the worker reads ``op`` in one batch (nothing once terminated),
+        the tags landing in its host slots, and acknowledges the batch, then the end; returns
+        the tokens read."""
+        assert op.host_indices is not None
+        got = 0 if op.terminated else op.storage_hit_count
+        for h, tag in zip(op.host_indices[:got], op.tags[:got], strict=True):
+            self.mem_pool_host.tags[int(h)] = tag
+        self.prefetch_buffer = [o for o in self.prefetch_buffer if o is not op]
+        self.ack_prefetch_queue += [(op, got), (op, None)]
+        return got
+
     def worker_held(self) -> list[int]:
-        """Host slots the running transfers reserved and have not filled (theirs to release)."""
+        """Host slots the running transfers reserved and have not filled (theirs to release);
+        under ``acks_at_drain`` also those of transfers whose end is not acknowledged yet (the
+        acknowledgement releases them)."""
         out: list[int] = []
-        for op in self.prefetch_buffer:
+        ended = [op for op, tokens in self.ack_prefetch_queue if tokens is None]
+        for op in self.prefetch_buffer + ended:
             if op.host_indices is not None:
                 out.extend(op.host_indices[op.completed_tokens :])
         return out

@@ -116,6 +116,7 @@ class HiRadixCache(RadixCache):
         resolved = rules if rules is not None else Rules()
         self.unified = resolved.hicache_host_tier == "unified"
         self.cache_controller.segment_frees = self.unified and resolved.tree_free == "segment"
+        self.cache_controller.acks_at_drain = self.unified
         # the collaborators exist before the tree's first reset, which resets them
         self.host_eviction = HostEviction(self)
         self.storage_prefetch = StoragePrefetch(self)
@@ -133,6 +134,8 @@ class HiRadixCache(RadixCache):
         self.unified_tier.reset()
         super().reset()
         self.root_node.host_value = []
+        if self.unified:  # SGLang's floor, raised by every insert (:meth:`insert`)
+            self.root_node.priority = ROOT_PRIORITY
 
     @property
     def frees_duplicates(self) -> bool:
@@ -269,6 +272,8 @@ class HiRadixCache(RadixCache):
             return 0
         key = self._align(key)
         value = list(value[: len(key)])
+        if self.unified:  # 0.5.23 raises the root too (a prefetch below it inherits this)
+            self.root_node.priority = max(self.root_node.priority, priority)
         if len(key) == 0:
             return 0
         now = self.clock()
@@ -526,7 +531,7 @@ class HiRadixCache(RadixCache):
         with a write-through policy a matched node without a host copy takes its tokens' slots
         as one instead, and only the tokens of nodes that had a host copy are freed. The new
         leaf takes its parent's priority, the root's being SGLang's floor
-        (:data:`ROOT_PRIORITY`)."""
+        (:data:`ROOT_PRIORITY`; under the unified rules raised by every insert)."""
         now = self.clock()
         if node is not self.root_node:  # the root is never touched (its time never counts)
             node.last_access_time = now
@@ -557,8 +562,8 @@ class HiRadixCache(RadixCache):
         if len(key) > 0 and self.storage_prefetch._drops_refill(node):
             return matched + len(key)
         if len(key) > 0:
-            priority = ROOT_PRIORITY if node is self.root_node else node.priority
-            leaf = self._new_node(key, [], node, now, priority)
+            root = node is self.root_node and not self.unified
+            leaf = self._new_node(key, [], node, now, ROOT_PRIORITY if root else node.priority)
             leaf.evicted = True
             leaf.host_value = list(host_value)
             node.children[self._child_key(node, key)] = leaf
@@ -584,12 +589,17 @@ class HiRadixCache(RadixCache):
         return self.storage_prefetch.ongoing_prefetch
 
     def prefetch_from_storage(
-        self, req_id: str, last_host_node: TreeNode, new_input_tokens: list[int]
+        self,
+        req_id: str,
+        last_host_node: TreeNode,
+        new_input_tokens: list[int],
+        extra_key: str | None = None,
     ) -> bool:
-        """Start a prefetch of ``new_input_tokens`` below ``last_host_node``; whether it started
+        """Start a prefetch of ``new_input_tokens`` below ``last_host_node`` for a request in
+        namespace ``extra_key``; whether it started
         (:meth:`StoragePrefetch.prefetch_from_storage`)."""
         return self.storage_prefetch.prefetch_from_storage(req_id, last_host_node,
-                                                           new_input_tokens)  # fmt: skip
+                                                           new_input_tokens, extra_key)  # fmt: skip
 
     def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
         """Storage holds the first ``hit_tokens`` tokens: reserve host slots or revoke; whether

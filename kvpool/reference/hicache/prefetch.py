@@ -21,6 +21,21 @@ A prefetch (SGLang 0.5.16, ``best_effort`` stop policy, one rank) goes through:
    the termination.
 5. ``release_aborted_request(rid)`` (abort) instead queues the fetched slots for release and
    leaves the unfetched ones to the worker, likewise.
+
+Under the unified rules (SGLang 0.5.23's ``UnifiedRadixCache``, cache mode, ``best_effort``,
+one rank; specs/unified_cache.md, "Storage prefetches") the same steps differ in:
+
+- the start: only below a backed-up node or the root (the scheduler's ``_prefetch_kvcache``
+  asks nothing of another), nothing while the prefetches in flight ask for half the host pool
+  or more (``prefetch_rate_limited``: their requested tokens), in the request's namespace
+  (``extra_key``; a node's must match), and the node is pinned unless it is the root under a
+  write-through policy (the root has no host copy to pin);
+- the worker (the controller's ``acks_at_drain``): a transfer is read in one batch, and what it
+  read counts only when ``drain_storage_control_queues`` applies its acknowledgements; the
+  acknowledgement of its end completes a prefetch still in flight at once (as step 4, with the
+  tokens acknowledged) and releases the slots it did not fill;
+- step 4 inserts the tokens acknowledged by then (``Rules.prefetch_refill == "refill"``: the
+  device nodes it walks through take their host copies).
 """
 
 from __future__ import annotations
@@ -113,44 +128,76 @@ class StoragePrefetch:
         self.ongoing_prefetch: dict[str, tuple[HiTreeNode, RadixKey, PrefetchOperation]] = {}
 
     def prefetch_from_storage(
-        self, req_id: str, last_host_node: TreeNode, new_input_tokens: list[int]
+        self,
+        req_id: str,
+        last_host_node: TreeNode,
+        new_input_tokens: list[int],
+        extra_key: str | None = None,
     ) -> bool:
         """Start a prefetch of ``new_input_tokens`` (page-aligned) below ``last_host_node``;
         returns whether it started. Its stored content is the KV of the node's path followed by
-        these tokens. InvalidArgumentError (nothing changed) for a ``req_id`` that is not a str
+        these tokens, in the node's namespace (the unified rules: ``extra_key``'s, the
+        request's). InvalidArgumentError (nothing changed) for a ``req_id`` that is not a str
         or already prefetches, a ``last_host_node`` that is not a node of this tree (nor, but
-        under the unified rules, backed up: its host copy is what the prefetch extends), or
-        tokens that are not token ids."""
+        under the unified rules, backed up: its host copy is what the prefetch extends; under
+        them, nor in another namespace than ``extra_key``), tokens that are not token ids or
+        an ``extra_key`` that is neither None nor a str."""
         tree = self.tree
         req_id = as_str("req_id", req_id)
         if req_id in self.ongoing_prefetch:
             raise InvalidArgumentError(f"request {req_id!r} already prefetches")
         check_node("last_host_node", last_host_node, tree.root_node, HiTreeNode)
-        if not tree.unified and not as_hi(last_host_node).backuped:
+        anchor = as_hi(last_host_node)
+        if not tree.unified and not anchor.backuped:
             raise InvalidArgumentError(
                 f"last_host_node {last_host_node.node_id} has no host copy to extend"
+            )
+        if extra_key is not None:
+            extra_key = as_str("extra_key", extra_key)
+        root = anchor is tree.root_node
+        if tree.unified and not root and anchor.key.extra_key != extra_key:
+            raise InvalidArgumentError(
+                f"last_host_node {anchor.node_id} is in namespace {anchor.key.extra_key!r}, "
+                f"not {extra_key!r}"
             )
         tokens = token_list("new_input_tokens", new_input_tokens)
         tokens = tokens[: floor_align(len(tokens), tree.page_size)]
         if not tree.enable_storage or not tokens or len(tokens) < tree.prefetch_threshold:
             return False
-        anchor = as_hi(last_host_node)
+        namespace = anchor.key.extra_key
+        pinned = True
+        if tree.unified:
+            if not (root or anchor.backuped) or self._rate_limited():
+                return False
+            namespace = extra_key
+            pinned = not root or tree.write_policy == "write_back"
         path: list[int] = []
         cur: TreeNode = anchor
         while cur.parent is not None:
             path = list(cur.key.token_ids) + path
             cur = cur.parent
-        tags = kv_tags(path + tokens, anchor.key.extra_key)[len(path) :]
-        anchor.protect_host()
-        key = RadixKey(tokens, anchor.key.extra_key)
+        tags = kv_tags(path + tokens, namespace)[len(path) :]
+        if pinned:
+            anchor.protect_host()
+        key = RadixKey(tokens, namespace)
         op = tree.cache_controller.prefetch(req_id, tags)
+        op.extra["pinned"] = pinned
         self.ongoing_prefetch[req_id] = (anchor, key, op)
         return True
+
+    def _rate_limited(self) -> bool:
+        """The unified rules: the prefetches in flight ask for half the host pool or more."""
+        asked = sum(len(key) for _, key, _ in self.ongoing_prefetch.values())
+        return asked >= int(0.5 * self.tree.token_to_kv_pool_host.size)
+
+    def _unpin(self, info: tuple[HiTreeNode, RadixKey, PrefetchOperation]) -> None:
+        if info[2].extra.get("pinned", True):
+            info[0].release_host()
 
     def _revoke_pending_prefetch(self, req_id: str) -> None:
         info = self.ongoing_prefetch.pop(req_id, None)
         if info is not None:
-            info[0].release_host()
+            self._unpin(info)
 
     def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
         """Storage holds the first ``hit_tokens`` tokens (page-aligned, capped at the request):
@@ -196,18 +243,26 @@ class StoragePrefetch:
         info = self.ongoing_prefetch.get(req_id)
         if info is None:
             return True
-        last_host_node, key, op = info
+        _, _, op = info
+        tree.cache_controller.terminate_prefetch(op)
         if op.host_indices is None:
-            tree.cache_controller.terminate_prefetch(op)
             self._revoke_pending_prefetch(req_id)
             return True
-        completed = tree.cache_controller.terminate_prefetch(op)
+        self._complete(req_id)
+        return True
+
+    def _complete(self, req_id: str) -> None:
+        """Insert ``req_id``'s fetched tokens (those counted by now) below its node, free the
+        slots of those already cached, drop the pin; the prefetch ends."""
+        tree = self.tree
+        info = self.ongoing_prefetch.pop(req_id)
+        last_host_node, key, op = info
+        assert op.host_indices is not None
+        completed = op.completed_tokens
         written = op.host_indices[:completed]
         matched = tree._insert_helper_host(last_host_node, key[:completed], written)
         tree.token_to_kv_pool_host.free(op.host_indices[:matched])
-        last_host_node.release_host()
-        del self.ongoing_prefetch[req_id]
-        return True
+        self._unpin(info)
 
     def release_aborted_request(self, rid: str) -> None:
         """An aborted request's prefetch: stop it, queue its fetched host slots for release,
@@ -218,13 +273,13 @@ class StoragePrefetch:
         info = self.ongoing_prefetch.get(rid)
         if info is None:
             return
-        last_host_node, _, op = info
+        op = info[2]
         if op.host_indices is None:
             cc.terminate_prefetch(op)
             self._revoke_pending_prefetch(rid)
             return
         completed = cc.terminate_prefetch(op)
-        last_host_node.release_host()
+        self._unpin(info)
         del self.ongoing_prefetch[rid]
         cc.append_host_mem_release(op.host_indices[:completed])
 
@@ -234,8 +289,29 @@ class StoragePrefetch:
         return int(self.tree.cache_controller.prefetch_io(req_id, num_pages))
 
     def drain_storage_control_queues(self) -> int:
-        """Free the host slots queued for release; returns how many."""
-        return int(self.tree.cache_controller.drain_release())
+        """Free the host slots queued for release; returns how many host slots the call freed.
+        Under the unified rules the worker's acknowledgements are applied first, in order: a
+        batch's tokens count for a prefetch still in flight, and a transfer's end completes
+        one (as :meth:`check_prefetch_progress` does, which frees the slots of tokens already
+        cached) and queues the slots it did not fill."""
+        cc = self.tree.cache_controller
+        host = self.tree.token_to_kv_pool_host
+        before = int(host.available_size())
+        if cc.acks_at_drain:
+            acks, cc.ack_prefetch_queue = cc.ack_prefetch_queue, []
+            for op, tokens in acks:
+                info = self.ongoing_prefetch.get(op.request_id)
+                current = info is not None and info[2] is op
+                if tokens is not None:
+                    if current:
+                        op.completed_tokens = tokens
+                    continue
+                if current:
+                    self._complete(op.request_id)
+                assert op.host_indices is not None  # only a transfer with slots runs
+                cc.append_host_mem_release(op.host_indices[op.completed_tokens :])
+        cc.drain_release()
+        return int(host.available_size()) - before
 
     def prefetch_snapshots(self) -> tuple[PrefetchSnapshot, ...]:
         """The ongoing prefetches, by request id."""

@@ -31,6 +31,7 @@ allocator's invariants against the on-device nodes' pages, and ``INV-TREE-SHAPE`
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,9 +75,12 @@ def coarse_host_tier(snap: HostTierSnapshot) -> HostTierSnapshot:
     """``snap`` as the machine compares a unified-cache host tier (``Rules.hicache_host_tier
     == "unified"``): children in id order, no access times, hit counts, priorities, host pins
     or policy name (SGLang 0.5.23's cores do not report them; the orders they decide show in
-    the slots an eviction frees, which the allocator and host pool snapshots compare)."""
+    the slots an eviction frees, which the allocator and host pool snapshots compare). A node
+    that storage prefetches hang below keeps its pins up to their number, so
+    ``INV-HOST-PINNED`` still sees whether each of them pins it."""
     tree = snap.tree
     by_id = {n.node_id: n for n in tree.nodes}
+    anchors = Counter(p.last_host_node_id for p in snap.prefetches)
     rows: list[NodeSnapshot] = []
     queue = [tree.nodes[0]] if tree.nodes else []
     while queue:
@@ -86,7 +90,8 @@ def coarse_host_tier(snap: HostTierSnapshot) -> HostTierSnapshot:
         rows.append(dataclasses.replace(
             node, child_ids=tuple(node.child_ids[i] for i in order),
             child_keys=tuple(node.child_keys[i] for i in order), last_access_time=0.0,
-            hit_count=0, priority=0, host_ref_counter=0,
+            hit_count=0, priority=0,
+            host_ref_counter=min(node.host_ref_counter, anchors[node.node_id]),
         ))  # fmt: skip
     tree = dataclasses.replace(tree, nodes=tuple(rows), eviction_policy="")
     return dataclasses.replace(snap, tree=tree)
@@ -121,10 +126,7 @@ class HiRadixTarget:
             hicache_write_policy=policy,
             hicache_load_back_threshold=c.choice((0, ps, 3 * ps)),
             hicache_prefetch_threshold=c.choice((ps, 2 * ps)),
-            # storage prefetches are 0.5.16's flow: not drawn under the unified host tier
-            hicache_storage=impl.hiradix_storage
-            and impl.rules_or_default().hicache_host_tier == "hiradix"
-            and c.choice((False, True, True)),
+            hicache_storage=impl.hiradix_storage and c.choice((False, True, True)),
         )
 
     def build(self, impl: Implementation, config: PoolConfig) -> HiSide:
@@ -165,7 +167,12 @@ class HiRadixTarget:
                  "evict", "evict_host",
                  "load_back", "load_back", "load_back", "wcheck", "wcheck", "lcheck", "lcheck",
                  "reset", "invalid"]  # fmt: skip
-        if cfg.hicache_storage:
+        if cfg.hicache_storage and cfg.rules.hicache_host_tier == "unified":
+            # a transfer's tokens count once a drain applies its acknowledgements, which
+            # completes the prefetch: drains come as often as admission checks
+            kinds += ["prefetch", "prefetch", "hit", "hit", "hit", "io", "io", "io", "drain",
+                      "drain", "progress", "abort"]  # fmt: skip
+        elif cfg.hicache_storage:
             kinds += ["prefetch", "prefetch", "hit", "hit", "io", "io", "io", "progress",
                       "progress", "abort", "drain"]  # fmt: skip
         kind = c.choice(kinds)
@@ -270,7 +277,7 @@ class HiRadixTarget:
                 return None
             m = tree.match_prefix(side.key(tokens, extra))
             start = len(m.device_indices) + m.host_hit_length
-            return tree.prefetch_from_storage(rid, m.last_host_node, list(tokens[start:]))
+            return tree.prefetch_from_storage(rid, m.last_host_node, list(tokens[start:]), extra)
         if op.name in ("inc_lock_ref", "dec_lock_ref"):
             return getattr(tree, op.name)(side.nodes[op.args[0]])
         if op.name == "reset":

@@ -328,10 +328,12 @@ TREE_METHODS = {
             "req_id": "p9",
             "last_host_node": s.handles["g"].tree.root_node,
             "new_input_tokens": [1, 2],
+            "extra_key": None,
         },
         bad={
             "last_host_node": _node_bads,
             "new_input_tokens": lambda side, s: [Bad("negative-token", [1, -2])],
+            "extra_key": lambda side, s: [Bad("not-a-str", 3)],
         },
     ),
     "storage_hit": Method(lambda side, s: {"req_id": "p0", "hit_tokens": 2}),
