@@ -43,7 +43,7 @@ from kvpool.reference.hicache.prefetch import hit_tokens_held
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.cache_req import token_array
 from kvpool.sglang.hiradix import _page_names
-from kvpool.sglang.unified_hicache import _Controller
+from kvpool.sglang.unified_controller import UnifiedController
 from kvpool.snapshot import PrefetchSnapshot
 from kvpool.tags import kv_tags
 
@@ -127,9 +127,10 @@ class Submission:
     decision: bool | None = None
 
 
-class StorageController(_Controller):
-    """The unified cache's controller (:class:`~kvpool.sglang.unified_hicache._Controller`) with
-    the storage calls and queues SGLang's cache makes of it (see the module docstring)."""
+class StorageController(UnifiedController):
+    """The unified cache's controller (:class:`~kvpool.sglang.unified_controller.
+    UnifiedController`) with the storage calls and queues SGLang's cache makes of it (see the
+    module docstring)."""
 
     def __init__(self, allocator: Any, host: Any, page_size: int, policy: str) -> None:
         super().__init__(allocator, host, page_size, policy)
