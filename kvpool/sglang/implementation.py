@@ -305,9 +305,7 @@ def implementation(
         rules=rules,
         index=index,
         hiradix_cache=hiradix_cache if _has_hiradix(modules) else unified_hicache,
-        # 0.5.16's storage prefetches; 0.5.23's over the Python tree core (kvpool.sglang.
-        # unified_storage: the Rust core reports no host slots of what insert_host makes)
-        hiradix_storage=_has_hiradix(modules) or tree_core == "python",
+        hiradix_storage=True,  # 0.5.16's storage prefetches, or 0.5.23's (unified_storage)
         unified_radix_cache=unified,
         unified_mamba_radix_cache=unified_mamba,
         unified_swa_radix_cache=unified_swa,

@@ -11,8 +11,8 @@ What is not SGLang's, and why it does not change what is compared:
 
 - **Attaching the host tier.** ``init_hicache`` reads server arguments and builds the host
   buffers and the controller (CUDA streams, threads) through the pool assembler; the adapter
-  sets what it sets for one rank in cache mode (storage: :mod:`kvpool.sglang.unified_storage`,
-  Python tree core only): the controller, the host
+  sets what it sets for one rank in cache mode (storage: :mod:`kvpool.sglang.unified_storage`):
+  the controller, the host
   pool group, the FULL component's host pool, ``set_hicache_enabled`` on the tree core, the
   write-through threshold (1 for ``write_through``, 2 otherwise), ``is_write_back`` and the
   load-back threshold (``init_hicache`` hard-codes 10; the adapter takes the machine's), then
@@ -110,7 +110,7 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
         self.token_to_kv_pool_host = _TaggedHostPool(modules, device_pool, size, page_size)
         group = HostGroup(self.token_to_kv_pool_host)
         self.storage: UnifiedStorage | None = None
-        """Storage prefetches (Python tree core only: kvpool.sglang.unified_storage)."""
+        """Storage prefetches (kvpool.sglang.unified_storage), when the configuration asks."""
         self.cache_controller: UnifiedController
         if enable_storage:
             self.cache_controller = StorageController(allocator, group, page_size, write_policy)
@@ -146,6 +146,9 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
             impl.prefetch_threshold = prefetch_threshold
             impl.prefetch_stop_policy = "best_effort"
             self.storage = UnifiedStorage(self)
+            if tree_core == "rust":
+                core = impl.tree_core
+                core.insert_host = self.storage.insert_host_pairing(core.insert_host)
         self._tree_lock = self._lock_of
         self.reset()
 
@@ -401,6 +404,7 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
                 host[n.raw] = tuple(d2h.get(d, -1) for d in n.value)
             else:
                 host[n.raw] = None
+        pins = {} if self.storage is None else self.storage.host_pins()
         h2d_token = self.cache_controller.host_token
         keys: dict[int, tuple[int, ...]] = {}
         extras: dict[int, str | None] = {}
@@ -420,7 +424,8 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
                 child_ids=tuple(sid(k) for k in n.children),
                 child_keys=tuple(keys[k][:ps] for k in n.children), last_access_time=0.0,
                 evicted=not root and core.is_full_device_evicted(n.raw),
-                host_value=host[n.raw], write_pending=n.raw in pending,
+                host_value=host[n.raw], host_ref_counter=pins.get(n.raw, 0),
+                write_pending=n.raw in pending,
             ))  # fmt: skip
         return rows
 

@@ -1,6 +1,6 @@
 """Storage prefetches through SGLang 0.5.23's ``UnifiedRadixCache`` (FULL component, cache mode,
 ``best_effort``, one rank), for :class:`~kvpool.sglang.unified_hicache.SGLangUnifiedHiCache` on
-SGLang's Python tree core.
+either of SGLang's tree cores.
 
 SGLang's cache code runs as is: ``prefetch_from_storage``, the storage-hit allocation, the
 acknowledgement drain and the release drain (``_drain_storage_control_queues_impl``),
@@ -23,14 +23,17 @@ threads and scheduler (specs/unified_cache.md, "Storage prefetches"):
 - **the I/O worker** (``prefetch_io``): reads the whole transfer in one batch (nothing once
   terminated), the tags landing in the host slots, and sends the batch's acknowledgement and
   the end's; they count when ``drain_storage_control_queues`` drains them;
-- page hashes are names (one per page); no backend, no storage backups.
+- page hashes are names (one per page, as hex digests); no backend, no storage backups.
 
-The Rust core is not driven here: its binding reports no host slots or keys of the nodes an
-``insert_host`` makes (tests/sglang/test_sglang_prefetch_refill.py compares what it reports).
+On the Rust core, whose binding reports no host slots, the adapter reads a host-only node's
+slots through its load-back spec and its tokens from the host slot -> token map the I/O worker
+fills; a device node an ``insert_host`` refills pairs its device slots with the fetched slots of
+its tokens (:meth:`UnifiedStorage.insert_host_pairing`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import queue
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -78,6 +81,8 @@ class Prefetch:
 
     handle: Any
     tags: torch.Tensor
+    tokens: tuple[tuple[int, str | None], ...] = ()
+    """Each requested token with its namespace (what a fetched host slot holds)."""
     host_indices: torch.Tensor | None = None
     hash_value: list[str] = field(default_factory=list)
     storage_hit_count: int = 0
@@ -151,6 +156,7 @@ class StorageController(UnifiedController):
         self.prefetch_tokens_occupied = 0
         self.pending_tags: torch.Tensor | None = None
         """The content of the prefetch SGLang's cache is about to submit (set by the adapter)."""
+        self.pending_tokens: tuple[tuple[int, str | None], ...] = ()
 
     @property
     def prefetch_capacity_limit(self) -> int:
@@ -164,7 +170,8 @@ class StorageController(UnifiedController):
 
     def submit_prefetch(self, handle: Any, *_: Any, **__: Any) -> Submission:
         assert self.pending_tags is not None, "a prefetch the adapter did not start"
-        op, self.pending_tags = Prefetch(handle, self.pending_tags), None
+        op = Prefetch(handle, self.pending_tags, self.pending_tokens)
+        self.pending_tags, self.pending_tokens = None, ()
         return Submission(operation=op)
 
     def allocate_storage_hit(self, operation: Prefetch, hit_tokens: int, *, allow_partial: bool,
@@ -199,6 +206,8 @@ class StorageController(UnifiedController):
             return 0
         got = 0 if op.is_terminated() else len(op.hash_value) * self.page_size
         self.mem_pool_host.tags[op.host_indices[:got]] = op.tags[:got]
+        for h, token in zip(op.host_indices[:got].tolist(), op.tokens, strict=False):
+            self.host_token[int(h)] = token  # what the Rust core's snapshot reads keys from
         self.buffer.remove(op)
         self.acks.put(PrefetchAck(request_id, op, completed_tokens=got))
         self.acks.put(PrefetchAck(request_id, op, completed_req=True))
@@ -228,6 +237,18 @@ class UnifiedStorage:
         """SGLang's prefetches in flight by request id (it keys them by request handle)."""
         return {h.rid: info for h, info in self.cache.impl.ongoing_prefetch.items()}
 
+    def host_pins(self) -> dict[int, int]:
+        """Raw node id -> the prefetches in flight that pinned its host copy (their receipts
+        name a host lock: SGLang takes none on the root under write-through). The Rust
+        binding reports no host lock counts; on a FULL-only tree a host lock is FULL's."""
+        pins: dict[int, int] = {}
+        for info in self.cache.impl.ongoing_prefetch.values():
+            params = info.anchor_lock_params
+            if params is not None and params.component_host_lock_uuids:
+                raw = int(info.anchor_node_id)
+                pins[raw] = pins.get(raw, 0) + 1
+        return pins
+
     def _handle(self, rid: str) -> Any:
         return self.cache.modules.attr(_BASE_PREFIX, "CacheRequestHandle")(rid, 0)
 
@@ -240,19 +261,52 @@ class UnifiedStorage:
             return False
         tokens = list(new_input_tokens)
         aligned = tokens[: floor_align(len(tokens), cache.page_size)]
-        path: list[int] = []
-        node = core.node_by_id(anchor)  # the Python core's node
-        while node.parent is not None:
-            path = [int(t) for t in node.key.raw_token_ids()] + path
-            node = node.parent
+        path = self._path(anchor)
         self.cc.pending_tags = torch.tensor(kv_tags(path + aligned, extra_key)[len(path) :],
                                             dtype=torch.int64)  # fmt: skip
+        self.cc.pending_tokens = tuple((t, extra_key) for t in aligned)
         handle = self._handle(req_id)
         with cache._call():  # the scheduler passes a slice of the request's array('q')
             cache.impl.prefetch_from_storage(handle, anchor, token_array(tokens),
                                              extra_key=extra_key)  # fmt: skip
         self.cc.pending_tags = None
         return handle in cache.impl.ongoing_prefetch
+
+    def _path(self, raw: int) -> list[int]:
+        """The tokens from the root to the end of node ``raw``."""
+        if self.cache.tree_core == "rust":
+            return list(self.cache._paths()[raw][1])
+        path: list[int] = []
+        node = self.cache.impl.tree_core.node_by_id(raw)
+        while node.parent is not None:
+            path = [int(t) for t in node.key.raw_token_ids()] + path
+            node = node.parent
+        return path
+
+    def insert_host_pairing(self, method: Any) -> Any:
+        """The Rust core's ``insert_host`` with its refills kept readable: the binding reports
+        no host slots of a device node, which the adapter's snapshot reads from its device ->
+        host slot map; a device node the call gives a host copy pairs its device slots with the
+        fetched slots of its tokens."""
+
+        def call(node_id: Any, key: Any, host_value: Any, hash_value: Any) -> Any:
+            cache = self.cache
+            before = {d for n in cache.rust_nodes() if n.value and cache.impl.tree_core
+                      .is_backuped(n.raw) for d in n.value}  # fmt: skip
+            start = len(cache._paths()[int(node_id)][1])
+            result = method(node_id, key, host_value, hash_value)
+            fetched = as_index_tensor(host_value).tolist()
+            paths = cache._paths()
+            for n in cache.rust_nodes():
+                if not n.value or not cache.impl.tree_core.is_backuped(n.raw):
+                    continue
+                first = len(paths[n.raw][1]) - len(n.value) - start
+                for j, d in enumerate(n.value):
+                    if d not in before and 0 <= first + j < len(fetched):
+                        self.cc.d2h[d] = fetched[first + j]
+            return result
+
+        return call
 
     def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
         """The query thread's answer (see the module docstring), then SGLang's drain of the
@@ -263,7 +317,7 @@ class UnifiedStorage:
         op = info.operation
         ps = self.cache.page_size
         hit = 0 if op.is_terminated() else hit_tokens_held(hit_tokens, len(info.prefetch_key), ps)
-        op.hash_value = [f"{req_id}/{page}" for page in range(hit // ps)]
+        op.hash_value = [_digest(f"{req_id}/{page}") for page in range(hit // ps)]
         op.storage_hit_count = hit
         self.cc.prefetch_hit_queue.put(op)
         self._drain(hits=None, acks=0, release=0)
@@ -302,6 +356,12 @@ class UnifiedStorage:
                                         len(info.prefetch_key), held, int(op.completed_tokens),
                                         bool(op.is_terminated())))  # fmt: skip
         return tuple(out)
+
+
+def _digest(name: str) -> str:
+    """A page's storage hash: a name, as a 64-digit hex digest (the Rust core parses a node's
+    last hash as one when it hashes a child's pages)."""
+    return hashlib.sha256(name.encode()).hexdigest()
 
 
 _BASE_PREFIX = "sglang.srt.mem_cache.base_prefix_cache"

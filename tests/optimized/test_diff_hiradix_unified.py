@@ -42,7 +42,7 @@ def test_twin_and_reference_agree_under_the_unified_host_tier() -> None:
 def test_storage_is_drawn_under_both_rules_with_the_same_draws() -> None:
     """Storage prefetches (0.5.23's flow under the unified rules: tests/reference/
     test_prefetch_unified.py) are drawn whenever the implementation runs them, the rest of the
-    configuration drawn alike; an implementation without them (SGLang 0.5.23's adapter) draws
+    configuration drawn alike; an implementation that runs none (``hiradix_storage`` False) draws
     none."""
     import random
 

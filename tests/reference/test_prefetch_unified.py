@@ -217,3 +217,42 @@ def test_a_prefetch_below_the_root_takes_the_priority_inserts_raised_it_to(
     done = execute("hiradix_cache", reference_implementation(), optimized_implementation(),
                    _root_config(), ops=ROOT_TRACE)  # fmt: skip
     assert done.failure is None, done.failure
+
+
+SPLIT_TRACE = [
+    _insert([2, 3, 3, 1, 3]), _prefetch(0, [2, 3, 2, 2]),
+    _insert([3, 1, 1, 1, 3, 2, 2, 3, 1, 1]),
+    Op("match_prefix", ([2, 3, 2, 3, 2, 2],), (("extra_key", None),)), Op("evict", (3,)),
+    _prefetch(0, [3, 1, 1, 1, 2, 2, 2, 3, 3, 3]), _insert([3, 1, 1]), Op("storage_hit", (0, 6)),
+]  # fmt: skip
+"""``kvpool verify --sglang 0.5.23 --component hiradix_cache --seed 20261304`` (Rust core), run
+5333, shrunk: an insert splits the prefetch's host-only anchor [3, 1, 1, 1] and gives the upper
+half [3, 1] device slots; 0.5.23's split hands the anchor's host lock to both halves, so the
+storage hit's host eviction (write-back: duplicates first) cannot reclaim [3, 1]'s host copy and
+evicts host-only leaves instead."""
+
+
+def _split_config() -> PoolConfig:
+    return PoolConfig(size=30, page_size=2, rules=Rules.for_sglang("0.5.23"), hicache_ratio=0.5,
+                      hicache_write_policy="write_back", hicache_load_back_threshold=2,
+                      hicache_prefetch_threshold=4, hicache_storage=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", TWINS)
+def test_a_split_of_the_prefetch_anchor_pins_both_halves(
+    impl: Callable[[], Implementation],
+) -> None:
+    target, side = _side(impl, _split_config())
+    ops = [Op(o.name, ("r0", *o.args[1:]), o.kwargs) if o.name in ("prefetch", "storage_hit")
+           else o for o in SPLIT_TRACE]  # fmt: skip
+    _calls(target, side, ops[:-1])
+    pins = {(n.node_id, n.key): n.host_ref_counter for n in side.tree.host_snapshot().tree.nodes}
+    assert pins[(5, (3, 1))] == 1 and pins[(4, (1, 1))] == 1  # the upper half and the anchor
+    assert target.call(side, ops[-1]) is True
+    kept = {(n.node_id, n.key): n.host_value for n in side.tree.host_snapshot().tree.nodes[1:]}
+    assert kept == {(2, (2, 3)): None, (5, (3, 1)): (2, 3), (4, (1, 1)): (4, 5)}
+    target.call(side, Op("check_prefetch_progress", ("r0",)))
+    assert all(n.host_ref_counter == 0 for n in side.tree.host_snapshot().tree.nodes)
+    done = execute("hiradix_cache", reference_implementation(), optimized_implementation(),
+                   _split_config(), ops=SPLIT_TRACE)  # fmt: skip
+    assert done.failure is None, done.failure

@@ -73,7 +73,8 @@ def test_sglang_0_5_23_offers_its_unified_host_tier_as_hiradix_cache() -> None:
 
     impl = implementation("0.5.23")
     assert impl.hiradix_cache is not None and impl.provides("hiradix_cache")
-    assert impl.rules_or_default().hicache_host_tier == "unified" and not impl.hiradix_storage
+    # 0.5.23's storage prefetches run through its unified cache (kvpool.sglang.unified_storage)
+    assert impl.rules_or_default().hicache_host_tier == "unified" and impl.hiradix_storage
     config = PoolConfig(size=16, rules=Rules.for_sglang("0.5.23"))
     assert impl.req_to_token_pool and impl.allocator
     tree = impl.hiradix_cache(config, impl.req_to_token_pool(config), impl.allocator(config))

@@ -1,5 +1,5 @@
 """Opt-in (``--run-sglang-wheel``): storage prefetches through SGLang 0.5.23's own
-``UnifiedRadixCache`` code on its Python tree core (:mod:`kvpool.sglang.unified_storage`), on
+``UnifiedRadixCache`` code on both tree cores (:mod:`kvpool.sglang.unified_storage`), on
 the ``hiradix_cache`` machine, against kvpool's reference under 0.5.23's rules: the directed
 traces of tests/reference/test_prefetch_unified.py in lockstep, a seeded campaign that reaches
 a completion at the drain, and a planted release bug caught."""
@@ -22,10 +22,12 @@ from kvpool.testing.swarm import Op
 from tests.reference.test_prefetch_unified import (
     PROMPT,
     ROOT_TRACE,
+    SPLIT_TRACE,
     _config,
     _insert,
     _prefetch,
     _root_config,
+    _split_config,
 )
 
 pytestmark = pytest.mark.sglang_wheel
@@ -43,29 +45,44 @@ TRACE = [
 allocation, then eviction of everything (the prefetch machine's request indices)."""
 
 
-def _sglang() -> Any:
-    return implementation_with_host_tier("0.5.23", "python")
+CORES = ["python", "rust"]
 
 
+def _sglang(core: str) -> Any:
+    return implementation_with_host_tier("0.5.23", core)
+
+
+@pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
 @pytest.mark.parametrize("ratio", [0.75, 2.0])
-def test_the_directed_trace_agrees(policy: str, ratio: float) -> None:
-    done = execute("hiradix_cache", reference_implementation(), _sglang(),
+def test_the_directed_trace_agrees(core: str, policy: str, ratio: float) -> None:
+    done = execute("hiradix_cache", reference_implementation(), _sglang(core),
                    _config(policy, ratio), ops=TRACE)  # fmt: skip
     assert done.failure is None, done.failure
     assert done.steps == len(TRACE)
 
 
-def test_the_root_priority_trace_agrees() -> None:
+@pytest.mark.parametrize("core", CORES)
+def test_the_root_priority_trace_agrees(core: str) -> None:
     """The first campaign's finding (kvpool gave a prefetch below the root 0.5.16's floor;
     0.5.23's inserts raise the root): SGLang and the reference agree on it."""
-    done = execute("hiradix_cache", reference_implementation(), _sglang(), _root_config(),
+    done = execute("hiradix_cache", reference_implementation(), _sglang(core), _root_config(),
                    ops=ROOT_TRACE)  # fmt: skip
     assert done.failure is None, done.failure
 
 
+@pytest.mark.parametrize("core", CORES)
+def test_the_split_anchor_trace_agrees(core: str) -> None:
+    """The Rust-core campaign's finding (a split of the prefetch's anchor hands its host lock to
+    both halves in 0.5.23; kvpool pinned the lower half only): SGLang and the reference agree."""
+    done = execute("hiradix_cache", reference_implementation(), _sglang(core), _split_config(),
+                   ops=SPLIT_TRACE)  # fmt: skip
+    assert done.failure is None, done.failure
+
+
+@pytest.mark.parametrize("core", CORES)
 def test_a_campaign_agrees_and_completes_prefetches_at_the_drain(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    core: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR)  # SGLang warns on write-back drops under host pressure
     completed: Counter[str] = Counter()
@@ -77,7 +94,7 @@ def test_a_campaign_agrees_and_completes_prefetches_at_the_drain(
         real(self, req_id)
 
     monkeypatch.setattr(StoragePrefetch, "_complete", counting)
-    result = run_machine("hiradix_cache", resolve_implementation("reference@0.5.23"), _sglang(),
+    result = run_machine("hiradix_cache", resolve_implementation("reference@0.5.23"), _sglang(core),
                          1e9, seed=4, steps_per_run=60, max_runs=80)  # fmt: skip
     assert result.failure is None, result.failure and result.failure.report
     assert result.steps == 80 * 60
@@ -99,7 +116,7 @@ def test_a_release_that_drops_a_page_is_caught(
         real(self, host_indices, extra_pools)
 
     monkeypatch.setattr(StorageController, "append_host_mem_release", leaky)
-    done = execute("hiradix_cache", reference_implementation(), _sglang(),
+    done = execute("hiradix_cache", reference_implementation(), _sglang("python"),
                    _config("write_through", 2.0), ops=TRACE)  # fmt: skip
     assert done.failure is not None
     assert done.failure.detector == "lockstep-diff" or done.failure.detector.startswith(

@@ -135,9 +135,11 @@ class StoragePrefetch:
         tags = kv_tags(path + tokens, namespace)[len(path) :]
         if pinned:
             anchor.protect_host()
+        # the nodes this prefetch pins: the anchor, and under the unified rules the upper
+        # halves of its splits (:meth:`split`)
         key = RadixKey(tokens, namespace)
         op = tree.cache_controller.prefetch(req_id, torch.tensor(tags, dtype=torch.int64))
-        op.extra["pinned"] = pinned
+        op.extra["pins"] = [anchor] if pinned else []
         self.ongoing_prefetch[req_id] = (anchor, key, op)
         return True
 
@@ -147,8 +149,21 @@ class StoragePrefetch:
         return asked >= int(0.5 * self.tree.token_to_kv_pool_host.size)
 
     def _unpin(self, info: tuple[HiTreeNode, RadixKey, PrefetchOperation]) -> None:
-        if info[2].extra.get("pinned", True):
-            info[0].release_host()
+        pins = info[2].extra.get("pins", [])
+        assert isinstance(pins, list)
+        for node in pins:
+            node.release_host()
+
+    def split(self, low: HiTreeNode, upper: HiTreeNode) -> None:
+        """The unified rules: a split's upper half takes the pins of the prefetches that pin
+        its lower half (0.5.23's host lock receipts cover the node the lock was taken on, so
+        both halves; their release drops both)."""
+        for _, _, op in self.ongoing_prefetch.values():
+            pins = op.extra.get("pins", [])
+            assert isinstance(pins, list)
+            if any(node is low for node in pins):
+                pins.append(upper)
+                upper.protect_host()
 
     def _revoke_pending_prefetch(self, req_id: str) -> None:
         info = self.ongoing_prefetch.pop(req_id, None)

@@ -170,7 +170,9 @@ class HiRadixCache(RadixCache):
     def _split_node(self, child: TreeNode, split_len: int) -> HiTreeNode:
         """As the radix cache's split; the halves share the device or host state, both host
         values are cut at ``split_len``, and a pending write covers both halves. The upper half
-        starts with no host pin (as SGLang)."""
+        starts with no host pin (as SGLang 0.5.16; under the unified rules it takes the host
+        locks of the lower half's load-backs and prefetches, as 0.5.23's lock receipts extend to
+        both halves)."""
         low = as_hi(child)
         upper = as_hi(super()._split_node(low, split_len))
         upper.evicted = low.evicted
@@ -187,6 +189,7 @@ class HiRadixCache(RadixCache):
                 self.ongoing_write_through[ack] = (lock_node, nodes)
         if self.unified:
             self.unified_tier.split(low, upper)
+            self.storage_prefetch.split(low, upper)
         return upper
 
     def _walk(self, key: RadixKey) -> tuple[list[int], HiTreeNode]:
