@@ -181,7 +181,7 @@ class HiRadixCache(RadixCache):
                 upper.write_through_pending_id = ack
         if self.unified:
             self.unified_tier.split(low, upper)
-            self.storage_prefetch.split(low, upper)
+            self.storage_prefetch._split(low, upper)
         return upper
 
     def _hwalk(self, key: RadixKey, stop: int) -> tuple[list[torch.Tensor], HiTreeNode]:

@@ -136,7 +136,7 @@ class StoragePrefetch:
         if pinned:
             anchor.protect_host()
         # the nodes this prefetch pins: the anchor, and under the unified rules the upper
-        # halves of its splits (:meth:`split`)
+        # halves of its splits (:meth:`_split`)
         key = RadixKey(tokens, namespace)
         op = tree.cache_controller.prefetch(req_id, torch.tensor(tags, dtype=torch.int64))
         op.extra["pins"] = [anchor] if pinned else []
@@ -154,7 +154,7 @@ class StoragePrefetch:
         for node in pins:
             node.release_host()
 
-    def split(self, low: HiTreeNode, upper: HiTreeNode) -> None:
+    def _split(self, low: HiTreeNode, upper: HiTreeNode) -> None:
         """The unified rules: a split's upper half takes the pins of the prefetches that pin
         its lower half (0.5.23's host lock receipts cover the node the lock was taken on, so
         both halves; their release drops both)."""

@@ -189,7 +189,7 @@ class HiRadixCache(RadixCache):
                 self.ongoing_write_through[ack] = (lock_node, nodes)
         if self.unified:
             self.unified_tier.split(low, upper)
-            self.storage_prefetch.split(low, upper)
+            self.storage_prefetch._split(low, upper)
         return upper
 
     def _walk(self, key: RadixKey) -> tuple[list[int], HiTreeNode]:
