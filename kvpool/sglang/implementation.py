@@ -305,7 +305,6 @@ def implementation(
         rules=rules,
         index=index,
         hiradix_cache=hiradix_cache if _has_hiradix(modules) else unified_hicache,
-        hiradix_storage=True,  # 0.5.16's storage prefetches, or 0.5.23's (unified_storage)
         unified_radix_cache=unified,
         unified_mamba_radix_cache=unified_mamba,
         unified_swa_radix_cache=unified_swa,

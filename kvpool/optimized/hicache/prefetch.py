@@ -84,6 +84,10 @@ class StoragePrefetch:
     def reset(self) -> None:
         """Forget every prefetch (frees nothing)."""
         self.ongoing_prefetch: dict[str, tuple[HiTreeNode, RadixKey, PrefetchOperation]] = {}
+        self.pins: dict[str, list[HiTreeNode]] = {}
+        """The nodes each prefetch pins: its node (none for the root under the unified rules'
+        write-through), and under the unified rules the upper halves of its splits
+        (:meth:`_split`)."""
 
     def prefetch_from_storage(
         self,
@@ -135,11 +139,9 @@ class StoragePrefetch:
         tags = kv_tags(path + tokens, namespace)[len(path) :]
         if pinned:
             anchor.protect_host()
-        # the nodes this prefetch pins: the anchor, and under the unified rules the upper
-        # halves of its splits (:meth:`_split`)
         key = RadixKey(tokens, namespace)
         op = tree.cache_controller.prefetch(req_id, torch.tensor(tags, dtype=torch.int64))
-        op.extra["pins"] = [anchor] if pinned else []
+        self.pins[req_id] = [anchor] if pinned else []
         self.ongoing_prefetch[req_id] = (anchor, key, op)
         return True
 
@@ -148,27 +150,22 @@ class StoragePrefetch:
         asked = sum(len(key) for _, key, _ in self.ongoing_prefetch.values())
         return asked >= int(0.5 * self.tree.token_to_kv_pool_host.size)
 
-    def _unpin(self, info: tuple[HiTreeNode, RadixKey, PrefetchOperation]) -> None:
-        pins = info[2].extra.get("pins", [])
-        assert isinstance(pins, list)
-        for node in pins:
+    def _unpin(self, req_id: str) -> None:
+        for node in self.pins.pop(req_id, []):
             node.release_host()
 
     def _split(self, low: HiTreeNode, upper: HiTreeNode) -> None:
         """The unified rules: a split's upper half takes the pins of the prefetches that pin
         its lower half (0.5.23's host lock receipts cover the node the lock was taken on, so
         both halves; their release drops both)."""
-        for _, _, op in self.ongoing_prefetch.values():
-            pins = op.extra.get("pins", [])
-            assert isinstance(pins, list)
+        for pins in self.pins.values():
             if any(node is low for node in pins):
                 pins.append(upper)
                 upper.protect_host()
 
     def _revoke_pending_prefetch(self, req_id: str) -> None:
-        info = self.ongoing_prefetch.pop(req_id, None)
-        if info is not None:
-            self._unpin(info)
+        if self.ongoing_prefetch.pop(req_id, None) is not None:
+            self._unpin(req_id)
 
     def storage_hit(self, req_id: str, hit_tokens: int) -> bool:
         """Storage holds the first ``hit_tokens`` tokens: reserve host slots or revoke
@@ -221,14 +218,13 @@ class StoragePrefetch:
         """Insert the tokens counted by now, free the cached ones' slots, unpin (see the
         reference)."""
         tree = self.tree
-        info = self.ongoing_prefetch.pop(req_id)
-        last_host_node, key, op = info
+        last_host_node, key, op = self.ongoing_prefetch.pop(req_id)
         assert op.host_indices is not None
         completed = op.completed_tokens
         written = op.host_indices[:completed]
         matched = tree._insert_helper_host(last_host_node, key[:completed], written)
         tree.token_to_kv_pool_host.free(op.host_indices[:matched])
-        self._unpin(info)
+        self._unpin(req_id)
 
     def release_aborted_request(self, rid: str) -> None:
         """An aborted request's prefetch: stop it, queue its fetched host slots for release."""
@@ -243,7 +239,7 @@ class StoragePrefetch:
             self._revoke_pending_prefetch(rid)
             return
         completed = cc.terminate_prefetch(op)
-        self._unpin(info)
+        self._unpin(rid)
         del self.ongoing_prefetch[rid]
         cc.append_host_mem_release(op.host_indices[:completed])
 

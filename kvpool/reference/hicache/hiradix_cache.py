@@ -565,8 +565,8 @@ class HiRadixCache(RadixCache):
         if len(key) > 0 and self.storage_prefetch._drops_refill(node):
             return matched + len(key)
         if len(key) > 0:
-            root = node is self.root_node and not self.unified
-            leaf = self._new_node(key, [], node, now, ROOT_PRIORITY if root else node.priority)
+            floor = node is self.root_node and not self.unified
+            leaf = self._new_node(key, [], node, now, ROOT_PRIORITY if floor else node.priority)
             leaf.evicted = True
             leaf.host_value = list(host_value)
             node.children[self._child_key(node, key)] = leaf
