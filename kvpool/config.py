@@ -77,6 +77,11 @@ class PoolConfig:
     """Twin only, with ``layerwise_loading``: seconds a read waits for its layer's load before
     ``LayerNotLoadedError`` (single-threaded harnesses use a few milliseconds: nothing else can
     complete the layer)."""
+    is_eagle: bool = False
+    """EAGLE speculative decoding (SGLang's ``CacheInitParams.is_eagle``): the radix tree keys
+    each sequence by its bigrams (adjacent token pairs), so a sequence of ``n`` tokens caches the
+    slots of its first ``n - 1`` (specs/radix_cache.md, "EAGLE bigram keys"). Modelled for the
+    plain radix cache: not with ``sliding_window``, ``mamba_slots`` or the host tier."""
 
     def __post_init__(self) -> None:
         check_field_types(self)  # types first: the checks below compare and do arithmetic
@@ -127,6 +132,13 @@ class PoolConfig:
             raise ConfigError("hicache thresholds must be >= 0 tokens")
         if self.enable_hierarchical_cache and (self.disable_radix_cache or self.mamba_slots):
             raise ConfigError("the host tier needs the radix cache and a non-hybrid model")
+        if self.is_eagle and (
+            self.sliding_window is not None or self.mamba_slots or self.enable_hierarchical_cache
+        ):
+            raise ConfigError(
+                "is_eagle is modelled for the plain radix cache only (no sliding_window, "
+                "mamba_slots or host tier)"
+            )
         self._check_layerwise()
 
     def _check_kv_storage(self) -> None:

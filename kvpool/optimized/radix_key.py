@@ -26,7 +26,7 @@ import torch
 
 from kvpool.constants import RESERVED_INDEX
 from kvpool.errors import IndexOutOfRangeError, InvalidArgumentError, ReservedIndexError
-from kvpool.host_checks import as_str
+from kvpool.host_checks import TOKEN_ID_LIMIT, as_str
 from kvpool.optimized.key_match import (
     TokenArray,
     as_token_array,
@@ -159,6 +159,7 @@ class RadixKey:
 
 
 _TOKEN_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+assert TOKEN_ID_LIMIT == 2**31  # bigram_key's shift
 """The dtypes of a token array (:data:`~kvpool.optimized.key_match.TokenArray`)."""
 
 
@@ -311,6 +312,13 @@ class KeySource(Protocol):
     def all_token_ids(self) -> Sequence[int]: ...
 
 
+def bigram_key(key: RadixKey) -> RadixKey:
+    """``key``'s bigram key: the codes of :func:`kvpool.reference.radix_key.bigram_codes`
+    (``TOKEN_ID_LIMIT`` is ``2**31``), int64, in one vectorised step."""
+    arr = key.array.astype(np.int64)
+    return _wrap((arr[:-1] << 31) | arr[1:] if len(arr) > 1 else arr[:0], key.extra_key)
+
+
 def req_key(req: KeySource, stop: int) -> RadixKey:
     """Key of the request's first ``stop`` tokens (``fill_ids`` is always a prefix of the full
     token list); uses the twin Req's cached token array when there is one."""
@@ -342,6 +350,7 @@ __all__ = [
     "SlotsLike",
     "TreeNode",
     "as_slots",
+    "bigram_key",
     "check_tree_range",
     "join_slots",
     "req_key",

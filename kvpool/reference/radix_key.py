@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import overload
 
 from kvpool.constants import RESERVED_INDEX, is_power_of_two
@@ -17,7 +18,7 @@ from kvpool.errors import (
     PageSizeError,
     ReservedIndexError,
 )
-from kvpool.host_checks import as_int, int_list
+from kvpool.host_checks import TOKEN_ID_LIMIT, as_int, int_list
 
 ChildKey = int | tuple[int, ...] | tuple[str | None, int | tuple[int, ...]]
 """A ``children`` dict key: the first token id (page size 1) or the tuple of the first page of
@@ -176,11 +177,35 @@ def check_tree_slots(values: Sequence[object], limit: int | None) -> list[int]:
     return slots
 
 
+def bigram_codes(tokens: Sequence[int]) -> list[int]:
+    """EAGLE's bigram view of ``tokens`` (SGLang's ``is_eagle`` trees): one code per adjacent
+    pair, ``tokens[i] * TOKEN_ID_LIMIT + tokens[i + 1]``, ``len(tokens) - 1`` of them (none for
+    fewer than two tokens). Token ids lie in ``[0, TOKEN_ID_LIMIT)``, so equal codes mean equal
+    pairs and every code fits an int64. Code ``i`` stands for token ``i``'s slot: SGLang pairs a
+    bigram with the slot of its first token, so the last token's slot is never cached. Shared by
+    both twins and the SGLang adapters' snapshots."""
+    return [a * TOKEN_ID_LIMIT + b for a, b in pairwise(tokens)]
+
+
+def bigram_key(key: RadixKey) -> RadixKey:
+    """``key``'s bigram key (:func:`bigram_codes`: one element fewer), in its namespace."""
+    return RadixKey(bigram_codes(key.token_ids), key.extra_key)
+
+
+def cached_len(num_tokens: int, page_size: int, is_eagle: bool) -> int:
+    """Key elements (= slots) a tree can cache of a sequence's first ``num_tokens`` tokens:
+    page-aligned, and one fewer under EAGLE's bigram keys. Shared by both twins."""
+    return (max(num_tokens - is_eagle, 0) // page_size) * page_size
+
+
 __all__ = [
     "ChildKey",
     "MatchResult",
     "RadixKey",
     "TreeNode",
+    "bigram_codes",
+    "bigram_key",
+    "cached_len",
     "check_page_size",
     "check_tree_slots",
     "tree_slot_limit",

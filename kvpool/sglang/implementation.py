@@ -104,6 +104,7 @@ def implementation(
             config.page_size,
             disable=config.disable_radix_cache,
             eviction_policy=config.eviction_policy,
+            is_eagle=config.is_eagle,
         )
 
     def swa_allocator(config: PoolConfig) -> SGLangSWAAllocator:
@@ -165,7 +166,8 @@ def implementation(
             return SGLangUnifiedRadixCache(modules, pool, alloc, config.page_size,
                                            disable=config.disable_radix_cache,
                                            eviction_policy=config.eviction_policy,
-                                           tree_core=tree_core)  # fmt: skip
+                                           tree_core=tree_core,
+                                           is_eagle=config.is_eagle)  # fmt: skip
 
     unified_swa = None
     if has_unified_cache(modules):
@@ -347,6 +349,7 @@ def implementation(
     # a sliding-window model's lifecycle: SGLang's glue over its SWA allocator and the tree its
     # registry builds (kvpool.sglang.glue_swa)
     return dataclasses.replace(built, manager=manager, manager_runs_hybrid=True,
+                               manager_models_eagle=True,
                                swa_manager=swa_manager_factory(modules, tree_core),
                                reachability=reach, label=f"{built.label}-glue")  # fmt: skip
 

@@ -63,6 +63,7 @@ from typing import Any
 
 from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.radix_key import RadixKey as OptimizedRadixKey
+from kvpool.reference.radix_key import bigram_codes
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.cache_req import CacheReq, InsertedLen, row_prefix, token_array
 from kvpool.sglang.clock import frozen_at, install_clock
@@ -81,6 +82,13 @@ class SGLangMatch:
     device_indices: Any
     last_device_node: Any
     result: Any
+
+
+def key_codes(key: Any) -> tuple[int, ...]:
+    """An SGLang ``RadixKey`` as kvpool's snapshots spell a node's key: its token ids, or for a
+    bigram key (EAGLE) the codes of :func:`kvpool.reference.radix_key.bigram_codes`."""
+    raw = [int(t) for t in key.raw_token_ids()]
+    return tuple(bigram_codes(raw) if getattr(key, "is_bigram", False) else raw)
 
 
 def make_radix_key(modules: SGLangModules, token_ids: Sequence[int], extra_key: str | None) -> Any:
@@ -129,10 +137,12 @@ class SGLangRadixCache:
         page_size: int,
         disable: bool = False,
         eviction_policy: str = "lru",
+        is_eagle: bool = False,
     ) -> None:
         self.modules = modules
         self.page_size = page_size
         self.disable = disable
+        self.is_eagle = is_eagle
         self._radix = modules.module(_RADIX)
         install_clock(self._radix)
         _install_node_id(self._radix)
@@ -154,6 +164,7 @@ class SGLangRadixCache:
             token_to_kv_pool_allocator=_impl(token_to_kv_pool_allocator),
             page_size=page_size,
             eviction_policy=eviction_policy,
+            is_eagle=is_eagle,
         )
         with self._call():
             self.impl: Any = self._radix.RadixCache(params)
@@ -198,7 +209,12 @@ class SGLangRadixCache:
         return call
 
     def _walks(self, key: Any) -> bool:
-        return not self.disable and len(key) // self.page_size > 0
+        """Whether SGLang's call walks the tree: a page of the key as the tree keys it (its
+        bigrams under EAGLE, one fewer than the tokens of a key not yet viewed as bigrams)."""
+        n = len(key)
+        if self.is_eagle and not getattr(key, "is_bigram", True):
+            n = max(n - 1, 0)
+        return not self.disable and n // self.page_size > 0
 
     def _key(self, key: Any) -> Any:
         return to_sglang_key(self.modules, key)
@@ -328,17 +344,14 @@ class SGLangRadixCache:
                 NodeSnapshot(
                     node_id=int(node.id),
                     parent_id=None if node.parent is None else int(node.parent.id),
-                    key=tuple(int(t) for t in node.key.raw_token_ids()),
+                    key=key_codes(node.key),
                     extra_key=node.key.extra_key,
                     value=tuple(
                         int(v) for v in (node.value if node is root else node.value.tolist())
                     ),
                     lock_ref=int(node.lock_ref),
                     child_ids=tuple(int(c.id) for c in children),
-                    child_keys=tuple(
-                        tuple(int(t) for t in c.key.raw_token_ids()[: self.page_size])
-                        for c in children
-                    ),
+                    child_keys=tuple(key_codes(c.key)[: self.page_size] for c in children),
                     last_access_time=0.0
                     if node is root
                     else float(math.floor(node.last_access_time)),

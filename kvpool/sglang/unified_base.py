@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.errors import ConfigError
+from kvpool.sglang.radix import key_codes
 from kvpool.sglang.tree_core import TREE_CORES, UnifiedModules, load_unified
 
 BASE = "sglang.srt.mem_cache.base_prefix_cache"
@@ -172,7 +173,7 @@ class UnifiedTreeBase:
             value = params.value
             if value is not None:
                 extra = params.key.extra_key
-                tokens = params.key.raw_token_ids()
+                tokens = key_codes(params.key)  # bigram codes under EAGLE
                 for slot, token in zip(value.tolist(), tokens, strict=False):
                     self._slot_token[int(slot)] = (int(token), extra)
             return method(params)

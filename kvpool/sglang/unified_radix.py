@@ -29,7 +29,7 @@ import torch
 
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.cache_req import CacheReq, InsertedLen
-from kvpool.sglang.radix import SGLangMatch, SGLangRadixCache, to_sglang_key
+from kvpool.sglang.radix import SGLangMatch, SGLangRadixCache, key_codes, to_sglang_key
 from kvpool.sglang.unified_base import BASE, UnifiedNodeRef, UnifiedTreeBase
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
@@ -47,9 +47,11 @@ class SGLangUnifiedRadixCache(UnifiedTreeBase, SGLangRadixCache):
         disable: bool = False,
         eviction_policy: str = "lru",
         tree_core: str = "rust",
+        is_eagle: bool = False,
     ) -> None:
         self.page_size = page_size
         self.disable = disable
+        self.is_eagle = is_eagle
         self.eviction_policy = eviction_policy.lower()
         self._inserted = InsertedLen()
         self._build(
@@ -63,6 +65,7 @@ class SGLangUnifiedRadixCache(UnifiedTreeBase, SGLangRadixCache):
             ),
             page_size=page_size,
             eviction_policy=eviction_policy,
+            is_eagle=is_eagle,
         )
         self._tree_lock = self._lock_of
 
@@ -168,7 +171,7 @@ class SGLangUnifiedRadixCache(UnifiedTreeBase, SGLangRadixCache):
         for node, children in self.python_nodes():
             data = node.component_data[int(self._full)]
             value = () if data.value is None else tuple(int(v) for v in list(data.value))
-            key = () if node.key is None else tuple(int(t) for t in node.key.raw_token_ids())
+            key = () if node.key is None else key_codes(node.key)
             rows.append(NodeSnapshot(
                 node_id=sid(int(node.id)),
                 parent_id=None if node.parent is None else sid(int(node.parent.id)),
@@ -177,8 +180,7 @@ class SGLangUnifiedRadixCache(UnifiedTreeBase, SGLangRadixCache):
                 value=value,
                 lock_ref=int(data.lock_ref),
                 child_ids=tuple(sid(int(c.id)) for c in children),
-                child_keys=tuple(tuple(int(t) for t in c.key.raw_token_ids()[: self.page_size])
-                                 for c in children),
+                child_keys=tuple(key_codes(c.key)[: self.page_size] for c in children),
                 last_access_time=0.0,
             ))  # fmt: skip
         return rows

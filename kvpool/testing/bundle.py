@@ -121,6 +121,9 @@ class Implementation:
     """SGLang 0.5.23's ``UnifiedRadixCache`` with the FULL and SWA components (or kvpool's model
     of it), with the ``swa_radix_cache`` shape (over ``swa_allocator``); the
     ``unified_swa_radix_cache`` machine drives it."""
+    manager_models_eagle: bool = False
+    """Whether ``manager`` keys its radix tree by bigrams under ``PoolConfig.is_eagle`` (EAGLE:
+    the lifecycle machine draws such configurations only then)."""
     unified_lifecycle: bool = False
     """Whether the lifecycle's tree is ``unified_radix_cache`` (SGLang 0.5.23's server default)
     rather than ``radix_cache``."""

@@ -68,9 +68,8 @@ def reference_implementation() -> Implementation:
     def unified(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         from kvpool.reference.unified.radix_cache import UnifiedRadixCache
 
-        return UnifiedRadixCache(
-            pool, alloc, config.page_size, False, config.eviction_policy, rules=config.rules
-        )
+        return UnifiedRadixCache(pool, alloc, config.page_size, False, config.eviction_policy,
+                                 rules=config.rules, is_eagle=config.is_eagle)  # fmt: skip
 
     def hybrid(config: PoolConfig) -> Any:
         return HybridReqToTokenPool(config.req_pool_size, config.max_context_len,
@@ -84,6 +83,7 @@ def reference_implementation() -> Implementation:
         radix_cache=tree,
         radix_key=radix_key.RadixKey,
         manager=MemoryManager,
+        manager_models_eagle=True,
         hybrid_req_to_token_pool=hybrid,
         mamba_steps=mamba_lifecycle,
         mamba_radix_cache=mamba_tree,
@@ -196,7 +196,8 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         from kvpool.optimized.unified.radix_cache import UnifiedRadixCache
 
         return UnifiedRadixCache(pool, alloc, config.page_size, False, config.eviction_policy,
-                                 rules=config.rules, options=opts)  # fmt: skip
+                                 rules=config.rules, options=opts,
+                                 is_eagle=config.is_eagle)  # fmt: skip
 
     def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         return MambaRadixCache(pool, alloc, config.page_size, options=opts)
@@ -228,6 +229,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         radix_cache=tree,
         radix_key=radix_key.RadixKey,
         manager=manager,
+        manager_models_eagle=True,
         hybrid_req_to_token_pool=hybrid,
         mamba_steps=mamba_lifecycle,
         mamba_radix_cache=mamba_tree,

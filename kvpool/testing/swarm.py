@@ -105,6 +105,7 @@ def draw_config(
     page_size: int | None = None,
     hybrid: bool = False,
     host: bool = False,
+    eagle: bool = False,
     **overrides: Any,
 ) -> PoolConfig:
     """A small pool configuration. ``page_size`` and ``overrides`` pin fields (focused runs).
@@ -114,8 +115,10 @@ def draw_config(
     1 and ``need_sort`` (the Mamba radix cache: three to seven slots, so that cached states are
     evicted and admissions refused often; LRU eviction, no track buffers). ``host``: the
     candidate has a host tier, so non-hybrid radix-cache configurations with 3 or 6 rows get one
-    (:func:`host_tier_fields`). No extra draw: the other fields, and so every seed's run, stay
-    as they were."""
+    (:func:`host_tier_fields`). ``eagle``: the candidate's manager models EAGLE's bigram keys, so
+    plain radix-cache configurations (no Mamba slots, no host tier) with a page count of 1 mod 3
+    get ``is_eagle``. No extra draw: the other fields, and so every seed's run, stay as they
+    were."""
     ps = page_size if page_size is not None else c.choice(SUPPORTED_PAGE_SIZES_TESTED)
     pages = c.integer(4, 24) if ps <= 2 else c.integer(3, 12 if ps <= 4 else 8)
     fields: dict[str, Any] = {
@@ -160,6 +163,15 @@ def draw_config(
         and fields.get("mamba_slots") is None
     ):
         fields.update(host_tier_fields(pages, ps))
+    if (
+        eagle
+        and not fields["disable_radix_cache"]
+        and fields.get("mamba_slots") is None
+        and not fields.get("enable_hierarchical_cache")
+        and "is_eagle" not in overrides
+        and pages % 3 == 1
+    ):
+        fields["is_eagle"] = True
     return PoolConfig(**fields)
 
 

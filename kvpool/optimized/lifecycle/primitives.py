@@ -178,6 +178,7 @@ class LifecyclePrimitives:
                     clock,
                     rules=config.rules,
                     options=opts,
+                    is_eagle=config.is_eagle,
                 )
                 if config.mamba_slots is None
                 else mamba_lifecycle_tree(config, pool, alloc, options=opts)

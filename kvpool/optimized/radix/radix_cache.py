@@ -17,7 +17,8 @@ What differs is how the work is done:
   once stale entries outnumber the nodes;
 - the release path (``cache_finished_req`` / ``cache_unfinished_req`` / ``checkpoint``) takes a
   row already read by the caller (``row_read``) and skips the rewrite of a row that would change
-  no slot.
+  no slot;
+- ``is_eagle``: the bigram codes of a key come from one vectorised shift and ``|``.
 
 Units: sizes and lengths are tokens; values are slot ids.
 """
@@ -42,6 +43,7 @@ from kvpool.optimized.radix_key import (
     RadixKey,
     TreeNode,
     as_slots,
+    bigram_key,
     join_slots,
     req_key,
 )
@@ -58,7 +60,7 @@ from kvpool.reference.radix.checks import (  # pure host checks, shared
 )
 from kvpool.reference.radix.evict_policy import PriorityKey, get_priority_fn
 from kvpool.reference.radix.radix_cache import hit_floor, logical_clock  # pure helpers, shared
-from kvpool.reference.radix_key import tree_slot_limit
+from kvpool.reference.radix_key import cached_len, tree_slot_limit
 from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
@@ -86,6 +88,7 @@ class RadixCache:
         *,
         rules: Rules | None = None,
         options: TwinOptions | None = None,
+        is_eagle: bool = False,
     ) -> None:
         if not isinstance(page_size, int) or not is_power_of_two(page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
@@ -98,6 +101,7 @@ class RadixCache:
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
         self.rules = rules if rules is not None else Rules()
+        self.is_eagle = check_flag("is_eagle", is_eagle)
         self.disable = disable
         self.eviction_policy = eviction_policy.lower()
         self.priority_fn = get_priority_fn(self.eviction_policy)
@@ -214,6 +218,15 @@ class RadixCache:
             child = node.children.get(ck)
         return values, node, pos, ck
 
+    def _cached_len(self, num_tokens: int) -> int:
+        return cached_len(num_tokens, self.page_size, self.is_eagle)
+
+    def _req_key(self, req: Req, num_tokens: int) -> RadixKey:
+        """The token key of what the tree caches of the request's first ``num_tokens`` tokens
+        (see the reference)."""
+        cached = self._cached_len(num_tokens)
+        return req_key(req, cached + self.is_eagle if cached else 0)
+
     def _refresh(self, node: TreeNode) -> None:
         """``node``'s priority may have changed: an unlocked leaf gets a current heap entry."""
         if not node.children and node.lock_ref == 0 and node is not self.root_node:
@@ -224,6 +237,7 @@ class RadixCache:
         """Longest cached page-aligned prefix of ``key``; see the module docstring.
         InvalidArgumentError unless ``key`` is a RadixKey."""
         check_key(key, RadixKey)
+        key = bigram_key(key) if self.is_eagle else key
         aligned = floor_align(len(key), self.page_size)
         if self.disable or aligned == 0:
             return MatchResult(_EMPTY.to(self.device), self.root_node, self.root_node)
@@ -251,9 +265,11 @@ class RadixCache:
 
         Checked before any change, as the reference: the key and the scalars (both modes), the
         slots' dtype and shape (both modes), their range and distinctness (checked mode, or
-        always for host values: :func:`~kvpool.optimized.radix.checks.tree_slots`)."""
+        always for host values: :func:`~kvpool.optimized.radix.checks.tree_slots`). Under
+        ``is_eagle`` the tree stores ``key``'s bigrams at the first slots of ``value``."""
         check_key(key, RadixKey)
         check_insert_flags(priority, chunked, inserted_len)
+        tokens, key = key, bigram_key(key) if self.is_eagle else key
         if value is not None:
             limit = tree_slot_limit(self.token_to_kv_pool_allocator)
             value = tree_slots(value, len(key), self.device, self.options.checked, limit)
@@ -261,7 +277,7 @@ class RadixCache:
                 aligned = floor_align(len(key), self.page_size)
                 check_slots_held(self.token_to_kv_pool_allocator, value[:aligned])
         else:  # the token ids stand in for slots in tests only
-            value = as_slots(key.array, self.device)
+            value = as_slots(tokens.array, self.device)
             if value.shape[0] < len(key):
                 raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
         if self.disable:
@@ -447,7 +463,7 @@ class RadixCache:
         if self.rules.hit_count == "chunked":
             return self.insert(key, value, priority=req.priority, chunked=chunked)
         done = self.insert(key, value, priority=req.priority, inserted_len=req.cache_inserted_len)
-        req.cache_inserted_len = max(req.cache_inserted_len, len(key))
+        req.cache_inserted_len = max(req.cache_inserted_len, self._cached_len(len(key)))
         return done
 
     def _insert_checkpoint(
@@ -470,14 +486,13 @@ class RadixCache:
         row, _, _ = check_release(req, self.req_to_token_pool, up_to)
         self._check_unlock(req.last_node)
         kv = self._read_row(row, up_to)
-        aligned = floor_align(up_to, self.page_size)
-        key = req_key(req, aligned)
+        key, aligned = self._req_key(req, up_to), self._cached_len(up_to)
         self._insert_checkpoint(req, key, kv[:aligned], chunked)
-        prompt = floor_align(min(up_to, len(req.origin_input_ids)), self.page_size)
+        prompt_tokens = min(up_to, len(req.origin_input_ids))
+        prompt = self._cached_len(prompt_tokens)
         if 0 < prompt < aligned:
-            self.insert(
-                req_key(req, prompt), kv[:prompt], priority=req.priority + 1, inserted_len=prompt
-            )
+            self.insert(self._req_key(req, prompt_tokens), kv[:prompt], priority=req.priority + 1,
+                        inserted_len=prompt)  # fmt: skip
         protected = req.cache_protected_len
         match = self.match_prefix(key)
         new_indices = match.device_indices
@@ -528,9 +543,9 @@ class RadixCache:
         if self.disable:
             free(kv[req.cache_protected_len : committed])
             return
-        aligned = floor_align(committed, self.page_size)
+        aligned = self._cached_len(committed)
         if is_insert:
-            key = req_key(req, aligned)
+            key = self._req_key(req, committed)
             new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked=False)
             self._free_tree_slots(
                 kv[req.cache_protected_len : new_prefix_len], req.cache_protected_len
@@ -569,8 +584,8 @@ class RadixCache:
         if self.disable:
             req.prefix_indices = kv
             return
-        aligned = floor_align(num_tokens, self.page_size)
-        key = req_key(req, aligned)
+        aligned = self._cached_len(num_tokens)
+        key = self._req_key(req, num_tokens)
         new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked=chunked)
         self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : new_prefix_len])
         match = self.match_prefix(key)

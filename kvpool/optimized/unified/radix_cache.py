@@ -14,7 +14,7 @@ from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.radix.radix_cache import RadixCache
-from kvpool.optimized.radix_key import RadixKey, TreeNode
+from kvpool.optimized.radix_key import RadixKey, TreeNode, bigram_key
 from kvpool.optimized.req import Req
 from kvpool.reference.radix.checks import check_key  # a pure host check, shared
 
@@ -44,9 +44,10 @@ class UnifiedRadixCache(RadixCache):
         check_key(key, RadixKey)  # the spans below walk it before the base insert checks it
         if isinstance(prev_prefix_len, bool) or not isinstance(prev_prefix_len, int):
             raise InvalidArgumentError(f"prev_prefix_len must be an int, got {prev_prefix_len!r}")
-        if not 0 <= prev_prefix_len <= len(key):
+        stored = len(key) - self.is_eagle if len(key) else 0  # the tree's key: its bigrams
+        if not 0 <= prev_prefix_len <= stored:
             raise InvalidArgumentError(
-                f"prev_prefix_len {prev_prefix_len} outside [0, {len(key)}] (the key's tokens)"
+                f"prev_prefix_len {prev_prefix_len} outside [0, {stored}] (the key's tokens)"
             )
         spans = [] if self.disable else self._overlap_spans(key)
         cached = super().insert(key, value, priority, chunked, inserted_len)
@@ -85,6 +86,7 @@ class UnifiedRadixCache(RadixCache):
         """``[start, end)`` (tokens) of each node an insert of ``key`` would walk through, in
         walk order; reads the tree only (no stamp, no split)."""
         ps = self.page_size
+        key = bigram_key(key) if self.is_eagle else key
         n = floor_align(len(key), ps)
         spans: list[tuple[int, int]] = []
         if n == 0:

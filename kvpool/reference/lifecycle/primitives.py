@@ -130,7 +130,16 @@ class LifecyclePrimitives:
                 if config.disable_radix_cache
                 else build_hiradix_tree(config, pool, alloc, self.kv_cache, clock)
                 if config.enable_hierarchical_cache
-                else RadixCache(pool, alloc, ps, False, config.eviction_policy, clock, rules=rules)
+                else RadixCache(
+                    pool,
+                    alloc,
+                    ps,
+                    False,
+                    config.eviction_policy,
+                    clock,
+                    rules=rules,
+                    is_eagle=config.is_eagle,
+                )
                 if config.mamba_slots is None
                 else mamba_lifecycle_tree(config, pool, alloc)
             ),

@@ -34,6 +34,11 @@ pop,
   prefill chunks) and, under ``Rules.release_path == "checkpoint"``, SGLang 0.5.23's
   ``checkpoint`` hand a request's KV to the tree; slots the tree owned go back through
   ``Rules.tree_free``.
+- EAGLE (``is_eagle``, SGLang's ``CacheInitParams.is_eagle``): ``match_prefix`` and ``insert``
+  take token keys and key the tree by their bigrams (:func:`~kvpool.reference.radix_key.
+  bigram_key`: one element fewer, element ``i`` at token ``i``'s slot), as SGLang's
+  ``maybe_to_bigram_view``; the release paths cache ``floor_align(n - 1)`` of a request's ``n``
+  tokens, so the last token's slot always goes back as part of the tail.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ from kvpool.reference.radix_key import (
     MatchResult,
     RadixKey,
     TreeNode,
+    bigram_key,
+    cached_len,
     check_tree_slots,
     tree_slot_limit,
 )
@@ -107,6 +114,7 @@ class RadixCache:
         clock: Callable[[], float] | None = None,
         *,
         rules: Rules | None = None,
+        is_eagle: bool = False,
     ) -> None:
         if not isinstance(page_size, int) or not is_power_of_two(page_size):
             raise PageSizeError(f"page_size must be a positive power of two, got {page_size!r}")
@@ -119,6 +127,7 @@ class RadixCache:
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
         self.rules = rules if rules is not None else Rules()
+        self.is_eagle = check_flag("is_eagle", is_eagle)
         self.disable = disable
         self.eviction_policy = eviction_policy.lower()
         self.priority_fn: Callable[[TreeNode], PriorityKey] = get_priority_fn(self.eviction_policy)
@@ -180,6 +189,20 @@ class RadixCache:
     def _align(self, key: RadixKey) -> RadixKey:
         return key[: floor_align(len(key), self.page_size)]
 
+    def _tree_key(self, key: RadixKey) -> RadixKey:
+        """The key the tree stores for token key ``key``: its bigrams under ``is_eagle``."""
+        return bigram_key(key) if self.is_eagle else key
+
+    def _cached_len(self, num_tokens: int) -> int:
+        return cached_len(num_tokens, self.page_size, self.is_eagle)
+
+    def _req_key(self, req: Req, num_tokens: int) -> RadixKey:
+        """The token key of what the tree caches of the request's first ``num_tokens`` tokens:
+        :meth:`_cached_len` tokens, one more under ``is_eagle`` (its last bigram's second)."""
+        cached = self._cached_len(num_tokens)
+        stop = cached + self.is_eagle if cached else 0
+        return RadixKey(req.all_token_ids[:stop], req.extra_key)
+
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         """Cut ``child`` after ``split_len`` tokens; returns the new upper node (next id, created
         at the walk's time, which ``child`` was just stamped with)."""
@@ -204,7 +227,7 @@ class RadixCache:
         Returns the matched slots and the deepest matched node (root if none).
         InvalidArgumentError unless ``key`` is a RadixKey."""
         check_key(key, RadixKey)
-        key = self._align(key)
+        key = self._align(self._tree_key(key))
         if self.disable or len(key) == 0:
             return MatchResult([], self.root_node, self.root_node)
         now = self.clock()
@@ -244,11 +267,13 @@ class RadixCache:
         bool, ``inserted_len`` None or a count (InvalidArgumentError); ``value`` integers, at
         least one per token, inside the pool and not slot 0 (:func:`check_tree_slots`), no slot
         named twice (DoubleFreeError: the tree would free it twice), the page-aligned part
-        (what the tree may own) allocated (InvalidArgumentError)."""
+        (what the tree may own) allocated (InvalidArgumentError). Under ``is_eagle`` the tree
+        stores ``key``'s bigrams (one element fewer) at the first slots of ``value``."""
         check_key(key, RadixKey)
         check_insert_flags(priority, chunked, inserted_len)
         explicit = value is not None
         value = int_list("value", value) if value is not None else list(key.token_ids)
+        key = self._tree_key(key)
         if len(value) < len(key):
             raise InvalidArgumentError(f"{len(value)} slots for a key of {len(key)} tokens")
         if explicit:  # the token ids stand in for slots in tests only
@@ -403,7 +428,7 @@ class RadixCache:
         if self.rules.hit_count == "chunked":
             return self.insert(key, value, priority=req.priority, chunked=chunked)
         done = self.insert(key, value, priority=req.priority, inserted_len=req.cache_inserted_len)
-        req.cache_inserted_len = max(req.cache_inserted_len, len(key))
+        req.cache_inserted_len = max(req.cache_inserted_len, self._cached_len(len(key)))
         return done
 
     def _insert_checkpoint(self, req: Req, key: RadixKey, value: list[int], chunked: bool) -> int:
@@ -436,13 +461,13 @@ class RadixCache:
         row, _, _ = check_release(req, self.req_to_token_pool, up_to)
         self._check_unlock(req.last_node)
         kv = self.req_to_token_pool.read(row, 0, up_to)
-        tokens = req.all_token_ids[:up_to]
-        aligned = floor_align(up_to, self.page_size)
-        key = RadixKey(tokens[:aligned], req.extra_key)
+        key, aligned = self._req_key(req, up_to), self._cached_len(up_to)
         self._insert_checkpoint(req, key, kv[:aligned], chunked)
-        prompt = floor_align(min(up_to, len(req.origin_input_ids)), self.page_size)
+        prompt_tokens = min(up_to, len(req.origin_input_ids))
+        prompt = self._cached_len(prompt_tokens)
         if 0 < prompt < aligned:
-            self.insert(key[:prompt], kv[:prompt], priority=req.priority + 1, inserted_len=prompt)
+            self.insert(self._req_key(req, prompt_tokens), kv[:prompt], priority=req.priority + 1,
+                        inserted_len=prompt)  # fmt: skip
         protected = req.cache_protected_len
         match = self.match_prefix(key)
         new_indices = match.device_indices
@@ -505,11 +530,10 @@ class RadixCache:
         if self.disable:
             free(kv[req.cache_protected_len : committed])
             return
-        aligned = floor_align(committed, self.page_size)
+        aligned = self._cached_len(committed)
         if is_insert:
-            tokens = req.all_token_ids[:committed]
             new_prefix_len = self._insert_req(
-                req, RadixKey(tokens[:aligned], req.extra_key), kv[:aligned], chunked=False
+                req, self._req_key(req, committed), kv[:aligned], chunked=False
             )
             self._free_tree_slots(
                 kv[req.cache_protected_len : new_prefix_len], req.cache_protected_len
@@ -550,8 +574,8 @@ class RadixCache:
         if self.disable:
             req.prefix_indices = kv
             return
-        aligned = floor_align(len(tokens), self.page_size)
-        key = RadixKey(tokens[:aligned], req.extra_key)
+        aligned = self._cached_len(len(tokens))
+        key = self._req_key(req, len(tokens))
         new_prefix_len = self._insert_req(req, key, kv[:aligned], chunked=chunked)
         self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : new_prefix_len])
         match = self.match_prefix(key)

@@ -55,9 +55,10 @@ class UnifiedRadixCache(RadixCache):
         check_key(key, RadixKey)  # the spans below walk it before the base insert checks it
         if isinstance(prev_prefix_len, bool) or not isinstance(prev_prefix_len, int):
             raise InvalidArgumentError(f"prev_prefix_len must be an int, got {prev_prefix_len!r}")
-        if not 0 <= prev_prefix_len <= len(key):
+        stored = len(key) - self.is_eagle if len(key) else 0  # the tree's key: its bigrams
+        if not 0 <= prev_prefix_len <= stored:
             raise InvalidArgumentError(
-                f"prev_prefix_len {prev_prefix_len} outside [0, {len(key)}] (the key's tokens)"
+                f"prev_prefix_len {prev_prefix_len} outside [0, {stored}] (the key's tokens)"
             )
         spans = self._overlap_spans(key)
         cached = super().insert(key, value, priority, chunked, inserted_len)
@@ -96,7 +97,7 @@ class UnifiedRadixCache(RadixCache):
         """``[start, end)`` (tokens) of each node an insert of ``key`` would walk through,
         in walk order (the part of the key that node already holds)."""
         spans: list[tuple[int, int]] = []
-        key = self._align(key)
+        key = self._align(self._tree_key(key))
         node, pos = self.root_node, 0
         while pos < len(key):
             rest = key[pos:]

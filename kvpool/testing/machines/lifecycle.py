@@ -272,7 +272,8 @@ class LifecycleTarget:
         # the host tier lives in the implementation's own manager: 0.5.16's host tier, or
         # 0.5.23's inside the unified cache (SGLang's glue over it: kvpool.sglang.glue_hicache)
         host = impl.manager is not None and impl.provides("hiradix_cache")
-        config = draw_config(c, hybrid=hybrid, host=host, rules=impl.rules_or_default())
+        config = draw_config(c, hybrid=hybrid, host=host, eagle=impl.manager_models_eagle,
+                             rules=impl.rules_or_default())  # fmt: skip
         return dataclasses.replace(config, **layer_fields(config))
 
     def pair(

@@ -1,0 +1,126 @@
+"""EAGLE's bigram keys (``PoolConfig.is_eagle``, specs/radix_cache.md "EAGLE bigram keys"):
+both twins key the radix tree by adjacent token pairs, so a sequence of ``n`` tokens caches the
+slots of its first ``floor_align(n - 1)`` and a match needs the token after the last matched
+one to agree too. Directed cases on both twins and both release rules, then a seeded lockstep
+campaign over EAGLE configurations only."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvpool.config import PoolConfig
+from kvpool.errors import ConfigError
+from kvpool.host_checks import TOKEN_ID_LIMIT
+from kvpool.optimized import radix_key as twin_key
+from kvpool.reference.radix_key import RadixKey, bigram_codes, bigram_key, cached_len
+from kvpool.rules import Rules
+from kvpool.testing.implementations import optimized_implementation, reference_implementation
+from kvpool.testing.runs import execute, run_config
+
+RULES = {"0.5.16": Rules.for_sglang("0.5.16"), "0.5.23": Rules.for_sglang("0.5.23")}
+
+
+def _managers(config: PoolConfig) -> list[Any]:
+    return [impl.manager(config) for impl in (reference_implementation(),  # type: ignore[misc]
+                                              optimized_implementation("torch"))]  # fmt: skip
+
+
+def _tree(manager: Any) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    return [(n.key, n.value) for n in manager.snapshot().tree.nodes]
+
+
+def test_bigram_codes_pair_adjacent_tokens() -> None:
+    assert bigram_codes([]) == [] and bigram_codes([5]) == []
+    assert bigram_codes([1, 2, 3]) == [1 * TOKEN_ID_LIMIT + 2, 2 * TOKEN_ID_LIMIT + 3]
+    key = bigram_key(RadixKey([4, 4, 9], "ns"))
+    assert key.token_ids == [4 * TOKEN_ID_LIMIT + 4, 4 * TOKEN_ID_LIMIT + 9]
+    assert key.extra_key == "ns"
+
+
+def test_twin_bigram_key_gives_the_reference_codes() -> None:
+    rng = random.Random(7)
+    for n in (0, 1, 2, 17):
+        tokens = [rng.choice((0, 1, TOKEN_ID_LIMIT - 1, rng.randrange(TOKEN_ID_LIMIT)))
+                  for _ in range(n)]  # fmt: skip
+        for given in (tokens, np.asarray(tokens, dtype=np.int64)):
+            got = twin_key.bigram_key(twin_key.RadixKey(given, "x"))
+            assert got.token_ids == bigram_codes(tokens) and got.extra_key == "x"
+
+
+@pytest.mark.parametrize(("n", "ps", "want"), [(0, 1, 0), (1, 1, 0), (2, 1, 1), (9, 4, 8),
+                                               (8, 4, 4), (5, 4, 4), (4, 4, 0)])  # fmt: skip
+def test_cached_len_is_one_short_under_eagle(n: int, ps: int, want: int) -> None:
+    assert cached_len(n, ps, True) == want
+    assert cached_len(n, ps, False) == n // ps * ps
+
+
+@pytest.mark.parametrize("release", sorted(RULES))
+@pytest.mark.parametrize("ps", [1, 4])
+def test_finish_caches_one_token_fewer(release: str, ps: int) -> None:
+    """11 prompt tokens and one decoded: 12 committed, ``floor_align(11)`` cached; the slot of
+    the decoded token always goes back with the tail."""
+    config = PoolConfig(size=64, page_size=ps, is_eagle=True, rules=RULES[release])
+    plain = dataclasses.replace(config, is_eagle=False)
+    for eagle, m in [(True, x) for x in _managers(config)] + [(False, x) for x in _managers(plain)]:
+        m.new_req("a", list(range(1, 12)))
+        m.extend(["a"])
+        m.decode(["a"], [50])
+        m.finish(["a"])
+        snap = m.snapshot()
+        held = snap.tree.evictable_size + snap.tree.protected_size
+        assert held == cached_len(12, ps, eagle)
+        assert snap.allocator.available_size() == 64 - held
+
+
+@pytest.mark.parametrize("release", sorted(RULES))
+def test_match_needs_the_next_token_too(release: str) -> None:
+    """A prompt that agrees with a cached one on 11 tokens and differs at the 12th reuses 10
+    slots with bigram keys (the pair (t10, t11) differs), 11 without."""
+    for eagle in (True, False):
+        config = PoolConfig(size=64, is_eagle=eagle, rules=RULES[release])
+        trees, prefixes = [], []
+        for m in _managers(config):
+            m.new_req("a", list(range(1, 12)))
+            m.extend(["a"])
+            m.decode(["a"], [50])
+            m.finish(["a"])
+            m.new_req("b", [*range(1, 12), 7, 7])
+            prefixes.append(m.match_prefix("b"))
+            trees.append(_tree(m))
+        assert prefixes == [10, 10] if eagle else prefixes == [11, 11]
+        assert trees[0] == trees[1]
+        codes = {c for key, _ in trees[0] for c in key}
+        assert (max(codes) >= TOKEN_ID_LIMIT) == eagle  # the tree holds pair codes
+
+
+@pytest.mark.parametrize(
+    "fields", [{"sliding_window": 4}, {"mamba_slots": 2}, {"enable_hierarchical_cache": True}]
+)
+def test_eagle_is_refused_where_it_is_not_modelled(fields: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="is_eagle"):
+        PoolConfig(is_eagle=True, **fields)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release", ["", "@0.5.16", "@0.5.23"])
+def test_lockstep_on_eagle_configurations(release: str) -> None:
+    """The twin against the reference on the lifecycle machine's EAGLE configurations of seed 3
+    (the machine gives ``is_eagle`` to one plain radix configuration in three or so)."""
+    from kvpool.testing.implementations import resolve_implementation
+
+    ref = resolve_implementation("reference" + release)
+    twin = resolve_implementation("optimized" + release)
+    ran = 0
+    for run in range(120):
+        chooser, config = run_config("manager", twin, 3, run)
+        if not config.is_eagle:
+            continue
+        result = execute("manager", ref, twin, config, chooser=chooser, steps=60)
+        assert result.failure is None, str(result.failure)
+        ran += 1
+    assert ran >= 10

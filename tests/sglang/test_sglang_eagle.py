@@ -1,0 +1,88 @@
+"""EAGLE's bigram keys against SGLang's own trees (opt-in: ``--run-sglang-wheel``): with
+``CacheInitParams.is_eagle`` SGLang keys its radix tree by adjacent token pairs; kvpool's
+reference under ``PoolConfig.is_eagle`` must agree on both releases and both 0.5.23 tree cores,
+and a campaign over EAGLE configurations must see a tree that was not told."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from kvpool.config import PoolConfig
+from kvpool.rules import Rules
+from kvpool.sglang import implementation
+from kvpool.testing.implementations import reference_implementation
+from kvpool.testing.runs import execute, run_config
+
+SIDES = [("0.5.23", {}), ("0.5.23", {"tree_core": "python"}), ("0.5.16", {})]
+
+
+def _directed(manager: Any) -> tuple[int, int, list[Any]]:
+    """A finished request of 12 committed tokens, then a prompt agreeing on 11 and differing at
+    the 12th: (its matched prefix, free slots, the tree's nodes)."""
+    manager.new_req("a", list(range(1, 12)))
+    manager.extend(["a"])
+    manager.decode(["a"], [50])
+    manager.finish(["a"])
+    manager.new_req("b", [*range(1, 12), 7, 7])
+    prefix = manager.match_prefix("b")
+    snap = manager.snapshot()
+    return prefix, snap.allocator.available_size(), sorted((n.key, n.value)
+                                                           for n in snap.tree.nodes)  # fmt: skip
+
+
+@pytest.mark.parametrize(("source", "options"), SIDES)
+@pytest.mark.parametrize("ps", [1, 4])
+def test_sglangs_bigram_tree_matches_the_reference(
+    source: str, options: dict[str, Any], ps: int
+) -> None:
+    config = PoolConfig(size=64, page_size=ps, is_eagle=True, rules=Rules.for_sglang(source))
+    candidate = implementation(source, **options)
+    assert candidate.manager is not None and candidate.manager_models_eagle
+    ours = _directed(reference_implementation().manager(config))  # type: ignore[misc]
+    theirs = _directed(candidate.manager(config))
+    assert ours == theirs
+    assert ours[0] == (10 if ps == 1 else 8)  # the pair (11, 7) is not (11, 50)
+    plain = _directed(candidate.manager(dataclasses.replace(config, is_eagle=False)))
+    assert plain[0] == (11 if ps == 1 else 8) and plain != theirs
+
+
+def _eagle_campaign(candidate: Any, seed: int, runs: int) -> tuple[int, Any]:
+    ran = 0
+    for run in range(runs):
+        chooser, config = run_config("manager", candidate, seed, run)
+        if not config.is_eagle:
+            continue
+        result = execute("manager", reference_implementation(), candidate, config,
+                         chooser=chooser, steps=60, labels=("reference", "sglang"))  # fmt: skip
+        ran += 1
+        if result.failure is not None:
+            return ran, result.failure
+    return ran, None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("source", "options"), SIDES)
+def test_eagle_campaign_passes(source: str, options: dict[str, Any]) -> None:
+    ran, failure = _eagle_campaign(implementation(source, **options), seed=3, runs=90)
+    assert failure is None, failure.report
+    assert ran >= 8
+
+
+@pytest.mark.slow
+def test_a_tree_not_told_of_eagle_is_caught() -> None:
+    """Planted: SGLang's tree built without ``is_eagle`` (a server that forgot the flag), under a
+    lifecycle that asks for bigram keys: the campaign reports a difference."""
+    candidate = implementation("0.5.23")
+    tree = candidate.unified_radix_cache
+    assert tree is not None
+
+    def untold(config: PoolConfig, pool: Any, alloc: Any) -> Any:
+        return tree(dataclasses.replace(config, is_eagle=False), pool, alloc)
+
+    ran, failure = _eagle_campaign(dataclasses.replace(candidate, unified_radix_cache=untold),
+                                   seed=3, runs=90)  # fmt: skip
+    assert failure is not None and ran >= 1
+    assert failure.detector == "lockstep-diff", failure.report
