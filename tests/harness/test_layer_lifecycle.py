@@ -119,7 +119,8 @@ def test_the_lifecycle_target_draws_the_knob_and_keeps_the_other_configurations(
     for seed in range(300):
         drawn_rng, plain_rng = random.Random(seed), random.Random(seed)
         drawn = target.draw_config(RandomChooser(drawn_rng), impl)
-        plain = draw_config(RandomChooser(plain_rng), hybrid=hybrid, host=host, rules=rules)
+        plain = draw_config(RandomChooser(plain_rng), hybrid=hybrid, host=host,
+                            eagle=impl.manager_models_eagle, rules=rules)  # fmt: skip
         assert drawn_rng.random() == plain_rng.random()  # no extra draw
         assert (
             not plain.layerwise_loading
