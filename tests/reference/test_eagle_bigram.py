@@ -124,3 +124,27 @@ def test_lockstep_on_eagle_configurations(release: str) -> None:
         assert result.failure is None, str(result.failure)
         ran += 1
     assert ran >= 10
+
+
+@pytest.mark.slow
+def test_a_twin_that_caches_the_last_token_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the twin's release paths count a request's tokens as a plain tree does (the
+    last token's slot cached under bigram keys too); the campaign on EAGLE configurations
+    reports it."""
+    from kvpool.optimized.radix.radix_cache import RadixCache as TwinRadixCache
+    from kvpool.reference.radix_key import cached_len as exact
+
+    def plain_count(self: TwinRadixCache, num_tokens: int) -> int:
+        return exact(num_tokens + self.is_eagle, self.page_size, self.is_eagle)
+
+    monkeypatch.setattr(TwinRadixCache, "_cached_len", plain_count)
+    ref, twin = reference_implementation(), optimized_implementation("torch")
+    for run in range(120):
+        chooser, config = run_config("manager", twin, 3, run)
+        if config.is_eagle:
+            result = execute("manager", ref, twin, config, chooser=chooser, steps=60)
+            if result.failure is not None:
+                break
+    else:
+        pytest.fail("the planted release was not caught")
+    assert result.failure.detector != "crash", str(result.failure)
