@@ -409,6 +409,10 @@ class HostTierSnapshot:
     device_held: tuple[int, ...] = ()
     """Device pages held outside the tree (the lifecycle's requests and sessions: their private
     ranges); a component run holds none. Not leaked, for ``INV-HOST-DEVICE-ACCOUNTING``."""
+    bigram_keys: bool = False
+    """Whether the tree's node keys are EAGLE bigram codes (``PoolConfig.is_eagle``: element
+    ``i`` is ``t[i] * 2**31 + t[i + 1]``, so token ``i`` is ``code >> 31``), which the tag
+    checks decode."""
 
 
 def _same_fields(self: object, other: object) -> object:

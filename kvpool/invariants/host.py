@@ -282,6 +282,12 @@ _namespace_seed = lru_cache(maxsize=256)(namespace_seed)
 """:func:`~kvpool.tags.namespace_seed` remembered (a loop per character of the namespace)."""
 
 
+def _key_tokens(key: tuple[int, ...], bigram: bool) -> tuple[int, ...]:
+    """The tokens whose slots a node key's elements stand for: the key itself, or each bigram
+    code's first token (``code >> 31``: :func:`kvpool.reference.radix_key.bigram_codes`)."""
+    return tuple(code >> 31 for code in key) if bigram else key
+
+
 def _path_tags(snap: HostTierSnapshot) -> dict[int, tuple[int, ...]]:
     """Node id -> the tags its tokens must hold (from the whole root path, in its namespace):
     ``kv_tags(path tokens, n.extra_key)`` over the node's own tokens, continued from the hash
@@ -310,10 +316,10 @@ def _path_tags(snap: HostTierSnapshot) -> dict[int, tuple[int, ...]]:
         if state is None:
             state = _namespace_seed(namespace)
         for above in reversed(chain_up):
-            tags = _tags_after(state, above.key)
+            tags = _tags_after(state, _key_tokens(above.key, snap.bigram_keys))
             state = tags[-1] - 1 if tags else state
             states[(above.node_id, namespace)] = state
-        out[n.node_id] = _tags_after(state, n.key)
+        out[n.node_id] = _tags_after(state, _key_tokens(n.key, snap.bigram_keys))
     return out
 
 

@@ -113,7 +113,7 @@ class SGLangHiCacheGlueManager(SGLangGlueManager):
                                         cfg.hicache_ratio, cfg.eviction_policy,
                                         cfg.hicache_write_policy,
                                         cfg.hicache_load_back_threshold,
-                                        tree_core)  # fmt: skip
+                                        tree_core, is_eagle=cfg.is_eagle)  # fmt: skip
 
         super().__init__(
             config,

@@ -109,14 +109,14 @@ class SGLangHiRadixLifecycle(SGLangHiRadixCache):
     def __init__(self, modules: SGLangModules, req_to_token_pool: Any, allocator: Any,
                  page_size: int, device_pool: Any, host_to_device_ratio: float,
                  eviction_policy: str = "lru", write_policy: str = "write_through",
-                 load_back_threshold: int = 10) -> None:  # fmt: skip
+                 load_back_threshold: int = 10, is_eagle: bool = False) -> None:  # fmt: skip
         self._depth = 0
         # the base sizes the host pool as the device pool times the ratio (no byte budget), but
         # computes a token's bytes first from MHA fields; any KV format the lifecycle draws
         # (MLA, quantized) is sized alike, so it reads them from a view, then holds the pool
         super().__init__(modules, req_to_token_pool, allocator, page_size,
                          _MHASizeView(device_pool), host_to_device_ratio, eviction_policy,
-                         write_policy, load_back_threshold)  # fmt: skip
+                         write_policy, load_back_threshold, is_eagle=is_eagle)  # fmt: skip
         self.token_to_kv_pool_host.device_pool = device_pool
         self.impl.kv_cache = device_pool
         self._inserted = InsertedLen()
@@ -147,7 +147,7 @@ class SGLangHiRadixLifecycle(SGLangHiRadixCache):
 
     def _ticking(self, method: Any) -> Any:
         def call(params: Any) -> Any:
-            with self._call(len(params.key) // self.page_size > 0):
+            with self._call(self._walks(params.key)):
                 return method(params)
 
         return call
@@ -206,7 +206,8 @@ class SGLangHiCacheGlueManagerV0516(SGLangGlueManagerV0516):
             return SGLangHiRadixLifecycle(modules, pool, alloc, cfg.page_size, self.kv_cache,
                                           cfg.hicache_ratio, cfg.eviction_policy,
                                           cfg.hicache_write_policy,
-                                          cfg.hicache_load_back_threshold)  # fmt: skip
+                                          cfg.hicache_load_back_threshold,
+                                          is_eagle=cfg.is_eagle)  # fmt: skip
 
         super().__init__(config, modules, token_to_kv_pool_allocator=token_to_kv_pool_allocator,
                          req_to_token_pool=req_to_token_pool, tree_cache=tree)  # fmt: skip

@@ -64,7 +64,7 @@ from kvpool.sglang.cache_req import token_array
 from kvpool.sglang.clock import frozen_at, install_clock
 from kvpool.sglang.host_pool import SGLangHostPool
 from kvpool.sglang.loader import SGLangModules
-from kvpool.sglang.radix import _install_node_id, to_sglang_key
+from kvpool.sglang.radix import _install_node_id, key_codes, to_sglang_key
 from kvpool.snapshot import HostTierSnapshot, NodeSnapshot, PrefetchSnapshot, TreeSnapshot
 from kvpool.tags import kv_tags
 
@@ -235,12 +235,13 @@ class SGLangHiRadixCache:
                  page_size: int, device_pool: Any, host_to_device_ratio: float,
                  eviction_policy: str = "lru", write_policy: str = "write_through",
                  load_back_threshold: int = 10, prefetch_threshold: int = 256,
-                 enable_storage: bool = False) -> None:  # fmt: skip
+                 enable_storage: bool = False, is_eagle: bool = False) -> None:  # fmt: skip
         hi = modules.module(_HI)
         cls = hi.__dict__.get("HiRadixCache")
         if cls is None:
             raise SGLangLoadError(f"SGLang {modules.version} has no mem_cache.HiRadixCache")
         self.modules, self.page_size, self.disable = modules, page_size, False
+        self.is_eagle = is_eagle
         self._radix = modules.module(_RADIX)
         for module in (self._radix, hi):
             install_clock(module)
@@ -272,7 +273,7 @@ class SGLangHiRadixCache:
         params = modules.attr("sglang.srt.mem_cache.cache_init_params", "CacheInitParams")(
             disable=False, req_to_token_pool=getattr(req_to_token_pool, "impl", req_to_token_pool),
             token_to_kv_pool_allocator=getattr(allocator, "impl", allocator),
-            page_size=page_size, eviction_policy=eviction_policy)  # fmt: skip
+            page_size=page_size, eviction_policy=eviction_policy, is_eagle=is_eagle)  # fmt: skip
         with self._call():
             self._radix.RadixCache.__init__(impl, params)
         if enable_storage:  # no backend: a host copy goes nowhere further (module docstring)
@@ -291,6 +292,14 @@ class SGLangHiRadixCache:
         finally:
             self._next_id = node_cls.counter
 
+    def _walks(self, key: Any) -> bool:
+        """Whether SGLang's call on ``key`` walks the tree: a page of it as the tree keys it
+        (under EAGLE its bigrams, one fewer than the tokens of a key not yet viewed so)."""
+        n = len(key)
+        if self.is_eagle and not getattr(key, "is_bigram", True):
+            n = max(n - 1, 0)
+        return n // self.page_size > 0
+
     def _params(self, name: str, **kw: Any) -> Any:
         return self.modules.attr(_BASE, name)(**kw)
 
@@ -299,12 +308,12 @@ class SGLangHiRadixCache:
         skey = to_sglang_key(self.modules, key)
         params = self._params("InsertParams", key=skey, priority=priority,
                               value=None if value is None else as_index_tensor(value))  # fmt: skip
-        with self._call(len(skey) // self.page_size > 0):
+        with self._call(self._walks(skey)):
             return int(self.impl.insert(params).prefix_len)
 
     def match_prefix(self, key: Any) -> SGLangHiMatch:
         skey = to_sglang_key(self.modules, key)
-        with self._call(len(skey) // self.page_size > 0):
+        with self._call(self._walks(skey)):
             r = self.impl.match_prefix(self._params("MatchPrefixParams", key=skey))
         return SGLangHiMatch(as_index_tensor(r.device_indices), r.last_device_node,
                              r.last_host_node, int(r.host_hit_length))  # fmt: skip
@@ -467,10 +476,10 @@ class SGLangHiRadixCache:
             nodes.append(NodeSnapshot(
                 node_id=int(node.id),
                 parent_id=None if node.parent is None else int(node.parent.id),
-                key=tuple(int(t) for t in node.key.raw_token_ids()), extra_key=node.key.extra_key,
+                key=key_codes(node.key), extra_key=node.key.extra_key,
                 value=() if node is root or node.value is None else tuple(node.value.tolist()),
                 lock_ref=int(node.lock_ref), child_ids=tuple(int(c.id) for c in kids),
-                child_keys=tuple(tuple(int(t) for t in c.key.raw_token_ids()[:ps]) for c in kids),
+                child_keys=tuple(key_codes(c.key)[:ps] for c in kids),
                 last_access_time=0.0 if node is root else float(math.floor(node.last_access_time)),
                 hit_count=int(node.hit_count), priority=0 if node is root else int(node.priority),
                 evicted=node is not root and node.value is None,
@@ -496,6 +505,7 @@ class SGLangHiRadixCache:
                                 for s in page.tolist()),
             worker_held=tuple(cc.worker_held()),
             device_tags=tuple(device_row_tags(cc.mem_pool_device)),
+            bigram_keys=self.is_eagle,
         )  # fmt: skip
 
 

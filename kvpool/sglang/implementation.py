@@ -143,7 +143,7 @@ def implementation(
                                   config.eviction_policy, config.hicache_write_policy,
                                   config.hicache_load_back_threshold,
                                   config.hicache_prefetch_threshold,
-                                  config.hicache_storage)  # fmt: skip
+                                  config.hicache_storage, is_eagle=config.is_eagle)  # fmt: skip
 
     def unified_hiradix_cache(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         """0.5.23's host tier: the unified cache with ``init_hicache``'s host tier attached
@@ -156,7 +156,8 @@ def implementation(
                                     config.eviction_policy, config.hicache_write_policy,
                                     config.hicache_load_back_threshold, tree_core,
                                     config.hicache_prefetch_threshold,
-                                    config.hicache_storage)  # fmt: skip
+                                    config.hicache_storage,
+                                    is_eagle=config.is_eagle)  # fmt: skip
 
     unified_hicache = unified_hiradix_cache if has_unified_cache(modules) else None
     unified = None

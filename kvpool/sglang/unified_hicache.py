@@ -56,7 +56,7 @@ from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.cache_req import InsertedLen
 from kvpool.sglang.hiradix import _TaggedHostPool
 from kvpool.sglang.loader import SGLangModules
-from kvpool.sglang.radix import to_sglang_key
+from kvpool.sglang.radix import key_codes, to_sglang_key
 from kvpool.sglang.unified_base import BASE, UnifiedNodeRef, UnifiedTreeBase
 from kvpool.sglang.unified_controller import HostGroup, UnifiedController
 from kvpool.sglang.unified_storage import StorageController, UnifiedStorage, install_page_names
@@ -96,9 +96,11 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
                  page_size: int, device_pool: Any, host_to_device_ratio: float,
                  eviction_policy: str = "lru", write_policy: str = "write_through",
                  load_back_threshold: int = 10, tree_core: str = "rust",
-                 prefetch_threshold: int = 256, enable_storage: bool = False) -> None:  # fmt: skip
+                 prefetch_threshold: int = 256, enable_storage: bool = False,
+                 is_eagle: bool = False) -> None:  # fmt: skip
         self.page_size = page_size
         self.disable = False
+        self.is_eagle = is_eagle
         self.eviction_policy = eviction_policy.lower()
         self.write_policy = write_policy
         self.allocator = allocator
@@ -125,6 +127,7 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
             token_to_kv_pool_allocator=getattr(allocator, "impl", allocator),
             page_size=page_size,
             eviction_policy=eviction_policy,
+            is_eagle=is_eagle,
         )
         self.cache_controller.token_of = self.slot_token
         self.cache_controller.loaded_token = self._slot_token.__setitem__
@@ -373,13 +376,12 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
             rows.append(NodeSnapshot(
                 node_id=sid(int(node.id)),
                 parent_id=None if root else sid(int(node.parent.id)),
-                key=() if node.key is None else tuple(int(t) for t in node.key.raw_token_ids()),
+                key=() if node.key is None else key_codes(node.key),
                 extra_key=None if node.key is None else node.key.extra_key,
                 value=() if data.value is None else tuple(int(v) for v in list(data.value)),
                 lock_ref=int(data.lock_ref),
                 child_ids=tuple(sid(int(c.id)) for c in children),
-                child_keys=tuple(tuple(int(t) for t in c.key.raw_token_ids()[:ps])
-                                 for c in children),
+                child_keys=tuple(key_codes(c.key)[:ps] for c in children),
                 last_access_time=0.0,
                 evicted=not root and data.value is None,
                 host_value=(() if root else None) if host is None
@@ -450,6 +452,7 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
             ),
             worker_held=tuple(cc.worker_held()),
             device_tags=tuple(device_row_tags(cc.mem_pool_device)),
+            bigram_keys=self.is_eagle,
         )
 
     def __getattr__(self, name: str) -> Any:

@@ -99,7 +99,12 @@ def test_match_needs_the_next_token_too(release: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "fields", [{"sliding_window": 4}, {"mamba_slots": 2}, {"enable_hierarchical_cache": True}]
+    "fields",
+    [
+        {"sliding_window": 4},
+        {"mamba_slots": 2},
+        {"enable_hierarchical_cache": True, "hicache_storage": True},
+    ],
 )
 def test_eagle_is_refused_where_it_is_not_modelled(fields: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="is_eagle"):
@@ -148,3 +153,31 @@ def test_a_twin_that_caches_the_last_token_is_caught(monkeypatch: pytest.MonkeyP
     else:
         pytest.fail("the planted release was not caught")
     assert result.failure.detector != "crash", str(result.failure)
+
+
+@pytest.mark.parametrize("release", sorted(RULES))
+def test_the_host_tier_keeps_and_loads_back_bigram_keys(release: str) -> None:
+    """With the host tier: the finished request's 11 bigrams are written to host, evicted from
+    the device and loaded back for a prompt that agrees on 11 tokens and differs at the 12th:
+    10 slots come back (the pair (11, 7) is not cached). Both twins agree, and the host tags
+    (checked by the invariants from the decoded keys) hold."""
+    from kvpool.invariants import check_all
+
+    config = PoolConfig(size=64, is_eagle=True, enable_hierarchical_cache=True,
+                        rules=RULES[release])  # fmt: skip
+    seen = []
+    for m in _managers(config):
+        m.new_req("a", list(range(1, 12)))
+        m.extend(["a"])
+        m.decode(["a"], [50])
+        m.finish(["a"])
+        m.hicache_ack_writes(8)
+        assert m.evict(64) == 11  # the 11 cached slots; the decoded token's went with the tail
+        m.new_req("b", [*range(1, 12), 7, 7])
+        prefix = m.match_prefix("b")
+        snap = m.snapshot()
+        assert snap.host is not None and snap.host.bigram_keys
+        check_all(snap, None)
+        seen.append((prefix, _tree(m)))
+    assert seen[0] == seen[1]
+    assert seen[0][0] == 10

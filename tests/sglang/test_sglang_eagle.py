@@ -49,11 +49,38 @@ def test_sglangs_bigram_tree_matches_the_reference(
     assert plain[0] == (11 if ps == 1 else 8) and plain != theirs
 
 
-def _eagle_campaign(candidate: Any, seed: int, runs: int) -> tuple[int, Any]:
+def _directed_host(manager: Any) -> tuple[int, list[Any]]:
+    """The same with the host tier: the finished request written to host, evicted from the
+    device, then matched (loaded back): (the prefix, the tree's nodes)."""
+    manager.new_req("a", list(range(1, 12)))
+    manager.extend(["a"])
+    manager.decode(["a"], [50])
+    manager.finish(["a"])
+    manager.hicache_ack_writes(8)
+    manager.evict(64)
+    manager.new_req("b", [*range(1, 12), 7, 7])
+    prefix = manager.match_prefix("b")
+    snap = manager.snapshot()
+    assert snap.host is not None and snap.host.bigram_keys
+    return prefix, sorted((n.key, n.value, n.host_value) for n in snap.tree.nodes)
+
+
+@pytest.mark.parametrize(("source", "options"), SIDES)
+def test_sglangs_host_tier_keeps_bigram_keys_as_the_reference(
+    source: str, options: dict[str, Any]
+) -> None:
+    config = PoolConfig(size=64, is_eagle=True, enable_hierarchical_cache=True,
+                        rules=Rules.for_sglang(source))  # fmt: skip
+    ours = _directed_host(reference_implementation().manager(config))  # type: ignore[misc]
+    theirs = _directed_host(implementation(source, **options).manager(config))  # type: ignore[misc]
+    assert ours == theirs and ours[0] == 10
+
+
+def _eagle_campaign(candidate: Any, seed: int, runs: int, host: bool = False) -> tuple[int, Any]:
     ran = 0
     for run in range(runs):
         chooser, config = run_config("manager", candidate, seed, run)
-        if not config.is_eagle:
+        if not config.is_eagle or (host and not config.enable_hierarchical_cache):
             continue
         result = execute("manager", reference_implementation(), candidate, config,
                          chooser=chooser, steps=60, labels=("reference", "sglang"))  # fmt: skip
@@ -69,6 +96,15 @@ def test_eagle_campaign_passes(source: str, options: dict[str, Any]) -> None:
     ran, failure = _eagle_campaign(implementation(source, **options), seed=3, runs=90)
     assert failure is None, failure.report
     assert ran >= 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("source", "options"), SIDES)
+def test_eagle_host_tier_campaign_passes(source: str, options: dict[str, Any]) -> None:
+    ran, failure = _eagle_campaign(implementation(source, **options), seed=4, runs=300,
+                                   host=True)  # fmt: skip
+    assert failure is None, failure.report
+    assert ran >= 10
 
 
 @pytest.mark.slow

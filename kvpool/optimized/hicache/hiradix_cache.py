@@ -33,7 +33,14 @@ from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.radix.radix_cache import RadixCache
 from kvpool.optimized.radix.tree_view import bfs_nodes
-from kvpool.optimized.radix_key import ChildKey, MatchResult, RadixKey, TreeNode, as_slots
+from kvpool.optimized.radix_key import (
+    ChildKey,
+    MatchResult,
+    RadixKey,
+    TreeNode,
+    as_slots,
+    bigram_key,
+)
 from kvpool.optimized.req import Req
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
@@ -76,6 +83,7 @@ class HiRadixCache(RadixCache):
         *,
         rules: Rules | None = None,
         options: TwinOptions | None = None,
+        is_eagle: bool = False,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ConfigError(f"unknown write_policy {write_policy!r}; known: {WRITE_POLICIES}")
@@ -99,7 +107,8 @@ class HiRadixCache(RadixCache):
         self.storage_prefetch = StoragePrefetch(self)
         self.unified_tier = UnifiedHostTier(self)
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, disable,
-                         eviction_policy, clock, rules=rules, options=options)  # fmt: skip
+                         eviction_policy, clock, rules=rules, options=options,
+                         is_eagle=is_eagle)  # fmt: skip
         self.cache_controller.checked = self.options.checked  # the tree's mode, not the pool's
 
     def reset(self) -> None:
@@ -210,6 +219,7 @@ class HiRadixCache(RadixCache):
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """Longest cached page-aligned prefix (device and host); see the reference."""
         check_instance("key", key, RadixKey)
+        key = bigram_key(key) if self.is_eagle else key
         aligned = floor_align(len(key), self.page_size)
         if self.disable or aligned == 0:
             return MatchResult(_EMPTY.to(self.device), self.root_node, self.root_node)
@@ -243,8 +253,9 @@ class HiRadixCache(RadixCache):
         priority, chunked, inserted_len, prev_prefix_len = insert_args(
             key, RadixKey, priority, chunked, inserted_len, prev_prefix_len
         )
+        tokens, key = key, bigram_key(key) if self.is_eagle else key  # bigrams at value's head
         if value is None:  # the token ids stand in for slots in tests only
-            value = as_slots(key.array, self.device)
+            value = as_slots(tokens.array, self.device)
         else:
             held = None if self.disable else self.token_to_kv_pool_allocator
             head = floor_align(len(key), self.page_size)

@@ -39,6 +39,8 @@ class HostTierView(TreeViewHost, Protocol):
     def token_to_kv_pool_host(self) -> HostPoolProtocol[torch.Tensor]: ...
     @property
     def storage_prefetch(self) -> StoragePrefetch: ...
+    @property
+    def is_eagle(self) -> bool: ...
     def snapshot(self) -> TreeSnapshot: ...
 
 
@@ -95,6 +97,7 @@ def host_tier_snapshot(
             "worker_held": tuple(cc.worker_held()),
             "device_tags": tuple(device_tags),
             "device_held": (),
+            "bigram_keys": tree.is_eagle,
         },
     )
 

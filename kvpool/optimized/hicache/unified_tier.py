@@ -13,12 +13,11 @@ from typing import Protocol
 
 import torch
 
-from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
 from kvpool.host_checks import as_bool, as_count
 from kvpool.optimized.hicache.cache_controller import HiCacheController
 from kvpool.optimized.hicache.tree_node import HiTreeNode, as_hi
-from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode, req_key
+from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.optimized.req import Req
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
@@ -85,6 +84,10 @@ class UnifiedTree(Protocol):
     def evict_host(self, num_tokens: int) -> int: ...
 
     def _tree_node(self, name: str, node: object) -> HiTreeNode: ...
+
+    def _req_key(self, req: Req, num_tokens: int) -> RadixKey: ...
+
+    def _cached_len(self, num_tokens: int) -> int: ...
 
 
 class UnifiedHostTier:
@@ -179,8 +182,7 @@ class UnifiedHostTier:
         assert req.req_pool_idx is not None
         row = req.req_pool_idx
         kv = tree._read_row(row, up_to)
-        aligned = floor_align(up_to, tree.page_size)
-        key = req_key(req, aligned)
+        key, aligned = tree._req_key(req, up_to), tree._cached_len(up_to)  # bigrams: one fewer
         protected = req.cache_protected_len
         if tree.rules.hit_count == "chunked":
             tree.insert(key, kv[:aligned], priority=req.priority, chunked=chunked,
@@ -188,11 +190,13 @@ class UnifiedHostTier:
         else:
             tree.insert(key, kv[:aligned], priority=req.priority,
                         inserted_len=req.cache_inserted_len, prev_prefix_len=protected)  # fmt: skip
-            req.cache_inserted_len = max(req.cache_inserted_len, len(key))
-        prompt = floor_align(min(up_to, len(req.origin_input_ids)), tree.page_size)
+            req.cache_inserted_len = max(req.cache_inserted_len, aligned)
+        prompt_tokens = min(up_to, len(req.origin_input_ids))
+        prompt = tree._cached_len(prompt_tokens)
         if 0 < prompt < aligned:
-            tree.insert(req_key(req, prompt), kv[:prompt], priority=req.priority + 1,
-                        inserted_len=prompt, prev_prefix_len=prompt)  # fmt: skip
+            tree.insert(tree._req_key(req, prompt_tokens), kv[:prompt],
+                        priority=req.priority + 1, inserted_len=prompt,
+                        prev_prefix_len=prompt)  # fmt: skip
         match = tree.match_prefix(key)
         new_indices = match.device_indices
         num_new = len(new_indices)

@@ -90,7 +90,7 @@ def build_hiradix_tree(
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
                         clock, config.hicache_write_policy, config.hicache_load_back_threshold,
                         config.hicache_prefetch_threshold, config.hicache_storage,
-                        rules=rules, options=options)  # fmt: skip
+                        rules=rules, options=options, is_eagle=config.is_eagle)  # fmt: skip
 
 
 def as_token_list(input_ids: Sequence[int], name: str = "input_ids") -> list[int]:

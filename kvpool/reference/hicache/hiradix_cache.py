@@ -99,6 +99,7 @@ class HiRadixCache(RadixCache):
         enable_storage: bool = False,
         *,
         rules: Rules | None = None,
+        is_eagle: bool = False,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ConfigError(f"unknown write_policy {write_policy!r}; known: {WRITE_POLICIES}")
@@ -122,7 +123,7 @@ class HiRadixCache(RadixCache):
         self.storage_prefetch = StoragePrefetch(self)
         self.unified_tier = UnifiedHostTier(self)
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, disable,
-                         eviction_policy, clock, rules=rules)  # fmt: skip
+                         eviction_policy, clock, rules=rules, is_eagle=is_eagle)  # fmt: skip
 
     def reset(self) -> None:
         """Forget the tree, every transfer and prefetch, and clear the host pool."""
@@ -223,7 +224,7 @@ class HiRadixCache(RadixCache):
         ``last_host_node``: the deepest matched backed-up node (the root counts).
         InvalidArgumentError for a ``key`` that is not a RadixKey."""
         check_instance("key", key, RadixKey)
-        key = self._align(key)
+        key = self._align(self._tree_key(key))
         if self.disable or len(key) == 0:
             return MatchResult([], self.root_node, self.root_node)
         values, last = self._walk(key)
@@ -266,9 +267,10 @@ class HiRadixCache(RadixCache):
         priority, chunked, inserted_len, prev_prefix_len = insert_args(
             key, RadixKey, priority, chunked, inserted_len, prev_prefix_len
         )
-        if value is None:  # the token ids stand in for slots in tests only
-            value = list(key.token_ids)
-        else:
+        explicit = value is not None
+        value = list(key.token_ids) if value is None else value  # ids stand in: tests only
+        key = self._tree_key(key)  # under is_eagle: its bigrams, at the first slots of value
+        if explicit:
             held = None if self.disable else self.token_to_kv_pool_allocator
             value = insert_slots(value, len(key), len(self._align(key)), held)
         if self.disable:

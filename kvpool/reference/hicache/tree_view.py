@@ -38,6 +38,8 @@ class HostTierView(TreeViewHost, Protocol):
     def token_to_kv_pool_host(self) -> HostPoolProtocol[list[int]]: ...
     @property
     def storage_prefetch(self) -> StoragePrefetch: ...
+    @property
+    def is_eagle(self) -> bool: ...
     def snapshot(self) -> TreeSnapshot: ...
 
 
@@ -82,6 +84,8 @@ def host_tier_snapshot(
         release_queue=tuple(map(int, chain.from_iterable(cc.host_mem_release_queue))),
         worker_held=tuple(map(int, cc.worker_held())),
         device_tags=tuple(snapshot_tags(cc.mem_pool_device, list(range(rows)))),
+        device_held=(),
+        bigram_keys=tree.is_eagle,
     )
 
 

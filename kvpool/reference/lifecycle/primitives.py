@@ -75,7 +75,7 @@ def build_hiradix_tree(
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
                         clock, config.hicache_write_policy, config.hicache_load_back_threshold,
                         config.hicache_prefetch_threshold, config.hicache_storage,
-                        rules=rules)  # fmt: skip
+                        rules=rules, is_eagle=config.is_eagle)  # fmt: skip
 
 
 class LifecyclePrimitives:
