@@ -264,6 +264,7 @@ class SGLangMambaGlueTree(SGLangUnifiedRadixCache):
         disable: bool = False,
         eviction_policy: str = "lru",
         tree_core: str = "rust",
+        is_eagle: bool = False,
     ) -> None:
         install_mamba_runtime(modules)
         self.page_size = page_size
@@ -282,7 +283,10 @@ class SGLangMambaGlueTree(SGLangUnifiedRadixCache):
             ),
             page_size=page_size,
             eviction_policy=eviction_policy,
+            is_eagle=is_eagle,
         )
+        # SGLang's own choice: a tree with a MAMBA component keeps token keys under EAGLE
+        self.is_eagle = bool(self.impl.tree_core.is_eagle)
         self._tree_lock = self._lock_of
         self._mamba = self._unified.component_type.MAMBA
 
@@ -408,7 +412,7 @@ class SGLangMambaGlueManager(SGLangGlueManager):
             return SGLangMambaGlueTree(modules, pool, alloc, cfg.page_size,
                                        disable=cfg.disable_radix_cache,
                                        eviction_policy=cfg.eviction_policy,
-                                       tree_core=tree_core)  # fmt: skip
+                                       tree_core=tree_core, is_eagle=cfg.is_eagle)  # fmt: skip
 
         super().__init__(config, modules, token_to_kv_pool_allocator=token_to_kv_pool_allocator,
                          req_to_token_pool=table, tree_cache=tree)  # fmt: skip

@@ -78,8 +78,9 @@ class SGLangUnified16MambaGlueTree(SGLangUnified16MambaRadixCache):
     component set) and its unified cache unlocks with ``DecLockRefParams(swa_uuid_for_lock)``,
     so every unlock of a request's lock, kvpool's too, goes without ``skip_lock_node_ids``."""
 
-    def __init__(self, modules: SGLangModules, pool: Any, alloc: Any, page_size: int) -> None:
-        super().__init__(modules, pool, alloc, page_size)
+    def __init__(self, modules: SGLangModules, pool: Any, alloc: Any, page_size: int,
+                 is_eagle: bool = False) -> None:  # fmt: skip
+        super().__init__(modules, pool, alloc, page_size, is_eagle=is_eagle)
         self._inserted = InsertedLen()
         self.last_match: Any = None
         """SGLang's ``MatchResult`` of the last :meth:`match_prefix` (a copy-on-write at
@@ -266,7 +267,8 @@ class SGLangMambaRadixGlueManagerV0516(SGLangMambaGlueManagerV0516):
 
     def _build_tree(self, modules: SGLangModules, cfg: PoolConfig, pool: Any, alloc: Any) -> Any:
         """0.5.16's FULL+MAMBA ``UnifiedRadixCache`` (``registry.py`` lines 114-115)."""
-        return SGLangUnified16MambaGlueTree(modules, pool, alloc, cfg.page_size)
+        return SGLangUnified16MambaGlueTree(modules, pool, alloc, cfg.page_size,
+                                            is_eagle=cfg.is_eagle)  # fmt: skip
 
     def _build_hooks(self, pool: Any) -> RadixMambaHooks:
         return RadixMambaHooks(pool, self)

@@ -85,6 +85,7 @@ class SGLangUnified16MambaRadixCache(Unified16Base, MambaTreeSizes):
         req_to_token_pool: Any,
         token_to_kv_pool_allocator: Any,
         page_size: int = 1,
+        is_eagle: bool = False,
     ) -> None:
         self.page_size = page_size
         self.req_to_token_pool = req_to_token_pool
@@ -99,6 +100,7 @@ class SGLangUnified16MambaRadixCache(Unified16Base, MambaTreeSizes):
             req_to_token_pool=_impl(req_to_token_pool),
             token_to_kv_pool_allocator=_impl(token_to_kv_pool_allocator),
             page_size=page_size,
+            is_eagle=is_eagle,
         )
         self._full = self.component_type.FULL
         self._mamba = self.component_type.MAMBA

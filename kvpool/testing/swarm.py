@@ -116,9 +116,9 @@ def draw_config(
     evicted and admissions refused often; LRU eviction, no track buffers). ``host``: the
     candidate has a host tier, so non-hybrid radix-cache configurations with 3 or 6 rows get one
     (:func:`host_tier_fields`). ``eagle``: the candidate's manager models EAGLE's bigram keys, so
-    radix-cache configurations (no Mamba slots, no storage) with a page count of 1 mod 3 get
-    ``is_eagle``. No extra draw: the other fields, and so every seed's run, stay as they
-    were."""
+    radix-cache configurations (no storage; hybrid Mamba ones too, whose trees keep token
+    keys) with a page count of 1 mod 3 get ``is_eagle``. No extra draw: the other fields, and
+    so every seed's run, stay as they were."""
     ps = page_size if page_size is not None else c.choice(SUPPORTED_PAGE_SIZES_TESTED)
     pages = c.integer(4, 24) if ps <= 2 else c.integer(3, 12 if ps <= 4 else 8)
     fields: dict[str, Any] = {
@@ -166,7 +166,6 @@ def draw_config(
     if (
         eagle
         and not fields["disable_radix_cache"]
-        and fields.get("mamba_slots") is None
         and not fields.get("hicache_storage")
         and "is_eagle" not in overrides
         and pages % 3 == 1

@@ -102,7 +102,6 @@ def test_match_needs_the_next_token_too(release: str) -> None:
     "fields",
     [
         {"sliding_window": 4},
-        {"mamba_slots": 2},
         {"enable_hierarchical_cache": True, "hicache_storage": True},
     ],
 )
@@ -181,3 +180,21 @@ def test_the_host_tier_keeps_and_loads_back_bigram_keys(release: str) -> None:
         seen.append((prefix, _tree(m)))
     assert seen[0] == seen[1]
     assert seen[0][0] == 10
+
+
+@pytest.mark.parametrize("release", sorted(RULES))
+def test_a_mamba_models_tree_keeps_token_keys(release: str) -> None:
+    """SGLang turns bigram keys off when the tree has a MAMBA component: a hybrid Mamba run
+    leaves the same state with ``is_eagle`` as without, on both twins."""
+    plain = PoolConfig(size=64, mamba_slots=4, rules=RULES[release])
+    states = []
+    for config in (plain, dataclasses.replace(plain, is_eagle=True)):
+        for m in _managers(config):
+            m.new_req("a", list(range(1, 12)))
+            m.extend(["a"])
+            m.decode(["a"], [50])
+            m.finish(["a"])
+            m.new_req("b", [*range(1, 12), 7, 7])
+            states.append((m.match_prefix("b"), _tree(m), m.snapshot().allocator))
+    assert all(s == states[0] for s in states)
+    assert max(c for key, _ in states[0][1] for c in key) < TOKEN_ID_LIMIT  # token keys

@@ -122,3 +122,26 @@ def test_a_tree_not_told_of_eagle_is_caught() -> None:
                                    seed=3, runs=90)  # fmt: skip
     assert failure is not None and ran >= 1
     assert failure.detector == "lockstep-diff", failure.report
+
+
+@pytest.mark.parametrize(("source", "options"), SIDES)
+def test_sglang_keeps_token_keys_for_a_mamba_model(source: str, options: dict[str, Any]) -> None:
+    """A hybrid Mamba model under EAGLE: SGLang's tree (FULL + MAMBA) keeps token keys, as
+    kvpool's model says. A prompt that extends the 12 finished tokens by one reuses all 12
+    (their state sits at the node's end); bigram keys would cache only 11."""
+    config = PoolConfig(size=64, mamba_slots=4, is_eagle=True, rules=Rules.for_sglang(source))
+    candidate = implementation(source, **options)
+    assert candidate.manager is not None
+    seen = []
+    for manager in (reference_implementation().manager, candidate.manager):
+        assert manager is not None
+        m = manager(config)
+        m.new_req("a", list(range(1, 12)))
+        m.extend(["a"])
+        m.decode(["a"], [50])
+        m.finish(["a"])
+        m.new_req("b", [*range(1, 12), 50, 7])
+        snap = m.snapshot()
+        seen.append((m.match_prefix("b"), sorted((n.key, n.value) for n in snap.tree.nodes)))
+    assert seen[0] == seen[1]
+    assert seen[0][0] == 12
