@@ -30,6 +30,17 @@ def _managers(config: PoolConfig) -> list[Any]:
                                               optimized_implementation("torch"))]  # fmt: skip
 
 
+def _cached_then_matched(manager: Any, prompt: list[int]) -> int:
+    """Request "a" (11 prompt tokens and one decoded: 12 committed) finished into the tree,
+    then request "b" of ``prompt`` matched: its prefix (tokens)."""
+    manager.new_req("a", list(range(1, 12)))
+    manager.extend(["a"])
+    manager.decode(["a"], [50])
+    manager.finish(["a"])
+    manager.new_req("b", prompt)
+    return int(manager.match_prefix("b"))
+
+
 def _tree(manager: Any) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     return [(n.key, n.value) for n in manager.snapshot().tree.nodes]
 
@@ -85,12 +96,7 @@ def test_match_needs_the_next_token_too(release: str) -> None:
         config = PoolConfig(size=64, is_eagle=eagle, rules=RULES[release])
         trees, prefixes = [], []
         for m in _managers(config):
-            m.new_req("a", list(range(1, 12)))
-            m.extend(["a"])
-            m.decode(["a"], [50])
-            m.finish(["a"])
-            m.new_req("b", [*range(1, 12), 7, 7])
-            prefixes.append(m.match_prefix("b"))
+            prefixes.append(_cached_then_matched(m, [*range(1, 12), 7, 7]))
             trees.append(_tree(m))
         assert prefixes == [10, 10] if eagle else prefixes == [11, 11]
         assert trees[0] == trees[1]
@@ -190,11 +196,7 @@ def test_a_mamba_models_tree_keeps_token_keys(release: str) -> None:
     states = []
     for config in (plain, dataclasses.replace(plain, is_eagle=True)):
         for m in _managers(config):
-            m.new_req("a", list(range(1, 12)))
-            m.extend(["a"])
-            m.decode(["a"], [50])
-            m.finish(["a"])
-            m.new_req("b", [*range(1, 12), 7, 7])
-            states.append((m.match_prefix("b"), _tree(m), m.snapshot().allocator))
+            prefix = _cached_then_matched(m, [*range(1, 12), 7, 7])
+            states.append((prefix, _tree(m), m.snapshot().allocator))
     assert all(s == states[0] for s in states)
     assert max(c for key, _ in states[0][1] for c in key) < TOKEN_ID_LIMIT  # token keys
