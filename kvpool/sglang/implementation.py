@@ -313,6 +313,7 @@ def implementation(
         unified_swa_radix_cache=unified_swa,
         unified_lifecycle=unified is not None and unified_lifecycle,
         coarse_unified_tree=True,  # its tree cores' snapshots (0.5.16's unified Mamba tree too)
+        radix_models_eagle=True,  # its trees are built with CacheInitParams.is_eagle
     )
     if unified is not None:
         built = dataclasses.replace(built, absent=REMOVED_IN_0_5_23)

@@ -84,11 +84,12 @@ class SGLangMatch:
     result: Any
 
 
-def key_codes(key: Any) -> tuple[int, ...]:
+def key_codes(key: Any, bigram: bool = False) -> tuple[int, ...]:
     """An SGLang ``RadixKey`` as kvpool's snapshots spell a node's key: its token ids, or for a
-    bigram key (EAGLE) the codes of :func:`kvpool.reference.radix_key.bigram_codes`."""
+    bigram key (EAGLE; ``bigram``: a key an EAGLE tree is about to view so) the codes of
+    :func:`kvpool.reference.radix_key.bigram_codes`."""
     raw = [int(t) for t in key.raw_token_ids()]
-    return tuple(bigram_codes(raw) if getattr(key, "is_bigram", False) else raw)
+    return tuple(bigram_codes(raw) if bigram or getattr(key, "is_bigram", False) else raw)
 
 
 def make_radix_key(modules: SGLangModules, token_ids: Sequence[int], extra_key: str | None) -> Any:

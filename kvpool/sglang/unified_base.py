@@ -173,7 +173,8 @@ class UnifiedTreeBase:
             value = params.value
             if value is not None:
                 extra = params.key.extra_key
-                tokens = key_codes(params.key)  # bigram codes under EAGLE
+                # bigram codes under EAGLE (a key the tree has not viewed so yet included)
+                tokens = key_codes(params.key, bool(self.impl.tree_core.is_eagle))
                 for slot, token in zip(value.tolist(), tokens, strict=False):
                     self._slot_token[int(slot)] = (int(token), extra)
             return method(params)

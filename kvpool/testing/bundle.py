@@ -121,6 +121,9 @@ class Implementation:
     """SGLang 0.5.23's ``UnifiedRadixCache`` with the FULL and SWA components (or kvpool's model
     of it), with the ``swa_radix_cache`` shape (over ``swa_allocator``); the
     ``unified_swa_radix_cache`` machine drives it."""
+    radix_models_eagle: bool = False
+    """Whether its ``radix_cache`` and ``unified_radix_cache`` trees key by bigrams under
+    ``PoolConfig.is_eagle`` (the radix machines draw such configurations only then)."""
     manager_models_eagle: bool = False
     """Whether ``manager`` keys its radix tree by bigrams under ``PoolConfig.is_eagle`` (EAGLE:
     the lifecycle machine draws such configurations only then)."""

@@ -53,9 +53,8 @@ def reference_implementation() -> Implementation:
         return ReqToTokenPool(config.req_pool_size, config.max_context_len, rules=config.rules)
 
     def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
-        return RadixCache(
-            pool, alloc, config.page_size, False, config.eviction_policy, rules=config.rules
-        )
+        return RadixCache(pool, alloc, config.page_size, False, config.eviction_policy,
+                          rules=config.rules, is_eagle=config.is_eagle)  # fmt: skip
 
     def mamba_tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         return MambaRadixCache(pool, alloc, config.page_size)
@@ -84,6 +83,7 @@ def reference_implementation() -> Implementation:
         radix_key=radix_key.RadixKey,
         manager=MemoryManager,
         manager_models_eagle=True,
+        radix_models_eagle=True,
         hybrid_req_to_token_pool=hybrid,
         mamba_steps=mamba_lifecycle,
         mamba_radix_cache=mamba_tree,
@@ -185,7 +185,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
 
     def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         return RadixCache(pool, alloc, config.page_size, False, config.eviction_policy,
-                          rules=config.rules, options=opts)  # fmt: skip
+                          rules=config.rules, options=opts, is_eagle=config.is_eagle)  # fmt: skip
 
     def manager(config: PoolConfig, **parts: Any) -> Any:
         """The twin's lifecycle; ``parts``: components by keyword (``tree_cache=`` the unified
@@ -230,6 +230,7 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         radix_key=radix_key.RadixKey,
         manager=manager,
         manager_models_eagle=True,
+        radix_models_eagle=True,
         hybrid_req_to_token_pool=hybrid,
         mamba_steps=mamba_lifecycle,
         mamba_radix_cache=mamba_tree,

@@ -120,7 +120,7 @@ class SplitStampsNow(OptUnified):
 def test_planted_unified_bugs_are_caught(planted: type, detector: str) -> None:
     def tree(config: PoolConfig, pool: Any, alloc: Any) -> Any:
         return planted(pool, alloc, config.page_size, False, config.eviction_policy,
-                       rules=config.rules)  # fmt: skip
+                       rules=config.rules, is_eagle=config.is_eagle)  # fmt: skip
 
     candidate = dataclasses.replace(optimized_implementation(), unified_radix_cache=tree)
     result = run_machine("unified_radix_cache", REF, candidate, 3600.0, seed=1, max_runs=200)

@@ -200,3 +200,27 @@ def test_a_mamba_models_tree_keeps_token_keys(release: str) -> None:
             states.append((prefix, _tree(m), m.snapshot().allocator))
     assert all(s == states[0] for s in states)
     assert max(c for key, _ in states[0][1] for c in key) < TOKEN_ID_LIMIT  # token keys
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("component", "release"),
+    [("radix_cache", ""), ("radix_cache", "@0.5.16"), ("unified_radix_cache", "@0.5.23")],
+)
+def test_the_tree_machines_on_eagle_configurations(component: str, release: str) -> None:
+    """The radix machines drive the trees directly (token keys in, bigram codes stored; an
+    insert takes the slots its bigrams keep): the twin against the reference on the EAGLE
+    configurations of seed 5 (one page count in three)."""
+    from kvpool.testing.implementations import resolve_implementation
+
+    ref = resolve_implementation("reference" + release, component)
+    twin = resolve_implementation("optimized" + release, component)
+    ran = 0
+    for run in range(60):
+        chooser, config = run_config(component, twin, 5, run)
+        if not config.is_eagle:
+            continue
+        result = execute(component, ref, twin, config, chooser=chooser, steps=60)
+        assert result.failure is None, str(result.failure)
+        ran += 1
+    assert ran >= 10

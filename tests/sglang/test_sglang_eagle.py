@@ -145,3 +145,34 @@ def test_sglang_keeps_token_keys_for_a_mamba_model(source: str, options: dict[st
         seen.append((m.match_prefix("b"), sorted((n.key, n.value) for n in snap.tree.nodes)))
     assert seen[0] == seen[1]
     assert seen[0][0] == 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("component", "source", "options"),
+    [
+        ("radix_cache", "0.5.16", {}),
+        ("radix_cache", "0.5.23", {}),
+        ("unified_radix_cache", "0.5.23", {}),
+        ("unified_radix_cache", "0.5.23", {"tree_core": "python"}),
+    ],
+)
+def test_sglangs_trees_driven_directly_on_eagle_configurations(
+    component: str, source: str, options: dict[str, Any]
+) -> None:
+    """The tree machines against SGLang's trees built with ``is_eagle`` (token keys in: the
+    tree views them as bigrams itself)."""
+    from kvpool.testing.implementations import resolve_implementation
+
+    candidate = implementation(source, **options)
+    assert candidate.radix_models_eagle
+    ref = resolve_implementation(f"reference@{source}", component)
+    ran = 0
+    for run in range(90):
+        chooser, config = run_config(component, candidate, 6, run)
+        if not config.is_eagle:
+            continue
+        result = execute(component, ref, candidate, config, chooser=chooser, steps=60)
+        assert result.failure is None, str(result.failure)
+        ran += 1
+    assert ran >= 10

@@ -10,6 +10,11 @@ so a shrunk run stays valid (a handle whose match was dropped is skipped).
 
 Checked after every step: the allocator invariants (tree slots are the only held pages), and
 ``INV-TREE-SHAPE`` / ``INV-LOCKS`` with the machine's lock handles as the lock holders.
+
+Under EAGLE's bigram keys (``PoolConfig.is_eagle``, drawn for one page count in three when the
+candidate's trees say ``radix_models_eagle``) an insert allocates the slots its bigrams keep
+and spells them with one token more (:func:`insert_span`), and a handle names its node with
+one token more (:func:`handle_tokens`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from kvpool.config import PoolConfig
 from kvpool.constants import EVICTION_POLICIES, SUPPORTED_PAGE_SIZES_TESTED
 from kvpool.invariants.allocator import check_allocator
 from kvpool.invariants.tree import check_locks, check_tree_shape
+from kvpool.reference.radix_key import bigram_codes, cached_len
 from kvpool.snapshot import (
     AllocatorSnapshot,
     PoolSnapshot,
@@ -45,6 +51,8 @@ class RadixSide:
     key: Any
     index: Any
     nodes: dict[Handle, Any] = field(default_factory=dict)
+    eagle: bool = False
+    """The configuration's ``is_eagle``: inserts and handles spell bigram keys."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,7 @@ class RadixModel:
         """Whether the handle's node exists with ``lock_ref == 0`` (an unlock would underflow)."""
         if self.snap is None:
             return False
-        node_id = _node_at(self.snap.tree, *handle)
+        node_id = _node_at(self.snap.tree, *handle, eagle=self.config.is_eagle)
         nodes = {n.node_id: n for n in self.snap.tree.nodes}
         return node_id is not None and nodes[node_id].lock_ref == 0
 
@@ -80,14 +88,17 @@ class RadixTarget:
         ps = c.choice(SUPPORTED_PAGE_SIZES_TESTED)
         pages = c.integer(4, 24) if ps <= 4 else c.integer(3, 10)
         rules = impl.rules_or_default()
+        # EAGLE's bigram keys for one page count in three, with no extra draw
+        eagle = impl.radix_models_eagle and pages % 3 == 1
         return PoolConfig(size=pages * ps, page_size=ps, eviction_policy=c.choice(
-            EVICTION_POLICIES), need_sort=c.choice((False, True)), rules=rules)  # fmt: skip
+            EVICTION_POLICIES), need_sort=c.choice((False, True)), rules=rules,
+            is_eagle=eagle)  # fmt: skip
 
     def build(self, impl: Implementation, config: PoolConfig) -> RadixSide:
         assert impl.radix_cache and impl.allocator and impl.req_to_token_pool and impl.radix_key
         pool, alloc = impl.req_to_token_pool(config), impl.allocator(config)
         return RadixSide(pool, alloc, impl.radix_cache(config, pool, alloc), impl.radix_key,
-                         impl.index)  # fmt: skip
+                         impl.index, eagle=config.is_eagle)  # fmt: skip
 
     def snapshot(self, side: RadixSide) -> RadixSnapshot:
         return RadixSnapshot(side.alloc.snapshot(), side.tree.snapshot())
@@ -149,12 +160,11 @@ class RadixTarget:
         tree = side.tree
         if op.name == "insert":
             tokens, extra = op.args[0], dict(op.kwargs)["extra_key"]
-            ps = tree.page_size
-            n = len(tokens) // ps * ps
+            n, key_tokens = insert_span(tokens, tree.page_size, side.eagle)
             slots = side.alloc.alloc(n)
             if slots is None:
                 return None
-            cached = tree.insert(side.key(tokens[:n], extra), slots)
+            cached = tree.insert(side.key(key_tokens, extra), slots)
             if cached:
                 side.alloc.free(slots[:cached])  # the caller frees its duplicates
             return [slots, cached]
@@ -162,7 +172,9 @@ class RadixTarget:
             tokens, extra = op.args[0], dict(op.kwargs)["extra_key"]
             result = tree.match_prefix(side.key(tokens, extra))
             got = result.device_indices
-            side.nodes[(tuple(tokens[: len(got)]), extra)] = result.last_device_node
+            side.nodes[(handle_tokens(tokens, len(got), side.eagle), extra)] = (
+                result.last_device_node
+            )
             return got
         if op.name in ("inc_lock_ref", "dec_lock_ref"):
             node = side.nodes[op.args[0]]
@@ -182,7 +194,7 @@ class RadixTarget:
         if op.name == "match_prefix":
             extra = dict(op.kwargs)["extra_key"]
             n = len(out.result)
-            model.matched[(tuple(op.args[0][:n]), extra)] = n
+            model.matched[(handle_tokens(op.args[0], n, model.config.is_eagle), extra)] = n
         elif op.name == "inc_lock_ref":
             model.locks[op.args[0]] = model.locks.get(op.args[0], 0) + 1
         elif op.name == "dec_lock_ref":
@@ -202,7 +214,7 @@ class RadixTarget:
         holders = tuple(
             ReqSnapshot(f"lock{i}", "waiting", None, 0, 0, 0, 0, 0, 0, 0, node, None, h[1])
             for i, (h, times) in enumerate(sorted(model.locks.items(), key=repr))
-            for node in [_node_at(snap.tree, h[0], h[1])] * times
+            for node in [_node_at(snap.tree, h[0], h[1], eagle=model.config.is_eagle)] * times
             if node is not None
         )
         table = ReqToTokenSnapshot(1, 1, (), (0, 0))
@@ -233,11 +245,28 @@ class RadixTarget:
         return [tag]
 
 
-def _node_at(tree: TreeSnapshot, tokens: tuple[int, ...], extra: str | None) -> int | None:
+def insert_span(tokens: list[int], page_size: int, eagle: bool) -> tuple[int, list[int]]:
+    """An insert of ``tokens``: the slots it takes (the page-aligned part the tree keeps) and
+    the token key that spells exactly them (under EAGLE's bigram keys one token more, the
+    last bigram's second), as a release path builds them."""
+    n = cached_len(len(tokens), page_size, eagle)
+    return n, tokens[: n + eagle if n else 0]
+
+
+def handle_tokens(tokens: list[int], matched: int, eagle: bool) -> tuple[int, ...]:
+    """The tokens naming a match of ``matched`` slots (under EAGLE one more: a node's path is
+    spelled by its bigrams)."""
+    return tuple(tokens[: matched + eagle if matched else 0])
+
+
+def _node_at(
+    tree: TreeSnapshot, tokens: tuple[int, ...], extra: str | None, eagle: bool = False
+) -> int | None:
     """Id of the node whose root path spells exactly ``tokens`` in namespace ``extra`` (None
-    for the root or when no node ends there)."""
+    for the root or when no node ends there); under EAGLE the path's keys are the tokens'
+    bigram codes."""
     by_id = {n.node_id: n for n in tree.nodes}
-    node, rest = tree.nodes[0], tokens
+    node, rest = tree.nodes[0], tuple(bigram_codes(tokens)) if eagle else tokens
     while rest:
         for cid in node.child_ids:
             child = by_id[cid]

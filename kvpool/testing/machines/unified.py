@@ -20,7 +20,7 @@ from typing import Any
 from kvpool.config import PoolConfig
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 from kvpool.testing.bundle import Implementation
-from kvpool.testing.machines.radix import RadixSide, RadixSnapshot, RadixTarget
+from kvpool.testing.machines.radix import RadixSide, RadixSnapshot, RadixTarget, insert_span
 from kvpool.testing.swarm import Op
 
 
@@ -52,7 +52,8 @@ class UnifiedRadixTarget(RadixTarget):
         factory = impl.unified_radix_cache
         assert factory is not None
         pool, alloc = impl.req_to_token_pool(config), impl.allocator(config)
-        return RadixSide(pool, alloc, factory(config, pool, alloc), impl.radix_key, impl.index)
+        return RadixSide(pool, alloc, factory(config, pool, alloc), impl.radix_key, impl.index,
+                         eagle=config.is_eagle)  # fmt: skip
 
     def call(self, side: RadixSide, op: Op) -> Any:
         """As the radix machine, except that the unified tree frees an insert's duplicate
@@ -60,11 +61,11 @@ class UnifiedRadixTarget(RadixTarget):
         if op.name != "insert":
             return super().call(side, op)
         tokens, extra = op.args[0], dict(op.kwargs)["extra_key"]
-        n = len(tokens) // side.tree.page_size * side.tree.page_size
+        n, key_tokens = insert_span(tokens, side.tree.page_size, side.eagle)
         slots = side.alloc.alloc(n)
         if slots is None:
             return None
-        cached = side.tree.insert(side.key(tokens[:n], extra), slots, prev_prefix_len=0)
+        cached = side.tree.insert(side.key(key_tokens, extra), slots, prev_prefix_len=0)
         return [slots, cached]
 
     def snapshot(self, side: RadixSide) -> RadixSnapshot:
