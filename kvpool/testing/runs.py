@@ -89,6 +89,30 @@ def execute(
     return result
 
 
+def focused_runs(
+    target: str,
+    impl_a: Implementation,
+    impl_b: Implementation,
+    seed: int,
+    runs: int,
+    keep: Callable[[PoolConfig], bool],
+    steps: int = 60,
+) -> tuple[int, LockstepFailure | None]:
+    """The runs among the first ``runs`` of a campaign seeded ``seed`` whose configuration
+    ``keep`` accepts, each as the campaign runs it (the same chooser, ``steps`` operations):
+    how many ran, and the first failure (None: all passed; the runs stop there)."""
+    ran = 0
+    for run in range(runs):
+        chooser, config = run_config(target, impl_b, seed, run)
+        if not keep(config):
+            continue
+        ran += 1
+        result = execute(target, impl_a, impl_b, config, chooser=chooser, steps=steps)
+        if result.failure is not None:
+            return ran, result.failure
+    return ran, None
+
+
 def build_failure(target: str, exc: BaseException) -> LockstepFailure:
     """The failure of a run whose implementations could not be built (detector ``build``,
     step 0): one line naming the exception and where it was raised (the deepest frame)."""
@@ -134,4 +158,12 @@ def shrink_ops(
     return best
 
 
-__all__ = ["Labels", "RunResult", "build_failure", "execute", "run_config", "shrink_ops"]
+__all__ = [
+    "Labels",
+    "RunResult",
+    "build_failure",
+    "execute",
+    "focused_runs",
+    "run_config",
+    "shrink_ops",
+]

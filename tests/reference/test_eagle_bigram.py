@@ -20,7 +20,12 @@ from kvpool.optimized import radix_key as twin_key
 from kvpool.reference.radix_key import RadixKey, bigram_codes, bigram_key, cached_len
 from kvpool.rules import Rules
 from kvpool.testing.implementations import optimized_implementation, reference_implementation
-from kvpool.testing.runs import execute, run_config
+from kvpool.testing.runs import focused_runs
+
+
+def _eagle(config: PoolConfig) -> bool:
+    return config.is_eagle
+
 
 RULES = {"0.5.16": Rules.for_sglang("0.5.16"), "0.5.23": Rules.for_sglang("0.5.23")}
 
@@ -125,14 +130,8 @@ def test_lockstep_on_eagle_configurations(release: str) -> None:
 
     ref = resolve_implementation("reference" + release)
     twin = resolve_implementation("optimized" + release)
-    ran = 0
-    for run in range(120):
-        chooser, config = run_config("manager", twin, 3, run)
-        if not config.is_eagle:
-            continue
-        result = execute("manager", ref, twin, config, chooser=chooser, steps=60)
-        assert result.failure is None, str(result.failure)
-        ran += 1
+    ran, failure = focused_runs("manager", ref, twin, 3, 120, _eagle)
+    assert failure is None, str(failure)
     assert ran >= 10
 
 
@@ -149,15 +148,9 @@ def test_a_twin_that_caches_the_last_token_is_caught(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(TwinRadixCache, "_cached_len", plain_count)
     ref, twin = reference_implementation(), optimized_implementation("torch")
-    for run in range(120):
-        chooser, config = run_config("manager", twin, 3, run)
-        if config.is_eagle:
-            result = execute("manager", ref, twin, config, chooser=chooser, steps=60)
-            if result.failure is not None:
-                break
-    else:
-        pytest.fail("the planted release was not caught")
-    assert result.failure.detector != "crash", str(result.failure)
+    _, failure = focused_runs("manager", ref, twin, 3, 120, _eagle)
+    assert failure is not None, "the planted release was not caught"
+    assert failure.detector != "crash", str(failure)
 
 
 @pytest.mark.parametrize("release", sorted(RULES))
@@ -215,12 +208,6 @@ def test_the_tree_machines_on_eagle_configurations(component: str, release: str)
 
     ref = resolve_implementation("reference" + release, component)
     twin = resolve_implementation("optimized" + release, component)
-    ran = 0
-    for run in range(60):
-        chooser, config = run_config(component, twin, 5, run)
-        if not config.is_eagle:
-            continue
-        result = execute(component, ref, twin, config, chooser=chooser, steps=60)
-        assert result.failure is None, str(result.failure)
-        ran += 1
+    ran, failure = focused_runs(component, ref, twin, 5, 60, _eagle)
+    assert failure is None, str(failure)
     assert ran >= 10

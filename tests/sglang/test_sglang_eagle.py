@@ -14,7 +14,7 @@ from kvpool.config import PoolConfig
 from kvpool.rules import Rules
 from kvpool.sglang import implementation
 from kvpool.testing.implementations import reference_implementation
-from kvpool.testing.runs import execute, run_config
+from kvpool.testing.runs import focused_runs
 
 SIDES = [("0.5.23", {}), ("0.5.23", {"tree_core": "python"}), ("0.5.16", {})]
 
@@ -77,24 +77,19 @@ def test_sglangs_host_tier_keeps_bigram_keys_as_the_reference(
 
 
 def _eagle_campaign(candidate: Any, seed: int, runs: int, host: bool = False) -> tuple[int, Any]:
-    ran = 0
-    for run in range(runs):
-        chooser, config = run_config("manager", candidate, seed, run)
-        if not config.is_eagle or (host and not config.enable_hierarchical_cache):
-            continue
-        result = execute("manager", reference_implementation(), candidate, config,
-                         chooser=chooser, steps=60, labels=("reference", "sglang"))  # fmt: skip
-        ran += 1
-        if result.failure is not None:
-            return ran, result.failure
-    return ran, None
+    """The lifecycle campaign's EAGLE configurations (with the host tier only: ``host``)."""
+
+    def keep(config: PoolConfig) -> bool:
+        return config.is_eagle and (config.enable_hierarchical_cache or not host)
+
+    return focused_runs("manager", reference_implementation(), candidate, seed, runs, keep)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("source", "options"), SIDES)
 def test_eagle_campaign_passes(source: str, options: dict[str, Any]) -> None:
     ran, failure = _eagle_campaign(implementation(source, **options), seed=3, runs=90)
-    assert failure is None, failure.report
+    assert failure is None, str(failure)
     assert ran >= 8
 
 
@@ -103,7 +98,7 @@ def test_eagle_campaign_passes(source: str, options: dict[str, Any]) -> None:
 def test_eagle_host_tier_campaign_passes(source: str, options: dict[str, Any]) -> None:
     ran, failure = _eagle_campaign(implementation(source, **options), seed=4, runs=300,
                                    host=True)  # fmt: skip
-    assert failure is None, failure.report
+    assert failure is None, str(failure)
     assert ran >= 10
 
 
@@ -121,7 +116,7 @@ def test_a_tree_not_told_of_eagle_is_caught() -> None:
     ran, failure = _eagle_campaign(dataclasses.replace(candidate, unified_radix_cache=untold),
                                    seed=3, runs=90)  # fmt: skip
     assert failure is not None and ran >= 1
-    assert failure.detector == "lockstep-diff", failure.report
+    assert failure.detector == "lockstep-diff", str(failure)
 
 
 @pytest.mark.parametrize(("source", "options"), SIDES)
@@ -167,12 +162,6 @@ def test_sglangs_trees_driven_directly_on_eagle_configurations(
     candidate = implementation(source, **options)
     assert candidate.radix_models_eagle
     ref = resolve_implementation(f"reference@{source}", component)
-    ran = 0
-    for run in range(90):
-        chooser, config = run_config(component, candidate, 6, run)
-        if not config.is_eagle:
-            continue
-        result = execute(component, ref, candidate, config, chooser=chooser, steps=60)
-        assert result.failure is None, str(result.failure)
-        ran += 1
+    ran, failure = focused_runs(component, ref, candidate, 6, 90, lambda c: c.is_eagle)
+    assert failure is None, str(failure)
     assert ran >= 10
