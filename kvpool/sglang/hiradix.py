@@ -64,7 +64,7 @@ from kvpool.sglang.cache_req import token_array
 from kvpool.sglang.clock import frozen_at, install_clock
 from kvpool.sglang.host_pool import SGLangHostPool
 from kvpool.sglang.loader import SGLangModules
-from kvpool.sglang.radix import _install_node_id, key_codes, to_sglang_key
+from kvpool.sglang.radix import _install_node_id, key_codes, to_sglang_key, walks_tree
 from kvpool.snapshot import HostTierSnapshot, NodeSnapshot, PrefetchSnapshot, TreeSnapshot
 from kvpool.tags import kv_tags
 
@@ -293,12 +293,7 @@ class SGLangHiRadixCache:
             self._next_id = node_cls.counter
 
     def _walks(self, key: Any) -> bool:
-        """Whether SGLang's call on ``key`` walks the tree: a page of it as the tree keys it
-        (under EAGLE its bigrams, one fewer than the tokens of a key not yet viewed so)."""
-        n = len(key)
-        if self.is_eagle and not getattr(key, "is_bigram", True):
-            n = max(n - 1, 0)
-        return n // self.page_size > 0
+        return walks_tree(key, self.page_size, self.is_eagle)
 
     def _params(self, name: str, **kw: Any) -> Any:
         return self.modules.attr(_BASE, name)(**kw)

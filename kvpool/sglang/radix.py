@@ -92,6 +92,16 @@ def key_codes(key: Any, bigram: bool = False) -> tuple[int, ...]:
     return tuple(bigram_codes(raw) if bigram or getattr(key, "is_bigram", False) else raw)
 
 
+def walks_tree(key: Any, page_size: int, is_eagle: bool) -> bool:
+    """Whether an SGLang ``match_prefix`` / ``insert`` of ``key`` walks the tree (and so reads
+    its clock): a whole page of the key as the tree keys it (under EAGLE its bigrams, one fewer
+    than the tokens of a key not yet viewed as bigrams)."""
+    n = len(key)
+    if is_eagle and not key.is_bigram:
+        n = max(n - 1, 0)
+    return n // page_size > 0
+
+
 def make_radix_key(modules: SGLangModules, token_ids: Sequence[int], extra_key: str | None) -> Any:
     """SGLang's ``RadixKey`` of ``token_ids`` (an ``array('q')``, as SGLang builds them)."""
     cls = modules.attr(_RADIX, "RadixKey")
@@ -210,12 +220,7 @@ class SGLangRadixCache:
         return call
 
     def _walks(self, key: Any) -> bool:
-        """Whether SGLang's call walks the tree: a page of the key as the tree keys it (its
-        bigrams under EAGLE, one fewer than the tokens of a key not yet viewed as bigrams)."""
-        n = len(key)
-        if self.is_eagle and not getattr(key, "is_bigram", True):
-            n = max(n - 1, 0)
-        return not self.disable and n // self.page_size > 0
+        return not self.disable and walks_tree(key, self.page_size, self.is_eagle)
 
     def _key(self, key: Any) -> Any:
         return to_sglang_key(self.modules, key)

@@ -33,14 +33,7 @@ from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.options import TwinOptions
 from kvpool.optimized.radix.radix_cache import RadixCache
 from kvpool.optimized.radix.tree_view import bfs_nodes
-from kvpool.optimized.radix_key import (
-    ChildKey,
-    MatchResult,
-    RadixKey,
-    TreeNode,
-    as_slots,
-    bigram_key,
-)
+from kvpool.optimized.radix_key import ChildKey, MatchResult, RadixKey, TreeNode, as_slots
 from kvpool.optimized.req import Req
 from kvpool.protocols.hicache import HostPoolProtocol
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
@@ -219,7 +212,7 @@ class HiRadixCache(RadixCache):
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """Longest cached page-aligned prefix (device and host); see the reference."""
         check_instance("key", key, RadixKey)
-        key = bigram_key(key) if self.is_eagle else key
+        key = self._tree_key(key)
         aligned = floor_align(len(key), self.page_size)
         if self.disable or aligned == 0:
             return MatchResult(_EMPTY.to(self.device), self.root_node, self.root_node)
@@ -253,7 +246,7 @@ class HiRadixCache(RadixCache):
         priority, chunked, inserted_len, prev_prefix_len = insert_args(
             key, RadixKey, priority, chunked, inserted_len, prev_prefix_len
         )
-        tokens, key = key, bigram_key(key) if self.is_eagle else key  # bigrams at value's head
+        tokens, key = key, self._tree_key(key)  # under EAGLE its bigrams, at value's head
         if value is None:  # the token ids stand in for slots in tests only
             value = as_slots(tokens.array, self.device)
         else:

@@ -218,6 +218,10 @@ class RadixCache:
             child = node.children.get(ck)
         return values, node, pos, ck
 
+    def _tree_key(self, key: RadixKey) -> RadixKey:
+        """The key the tree stores for token key ``key``: its bigrams under ``is_eagle``."""
+        return bigram_key(key) if self.is_eagle else key
+
     def _cached_len(self, num_tokens: int) -> int:
         return cached_len(num_tokens, self.page_size, self.is_eagle)
 
@@ -237,7 +241,7 @@ class RadixCache:
         """Longest cached page-aligned prefix of ``key``; see the module docstring.
         InvalidArgumentError unless ``key`` is a RadixKey."""
         check_key(key, RadixKey)
-        key = bigram_key(key) if self.is_eagle else key
+        key = self._tree_key(key)
         aligned = floor_align(len(key), self.page_size)
         if self.disable or aligned == 0:
             return MatchResult(_EMPTY.to(self.device), self.root_node, self.root_node)
@@ -269,7 +273,7 @@ class RadixCache:
         ``is_eagle`` the tree stores ``key``'s bigrams at the first slots of ``value``."""
         check_key(key, RadixKey)
         check_insert_flags(priority, chunked, inserted_len)
-        tokens, key = key, bigram_key(key) if self.is_eagle else key
+        tokens, key = key, self._tree_key(key)
         if value is not None:
             limit = tree_slot_limit(self.token_to_kv_pool_allocator)
             value = tree_slots(value, len(key), self.device, self.options.checked, limit)

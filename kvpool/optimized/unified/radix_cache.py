@@ -14,7 +14,7 @@ from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.key_match import child_key, matched_tokens
 from kvpool.optimized.radix.radix_cache import RadixCache
-from kvpool.optimized.radix_key import RadixKey, TreeNode, bigram_key
+from kvpool.optimized.radix_key import RadixKey, TreeNode
 from kvpool.optimized.req import Req
 from kvpool.reference.radix.checks import check_key  # a pure host check, shared
 
@@ -86,7 +86,7 @@ class UnifiedRadixCache(RadixCache):
         """``[start, end)`` (tokens) of each node an insert of ``key`` would walk through, in
         walk order; reads the tree only (no stamp, no split)."""
         ps = self.page_size
-        key = bigram_key(key) if self.is_eagle else key
+        key = self._tree_key(key)
         n = floor_align(len(key), ps)
         spans: list[tuple[int, int]] = []
         if n == 0:
