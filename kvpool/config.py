@@ -81,8 +81,10 @@ class PoolConfig:
     """EAGLE speculative decoding (SGLang's ``CacheInitParams.is_eagle``): the radix tree keys
     each sequence by its bigrams (adjacent token pairs), so a sequence of ``n`` tokens caches the
     slots of its first ``n - 1`` (specs/radix_cache.md, "EAGLE bigram keys"). Modelled for the
-    radix cache and its host tier: not with ``sliding_window`` or ``hicache_storage``. A hybrid
-    Mamba model's tree keeps token keys (SGLang turns bigrams off with a MAMBA component)."""
+    radix cache, its host tier and the sliding-window trees; not with ``hicache_storage``, and an
+    SWA manager refuses it (:func:`~kvpool.reference.lifecycle.swa_memory_manager.
+    check_swa_config`). A hybrid Mamba model's tree keeps token keys (SGLang turns bigrams off
+    with a MAMBA component)."""
 
     def __post_init__(self) -> None:
         check_field_types(self)  # types first: the checks below compare and do arithmetic
@@ -133,11 +135,8 @@ class PoolConfig:
             raise ConfigError("hicache thresholds must be >= 0 tokens")
         if self.enable_hierarchical_cache and (self.disable_radix_cache or self.mamba_slots):
             raise ConfigError("the host tier needs the radix cache and a non-hybrid model")
-        if self.is_eagle and (self.sliding_window is not None or self.hicache_storage):
-            raise ConfigError(
-                "is_eagle is modelled for the radix cache and its host tier only (no "
-                "sliding_window, no hicache_storage)"
-            )
+        if self.is_eagle and self.hicache_storage:
+            raise ConfigError("is_eagle is not modelled with hicache_storage")
         self._check_layerwise()
 
     def _check_kv_storage(self) -> None:

@@ -113,7 +113,8 @@ def implementation(
         )
 
     def swa_radix_cache(config: PoolConfig, alloc: Any) -> SGLangSWARadixCache:
-        return SGLangSWARadixCache(modules, alloc, config.page_size, config.sliding_window or 1)
+        return SGLangSWARadixCache(modules, alloc, config.page_size, config.sliding_window or 1,
+                                   is_eagle=config.is_eagle)  # fmt: skip
 
     def radix_key(token_ids: Sequence[int], extra_key: str | None) -> Any:
         return make_radix_key(modules, token_ids, extra_key)
@@ -179,7 +180,8 @@ def implementation(
             return SGLangUnifiedSWARadixCache(modules, alloc, config.page_size,
                                               config.sliding_window or 1,
                                               eviction_policy=config.eviction_policy,
-                                              tree_core=tree_core)  # fmt: skip
+                                              tree_core=tree_core,
+                                              is_eagle=config.is_eagle)  # fmt: skip
 
     if unified_swa is None and has_unified16_cache(modules):
 
@@ -189,7 +191,8 @@ def implementation(
 
             return SGLangUnified16SWARadixCache(modules, alloc, config.page_size,
                                                 config.sliding_window or 1,
-                                                eviction_policy=config.eviction_policy)  # fmt: skip
+                                                eviction_policy=config.eviction_policy,
+                                                is_eagle=config.is_eagle)  # fmt: skip
 
     unified_mamba = None
     if has_unified_cache(modules) and has_hybrid:

@@ -33,7 +33,7 @@ from typing import Any
 
 from kvpool.sglang.allocators import as_index_tensor
 from kvpool.sglang.loader import SGLangModules
-from kvpool.sglang.radix import to_sglang_key
+from kvpool.sglang.radix import key_codes, to_sglang_key
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 
 _SWA_RADIX = "sglang.srt.mem_cache.swa_radix_cache"
@@ -59,7 +59,12 @@ class SGLangSWARadixCache:
     """SGLang's ``SWARadixCache`` (see the module docstring). ``impl`` is SGLang's object."""
 
     def __init__(
-        self, modules: SGLangModules, allocator: Any, page_size: int, sliding_window_size: int
+        self,
+        modules: SGLangModules,
+        allocator: Any,
+        page_size: int,
+        sliding_window_size: int,
+        is_eagle: bool = False,
     ) -> None:
         self.modules = modules
         self.page_size = page_size
@@ -75,6 +80,7 @@ class SGLangSWARadixCache:
             token_to_kv_pool_allocator=getattr(allocator, "impl", allocator),
             page_size=page_size,
             sliding_window_size=sliding_window_size,
+            is_eagle=is_eagle,
         )
         with self._call():
             self.impl: Any = self._mod.SWARadixCache(params)
@@ -182,7 +188,7 @@ class SGLangSWARadixCache:
         nodes: list[NodeSnapshot] = []
 
         def first_page(node: Any) -> tuple[int, ...]:
-            return tuple(int(t) for t in node.key.raw_token_ids()[:ps])
+            return key_codes(node.key)[:ps]
 
         queue = deque([root])
         while queue:
@@ -194,7 +200,7 @@ class SGLangSWARadixCache:
                 NodeSnapshot(
                     node_id=int(node.id),
                     parent_id=None if node.parent is None else int(node.parent.id),
-                    key=() if is_root else tuple(int(t) for t in node.key.raw_token_ids()),
+                    key=() if is_root else key_codes(node.key),
                     extra_key=None if is_root else node.key.extra_key,
                     value=() if is_root else tuple(int(v) for v in node.value.tolist()),
                     lock_ref=int(node.full_lock_ref),

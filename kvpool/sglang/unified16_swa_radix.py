@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.sglang.allocators import as_index_tensor
-from kvpool.sglang.radix import to_sglang_key
+from kvpool.sglang.radix import key_codes, to_sglang_key
 from kvpool.sglang.unified16_base import Unified16Base, Unified16NodeRef, raw_node
 from kvpool.sglang.unified_base import BASE
 from kvpool.sglang.unified_sizes import SWATreeSizes
@@ -60,6 +60,7 @@ class SGLangUnified16SWARadixCache(Unified16Base, SWATreeSizes):
         sliding_window_size: int,
         eviction_policy: str = "lru",
         req_to_token_pool: Any = None,
+        is_eagle: bool = False,
     ) -> None:
         """``req_to_token_pool``: SGLang's ``ReqToTokenPool`` (its ``impl``) for the cache's
         ``cache_finished_req`` / ``cache_unfinished_req`` (None: the tree alone)."""
@@ -78,6 +79,7 @@ class SGLangUnified16SWARadixCache(Unified16Base, SWATreeSizes):
             page_size=page_size,
             eviction_policy=eviction_policy,
             sliding_window_size=sliding_window_size,
+            is_eagle=is_eagle,
         )
         self._full = self.component_type.FULL
         self._swa = self.component_type.SWA
@@ -157,13 +159,12 @@ class SGLangUnified16SWARadixCache(Unified16Base, SWATreeSizes):
             rows.append(NodeSnapshot(
                 node_id=sid(int(node.id)),
                 parent_id=None if is_root else sid(int(node.parent.id)),
-                key=() if is_root else tuple(int(t) for t in node.key.raw_token_ids()),
+                key=() if is_root else key_codes(node.key),
                 extra_key=None if is_root else node.key.extra_key,
                 value=value,
                 lock_ref=int(full.lock_ref),
                 child_ids=tuple(sid(int(c.id)) for c in children),
-                child_keys=tuple(tuple(int(t) for t in c.key.raw_token_ids()[:ps])
-                                 for c in children),
+                child_keys=tuple(key_codes(c.key)[:ps] for c in children),
                 last_access_time=0.0,
                 swa_tombstone=not is_root and swa.value is None,
                 swa_lock_ref=int(swa.lock_ref),

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.sglang.allocators import as_index_tensor
-from kvpool.sglang.radix import to_sglang_key
+from kvpool.sglang.radix import key_codes, to_sglang_key
 from kvpool.sglang.unified_base import BASE as _BASE
 from kvpool.sglang.unified_base import UnifiedNodeRef, UnifiedTreeBase
 from kvpool.sglang.unified_sizes import SWATreeSizes
@@ -62,6 +62,7 @@ class SGLangUnifiedSWARadixCache(UnifiedTreeBase, SWATreeSizes):
         sliding_window_size: int,
         eviction_policy: str = "lru",
         tree_core: str = "rust",
+        is_eagle: bool = False,
     ) -> None:
         self.page_size = page_size
         self.sliding_window_size = sliding_window_size
@@ -79,6 +80,7 @@ class SGLangUnifiedSWARadixCache(UnifiedTreeBase, SWATreeSizes):
             page_size=page_size,
             eviction_policy=eviction_policy,
             sliding_window_size=sliding_window_size,
+            is_eagle=is_eagle,
         )
         self._swa = self._unified.component_type.SWA
 
@@ -181,13 +183,12 @@ class SGLangUnifiedSWARadixCache(UnifiedTreeBase, SWATreeSizes):
             rows.append(NodeSnapshot(
                 node_id=sid(int(node.id)),
                 parent_id=None if node.parent is None else sid(int(node.parent.id)),
-                key=() if is_root else tuple(int(t) for t in node.key.raw_token_ids()),
+                key=() if is_root else key_codes(node.key),
                 extra_key=None if is_root else node.key.extra_key,
                 value=value,
                 lock_ref=int(full.lock_ref),
                 child_ids=tuple(sid(int(c.id)) for c in children),
-                child_keys=tuple(tuple(int(t) for t in c.key.raw_token_ids()[: self.page_size])
-                                 for c in children),
+                child_keys=tuple(key_codes(c.key)[: self.page_size] for c in children),
                 last_access_time=0.0,
                 swa_tombstone=not is_root and swa.value is None,
                 swa_lock_ref=int(swa.lock_ref),

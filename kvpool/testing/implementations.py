@@ -91,7 +91,7 @@ def reference_implementation() -> Implementation:
             config.size, config.swa_size, config.page_size, config.need_sort, rules=config.rules
         ),
         swa_radix_cache=lambda config, alloc: SWARadixCache(
-            alloc, config.page_size, config.sliding_window or 1
+            alloc, config.page_size, config.sliding_window or 1, is_eagle=config.is_eagle
         ),
         swa_manager=SWAMemoryManager,
         hiradix_cache=_reference_hiradix,
@@ -109,7 +109,7 @@ def _reference_unified_swa(config: PoolConfig, alloc: Any) -> Any:
 
     return UnifiedSWARadixCache(alloc, config.page_size, config.sliding_window or 1,
                                 eviction_policy=config.eviction_policy,
-                                rules=config.rules)  # fmt: skip
+                                rules=config.rules, is_eagle=config.is_eagle)  # fmt: skip
 
 
 def _optimized_unified_swa(config: PoolConfig, alloc: Any, options: TwinOptions) -> Any:
@@ -118,7 +118,7 @@ def _optimized_unified_swa(config: PoolConfig, alloc: Any, options: TwinOptions)
 
     return UnifiedSWARadixCache(alloc, config.page_size, config.sliding_window or 1,
                                 eviction_policy=config.eviction_policy, rules=config.rules,
-                                options=options)  # fmt: skip
+                                options=options, is_eagle=config.is_eagle)  # fmt: skip
 
 
 def _reference_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
@@ -236,7 +236,11 @@ def optimized_implementation(backend: str | None = "torch", checked: bool = True
         mamba_radix_cache=mamba_tree,
         swa_allocator=swa_allocator,
         swa_radix_cache=lambda config, alloc: SWARadixCache(
-            alloc, config.page_size, config.sliding_window or 1, options=opts
+            alloc,
+            config.page_size,
+            config.sliding_window or 1,
+            options=opts,
+            is_eagle=config.is_eagle,
         ),
         swa_manager=lambda config: SWAMemoryManager(config, options=opts),
         index=index,

@@ -109,16 +109,10 @@ def test_match_needs_the_next_token_too(release: str) -> None:
         assert (max(codes) >= TOKEN_ID_LIMIT) == eagle  # the tree holds pair codes
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [
-        {"sliding_window": 4},
-        {"enable_hierarchical_cache": True, "hicache_storage": True},
-    ],
-)
-def test_eagle_is_refused_where_it_is_not_modelled(fields: dict[str, Any]) -> None:
+def test_eagle_is_refused_where_it_is_not_modelled() -> None:
+    """Storage prefetches (an SWA manager's refusal: tests/reference/test_eagle_swa.py)."""
     with pytest.raises(ConfigError, match="is_eagle"):
-        PoolConfig(is_eagle=True, **fields)
+        PoolConfig(is_eagle=True, enable_hierarchical_cache=True, hicache_storage=True)
 
 
 @pytest.mark.slow

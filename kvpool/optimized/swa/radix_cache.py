@@ -4,7 +4,8 @@ Twin of :mod:`kvpool.reference.swa.radix_cache` (same rules, node ids, results a
 its module docstring). Node values are int64 slot tensors on the allocator's device and every
 allocator call passes tensors; keys are :class:`kvpool.optimized.radix_key.RadixKey`. The tree
 walk itself is plain Python over token lists, as in the reference: a sliding-window tree is
-walked per request, and its cost is dominated by the allocator calls it makes.
+walked per request, and its cost is dominated by the allocator calls it makes. Under
+``is_eagle`` the bigram codes of a key come from one vectorised shift and ``|``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.host_checks import as_bool, as_count, as_int
 from kvpool.optimized.options import TwinOptions, options_of
 from kvpool.optimized.radix.checks import tree_slots
-from kvpool.optimized.radix_key import RadixKey
+from kvpool.optimized.radix_key import RadixKey, bigram_key
 from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa.tree_node import SWATreeNode
 from kvpool.records import fast_record
-from kvpool.reference.radix.checks import check_count, check_key  # pure host checks, shared
+from kvpool.reference.radix.checks import (  # pure host checks, shared
+    check_count,
+    check_flag,
+    check_key,
+)
 from kvpool.reference.radix.radix_cache import logical_clock
 from kvpool.reference.radix_key import ChildKey, tree_slot_limit
 from kvpool.reference.swa.radix_cache import STAMP_STEP
@@ -52,9 +57,11 @@ class SWARadixCache:
         clock: Callable[[], float] | None = None,
         *,
         options: TwinOptions | None = None,
+        is_eagle: bool = False,
     ) -> None:
         if sliding_window_size < 1:
             raise InvalidArgumentError(f"sliding_window_size must be >= 1: {sliding_window_size}")
+        self.is_eagle = check_flag("is_eagle", is_eagle)
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
         self.sliding_window_size = sliding_window_size
@@ -95,6 +102,10 @@ class SWARadixCache:
         return self.swa_protected_size_
 
     # ----------------------------------------------------------------- tree helpers
+    def _tree_key(self, key: RadixKey) -> RadixKey:
+        """The key the tree stores for token key ``key``: its bigrams under ``is_eagle``."""
+        return bigram_key(key) if self.is_eagle else key
+
     def _child_key(self, parent: SWATreeNode, key: RadixKey) -> ChildKey:
         plain = key.plain_child_key(self.page_size)
         return (key.extra_key, plain) if parent is self.root_node else plain
@@ -159,8 +170,9 @@ class SWARadixCache:
     def match_prefix(self, key: RadixKey) -> SWAMatchResult:
         """Slots of the longest usable cached prefix (see the module docstring) and its node;
         splits a node where the walk ends inside it. InvalidArgumentError unless ``key`` is a
-        RadixKey."""
+        RadixKey. Under ``is_eagle`` a key of ``n`` tokens matches at most ``n - 1`` slots."""
         check_key(key, RadixKey)
+        key = self._tree_key(key)
         key = key[: floor_align(len(key), self.page_size)]
         if len(key) == 0:
             return SWAMatchResult(self._slots([]), self.root_node)
@@ -204,8 +216,10 @@ class SWARadixCache:
         Checked before any change as the reference: the key and the counts (both modes); the
         slots' dtype and shape (both modes), their range and distinctness, and that the caller
         holds the page-aligned part (checked mode, or host values:
-        :func:`~kvpool.optimized.radix.checks.tree_slots`)."""
+        :func:`~kvpool.optimized.radix.checks.tree_slots`). Under ``is_eagle`` every bound
+        counts the key's bigrams (its tokens less one)."""
         check_key(key, RadixKey)
+        key = self._tree_key(key)
         prev_prefix_len = as_count("prev_prefix_len", prev_prefix_len)
         swa_evicted_seqlen = as_count("swa_evicted_seqlen", swa_evicted_seqlen)
         if prev_prefix_len > len(key):

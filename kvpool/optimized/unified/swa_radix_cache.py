@@ -43,15 +43,15 @@ class UnifiedSWARadixCache(SWARadixCache):
         eviction_policy: str = "lru",
         rules: Rules | None = None,
         options: TwinOptions | None = None,
+        is_eagle: bool = False,
     ) -> None:
         self.rules = rules if rules is not None else Rules()
         self.eviction_policy = eviction_policy
         self._policy_key = get_priority_fn(eviction_policy)
         self.swa_lru: list[SWATreeNode] = []
         """Nodes holding SWA slots, most recently used first (difference 3)."""
-        super().__init__(
-            token_to_kv_pool_allocator, page_size, sliding_window_size, clock, options=options
-        )
+        super().__init__(token_to_kv_pool_allocator, page_size, sliding_window_size, clock,
+                         options=options, is_eagle=is_eagle)  # fmt: skip
 
     def reset(self) -> None:
         """Forget the tree (frees nothing); node ids and swa_uuids restart."""
@@ -137,8 +137,10 @@ class UnifiedSWARadixCache(SWARadixCache):
         in ``[0, len(key)]``, a negative ``prev_prefix_len`` or ``inserted_len`` (past the key
         they free and count nothing), or any of the three that is not an int; the key and the
         slots checked as the base's insert checks them (the slots' values in checked mode or for
-        host values)."""
+        host values). Under ``is_eagle`` the tree walks ``key``'s bigrams and every bound counts
+        them."""
         check_key(key, RadixKey)
+        key = self._tree_key(key)
         prev_prefix_len = as_count("prev_prefix_len", prev_prefix_len)
         swa_evicted_seqlen = as_count("swa_evicted_seqlen", swa_evicted_seqlen)
         inserted_len = as_count("inserted_len", inserted_len)

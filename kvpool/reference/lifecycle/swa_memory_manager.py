@@ -82,6 +82,8 @@ def check_swa_config(config: PoolConfig) -> int:
         raise ConfigError(f"an SWA manager stores plain KV (SWAKVPool), not {config.kv_storage!r}")
     if config.enable_hierarchical_cache:
         raise ConfigError("an SWA manager has no host tier (enable_hierarchical_cache)")
+    if config.is_eagle:
+        raise ConfigError("an SWA manager does not model EAGLE's bigram keys (is_eagle)")
     return config.sliding_window
 
 

@@ -30,6 +30,11 @@ Rules (as SGLang 0.5.16, in kvpool's words; both twins follow them exactly):
   one before (:data:`STAMP_STEP`): an insert stamps the nodes it walks root first, a split makes
   both halves the most recent (upper first), new nodes come last; a match stamps its matched
   path root first, after any split it made. Invalid locks raise LockError and change nothing.
+- EAGLE (``is_eagle``, SGLang's ``CacheInitParams.is_eagle``): ``match_prefix`` and ``insert``
+  take token keys and walk their bigram keys (:func:`~kvpool.reference.radix_key.bigram_key`,
+  one element fewer). Bigram ``i`` holds token ``i``'s slot, so every length, window and
+  ``swa_evicted_seqlen`` above counts slots, which are token positions too: a key of ``n``
+  tokens caches at most ``n - 1`` slots.
 """
 
 from __future__ import annotations
@@ -41,9 +46,15 @@ from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.host_checks import as_bool, as_count, as_int, int_list
 from kvpool.records import fast_record
-from kvpool.reference.radix.checks import check_count, check_distinct, check_key
+from kvpool.reference.radix.checks import check_count, check_distinct, check_flag, check_key
 from kvpool.reference.radix.radix_cache import logical_clock
-from kvpool.reference.radix_key import ChildKey, RadixKey, check_tree_slots, tree_slot_limit
+from kvpool.reference.radix_key import (
+    ChildKey,
+    RadixKey,
+    bigram_key,
+    check_tree_slots,
+    tree_slot_limit,
+)
 from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.swa.tree_node import SWATreeNode
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
@@ -70,9 +81,12 @@ class SWARadixCache:
         page_size: int,
         sliding_window_size: int,
         clock: Callable[[], float] | None = None,
+        *,
+        is_eagle: bool = False,
     ) -> None:
         if sliding_window_size < 1:
             raise InvalidArgumentError(f"sliding_window_size must be >= 1: {sliding_window_size}")
+        self.is_eagle = check_flag("is_eagle", is_eagle)
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
         self.sliding_window_size = sliding_window_size
@@ -108,6 +122,10 @@ class SWARadixCache:
         return self.swa_protected_size_
 
     # ----------------------------------------------------------------- tree helpers
+    def _tree_key(self, key: RadixKey) -> RadixKey:
+        """The key the tree stores for token key ``key``: its bigrams under ``is_eagle``."""
+        return bigram_key(key) if self.is_eagle else key
+
     def _child_key(self, parent: SWATreeNode, key: RadixKey) -> ChildKey:
         plain = key.plain_child_key(self.page_size)
         return (key.extra_key, plain) if parent is self.root_node else plain
@@ -172,8 +190,9 @@ class SWARadixCache:
     def match_prefix(self, key: RadixKey) -> SWAMatchResult:
         """Slots of the longest usable cached prefix (see the module docstring) and its node;
         splits a node where the walk ends inside it. InvalidArgumentError unless ``key`` is a
-        RadixKey."""
+        RadixKey. Under ``is_eagle`` a key of ``n`` tokens matches at most ``n - 1`` slots."""
         check_key(key, RadixKey)
+        key = self._tree_key(key)
         key = key[: floor_align(len(key), self.page_size)]
         if len(key) == 0:
             return SWAMatchResult([], self.root_node)
@@ -218,8 +237,10 @@ class SWARadixCache:
         ``len(key)`` and ``swa_evicted_seqlen`` a count (InvalidArgumentError); ``value``
         integers inside the full pool, not slot 0 (:func:`check_tree_slots`), no slot named
         twice (DoubleFreeError); the page-aligned part, which the tree takes or frees, names
-        only slots the caller holds (InvalidArgumentError for a slot on a free page)."""
+        only slots the caller holds (InvalidArgumentError for a slot on a free page). Under
+        ``is_eagle`` every bound counts the key's bigrams (its tokens less one)."""
         check_key(key, RadixKey)
+        key = self._tree_key(key)
         prev_prefix_len = as_count("prev_prefix_len", prev_prefix_len)
         swa_evicted_seqlen = as_count("swa_evicted_seqlen", swa_evicted_seqlen)
         if prev_prefix_len > len(key):

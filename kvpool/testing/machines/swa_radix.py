@@ -12,6 +12,10 @@ prefixes, so inserts and matches overlap):
 - ``unlock(h)``: ``dec_lock_ref`` (with ``skip_swa`` after a release);
 - ``evict(full, swa)``, and invalid calls (negative eviction sizes).
 
+Under EAGLE's bigram keys (``PoolConfig.is_eagle``, drawn for one pool size in three when the
+candidate's trees say ``radix_models_eagle``) every key is spelled with one token more, so that
+its bigrams name exactly the slots an insert allocates and a lock matches.
+
 Every step checks the ``INV-SWA-*`` invariants with the tree (tombstones, locks and sizes, SWA
 accounting against the tree's SWA sizes) and both pools' allocator invariants (the full pool
 against the tree's pages).
@@ -32,6 +36,13 @@ from kvpool.testing.swarm import Chooser, Op
 
 PAGE_SIZES = (1, 2, 4)
 Snap = tuple[SWAAllocatorSnapshot, TreeSnapshot]
+
+
+def eagle_pages(impl: Implementation, pages: int) -> bool:
+    """Whether a tree configuration of ``pages`` pages gets EAGLE's bigram keys: one page count
+    in three (no extra draw, so other configurations stay as they were), when ``impl``'s trees
+    model them (``radix_models_eagle``)."""
+    return impl.radix_models_eagle and pages % 3 == 1
 
 
 def tokens_of(base: int, n: int, ps: int) -> list[int]:
@@ -61,6 +72,8 @@ class TreeSide:
     index: Any
     key: Any
     holders: list[tuple[Any, Any]] = field(default_factory=list)
+    eagle: bool = False
+    """The configuration's ``is_eagle``: a key of ``n + 1`` tokens names ``n`` slots."""
 
 
 def recency_ranks(tree: TreeSnapshot) -> TreeSnapshot:
@@ -96,14 +109,17 @@ class SWARadixTarget:
         ps = c.choice(PAGE_SIZES)
         window = c.choice((1, ps, ps + 1, 2 * ps, 3 * ps + 1))
         rules = impl.rules_or_default()
-        return PoolConfig(size=c.integer(12, 40) * ps, page_size=ps, sliding_window=window,
+        pages = c.integer(12, 40)
+        return PoolConfig(size=pages * ps, page_size=ps, sliding_window=window,
                           swa_full_tokens_ratio=c.choice((0.5, 0.8, 1.0)),
-                          need_sort=c.choice((False, True)), rules=rules)  # fmt: skip
+                          need_sort=c.choice((False, True)), rules=rules,
+                          is_eagle=eagle_pages(impl, pages))  # fmt: skip
 
     def build(self, impl: Implementation, config: PoolConfig) -> TreeSide:
         assert impl.swa_allocator and impl.swa_radix_cache and impl.radix_key
         alloc = impl.swa_allocator(config)
-        return TreeSide(alloc, impl.swa_radix_cache(config, alloc), impl.index, impl.radix_key)
+        return TreeSide(alloc, impl.swa_radix_cache(config, alloc), impl.index, impl.radix_key,
+                        eagle=config.is_eagle)  # fmt: skip
 
     def snapshot(self, side: TreeSide) -> Snap:
         return side.alloc.snapshot(), recency_ranks(side.tree.snapshot())
@@ -131,13 +147,13 @@ class SWARadixTarget:
         return Op("evict", (0, 0))
 
     def materialize(self, model: TreeModel, op: Op) -> Op | None:
-        ps = model.config.page_size
+        ps, more = model.config.page_size, model.config.is_eagle
         if op.name == "insert":
             base, pages, gone = op.args
             n = pages * ps
-            return Op("insert_new", (tokens_of(base, n, ps), min(gone, pages) * ps))
+            return Op("insert_new", (tokens_of(base, n + more, ps), min(gone, pages) * ps))
         if op.name == "lock":
-            return Op("lock", (tokens_of(op.args[0], op.args[1] * ps, ps),))
+            return Op("lock", (tokens_of(op.args[0], op.args[1] * ps + more, ps),))
         if op.name in ("release", "unlock"):
             live = [i for i, r in enumerate(model.released) if op.name == "unlock" or not r]
             if not live:
@@ -157,7 +173,7 @@ class SWARadixTarget:
         alloc, tree, index = side.alloc, side.tree, side.index
         if op.name == "insert_new":
             tokens, gone = op.args
-            n = len(tokens)
+            n = len(tokens) - side.eagle  # slots: one per bigram under EAGLE
             if alloc.page_size == 1:
                 slots = alloc.alloc(n)
             else:
@@ -242,4 +258,11 @@ class SWARadixTarget:
         return tags
 
 
-__all__ = ["SWARadixTarget", "TreeModel", "TreeSide", "recency_ranks", "tokens_of"]
+__all__ = [
+    "SWARadixTarget",
+    "TreeModel",
+    "TreeSide",
+    "eagle_pages",
+    "recency_ranks",
+    "tokens_of",
+]

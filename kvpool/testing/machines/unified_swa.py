@@ -32,7 +32,14 @@ from kvpool.invariants import check_swa_allocator
 from kvpool.snapshot import TreeSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.machines.base import Outcome
-from kvpool.testing.machines.swa_radix import PAGE_SIZES, Snap, SWARadixTarget, TreeModel, TreeSide
+from kvpool.testing.machines.swa_radix import (
+    PAGE_SIZES,
+    Snap,
+    SWARadixTarget,
+    TreeModel,
+    TreeSide,
+    eagle_pages,
+)
 from kvpool.testing.machines.unified import coarse_tree
 from kvpool.testing.swarm import Chooser, Op
 
@@ -70,10 +77,12 @@ class UnifiedSWARadixTarget(SWARadixTarget):
         """The SWA radix machine's draw over :attr:`page_sizes`, with an eviction policy."""
         ps = c.choice(self.page_sizes)
         window = c.choice((1, ps, ps + 1, 2 * ps, 3 * ps + 1))
-        return PoolConfig(size=c.integer(12, 40) * ps, page_size=ps, sliding_window=window,
+        pages = c.integer(12, 40)
+        return PoolConfig(size=pages * ps, page_size=ps, sliding_window=window,
                           swa_full_tokens_ratio=c.choice((0.5, 0.8, 1.0)),
                           need_sort=c.choice((False, True)), eviction_policy=c.choice(POLICIES),
-                          rules=impl.rules_or_default())  # fmt: skip
+                          rules=impl.rules_or_default(),
+                          is_eagle=eagle_pages(impl, pages))  # fmt: skip
 
     def new_model(self, config: PoolConfig) -> TreeModel:
         self._swa_locks = True
@@ -85,7 +94,7 @@ class UnifiedSWARadixTarget(SWARadixTarget):
         tree = impl.unified_swa_radix_cache(config, alloc)
         if not getattr(tree, "swa_lock_counts_readable", True):
             self._swa_locks = False
-        return TreeSide(alloc, tree, impl.index, impl.radix_key)
+        return TreeSide(alloc, tree, impl.index, impl.radix_key, eagle=config.is_eagle)
 
     def snapshot(self, side: TreeSide) -> Snap:
         return side.alloc.snapshot(), coarse_swa_tree(side.tree.snapshot(), self._swa_locks)
