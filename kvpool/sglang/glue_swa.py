@@ -192,7 +192,8 @@ class SGLangSWAGlueTree(SGLangUnifiedRadixCache):
     and snapshot of :class:`~kvpool.sglang.unified_swa_radix.SGLangUnifiedSWARadixCache`."""
 
     def __init__(self, modules: Any, pool: Any, alloc: Any, page_size: int, window: int,
-                 disable: bool, eviction_policy: str, tree_core: str) -> None:  # fmt: skip
+                 disable: bool, eviction_policy: str, tree_core: str,
+                 is_eagle: bool = False) -> None:  # fmt: skip
         self.page_size = page_size
         self.disable = disable
         self.eviction_policy = eviction_policy.lower()
@@ -204,7 +205,8 @@ class SGLangSWAGlueTree(SGLangUnifiedRadixCache):
                     req_to_token_pool=getattr(pool, "impl", pool),
                     token_to_kv_pool_allocator=getattr(alloc, "impl", alloc),
                     page_size=page_size, eviction_policy=eviction_policy,
-                    sliding_window_size=window)  # fmt: skip
+                    sliding_window_size=window, is_eagle=is_eagle)  # fmt: skip
+        self.is_eagle = bool(self.impl.tree_core.is_eagle)
         self._swa = self._unified.component_type.SWA
         self._tree_lock = self._lock_of
 
@@ -271,7 +273,7 @@ class SGLangSWAGlueManager(SGLangGlueManager):
         alloc = SGLangSWAAllocator(modules, config.size, config.swa_size, ps, config.need_sort)
         pool = SGLangReqToTokenPool(modules, config.req_pool_size, config.max_context_len)
         tree = SGLangSWAGlueTree(modules, pool, alloc, ps, window, config.disable_radix_cache,
-                                 config.eviction_policy, tree_core)  # fmt: skip
+                                 config.eviction_policy, tree_core, config.is_eagle)  # fmt: skip
         layers = range(config.num_layers)
         self._kv = SWAKVPool(config.size, config.swa_size, ps, "float32", config.head_num,
                              config.head_dim, [i for i in layers if i % 2],

@@ -169,7 +169,8 @@ class LRUOnly(OptTree):
 def test_planted_unified_swa_bugs_are_caught(planted: type) -> None:
     def tree(config: PoolConfig, alloc: Any) -> Any:
         return planted(alloc, config.page_size, config.sliding_window or 1,
-                       eviction_policy=config.eviction_policy)  # fmt: skip
+                       eviction_policy=config.eviction_policy,
+                       is_eagle=config.is_eagle)  # fmt: skip
 
     candidate = dataclasses.replace(optimized_implementation(), unified_swa_radix_cache=tree)
     result = run_machine("unified_swa_radix_cache", REF, candidate, 3600.0, seed=1,

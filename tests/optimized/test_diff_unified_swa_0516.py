@@ -34,7 +34,8 @@ def test_a_twin_ignoring_a_knob_is_caught(knob: str) -> None:
 
     def tree(config: PoolConfig, alloc: Any) -> Any:
         return OptTree(alloc, config.page_size, config.sliding_window or 1,
-                       eviction_policy=config.eviction_policy, rules=lax)  # fmt: skip
+                       eviction_policy=config.eviction_policy, rules=lax,
+                       is_eagle=config.is_eagle)  # fmt: skip
 
     candidate = dataclasses.replace(optimized_implementation(), rules=OLD,
                                     unified_swa_radix_cache=tree)  # fmt: skip

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from kvpool.constants import RESERVED_INDEX
+from kvpool.rules import Rules
 from kvpool.testing.quality import ComponentMutant, need, wrap
 
 
@@ -216,6 +217,34 @@ def finish_forgets_window(mm: Any) -> None:
     mm.tree_cache.evicted_of = lambda req: 0
 
 
+def eagle_frontier_by_tokens(mm: Any) -> None:
+    """Under EAGLE's bigram keys a checkpoint slides the window at its key's token count, not at
+    its last slot (SGLang's pre-#34870 frontier): the leaf it inserts keeps a page less than a
+    window of live SWA slots, so the match that follows stops short of it."""
+    tree = mm.tree_cache
+    if not getattr(tree, "is_eagle", False):
+        return  # token keys: the two counts agree (the run stays clean)
+
+    def make(orig: Any) -> Callable[[Any, int, bool], None]:
+        def checkpoint(req: Any, up_to: int, finished: bool) -> None:
+            saved, first = mm._slide, [True]
+
+            def slide(req: Any, pre_len: int, window: int, sharing: bool) -> None:
+                if first[0]:  # the slide before the insert (a running request's only)
+                    first[0], pre_len = False, pre_len + 1
+                saved(req, pre_len, window, sharing)
+
+            mm._slide = slide
+            try:
+                orig(req, up_to, finished)
+            finally:
+                mm._slide = saved
+
+        return checkpoint
+
+    wrap(mm, "_checkpoint", make)
+
+
 SWA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("swa-stale-mapping", "a recycled full slot keeps a stale SWA mapping",
                     ("INV-SWA-FREE-UNMAPPED",), stale_mapping_on_free),
@@ -253,6 +282,9 @@ SWA_MUTANTS: tuple[ComponentMutant, ...] = (
     ComponentMutant("swa-finish-forgets-window", "a finish inserts released window tokens as "
                     "SWA-holding nodes", ("INV-SWA-ACCOUNTING", "INV-SWA-ONE-MAPPING",
                     "lockstep-diff"), finish_forgets_window, "swa_manager"),
+    ComponentMutant("swa-eagle-frontier-by-tokens", "under EAGLE a checkpoint slides the window "
+                    "at its key's token count, not its last slot", ("lockstep-diff",),
+                    eagle_frontier_by_tokens, "swa_manager", rules=Rules.for_sglang("0.5.23")),
 )  # fmt: skip
 """The seeded SWA bugs of the quality suite (allocator, radix cache, lifecycle)."""
 

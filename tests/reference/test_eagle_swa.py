@@ -1,9 +1,11 @@
-"""EAGLE's bigram keys on the sliding-window trees (``PoolConfig.is_eagle`` with
-``sliding_window``; specs/radix_cache.md, "EAGLE bigram keys"): 0.5.16's ``SWARadixCache`` and
-0.5.23's FULL + SWA ``UnifiedSWARadixCache`` walk a key's bigrams, so a key of ``n + 1`` tokens
-names ``n`` slots, and every length they check (``prev_prefix_len``, ``swa_evicted_seqlen``, the
-window) counts slots. Directed cases on both twins, then the tree machines' EAGLE
-configurations in lockstep, and a planted tree that ignores the flag."""
+"""EAGLE's bigram keys with a sliding window (``PoolConfig.is_eagle`` with ``sliding_window``;
+specs/radix_cache.md, "EAGLE bigram keys"). The trees (0.5.16's ``SWARadixCache``, the FULL +
+SWA ``UnifiedSWARadixCache``) walk a key's bigrams, so a key of ``n + 1`` tokens names ``n``
+slots and every length they check counts slots; the SWA lifecycle under SGLang 0.5.23's rules
+checkpoints ``floor_align(n - 1)`` slots of ``n`` tokens and slides the window at the key's last
+slot. Directed cases on both twins, the machines' EAGLE configurations in lockstep, and a
+planted tree that ignores the flag (the planted frontier of SGLang's #34870 is in the quality
+suite: tests/quality/mutants_swa.py)."""
 
 from __future__ import annotations
 
@@ -105,12 +107,69 @@ def test_both_twins_build_the_same_bigram_tree(kind: str) -> None:
     assert states[0] == states[1]
 
 
-def test_an_swa_manager_refuses_eagle() -> None:
-    config = PoolConfig(size=64, sliding_window=4, is_eagle=True)
+@pytest.mark.parametrize("rules", [Rules(), Rules.for_sglang("0.5.16")], ids=["own", "0.5.16"])
+def test_an_swa_manager_models_eagle_under_0523_rules_only(rules: Rules) -> None:
+    """0.5.16's SWA hand-overs (and kvpool's own window rule, which follows them) under EAGLE
+    are not modelled: refused. 0.5.23's checkpoint is (the cases below)."""
+    config = PoolConfig(size=64, sliding_window=4, is_eagle=True, rules=rules)
     for impl in IMPLS:
         assert impl.swa_manager is not None
         with pytest.raises(ConfigError, match="is_eagle"):
             impl.swa_manager(config)
+
+
+R0523 = Rules.for_sglang("0.5.23")
+
+
+def _swa_managers(config: PoolConfig) -> list[Any]:
+    return [impl.swa_manager(config) for impl in IMPLS]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("ps", [1, 2, 4])
+def test_a_finished_request_caches_one_token_fewer(ps: int) -> None:
+    """12 committed tokens cache ``floor_align(11)`` slots (a wide window: nothing slides); a
+    prompt that agrees on 11 tokens then differs reuses the slots of the first 10 only (token
+    11's slot needs token 12 to agree too), without EAGLE all 11 (page-aligned)."""
+    for eagle in (True, False):
+        config = PoolConfig(size=96, page_size=ps, sliding_window=64, is_eagle=eagle, rules=R0523)
+        states, prefixes = [], []
+        for m in _swa_managers(config):
+            m.new_req("a", list(range(1, 12)))
+            m.extend(["a"])
+            m.decode(["a"], [50])
+            m.finish(["a"])
+            m.new_req("b", [*range(1, 12), 7, 7])
+            prefixes.append(int(m.match_prefix("b")))
+            states.append(m.snapshot())
+        assert states[0] == states[1]
+        nodes = states[0].tree.nodes[1:]
+        cached = sum(len(n.value) for n in nodes)
+        assert cached == (11 if eagle else 12) // ps * ps
+        assert prefixes == [(10 if eagle else 11) // ps * ps] * 2
+        assert any(c >= TOKEN_ID_LIMIT for n in nodes for c in n.key) == eagle
+
+
+@pytest.mark.parametrize(("ps", "window", "chunk"), [(1, 1, 5), (2, 3, 8), (4, 4, 13), (2, 2, 9)])
+def test_a_chunk_checkpoint_keeps_a_window_below_its_bigram_key(
+    ps: int, window: int, chunk: int
+) -> None:
+    """SGLang 0.5.23's frontier for bigram keys (the fix of its #34870): a chunk's checkpoint
+    inserts ``floor_align(chunk - 1)`` slots and slides the window at its key's last slot, so
+    the leaf keeps at least a window of live SWA slots and a match of the same tokens reaches
+    it. Both twins agree."""
+    config = PoolConfig(size=96, page_size=ps, sliding_window=window, is_eagle=True, rules=R0523)
+    prompt = list(range(1, 22))
+    states = []
+    for m in _swa_managers(config):
+        m.new_req("a", prompt)
+        m.extend(["a"], [chunk])
+        req = next(r for r in m.snapshot().reqs if r.rid == "a")
+        assert req.cache_protected_len == (chunk - 1) // ps * ps
+        assert req.cache_protected_len - req.swa_evicted_seqlen >= window
+        m.new_req("b", [*prompt[:chunk], 99])
+        assert int(m.match_prefix("b")) == req.cache_protected_len
+        states.append(m.snapshot())
+    assert states[0] == states[1]
 
 
 def _eagle(config: PoolConfig) -> bool:
@@ -132,6 +191,18 @@ def test_the_swa_tree_machines_on_eagle_configurations(component: str, release: 
     ref = resolve_implementation("reference" + release, component)
     twin = resolve_implementation("optimized" + release, component)
     ran, failure = focused_runs(component, ref, twin, 5, 60, _eagle)
+    assert failure is None, str(failure)
+    assert ran >= 10
+
+
+@pytest.mark.slow
+def test_the_swa_lifecycle_on_eagle_configurations() -> None:
+    """The twin against the reference on the SWA lifecycle machine's EAGLE configurations of
+    seed 5 under 0.5.23's rules (radix runs whose page count is 1 mod 3): chunked prefills,
+    decodes, speculative steps, sessions, the window sliding."""
+    ref = resolve_implementation("reference@0.5.23")
+    twin = resolve_implementation("optimized@0.5.23")
+    ran, failure = focused_runs("swa_manager", ref, twin, 5, 150, _eagle)
     assert failure is None, str(failure)
     assert ran >= 10
 

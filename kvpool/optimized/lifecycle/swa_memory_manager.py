@@ -108,7 +108,7 @@ class SWAMemoryManager(MemoryManager):
                 return SWAChunkCache(pool, a, ps, window, options=opts)
             if scheduler:
                 return UnifiedSWARadixLifecycle(pool, a, ps, window, clock, cfg.eviction_policy,
-                                                options=opts)  # fmt: skip
+                                                cfg.is_eagle, options=opts)  # fmt: skip
             if cfg.rules.swa_tree == "unified":
                 return UnifiedSWARadixLifecycleV0516(pool, a, ps, window, clock,
                                                      cfg.eviction_policy, cfg.rules,
@@ -334,18 +334,19 @@ class SWAMemoryManager(MemoryManager):
         reference's)."""
         tree = self.tree_cache
         assert isinstance(tree, UnifiedSWARadixLifecycle)
+        eagle = int(tree.is_eagle)  # a bigram key spans one token more than its slots
         stop = up_to
         branching = self._branching.get(req.rid)
-        if branching is not None and req.cache_protected_len < branching <= up_to:
-            stop = branching
+        if branching is not None and req.cache_protected_len < branching <= up_to - eagle:
+            stop = branching + eagle
         window = self.sliding_window
         if not finished:
-            self._slide(req, stop - 1, window, True)
+            self._slide(req, stop - eagle - 1, window, True)
         tree.checkpoint(req, stop, self.swa_evicted_seqlen(req.rid))
-        if branching is not None and stop >= branching:
+        if branching is not None and stop - eagle >= branching:
             self._branching.pop(req.rid, None)
             if not finished:
-                self._slide(req, len(req.fill_ids) - 1, window, True)
+                self._slide(req, len(req.fill_ids) - eagle - 1, window, True)
 
     def _checkpoint_chunk(
         self, req: Req, chunked: bool = False, row_read: torch.Tensor | None = None

@@ -281,6 +281,7 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         sliding_window_size: int,
         clock: Callable[[], float] | None = None,
         eviction_policy: str = "lru",
+        is_eagle: bool = False,
         *,
         options: TwinOptions | None = None,
     ) -> None:
@@ -290,8 +291,11 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
                                             sliding_window_size, clock,
                                             eviction_policy=eviction_policy,
-                                            options=options)  # fmt: skip
+                                            options=options, is_eagle=is_eagle)  # fmt: skip
         self.tree = self.unified
+        self.is_eagle = self.unified.is_eagle
+        """EAGLE's bigram keys: a checkpoint of ``stop`` tokens caches ``floor_align(stop - 1)``
+        slots (see the reference's)."""
 
     def snapshot(self) -> TreeSnapshot:
         """The tree's snapshot with every tombstone's ``swa_lock_ref`` reported as 0 (see the
@@ -302,9 +306,10 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         return dataclasses.replace(snap, nodes=nodes)
 
     def full_hit_length(self, key: RadixKey) -> int:
-        """Tokens of the page-aligned ``key`` whose full KV the tree holds (the walk a match
-        makes, tombstones included; changes nothing): SGLang's ``full_kv_hit_length``."""
-        key = as_instance("key", key, RadixKey)
+        """Slots of the page-aligned ``key`` (its bigrams under ``is_eagle``) whose full KV the
+        tree holds (the walk a match makes, tombstones included; changes nothing): SGLang's
+        ``full_kv_hit_length``."""
+        key = self.tree._tree_key(as_instance("key", key, RadixKey))
         key = key[: floor_align(len(key), self.page_size)]
         node, total = self.tree.root_node, 0
         while len(key) > 0:
@@ -330,7 +335,9 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
     def checkpoint(self, req: SWAReq, stop: int, swa_evicted_seqlen: int) -> int:
         """SGLang 0.5.23's ``checkpoint_into_tree`` of ``row[:stop]`` (see the reference's):
         insert, rewrite ``row[cache_protected_len:len(path)]`` with the path's slots, move the
-        lock, set ``cache_protected_len`` (returned), ``prefix_indices``, ``last_node``."""
+        lock, set ``cache_protected_len`` (returned), ``prefix_indices``, ``last_node``. Under
+        ``is_eagle``: ``floor_align(stop - 1)`` slots, keyed by the first ``stop`` tokens'
+        bigrams."""
         req = check_swa_req(req)
         limit = max(req.kv_committed_len, len(req.fill_ids))
         stop = as_int("stop", stop)
@@ -340,13 +347,14 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         row = req.req_pool_idx
         assert row is not None
         kv = self._read_row(row, stop)
-        aligned = floor_align(stop, self.page_size)
+        aligned = floor_align(max(stop - self.is_eagle, 0), self.page_size)
         protected = req.cache_protected_len
         if aligned <= 0:
             req.prefix_indices = kv
             return protected
         evicted = min(swa_evicted_seqlen, aligned)
-        self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted,
+        key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
+        self.unified.insert(key, kv[:aligned], protected, evicted,
                             inserted_len=req.cache_inserted_len)  # fmt: skip
         req.cache_inserted_len = max(req.cache_inserted_len, aligned)
         node = self.unified.last_insert_node

@@ -82,8 +82,11 @@ def check_swa_config(config: PoolConfig) -> int:
         raise ConfigError(f"an SWA manager stores plain KV (SWAKVPool), not {config.kv_storage!r}")
     if config.enable_hierarchical_cache:
         raise ConfigError("an SWA manager has no host tier (enable_hierarchical_cache)")
-    if config.is_eagle:
-        raise ConfigError("an SWA manager does not model EAGLE's bigram keys (is_eagle)")
+    if config.is_eagle and config.rules.swa_window_release != "scheduler":
+        raise ConfigError(
+            "an SWA manager models EAGLE's bigram keys (is_eagle) under SGLang 0.5.23's "
+            "window rule only (Rules.swa_window_release 'scheduler')"
+        )
     return config.sliding_window
 
 
@@ -110,7 +113,8 @@ class SWAMemoryManager(MemoryManager):
             if cfg.disable_radix_cache:
                 return SWAChunkCache(pool, a, ps, window)
             if scheduler:
-                return UnifiedSWARadixLifecycle(pool, a, ps, window, clock, cfg.eviction_policy)
+                return UnifiedSWARadixLifecycle(pool, a, ps, window, clock, cfg.eviction_policy,
+                                                cfg.is_eagle)  # fmt: skip
             if cfg.rules.swa_tree == "unified":
                 return UnifiedSWARadixLifecycleV0516(pool, a, ps, window, clock,
                                                      cfg.eviction_policy, cfg.rules)  # fmt: skip
@@ -339,22 +343,27 @@ class SWAMemoryManager(MemoryManager):
     def _checkpoint(self, req: Req, up_to: int, finished: bool) -> None:
         """SGLang 0.5.23's ``checkpoint`` of ``req``'s first ``up_to`` tokens: a recorded
         branching point caps the key; a running request's window slides first (the tree's
-        window, at the key's last token); the tree's checkpoint; after a branch insert, a
-        running request's window slides again (at its last filled token)."""
+        window, at the key's last slot); the tree's checkpoint; after a branch insert, a
+        running request's window slides again (at its last filled token's slot). Under EAGLE's
+        bigram keys each of these is one token earlier: a key of ``n`` tokens holds ``n - 1``
+        slots, so a branching point ``b`` takes ``b + 1`` tokens and each slide stops one
+        token short (SGLang's ``len(radix_key) - 1`` and ``len(fill_ids) - is_eagle - 1``)."""
         tree = self.tree_cache
         assert isinstance(tree, UnifiedSWARadixLifecycle)
+        eagle = int(tree.is_eagle)  # a bigram key spans one token more than its slots
         stop = up_to
         branching = self._branching.get(req.rid)
-        if branching is not None and req.cache_protected_len < branching <= up_to:
-            stop = branching
+        if branching is not None and req.cache_protected_len < branching <= up_to - eagle:
+            stop = branching + eagle
         window = self.sliding_window
         if not finished:
-            self._slide(req, stop - 1, window, True)
+            # at the key's last slot: token stop - 1, or under EAGLE bigram stop - 2
+            self._slide(req, stop - eagle - 1, window, True)
         tree.checkpoint(req, stop, self.swa_evicted_seqlen(req.rid))
-        if branching is not None and stop >= branching:
+        if branching is not None and stop - eagle >= branching:
             self._branching.pop(req.rid, None)
             if not finished:
-                self._slide(req, len(req.fill_ids) - 1, window, True)
+                self._slide(req, len(req.fill_ids) - eagle - 1, window, True)
 
     def _checkpoint_chunk(
         self, req: Req, chunked: bool = False, row_read: list[int] | None = None

@@ -254,7 +254,9 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
     eviction are :class:`SWARadixLifecycle`'s; the hand-over is SGLang 0.5.23's
     ``checkpoint`` (:meth:`checkpoint`), which the lifecycle
     (:class:`~kvpool.reference.lifecycle.swa_memory_manager.SWAMemoryManager`) calls with the
-    request's window cursor after sliding the window; the row release is the lifecycle's."""
+    request's window cursor after sliding the window; the row release is the lifecycle's.
+    Under ``is_eagle`` the tree walks bigrams (its slot positions are still token positions:
+    bigram ``i`` holds token ``i``'s slot), and every length here counts slots."""
 
     def __init__(
         self,
@@ -264,14 +266,19 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         sliding_window_size: int,
         clock: Callable[[], float] | None = None,
         eviction_policy: str = "lru",
+        is_eagle: bool = False,
     ) -> None:
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
                          sliding_window_size, clock)  # fmt: skip
         self.eviction_policy = eviction_policy
         self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
                                             sliding_window_size, clock,
-                                            eviction_policy=eviction_policy)  # fmt: skip
+                                            eviction_policy=eviction_policy,
+                                            is_eagle=is_eagle)  # fmt: skip
         self.tree = self.unified
+        self.is_eagle = self.unified.is_eagle
+        """EAGLE's bigram keys (SGLang's ``tree_core.is_eagle``): a checkpoint of ``stop``
+        tokens caches ``floor_align(stop - 1)`` slots (:meth:`checkpoint`)."""
 
     def snapshot(self) -> TreeSnapshot:
         """The tree's snapshot with every tombstone's ``swa_lock_ref`` reported as 0: 0.5.23's
@@ -284,9 +291,10 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         return dataclasses.replace(snap, nodes=nodes)
 
     def full_hit_length(self, key: RadixKey) -> int:
-        """Tokens of the page-aligned ``key`` whose full KV the tree holds (the walk a match
-        makes, tombstones included; changes nothing): SGLang's ``full_kv_hit_length``."""
-        key = as_instance("key", key, RadixKey)
+        """Slots of the page-aligned ``key`` (its bigrams under ``is_eagle``) whose full KV the
+        tree holds (the walk a match makes, tombstones included; changes nothing): SGLang's
+        ``full_kv_hit_length``."""
+        key = self.tree._tree_key(as_instance("key", key, RadixKey))
         key = key[: floor_align(len(key), self.page_size)]
         node, total = self.tree.root_node, 0
         while len(key) > 0:
@@ -317,7 +325,9 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         rises to the key's length), rewrite ``row[cache_protected_len:len(path)]`` with the
         slots of the path to the node the insert ended on, move the lock there and set
         ``cache_protected_len`` (returned), ``prefix_indices`` (``row[:stop]`` after the
-        rewrite) and ``last_node``. InvalidArgumentError for a request without a row."""
+        rewrite) and ``last_node``. Under ``is_eagle`` the key is the first ``stop`` tokens'
+        bigrams: ``floor_align(stop - 1)`` slots, the last token's never. InvalidArgumentError
+        for a request without a row."""
         req = check_swa_req(req)
         limit = max(req.kv_committed_len, len(req.fill_ids))
         stop = as_int("stop", stop)
@@ -327,13 +337,14 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         row = req.req_pool_idx
         assert row is not None
         kv = self.req_to_token_pool.read(row, 0, stop)
-        aligned = floor_align(stop, self.page_size)
+        aligned = floor_align(max(stop - self.is_eagle, 0), self.page_size)
         protected = req.cache_protected_len
         if aligned <= 0:
             req.prefix_indices = kv
             return protected
         evicted = min(swa_evicted_seqlen, aligned)
-        self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted,
+        key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
+        self.unified.insert(key, kv[:aligned], protected, evicted,
                             inserted_len=req.cache_inserted_len)  # fmt: skip
         req.cache_inserted_len = max(req.cache_inserted_len, aligned)
         node = self.unified.last_insert_node

@@ -38,7 +38,8 @@ HUNT_STEPS = 40
 @dataclass(frozen=True)
 class ComponentMutant:
     """A seeded bug in ``component``: ``patch(obj)`` injects it into one built component;
-    ``expected`` detectors should catch it. ``page_sizes`` focuses the runs."""
+    ``expected`` detectors should catch it. ``page_sizes`` focuses the runs; ``rules`` are
+    the rules its runs draw under (None: kvpool's own), misuse rules off either way."""
 
     name: str
     kind: str
@@ -46,6 +47,7 @@ class ComponentMutant:
     patch: ComponentPatch
     component: str = "swa_allocator"
     page_sizes: tuple[int, ...] = (1, 2, 4)
+    rules: Rules | None = None
 
     def implementation(self, base: Implementation | None = None) -> Implementation:
         """``base`` (default: the unchecked torch twin) with this bug in every ``component`` it
@@ -59,7 +61,7 @@ class ComponentMutant:
             self.patch(obj)
             return obj
 
-        rules = Rules(rejects_misuse=False)
+        rules = dataclasses.replace(self.rules or Rules(), rejects_misuse=False)
         patched: dict[str, Any] = {self.component: mutated}
         return dataclasses.replace(base, label=self.name, rules=rules, **patched)
 
