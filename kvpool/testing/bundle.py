@@ -122,11 +122,13 @@ class Implementation:
     of it), with the ``swa_radix_cache`` shape (over ``swa_allocator``); the
     ``unified_swa_radix_cache`` machine drives it."""
     radix_models_eagle: bool = False
-    """Whether its ``radix_cache`` and ``unified_radix_cache`` trees key by bigrams under
-    ``PoolConfig.is_eagle`` (the radix machines draw such configurations only then)."""
+    """Whether its ``radix_cache`` and ``unified_radix_cache`` trees, and its sliding-window
+    trees (``swa_radix_cache``, ``unified_swa_radix_cache``), key by bigrams under
+    ``PoolConfig.is_eagle`` (the tree machines draw such configurations only then)."""
     manager_models_eagle: bool = False
     """Whether ``manager`` keys its radix tree by bigrams under ``PoolConfig.is_eagle`` (EAGLE:
-    the lifecycle machine draws such configurations only then)."""
+    the lifecycle machine draws such configurations only then), and ``swa_manager`` too under
+    SGLang 0.5.23's window rule (the ``swa_manager`` machine draws them only there)."""
     unified_lifecycle: bool = False
     """Whether the lifecycle's tree is ``unified_radix_cache`` (SGLang 0.5.23's server default)
     rather than ``radix_cache``."""
