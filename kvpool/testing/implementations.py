@@ -131,7 +131,7 @@ def _reference_hiradix(config: PoolConfig, pool: Any, alloc: Any) -> Any:
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
                         None, config.hicache_write_policy, config.hicache_load_back_threshold,
                         config.hicache_prefetch_threshold, config.hicache_storage,
-                        rules=config.rules)  # fmt: skip
+                        rules=config.rules, is_eagle=config.is_eagle)  # fmt: skip
 
 
 def _optimized_hiradix(config: PoolConfig, pool: Any, alloc: Any, options: TwinOptions) -> Any:
@@ -145,7 +145,8 @@ def _optimized_hiradix(config: PoolConfig, pool: Any, alloc: Any, options: TwinO
     return HiRadixCache(pool, alloc, config.page_size, host, False, config.eviction_policy,
                         None, config.hicache_write_policy, config.hicache_load_back_threshold,
                         config.hicache_prefetch_threshold, config.hicache_storage,
-                        rules=config.rules, options=options)  # fmt: skip
+                        rules=config.rules, options=options,
+                        is_eagle=config.is_eagle)  # fmt: skip
 
 
 def optimized_implementation(backend: str | None = "torch", checked: bool = True) -> Implementation:

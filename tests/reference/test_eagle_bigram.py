@@ -205,3 +205,18 @@ def test_the_tree_machines_on_eagle_configurations(component: str, release: str)
     ran, failure = focused_runs(component, ref, twin, 5, 60, _eagle)
     assert failure is None, str(failure)
     assert ran >= 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release", ["", "@0.5.16", "@0.5.23"])
+def test_the_host_tier_machine_on_eagle_configurations(release: str) -> None:
+    """The ``hiradix_cache`` machine drives the host tier's tree directly (under both host-tier
+    rules): the twin against the reference on its EAGLE configurations of seed 5 (one page
+    count in three, no storage prefetches)."""
+    from kvpool.testing.implementations import resolve_implementation
+
+    ref = resolve_implementation("reference" + release, "hiradix_cache")
+    twin = resolve_implementation("optimized" + release, "hiradix_cache")
+    ran, failure = focused_runs("hiradix_cache", ref, twin, 5, 150, _eagle)
+    assert failure is None, str(failure)
+    assert ran >= 10

@@ -150,18 +150,21 @@ def test_sglang_keeps_token_keys_for_a_mamba_model(source: str, options: dict[st
         ("radix_cache", "0.5.23", {}),
         ("unified_radix_cache", "0.5.23", {}),
         ("unified_radix_cache", "0.5.23", {"tree_core": "python"}),
+        ("hiradix_cache", "0.5.16", {}),
+        ("hiradix_cache", "0.5.23", {}),
+        ("hiradix_cache", "0.5.23", {"tree_core": "python"}),
     ],
 )
 def test_sglangs_trees_driven_directly_on_eagle_configurations(
     component: str, source: str, options: dict[str, Any]
 ) -> None:
     """The tree machines against SGLang's trees built with ``is_eagle`` (token keys in: the
-    tree views them as bigrams itself)."""
+    tree views them as bigrams itself), the host tier's too."""
     from kvpool.testing.implementations import resolve_implementation
 
     candidate = implementation(source, **options)
     assert candidate.radix_models_eagle
     ref = resolve_implementation(f"reference@{source}", component)
-    ran, failure = focused_runs(component, ref, candidate, 6, 90, lambda c: c.is_eagle)
+    ran, failure = focused_runs(component, ref, candidate, 6, 150, lambda c: c.is_eagle)
     assert failure is None, str(failure)
     assert ran >= 10

@@ -22,6 +22,12 @@ Operations (token keys from a few shared prefixes, reused from earlier inserts h
 Acknowledgements, worker steps and prefetch completions are operations, so the swarm explores
 their interleavings with eviction, inserts (finishing requests) and aborts.
 
+Under EAGLE's bigram keys (``PoolConfig.is_eagle``, drawn for one page count in three without
+storage prefetches when the candidate's trees say ``radix_models_eagle``) an insert takes the
+slots its bigrams keep and a handle names its node with one token more, as on the radix machine
+(:func:`~kvpool.testing.machines.radix.insert_span`, :func:`~kvpool.testing.machines.radix.
+handle_tokens`).
+
 Checked after every step: the ``"host"`` invariants (:mod:`kvpool.invariants.host`), the device
 allocator's invariants against the on-device nodes' pages, and ``INV-TREE-SHAPE`` /
 ``INV-LOCKS`` on the tree's on-device part with the machine's handles, the writes in flight
@@ -52,7 +58,7 @@ from kvpool.tags import kv_tags
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.machines.base import Outcome
 from kvpool.testing.machines.coverage import outcome_tag
-from kvpool.testing.machines.radix import _node_at
+from kvpool.testing.machines.radix import _node_at, handle_tokens, insert_span
 from kvpool.testing.swarm import ALPHABET, Chooser, Op, draw_length, shared_prefix
 
 Handle = tuple[tuple[int, ...], str | None]
@@ -69,6 +75,8 @@ class HiSide:
     nodes: dict[Handle, Any] = field(default_factory=dict)
     coarse: bool = False
     """Compare trees as 0.5.23's unified cache reports them (:func:`coarse_host_tier`)."""
+    eagle: bool = False
+    """The configuration's ``is_eagle``: inserts and handles spell bigram keys."""
 
 
 def coarse_host_tier(snap: HostTierSnapshot) -> HostTierSnapshot:
@@ -117,16 +125,23 @@ class HiRadixTarget:
         pages = c.integer(4, 16) if ps <= 2 else c.integer(3, 8)
         policy = c.choice(("write_through", "write_through", "write_through_selective",
                            "write_back"))  # fmt: skip
+        # drawn in the order of the fields below (each run's draws stay as they were)
+        policy_fields = (c.choice(EVICTION_POLICIES), c.choice((0.5, 1.0, 2.0)),
+                         c.choice((0, ps, 3 * ps)), c.choice((ps, 2 * ps)))  # fmt: skip
+        storage = impl.hiradix_storage and c.choice((False, True, True))
+        # EAGLE's bigram keys for one page count in three (no storage), with no extra draw
+        eagle = impl.radix_models_eagle and not storage and pages % 3 == 1
         return PoolConfig(
             size=pages * ps,
             page_size=ps,
-            eviction_policy=c.choice(EVICTION_POLICIES),
+            eviction_policy=policy_fields[0],
             rules=impl.rules_or_default(),
-            hicache_ratio=c.choice((0.5, 1.0, 2.0)),
+            hicache_ratio=policy_fields[1],
             hicache_write_policy=policy,
-            hicache_load_back_threshold=c.choice((0, ps, 3 * ps)),
-            hicache_prefetch_threshold=c.choice((ps, 2 * ps)),
-            hicache_storage=impl.hiradix_storage and c.choice((False, True, True)),
+            hicache_load_back_threshold=policy_fields[2],
+            hicache_prefetch_threshold=policy_fields[3],
+            hicache_storage=storage,
+            is_eagle=eagle,
         )
 
     def build(self, impl: Implementation, config: PoolConfig) -> HiSide:
@@ -134,7 +149,8 @@ class HiRadixTarget:
         pool, alloc = impl.req_to_token_pool(config), impl.allocator(config)
         tree = impl.hiradix_cache(config, pool, alloc)
         coarse = config.rules.hicache_host_tier == "unified"
-        return HiSide(pool, alloc, tree, impl.radix_key, impl.index, coarse=coarse)
+        return HiSide(pool, alloc, tree, impl.radix_key, impl.index, coarse=coarse,
+                      eagle=config.is_eagle)  # fmt: skip
 
     def snapshot(self, side: HiSide) -> HostTierSnapshot:
         snap: HostTierSnapshot = side.tree.host_snapshot()
@@ -210,7 +226,8 @@ class HiRadixTarget:
         snap = model.snap
         handles = sorted(model.matched, key=lambda h: (h[0], h[1] or ""))
         if op.name == "inc_lock_ref":
-            live = [h for h in handles if snap is None or _on_device(snap.tree, h)]
+            eagle = model.config.is_eagle
+            live = [h for h in handles if snap is None or _on_device(snap.tree, h, eagle)]
             return Op("inc_lock_ref", (live[op.args[0] % len(live)],)) if live else None
         if op.name == "dec_lock_ref":
             locked = [h for h in handles if model.locks.get(h)]
@@ -233,7 +250,8 @@ class HiRadixTarget:
             rids = ongoing * 2 + list(RIDS)
             return Op(op.name, (rids[op.args[0] % len(rids)], *op.args[1:]))
         if op.name == "invalid":
-            unlocked = [h for h in handles if snap is not None and _unlocked(snap.tree, h)]
+            eagle = model.config.is_eagle
+            unlocked = [h for h in handles if snap is not None and _unlocked(snap.tree, h, eagle)]
             if unlocked and op.args[0] % 3 == 1:
                 return Op("dec_lock_ref", (unlocked[op.args[0] % len(unlocked)],),
                           expect_error=True)  # fmt: skip
@@ -249,13 +267,12 @@ class HiRadixTarget:
         kw = dict(op.kwargs)
         if op.name == "insert":
             tokens, extra = op.args[0], kw["extra_key"]
-            ps = tree.page_size
-            n = len(tokens) // ps * ps
+            n, key_tokens = insert_span(tokens, tree.page_size, side.eagle)
             slots = side.alloc.alloc(n)
             if slots is None:
                 return None
             tree.cache_controller.mem_pool_device.write_tags(slots, kv_tags(tokens[:n], extra))
-            cached = tree.insert(side.key(tokens[:n], extra), slots)
+            cached = tree.insert(side.key(key_tokens, extra), slots)
             if cached and not getattr(tree, "frees_duplicates", False):
                 side.alloc.free(slots[:cached])  # the caller frees its duplicates
             return [slots, cached]
@@ -263,7 +280,7 @@ class HiRadixTarget:
             tokens, extra = op.args[0], kw["extra_key"]
             m = tree.match_prefix(side.key(tokens, extra))
             got = m.device_indices
-            side.nodes[(tuple(tokens[: len(got)]), extra)] = m.last_device_node
+            side.nodes[(handle_tokens(tokens, len(got), side.eagle), extra)] = m.last_device_node
             return [got, m.host_hit_length]
         if op.name == "load_back":
             tokens, extra = op.args[0], kw["extra_key"]
@@ -298,7 +315,8 @@ class HiRadixTarget:
                 model.keys = [*model.keys, key][-8:]
         if op.name == "match_prefix":
             n = len(out.result[0])
-            model.matched[(tuple(op.args[0][:n]), kw["extra_key"])] = n
+            handle = handle_tokens(op.args[0], n, model.config.is_eagle)
+            model.matched[(handle, kw["extra_key"])] = n
         elif op.name == "inc_lock_ref":
             model.locks[op.args[0]] = model.locks.get(op.args[0], 0) + 1
         elif op.name == "dec_lock_ref":
@@ -319,7 +337,7 @@ class HiRadixTarget:
         holders = [
             node
             for h, times in sorted(model.locks.items(), key=repr)
-            for node in [_node_at(view, h[0], h[1])] * times
+            for node in [_node_at(view, h[0], h[1], eagle=model.config.is_eagle)] * times
             if node is not None
         ]
         holders += [i for t in snap.transfers for i in t.node_ids
@@ -400,13 +418,13 @@ def _eviction_asserts(model: HiModel) -> bool:
     )
 
 
-def _on_device(tree: TreeSnapshot, handle: Handle) -> bool:
-    node_id = _node_at(tree, *handle)
+def _on_device(tree: TreeSnapshot, handle: Handle, eagle: bool) -> bool:
+    node_id = _node_at(tree, *handle, eagle=eagle)
     return node_id is not None and not {n.node_id: n for n in tree.nodes}[node_id].evicted
 
 
-def _unlocked(tree: TreeSnapshot, handle: Handle) -> bool:
-    node_id = _node_at(tree, *handle)
+def _unlocked(tree: TreeSnapshot, handle: Handle, eagle: bool) -> bool:
+    node_id = _node_at(tree, *handle, eagle=eagle)
     by_id = {n.node_id: n for n in tree.nodes}
     return node_id is not None and not by_id[node_id].evicted and by_id[node_id].lock_ref == 0
 
