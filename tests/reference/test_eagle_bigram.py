@@ -191,32 +191,28 @@ def test_a_mamba_models_tree_keeps_token_keys(release: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("component", "release"),
-    [("radix_cache", ""), ("radix_cache", "@0.5.16"), ("unified_radix_cache", "@0.5.23")],
+    ("component", "release", "runs"),
+    [
+        ("radix_cache", "", 60),
+        ("radix_cache", "@0.5.16", 60),
+        ("unified_radix_cache", "@0.5.23", 60),
+        ("hiradix_cache", "", 150),
+        ("hiradix_cache", "@0.5.16", 150),
+        ("hiradix_cache", "@0.5.23", 150),
+        ("swa_radix_cache", "@0.5.16", 60),
+        ("unified_swa_radix_cache", "@0.5.23", 60),
+        ("unified_swa_radix_cache", "@0.5.16", 60),
+    ],
 )
-def test_the_tree_machines_on_eagle_configurations(component: str, release: str) -> None:
-    """The radix machines drive the trees directly (token keys in, bigram codes stored; an
-    insert takes the slots its bigrams keep): the twin against the reference on the EAGLE
-    configurations of seed 5 (one page count in three)."""
+def test_the_tree_machines_on_eagle_configurations(component: str, release: str, runs: int) -> None:
+    """The tree machines drive the trees directly (token keys in, bigram codes stored; an
+    insert takes the slots its bigrams keep, a handle names its node with one token more): the
+    twin against the reference on the EAGLE configurations of seed 5 (one page count in three;
+    the host tier's without storage prefetches; the sliding-window trees' too)."""
     from kvpool.testing.implementations import resolve_implementation
 
     ref = resolve_implementation("reference" + release, component)
     twin = resolve_implementation("optimized" + release, component)
-    ran, failure = focused_runs(component, ref, twin, 5, 60, _eagle)
-    assert failure is None, str(failure)
-    assert ran >= 10
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("release", ["", "@0.5.16", "@0.5.23"])
-def test_the_host_tier_machine_on_eagle_configurations(release: str) -> None:
-    """The ``hiradix_cache`` machine drives the host tier's tree directly (under both host-tier
-    rules): the twin against the reference on its EAGLE configurations of seed 5 (one page
-    count in three, no storage prefetches)."""
-    from kvpool.testing.implementations import resolve_implementation
-
-    ref = resolve_implementation("reference" + release, "hiradix_cache")
-    twin = resolve_implementation("optimized" + release, "hiradix_cache")
-    ran, failure = focused_runs("hiradix_cache", ref, twin, 5, 150, _eagle)
+    ran, failure = focused_runs(component, ref, twin, 5, runs, _eagle)
     assert failure is None, str(failure)
     assert ran >= 10

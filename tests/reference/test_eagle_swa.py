@@ -3,8 +3,9 @@ specs/radix_cache.md, "EAGLE bigram keys"). The trees (0.5.16's ``SWARadixCache`
 SWA ``UnifiedSWARadixCache``) walk a key's bigrams, so a key of ``n + 1`` tokens names ``n``
 slots and every length they check counts slots; the SWA lifecycle under SGLang 0.5.23's rules
 checkpoints ``floor_align(n - 1)`` slots of ``n`` tokens and slides the window at the key's last
-slot. Directed cases on both twins, the machines' EAGLE configurations in lockstep, and a
-planted tree that ignores the flag (the planted frontier of SGLang's #34870 is in the quality
+slot. Directed cases on both twins, the lifecycle machine's EAGLE configurations in lockstep
+(the tree machines': tests/reference/test_eagle_bigram.py), and a planted tree that ignores
+the flag (the planted frontier of SGLang's #34870 is in the quality
 suite: tests/quality/mutants_swa.py)."""
 
 from __future__ import annotations
@@ -174,25 +175,6 @@ def test_a_chunk_checkpoint_keeps_a_window_below_its_bigram_key(
 
 def _eagle(config: PoolConfig) -> bool:
     return config.is_eagle
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("component", "release"),
-    [
-        ("swa_radix_cache", "@0.5.16"),
-        ("unified_swa_radix_cache", "@0.5.23"),
-        ("unified_swa_radix_cache", "@0.5.16"),
-    ],
-)
-def test_the_swa_tree_machines_on_eagle_configurations(component: str, release: str) -> None:
-    """The twin against the reference on the EAGLE configurations of seed 5 (one pool size in
-    three): keys spelled with one token more, bigram codes stored."""
-    ref = resolve_implementation("reference" + release, component)
-    twin = resolve_implementation("optimized" + release, component)
-    ran, failure = focused_runs(component, ref, twin, 5, 60, _eagle)
-    assert failure is None, str(failure)
-    assert ran >= 10
 
 
 @pytest.mark.slow

@@ -153,13 +153,17 @@ def test_sglang_keeps_token_keys_for_a_mamba_model(source: str, options: dict[st
         ("hiradix_cache", "0.5.16", {}),
         ("hiradix_cache", "0.5.23", {}),
         ("hiradix_cache", "0.5.23", {"tree_core": "python"}),
+        ("swa_radix_cache", "0.5.16", {}),
+        ("unified_swa_radix_cache", "0.5.16", {}),
+        ("unified_swa_radix_cache", "0.5.23", {}),
+        ("unified_swa_radix_cache", "0.5.23", {"tree_core": "python"}),
     ],
 )
 def test_sglangs_trees_driven_directly_on_eagle_configurations(
     component: str, source: str, options: dict[str, Any]
 ) -> None:
     """The tree machines against SGLang's trees built with ``is_eagle`` (token keys in: the
-    tree views them as bigrams itself), the host tier's too."""
+    tree views them as bigrams itself), the host tier's and the sliding-window trees too."""
     from kvpool.testing.implementations import resolve_implementation
 
     candidate = implementation(source, **options)

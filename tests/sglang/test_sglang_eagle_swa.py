@@ -1,11 +1,10 @@
 """Opt-in (``--run-sglang-wheel``): EAGLE's bigram keys with a sliding window against SGLang's
-own code. SGLang's SWA trees built with ``CacheInitParams.is_eagle`` (0.5.16's
-``SWARadixCache``, both releases' FULL + SWA ``UnifiedRadixCache``, both 0.5.23 tree cores)
-driven directly by the tree machines, and SGLang 0.5.23's SWA scheduler glue
+own code: SGLang 0.5.23's SWA scheduler glue
 (:mod:`kvpool.sglang.glue_swa`: its ``checkpoint_into_tree`` with the bigram frontier of its
 #34870, ``release_kv_cache``, ``maybe_evict_swa``) in lockstep with kvpool's reference SWA
 lifecycle on the EAGLE configurations of the ``swa_manager`` machine; a glue that forgot the
-flag is caught."""
+flag is caught. (SGLang's SWA trees built with ``CacheInitParams.is_eagle``, driven directly by
+the tree machines: tests/sglang/test_sglang_eagle.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import pytest
 from kvpool.config import PoolConfig
 from kvpool.rules import Rules
 from kvpool.sglang import implementation
-from kvpool.testing.implementations import reference_implementation, resolve_implementation
+from kvpool.testing.implementations import reference_implementation
 from kvpool.testing.runs import focused_runs
 
 pytestmark = pytest.mark.sglang_wheel
@@ -51,29 +50,6 @@ def test_sglangs_checkpoint_keeps_a_window_below_its_bigram_key(options: dict[st
     assert seen[0] == seen[1]
     protected, evicted, matched = seen[0]
     assert protected == matched == 6 and protected - evicted >= 3
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("component", "source", "options"),
-    [
-        ("swa_radix_cache", "0.5.16", {}),
-        ("unified_swa_radix_cache", "0.5.16", {}),
-        ("unified_swa_radix_cache", "0.5.23", {}),
-        ("unified_swa_radix_cache", "0.5.23", {"tree_core": "python"}),
-    ],
-)
-def test_sglangs_swa_trees_driven_directly_on_eagle_configurations(
-    component: str, source: str, options: dict[str, Any]
-) -> None:
-    """The SWA tree machines against SGLang's trees built with ``is_eagle`` (token keys in, one
-    token more than the slots: the tree views them as bigrams itself)."""
-    candidate = implementation(source, **options)
-    assert candidate.radix_models_eagle
-    ref = resolve_implementation(f"reference@{source}", component)
-    ran, failure = focused_runs(component, ref, candidate, 6, 90, _eagle)
-    assert failure is None, str(failure)
-    assert ran >= 10
 
 
 @pytest.mark.slow
