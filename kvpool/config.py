@@ -81,10 +81,9 @@ class PoolConfig:
     """EAGLE speculative decoding (SGLang's ``CacheInitParams.is_eagle``): the radix tree keys
     each sequence by its bigrams (adjacent token pairs), so a sequence of ``n`` tokens caches the
     slots of its first ``n - 1`` (specs/radix_cache.md, "EAGLE bigram keys"). Modelled for the
-    radix cache, its host tier and the sliding-window trees; not with ``hicache_storage``, and an
-    SWA manager refuses it (:func:`~kvpool.reference.lifecycle.swa_memory_manager.
-    check_swa_config`). A hybrid Mamba model's tree keeps token keys (SGLang turns bigrams off
-    with a MAMBA component)."""
+    radix cache, its host tier, the sliding-window trees and their lifecycle (specs/radix_cache.md,
+    "EAGLE with a sliding window"); not with ``hicache_storage``. A hybrid Mamba model's tree
+    keeps token keys (SGLang turns bigrams off with a MAMBA component)."""
 
     def __post_init__(self) -> None:
         check_field_types(self)  # types first: the checks below compare and do arithmetic

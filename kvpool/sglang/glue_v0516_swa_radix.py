@@ -65,9 +65,9 @@ class SGLangUnified16SWAGlueTree(SGLangUnified16SWARadixCache):
 
     def __init__(self, modules: SGLangModules, pool: SGLangReqToTokenPool,
                  alloc: SGLangSWAAllocator, page_size: int, window: int,
-                 eviction_policy: str) -> None:  # fmt: skip
+                 eviction_policy: str, is_eagle: bool = False) -> None:  # fmt: skip
         super().__init__(modules, alloc, page_size, window, eviction_policy,
-                         req_to_token_pool=pool.impl)  # fmt: skip
+                         req_to_token_pool=pool.impl, is_eagle=is_eagle)  # fmt: skip
         self.req_to_token_pool = pool
         self.token_to_kv_pool_allocator = alloc
         self.eviction_policy = eviction_policy
@@ -203,7 +203,7 @@ class SGLangSWARadixGlueManagerV0516(SGLangSWAGlueManagerV0516):
                     alloc: SGLangSWAAllocator, config: PoolConfig, window: int) -> Any:  # fmt: skip
         """0.5.16's FULL+SWA ``UnifiedRadixCache`` (:class:`SGLangUnified16SWAGlueTree`)."""
         return SGLangUnified16SWAGlueTree(modules, pool, alloc, config.page_size, window,
-                                          config.eviction_policy)  # fmt: skip
+                                          config.eviction_policy, config.is_eagle)  # fmt: skip
 
     def _lock(self, req: Req) -> _SWALock:
         return self._locks.setdefault(req.rid, _SWALock())

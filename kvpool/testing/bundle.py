@@ -127,8 +127,8 @@ class Implementation:
     ``PoolConfig.is_eagle`` (the tree machines draw such configurations only then)."""
     manager_models_eagle: bool = False
     """Whether ``manager`` keys its radix tree by bigrams under ``PoolConfig.is_eagle`` (EAGLE:
-    the lifecycle machine draws such configurations only then), and ``swa_manager`` too under
-    SGLang 0.5.23's window rule (the ``swa_manager`` machine draws them only there)."""
+    the lifecycle machine draws such configurations only then), and ``swa_manager`` too (the
+    ``swa_manager`` machine's radix runs)."""
     unified_lifecycle: bool = False
     """Whether the lifecycle's tree is ``unified_radix_cache`` (SGLang 0.5.23's server default)
     rather than ``radix_cache``."""

@@ -1,12 +1,12 @@
 """EAGLE's bigram keys with a sliding window (``PoolConfig.is_eagle`` with ``sliding_window``;
-specs/radix_cache.md, "EAGLE bigram keys"). The trees (0.5.16's ``SWARadixCache``, the FULL +
-SWA ``UnifiedSWARadixCache``) walk a key's bigrams, so a key of ``n + 1`` tokens names ``n``
-slots and every length they check counts slots; the SWA lifecycle under SGLang 0.5.23's rules
-checkpoints ``floor_align(n - 1)`` slots of ``n`` tokens and slides the window at the key's last
-slot. Directed cases on both twins, the lifecycle machine's EAGLE configurations in lockstep
-(the tree machines': tests/reference/test_eagle_bigram.py), and a planted tree that ignores
-the flag (the planted frontier of SGLang's #34870 is in the quality
-suite: tests/quality/mutants_swa.py)."""
+specs/radix_cache.md, "EAGLE with a sliding window"). The trees (0.5.16's ``SWARadixCache``,
+the FULL + SWA ``UnifiedSWARadixCache``) walk a key's bigrams, so a key of ``n + 1`` tokens
+names ``n`` slots and every length they check counts slots; the SWA lifecycle hands
+``floor_align(n - 1)`` slots of ``n`` tokens to the tree under every release's rules, and under
+SGLang 0.5.23's slides the window at the key's last slot at a checkpoint. Directed cases on
+both twins, the lifecycle machine's EAGLE configurations in lockstep (the tree machines':
+tests/reference/test_eagle_bigram.py), and a planted tree that ignores the flag (the planted
+frontier of SGLang's #34870 is in the quality suite: tests/quality/mutants_swa.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvpool.config import PoolConfig
-from kvpool.errors import ConfigError, InvalidArgumentError
+from kvpool.errors import InvalidArgumentError
 from kvpool.host_checks import TOKEN_ID_LIMIT
 from kvpool.rules import Rules
 from kvpool.testing.bundle import Implementation
@@ -108,31 +108,26 @@ def test_both_twins_build_the_same_bigram_tree(kind: str) -> None:
     assert states[0] == states[1]
 
 
-@pytest.mark.parametrize("rules", [Rules(), Rules.for_sglang("0.5.16")], ids=["own", "0.5.16"])
-def test_an_swa_manager_models_eagle_under_0523_rules_only(rules: Rules) -> None:
-    """0.5.16's SWA hand-overs (and kvpool's own window rule, which follows them) under EAGLE
-    are not modelled: refused. 0.5.23's checkpoint is (the cases below)."""
-    config = PoolConfig(size=64, sliding_window=4, is_eagle=True, rules=rules)
-    for impl in IMPLS:
-        assert impl.swa_manager is not None
-        with pytest.raises(ConfigError, match="is_eagle"):
-            impl.swa_manager(config)
-
-
-R0523 = Rules.for_sglang("0.5.23")
+RULES = {"own": Rules(), "0.5.16": Rules.for_sglang("0.5.16"), "0.5.23": Rules.for_sglang("0.5.23")}
+"""kvpool's own window rule (0.5.16's legacy hand-overs), 0.5.16's (its unified tree) and
+0.5.23's (the checkpoint)."""
+R0523 = RULES["0.5.23"]
 
 
 def _swa_managers(config: PoolConfig) -> list[Any]:
     return [impl.swa_manager(config) for impl in IMPLS]  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("rules", list(RULES))
 @pytest.mark.parametrize("ps", [1, 2, 4])
-def test_a_finished_request_caches_one_token_fewer(ps: int) -> None:
+def test_a_finished_request_caches_one_token_fewer(ps: int, rules: str) -> None:
     """12 committed tokens cache ``floor_align(11)`` slots (a wide window: nothing slides); a
     prompt that agrees on 11 tokens then differs reuses the slots of the first 10 only (token
-    11's slot needs token 12 to agree too), without EAGLE all 11 (page-aligned)."""
+    11's slot needs token 12 to agree too), without EAGLE all 11 (page-aligned). Under every
+    release's hand-overs."""
     for eagle in (True, False):
-        config = PoolConfig(size=96, page_size=ps, sliding_window=64, is_eagle=eagle, rules=R0523)
+        config = PoolConfig(size=96, page_size=ps, sliding_window=64, is_eagle=eagle,
+                            rules=RULES[rules])  # fmt: skip
         states, prefixes = [], []
         for m in _swa_managers(config):
             m.new_req("a", list(range(1, 12)))
@@ -178,12 +173,13 @@ def _eagle(config: PoolConfig) -> bool:
 
 
 @pytest.mark.slow
-def test_the_swa_lifecycle_on_eagle_configurations() -> None:
+@pytest.mark.parametrize("release", ["", "@0.5.16", "@0.5.23"])
+def test_the_swa_lifecycle_on_eagle_configurations(release: str) -> None:
     """The twin against the reference on the SWA lifecycle machine's EAGLE configurations of
-    seed 5 under 0.5.23's rules (radix runs whose page count is 1 mod 3): chunked prefills,
-    decodes, speculative steps, sessions, the window sliding."""
-    ref = resolve_implementation("reference@0.5.23")
-    twin = resolve_implementation("optimized@0.5.23")
+    seed 5 (radix runs whose page count is 1 mod 3) under each release's rules: chunked
+    prefills, decodes, speculative steps, sessions, the window sliding."""
+    ref = resolve_implementation("reference" + release)
+    twin = resolve_implementation("optimized" + release)
     ran, failure = focused_runs("swa_manager", ref, twin, 5, 150, _eagle)
     assert failure is None, str(failure)
     assert ran >= 10

@@ -1,7 +1,8 @@
 """Opt-in (``--run-sglang-wheel``): EAGLE's bigram keys with a sliding window against SGLang's
-own code: SGLang 0.5.23's SWA scheduler glue
-(:mod:`kvpool.sglang.glue_swa`: its ``checkpoint_into_tree`` with the bigram frontier of its
-#34870, ``release_kv_cache``, ``maybe_evict_swa``) in lockstep with kvpool's reference SWA
+own code. SGLang 0.5.23's SWA scheduler glue (:mod:`kvpool.sglang.glue_swa`: its
+``checkpoint_into_tree`` with the bigram frontier of its #34870, ``release_kv_cache``,
+``maybe_evict_swa``) on both cores, and 0.5.16's over its unified FULL + SWA tree (its own
+``cache_finished_req`` / ``cache_unfinished_req``), in lockstep with kvpool's reference SWA
 lifecycle on the EAGLE configurations of the ``swa_manager`` machine; a glue that forgot the
 flag is caught. (SGLang's SWA trees built with ``CacheInitParams.is_eagle``, driven directly by
 the tree machines: tests/sglang/test_sglang_eagle.py.)"""
@@ -53,10 +54,13 @@ def test_sglangs_checkpoint_keeps_a_window_below_its_bigram_key(options: dict[st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", CORES, ids=["rust", "python"])
-def test_eagle_swa_glue_campaign_passes(options: dict[str, Any]) -> None:
-    """SGLang 0.5.23's SWA glue on the ``swa_manager`` machine's EAGLE configurations."""
-    candidate = implementation("0.5.23", **options)
+@pytest.mark.parametrize(
+    ("source", "options"), [("0.5.23", {}), ("0.5.23", {"tree_core": "python"}), ("0.5.16", {})]
+)
+def test_eagle_swa_glue_campaign_passes(source: str, options: dict[str, Any]) -> None:
+    """SGLang's SWA glue (0.5.23's on both cores; 0.5.16's over its unified FULL + SWA tree)
+    on the ``swa_manager`` machine's EAGLE configurations."""
+    candidate = implementation(source, **options)
     ran, failure = focused_runs("swa_manager", reference_implementation(), candidate, 5, 150,
                                 _eagle)  # fmt: skip
     assert failure is None, str(failure)

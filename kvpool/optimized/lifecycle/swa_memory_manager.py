@@ -112,8 +112,8 @@ class SWAMemoryManager(MemoryManager):
             if cfg.rules.swa_tree == "unified":
                 return UnifiedSWARadixLifecycleV0516(pool, a, ps, window, clock,
                                                      cfg.eviction_policy, cfg.rules,
-                                                     options=opts)  # fmt: skip
-            return SWARadixLifecycle(pool, a, ps, window, clock, options=opts)
+                                                     cfg.is_eagle, options=opts)  # fmt: skip
+            return SWARadixLifecycle(pool, a, ps, window, clock, cfg.is_eagle, options=opts)
 
         super().__init__(
             config,

@@ -50,6 +50,7 @@ from kvpool.optimized.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.optimized.swa.radix_cache import SWAMatchResult, SWARadixCache
 from kvpool.optimized.swa.tree_node import SWATreeNode
 from kvpool.optimized.unified.swa_radix_cache import UnifiedSWARadixCache
+from kvpool.reference.radix_key import cached_len
 from kvpool.rules import Rules
 from kvpool.snapshot import TreeSnapshot
 
@@ -106,6 +107,7 @@ class SWARadixLifecycle:
         page_size: int,
         sliding_window_size: int,
         clock: Callable[[], float] | None = None,
+        is_eagle: bool = False,
         *,
         options: TwinOptions | None = None,
     ) -> None:
@@ -115,9 +117,11 @@ class SWARadixLifecycle:
         self.sliding_window_size = sliding_window_size
         self.disable = False
         self.eviction_policy = "lru"
-        self.tree = SWARadixCache(
-            token_to_kv_pool_allocator, page_size, sliding_window_size, clock, options=options
-        )
+        self.tree = SWARadixCache(token_to_kv_pool_allocator, page_size, sliding_window_size, clock,
+                                  options=options, is_eagle=is_eagle)  # fmt: skip
+        self.is_eagle = self.tree.is_eagle
+        """EAGLE's bigram keys: a hand-over of ``n`` tokens caches ``floor_align(n - 1)`` slots
+        (see the reference's)."""
         self.evicted_of: Callable[[SWAReq], int] = lambda req: 0
         """The request's ``swa_evicted_seqlen`` (set by the lifecycle)."""
         self._uuids: dict[int, list[int | None]] = {}
@@ -226,12 +230,13 @@ class SWARadixLifecycle:
             kv = row_read[:committed]
         else:
             kv = self._read_row(req.req_pool_idx, committed)
-        aligned = floor_align(committed, self.page_size)
+        aligned = cached_len(committed, self.page_size, self.is_eagle)
         protected = req.cache_protected_len
         alloc = self.token_to_kv_pool_allocator
         if is_insert:
             evicted = min(self.evicted_of(req), aligned)
-            self.tree.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
+            key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
+            self.tree.insert(key, kv[:aligned], protected, evicted)
         else:
             alloc.free(kv[protected:aligned])
         alloc.free(kv[aligned:committed])
@@ -247,8 +252,8 @@ class SWARadixLifecycle:
         assert row is not None
         filled = len(req.fill_ids)
         kv = row_read[:filled] if row_read is not None else self._read_row(row, filled)
-        aligned = floor_align(filled, self.page_size)
-        key = self._key(req, aligned)
+        aligned = cached_len(filled, self.page_size, self.is_eagle)
+        key = self._key(req, aligned + self.is_eagle)
         protected = req.cache_protected_len
         # The chunk goes in with the request's window cursor, as a finish does: a session turn
         # whose window slid before this chunk holds slots whose SWA side is already free, and
@@ -286,16 +291,13 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         options: TwinOptions | None = None,
     ) -> None:
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
-                         sliding_window_size, clock, options=options)  # fmt: skip
+                         sliding_window_size, clock, is_eagle, options=options)  # fmt: skip
         self.eviction_policy = eviction_policy
         self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
                                             sliding_window_size, clock,
                                             eviction_policy=eviction_policy,
                                             options=options, is_eagle=is_eagle)  # fmt: skip
         self.tree = self.unified
-        self.is_eagle = self.unified.is_eagle
-        """EAGLE's bigram keys: a checkpoint of ``stop`` tokens caches ``floor_align(stop - 1)``
-        slots (see the reference's)."""
 
     def snapshot(self) -> TreeSnapshot:
         """The tree's snapshot with every tombstone's ``swa_lock_ref`` reported as 0 (see the
@@ -347,7 +349,7 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         row = req.req_pool_idx
         assert row is not None
         kv = self._read_row(row, stop)
-        aligned = floor_align(max(stop - self.is_eagle, 0), self.page_size)
+        aligned = cached_len(stop, self.page_size, self.is_eagle)
         protected = req.cache_protected_len
         if aligned <= 0:
             req.prefix_indices = kv
@@ -394,16 +396,17 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         clock: Callable[[], float] | None = None,
         eviction_policy: str = "lru",
         rules: Rules | None = None,
+        is_eagle: bool = False,
         *,
         options: TwinOptions | None = None,
     ) -> None:
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
-                         sliding_window_size, clock, options=options)  # fmt: skip
+                         sliding_window_size, clock, is_eagle, options=options)  # fmt: skip
         self.eviction_policy = eviction_policy
         self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
                                             sliding_window_size, clock,
                                             eviction_policy=eviction_policy, rules=rules,
-                                            options=options)  # fmt: skip
+                                            options=options, is_eagle=is_eagle)  # fmt: skip
         self.tree = self.unified
 
     def cache_finished_req(
@@ -423,9 +426,10 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         protected = req.cache_protected_len
         alloc = self.token_to_kv_pool_allocator
         if is_insert:
-            aligned = floor_align(committed, self.page_size)
+            aligned = cached_len(committed, self.page_size, self.is_eagle)
             evicted = min(self.evicted_of(req), aligned)
-            self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
+            key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
+            self.unified.insert(key, kv[:aligned], protected, evicted)
             alloc.free(kv[aligned:committed])
         else:
             alloc.free(kv[protected:committed])
@@ -441,8 +445,8 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         assert row is not None
         filled = len(req.fill_ids)
         kv = row_read[:filled] if row_read is not None else self._read_row(row, filled)
-        aligned = floor_align(filled, self.page_size)
-        key = self._key(req, aligned)
+        aligned = cached_len(filled, self.page_size, self.is_eagle)
+        key = self._key(req, aligned + self.is_eagle)
         protected = req.cache_protected_len
         evicted = min(self.evicted_of(req), aligned)
         # a chunk's insert counts no hit: no node ends past the key's own length

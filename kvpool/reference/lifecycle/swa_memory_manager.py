@@ -82,11 +82,6 @@ def check_swa_config(config: PoolConfig) -> int:
         raise ConfigError(f"an SWA manager stores plain KV (SWAKVPool), not {config.kv_storage!r}")
     if config.enable_hierarchical_cache:
         raise ConfigError("an SWA manager has no host tier (enable_hierarchical_cache)")
-    if config.is_eagle and config.rules.swa_window_release != "scheduler":
-        raise ConfigError(
-            "an SWA manager models EAGLE's bigram keys (is_eagle) under SGLang 0.5.23's "
-            "window rule only (Rules.swa_window_release 'scheduler')"
-        )
     return config.sliding_window
 
 
@@ -117,8 +112,9 @@ class SWAMemoryManager(MemoryManager):
                                                 cfg.is_eagle)  # fmt: skip
             if cfg.rules.swa_tree == "unified":
                 return UnifiedSWARadixLifecycleV0516(pool, a, ps, window, clock,
-                                                     cfg.eviction_policy, cfg.rules)  # fmt: skip
-            return SWARadixLifecycle(pool, a, ps, window, clock)
+                                                     cfg.eviction_policy, cfg.rules,
+                                                     cfg.is_eagle)  # fmt: skip
+            return SWARadixLifecycle(pool, a, ps, window, clock, cfg.is_eagle)
 
         super().__init__(
             config, clock, token_to_kv_pool_allocator=alloc, tree_cache=tree, kv_cache=kv

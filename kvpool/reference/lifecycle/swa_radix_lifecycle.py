@@ -38,7 +38,7 @@ from kvpool.constants import floor_align
 from kvpool.errors import InvalidArgumentError, LockError
 from kvpool.host_checks import as_bool, as_count, as_instance, as_int, int_list
 from kvpool.reference.pools.req_to_token_pool import ReqToTokenPool
-from kvpool.reference.radix_key import RadixKey
+from kvpool.reference.radix_key import RadixKey, cached_len
 from kvpool.reference.swa.allocator import SWATokenToKVPoolAllocator
 from kvpool.reference.swa.radix_cache import SWAMatchResult, SWARadixCache
 from kvpool.reference.swa.tree_node import SWATreeNode
@@ -98,6 +98,7 @@ class SWARadixLifecycle:
         page_size: int,
         sliding_window_size: int,
         clock: Callable[[], float] | None = None,
+        is_eagle: bool = False,
     ) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
@@ -105,7 +106,12 @@ class SWARadixLifecycle:
         self.sliding_window_size = sliding_window_size
         self.disable = False
         self.eviction_policy = "lru"
-        self.tree = SWARadixCache(token_to_kv_pool_allocator, page_size, sliding_window_size, clock)
+        self.tree = SWARadixCache(token_to_kv_pool_allocator, page_size, sliding_window_size, clock,
+                                  is_eagle=is_eagle)  # fmt: skip
+        self.is_eagle = self.tree.is_eagle
+        """EAGLE's bigram keys (SGLang's ``is_eagle``): a hand-over of ``n`` tokens caches
+        ``cached_len(n)`` = ``floor_align(n - 1)`` slots, keyed by the bigrams of the first
+        ``floor_align(n - 1) + 1`` tokens; the unaligned tail it frees starts there."""
         self.evicted_of: Callable[[SWAReq], int] = lambda req: 0
         """The request's ``swa_evicted_seqlen`` (set by the lifecycle)."""
         self._uuids: dict[int, list[int | None]] = {}
@@ -205,12 +211,13 @@ class SWARadixLifecycle:
             kv = list(row_read[:committed])
         else:
             kv = self.req_to_token_pool.read(req.req_pool_idx, 0, committed)
-        aligned = floor_align(committed, self.page_size)
+        aligned = cached_len(committed, self.page_size, self.is_eagle)
         protected = req.cache_protected_len
         alloc = self.token_to_kv_pool_allocator
         if is_insert:
             evicted = min(self.evicted_of(req), aligned)
-            self.tree.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
+            key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
+            self.tree.insert(key, kv[:aligned], protected, evicted)
         else:
             alloc.free(kv[protected:aligned])
         alloc.free(kv[aligned:committed])
@@ -229,8 +236,8 @@ class SWARadixLifecycle:
             kv = list(row_read[:filled])
         else:
             kv = self.req_to_token_pool.read(row, 0, filled)
-        aligned = floor_align(filled, self.page_size)
-        key = self._key(req, aligned)
+        aligned = cached_len(filled, self.page_size, self.is_eagle)
+        key = self._key(req, aligned + self.is_eagle)
         protected = req.cache_protected_len
         # The chunk goes in with the request's window cursor, as a finish does: a session turn
         # whose window slid before this chunk holds slots whose SWA side is already free, and
@@ -269,16 +276,13 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         is_eagle: bool = False,
     ) -> None:
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
-                         sliding_window_size, clock)  # fmt: skip
+                         sliding_window_size, clock, is_eagle)  # fmt: skip
         self.eviction_policy = eviction_policy
         self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
                                             sliding_window_size, clock,
                                             eviction_policy=eviction_policy,
                                             is_eagle=is_eagle)  # fmt: skip
         self.tree = self.unified
-        self.is_eagle = self.unified.is_eagle
-        """EAGLE's bigram keys (SGLang's ``tree_core.is_eagle``): a checkpoint of ``stop``
-        tokens caches ``floor_align(stop - 1)`` slots (:meth:`checkpoint`)."""
 
     def snapshot(self) -> TreeSnapshot:
         """The tree's snapshot with every tombstone's ``swa_lock_ref`` reported as 0: 0.5.23's
@@ -337,7 +341,7 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
         row = req.req_pool_idx
         assert row is not None
         kv = self.req_to_token_pool.read(row, 0, stop)
-        aligned = floor_align(max(stop - self.is_eagle, 0), self.page_size)
+        aligned = cached_len(stop, self.page_size, self.is_eagle)
         protected = req.cache_protected_len
         if aligned <= 0:
             req.prefix_indices = kv
@@ -396,14 +400,15 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         clock: Callable[[], float] | None = None,
         eviction_policy: str = "lru",
         rules: Rules | None = None,
+        is_eagle: bool = False,
     ) -> None:
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size,
-                         sliding_window_size, clock)  # fmt: skip
+                         sliding_window_size, clock, is_eagle)  # fmt: skip
         self.eviction_policy = eviction_policy
         self.unified = UnifiedSWARadixCache(token_to_kv_pool_allocator, page_size,
                                             sliding_window_size, clock,
                                             eviction_policy=eviction_policy,
-                                            rules=rules)  # fmt: skip
+                                            rules=rules, is_eagle=is_eagle)  # fmt: skip
         self.tree = self.unified
 
     def cache_finished_req(
@@ -426,11 +431,12 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         protected = req.cache_protected_len
         alloc = self.token_to_kv_pool_allocator
         if is_insert:
-            aligned = floor_align(committed, self.page_size)
+            aligned = cached_len(committed, self.page_size, self.is_eagle)
             # the cursor never passes the committed page-aligned tokens (the window keeps
             # at least a page); min keeps the tree's argument check out of the way
             evicted = min(self.evicted_of(req), aligned)
-            self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
+            key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
+            self.unified.insert(key, kv[:aligned], protected, evicted)
             alloc.free(kv[aligned:committed])
         else:
             alloc.free(kv[protected:committed])
@@ -453,8 +459,8 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
             kv = list(row_read[:filled])
         else:
             kv = self.req_to_token_pool.read(row, 0, filled)
-        aligned = floor_align(filled, self.page_size)
-        key = self._key(req, aligned)
+        aligned = cached_len(filled, self.page_size, self.is_eagle)
+        key = self._key(req, aligned + self.is_eagle)
         protected = req.cache_protected_len
         evicted = min(self.evicted_of(req), aligned)
         # a chunk's insert counts no hit: no node ends past the key's own length

@@ -5,9 +5,9 @@ The lifecycle machine (:mod:`.lifecycle`) over each implementation's ``swa_manag
 released after every decode), on configurations the swarm draws as for the manager plus a
 window (below, at and above a page), a full-to-SWA size ratio (SWA pools smaller, equal,
 larger) and, in half the runs, the SWA radix cache with an SWA pool smaller than the full one
-(so that SWA eviction and tombstones are frequent); under SGLang 0.5.23's window rule, a radix
-run whose page count is 1 mod 3 keys its tree by EAGLE's bigrams when the candidate's managers
-model them (``Implementation.manager_models_eagle``). Requests
+(so that SWA eviction and tombstones are frequent); a radix run whose page count is 1 mod 3
+keys its tree by EAGLE's bigrams when the candidate's managers model them
+(``Implementation.manager_models_eagle``). Requests
 extend (chunked too), decode, take speculative steps, finish, abort and retract, and streaming
 sessions carry a turn's row and window to the next turn. Every step checks the
 pool invariants, which include ``INV-SWA-WINDOW`` and, through it, every ``INV-SWA-*`` check.
@@ -156,10 +156,10 @@ class SWALifecycleTarget(LifecycleTarget):
             interval = c.choice((1, 2, ps, 2 * ps + 1))
             base = dataclasses.replace(base, rules=dataclasses.replace(
                 rules, swa_eviction_interval=interval))  # fmt: skip
-            # EAGLE's bigram keys (0.5.23's window rule only) for a radix run whose page count
-            # is 1 mod 3, when the candidate's managers model them: no extra draw
-            eagle = impl.manager_models_eagle and radix and (base.size // ps) % 3 == 1
-            base = dataclasses.replace(base, is_eagle=eagle)
+        # EAGLE's bigram keys for a radix run whose page count is 1 mod 3, when the candidate's
+        # managers model them: no extra draw
+        eagle = impl.manager_models_eagle and radix and (base.size // ps) % 3 == 1
+        base = dataclasses.replace(base, is_eagle=eagle)
         # SWA models keep their KV in SWAKVPool (check_swa_config refuses a storage variant)
         return dataclasses.replace(base, sliding_window=window, kv_layout="mha", kv_storage="plain",
                                    num_layers=max(base.num_layers, 2),
