@@ -117,14 +117,20 @@ def test_eagle_is_refused_where_it_is_not_modelled() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("release", ["", "@0.5.16", "@0.5.23"])
-def test_lockstep_on_eagle_configurations(release: str) -> None:
-    """The twin against the reference on the lifecycle machine's EAGLE configurations of seed 3
-    (the machine gives ``is_eagle`` to one plain radix configuration in three or so)."""
+@pytest.mark.parametrize(("component", "seed", "runs"), [("manager", 3, 120),
+                                                          ("swa_manager", 5, 150)])  # fmt: skip
+def test_lockstep_on_eagle_configurations(
+    component: str, seed: int, runs: int, release: str
+) -> None:
+    """The twin against the reference on the lifecycle machines' EAGLE configurations (each
+    gives ``is_eagle`` to one radix configuration in three or so): the full-attention lifecycle
+    and the sliding-window one (chunked prefills, decodes, speculative steps, sessions, the
+    window sliding; tests/reference/test_eagle_swa.py has its directed cases)."""
     from kvpool.testing.implementations import resolve_implementation
 
     ref = resolve_implementation("reference" + release)
     twin = resolve_implementation("optimized" + release)
-    ran, failure = focused_runs("manager", ref, twin, 3, 120, _eagle)
+    ran, failure = focused_runs(component, ref, twin, seed, runs, _eagle)
     assert failure is None, str(failure)
     assert ran >= 10
 

@@ -4,9 +4,9 @@ the FULL + SWA ``UnifiedSWARadixCache``) walk a key's bigrams, so a key of ``n +
 names ``n`` slots and every length they check counts slots; the SWA lifecycle hands
 ``floor_align(n - 1)`` slots of ``n`` tokens to the tree under every release's rules, and under
 SGLang 0.5.23's slides the window at the key's last slot at a checkpoint. Directed cases on
-both twins, the lifecycle machine's EAGLE configurations in lockstep (the tree machines':
-tests/reference/test_eagle_bigram.py), and a planted tree that ignores the flag (the planted
-frontier of SGLang's #34870 is in the quality suite: tests/quality/mutants_swa.py)."""
+both twins and a planted tree that ignores the flag (the planted frontier of SGLang's #34870 is
+in the quality suite: tests/quality/mutants_swa.py); the machines' EAGLE configurations in
+lockstep are in tests/reference/test_eagle_bigram.py."""
 
 from __future__ import annotations
 
@@ -170,19 +170,6 @@ def test_a_chunk_checkpoint_keeps_a_window_below_its_bigram_key(
 
 def _eagle(config: PoolConfig) -> bool:
     return config.is_eagle
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("release", ["", "@0.5.16", "@0.5.23"])
-def test_the_swa_lifecycle_on_eagle_configurations(release: str) -> None:
-    """The twin against the reference on the SWA lifecycle machine's EAGLE configurations of
-    seed 5 (radix runs whose page count is 1 mod 3) under each release's rules: chunked
-    prefills, decodes, speculative steps, sessions, the window sliding."""
-    ref = resolve_implementation("reference" + release)
-    twin = resolve_implementation("optimized" + release)
-    ran, failure = focused_runs("swa_manager", ref, twin, 5, 150, _eagle)
-    assert failure is None, str(failure)
-    assert ran >= 10
 
 
 @pytest.mark.slow
