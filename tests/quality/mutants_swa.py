@@ -219,8 +219,8 @@ def finish_forgets_window(mm: Any) -> None:
 
 def eagle_frontier_by_tokens(mm: Any) -> None:
     """Under EAGLE's bigram keys a checkpoint slides the window at its key's token count, not at
-    its last slot (SGLang's pre-#34870 frontier): the leaf it inserts keeps a page less than a
-    window of live SWA slots, so the match that follows stops short of it."""
+    its last slot (SGLang's call site before its #34870): the window slides one slot further than
+    SGLang 0.5.23 slides it, so the tree's tombstone boundary and the request's cursor differ."""
     tree = mm.tree_cache
     if not getattr(tree, "is_eagle", False):
         return  # token keys: the two counts agree (the run stays clean)

@@ -209,7 +209,10 @@ class SWARadixLifecycle:
             raise InvalidArgumentError(f"row_read is not row {row}'s first {need} slots")
         return out, value, got
 
-    def _key(self, req: SWAReq, stop: int) -> RadixKey:
+    def _key(self, req: SWAReq, slots: int) -> RadixKey:
+        """The token key whose tree key names the request's first ``slots`` slots: its first
+        ``slots`` tokens, under ``is_eagle`` one more (the last bigram's second)."""
+        stop = slots + self.is_eagle if slots else 0
         return req_key(req, stop)
 
     def _read_row(self, row: int, stop: int) -> torch.Tensor:
@@ -235,8 +238,7 @@ class SWARadixLifecycle:
         alloc = self.token_to_kv_pool_allocator
         if is_insert:
             evicted = min(self.evicted_of(req), aligned)
-            key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
-            self.tree.insert(key, kv[:aligned], protected, evicted)
+            self.tree.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
         else:
             alloc.free(kv[protected:aligned])
         alloc.free(kv[aligned:committed])
@@ -253,7 +255,7 @@ class SWARadixLifecycle:
         filled = len(req.fill_ids)
         kv = row_read[:filled] if row_read is not None else self._read_row(row, filled)
         aligned = cached_len(filled, self.page_size, self.is_eagle)
-        key = self._key(req, aligned + self.is_eagle)
+        key = self._key(req, aligned)
         protected = req.cache_protected_len
         # The chunk goes in with the request's window cursor, as a finish does: a session turn
         # whose window slid before this chunk holds slots whose SWA side is already free, and
@@ -355,8 +357,7 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
             req.prefix_indices = kv
             return protected
         evicted = min(swa_evicted_seqlen, aligned)
-        key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
-        self.unified.insert(key, kv[:aligned], protected, evicted,
+        self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted,
                             inserted_len=req.cache_inserted_len)  # fmt: skip
         req.cache_inserted_len = max(req.cache_inserted_len, aligned)
         node = self.unified.last_insert_node
@@ -428,8 +429,7 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         if is_insert:
             aligned = cached_len(committed, self.page_size, self.is_eagle)
             evicted = min(self.evicted_of(req), aligned)
-            key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
-            self.unified.insert(key, kv[:aligned], protected, evicted)
+            self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
             alloc.free(kv[aligned:committed])
         else:
             alloc.free(kv[protected:committed])
@@ -446,7 +446,7 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         filled = len(req.fill_ids)
         kv = row_read[:filled] if row_read is not None else self._read_row(row, filled)
         aligned = cached_len(filled, self.page_size, self.is_eagle)
-        key = self._key(req, aligned + self.is_eagle)
+        key = self._key(req, aligned)
         protected = req.cache_protected_len
         evicted = min(self.evicted_of(req), aligned)
         # a chunk's insert counts no hit: no node ends past the key's own length

@@ -194,7 +194,10 @@ class SWARadixLifecycle:
             raise InvalidArgumentError(f"row_read is not row {row}'s first {need} slots")
         return out, value, got
 
-    def _key(self, req: SWAReq, stop: int) -> RadixKey:
+    def _key(self, req: SWAReq, slots: int) -> RadixKey:
+        """The token key whose tree key names the request's first ``slots`` slots: its first
+        ``slots`` tokens, under ``is_eagle`` one more (the last bigram's second)."""
+        stop = slots + self.is_eagle if slots else 0
         return RadixKey(list(req.all_token_ids[:stop]), req.extra_key)
 
     def cache_finished_req(
@@ -216,8 +219,7 @@ class SWARadixLifecycle:
         alloc = self.token_to_kv_pool_allocator
         if is_insert:
             evicted = min(self.evicted_of(req), aligned)
-            key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
-            self.tree.insert(key, kv[:aligned], protected, evicted)
+            self.tree.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
         else:
             alloc.free(kv[protected:aligned])
         alloc.free(kv[aligned:committed])
@@ -237,7 +239,7 @@ class SWARadixLifecycle:
         else:
             kv = self.req_to_token_pool.read(row, 0, filled)
         aligned = cached_len(filled, self.page_size, self.is_eagle)
-        key = self._key(req, aligned + self.is_eagle)
+        key = self._key(req, aligned)
         protected = req.cache_protected_len
         # The chunk goes in with the request's window cursor, as a finish does: a session turn
         # whose window slid before this chunk holds slots whose SWA side is already free, and
@@ -347,8 +349,7 @@ class UnifiedSWARadixLifecycle(SWARadixLifecycle):
             req.prefix_indices = kv
             return protected
         evicted = min(swa_evicted_seqlen, aligned)
-        key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
-        self.unified.insert(key, kv[:aligned], protected, evicted,
+        self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted,
                             inserted_len=req.cache_inserted_len)  # fmt: skip
         req.cache_inserted_len = max(req.cache_inserted_len, aligned)
         node = self.unified.last_insert_node
@@ -435,8 +436,7 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
             # the cursor never passes the committed page-aligned tokens (the window keeps
             # at least a page); min keeps the tree's argument check out of the way
             evicted = min(self.evicted_of(req), aligned)
-            key = self._key(req, aligned + self.is_eagle)  # its bigrams name `aligned` slots
-            self.unified.insert(key, kv[:aligned], protected, evicted)
+            self.unified.insert(self._key(req, aligned), kv[:aligned], protected, evicted)
             alloc.free(kv[aligned:committed])
         else:
             alloc.free(kv[protected:committed])
@@ -460,7 +460,7 @@ class UnifiedSWARadixLifecycleV0516(SWARadixLifecycle):
         else:
             kv = self.req_to_token_pool.read(row, 0, filled)
         aligned = cached_len(filled, self.page_size, self.is_eagle)
-        key = self._key(req, aligned + self.is_eagle)
+        key = self._key(req, aligned)
         protected = req.cache_protected_len
         evicted = min(self.evicted_of(req), aligned)
         # a chunk's insert counts no hit: no node ends past the key's own length

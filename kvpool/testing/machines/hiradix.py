@@ -58,7 +58,7 @@ from kvpool.tags import kv_tags
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.machines.base import Outcome
 from kvpool.testing.machines.coverage import outcome_tag
-from kvpool.testing.machines.radix import _node_at, handle_tokens, insert_span
+from kvpool.testing.machines.radix import _node_at, eagle_pages, handle_tokens, insert_span
 from kvpool.testing.swarm import ALPHABET, Chooser, Op, draw_length, shared_prefix
 
 Handle = tuple[tuple[int, ...], str | None]
@@ -125,23 +125,22 @@ class HiRadixTarget:
         pages = c.integer(4, 16) if ps <= 2 else c.integer(3, 8)
         policy = c.choice(("write_through", "write_through", "write_through_selective",
                            "write_back"))  # fmt: skip
-        # drawn in the order of the fields below (each run's draws stay as they were)
-        policy_fields = (c.choice(EVICTION_POLICIES), c.choice((0.5, 1.0, 2.0)),
-                         c.choice((0, ps, 3 * ps)), c.choice((ps, 2 * ps)))  # fmt: skip
+        eviction = c.choice(EVICTION_POLICIES)
+        ratio = c.choice((0.5, 1.0, 2.0))
+        load_back = c.choice((0, ps, 3 * ps))
+        prefetch = c.choice((ps, 2 * ps))
         storage = impl.hiradix_storage and c.choice((False, True, True))
-        # EAGLE's bigram keys for one page count in three (no storage), with no extra draw
-        eagle = impl.radix_models_eagle and not storage and pages % 3 == 1
         return PoolConfig(
             size=pages * ps,
             page_size=ps,
-            eviction_policy=policy_fields[0],
+            eviction_policy=eviction,
             rules=impl.rules_or_default(),
-            hicache_ratio=policy_fields[1],
+            hicache_ratio=ratio,
             hicache_write_policy=policy,
-            hicache_load_back_threshold=policy_fields[2],
-            hicache_prefetch_threshold=policy_fields[3],
+            hicache_load_back_threshold=load_back,
+            hicache_prefetch_threshold=prefetch,
             hicache_storage=storage,
-            is_eagle=eagle,
+            is_eagle=not storage and eagle_pages(impl, pages),  # not modelled with storage
         )
 
     def build(self, impl: Implementation, config: PoolConfig) -> HiSide:

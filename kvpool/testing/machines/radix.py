@@ -88,11 +88,9 @@ class RadixTarget:
         ps = c.choice(SUPPORTED_PAGE_SIZES_TESTED)
         pages = c.integer(4, 24) if ps <= 4 else c.integer(3, 10)
         rules = impl.rules_or_default()
-        # EAGLE's bigram keys for one page count in three, with no extra draw
-        eagle = impl.radix_models_eagle and pages % 3 == 1
         return PoolConfig(size=pages * ps, page_size=ps, eviction_policy=c.choice(
             EVICTION_POLICIES), need_sort=c.choice((False, True)), rules=rules,
-            is_eagle=eagle)  # fmt: skip
+            is_eagle=eagle_pages(impl, pages))  # fmt: skip
 
     def build(self, impl: Implementation, config: PoolConfig) -> RadixSide:
         assert impl.radix_cache and impl.allocator and impl.req_to_token_pool and impl.radix_key
@@ -245,6 +243,13 @@ class RadixTarget:
         return [tag]
 
 
+def eagle_pages(impl: Implementation, pages: int) -> bool:
+    """Whether a tree machine's configuration of ``pages`` pages gets EAGLE's bigram keys: one
+    page count in three (no extra draw, so every other configuration stays as it was), when
+    ``impl``'s trees model them (``radix_models_eagle``)."""
+    return impl.radix_models_eagle and pages % 3 == 1
+
+
 def insert_span(tokens: list[int], page_size: int, eagle: bool) -> tuple[int, list[int]]:
     """An insert of ``tokens``: the slots it takes (the page-aligned part the tree keeps) and
     the token key that spells exactly them (under EAGLE's bigram keys one token more, the
@@ -278,4 +283,12 @@ def _node_at(
     return None if node is tree.nodes[0] else node.node_id
 
 
-__all__ = ["RadixModel", "RadixSide", "RadixSnapshot", "RadixTarget"]
+__all__ = [
+    "RadixModel",
+    "RadixSide",
+    "RadixSnapshot",
+    "RadixTarget",
+    "eagle_pages",
+    "handle_tokens",
+    "insert_span",
+]

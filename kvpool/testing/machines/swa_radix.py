@@ -32,17 +32,11 @@ from kvpool.snapshot import SWAAllocatorSnapshot, TreeSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.machines.base import Outcome
 from kvpool.testing.machines.coverage import outcome_tag
+from kvpool.testing.machines.radix import eagle_pages
 from kvpool.testing.swarm import Chooser, Op
 
 PAGE_SIZES = (1, 2, 4)
 Snap = tuple[SWAAllocatorSnapshot, TreeSnapshot]
-
-
-def eagle_pages(impl: Implementation, pages: int) -> bool:
-    """Whether a tree configuration of ``pages`` pages gets EAGLE's bigram keys: one page count
-    in three (no extra draw, so other configurations stay as they were), when ``impl``'s trees
-    model them (``radix_models_eagle``)."""
-    return impl.radix_models_eagle and pages % 3 == 1
 
 
 def tokens_of(base: int, n: int, ps: int) -> list[int]:
@@ -258,11 +252,4 @@ class SWARadixTarget:
         return tags
 
 
-__all__ = [
-    "SWARadixTarget",
-    "TreeModel",
-    "TreeSide",
-    "eagle_pages",
-    "recency_ranks",
-    "tokens_of",
-]
+__all__ = ["SWARadixTarget", "TreeModel", "TreeSide", "recency_ranks", "tokens_of"]

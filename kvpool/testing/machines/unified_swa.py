@@ -32,14 +32,8 @@ from kvpool.invariants import check_swa_allocator
 from kvpool.snapshot import TreeSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.machines.base import Outcome
-from kvpool.testing.machines.swa_radix import (
-    PAGE_SIZES,
-    Snap,
-    SWARadixTarget,
-    TreeModel,
-    TreeSide,
-    eagle_pages,
-)
+from kvpool.testing.machines.radix import eagle_pages
+from kvpool.testing.machines.swa_radix import PAGE_SIZES, Snap, SWARadixTarget, TreeModel, TreeSide
 from kvpool.testing.machines.unified import coarse_tree
 from kvpool.testing.swarm import Chooser, Op
 
