@@ -125,6 +125,30 @@ def token_list(name: str, values: Iterable[object]) -> list[int]:
     return tokens
 
 
+def stop_list(name: str, values: object, output_lens: list[int]) -> list[int | None]:
+    """``values`` (None, or one entry per request) as a list of ``finished_len`` values: each
+    None (every output token) or an integer in ``[0, output_lens[i]]`` (output tokens through
+    the stop). InvalidArgumentError for a string, a non-sequence, a wrong length or an entry
+    outside its range."""
+    if values is None:
+        return [None] * len(output_lens)
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise InvalidArgumentError(f"{name} must be None or a sequence, got {values!r}")
+    out = list(values)
+    if len(out) != len(output_lens):
+        raise InvalidArgumentError(f"{name} has {len(out)} entries for {len(output_lens)} requests")
+    checked: list[int | None] = []
+    for value, limit in zip(out, output_lens, strict=True):
+        if value is None:
+            checked.append(None)
+            continue
+        n = as_count(name, value)
+        if n > limit:
+            raise InvalidArgumentError(f"{name}: {n} past the request's {limit} output tokens")
+        checked.append(n)
+    return checked
+
+
 def as_positive_real(name: str, value: object) -> float:
     """``value`` as a ``float`` when it is a finite real number ``> 0`` (an int, a float or a
     NumPy real; a scale or a divisor): InvalidArgumentError for a bool, a string, ``None``,
@@ -191,6 +215,7 @@ __all__ = [
     "instance_list",
     "int_list",
     "int_span",
+    "stop_list",
     "str_list",
     "token_list",
 ]

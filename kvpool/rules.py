@@ -26,6 +26,7 @@ EVICTION_AMOUNTS = ("shortfall", "demand")
 TREE_FREES = ("free", "segment")
 HIT_COUNTS = ("chunked", "inserted_len")
 RELEASE_PATHS = ("finished_req", "checkpoint")
+RELEASE_UPTOS = ("owned", "committed")
 MAMBA_SLOT_SHORTAGES = ("refuse", "assert")
 MAMBA_TREES = ("mamba_radix", "unified")
 SWA_FREE_RESOLVES = ("free", "group_end")
@@ -93,6 +94,15 @@ class Rules:
       committed)`` and the over-allocation with ``free_segment`` (row order, unsorted). A chunk
       boundary runs the same ``checkpoint``; a disabled cache and ``ChunkCache`` free their row
       with ``free_segment``.
+    - ``release_upto``: how much of a finished request's KV its release keeps when the request
+      stopped before its last committed token (``finish``'s ``finished_lens``: a speculative
+      step commits its whole accepted run, and a stop token may lie inside it). ``"owned"``
+      (kvpool; SGLang 0.5.23's ``owned_kv_len``): the tokens through the stop, ``min(committed,
+      prompt + finished_len)``; the tree gets those, and the overshoot is freed with the
+      over-allocation from ``ceil_align(owned)``. ``"committed"`` (SGLang 0.5.16): every
+      committed token, the overshoot the client never received included, enters the tree. A
+      session turn hands its session the tokens through the stop under both (SGLang's
+      streaming session trims the overshoot in both releases).
     - ``mamba_slot_shortage``: what a hybrid model's pool does when a batch needs more Mamba
       slots than are free. ``"refuse"`` (kvpool): ``HybridReqToTokenPool.alloc`` checks them
       before it takes any row and returns None, nothing changed; a copy-on-write match that
@@ -249,6 +259,7 @@ class Rules:
     tree_free: str = "free"
     hit_count: str = "chunked"
     release_path: str = "finished_req"
+    release_upto: str = "owned"
     mamba_slot_shortage: str = "refuse"
     mamba_tree: str = "mamba_radix"
     swa_free_resolve: str = "free"
@@ -276,6 +287,7 @@ class Rules:
             ("tree_free", self.tree_free, TREE_FREES),
             ("hit_count", self.hit_count, HIT_COUNTS),
             ("release_path", self.release_path, RELEASE_PATHS),
+            ("release_upto", self.release_upto, RELEASE_UPTOS),
             ("mamba_slot_shortage", self.mamba_slot_shortage, MAMBA_SLOT_SHORTAGES),
             ("mamba_tree", self.mamba_tree, MAMBA_TREES),
             ("swa_free_resolve", self.swa_free_resolve, SWA_FREE_RESOLVES),
@@ -315,6 +327,7 @@ class Rules:
             rejects_misuse=False,
             eviction_demand="bound",
             mamba_slot_shortage="assert",
+            release_upto="committed",
         )
         if parts < (0, 5, 18):
             return replace(
@@ -346,6 +359,7 @@ class Rules:
             prefetch_refill="refill",
             hit_count="inserted_len",
             release_path="checkpoint",
+            release_upto="owned",
             mamba_tree="unified",
             swa_free_unmapped="caller",
             swa_window_release="scheduler",

@@ -97,6 +97,7 @@ class Req:
         self.cache_inserted_len = 0
         self.is_chunked = 0
         self.matched = False
+        self.finished_len: int | None = None
         self._reset_mamba_fields()
         self._array: TokenArray = np.empty(0, dtype=np.int32)
         self._tags: TokenArray = np.empty(0, dtype=np.int64)

@@ -80,9 +80,17 @@ class MemoryManagerProtocol(Protocol[IdxT_co]):
         restore_state and write draft tags there; the slots stay officially free. Returns them."""
         ...
 
-    def finish(self, rids: Sequence[str], is_insert: bool = True) -> None:
+    def finish(
+        self,
+        rids: Sequence[str],
+        is_insert: bool = True,
+        finished_lens: Sequence[int | None] | None = None,
+    ) -> None:
         """Release a batch inside ``free_group_begin/end``: ``release_kv_cache`` for each (or the
-        session takes the row, KV and lock when the request is a session turn)."""
+        session takes the row, KV and lock when the request is a session turn).
+        ``finished_lens``: per request, None or the output tokens through its stop (a stop
+        inside the last speculative run); the release keeps what ``Rules.release_upto`` says,
+        a session turn hands over the tokens through the stop."""
         ...
 
     def abort(self, rid: str) -> None:

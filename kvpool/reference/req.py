@@ -15,6 +15,11 @@ Lengths (``cache_protected_len <= kv_committed_len <= kv_allocated_len <= max_co
 - ``cache_inserted_len``: tokens this request has inserted into the tree so far (SGLang 0.5.23's
   ``kv.cache_inserted_len``; read under ``Rules.hit_count == "inserted_len"``); 0 again once its
   KV is released.
+
+``finished_len`` (SGLang's name): set by ``finish``, the output tokens the client receives, the
+stop token included (None: every output token). A speculative step commits its whole accepted
+run, so a stop may lie before the last committed token; the release then keeps only the tokens
+through the stop (``Rules.release_upto``).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class Req:
         self.cache_inserted_len = 0
         self.is_chunked = 0
         self.matched = False
+        self.finished_len: int | None = None
         self._reset_mamba_fields()
 
     @property

@@ -28,9 +28,10 @@ Which fields map where (SGLang name: kvpool field):
 ``prefix_len`` (read / write)          the tree prefix of a waiting request, else its
                                        committed length (a write is SGLang's own bookkeeping)
 ``extend_end``                         ``len(fill_ids)``
-``owned_kv_len()``                     ``kv_committed_len``
+``owned_kv_len()``,                    SGLang's own (:mod:`kvpool.sglang.req_methods`),
+``output_ids_through_stop``            bound by the release (unbound: AttributeError)
 ``refresh_fill_ids()``                 nothing (kvpool's fill ids are its tokens)
-``finished_len``                       None (no stop before the last committed token)
+``finished_len``                       ``finished_len`` (``finish``'s ``finished_lens``)
 =====================================  ===================================================
 """
 
@@ -109,8 +110,9 @@ class GlueKv(CacheReqKv):
 class GlueReq(CacheReq):
     """A kvpool request as SGLang 0.5.23's memory glue sees it (see the module docstring)."""
 
-    __slots__ = ("matched",)
+    __slots__ = ("_stops", "matched")
     matched: dict[str, Any]
+    _stops: Any
     """What ``match_kv_cache`` wrote: ``prefix_len`` and the host / branching fields."""
 
     SINKS = frozenset({
@@ -124,6 +126,17 @@ class GlueReq(CacheReq):
     def __init__(self, req: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(req, *args, **kwargs)
         object.__setattr__(self, "matched", {})
+        object.__setattr__(self, "_stops", None)
+
+    def bind_stops(self, methods: Any) -> None:
+        """Answer ``owned_kv_len()`` and ``output_ids_through_stop`` with SGLang's own
+        (:class:`~kvpool.sglang.req_methods.StopMethods`): the release binds them."""
+        object.__setattr__(self, "_stops", methods)
+
+    def _stop_methods(self) -> Any:
+        if self._stops is None:
+            raise AttributeError("SGLang read the request's stop before the release bound it")
+        return self._stops
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self.SINKS:
@@ -164,14 +177,19 @@ class GlueReq(CacheReq):
         return len(self.req.fill_ids)
 
     def owned_kv_len(self) -> int:
-        return int(self.req.kv_committed_len)
+        return int(self._stop_methods().owned_kv_len(self))
+
+    @property
+    def output_ids_through_stop(self) -> Any:
+        return self._stop_methods().output_ids_through_stop(self)
 
     def refresh_fill_ids(self) -> None:
         """kvpool's fill ids are its tokens: nothing lags."""
 
     @property
-    def finished_len(self) -> None:
-        return None
+    def finished_len(self) -> int | None:
+        stop: int | None = self.req.finished_len
+        return stop
 
 
 class GlueBatch:

@@ -54,6 +54,7 @@ from kvpool.sglang.cache_req import as_prefix, row_prefix
 from kvpool.sglang.glue import GlueBatch, GlueReq, count_calls, link_counted
 from kvpool.sglang.kernels import install_interpreted
 from kvpool.sglang.loader import SGLangModules
+from kvpool.sglang.req_methods import stop_methods
 
 GLUE_MODULES = {
     "allocation": "sglang.srt.mem_cache.allocation",
@@ -88,6 +89,11 @@ class SGLangGlueManager(MemoryManager):
         ]
         """Calls of each glue function so far, per glue module (shared by the process)."""
         link_counted([modules.module(dotted) for dotted in GLUE_MODULES.values()])
+        self._stops = stop_methods(modules)
+        """SGLang's own ``Req.owned_kv_len`` (a stop inside the last speculative run); None
+        for a release without it."""
+        if self._stops is not None:
+            self.glue_calls.append(self._stops.counts)
         self._allocation = modules.module(GLUE_MODULES["allocation"])
         self._common = modules.module(GLUE_MODULES["common"])
         tree: Any = self.tree_cache
@@ -224,6 +230,7 @@ class SGLangGlueManager(MemoryManager):
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         glue = self._glue(req)
+        glue.bind_stops(self._stops)
         if is_insert:
             glue.mark_finished()
         tree: Any = self.tree_cache

@@ -48,7 +48,7 @@ from kvpool.errors import ConfigError, OutOfMemoryError
 from kvpool.optimized.lifecycle.spec_decode import spec_step
 from kvpool.optimized.req import Req
 from kvpool.optimized.swa.kv_pool import SWAKVPool
-from kvpool.reference.lifecycle.swa_memory_manager import check_swa_config
+from kvpool.reference.lifecycle.swa_memory_manager import check_swa_config, check_swa_stops
 from kvpool.reference.swa.lifecycle import swa_eviction_demand
 from kvpool.sglang.glue import GlueBatch, GlueKv, GlueReq, link_counted
 from kvpool.sglang.glue_manager import SGLangGlueManager
@@ -437,7 +437,12 @@ class SGLangSWAGlueManager(SGLangGlueManager):
             self._session_swa.pop(sid, None)
         return out
 
-    def finish(self, rids: Sequence[str], is_insert: bool = True) -> None:
+    def finish(
+        self,
+        rids: Sequence[str],
+        is_insert: bool = True,
+        finished_lens: Sequence[int | None] | None = None,
+    ) -> None:
         handed: dict[str, SWAReqState] = {}
         for rid in rids:
             req = self.reqs.get(rid)
@@ -446,10 +451,15 @@ class SGLangSWAGlueManager(SGLangGlueManager):
                 # branching point start afresh
                 state = self._states.get(rid, SWAReqState())
                 handed[req.session_id] = SWAReqState(evicted=dict(state.evicted))
-        super().finish(rids, is_insert)  # a refused finish changes nothing
+        super().finish(rids, is_insert, finished_lens)  # a refused finish changes nothing
         for rid in rids:
             self._states.pop(rid, None)
         self._session_swa.update(handed)
+
+    def _check_stops(self, reqs: Sequence[Req], stops: Sequence[int | None]) -> None:
+        """kvpool's SWA managers' rule (:func:`check_swa_stops`): no stop a whole window or
+        more before the last committed token, or at or below the window's cursor."""
+        check_swa_stops(reqs, stops, self.sliding_window, self.swa_evicted_seqlen)
 
     def close_session(self, session_id: str) -> None:
         """kvpool's close; a session whose window slid past its protected prefix frees its

@@ -516,7 +516,8 @@ def with_glue_v0516(built: Any, manager: Any) -> Any:
         return reachability(config, ops, covered=glue_covers_v0516(config), extra=extra)
 
     return dataclasses.replace(built, manager=manager, manager_runs_hybrid=True,
-                               manager_models_eagle=True, reachability=reach,
+                               manager_models_eagle=True, manager_models_stops=True,
+                               reachability=reach,
                                label=f"{built.label}-glue")  # fmt: skip
 
 

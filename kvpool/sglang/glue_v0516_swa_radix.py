@@ -269,14 +269,19 @@ class SGLangSWARadixGlueManagerV0516(SGLangSWAGlueManagerV0516):
             self._session_locks.pop(sid, None)
         return out
 
-    def finish(self, rids: Sequence[str], is_insert: bool = True) -> None:
+    def finish(
+        self,
+        rids: Sequence[str],
+        is_insert: bool = True,
+        finished_lens: Sequence[int | None] | None = None,
+    ) -> None:
         """A session turn hands its lock fields to the session with its row."""
         handed: dict[str, _SWALock] = {}
         for rid in rids:
             req = self.reqs.get(rid)
             if req is not None and req.session_id is not None and self._session_of(req):
                 handed[req.session_id] = self._locks.get(rid, _SWALock())
-        super().finish(rids, is_insert)  # a refused finish changes nothing
+        super().finish(rids, is_insert, finished_lens)  # a refused finish changes nothing
         for rid in rids:
             self._locks.pop(rid, None)
         self._session_locks.update(handed)

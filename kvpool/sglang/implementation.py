@@ -354,7 +354,7 @@ def implementation(
     # a sliding-window model's lifecycle: SGLang's glue over its SWA allocator and the tree its
     # registry builds (kvpool.sglang.glue_swa)
     return dataclasses.replace(built, manager=manager, manager_runs_hybrid=True,
-                               manager_models_eagle=True,
+                               manager_models_eagle=True, manager_models_stops=True,
                                swa_manager=swa_manager_factory(modules, tree_core),
                                reachability=reach, label=f"{built.label}-glue")  # fmt: skip
 

@@ -60,6 +60,9 @@ class LockstepMachine(RuleBasedStateMachine):
     steps: ClassVar[int] = 0
     kinds: ClassVar[tuple[str, ...] | None] = None
     """When set, rules of other kinds draw one of these instead (focused runs)."""
+    stops: ClassVar[bool] = False
+    """Whether finishes may stop a request before its last output token (``finished_lens``;
+    both managers must take it: :attr:`kvpool.testing.swarm.View.stops`)."""
     last_pair: ClassVar[Lockstep | None] = None
     """The pair of the latest example (the failing one after a failure)."""
     shrink_failures: ClassVar[bool] = False
@@ -84,7 +87,9 @@ class LockstepMachine(RuleBasedStateMachine):
         focus = type(self).kinds
         if focus is not None and kind not in focus:
             kind = chooser.choice(focus)
-        op = draw_op(chooser, self.pair.view(), kind)
+        view = self.pair.view()
+        view.stops = type(self).stops and self.pair.config.mamba_slots is None
+        op = draw_op(chooser, view, kind)
         type(self).steps += 1
         try:
             self.pair.run(op)
@@ -180,10 +185,12 @@ def make_lockstep_machine(
     name: str = "Lockstep",
     kinds: tuple[str, ...] | None = None,
     shrink_failures: bool = False,
+    stops: bool = False,
 ) -> type[LockstepMachine]:
     """A :class:`LockstepMachine` subclass bound to two factories (optionally a config drawer
-    ``(Chooser) -> PoolConfig``, a tuple of operation kinds to focus the runs, and in-machine
-    shrinking of failures)."""
+    ``(Chooser) -> PoolConfig``, a tuple of operation kinds to focus the runs, in-machine
+    shrinking of failures, and finishes that stop a request early: ``stops``, when both
+    managers take ``finished_lens``)."""
     attrs: dict[str, Any] = {
         "factory_a": staticmethod(factory_a),
         "factory_b": staticmethod(factory_b),
@@ -193,6 +200,7 @@ def make_lockstep_machine(
         "last_pair": None,
         "kinds": kinds,
         "shrink_failures": shrink_failures,
+        "stops": stops,
         "_shrunk_cache": {},
     }
     if config_drawer is not None:
@@ -207,13 +215,14 @@ def make_lockstep_test(
     test_settings: settings | None = None,
     labels: tuple[str, str] = ("reference", "candidate"),
     name: str = "Lockstep",
+    stops: bool = False,
 ) -> type[unittest.TestCase]:
     """A ``unittest.TestCase`` (collected by pytest) that runs the lockstep machine over A and
     B under the loaded hypothesis profile (or ``test_settings``). A failure is shrunk by the
     machine (:func:`fast_shrink_settings`), so a simple bug is reported with a short trace
     within seconds."""
     machine = make_lockstep_machine(
-        factory_a, factory_b, config_drawer, labels, name, shrink_failures=True
+        factory_a, factory_b, config_drawer, labels, name, shrink_failures=True, stops=stops
     )
     case: type[unittest.TestCase] = machine.TestCase
     case.settings = fast_shrink_settings(test_settings)  # type: ignore[attr-defined]

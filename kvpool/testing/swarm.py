@@ -233,6 +233,15 @@ class View:
     paths; an extend may take those that share a prefix together (:func:`_sharing`)."""
     layers: Any = None
     """Layer-wise loading: the run's ``layer_ops.LayerLoads`` (draws the layer steps)."""
+    outputs: dict[str, int] = field(default_factory=dict)
+    """Output tokens of every request (``ReqSnapshot.output_len``)."""
+    stops: bool = False
+    """Whether a finish may stop a request before its last output token (``finished_lens``:
+    the candidate models it, :attr:`~kvpool.testing.bundle.Implementation.manager_models_stops`,
+    and the configuration is not a hybrid one)."""
+    stop_span: int = 7
+    """The most tokens such a stop lies before the last output token (a speculative run: a step
+    accepts at most ``2 * reserve <= 6``; less than a sliding window)."""
 
 
 def make_view(config: PoolConfig, snap: PoolSnapshot, next_rid: int, next_sid: int) -> View:
@@ -248,6 +257,7 @@ def make_view(config: PoolConfig, snap: PoolSnapshot, next_rid: int, next_sid: i
         else:
             v.done.append(r.rid)
         v.remaining[r.rid] = max(r.input_len - r.kv_committed_len, 1)
+        v.outputs[r.rid] = r.output_len
     for s in snap.sessions:
         (v.busy_sessions if s.busy_with else v.idle_sessions).append(s.session_id)
     return v
@@ -306,6 +316,15 @@ acknowledgements (the first ``k`` arrive; ``-1``: an invalid call), and more adm
 evictions (which make nodes host-only)."""
 
 
+def _stop(c: Chooser, output_len: int, span: int) -> int | None:
+    """A ``finished_len`` for a request with ``output_len`` output tokens: None (every token)
+    one time in three, else a stop before its last token, at most ``span`` tokens back (inside
+    the last speculative run: :attr:`View.stop_span`)."""
+    if not output_len or span < 1 or c.integer(0, 2) == 0:
+        return None
+    return c.integer(max(0, output_len - span), output_len - 1)
+
+
 def draw_op(c: Chooser, v: View, kind: str) -> Op:
     """An operation of ``kind`` valid in ``v`` when possible; otherwise a progressing one (an
     extend of a waiting request, or a new request), so every drawn kind yields a step. Kind
@@ -356,7 +375,11 @@ def draw_op(c: Chooser, v: View, kind: str) -> Op:
     if kind == "spec_draft_v1" and v.running:
         return Op("spec_draft_v1", (_pick(c, v.running, 2), c.integer(0, 3)))
     if kind == "finish" and v.running:
-        return Op("finish", (_pick(c, v.running, 3),), (("is_insert", c.choice((True, False))),))
+        rids = _pick(c, v.running, 3)
+        finish: list[tuple[str, Any]] = [("is_insert", c.choice((True, False)))]
+        if v.stops and c.integer(0, 1):
+            finish.append(("finished_lens", [_stop(c, v.outputs[r], v.stop_span) for r in rids]))
+        return Op("finish", (rids,), tuple(finish))
     if kind == "abort" and v.waiting + v.running + v.chunked:
         return Op("abort", (c.choice(v.waiting + v.running + v.chunked),))
     if kind == "retract" and v.running + v.chunked:

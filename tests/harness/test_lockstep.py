@@ -22,7 +22,11 @@ from kvpool.testing.swarm import Chooser, draw_config
 _LOADED = settings()  # the loaded profile's values
 
 TestReferenceVsReference = make_lockstep_test(
-    reference_factory, reference_factory, labels=("reference", "reference"), name="RefRef"
+    reference_factory,
+    reference_factory,
+    labels=("reference", "reference"),
+    name="RefRef",
+    stops=True,
 )
 TestReferenceVsReference = pytest.mark.slow(TestReferenceVsReference)
 
@@ -40,6 +44,7 @@ TestReferenceVsOptimized = make_lockstep_test(
     test_settings=_DEEPER,
     labels=("reference", "optimized"),
     name="RefOpt",
+    stops=True,
 )
 TestReferenceVsOptimized = pytest.mark.slow(TestReferenceVsOptimized)
 

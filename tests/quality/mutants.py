@@ -21,6 +21,8 @@ _SPLITS = ("new_req", "match_prefix", "extend", "extend", "decode", "finish")
 _SPEC = ("new_req", "extend", "spec_step", "spec_step", "finish", "abort", "retract")
 _FINISH = ("new_req", "extend", "decode", "spec_step", "finish", "finish")
 _SESSIONS = ("session_turn", "session_turn", "extend", "extend", "finish")
+_STOPS = ("new_req", "extend", "extend", "spec_step", "spec_step", "finish", "finish")
+_SESSION_STOPS = ("session_turn", "session_turn", "extend", "spec_step", "spec_step", "finish")
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("paged-free-no-dedup", "double free through pages named twice in one free",
@@ -66,5 +68,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("decode-no-new-page", "decode does not open a new page at a page boundary",
            ("INV-ROW-SLOTS", "INV-ONE-OWNER", "INV-POOL-ACCOUNTING"), alloc.decode_no_new_page,
            (2, 4)),
+    Mutant("release-keeps-overshoot", "a stop inside a speculative run ignored by the release",
+           ("lockstep-diff",), life.release_keeps_overshoot, (1, 4), _RADIX, _STOPS, stops=True),
+    Mutant("handover-keeps-overshoot", "a session turn's overshoot handed to its session",
+           ("lockstep-diff",), life.handover_keeps_overshoot, (1, 4), {}, _SESSION_STOPS,
+           stops=True),
 )  # fmt: skip
 """Every seeded bug of the quality suite."""

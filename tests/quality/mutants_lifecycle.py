@@ -136,3 +136,35 @@ def session_extra_lock(mm: Any) -> None:
         return open_session
 
     wrap(mm, "open_session", make)
+
+
+def release_keeps_overshoot(mm: Any) -> None:
+    """A release that forgets where its request stopped: a stop inside the last speculative
+    run, and the tokens after it (which the client never received) enter the tree anyway,
+    as SGLang 0.5.16 caches them (kvpool's rules keep only the tokens through the stop)."""
+
+    def make(orig: Any) -> Callable[[Any], int]:
+        def owned(req: Any) -> int:
+            if mm._session_of(req) is None:
+                return int(req.kv_committed_len)
+            return int(orig(req))
+
+        return owned
+
+    wrap(mm, "_owned_len", make)
+
+
+def handover_keeps_overshoot(mm: Any) -> None:
+    """A session turn that stopped inside its last speculative run hands its session every
+    committed token: the next turn's prompt continues from the stop, but the session's KV
+    holds the overshoot (what SGLang's streaming session trims, #22897)."""
+
+    def make(orig: Any) -> Callable[[Any], int]:
+        def owned(req: Any) -> int:
+            if mm._session_of(req) is not None:
+                return int(req.kv_committed_len)
+            return int(orig(req))
+
+        return owned
+
+    wrap(mm, "_owned_len", make)

@@ -40,7 +40,7 @@ def test_enough_distinct_seeded_bugs() -> None:
 @pytest.mark.slow
 def test_unmutated_twin_passes_the_same_budget() -> None:
     """No false alarm: the same runs on the unmutated (unchecked) twin find nothing."""
-    clean = Mutant("no-bug", "control", ("none",), lambda manager: None, (1, 2, 4))
+    clean = Mutant("no-bug", "control", ("none",), lambda manager: None, (1, 2, 4), stops=True)
     result = hunt(clean, _budget())
     assert not result.caught, result.report
 

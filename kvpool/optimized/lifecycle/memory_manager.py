@@ -42,7 +42,7 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvpool.host_checks import as_bool, as_count, as_int, as_opt_str, as_str
+from kvpool.host_checks import as_bool, as_count, as_int, as_opt_str, as_str, stop_list
 from kvpool.optimized.hicache.hiradix_cache import HiRadixCache
 from kvpool.optimized.lifecycle.pool_snapshot import build_pool_snapshot
 from kvpool.optimized.lifecycle.primitives import LifecyclePrimitives, as_token_list
@@ -264,10 +264,20 @@ class MemoryManager(LifecyclePrimitives):
         :func:`kvpool.optimized.lifecycle.spec_decode.spec_draft_v1`)."""
         return spec_draft_v1(self, rids, num_draft)
 
-    def finish(self, rids: Sequence[str], is_insert: bool = True) -> None:
-        """Release a batch inside one free group (a session turn hands over to its session)."""
+    def finish(
+        self,
+        rids: Sequence[str],
+        is_insert: bool = True,
+        finished_lens: Sequence[int | None] | None = None,
+    ) -> None:
+        """Release a batch inside one free group (a session turn hands over to its session);
+        ``finished_lens`` as the reference's (a stop before the last committed token)."""
         reqs = self._running_full(rids)
         is_insert = as_bool("is_insert", is_insert)
+        stops = stop_list("finished_lens", finished_lens, [len(r.output_ids) for r in reqs])
+        self._check_stops(reqs, stops)
+        for req, stop in zip(reqs, stops, strict=True):
+            req.finished_len = stop
         alloc = self.token_to_kv_pool_allocator
         alloc.free_group_begin()
         try:
@@ -275,6 +285,7 @@ class MemoryManager(LifecyclePrimitives):
             for req in reqs:
                 session = self._session_of(req)
                 if session is not None:
+                    req.kv_committed_len = self._owned_len(req)
                     session.take_from(req)
                 else:
                     self.release_kv_cache(req, is_insert)
@@ -285,6 +296,20 @@ class MemoryManager(LifecyclePrimitives):
             req.state = "finished"
             del self.reqs[req.rid]
         self._flush_backups()
+
+    def _check_stops(self, reqs: Sequence[Req], stops: Sequence[int | None]) -> None:
+        """ConfigError for a stop before the last output token where that is not modelled
+        (:meth:`_stops_unmodelled`), as the reference's."""
+        why = self._stops_unmodelled()
+        short = [r.rid for r, s in zip(reqs, stops, strict=True)
+                 if s is not None and s < len(r.output_ids)]  # fmt: skip
+        if why is not None and short:
+            raise ConfigError(f"requests {short}: a stop before the last output token is not "
+                              f"modelled {why}")  # fmt: skip
+
+    def _stops_unmodelled(self) -> str | None:
+        """Why a stop before the last output token is not modelled here (None: it is)."""
+        return None if self.mamba_hooks is None else "for a hybrid (Mamba) model"
 
     def _session_of(self, req: Req) -> SessionSlot | None:
         session = self.sessions.get(req.session_id) if req.session_id else None

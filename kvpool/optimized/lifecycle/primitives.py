@@ -24,6 +24,7 @@ from kvpool.constants import NO_LAST_LOC, ceil_align
 from kvpool.errors import (
     ContextOverflowError,
     InvalidArgumentError,
+    KVPoolError,
     OutOfMemoryError,
     RequestStateError,
     UnknownRequestError,
@@ -413,11 +414,19 @@ class LifecyclePrimitives:
             req.kv_allocated_len = col + 1
         return out
 
+    def _owned_len(self, req: Req) -> int:
+        """The tokens of ``req`` that are its to keep (the reference's ``_owned_len``)."""
+        if req.finished_len is None:
+            return req.kv_committed_len
+        return min(req.kv_committed_len, len(req.origin_input_ids) + req.finished_len)
+
     def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
         """``cache_finished_req``; free the over-allocation ``[ceil_align(committed),
         allocated)`` (``free``, or ``free_segment`` under ``rules.release_path ==
         "checkpoint"``: SGLang 0.5.23's ``free_kv_row``); free the row; forget the request's
-        pool fields. InvalidArgumentError (nothing changed) for a request without a row.
+        pool fields. InvalidArgumentError (nothing changed) for a request without a row. A
+        request that stopped before its last committed token releases as the reference's
+        (``Rules.release_upto``).
 
         The row ``[0, allocated)`` is read once (the view :meth:`_read_held_rows` read for the
         batch, else one gather for this request); the tree gets ``row[:committed]`` and the
@@ -427,7 +436,16 @@ class LifecyclePrimitives:
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         held = self._held_row(req, req.req_pool_idx)
-        self.tree_cache.cache_finished_req(req, is_insert, row_read=held[: req.kv_committed_len])
+        committed = req.kv_committed_len
+        if self.config.rules.release_upto == "owned":
+            req.kv_committed_len = self._owned_len(req)
+        try:
+            self.tree_cache.cache_finished_req(
+                req, is_insert, row_read=held[: req.kv_committed_len]
+            )
+        except KVPoolError:  # refused before any change: the request is as it was
+            req.kv_committed_len = committed
+            raise
         start = ceil_align(req.kv_committed_len, self.page_size)
         if req.kv_allocated_len > start:
             over = held[start : req.kv_allocated_len]

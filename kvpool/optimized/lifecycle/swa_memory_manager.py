@@ -43,7 +43,7 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
-from kvpool.errors import InvalidArgumentError, OutOfMemoryError
+from kvpool.errors import InvalidArgumentError, KVPoolError, OutOfMemoryError
 from kvpool.host_checks import as_bool, as_count, as_instance, as_str, str_list
 from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.optimized.lifecycle.pool_snapshot import build_pool_snapshot
@@ -66,7 +66,7 @@ from kvpool.optimized.swa.lifecycle import (
     free_swa_out_of_window_slots,
     slide_swa_window,
 )
-from kvpool.reference.lifecycle.swa_memory_manager import check_swa_config
+from kvpool.reference.lifecycle.swa_memory_manager import check_swa_config, check_swa_stops
 from kvpool.reference.swa.lifecycle import swa_eviction_demand
 from kvpool.snapshot import PoolSnapshot, SWAAllocatorSnapshot
 
@@ -372,9 +372,16 @@ class SWAMemoryManager(MemoryManager):
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
-        committed = req.kv_committed_len
+        before = req.kv_committed_len
+        committed = before
+        if self.config.rules.release_upto == "owned":  # a stop inside the last run
+            committed = req.kv_committed_len = self._owned_len(req)
         if is_insert and not self.tree_cache.disable:
-            self._checkpoint(req, committed, finished=True)
+            try:
+                self._checkpoint(req, committed, finished=True)
+            except KVPoolError:  # refused before any change: the request is as it was
+                req.kv_committed_len = before
+                raise
         evicted = self.swa_evicted_seqlen(req.rid)
         protected = req.cache_protected_len
         alloc = self._swa_allocator
@@ -447,16 +454,27 @@ class SWAMemoryManager(MemoryManager):
             self._carrying = {}
         return out
 
-    def finish(self, rids: Sequence[str], is_insert: bool = True) -> None:
-        """The manager's finish; a session turn hands its window to the session with its row."""
+    def finish(
+        self,
+        rids: Sequence[str],
+        is_insert: bool = True,
+        finished_lens: Sequence[int | None] | None = None,
+    ) -> None:
+        """The manager's finish; a session turn hands its window to the session with its row.
+        ConfigError for a stop a whole window or more before a request's last committed token,
+        or at or below its window's cursor (the reference's)."""
         rids = str_list("rids", rids)  # read below before the manager's own checks
         handed: dict[str, int] = {}
         for rid in rids:
             req = self.reqs.get(rid)
             if req is not None and req.session_id is not None and self._session_of(req):
                 handed[req.session_id] = self.swa_evicted_seqlen(rid)
-        super().finish(rids, is_insert)
+        super().finish(rids, is_insert, finished_lens)
         self._session_swa.update(handed)
+
+    def _check_stops(self, reqs: Sequence[Req], stops: Sequence[int | None]) -> None:
+        """The reference's :func:`check_swa_stops` with this manager's window and cursors."""
+        check_swa_stops(reqs, stops, self.sliding_window, self.swa_evicted_seqlen)
 
     def close_session(self, session_id: str) -> None:
         """The manager's close (the allocator's ``free`` releases the SWA slots still mapped).

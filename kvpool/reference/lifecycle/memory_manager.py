@@ -21,6 +21,10 @@ Decisions (both twins follow them):
 - Requests leave the table when finished or aborted. A session turn's ``match_prefix`` returns the
   session's committed length without touching the tree (the lock comes with the restore).
 - A session turn's ``finish`` hands everything to the session (``is_insert`` is ignored).
+- A stop inside a speculative run (``finish``'s ``finished_lens``): a session turn hands its
+  session only the tokens through the stop (the overshoot's slots join the orphan tail, freed
+  at the restore); a plain release keeps what ``Rules.release_upto`` says
+  (:meth:`~kvpool.reference.lifecycle.primitives.LifecyclePrimitives.release_kv_cache`).
 - ``decode`` returns, per request, the slot of its new token (pre-allocated or new).
 - With the host tier (``config.enable_hierarchical_cache``) ``match_prefix`` loads back a prefix
   found in host memory and ``extend`` waits for the loads' content; acknowledgements are the
@@ -69,7 +73,15 @@ from kvpool.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from kvpool.host_checks import as_bool, as_count, as_int, as_opt_str, as_str, token_list
+from kvpool.host_checks import (
+    as_bool,
+    as_count,
+    as_int,
+    as_opt_str,
+    as_str,
+    stop_list,
+    token_list,
+)
 from kvpool.reference.hicache.hiradix_cache import HiRadixCache
 from kvpool.reference.lifecycle.pool_snapshot import build_pool_snapshot
 from kvpool.reference.lifecycle.primitives import LifecyclePrimitives
@@ -296,16 +308,32 @@ class MemoryManager(LifecyclePrimitives):
         :func:`kvpool.reference.lifecycle.spec_decode.spec_draft_v1`)."""
         return spec_draft_v1(self, rids, num_draft)
 
-    def finish(self, rids: Sequence[str], is_insert: bool = True) -> None:
-        """Release a batch inside one free group (a session turn hands over to its session)."""
+    def finish(
+        self,
+        rids: Sequence[str],
+        is_insert: bool = True,
+        finished_lens: Sequence[int | None] | None = None,
+    ) -> None:
+        """Release a batch inside one free group (a session turn hands over to its session).
+        ``finished_lens`` (None, or one entry per request): each request's ``finished_len``,
+        the output tokens through its stop (None: all of them; at most ``len(output_ids)``,
+        InvalidArgumentError otherwise). A session turn hands over only the tokens through the
+        stop; a plain release keeps what ``Rules.release_upto`` says. ConfigError, before any
+        change, for a stop before the last output token where that is not modelled (a hybrid
+        (Mamba) model, a sliding window)."""
         reqs = self._running_full(rids)
         is_insert = as_bool("is_insert", is_insert)
+        stops = stop_list("finished_lens", finished_lens, [len(r.output_ids) for r in reqs])
+        self._check_stops(reqs, stops)
+        for req, stop in zip(reqs, stops, strict=True):
+            req.finished_len = stop
         alloc = self.token_to_kv_pool_allocator
         alloc.free_group_begin()
         try:
             for req in reqs:
                 session = self._session_of(req)
                 if session is not None:
+                    req.kv_committed_len = self._owned_len(req)
                     session.take_from(req)
                 else:
                     self.release_kv_cache(req, is_insert)
@@ -315,6 +343,21 @@ class MemoryManager(LifecyclePrimitives):
             req.state = "finished"
             del self.reqs[req.rid]
         self._flush_backups()
+
+    def _check_stops(self, reqs: Sequence[Req], stops: Sequence[int | None]) -> None:
+        """ConfigError when a request would stop before its last output token where that is
+        not modelled (:meth:`_stops_unmodelled`)."""
+        why = self._stops_unmodelled()
+        short = [r.rid for r, s in zip(reqs, stops, strict=True)
+                 if s is not None and s < len(r.output_ids)]  # fmt: skip
+        if why is not None and short:
+            raise ConfigError(f"requests {short}: a stop before the last output token is not "
+                              f"modelled {why}")  # fmt: skip
+
+    def _stops_unmodelled(self) -> str | None:
+        """Why a stop before the last output token is not modelled here (None: it is). A
+        hybrid (Mamba) model's state holds every committed token and cannot be cut back."""
+        return None if self.mamba_hooks is None else "for a hybrid (Mamba) model"
 
     def _session_of(self, req: Req) -> SessionSlot | None:
         session = self.sessions.get(req.session_id) if req.session_id else None

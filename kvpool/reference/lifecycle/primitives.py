@@ -21,6 +21,7 @@ from kvpool.constants import NO_LAST_LOC, ceil_align
 from kvpool.errors import (
     ContextOverflowError,
     InvalidArgumentError,
+    KVPoolError,
     OutOfMemoryError,
     RequestStateError,
     UnknownRequestError,
@@ -389,17 +390,37 @@ class LifecyclePrimitives:
             req.kv_allocated_len = col + 1
         return out
 
+    def _owned_len(self, req: Req) -> int:
+        """The tokens of ``req`` that are its to keep: ``min(kv_committed_len, prompt +
+        finished_len)`` once it stopped before its last committed token (SGLang 0.5.23's
+        ``owned_kv_len``), else ``kv_committed_len``. Reads only."""
+        if req.finished_len is None:
+            return req.kv_committed_len
+        return min(req.kv_committed_len, len(req.origin_input_ids) + req.finished_len)
+
     def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
         """``cache_finished_req``; free the over-allocation ``[ceil_align(committed),
         allocated)`` (``free``, or ``free_segment`` under ``rules.release_path ==
         "checkpoint"``: SGLang 0.5.23's ``free_kv_row``); free the row; forget the request's
-        pool fields. InvalidArgumentError (nothing changed) for a request without a row."""
+        pool fields. InvalidArgumentError (nothing changed) for a request without a row.
+
+        A request that stopped before its last committed token (``finished_len``) releases up
+        to :meth:`_owned_len` under ``rules.release_upto == "owned"`` (its committed length
+        drops there first: the overshoot is freed with the over-allocation), or every
+        committed token under ``"committed"`` (SGLang 0.5.16)."""
         req = as_instance("req", req, Req)
         is_insert = as_bool("is_insert", is_insert)
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
-        self.tree_cache.cache_finished_req(req, is_insert)
+        committed = req.kv_committed_len
+        if self.config.rules.release_upto == "owned":
+            req.kv_committed_len = self._owned_len(req)
+        try:
+            self.tree_cache.cache_finished_req(req, is_insert)
+        except KVPoolError:  # refused before any change: the request is as it was
+            req.kv_committed_len = committed
+            raise
         start = ceil_align(req.kv_committed_len, self.page_size)
         if req.kv_allocated_len > start:
             over = self.req_to_token_pool.read(row, start, req.kv_allocated_len)

@@ -42,10 +42,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
-from kvpool.errors import ConfigError, InvalidArgumentError, OutOfMemoryError
+from kvpool.errors import ConfigError, InvalidArgumentError, KVPoolError, OutOfMemoryError
 from kvpool.host_checks import as_bool, as_count, as_instance, as_str, str_list
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.reference.lifecycle.pool_snapshot import build_pool_snapshot
@@ -69,6 +70,36 @@ from kvpool.reference.swa.lifecycle import (
     swa_eviction_demand,
 )
 from kvpool.snapshot import PoolSnapshot, SWAAllocatorSnapshot
+
+
+class StopReq(Protocol):
+    """What :func:`check_swa_stops` reads of a request (either twin's ``Req``)."""
+
+    rid: str
+    kv_committed_len: int
+    origin_input_ids: list[int]
+
+
+def check_swa_stops(
+    reqs: Sequence[StopReq],
+    stops: Sequence[int | None],
+    window: int,
+    evicted: Callable[[str], int],
+) -> None:
+    """ConfigError when a request (``Req`` of either twin) would stop a whole ``window`` or
+    more before its last committed token, or at or below its window's cursor (``evicted(rid)``,
+    tokens): the tokens through the stop would keep no live window. Not modelled: a real window
+    spans hundreds of tokens, a speculative run a handful."""
+    for req, stop in zip(reqs, stops, strict=True):
+        if stop is None:
+            continue
+        committed = req.kv_committed_len
+        owned = min(committed, len(req.origin_input_ids) + stop)
+        if committed - owned >= window or (owned < committed and owned <= evicted(req.rid)):
+            raise ConfigError(
+                f"request {req.rid!r}: a stop {committed - owned} tokens before its last "
+                f"committed one, past a window of {window} tokens or its cursor, is not modelled"
+            )
 
 
 def check_swa_config(config: PoolConfig) -> int:
@@ -389,9 +420,16 @@ class SWAMemoryManager(MemoryManager):
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         row = req.req_pool_idx
-        committed = req.kv_committed_len
+        before = req.kv_committed_len
+        committed = before
+        if self.config.rules.release_upto == "owned":  # a stop inside the last run
+            committed = req.kv_committed_len = self._owned_len(req)
         if is_insert and not self.tree_cache.disable:
-            self._checkpoint(req, committed, finished=True)
+            try:
+                self._checkpoint(req, committed, finished=True)
+            except KVPoolError:  # refused before any change: the request is as it was
+                req.kv_committed_len = before
+                raise
         evicted = self.swa_evicted_seqlen(req.rid)
         protected = req.cache_protected_len
         alloc = self._swa_allocator
@@ -464,16 +502,27 @@ class SWAMemoryManager(MemoryManager):
             self._carrying = {}
         return out
 
-    def finish(self, rids: Sequence[str], is_insert: bool = True) -> None:
-        """The manager's finish; a session turn hands its window to the session with its row."""
+    def finish(
+        self,
+        rids: Sequence[str],
+        is_insert: bool = True,
+        finished_lens: Sequence[int | None] | None = None,
+    ) -> None:
+        """The manager's finish; a session turn hands its window to the session with its row.
+        ConfigError for a stop a whole window or more before a request's last committed token,
+        or at or below its window's cursor (:meth:`_check_stops`)."""
         rids = str_list("rids", rids)  # read below before the manager's own checks
         handed: dict[str, int] = {}
         for rid in rids:
             req = self.reqs.get(rid)
             if req is not None and req.session_id is not None and self._session_of(req):
                 handed[req.session_id] = self.swa_evicted_seqlen(rid)
-        super().finish(rids, is_insert)
+        super().finish(rids, is_insert, finished_lens)
         self._session_swa.update(handed)
+
+    def _check_stops(self, reqs: Sequence[Req], stops: Sequence[int | None]) -> None:
+        """:func:`check_swa_stops` with this manager's window and cursors."""
+        check_swa_stops(reqs, stops, self.sliding_window, self.swa_evicted_seqlen)
 
     def close_session(self, session_id: str) -> None:
         """The manager's close (the allocator's ``free`` releases the SWA slots still mapped).
@@ -509,4 +558,4 @@ class SWAMemoryManager(MemoryManager):
         return dataclasses.replace(snap, allocator=full, swa=swa, max_total_num_tokens=full.size)
 
 
-__all__ = ["SWAMemoryManager", "check_swa_config"]
+__all__ = ["SWAMemoryManager", "StopReq", "check_swa_config", "check_swa_stops"]

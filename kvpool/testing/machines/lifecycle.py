@@ -154,6 +154,8 @@ class LifecyclePair:
             normalize=normalize,
         )  # fmt: skip
         self.reachability = impl_b.reachability
+        self.stops = impl_b.manager_models_stops and config.mamba_slots is None
+        """Whether finishes may stop a request early (``View.stops``)."""
         self.rejects_misuse = (impl_b.rules or config.rules).rejects_misuse
         """False when the candidate's rules say its components accept misuse silently (SGLang):
         then no invalid call that only a component would refuse is drawn (see
@@ -169,6 +171,7 @@ class LifecyclePair:
 
     def draw(self, c: Chooser) -> Op:
         view, layers = self.lockstep.view(), self.lockstep.layers
+        view.stops = self.stops
         kinds = KINDS + HOST_KINDS if view.config.enable_hierarchical_cache else KINDS
         op = draw_lifecycle_op(c, view, layers, c.choice(kinds))
         while not self.rejects_misuse and component_misuse(op):
@@ -227,10 +230,27 @@ def lifecycle_tags(
             tags.append("session:restore")
             if after.mamba is not None:
                 tags.append("session:hybrid-restore")
+    if op.name == "finish":
+        tags += _stop_tags(op, before)
     if before.allocator.release_pages and not after.allocator.release_pages:
         tags.append("merge:by-alloc")
     tags += mamba_radix_tags(op.name, error, before, after)
     return tags + host_tags(op, result, before, after)
+
+
+def _stop_tags(op: Op, before: PoolSnapshot) -> list[str]:
+    """``finish:stop-inside`` (a session turn's: ``session:stop-inside``) for each request a
+    finish stopped before its last committed token."""
+    stops = dict(op.kwargs).get("finished_lens")
+    if not stops:
+        return []
+    reqs = {r.rid: r for r in before.reqs}
+    tags = []
+    for rid, stop in zip(op.args[0], stops, strict=False):
+        req = reqs.get(rid)
+        if req is not None and stop is not None and req.input_len + stop < req.kv_committed_len:
+            tags.append("session:stop-inside" if req.session_id else "finish:stop-inside")
+    return tags
 
 
 def host_tags(op: Op, result: Any, before: PoolSnapshot, after: PoolSnapshot) -> list[str]:

@@ -105,16 +105,23 @@ class SWALifecyclePair(LifecyclePair):
         # that restores only its free lists keeps stale mapping entries (SGLang 0.5.16,
         # Rules.swa_restore_mapping False), which a harness must not provoke
         self.restores_mapping = (impl_b.rules or config.rules).swa_restore_mapping
+        self.stops = impl_b.manager_models_stops
+        """Whether finishes may stop a request early (``View.stops``), less than a window
+        before its last token (``View.stop_span``: a longer overshoot is not modelled)."""
+        assert config.sliding_window is not None
+        self._stop_span = min(7, config.sliding_window - 1)
 
     def _normalize(self, snap: PoolSnapshot) -> PoolSnapshot:
         return coarse_swa_pool(snap, self._swa_locks)
 
     def draw(self, c: Chooser) -> Op:
-        op = draw_op(c, self.lockstep.view(), c.choice(SWA_KINDS))
+        view = self.lockstep.view()
+        view.stops, view.stop_span = self.stops, self._stop_span
+        op = draw_op(c, view, c.choice(SWA_KINDS))
         while (not self.rejects_misuse and component_misuse(op)) or (  # SGLang accepts it
             not self.restores_mapping and op.name == "spec_draft_v1"
         ):
-            op = draw_op(c, self.lockstep.view(), c.choice(SWA_KINDS))
+            op = draw_op(c, view, c.choice(SWA_KINDS))
         return op
 
     def run(self, op: Op) -> Any:

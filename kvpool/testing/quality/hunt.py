@@ -63,6 +63,7 @@ def hunt(
         mutant.config_drawer(),
         ("reference", mutant.name),
         kinds=mutant.kinds,
+        stops=mutant.stops,
     )
     start = time.monotonic()
     failure: LockstepFailure | None = None

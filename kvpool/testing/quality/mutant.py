@@ -33,6 +33,8 @@ class Mutant:
     page_sizes: tuple[int, ...] = (1, 2, 4, 16)
     overrides: dict[str, Any] = field(default_factory=dict)
     kinds: tuple[str, ...] | None = None
+    stops: bool = False
+    """Whether its runs' finishes may stop a request early (``finished_lens``)."""
 
     def config_drawer(self) -> Callable[[Chooser], PoolConfig]:
         def draw(c: Chooser) -> PoolConfig:

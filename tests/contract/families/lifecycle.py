@@ -54,6 +54,23 @@ def _a(s: Subject) -> Any:
     return _req(s, "a")
 
 
+def _bad_stops(side: Twin, s: Subject) -> list[Bad]:
+    """Stops out of range or of the wrong shape; a stop before ``a``'s last output token where
+    the manager does not model it (a hybrid model, a sliding window)."""
+    out = [
+        Bad("past-output", [10**6]),
+        Bad("negative", [-1]),
+        Bad("two-for-one", [None, None]),
+        Bad("float-item", [1.5]),
+        Bad("bool-item", [True]),
+        Bad("str-item", ["1"]),
+    ]
+    mm, a = _mm(s), _a(s)
+    if a.output_ids and (mm.mamba_hooks is not None or hasattr(mm, "sliding_window")):
+        out.append(Bad("stop-inside-unmodelled", [len(a.output_ids) - 1]))
+    return out
+
+
 MANAGER_METHODS: dict[str, Method] = {
     "new_req": Method(
         lambda side, s: {
@@ -103,7 +120,8 @@ MANAGER_METHODS: dict[str, Method] = {
         bad={"rids": _bad_rids(True), "num_draft": lambda side, s: [Bad("past-context", 10**6)]},
     ),
     "finish": Method(
-        lambda side, s: {"rids": ["a"], "is_insert": True}, bad={"rids": _bad_rids(True)}
+        lambda side, s: {"rids": ["a"], "is_insert": True, "finished_lens": None},
+        bad={"rids": _bad_rids(True), "finished_lens": _bad_stops},
     ),
     "abort": Method(
         lambda side, s: {"rid": "a"}, bad={"rid": lambda side, s: [Bad("unknown", "zz")]}
