@@ -56,7 +56,7 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "extend:ok", "extend:oom", "extend:chunked", "decode:ok", "decode:oom",
         "decode:window-slid", "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok",
         "retract:ok", "invalid:refused", "extend:evicted", "radix:tombstoned",
-        "session:restore", "session:window-carried",
+        "session:restore", "session:window-carried", "finish:stop-inside", "session:stop-inside",
     ),
     "manager": (
         "extend:ok", "extend:oom", "extend:chunked", "extend:evicted", "decode:ok", "decode:oom",
@@ -65,7 +65,8 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
         "session:hybrid-restore", "mamba-radix:cow", "mamba-radix:abort-cow",
         "mamba-radix:donated", "mamba-radix:chunk-copy", "mamba-radix:evicted",
         "mamba-radix:refused", "mamba-radix:extend-cow", "layer_load:ok", "layer_load:LockError",
-        "layer_done:ok", "layer_read:ok", "layer_read:LayerNotLoadedError",
+        "layer_done:ok", "layer_read:ok", "layer_read:LayerNotLoadedError", "finish:stop-inside",
+        "session:stop-inside",
     ),
     "hicache_manager": (
         "extend:ok", "extend:oom", "extend:chunked", "decode:ok", "finish:ok", "abort:ok",

@@ -56,7 +56,8 @@ def _a(s: Subject) -> Any:
 
 def _bad_stops(side: Twin, s: Subject) -> list[Bad]:
     """Stops out of range or of the wrong shape; a stop before ``a``'s last output token where
-    the manager does not model it (a hybrid model, a sliding window)."""
+    the manager does not model it (a hybrid model; with a sliding window, a whole window or
+    more before its last committed token)."""
     out = [
         Bad("past-output", [10**6]),
         Bad("negative", [-1]),
@@ -66,8 +67,11 @@ def _bad_stops(side: Twin, s: Subject) -> list[Bad]:
         Bad("str-item", ["1"]),
     ]
     mm, a = _mm(s), _a(s)
-    if a.output_ids and (mm.mamba_hooks is not None or hasattr(mm, "sliding_window")):
-        out.append(Bad("stop-inside-unmodelled", [len(a.output_ids) - 1]))
+    if a.output_ids and mm.mamba_hooks is not None:
+        out.append(Bad("stop-inside-hybrid", [len(a.output_ids) - 1]))
+    window = getattr(mm, "sliding_window", None)
+    if window is not None and len(a.output_ids) >= window:
+        out.append(Bad("stop-a-window-back", [len(a.output_ids) - window]))
     return out
 
 
