@@ -32,6 +32,8 @@ Which fields map where (SGLang name: kvpool field):
 ``output_ids_through_stop``            bound by the release (unbound: AttributeError)
 ``refresh_fill_ids()``                 nothing (kvpool's fill ids are its tokens)
 ``finished_len``                       ``finished_len`` (``finish``'s ``finished_lens``)
+``skip_radix_cache_insert``            set at a finish when SGLang's own
+                                       ``_mamba_can_cache_finished_req`` says no
 =====================================  ===================================================
 """
 
@@ -110,9 +112,10 @@ class GlueKv(CacheReqKv):
 class GlueReq(CacheReq):
     """A kvpool request as SGLang 0.5.23's memory glue sees it (see the module docstring)."""
 
-    __slots__ = ("_stops", "matched")
+    __slots__ = ("_skip", "_stops", "matched")
     matched: dict[str, Any]
     _stops: Any
+    _skip: bool
     """What ``match_kv_cache`` wrote: ``prefix_len`` and the host / branching fields."""
 
     SINKS = frozenset({
@@ -127,6 +130,16 @@ class GlueReq(CacheReq):
         super().__init__(req, *args, **kwargs)
         object.__setattr__(self, "matched", {})
         object.__setattr__(self, "_stops", None)
+        object.__setattr__(self, "_skip", False)
+
+    @property
+    def skip_radix_cache_insert(self) -> bool:
+        """Whether the release must not cache the request (its scheduler's mark)."""
+        return self._skip
+
+    def skip_insert(self) -> None:
+        """Mark the request ``skip_radix_cache_insert``, as SGLang's scheduler does."""
+        object.__setattr__(self, "_skip", True)
 
     def bind_stops(self, methods: Any) -> None:
         """Answer ``owned_kv_len()`` and ``output_ids_through_stop`` with SGLang's own

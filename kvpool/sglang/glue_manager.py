@@ -231,9 +231,15 @@ class SGLangGlueManager(MemoryManager):
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         glue = self._glue(req)
         glue.bind_stops(self._stops)
+        tree: Any = self.tree_cache
         if is_insert:
             glue.mark_finished()
-        tree: Any = self.tree_cache
+            # the scheduler's check on a finished request of a speculative step (a hybrid
+            # model's state past a stop cannot be cached)
+            if self._stops is not None and not self._stops.mamba_can_cache_finished_req(
+                glue, tree.impl
+            ):
+                glue.skip_insert()
         self._common.release_kv_cache(glue, tree.impl, checkpoint=is_insert)
         tree._inserted.forget(req)
         req.reset_kv_fields()

@@ -88,7 +88,8 @@ class LockstepMachine(RuleBasedStateMachine):
         if focus is not None and kind not in focus:
             kind = chooser.choice(focus)
         view = self.pair.view()
-        view.stops = type(self).stops and self.pair.config.mamba_slots is None
+        view.stops = type(self).stops
+        view.session_stops = self.pair.config.mamba_slots is None
         op = draw_op(chooser, view, kind)
         type(self).steps += 1
         try:

@@ -237,11 +237,15 @@ class View:
     """Output tokens of every request (``ReqSnapshot.output_len``)."""
     stops: bool = False
     """Whether a finish may stop a request before its last output token (``finished_lens``:
-    the candidate models it, :attr:`~kvpool.testing.bundle.Implementation.manager_models_stops`,
-    and the configuration is not a hybrid one)."""
+    the candidate models it, :attr:`~kvpool.testing.bundle.Implementation.manager_models_stops`)."""
     stop_span: int = 7
     """The most tokens such a stop lies before the last output token (a speculative run: a step
     accepts at most ``2 * reserve <= 6``; less than a sliding window)."""
+    session_stops: bool = True
+    """Whether a session turn may stop so too (not a hybrid model's: its state cannot be cut
+    back to the tokens its session keeps)."""
+    session_turns: set[str] = field(default_factory=set)
+    """Requests that are session turns."""
 
 
 def make_view(config: PoolConfig, snap: PoolSnapshot, next_rid: int, next_sid: int) -> View:
@@ -258,6 +262,8 @@ def make_view(config: PoolConfig, snap: PoolSnapshot, next_rid: int, next_sid: i
             v.done.append(r.rid)
         v.remaining[r.rid] = max(r.input_len - r.kv_committed_len, 1)
         v.outputs[r.rid] = r.output_len
+        if r.session_id is not None:
+            v.session_turns.add(r.rid)
     for s in snap.sessions:
         (v.busy_sessions if s.busy_with else v.idle_sessions).append(s.session_id)
     return v
@@ -378,7 +384,9 @@ def draw_op(c: Chooser, v: View, kind: str) -> Op:
         rids = _pick(c, v.running, 3)
         finish: list[tuple[str, Any]] = [("is_insert", c.choice((True, False)))]
         if v.stops and c.integer(0, 1):
-            finish.append(("finished_lens", [_stop(c, v.outputs[r], v.stop_span) for r in rids]))
+            span = {r: v.stop_span if v.session_stops or r not in v.session_turns else 0
+                    for r in rids}  # fmt: skip
+            finish.append(("finished_lens", [_stop(c, v.outputs[r], span[r]) for r in rids]))
         return Op("finish", (rids,), tuple(finish))
     if kind == "abort" and v.waiting + v.running + v.chunked:
         return Op("abort", (c.choice(v.waiting + v.running + v.chunked),))

@@ -23,6 +23,13 @@ _FINISH = ("new_req", "extend", "decode", "spec_step", "finish", "finish")
 _SESSIONS = ("session_turn", "session_turn", "extend", "extend", "finish")
 _STOPS = ("new_req", "extend", "extend", "spec_step", "spec_step", "finish", "finish")
 _SESSION_STOPS = ("session_turn", "session_turn", "extend", "spec_step", "spec_step", "finish")
+_HYBRID = {
+    "disable_radix_cache": False,
+    "mamba_slots": 6,
+    "size": 48,
+    "req_pool_size": 4,
+    "eviction_policy": "lru",
+}
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("paged-free-no-dedup", "double free through pages named twice in one free",
@@ -73,5 +80,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("handover-keeps-overshoot", "a session turn's overshoot handed to its session",
            ("lockstep-diff",), life.handover_keeps_overshoot, (1, 4), {}, _SESSION_STOPS,
            stops=True),
+    Mutant("hybrid-stop-caches-state", "a hybrid request's state cached past its stop",
+           ("INV-MAMBA-CHECKPOINT", "lockstep-diff"), life.hybrid_stop_caches_state, (1,),
+           _HYBRID, _STOPS, stops=True),
 )  # fmt: skip
 """Every seeded bug of the quality suite."""

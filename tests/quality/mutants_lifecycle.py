@@ -168,3 +168,18 @@ def handover_keeps_overshoot(mm: Any) -> None:
         return owned
 
     wrap(mm, "_owned_len", make)
+
+
+def hybrid_stop_caches_state(mm: Any) -> None:
+    """A hybrid (Mamba) request that stopped inside its last speculative run is cached as if
+    it had stopped at its last token: its key is cut at the stop, but the state it donates ran
+    past the stop (what SGLang 0.5.23's scheduler prevents with ``skip_radix_cache_insert``)."""
+
+    def make(orig: Any) -> Callable[..., None]:
+        def release(req: Any, is_insert: bool = True) -> None:
+            req.kv_committed_len = mm._owned_len(req)  # the release sees no stop
+            orig(req, is_insert)
+
+        return release
+
+    wrap(mm, "release_kv_cache", make)

@@ -98,30 +98,55 @@ def test_a_stop_at_the_last_token_changes_nothing() -> None:
     assert snaps[0] == snaps[1]
 
 
-@pytest.mark.parametrize(
-    ("fields", "why"),
-    [({"mamba_slots": 3}, "hybrid"), ({"sliding_window": 4, "num_layers": 2}, "window of 4")],
-)
-def test_unmodelled_managers_refuse_a_stop_and_change_nothing(
-    fields: dict[str, object], why: str
-) -> None:
-    """A hybrid model refuses any stop before the last output token; a sliding window one a
-    whole window or more back (here 4 of a window of 4)."""
-    config_fields = {"disable_radix_cache": True, **fields}
-    for side in ("reference", "optimized"):
-        impl = reference_implementation() if side == "reference" else optimized_implementation()
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_hybrid_release_caches_no_state_past_a_stop(preset: str) -> None:
+    """A hybrid (Mamba) model's state holds every committed token: under "owned" nothing is
+    cached for a request that stopped early (SGLang 0.5.23 skips its insert); under 0.5.16's
+    "committed" the whole run, overshoot included, enters the tree with its state."""
+    rules = PRESETS[preset]
+    pair = _pair(rules, 1, mamba_slots=5)
+    ops = (Op("new_req", ("a", PROMPT)), Op("extend", (["a"],)),
+           Op("spec_step", (["a"], [RUN], 3)),
+           Op("finish", (["a"],), (("is_insert", True), ("finished_lens", [1]))),
+           Op("new_req", ("b", [*PROMPT, *RUN, 99])), Op("match_prefix", ("b",)))  # fmt: skip
+    matched = _run(pair, *ops)[-1]
+    assert matched == (0 if rules.release_upto == "owned" else len(PROMPT) + len(RUN))
+
+
+def _stopped(fields: dict[str, object], session: bool) -> list[object]:
+    """Both twins' SWA or hybrid managers, each with request ``a`` (a session turn when
+    ``session``) after a prompt of 6 and one speculative step accepting 5."""
+    managers = []
+    for impl in (reference_implementation(), optimized_implementation()):
         build = impl.swa_manager if "sliding_window" in fields else impl.manager
         assert build is not None
         mm = build(PoolConfig(size=48, page_size=1, req_pool_size=4, max_context_len=64,
-                              **config_fields))  # type: ignore[arg-type]  # fmt: skip
-        mm.new_req("a", PROMPT)
+                              **fields))  # type: ignore[arg-type]  # fmt: skip
+        if session:
+            mm.open_session("s")
+        mm.new_req("a", PROMPT, session_id="s" if session else None)
         mm.extend(["a"])
         mm.spec_step(["a"], [RUN], 3)
-        before = mm.snapshot()
+        managers.append(mm)
+    return managers
+
+
+@pytest.mark.parametrize(
+    ("fields", "session", "why"),
+    [({"mamba_slots": 3, "disable_radix_cache": True}, True, "hybrid"),
+     ({"sliding_window": 4, "num_layers": 2, "disable_radix_cache": True}, False, "window of 4")],
+)  # fmt: skip
+def test_unmodelled_stops_are_refused_and_change_nothing(
+    fields: dict[str, object], session: bool, why: str
+) -> None:
+    """A hybrid model's session turn refuses any stop before its last output token; a
+    sliding window manager a stop a whole window or more back (here 4 of a window of 4)."""
+    for mm in _stopped(fields, session):
+        before = mm.snapshot()  # type: ignore[attr-defined]
         with pytest.raises(ConfigError, match=why):
-            mm.finish(["a"], True, [1])
-        assert mm.snapshot() == before
-        mm.finish(["a"], True, [len(RUN)])  # a stop at the last token is the plain finish
+            mm.finish(["a"], True, [1])  # type: ignore[attr-defined]
+        assert mm.snapshot() == before  # type: ignore[attr-defined]
+        mm.finish(["a"], True, [len(RUN)])  # type: ignore[attr-defined]  # the plain finish
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

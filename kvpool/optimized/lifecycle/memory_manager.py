@@ -298,18 +298,16 @@ class MemoryManager(LifecyclePrimitives):
         self._flush_backups()
 
     def _check_stops(self, reqs: Sequence[Req], stops: Sequence[int | None]) -> None:
-        """ConfigError for a stop before the last output token where that is not modelled
-        (:meth:`_stops_unmodelled`), as the reference's."""
-        why = self._stops_unmodelled()
+        """ConfigError when a session turn of a hybrid (Mamba) model would stop before its
+        last output token: its state holds every committed token and cannot be cut back to
+        the tokens its session keeps (not modelled)."""
+        if self.mamba_hooks is None:
+            return
         short = [r.rid for r, s in zip(reqs, stops, strict=True)
-                 if s is not None and s < len(r.output_ids)]  # fmt: skip
-        if why is not None and short:
-            raise ConfigError(f"requests {short}: a stop before the last output token is not "
-                              f"modelled {why}")  # fmt: skip
-
-    def _stops_unmodelled(self) -> str | None:
-        """Why a stop before the last output token is not modelled here (None: it is)."""
-        return None if self.mamba_hooks is None else "for a hybrid (Mamba) model"
+                 if s is not None and s < len(r.output_ids) and self._session_of(r)]  # fmt: skip
+        if short:
+            raise ConfigError(f"session turns {short} of a hybrid (Mamba) model: a stop before "
+                              "the last output token is not modelled")  # fmt: skip
 
     def _session_of(self, req: Req) -> SessionSlot | None:
         session = self.sessions.get(req.session_id) if req.session_id else None

@@ -439,6 +439,11 @@ class LifecyclePrimitives:
         committed = req.kv_committed_len
         if self.config.rules.release_upto == "owned":
             req.kv_committed_len = self._owned_len(req)
+            # a hybrid model's state holds every committed token: a key cut at the stop has
+            # no state to go with it, so nothing is cached (SGLang 0.5.23's
+            # skip_radix_cache_insert without track buffers)
+            if self.mamba_hooks is not None and req.kv_committed_len < committed:
+                is_insert = False
         try:
             self.tree_cache.cache_finished_req(
                 req, is_insert, row_read=held[: req.kv_committed_len]

@@ -319,8 +319,8 @@ class MemoryManager(LifecyclePrimitives):
         the output tokens through its stop (None: all of them; at most ``len(output_ids)``,
         InvalidArgumentError otherwise). A session turn hands over only the tokens through the
         stop; a plain release keeps what ``Rules.release_upto`` says. ConfigError, before any
-        change, for a stop before the last output token where that is not modelled (a hybrid
-        (Mamba) model, a sliding window)."""
+        change, for a stop that is not modelled (a hybrid (Mamba) model's session turn; with a
+        sliding window, a stop a whole window back)."""
         reqs = self._running_full(rids)
         is_insert = as_bool("is_insert", is_insert)
         stops = stop_list("finished_lens", finished_lens, [len(r.output_ids) for r in reqs])
@@ -345,19 +345,16 @@ class MemoryManager(LifecyclePrimitives):
         self._flush_backups()
 
     def _check_stops(self, reqs: Sequence[Req], stops: Sequence[int | None]) -> None:
-        """ConfigError when a request would stop before its last output token where that is
-        not modelled (:meth:`_stops_unmodelled`)."""
-        why = self._stops_unmodelled()
+        """ConfigError when a session turn of a hybrid (Mamba) model would stop before its
+        last output token: its state holds every committed token and cannot be cut back to
+        the tokens its session keeps (not modelled)."""
+        if self.mamba_hooks is None:
+            return
         short = [r.rid for r, s in zip(reqs, stops, strict=True)
-                 if s is not None and s < len(r.output_ids)]  # fmt: skip
-        if why is not None and short:
-            raise ConfigError(f"requests {short}: a stop before the last output token is not "
-                              f"modelled {why}")  # fmt: skip
-
-    def _stops_unmodelled(self) -> str | None:
-        """Why a stop before the last output token is not modelled here (None: it is). A
-        hybrid (Mamba) model's state holds every committed token and cannot be cut back."""
-        return None if self.mamba_hooks is None else "for a hybrid (Mamba) model"
+                 if s is not None and s < len(r.output_ids) and self._session_of(r)]  # fmt: skip
+        if short:
+            raise ConfigError(f"session turns {short} of a hybrid (Mamba) model: a stop before "
+                              "the last output token is not modelled")  # fmt: skip
 
     def _session_of(self, req: Req) -> SessionSlot | None:
         session = self.sessions.get(req.session_id) if req.session_id else None

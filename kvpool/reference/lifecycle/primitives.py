@@ -406,8 +406,9 @@ class LifecyclePrimitives:
 
         A request that stopped before its last committed token (``finished_len``) releases up
         to :meth:`_owned_len` under ``rules.release_upto == "owned"`` (its committed length
-        drops there first: the overshoot is freed with the over-allocation), or every
-        committed token under ``"committed"`` (SGLang 0.5.16)."""
+        drops there first: the overshoot is freed with the over-allocation; a hybrid model's
+        request then caches nothing, its state being past the stop), or every committed token
+        under ``"committed"`` (SGLang 0.5.16)."""
         req = as_instance("req", req, Req)
         is_insert = as_bool("is_insert", is_insert)
         if req.req_pool_idx is None:
@@ -416,6 +417,11 @@ class LifecyclePrimitives:
         committed = req.kv_committed_len
         if self.config.rules.release_upto == "owned":
             req.kv_committed_len = self._owned_len(req)
+            # a hybrid model's state holds every committed token: a key cut at the stop has
+            # no state to go with it, so nothing is cached (SGLang 0.5.23's
+            # skip_radix_cache_insert without track buffers)
+            if self.mamba_hooks is not None and req.kv_committed_len < committed:
+                is_insert = False
         try:
             self.tree_cache.cache_finished_req(req, is_insert)
         except KVPoolError:  # refused before any change: the request is as it was

@@ -154,8 +154,9 @@ class LifecyclePair:
             normalize=normalize,
         )  # fmt: skip
         self.reachability = impl_b.reachability
-        self.stops = impl_b.manager_models_stops and config.mamba_slots is None
-        """Whether finishes may stop a request early (``View.stops``)."""
+        self.stops = impl_b.manager_models_stops
+        """Whether finishes may stop a request early (``View.stops``; a hybrid model's session
+        turns never do: ``View.session_stops``)."""
         self.rejects_misuse = (impl_b.rules or config.rules).rejects_misuse
         """False when the candidate's rules say its components accept misuse silently (SGLang):
         then no invalid call that only a component would refuse is drawn (see
@@ -171,7 +172,7 @@ class LifecyclePair:
 
     def draw(self, c: Chooser) -> Op:
         view, layers = self.lockstep.view(), self.lockstep.layers
-        view.stops = self.stops
+        view.stops, view.session_stops = self.stops, view.config.mamba_slots is None
         kinds = KINDS + HOST_KINDS if view.config.enable_hierarchical_cache else KINDS
         op = draw_lifecycle_op(c, view, layers, c.choice(kinds))
         while not self.rejects_misuse and component_misuse(op):
