@@ -101,8 +101,10 @@ class Rules:
       prompt + finished_len)``; the tree gets those, and the overshoot is freed with the
       over-allocation from ``ceil_align(owned)``. ``"committed"`` (SGLang 0.5.16): every
       committed token, the overshoot the client never received included, enters the tree. A
-      session turn hands its session the tokens through the stop under both (SGLang's
-      streaming session trims the overshoot in both releases).
+      hybrid (Mamba) model's state holds every committed token: under ``"owned"`` such a
+      request caches nothing (0.5.23's ``skip_radix_cache_insert``). A session turn hands its
+      session the tokens through the stop under both (SGLang's streaming session trims the
+      overshoot in both releases).
     - ``mamba_slot_shortage``: what a hybrid model's pool does when a batch needs more Mamba
       slots than are free. ``"refuse"`` (kvpool): ``HybridReqToTokenPool.alloc`` checks them
       before it takes any row and returns None, nothing changed; a copy-on-write match that

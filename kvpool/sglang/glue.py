@@ -114,9 +114,11 @@ class GlueReq(CacheReq):
 
     __slots__ = ("_skip", "_stops", "matched")
     matched: dict[str, Any]
-    _stops: Any
-    _skip: bool
     """What ``match_kv_cache`` wrote: ``prefix_len`` and the host / branching fields."""
+    _stops: Any
+    """SGLang's own stop members (:meth:`bind_stops`), None until the release binds them."""
+    _skip: bool
+    """``skip_radix_cache_insert``, as the scheduler marked it (:meth:`skip_insert`)."""
 
     SINKS = frozenset({
         "last_host_node", "best_match_node", "host_hit_length", "swa_host_hit_length",

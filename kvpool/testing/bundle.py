@@ -130,9 +130,10 @@ class Implementation:
     the lifecycle machine draws such configurations only then), and ``swa_manager`` too (the
     ``swa_manager`` machine's radix runs)."""
     manager_models_stops: bool = False
-    """Whether ``manager``'s ``finish`` takes ``finished_lens`` (a stop before a request's last
-    output token) and releases as ``Rules.release_upto`` says (the lifecycle machine draws such
-    finishes, outside hybrid configurations, only then)."""
+    """Whether ``manager``'s ``finish`` (and ``swa_manager``'s) takes ``finished_lens`` (a stop
+    before a request's last output token) and releases as ``Rules.release_upto`` says (the
+    lifecycle and ``swa_manager`` machines draw such finishes only then; never for a hybrid
+    model's session turn, and less than a window back)."""
     unified_lifecycle: bool = False
     """Whether the lifecycle's tree is ``unified_radix_cache`` (SGLang 0.5.23's server default)
     rather than ``radix_cache``."""

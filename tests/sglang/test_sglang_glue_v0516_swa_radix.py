@@ -140,7 +140,9 @@ def test_one_request_through_the_unified_tree_agrees_with_the_reference() -> Non
 
 
 def test_radix_glue_campaign_passes_and_counts_the_glue() -> None:
-    result = radix_campaign(seed=1, runs=20)
+    # radix:recovered (a tombstoned node made live again) is rare: a seed whose 20 runs reach
+    # it (runs are deterministic)
+    result = radix_campaign(seed=2, runs=20)
     assert result.failure is None, result.failure.report
     missing = [name for name in RADIX_GLUE if not result.coverage.get(name)]
     assert not missing, (missing, dict(result.coverage))
