@@ -48,7 +48,8 @@ from kvpool.errors import ConfigError, OutOfMemoryError
 from kvpool.optimized.lifecycle.spec_decode import spec_step
 from kvpool.optimized.req import Req
 from kvpool.optimized.swa.kv_pool import SWAKVPool
-from kvpool.reference.lifecycle.swa_memory_manager import check_swa_config, check_swa_stops
+from kvpool.reference.lifecycle.stops import check_swa_stops
+from kvpool.reference.lifecycle.swa_memory_manager import check_swa_config
 from kvpool.reference.swa.lifecycle import swa_eviction_demand
 from kvpool.sglang.glue import GlueBatch, GlueKv, GlueReq, link_counted
 from kvpool.sglang.glue_manager import SGLangGlueManager

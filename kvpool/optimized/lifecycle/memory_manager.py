@@ -51,6 +51,7 @@ from kvpool.optimized.lifecycle.spec_decode import spec_draft_v1, spec_step
 from kvpool.optimized.radix_key import MatchResult, RadixKey, TreeNode
 from kvpool.optimized.req import Req
 from kvpool.reference.lifecycle.memory_manager import chunk_size_list
+from kvpool.reference.lifecycle.stops import check_hybrid_stops
 from kvpool.snapshot import PoolSnapshot
 
 
@@ -298,16 +299,10 @@ class MemoryManager(LifecyclePrimitives):
         self._flush_backups()
 
     def _check_stops(self, reqs: Sequence[Req], stops: Sequence[int | None]) -> None:
-        """ConfigError when a session turn of a hybrid (Mamba) model would stop before its
-        last output token: its state holds every committed token and cannot be cut back to
-        the tokens its session keeps (not modelled)."""
-        if self.mamba_hooks is None:
-            return
-        short = [r.rid for r, s in zip(reqs, stops, strict=True)
-                 if s is not None and s < len(r.output_ids) and self._session_of(r)]  # fmt: skip
-        if short:
-            raise ConfigError(f"session turns {short} of a hybrid (Mamba) model: a stop before "
-                              "the last output token is not modelled")  # fmt: skip
+        """A hybrid (Mamba) model's session turns may not stop early (:func:`check_hybrid_stops`);
+        the SWA managers check their own rule."""
+        if self.mamba_hooks is not None:
+            check_hybrid_stops(reqs, stops, lambda r: self._session_of(r) is not None)
 
     def _session_of(self, req: Req) -> SessionSlot | None:
         session = self.sessions.get(req.session_id) if req.session_id else None

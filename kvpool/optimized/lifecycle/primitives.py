@@ -70,6 +70,7 @@ from kvpool.optimized.radix.chunk_cache import ChunkCache
 from kvpool.optimized.radix.radix_cache import RadixCache
 from kvpool.optimized.req import Req
 from kvpool.reference.lifecycle.mamba_hooks import check_hybrid_config
+from kvpool.reference.lifecycle.stops import owned_len
 from kvpool.reference.pools.paged_ops import decode_new_pages, eviction_target
 from kvpool.rules import Rules
 
@@ -415,10 +416,8 @@ class LifecyclePrimitives:
         return out
 
     def _owned_len(self, req: Req) -> int:
-        """The tokens of ``req`` that are its to keep (the reference's ``_owned_len``)."""
-        if req.finished_len is None:
-            return req.kv_committed_len
-        return min(req.kv_committed_len, len(req.origin_input_ids) + req.finished_len)
+        """The tokens of ``req`` that are its to keep (:func:`owned_len`)."""
+        return owned_len(req)
 
     def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
         """``cache_finished_req``; free the over-allocation ``[ceil_align(committed),

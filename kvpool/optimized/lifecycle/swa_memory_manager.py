@@ -66,7 +66,8 @@ from kvpool.optimized.swa.lifecycle import (
     free_swa_out_of_window_slots,
     slide_swa_window,
 )
-from kvpool.reference.lifecycle.swa_memory_manager import check_swa_config, check_swa_stops
+from kvpool.reference.lifecycle.stops import check_swa_stops
+from kvpool.reference.lifecycle.swa_memory_manager import check_swa_config
 from kvpool.reference.swa.lifecycle import swa_eviction_demand
 from kvpool.snapshot import PoolSnapshot, SWAAllocatorSnapshot
 

@@ -48,6 +48,7 @@ from kvpool.reference.lifecycle.mamba_hooks import (
     mamba_lifecycle_tree,
 )
 from kvpool.reference.lifecycle.session import SessionSlot
+from kvpool.reference.lifecycle.stops import owned_len
 from kvpool.reference.mamba.radix_release import MambaLifecycleCache
 from kvpool.reference.pools.allocator import BaseTokenToKVPoolAllocator
 from kvpool.reference.pools.allocator_choice import allocator_for
@@ -391,12 +392,8 @@ class LifecyclePrimitives:
         return out
 
     def _owned_len(self, req: Req) -> int:
-        """The tokens of ``req`` that are its to keep: ``min(kv_committed_len, prompt +
-        finished_len)`` once it stopped before its last committed token (SGLang 0.5.23's
-        ``owned_kv_len``), else ``kv_committed_len``. Reads only."""
-        if req.finished_len is None:
-            return req.kv_committed_len
-        return min(req.kv_committed_len, len(req.origin_input_ids) + req.finished_len)
+        """The tokens of ``req`` that are its to keep (:func:`owned_len`)."""
+        return owned_len(req)
 
     def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
         """``cache_finished_req``; free the over-allocation ``[ceil_align(committed),

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
@@ -51,6 +50,7 @@ from kvpool.host_checks import as_bool, as_count, as_instance, as_str, str_list
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.reference.lifecycle.pool_snapshot import build_pool_snapshot
 from kvpool.reference.lifecycle.spec_decode import spec_step
+from kvpool.reference.lifecycle.stops import check_swa_stops
 from kvpool.reference.lifecycle.swa_radix_lifecycle import (
     SWARadixLifecycle,
     UnifiedSWARadixLifecycle,
@@ -70,36 +70,6 @@ from kvpool.reference.swa.lifecycle import (
     swa_eviction_demand,
 )
 from kvpool.snapshot import PoolSnapshot, SWAAllocatorSnapshot
-
-
-class StopReq(Protocol):
-    """What :func:`check_swa_stops` reads of a request (either twin's ``Req``)."""
-
-    rid: str
-    kv_committed_len: int
-    origin_input_ids: list[int]
-
-
-def check_swa_stops(
-    reqs: Sequence[StopReq],
-    stops: Sequence[int | None],
-    window: int,
-    evicted: Callable[[str], int],
-) -> None:
-    """ConfigError when a request (``Req`` of either twin) would stop a whole ``window`` or
-    more before its last committed token, or at or below its window's cursor (``evicted(rid)``,
-    tokens): the tokens through the stop would keep no live window. Not modelled: a real window
-    spans hundreds of tokens, a speculative run a handful."""
-    for req, stop in zip(reqs, stops, strict=True):
-        if stop is None:
-            continue
-        committed = req.kv_committed_len
-        owned = min(committed, len(req.origin_input_ids) + stop)
-        if committed - owned >= window or (owned < committed and owned <= evicted(req.rid)):
-            raise ConfigError(
-                f"request {req.rid!r}: a stop {committed - owned} tokens before its last "
-                f"committed one, past a window of {window} tokens or its cursor, is not modelled"
-            )
 
 
 def check_swa_config(config: PoolConfig) -> int:
@@ -558,4 +528,4 @@ class SWAMemoryManager(MemoryManager):
         return dataclasses.replace(snap, allocator=full, swa=swa, max_total_num_tokens=full.size)
 
 
-__all__ = ["SWAMemoryManager", "StopReq", "check_swa_config", "check_swa_stops"]
+__all__ = ["SWAMemoryManager", "check_swa_config"]
