@@ -19,6 +19,7 @@ counts as ``schedule_batch.Req.NAME`` or ``batch_result_processor.NAME``.
 from __future__ import annotations
 
 import ast
+from array import array
 from collections import Counter
 from typing import Any
 
@@ -71,7 +72,7 @@ class StopMethods:
         context = modules.module("sglang.srt.runtime_context")
         namespace: dict[str, Any] = {
             "get_serving": lambda: context.get_serving(),
-            "array": __import__("array").array,
+            "array": array,  # the return annotation of output_ids_through_stop
             "__name__": "sglang.srt.managers.schedule_batch",
         }
         exec(_members(modules, SCHEDULE_BATCH, "Req", STOP_METHODS), namespace)

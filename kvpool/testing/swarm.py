@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 from kvpool.config import PoolConfig
 from kvpool.constants import EVICTION_POLICIES, SUPPORTED_PAGE_SIZES_TESTED
-from kvpool.snapshot import PoolSnapshot
+from kvpool.snapshot import PoolSnapshot, ReqSnapshot
 from kvpool.testing.config_variants import host_tier_fields, storage_fields
 
 T = TypeVar("T")
@@ -233,8 +233,8 @@ class View:
     paths; an extend may take those that share a prefix together (:func:`_sharing`)."""
     layers: Any = None
     """Layer-wise loading: the run's ``layer_ops.LayerLoads`` (draws the layer steps)."""
-    outputs: dict[str, int] = field(default_factory=dict)
-    """Output tokens of every request (``ReqSnapshot.output_len``)."""
+    requests: tuple[ReqSnapshot, ...] = ()
+    """The snapshot's requests (read only by the draws that need more than their ids)."""
     stops: bool = False
     """Whether a finish may stop a request before its last output token (``finished_lens``:
     the candidate models it, :attr:`~kvpool.testing.bundle.Implementation.manager_models_stops`)."""
@@ -244,13 +244,11 @@ class View:
     session_stops: bool = True
     """Whether a session turn may stop so too (not a hybrid model's: its state cannot be cut
     back to the tokens its session keeps)."""
-    session_turns: set[str] = field(default_factory=set)
-    """Requests that are session turns."""
 
 
 def make_view(config: PoolConfig, snap: PoolSnapshot, next_rid: int, next_sid: int) -> View:
     """Classify every request and session of ``snap``."""
-    v = View(config, [], [], [], [], [], [], {}, next_rid, next_sid)
+    v = View(config, [], [], [], [], [], [], {}, next_rid, next_sid, requests=snap.reqs)
     for r in snap.reqs:
         if r.state == "waiting":
             v.waiting.append(r.rid)
@@ -261,9 +259,6 @@ def make_view(config: PoolConfig, snap: PoolSnapshot, next_rid: int, next_sid: i
         else:
             v.done.append(r.rid)
         v.remaining[r.rid] = max(r.input_len - r.kv_committed_len, 1)
-        v.outputs[r.rid] = r.output_len
-        if r.session_id is not None:
-            v.session_turns.add(r.rid)
     for s in snap.sessions:
         (v.busy_sessions if s.busy_with else v.idle_sessions).append(s.session_id)
     return v
@@ -322,13 +317,14 @@ acknowledgements (the first ``k`` arrive; ``-1``: an invalid call), and more adm
 evictions (which make nodes host-only)."""
 
 
-def _stop(c: Chooser, output_len: int, span: int) -> int | None:
-    """A ``finished_len`` for a request with ``output_len`` output tokens: None (every token)
-    one time in three, else a stop before its last token, at most ``span`` tokens back (inside
-    the last speculative run: :attr:`View.stop_span`)."""
-    if not output_len or span < 1 or c.integer(0, 2) == 0:
+def _stop(c: Chooser, req: ReqSnapshot, v: View) -> int | None:
+    """A ``finished_len`` for ``req``: None (every output token) one time in three, else a stop
+    before its last token, at most :attr:`View.stop_span` tokens back (inside the last
+    speculative run); always None for a session turn unless :attr:`View.session_stops`."""
+    out, turn = req.output_len, req.session_id is not None
+    if not out or v.stop_span < 1 or (turn and not v.session_stops) or c.integer(0, 2) == 0:
         return None
-    return c.integer(max(0, output_len - span), output_len - 1)
+    return c.integer(max(0, out - v.stop_span), out - 1)
 
 
 def draw_op(c: Chooser, v: View, kind: str) -> Op:
@@ -384,9 +380,8 @@ def draw_op(c: Chooser, v: View, kind: str) -> Op:
         rids = _pick(c, v.running, 3)
         finish: list[tuple[str, Any]] = [("is_insert", c.choice((True, False)))]
         if v.stops and c.integer(0, 1):
-            span = {r: v.stop_span if v.session_stops or r not in v.session_turns else 0
-                    for r in rids}  # fmt: skip
-            finish.append(("finished_lens", [_stop(c, v.outputs[r], span[r]) for r in rids]))
+            reqs = {r.rid: r for r in v.requests}
+            finish.append(("finished_lens", [_stop(c, reqs[r], v) for r in rids]))
         return Op("finish", (rids,), tuple(finish))
     if kind == "abort" and v.waiting + v.running + v.chunked:
         return Op("abort", (c.choice(v.waiting + v.running + v.chunked),))

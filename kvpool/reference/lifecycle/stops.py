@@ -29,13 +29,18 @@ class StopReq(Protocol):
 R = TypeVar("R", bound=StopReq)
 
 
-def owned_len(req: StopReq) -> int:
-    """The tokens of ``req`` that are its to keep: ``min(kv_committed_len, prompt +
-    finished_len)`` once it stopped before its last committed token, else
-    ``kv_committed_len``."""
-    if req.finished_len is None:
+def owned_at(req: StopReq, stop: int | None) -> int:
+    """The tokens ``req`` keeps when it stops ``stop`` output tokens in (its
+    ``finished_len``): ``min(kv_committed_len, prompt + stop)``; ``kv_committed_len`` for None."""
+    if stop is None:
         return req.kv_committed_len
-    return min(req.kv_committed_len, len(req.origin_input_ids) + req.finished_len)
+    return min(req.kv_committed_len, len(req.origin_input_ids) + stop)
+
+
+def owned_len(req: StopReq) -> int:
+    """The tokens of ``req`` that are its to keep (SGLang 0.5.23's ``owned_kv_len``):
+    :func:`owned_at` its ``finished_len``."""
+    return owned_at(req, req.finished_len)
 
 
 def check_hybrid_stops(
@@ -62,10 +67,7 @@ def check_swa_stops(
     the stop would keep no live window. Not modelled: a real window spans hundreds of tokens, a
     speculative run a handful."""
     for req, stop in zip(reqs, stops, strict=True):
-        if stop is None:
-            continue
-        committed = req.kv_committed_len
-        owned = min(committed, len(req.origin_input_ids) + stop)
+        committed, owned = req.kv_committed_len, owned_at(req, stop)
         if committed - owned >= window or (owned < committed and owned <= evicted(req.rid)):
             raise ConfigError(
                 f"request {req.rid!r}: a stop {committed - owned} tokens before its last "
@@ -73,4 +75,4 @@ def check_swa_stops(
             )
 
 
-__all__ = ["StopReq", "check_hybrid_stops", "check_swa_stops", "owned_len"]
+__all__ = ["StopReq", "check_hybrid_stops", "check_swa_stops", "owned_at", "owned_len"]
