@@ -44,11 +44,28 @@ def download_wheel(version: str, cache_dir: str | os.PathLike[str] | None = None
         done = subprocess.run([*cmd, "-d", str(cache)], capture_output=True, text=True)
         found = sorted(cache.glob(pattern))
         if done.returncode != 0 or not found:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             raise SGLangLoadError(
-                f"could not download SGLang {version} into {cache}: " + " | ".join(tail)
+                f"could not download SGLang {version} into {cache}: "
+                + pip_failure(done.stderr or done.stdout)
             )
     return found[-1]
+
+
+_PIP_VERSIONS_RE = re.compile(r" \(from versions: [^)]*\)")
+PIP_FAILURE_CHARS = 300
+"""At most this many characters of pip's output go into a download error (one line)."""
+
+
+def pip_failure(output: str) -> str:
+    """pip's reason for a failed download, for a one-line error: its ``ERROR:`` lines (else its
+    last three lines), joined by `` | ``, without the index's list of every release (``(from
+    versions: ...)``, thousands of characters) and cut to :data:`PIP_FAILURE_CHARS`."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    text = " | ".join(_PIP_VERSIONS_RE.sub("", line) for line in errors or lines[-3:])
+    if len(text) > PIP_FAILURE_CHARS:
+        text = text[: PIP_FAILURE_CHARS - 3] + "..."
+    return text or "pip gave no output"
 
 
 _OPEN_WHEELS: dict[tuple[Path, int], zipfile.ZipFile] = {}

@@ -153,6 +153,43 @@ def test_failed_download_is_a_typed_error(tmp_path: Path, monkeypatch: pytest.Mo
         resolve_source("9.9.9")
 
 
+def test_failed_download_names_the_reason_in_one_short_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip lists every release of the index when a version is missing: the error keeps its
+    ERROR lines without that list, and stays short."""
+    releases = ", ".join(f"0.{i}.{j}" for i in range(6) for j in range(40))
+    pip_says = (
+        "WARNING: Location 'file:///x' is ignored: it is neither a file nor a directory.\n"
+        f"ERROR: Could not find a version that satisfies the requirement sglang==9.9.9 "
+        f"(from versions: {releases})\n"
+        "ERROR: No matching distribution found for sglang==9.9.9\n"
+    )
+
+    def fake_pip(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(cmd, 1, "", pip_says)
+
+    monkeypatch.setattr(subprocess, "run", fake_pip)
+    monkeypatch.setenv("KVPOOL_SGLANG_CACHE", str(tmp_path))
+    with pytest.raises(SGLangLoadError) as caught:
+        resolve_source("9.9.9")
+    message = str(caught.value)
+    assert "No matching distribution found for sglang==9.9.9" in message
+    assert "satisfies the requirement sglang==9.9.9" in message
+    assert "from versions" not in message and "0.3.7" not in message
+    assert "WARNING" not in message and "\n" not in message
+    reason = message.split(": ", 1)[1]
+    assert len(reason) <= source_mod.PIP_FAILURE_CHARS + len(str(tmp_path)) + 40
+
+
+def test_pip_failure_without_error_lines_keeps_the_last_lines() -> None:
+    out = "one\ntwo\nthree\nfour\n"
+    assert source_mod.pip_failure(out) == "two | three | four"
+    assert source_mod.pip_failure("") == "pip gave no output"
+    assert source_mod.pip_failure("ERROR: " + "x" * 1000).endswith("...")
+    assert len(source_mod.pip_failure("ERROR: " + "x" * 1000)) == source_mod.PIP_FAILURE_CHARS
+
+
 def test_no_installed_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SGLangLoadError, match="no installed sglang"):
