@@ -1,0 +1,286 @@
+"""Opt-in (``--run-sglang-wheel``): SGLang 0.5.23's own streaming session, over its own unified
+cache (FULL and MAMBA components, both tree cores), its ``HybridReqToTokenPool`` and its token
+allocator, driven as its scheduler drives a hybrid (Mamba) model's streaming session under
+speculative decoding: finding 10 of specs/sglang_findings.md.
+
+kvpool's lifecycle campaigns run their own session code on both sides (kvpool refuses a hybrid
+session turn that stops early, ``ConfigError``). Here SGLang's code runs instead:
+
+- admission: the cache's ``match_prefix`` (the session's ``try_match_prefix`` first), ``lock``,
+  the pool's ``alloc`` (a row and a Mamba state slot), ``maybe_hand_to_session`` (``take``);
+- the finish: the scheduler's ``_mamba_can_cache_finished_req`` (compiled alone from
+  ``batch_result_processor.py``, :mod:`kvpool.sglang.req_methods`), then
+  ``common.release_kv_cache`` (``claim_kv_row``, the session's ``try_cache_finished_req`` and
+  ``_trim_overshoot``; without a session the tree's path);
+- the next turn: ``match_prefix`` again (the session lends its record) and the pool's
+  ``alloc``.
+
+What the model forward would do between those calls (write KV into the row, update the live
+Mamba state through every accepted token, clear a fresh slot) is set on the record by hand, as
+the scheduler's accept step leaves it. The request is :class:`TurnReq`: SGLang's own
+``ReqKvInfo`` record (compiled from the release's ``schedule_batch.py``), SGLang's own
+``owned_kv_len`` / ``output_ids_through_stop``, and the fields the called code reads. Its session
+is :class:`StreamingSessionStandIn`, the two entries of ``Session`` the cache calls.
+"""
+
+from __future__ import annotations
+import __future__
+
+import ast
+import dataclasses
+from typing import Any, Optional
+
+import pytest
+import torch
+
+from kvpool.config import PoolConfig
+from kvpool.sglang import implementation, load_sglang
+from kvpool.sglang.radix import to_sglang_key
+from kvpool.sglang.req_methods import StopMethods, stop_methods
+from kvpool.sglang.unified_mamba_radix import SGLangUnifiedMambaRadixCache
+
+pytestmark = pytest.mark.sglang_wheel
+
+VERSION = "0.5.23"
+CORES = ("rust", "python")
+PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
+"""Turn 1's prompt (8 tokens)."""
+OUTPUT = [21, 22, 23, 24, 25, 26]
+"""Turn 1's committed output: two verify steps of three accepted tokens each."""
+RESERVE = 3
+"""Slots the last verify step reserved past the committed tokens (the over-allocation)."""
+NEXT = [31, 32, 33, 34]
+"""Turn 2's new input, after turn 1's output through its stop."""
+SCHEDULE_BATCH = "sglang/srt/managers/schedule_batch.py"
+
+
+def record_class(modules: Any) -> type:
+    """SGLang's ``ReqKvInfo`` dataclass, compiled alone from the release's ``schedule_batch.py``
+    (kvpool's loader stubs that module: it imports the whole runtime) in a namespace holding
+    what it reads."""
+    text = modules.source.read(SCHEDULE_BATCH)
+    body: list[ast.stmt] = [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef)
+                            and n.name == "ReqKvInfo"]  # fmt: skip
+    assert len(body) == 1, "the release defines ReqKvInfo once"
+    namespace: dict[str, Any] = {
+        "dataclasses": dataclasses,
+        "Optional": Optional,
+        "torch": torch,
+        "ComponentType": modules.attr(
+            "sglang.srt.mem_cache.unified_cache.component_type", "ComponentType"
+        ),
+        "ceil_align": modules.attr("sglang.srt.utils", "ceil_align"),
+        "__name__": __name__,  # dataclasses resolves string annotations in a loaded module
+    }
+    # the module's own `from __future__ import annotations`: its annotations stay strings
+    lazy = __future__.annotations.compiler_flag
+    where = modules.source.filename(SCHEDULE_BATCH)
+    code = compile(ast.Module(body=body, type_ignores=[]), where, "exec", flags=lazy,
+                   dont_inherit=True)  # fmt: skip
+    exec(code, namespace)
+    record: type = namespace["ReqKvInfo"]
+    return record
+
+
+class StreamingSessionStandIn:
+    """The entries of SGLang's ``Session`` (``session_controller.py``) that the cache's
+    streaming session calls, for a streaming session."""
+
+    streaming = True
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.finished: list[str] = []
+        self.aborted = 0
+
+    def finish_req(self, req: Any) -> None:
+        self.finished.append(req.rid)
+
+    def abort_req(self) -> None:
+        self.aborted += 1
+
+
+class Finished:
+    """A finish reason that is not an abort (a matched stop token)."""
+
+
+class TurnReq:
+    """A scheduler request as the called code reads it (module docstring)."""
+
+    def __init__(self, world: World, rid: str, tokens: list[int],
+                 session: StreamingSessionStandIn | None) -> None:  # fmt: skip
+        self._world = world
+        self.rid = rid
+        self.session = session
+        self.origin_input_ids = list(tokens)
+        self.output_ids: list[int] = []
+        self.kv = world.record()
+        self.lock: Any = None
+        self.last_node: Any = None
+        self.to_finish: Any = None
+        self.finished_reason: Any = None
+        self.finished_len: int | None = None
+        self.swa_branching_seqlen: Any = None
+        self.skip_radix_cache_insert = False
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def detach_kv(self) -> Any:
+        # SGLang's Req.detach_kv: the record goes to its new holder, the request keeps a
+        # fresh empty one
+        kv, self.kv = self.kv, self._world.record()
+        return kv
+
+    def owned_kv_len(self) -> int:
+        return self._world.stops.owned_kv_len(self)
+
+    @property
+    def output_ids_through_stop(self) -> Any:
+        return self._world.stops.output_ids_through_stop(self)
+
+    def refresh_fill_ids(self) -> None:
+        """The fill ids are the request's tokens (no lagging array here)."""
+
+
+@dataclasses.dataclass
+class World:
+    """SGLang's cache, pools and glue modules for one test."""
+
+    modules: Any
+    tree: SGLangUnifiedMambaRadixCache
+    pool: Any
+    allocator: Any
+    record: type
+    stops: StopMethods
+    key: Any
+
+    @property
+    def cache(self) -> Any:
+        return self.tree.impl
+
+    def match(self, req: TurnReq) -> Any:
+        """The scheduler's prefix match of ``req`` (its key capped at ``len - 1`` tokens)."""
+        params = self.modules.attr("sglang.srt.mem_cache.base_prefix_cache",
+                                   "MatchPrefixParams")  # fmt: skip
+        tokens = req.origin_input_ids[:-1]
+        return self.cache.match_prefix(
+            params(key=to_sglang_key(self.modules, self.key(tokens, None)), req=req)
+        )
+
+    def run_turn(self, req: TurnReq, stop: int) -> int:
+        """Admit ``req`` (match, lock, row and state slot, the session takes its record) and
+        leave it as its last verify step does: the prompt and :data:`OUTPUT` committed, the
+        reserve allocated, the state after every committed token, the stop token at output
+        position ``stop`` (its ``finished_len``). Returns the state slot."""
+        match = self.match(req)
+        assert match.device_prefix_len == 0
+        req.lock = self.cache.lock(match.last_device_node)
+        assert self.pool.impl.alloc([req]) is not None
+        self.cache.maybe_hand_to_session(req)
+        committed = len(req.origin_input_ids) + len(OUTPUT)
+        slots = self.allocator.impl.alloc(committed + RESERVE)
+        self.pool.impl.req_to_token[req.kv.req_pool_idx, : committed + RESERVE] = slots
+        req.kv.kv_committed_len = committed
+        req.kv.kv_allocated_len = committed + RESERVE
+        req.kv.mamba_needs_clear = False  # the first forward cleared the fresh state slot
+        req.output_ids = list(OUTPUT)
+        req.finished_len = stop
+        req.finished_reason = Finished()
+        return int(req.kv.mamba_pool_idx)
+
+    def finish(self, req: TurnReq) -> bool:
+        """The scheduler's finish: ``_mamba_can_cache_finished_req`` (False marks the request
+        ``skip_radix_cache_insert``), then ``release_kv_cache(checkpoint=True)``. Returns what
+        the scheduler's check said."""
+        can_cache = self.stops.mamba_can_cache_finished_req(req, self.cache)
+        if not can_cache:
+            req.skip_radix_cache_insert = True
+        self.modules.module("sglang.srt.mem_cache.common").release_kv_cache(
+            req, self.cache, checkpoint=True
+        )
+        return can_cache
+
+
+def build(core: str) -> World:
+    impl = implementation(VERSION, tree_core=core)
+    assert impl.hybrid_req_to_token_pool and impl.allocator and impl.radix_key
+    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
+                        rules=impl.rules_or_default())  # fmt: skip
+    pool, allocator = impl.hybrid_req_to_token_pool(config), impl.allocator(config)
+    modules = load_sglang(VERSION)
+    stops = stop_methods(modules)
+    assert stops is not None
+    tree = SGLangUnifiedMambaRadixCache(modules, pool, allocator, 1, tree_core=core)
+    return World(modules, tree, pool, allocator, record_class(modules), stops, impl.radix_key)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_turn_stopping_inside_its_run_hands_the_next_turn_a_state_past_the_stop(
+    core: str,
+) -> None:
+    """The finding: the session keeps the KV through the stop and the live state of every
+    committed token; the next turn resumes at the stop from that state."""
+    world = build(core)
+    session = StreamingSessionStandIn("s")
+    turn = TurnReq(world, "t1", PROMPT, session)
+    state = world.run_turn(turn, stop=3)
+    committed, through_stop = len(PROMPT) + len(OUTPUT), len(PROMPT) + 3
+    free_before = world.allocator.impl.available_size()
+
+    # SGLang's own rule: the live state holds all 14 committed tokens and cannot be cut back
+    # to the 11 the request owns (its scheduler keeps such a request out of the tree)
+    assert turn.owned_kv_len() == through_stop < committed
+    assert world.finish(turn) is False
+
+    # ... yet the streaming session keeps the record: the KV is trimmed to the stop (the
+    # overshoot and the reserve are freed), the state slot is kept as it is
+    slot = world.cache.session.slots["s"]
+    assert session.finished == ["t1"] and not turn.kv.holds_kv
+    assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == through_stop
+    assert world.allocator.impl.available_size() == free_before + committed + RESERVE - through_stop
+    assert slot.kv.holds_mamba and int(slot.kv.mamba_pool_idx) == state
+    assert not slot.kv.mamba_needs_clear and slot.kv.mamba_ping_pong_track_buffer is None
+
+    # the next turn continues from the stop: it borrows the record and resumes at token 11,
+    # and its admission reuses the state slot that has seen 14 tokens (nothing clears it)
+    nxt = TurnReq(world, "t2", PROMPT + OUTPUT[:3] + NEXT, session)
+    match = world.match(nxt)
+    assert nxt.kv is slot.kv
+    assert match.device_prefix_len == through_stop
+    assert world.pool.impl.alloc([nxt]) is not None
+    assert int(nxt.kv.mamba_pool_idx) == state and not nxt.kv.mamba_needs_clear
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_turn_stopping_at_its_last_token_keeps_state_and_kv_together(core: str) -> None:
+    """Control: without an overshoot the session's KV and state hold the same tokens."""
+    world = build(core)
+    session = StreamingSessionStandIn("s")
+    turn = TurnReq(world, "t1", PROMPT, session)
+    state = world.run_turn(turn, stop=len(OUTPUT))
+    committed = len(PROMPT) + len(OUTPUT)
+    assert turn.owned_kv_len() == committed
+    assert world.finish(turn) is True
+    slot = world.cache.session.slots["s"]
+    assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == committed
+    nxt = TurnReq(world, "t2", PROMPT + OUTPUT + NEXT, session)
+    assert world.match(nxt).device_prefix_len == committed
+    assert int(nxt.kv.mamba_pool_idx) == state
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_without_a_session_the_state_past_the_stop_is_freed(core: str) -> None:
+    """Contrast: the same finish without a session caches nothing and frees the state, as
+    SGLang's scheduler rule intends."""
+    world = build(core)
+    turn = TurnReq(world, "t1", PROMPT, None)
+    world.run_turn(turn, stop=3)
+    free_states = world.pool.impl.mamba_allocator.available_size()
+    free_slots = world.allocator.impl.available_size()
+    assert world.finish(turn) is False and turn.skip_radix_cache_insert
+    assert world.pool.impl.mamba_allocator.available_size() == free_states + 1
+    total = len(PROMPT) + len(OUTPUT) + RESERVE
+    assert world.allocator.impl.available_size() == free_slots + total
+    nxt = TurnReq(world, "t2", PROMPT + OUTPUT[:3] + NEXT, None)
+    assert world.match(nxt).device_prefix_len == 0
