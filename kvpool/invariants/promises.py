@@ -8,6 +8,10 @@ request or session and must keep. Units: tokens.
   allocation (``snapshot.extra["capacity_refusals"]`` counts the refusals after a passed check).
 - ``INV-SESSION-HELD``: a session's held length (committed tokens) never shrinks between two
   snapshots in which it holds KV (only closing it, or handing it to its next turn, lets it go).
+- ``INV-SESSION-TRIMMED``: a session holding KV holds exactly its committed tokens
+  (``kv_allocated_len == kv_committed_len``): the hand-over freed the turn's over-allocation, as
+  both SGLang releases' streaming sessions do (``_trim_overshoot``), so nothing a finished turn
+  reserved stays out of the pool until the next turn.
 """
 
 from __future__ import annotations
@@ -78,4 +82,33 @@ def check_session_held(snap: PoolSnapshot, previous: PoolSnapshot | None) -> Non
         )
 
 
-__all__ = ["check_capacity_honoured", "check_session_held", "check_spec_aligned"]
+@invariant(
+    "INV-SESSION-TRIMMED",
+    "a session holding KV holds exactly its committed tokens (no over-allocation)",
+    scope="pool",
+)
+def check_session_trimmed(snap: PoolSnapshot, previous: PoolSnapshot | None) -> None:
+    bad = [
+        i
+        for i, s in enumerate(snap.sessions)
+        if s.req_pool_idx is not None and s.kv_allocated_len != s.kv_committed_len
+    ]
+    if bad:
+        held = [
+            (snap.sessions[i].session_id, snap.sessions[i].kv_committed_len,
+             snap.sessions[i].kv_allocated_len)
+            for i in bad
+        ]  # fmt: skip
+        raise InvariantViolation(
+            "INV-SESSION-TRIMMED",
+            f"sessions (id, committed, allocated) {held} hold more than their committed tokens",
+            bad,
+        )
+
+
+__all__ = [
+    "check_capacity_honoured",
+    "check_session_held",
+    "check_session_trimmed",
+    "check_spec_aligned",
+]

@@ -329,16 +329,16 @@ class SGLangSWAGlueManager(SGLangGlueManager):
         return max(state.evicted.values(), default=0) if state is not None else 0
 
     # ----------------------------------------------------------------- primitives
-    def _check_capacity(self, needed: int, extra_available: int = 0) -> None:
+    def _check_capacity(self, needed: int) -> None:
         """With the radix cache: each pool's free plus evictable tokens must reach
         ``needed`` (the twin's SWA rule); the chunk cache: the manager's."""
         tree: Any = self.tree_cache
         if tree.disable:
-            super()._check_capacity(needed, extra_available)
+            super()._check_capacity(needed)
             return
         alloc: Any = self.token_to_kv_pool_allocator
-        full = alloc.full_available_size() + extra_available + tree.evictable_size()
-        swa = alloc.swa_available_size() + extra_available + tree.swa_evictable_size()
+        full = alloc.full_available_size() + tree.evictable_size()
+        swa = alloc.swa_available_size() + tree.swa_evictable_size()
         if min(full, swa) < needed:
             raise OutOfMemoryError(f"need {needed} tokens; full {full}, SWA {swa} with eviction")
 

@@ -1,5 +1,5 @@
-"""The lifecycle promises (INV-SPEC-ALIGNED, INV-CAPACITY-HONOURED, INV-SESSION-HELD) accept
-real states and fire on a corrupted snapshot or a broken candidate."""
+"""The lifecycle promises (INV-SPEC-ALIGNED, INV-CAPACITY-HONOURED, INV-SESSION-HELD,
+INV-SESSION-TRIMMED) accept real states and fire on a corrupted snapshot or a broken candidate."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def spec_state() -> MemoryManager:
 
 
 def test_registered_and_quiet_on_real_states() -> None:
-    for inv in ("INV-SPEC-ALIGNED", "INV-CAPACITY-HONOURED", "INV-SESSION-HELD"):
+    for inv in ("INV-SPEC-ALIGNED", "INV-CAPACITY-HONOURED", "INV-SESSION-HELD",
+                "INV-SESSION-TRIMMED"):  # fmt: skip
         assert "pool" in INVARIANTS[inv].scopes and INVARIANTS[inv].description
     mm = spec_state()
     snap = mm.snapshot()
@@ -77,3 +78,21 @@ def test_capacity_honoured_fires_on_a_refusing_candidate() -> None:
     with pytest.raises(InvariantViolation) as info:
         pr.check_capacity_honoured(mm.snapshot(), before)
     assert info.value.invariant_id == "INV-CAPACITY-HONOURED"
+
+
+def test_session_trimmed_fires_when_a_session_keeps_an_over_allocation() -> None:
+    mm = MemoryManager(PoolConfig(size=64, page_size=4, req_pool_size=3, max_context_len=32))
+    mm.open_session("s")
+    mm.new_req("t", [1, 2, 9], session_id="s")
+    mm.extend(["t"])
+    mm.spec_step(["t"], [[7, 8]], 2)  # reserve past the committed tokens
+    assert mm.reqs["t"].kv_allocated_len > mm.reqs["t"].kv_committed_len
+    mm.finish(["t"])
+    snap = mm.snapshot()
+    (s,) = snap.sessions
+    assert s.kv_allocated_len == s.kv_committed_len == 5  # the hand-over trimmed
+    pr.check_session_trimmed(snap, None)
+    kept = dataclasses.replace(s, kv_allocated_len=8)
+    with pytest.raises(InvariantViolation) as info:
+        pr.check_session_trimmed(dataclasses.replace(snap, sessions=(kept,)), None)
+    assert info.value.invariant_id == "INV-SESSION-TRIMMED" and info.value.indices == (0,)

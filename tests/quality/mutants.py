@@ -23,6 +23,7 @@ _FINISH = ("new_req", "extend", "decode", "spec_step", "finish", "finish")
 _SESSIONS = ("session_turn", "session_turn", "extend", "extend", "finish")
 _STOPS = ("new_req", "extend", "extend", "spec_step", "spec_step", "finish", "finish")
 _SESSION_STOPS = ("session_turn", "session_turn", "extend", "spec_step", "spec_step", "finish")
+_SESSION_SPEC = ("session_turn", "session_turn", "extend", "spec_step", "finish")
 _HYBRID = {
     "disable_radix_cache": False,
     "mamba_slots": 6,
@@ -80,6 +81,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("handover-keeps-overshoot", "a session turn's overshoot handed to its session",
            ("lockstep-diff",), life.handover_keeps_overshoot, (1, 4), {}, _SESSION_STOPS,
            stops=True),
+    Mutant("handover-keeps-reserve", "a session keeps its turn's over-allocation until the next",
+           ("INV-SESSION-TRIMMED", "lockstep-diff"), life.handover_keeps_reserve, (1, 4), {},
+           _SESSION_SPEC),
     Mutant("hybrid-stop-caches-state", "a hybrid request's state cached past its stop",
            ("INV-MAMBA-CHECKPOINT", "lockstep-diff"), life.hybrid_stop_caches_state, (1,),
            _HYBRID, _STOPS, stops=True),

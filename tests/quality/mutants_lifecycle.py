@@ -170,6 +170,34 @@ def handover_keeps_overshoot(mm: Any) -> None:
     wrap(mm, "_owned_len", make)
 
 
+def handover_keeps_reserve(mm: Any) -> None:
+    """A session keeps its finished turn's over-allocation (a speculative reserve) until the
+    next turn, instead of freeing it at the hand-over as SGLang's streaming sessions do
+    (``_trim_overshoot``): the slots stay out of the pool between turns."""
+
+    def make(orig: Any) -> Callable[[str], None]:
+        def open_session(session_id: str) -> None:
+            orig(session_id)
+            slot = mm.sessions[session_id]
+
+            def make_take(take: Any) -> Callable[..., None]:
+                def take_from(req: Any, *args: Any, **kwargs: Any) -> None:
+                    allocated = req.kv_allocated_len
+                    alloc = mm.token_to_kv_pool_allocator
+                    during(alloc, "free", lambda *a, **k: None,
+                           lambda: during(alloc, "free_segment", lambda *a, **k: None,
+                                          lambda: take(req, *args, **kwargs)))  # fmt: skip
+                    slot.kv_allocated_len = allocated  # the reserve stays the session's
+
+                return take_from
+
+            wrap(slot, "take_from", make_take)
+
+        return open_session
+
+    wrap(mm, "open_session", make)
+
+
 def hybrid_stop_caches_state(mm: Any) -> None:
     """A hybrid (Mamba) request that stopped inside its last speculative run is cached as if
     it had stopped at its last token: its key is cut at the stop, but the state it donates ran

@@ -28,13 +28,18 @@ def test_two_turns_then_close_returns_everything(ps: int) -> None:
     allocated = -(-(6 - 1 + 2 * 2) // ps) * ps  # ceil_align(committed 5 + 2R, ps) before the step
     assert row is not None and mm.reqs["t1"].kv_allocated_len == allocated
     kv = mm.req_to_token_pool.read(row, 0, allocated)
+    free_before = mm.token_to_kv_pool_allocator.available_size()
     mm.finish(["t1"])
+    # The hand-over frees the over-allocation [ceil_align(6), allocated), as both SGLang
+    # releases' streaming sessions do (_trim_overshoot); the session keeps the committed 6.
+    over = allocated - -(-6 // ps) * ps
+    assert mm.token_to_kv_pool_allocator.available_size() == free_before + over
     slot = mm.sessions["s"]
     assert slot.req_pool_idx == row and slot.kv_committed_len == 6
-    assert slot.kv_allocated_len == allocated and slot.busy_with is None
+    assert slot.kv_allocated_len == 6 and slot.busy_with is None
     snap = mm.snapshot()
     check_all(snap)
-    assert snap.sessions[0].row == tuple(kv)  # the session took the row as it was, nothing freed
+    assert snap.sessions[0].row == tuple(kv[:6])  # the session took the committed columns
     assert mm.req_to_token_pool.available_size() == 1  # the session keeps the row
 
     mm.new_req("t2", [7, 8], session_id="s")
@@ -42,14 +47,13 @@ def test_two_turns_then_close_returns_everything(ps: int) -> None:
     assert mm.match_prefix("t2") == 6
     free_before = mm.token_to_kv_pool_allocator.available_size()
     mm.extend(["t2"])
-    # Restore frees the orphan tail [ceil_align(6), allocated); t2 then takes its new pages.
-    orphan = allocated - -(-6 // ps) * ps
+    # Restore frees nothing more; t2 then takes its new pages.
     new = 2 if ps == 1 else (-(-8 // ps) - -(-6 // ps)) * ps
-    assert mm.token_to_kv_pool_allocator.available_size() == free_before + orphan - new
+    assert mm.token_to_kv_pool_allocator.available_size() == free_before - new
     t2 = mm.reqs["t2"]
     assert t2.req_pool_idx == row and t2.kv_committed_len == 8
     assert slot.req_pool_idx is None and slot.busy_with == "t2"
-    check_all(mm.snapshot())  # orphan tail freed: accounting holds
+    check_all(mm.snapshot())
     mm.finish(["t2"])
     check_all(mm.snapshot())
     mm.close_session("s")

@@ -184,8 +184,7 @@ class MemoryManager(LifecyclePrimitives):
                 p + min(r.seq_len() - p, r.seq_len() if c is None else c)
                 for r, p, c in zip(reqs, prefix_lens, sizes, strict=True)
             ]
-            orphans = sum(s.orphan_tail_tokens(self.page_size) for s in restoring if s is not None)
-            self._check_capacity(self._tokens_needed(prefix_lens, seq_lens), orphans)
+            self._check_capacity(self._tokens_needed(prefix_lens, seq_lens))
             if self.mamba_hooks is not None:  # before a session's restore changes anything
                 fresh_reqs = [r for r, s in zip(reqs, restoring, strict=True) if s is None]
                 chunks = sum(1 for r, s in zip(reqs, seq_lens, strict=True) if s < r.seq_len())
@@ -204,14 +203,7 @@ class MemoryManager(LifecyclePrimitives):
         )
         for req, session in zip(reqs, restoring, strict=True):
             if session is not None:
-                session.restore_into(
-                    req,
-                    self.req_to_token_pool,
-                    self.token_to_kv_pool_allocator,
-                    self.page_size,
-                    segments=self.config.rules.release_path == "checkpoint",
-                    row_read=next(reads),
-                )
+                session.restore_into(req, self.req_to_token_pool, row_read=next(reads))
             elif req.state == "waiting":
                 req.cache_protected_len = req._prefix_len()
         out = self.alloc_for_extend(reqs, seq_lens)
@@ -287,7 +279,13 @@ class MemoryManager(LifecyclePrimitives):
                 session = self._session_of(req)
                 if session is not None:
                     req.kv_committed_len = self._owned_len(req)
-                    session.take_from(req)
+                    session.take_from(
+                        req,
+                        self.req_to_token_pool,
+                        alloc,
+                        self.page_size,
+                        segments=self.config.rules.release_path == "checkpoint",
+                    )
                 else:
                     self.release_kv_cache(req, is_insert)
         finally:

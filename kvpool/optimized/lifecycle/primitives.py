@@ -257,9 +257,9 @@ class LifecyclePrimitives:
         pages = sum(-(-s // ps) + p // -ps for p, s in zip(prefix_lens, seq_lens, strict=True))
         return pages * ps
 
-    def _check_capacity(self, needed: int, extra_available: int = 0) -> None:
-        """OutOfMemoryError unless ``available + extra + evictable >= needed``."""
-        available = self.token_to_kv_pool_allocator.available_size() + extra_available
+    def _check_capacity(self, needed: int) -> None:
+        """OutOfMemoryError unless ``available + evictable >= needed`` (tokens)."""
+        available = self.token_to_kv_pool_allocator.available_size()
         evictable = self.tree_cache.evictable_size()
         if available + evictable < needed:
             raise OutOfMemoryError(

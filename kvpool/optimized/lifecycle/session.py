@@ -1,9 +1,9 @@
 """``SessionSlot`` (optimized twin): streaming-session ownership transfer between turns.
 
 Mirrors :mod:`kvpool.reference.lifecycle.session` exactly (see there for the rules): a finished
-turn's row, KV lengths, ``cache_protected_len`` and ``last_node`` move into the slot (the tree lock
-stays held); the next turn's first ``extend`` restores them, freeing the orphan tail
-``[ceil_align(kv_committed_len, ps), kv_allocated_len)``; closing frees ``[cache_protected_len,
+turn's over-allocation ``[ceil_align(kv_committed_len, ps), kv_allocated_len)`` is freed, then its
+row, KV lengths, ``cache_protected_len`` and ``last_node`` move into the slot (the tree lock stays
+held); the next turn's first ``extend`` restores them; closing frees ``[cache_protected_len,
 kv_allocated_len)`` and returns the row through the pool's own ``free``.
 
 Units: lengths are tokens, ``req_pool_idx`` a row, the rest slots (int64 tensors here).
@@ -22,7 +22,7 @@ from kvpool.optimized.mamba.hybrid_req_to_token_pool import HybridReqToTokenPool
 from kvpool.optimized.radix_key import TreeNode
 from kvpool.optimized.req import Req
 from kvpool.protocols.pools import ReqToTokenPoolProtocol, SegmentAllocatorProtocol
-from kvpool.reference.lifecycle.session import check_page_size, check_pools
+from kvpool.reference.lifecycle.session import check_page_size, check_pools, check_table
 
 
 class SessionSlot:
@@ -65,10 +65,24 @@ class SessionSlot:
         self.tokens = []
         self._forget_mamba()
 
-    def take_from(self, req: Req) -> None:
-        """A turn finished: take its row, lengths, protected length and lock; null the request.
-        Before any change: InvalidArgumentError for anything but a request holding a row,
-        RequestStateError when the slot holds a turn already or ``req`` is not its busy turn."""
+    def take_from(
+        self,
+        req: Req,
+        req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+        allocator: SegmentAllocatorProtocol[torch.Tensor],
+        page_size: int,
+        segments: bool = False,
+    ) -> None:
+        """A turn finished: free its over-allocation ``[ceil_align(kv_committed_len),
+        kv_allocated_len)`` (``free``, or with ``segments`` ``free_segment``), then take its
+        row, lengths (allocated = committed), protected length and lock; null the request.
+        Before any change: InvalidArgumentError for pools without the calls used, a page size
+        that is not the allocator's, a non-bool ``segments`` or anything but a request holding a
+        row; RequestStateError when the slot holds a turn already or ``req`` is not its busy
+        turn."""
+        check_pools(req_to_token_pool, allocator)
+        page_size = check_page_size(page_size, allocator)
+        segments = as_bool("segments", segments)
         req = as_instance("req", req, Req)
         if self.req_pool_idx is not None:
             raise RequestStateError(f"session {self.session_id!r} holds a turn already")
@@ -78,9 +92,16 @@ class SessionSlot:
             raise RequestStateError(
                 f"session {self.session_id!r} is busy with {self.busy_with!r}, not {req.rid!r}"
             )
+        start = ceil_align(req.kv_committed_len, page_size)
+        if req.kv_allocated_len > start:
+            tail = req_to_token_pool.read(req.req_pool_idx, start, req.kv_allocated_len)
+            if segments:
+                allocator.free_segment(tail.to(torch.int64), start)
+            else:
+                allocator.free(tail.to(torch.int64))
         self.req_pool_idx = req.req_pool_idx
         self.kv_committed_len = req.kv_committed_len
-        self.kv_allocated_len = req.kv_allocated_len
+        self.kv_allocated_len = req.kv_committed_len
         self.cache_protected_len = req.cache_protected_len
         self.last_node = req.last_node
         self.tokens = req.all_token_ids[: req.kv_committed_len]
@@ -94,33 +115,20 @@ class SessionSlot:
         self.mamba_next_track_idx = req.mamba_next_track_idx
         req.reset_kv_fields()
 
-    def orphan_tail_tokens(self, page_size: int) -> int:
-        """Tokens that :meth:`restore_into` frees: ``allocated - ceil_align(committed)`` (>= 0).
-        InvalidArgumentError unless ``page_size`` is a power of two (tokens)."""
-        page_size = check_page_size(page_size)
-        return max(0, self.kv_allocated_len - ceil_align(self.kv_committed_len, page_size))
-
     def restore_into(
         self,
         req: Req,
         req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
-        allocator: SegmentAllocatorProtocol[torch.Tensor],
-        page_size: int,
-        segments: bool = False,
         row_read: torch.Tensor | None = None,
     ) -> None:
-        """Hand the row, KV and lock to the next turn ``req``; free the orphan tail (``free``, or
-        with ``segments`` ``free_segment``). Afterwards
-        ``req.kv_allocated_len == req.kv_committed_len``. ``row_read``: the row's columns
+        """Hand the row, KV and lock to the next turn ``req`` (``req.kv_allocated_len ==
+        req.kv_committed_len``: the hand-over freed the rest). ``row_read``: the row's columns
         ``[0, kv_allocated_len)`` as int64 when the caller read them already (a batch of
         restores reads every row in one gather, see :meth:`read_rows`). Before any change:
-        InvalidArgumentError for pools without the calls used, a page size that is not the
-        allocator's, a non-bool ``segments``, a non-request ``req`` or a ``row_read`` that is
-        not a 1-D integer index of ``kv_allocated_len`` slots; RequestStateError when the slot
-        holds no turn or ``req`` holds a row."""
-        check_pools(req_to_token_pool, allocator)
-        page_size = check_page_size(page_size, allocator)
-        segments = as_bool("segments", segments)
+        InvalidArgumentError for a pool without ``read`` and ``free``, a non-request ``req`` or
+        a ``row_read`` that is not a 1-D integer index of ``kv_allocated_len`` slots;
+        RequestStateError when the slot holds no turn or ``req`` holds a row."""
+        check_table(req_to_token_pool)
         req = as_instance("req", req, Req)
         if self.req_pool_idx is None:
             raise RequestStateError(f"session {self.session_id!r} holds no turn to restore")
@@ -142,13 +150,6 @@ class SessionSlot:
         row = self.req_pool_idx
         if row_read is None:
             row_read = req_to_token_pool.read(row, 0, self.kv_allocated_len).to(torch.int64)
-        start = ceil_align(self.kv_committed_len, page_size)
-        if self.kv_allocated_len > start:
-            tail = row_read[start : self.kv_allocated_len]
-            if segments:
-                allocator.free_segment(tail, start)
-            else:
-                allocator.free(tail)
         req.req_pool_idx = row
         req.kv_committed_len = self.kv_committed_len
         req.kv_allocated_len = self.kv_committed_len

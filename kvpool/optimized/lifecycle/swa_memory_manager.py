@@ -398,16 +398,16 @@ class SWAMemoryManager(MemoryManager):
         req.reset_kv_fields()
 
     # ----------------------------------------------------------------- capacity (radix cache)
-    def _check_capacity(self, needed: int, extra_available: int = 0) -> None:
+    def _check_capacity(self, needed: int) -> None:
         """With the radix cache: OutOfMemoryError unless each pool's free plus evictable tokens
         reach ``needed`` (the chunk cache: the manager's rule)."""
         tree = self.tree_cache
         if not isinstance(tree, SWARadixLifecycle):
-            super()._check_capacity(needed, extra_available)
+            super()._check_capacity(needed)
             return
         alloc = self._swa_allocator
-        full = alloc.full_available_size() + extra_available + tree.evictable_size()
-        swa = alloc.swa_available_size() + extra_available + tree.swa_evictable_size()
+        full = alloc.full_available_size() + tree.evictable_size()
+        swa = alloc.swa_available_size() + tree.swa_evictable_size()
         if min(full, swa) < needed:
             raise OutOfMemoryError(f"need {needed} tokens; full {full}, SWA {swa} with eviction")
 

@@ -11,19 +11,20 @@ Decisions (both twins follow them):
   ``[prefix, seq)``, ``decode`` the token it appends, ``spec_step`` the accepted tokens. So a
   running, fully prefilled request has ``kv_committed_len == len(all tokens)``.
 - Capacity first: rows are checked before anything; then tokens (``available + evictable >=
-  needed``, counting a restoring session's orphan tail as available), else OutOfMemoryError with
-  the locks this call took released. Then evict exactly ``needed - available`` (may free more).
-  ``needed`` is new tokens (page size 1) or ``new pages * page_size``.
+  needed``), else OutOfMemoryError with the locks this call took released. Then evict exactly
+  ``needed - available`` (may free more). ``needed`` is new tokens (page size 1) or
+  ``new pages * page_size``.
 - Waiting requests keep ``cache_protected_len == 0`` and hold no slots; ``match_prefix`` locks
   the matched node and remembers ``prefix_indices``; ``extend`` sets ``cache_protected_len``.
   (With the Mamba radix cache, a waiting request matched to a cached state holds one Mamba slot:
   its copy of that state; see :mod:`kvpool.reference.lifecycle.mamba_hooks`.)
 - Requests leave the table when finished or aborted. A session turn's ``match_prefix`` returns the
   session's committed length without touching the tree (the lock comes with the restore).
-- A session turn's ``finish`` hands everything to the session (``is_insert`` is ignored).
+- A session turn's ``finish`` hands everything to the session (``is_insert`` is ignored) but
+  its over-allocation, freed at the hand-over (both SGLang releases' ``_trim_overshoot``).
 - A stop inside a speculative run (``finish``'s ``finished_lens``): a session turn hands its
-  session only the tokens through the stop (the overshoot's slots join the orphan tail, freed
-  at the restore); a plain release keeps what ``Rules.release_upto`` says
+  session only the tokens through the stop (the overshoot's slots are freed with the
+  over-allocation); a plain release keeps what ``Rules.release_upto`` says
   (:meth:`~kvpool.reference.lifecycle.primitives.LifecyclePrimitives.release_kv_cache`).
 - ``decode`` returns, per request, the slot of its new token (pre-allocated or new).
 - With the host tier (``config.enable_hierarchical_cache``) ``match_prefix`` loads back a prefix
@@ -237,8 +238,7 @@ class MemoryManager(LifecyclePrimitives):
                 p + min(r.seq_len() - p, r.seq_len() if c is None else c)
                 for r, p, c in zip(reqs, prefix_lens, sizes, strict=True)
             ]
-            orphans = sum(s.orphan_tail_tokens(self.page_size) for s in restoring if s is not None)
-            self._check_capacity(self._tokens_needed(prefix_lens, seq_lens), orphans)
+            self._check_capacity(self._tokens_needed(prefix_lens, seq_lens))
             if self.mamba_hooks is not None:  # before a session's restore changes anything
                 fresh_reqs = [r for r, s in zip(reqs, restoring, strict=True) if s is None]
                 chunks = sum(1 for r, s in zip(reqs, seq_lens, strict=True) if s < r.seq_len())
@@ -252,13 +252,7 @@ class MemoryManager(LifecyclePrimitives):
             self.mamba_hooks.reclaim_before_alloc(reqs)  # 0.5.23: states before the KV
         for req, session in zip(reqs, restoring, strict=True):
             if session is not None:
-                session.restore_into(
-                    req,
-                    self.req_to_token_pool,
-                    self.token_to_kv_pool_allocator,
-                    self.page_size,
-                    segments=self.config.rules.release_path == "checkpoint",
-                )
+                session.restore_into(req, self.req_to_token_pool)
             elif req.state == "waiting":
                 req.cache_protected_len = len(req.prefix_indices)
         out = self.alloc_for_extend(reqs, seq_lens)
@@ -335,7 +329,13 @@ class MemoryManager(LifecyclePrimitives):
                 session = self._session_of(req)
                 if session is not None:
                     req.kv_committed_len = self._owned_len(req)
-                    session.take_from(req)
+                    session.take_from(
+                        req,
+                        self.req_to_token_pool,
+                        alloc,
+                        self.page_size,
+                        segments=self.config.rules.release_path == "checkpoint",
+                    )
                 else:
                     self.release_kv_cache(req, is_insert)
         finally:

@@ -210,9 +210,9 @@ class LifecyclePrimitives:
         )
         return pages * self.page_size
 
-    def _check_capacity(self, needed: int, extra_available: int = 0) -> None:
-        """OutOfMemoryError unless ``available + extra + evictable >= needed``."""
-        available = self.token_to_kv_pool_allocator.available_size() + extra_available
+    def _check_capacity(self, needed: int) -> None:
+        """OutOfMemoryError unless ``available + evictable >= needed`` (tokens)."""
+        available = self.token_to_kv_pool_allocator.available_size()
         evictable = self.tree_cache.evictable_size()
         if available + evictable < needed:
             raise OutOfMemoryError(

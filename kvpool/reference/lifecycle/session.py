@@ -1,16 +1,18 @@
 """``SessionSlot``: streaming-session ownership transfer between turns.
 
 When a session turn finishes, the slot TAKES the request's row, KV lengths, ``cache_protected_len``
-and ``last_node`` (the tree lock stays held, now on the session's behalf); the request's fields are
-nulled so its release frees nothing. The next turn's first ``extend`` RESTORES them into the new
-request: the orphan tail ``[ceil_align(kv_committed_len, ps), kv_allocated_len)`` (speculative
-over-allocation of the last turn) is freed, and the row is reused (legal: committed KV > 0).
-Closing drops the lock, frees ``[cache_protected_len, kv_allocated_len)`` (the tree owns
+and ``last_node`` (the tree lock stays held, now on the session's behalf), after freeing the
+turn's over-allocation ``[ceil_align(kv_committed_len, ps), kv_allocated_len)`` (a speculative
+step's reserve, and the tokens past a stop): its allocated length becomes its committed one, as
+both SGLang releases' streaming sessions trim at the hand-over (``_trim_overshoot``). The
+request's fields are nulled so its release frees nothing. The next turn's first ``extend``
+RESTORES them into the new request and reuses the row (legal: committed KV > 0). Closing drops
+the lock, frees ``[cache_protected_len, kv_allocated_len)`` (the tree owns
 ``[0, cache_protected_len)``; the start is page-aligned) and returns the row through the pool's
 own ``free``.
 
 Units: lengths are tokens, ``req_pool_idx`` a row, the rest slots. While the slot holds a row it
-privately owns ``[cache_protected_len, ceil_align(kv_allocated_len, ps))``.
+privately owns ``[cache_protected_len, ceil_align(kv_committed_len, ps))``.
 
 Decisions: one turn at a time (``busy_with`` names the registered turn from ``new_req`` until it
 finishes or is aborted); a turn's tokens are the session's committed tokens followed by its input;
@@ -34,12 +36,19 @@ def check_pools(req_to_token_pool: object, allocator: object) -> None:
     """The pools a slot's row goes back through: a request table (``read`` and ``free``) and a
     token allocator (``free`` and ``free_segment``); InvalidArgumentError naming the argument
     otherwise. Duck-typed: an injected pool offering those calls qualifies."""
-    for name, obj, calls in (
-        ("req_to_token_pool", req_to_token_pool, ("read", "free")),
-        ("allocator", allocator, ("free", "free_segment")),
-    ):
-        if not all(callable(getattr(obj, c, None)) for c in calls):
-            raise InvalidArgumentError(f"{name} must offer {' and '.join(calls)}, got {obj!r}")
+    check_table(req_to_token_pool)
+    calls = ("free", "free_segment")
+    if not all(callable(getattr(allocator, c, None)) for c in calls):
+        raise InvalidArgumentError(f"allocator must offer {' and '.join(calls)}, got {allocator!r}")
+
+
+def check_table(req_to_token_pool: object) -> None:
+    """A request table a slot's row is read from and goes back through (``read`` and
+    ``free``); InvalidArgumentError otherwise."""
+    if not all(callable(getattr(req_to_token_pool, c, None)) for c in ("read", "free")):
+        raise InvalidArgumentError(
+            f"req_to_token_pool must offer read and free, got {req_to_token_pool!r}"
+        )
 
 
 def check_page_size(page_size: object, allocator: object = None) -> int:
@@ -95,10 +104,24 @@ class SessionSlot:
         self.tokens = []
         self._forget_mamba()
 
-    def take_from(self, req: Req) -> None:
-        """A turn finished: take its row, lengths, protected length and lock; null the request.
-        Before any change: InvalidArgumentError for anything but a request holding a row,
-        RequestStateError when the slot holds a turn already or ``req`` is not its busy turn."""
+    def take_from(
+        self,
+        req: Req,
+        req_to_token_pool: ReqToTokenPool,
+        allocator: BaseTokenToKVPoolAllocator,
+        page_size: int,
+        segments: bool = False,
+    ) -> None:
+        """A turn finished: free its over-allocation ``[ceil_align(kv_committed_len),
+        kv_allocated_len)`` (``free``, or with ``segments`` ``free_segment``: SGLang 0.5.23's
+        ``free_kv_row``), then take its row, lengths (allocated = committed), protected length
+        and lock; null the request. Before any change: InvalidArgumentError for pools without
+        the calls used, a page size that is not the allocator's, a non-bool ``segments`` or
+        anything but a request holding a row; RequestStateError when the slot holds a turn
+        already or ``req`` is not its busy turn."""
+        check_pools(req_to_token_pool, allocator)
+        page_size = check_page_size(page_size, allocator)
+        segments = as_bool("segments", segments)
         req = as_instance("req", req, Req)
         if self.req_pool_idx is not None:
             raise RequestStateError(f"session {self.session_id!r} holds a turn already")
@@ -108,9 +131,16 @@ class SessionSlot:
             raise RequestStateError(
                 f"session {self.session_id!r} is busy with {self.busy_with!r}, not {req.rid!r}"
             )
+        start = ceil_align(req.kv_committed_len, page_size)
+        if req.kv_allocated_len > start:
+            tail = req_to_token_pool.read(req.req_pool_idx, start, req.kv_allocated_len)
+            if segments:
+                allocator.free_segment(tail, start)
+            else:
+                allocator.free(tail)
         self.req_pool_idx = req.req_pool_idx
         self.kv_committed_len = req.kv_committed_len
-        self.kv_allocated_len = req.kv_allocated_len
+        self.kv_allocated_len = req.kv_committed_len
         self.cache_protected_len = req.cache_protected_len
         self.last_node = req.last_node
         self.tokens = req.all_token_ids[: req.kv_committed_len]
@@ -124,29 +154,13 @@ class SessionSlot:
         self.mamba_next_track_idx = req.mamba_next_track_idx
         req.reset_kv_fields()
 
-    def orphan_tail_tokens(self, page_size: int) -> int:
-        """Tokens that :meth:`restore_into` frees: ``allocated - ceil_align(committed)`` (>= 0).
-        InvalidArgumentError unless ``page_size`` is a power of two (tokens)."""
-        page_size = check_page_size(page_size)
-        return max(0, self.kv_allocated_len - ceil_align(self.kv_committed_len, page_size))
-
-    def restore_into(
-        self,
-        req: Req,
-        req_to_token_pool: ReqToTokenPool,
-        allocator: BaseTokenToKVPoolAllocator,
-        page_size: int,
-        segments: bool = False,
-    ) -> None:
-        """Hand the row, KV and lock to the next turn ``req``; free the orphan tail (``free``, or
-        with ``segments`` ``free_segment``: SGLang 0.5.23's ``free_kv_row``). Afterwards
-        ``req.kv_allocated_len == req.kv_committed_len`` (its last partial page stays its own).
-        Before any change: InvalidArgumentError for pools without the calls used, a page size
-        that is not the allocator's, a non-bool ``segments`` or a non-request ``req``;
-        RequestStateError when the slot holds no turn or ``req`` holds a row."""
-        check_pools(req_to_token_pool, allocator)
-        page_size = check_page_size(page_size, allocator)
-        segments = as_bool("segments", segments)
+    def restore_into(self, req: Req, req_to_token_pool: ReqToTokenPool) -> None:
+        """Hand the row, KV and lock to the next turn ``req`` (``req.kv_allocated_len ==
+        req.kv_committed_len``: the hand-over freed the rest; its last partial page stays its
+        own). Before any change: InvalidArgumentError for a pool without ``read`` and ``free``
+        or a non-request ``req``; RequestStateError when the slot holds no turn or ``req``
+        holds a row."""
+        check_table(req_to_token_pool)
         req = as_instance("req", req, Req)
         if self.req_pool_idx is None:
             raise RequestStateError(f"session {self.session_id!r} holds no turn to restore")
@@ -154,13 +168,6 @@ class SessionSlot:
             raise RequestStateError(f"request {req.rid!r} holds a row already")
         assert self.req_pool_idx is not None
         row = self.req_pool_idx
-        start = ceil_align(self.kv_committed_len, page_size)
-        if self.kv_allocated_len > start:
-            tail = req_to_token_pool.read(row, start, self.kv_allocated_len)
-            if segments:
-                allocator.free_segment(tail, start)
-            else:
-                allocator.free(tail)
         req.req_pool_idx = row
         req.kv_committed_len = self.kv_committed_len
         req.kv_allocated_len = self.kv_committed_len

@@ -285,27 +285,30 @@ SESSION_METHODS = {
     "SessionSlot.close": Method(
         lambda side, s: {**_pools(s), "segments": False},
     ),
-    "SessionSlot.orphan_tail_tokens": Method(
-        lambda side, s: {"page_size": _mm(s).page_size},
-        bad={"page_size": lambda side, s: [Bad("zero", 0), Bad("not-a-power-of-2", 3)]},
-    ),
     "SessionSlot.restore_into": Method(
         lambda side, s: {
             "req": _fresh_req(side),
-            **_pools(s),
-            "page_size": _mm(s).page_size,
-            "segments": False,
+            "req_to_token_pool": _mm(s).req_to_token_pool,
             **({} if side.is_ref else {"row_read": None}),
         },
         bad={
             "req": lambda side, s: [Bad("holds-a-row", _a(s)), *_bad_req(side, s)[1:]],
-            "page_size": lambda side, s: [Bad("zero", 0), Bad("not-the-pools", 2)],
+            "req_to_token_pool": lambda side, s: [Bad("no-read", object())],
             "row_read": lambda side, s: [Bad("too-short", torch.tensor([1]))],
         },
     ),
     "SessionSlot.take_from": Method(
-        lambda side, s: {"req": _a(s)},
-        bad={"req": lambda side, s: [Bad("no-row", _fresh_req(side, "x"))]},
+        lambda side, s: {
+            "req": _a(s),
+            **_pools(s),
+            "page_size": _mm(s).page_size,
+            "segments": False,
+        },
+        bad={
+            "req": lambda side, s: [Bad("no-row", _fresh_req(side, "x"))],
+            "page_size": lambda side, s: [Bad("zero", 0), Bad("not-the-pools", 2)],
+            "allocator": lambda side, s: [Bad("no-free", object())],
+        },
     ),
     "SessionSlot.read_rows": Method(
         lambda side, s: {
