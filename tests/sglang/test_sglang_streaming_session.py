@@ -1,7 +1,9 @@
 """Opt-in (``--run-sglang-wheel``): SGLang 0.5.23's own streaming session, over its own unified
 cache (FULL and MAMBA components, both tree cores), its ``HybridReqToTokenPool`` and its token
 allocator, driven as its scheduler drives a hybrid (Mamba) model's streaming session under
-speculative decoding: finding 10 of specs/sglang_findings.md.
+speculative decoding: finding 10 of specs/sglang_findings.md. With the FULL component alone, the
+same hand-over is checked against kvpool's session rule (the over-allocation freed at the
+hand-over).
 
 kvpool's lifecycle campaigns run their own session code on both sides (kvpool refuses a hybrid
 session turn that stops early, ``ConfigError``). Here SGLang's code runs instead:
@@ -34,10 +36,12 @@ import pytest
 import torch
 
 from kvpool.config import PoolConfig
+from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.radix import to_sglang_key
 from kvpool.sglang.req_methods import StopMethods, stop_methods
 from kvpool.sglang.unified_mamba_radix import SGLangUnifiedMambaRadixCache
+from kvpool.sglang.unified_radix import SGLangUnifiedRadixCache
 
 pytestmark = pytest.mark.sglang_wheel
 
@@ -148,7 +152,8 @@ class World:
     """SGLang's cache, pools and glue modules for one test."""
 
     modules: Any
-    tree: SGLangUnifiedMambaRadixCache
+    tree: Any
+    """kvpool's adapter of SGLang's ``UnifiedRadixCache`` (``impl`` is SGLang's object)."""
     pool: Any
     allocator: Any
     record: type
@@ -172,12 +177,13 @@ class World:
         """Admit ``req`` (match, lock, row and state slot, the session takes its record) and
         leave it as its last verify step does: the prompt and :data:`OUTPUT` committed, the
         reserve allocated, the state after every committed token, the stop token at output
-        position ``stop`` (its ``finished_len``). Returns the state slot."""
+        position ``stop`` (its ``finished_len``). Returns the state slot (-1 without one)."""
         match = self.match(req)
         assert match.device_prefix_len == 0
         req.lock = self.cache.lock(match.last_device_node)
         assert self.pool.impl.alloc([req]) is not None
         self.cache.maybe_hand_to_session(req)
+        hybrid = req.kv.mamba_pool_idx is not None
         committed = len(req.origin_input_ids) + len(OUTPUT)
         slots = self.allocator.impl.alloc(committed + RESERVE)
         self.pool.impl.req_to_token[req.kv.req_pool_idx, : committed + RESERVE] = slots
@@ -187,7 +193,7 @@ class World:
         req.output_ids = list(OUTPUT)
         req.finished_len = stop
         req.finished_reason = Finished()
-        return int(req.kv.mamba_pool_idx)
+        return int(req.kv.mamba_pool_idx) if hybrid else -1
 
     def finish(self, req: TurnReq) -> bool:
         """The scheduler's finish: ``_mamba_can_cache_finished_req`` (False marks the request
@@ -202,16 +208,25 @@ class World:
         return can_cache
 
 
-def build(core: str) -> World:
+def build(core: str, hybrid: bool = True) -> World:
+    """SGLang's cache over its pools: FULL and MAMBA components over its
+    ``HybridReqToTokenPool`` (``hybrid``), else FULL alone over its ``ReqToTokenPool``."""
     impl = implementation(VERSION, tree_core=core)
-    assert impl.hybrid_req_to_token_pool and impl.allocator and impl.radix_key
-    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
+    assert impl.hybrid_req_to_token_pool and impl.req_to_token_pool and impl.allocator
+    assert impl.radix_key
+    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32,
+                        mamba_slots=4 if hybrid else None,
                         rules=impl.rules_or_default())  # fmt: skip
-    pool, allocator = impl.hybrid_req_to_token_pool(config), impl.allocator(config)
+    pool = (impl.hybrid_req_to_token_pool if hybrid else impl.req_to_token_pool)(config)
+    allocator = impl.allocator(config)
     modules = load_sglang(VERSION)
     stops = stop_methods(modules)
     assert stops is not None
-    tree = SGLangUnifiedMambaRadixCache(modules, pool, allocator, 1, tree_core=core)
+    tree: Any = (
+        SGLangUnifiedMambaRadixCache(modules, pool, allocator, 1, tree_core=core)
+        if hybrid
+        else SGLangUnifiedRadixCache(modules, pool, allocator, 1, tree_core=core)
+    )
     return World(modules, tree, pool, allocator, record_class(modules), stops, impl.radix_key)
 
 
@@ -284,3 +299,39 @@ def test_without_a_session_the_state_past_the_stop_is_freed(core: str) -> None:
     assert world.allocator.impl.available_size() == free_slots + total
     nxt = TurnReq(world, "t2", PROMPT + OUTPUT[:3] + NEXT, None)
     assert world.match(nxt).device_prefix_len == 0
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_the_hand_over_frees_the_over_allocation_as_kvpools_sessions_do(core: str) -> None:
+    """Full attention: SGLang's session frees a finished turn's over-allocation (the reserve,
+    and the tokens past a stop) at the hand-over and holds ``allocated == committed``, which is
+    kvpool's rule (``SessionSlot.take_from``, ``INV-SESSION-TRIMMED``): the same scenario on
+    kvpool's reference frees as many slots at its finish."""
+    committed = len(PROMPT) + len(OUTPUT)
+    for stop in (len(OUTPUT), 3):
+        world = build(core, hybrid=False)
+        turn = TurnReq(world, "t1", PROMPT, StreamingSessionStandIn("s"))
+        world.run_turn(turn, stop=stop)
+        free_before = world.allocator.impl.available_size()
+        assert world.finish(turn) is True  # no Mamba state: the scheduler's check says yes
+        slot = world.cache.session.slots["s"]
+        kept = len(PROMPT) + stop
+        assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == kept
+        sglang_freed = world.allocator.impl.available_size() - free_before
+        assert sglang_freed == committed + RESERVE - kept
+
+        mm = MemoryManager(PoolConfig(size=64, req_pool_size=4, max_context_len=32))
+        mm.open_session("s")
+        mm.new_req("t1", PROMPT, session_id="s")
+        mm.extend(["t1"])
+        mm.spec_step(["t1"], [OUTPUT[:3]], reserve=RESERVE)
+        mm.spec_step(["t1"], [OUTPUT[3:]], reserve=RESERVE)
+        t1 = mm.reqs["t1"]
+        assert t1.kv_committed_len == committed
+        over = t1.kv_allocated_len - committed  # kvpool's reserve: its own amount
+        free_before = mm.token_to_kv_pool_allocator.available_size()
+        mm.finish(["t1"], finished_lens=[stop])
+        (held,) = mm.snapshot().sessions
+        assert held.kv_committed_len == held.kv_allocated_len == kept
+        kvpool_freed = mm.token_to_kv_pool_allocator.available_size() - free_before
+        assert kvpool_freed == committed + over - kept  # the same rule: [kept, allocated)
