@@ -3,7 +3,9 @@ cache (FULL and MAMBA components, both tree cores), its ``HybridReqToTokenPool``
 allocator, driven as its scheduler drives a hybrid (Mamba) model's streaming session under
 speculative decoding: finding 10 of specs/sglang_findings.md. With the FULL component alone, the
 same hand-over is checked against kvpool's session rule (the over-allocation freed at the
-hand-over).
+hand-over). Generated multi-turn sessions (stops inside a run, reserves, aborts) check kvpool's
+rules on SGLang's state after every turn: no KV slot, row or Mamba state leaked or freed twice,
+a kept turn holding exactly its tokens through the stop.
 
 kvpool's lifecycle campaigns run their own session code on both sides (kvpool refuses a hybrid
 session turn that stops early, ``ConfigError``). Here SGLang's code runs instead:
@@ -30,14 +32,18 @@ import __future__
 
 import ast
 import dataclasses
+from array import array
 from typing import Any, Optional
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpool.config import PoolConfig
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.sglang import implementation, load_sglang
+from kvpool.sglang.cache_req import token_array
 from kvpool.sglang.radix import to_sglang_key
 from kvpool.sglang.req_methods import StopMethods, stop_methods
 from kvpool.sglang.unified_mamba_radix import SGLangUnifiedMambaRadixCache
@@ -58,14 +64,18 @@ NEXT = [31, 32, 33, 34]
 SCHEDULE_BATCH = "sglang/srt/managers/schedule_batch.py"
 
 
-def record_class(modules: Any) -> type:
-    """SGLang's ``ReqKvInfo`` dataclass, compiled alone from the release's ``schedule_batch.py``
-    (kvpool's loader stubs that module: it imports the whole runtime) in a namespace holding
-    what it reads."""
+SCHEDULE_BATCH_CLASSES = ("ReqKvInfo", "BaseFinishReason", "FINISH_MATCHED_TOKEN", "FINISH_ABORT")
+"""The classes of the release's ``schedule_batch.py`` the test compiles."""
+
+
+def schedule_batch_classes(modules: Any) -> dict[str, type]:
+    """SGLang's ``ReqKvInfo`` record and finish reasons (:data:`SCHEDULE_BATCH_CLASSES`),
+    compiled alone from the release's ``schedule_batch.py`` (kvpool's loader stubs that module:
+    it imports the whole runtime) in a namespace holding what they read."""
     text = modules.source.read(SCHEDULE_BATCH)
     body: list[ast.stmt] = [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef)
-                            and n.name == "ReqKvInfo"]  # fmt: skip
-    assert len(body) == 1, "the release defines ReqKvInfo once"
+                            and n.name in SCHEDULE_BATCH_CLASSES]  # fmt: skip
+    assert len(body) == len(SCHEDULE_BATCH_CLASSES), "the release defines each class once"
     namespace: dict[str, Any] = {
         "dataclasses": dataclasses,
         "Optional": Optional,
@@ -82,8 +92,7 @@ def record_class(modules: Any) -> type:
     code = compile(ast.Module(body=body, type_ignores=[]), where, "exec", flags=lazy,
                    dont_inherit=True)  # fmt: skip
     exec(code, namespace)
-    record: type = namespace["ReqKvInfo"]
-    return record
+    return {name: namespace[name] for name in SCHEDULE_BATCH_CLASSES}
 
 
 class StreamingSessionStandIn:
@@ -104,10 +113,6 @@ class StreamingSessionStandIn:
         self.aborted += 1
 
 
-class Finished:
-    """A finish reason that is not an abort (a matched stop token)."""
-
-
 class TurnReq:
     """A scheduler request as the called code reads it (module docstring)."""
 
@@ -116,8 +121,8 @@ class TurnReq:
         self._world = world
         self.rid = rid
         self.session = session
-        self.origin_input_ids = list(tokens)
-        self.output_ids: list[int] = []
+        self.origin_input_ids = token_array(tokens)
+        self.output_ids = token_array([])
         self.kv = world.record()
         self.lock: Any = None
         self.last_node: Any = None
@@ -143,6 +148,27 @@ class TurnReq:
     def output_ids_through_stop(self) -> Any:
         return self._world.stops.output_ids_through_stop(self)
 
+    extra_key = None
+    cache_salt = None
+    kv_rotation_base = None
+    priority = 0
+
+    @property
+    def session_id(self) -> str | None:
+        return None if self.session is None else self.session.session_id
+
+    @property
+    def full_untruncated_fill_ids(self) -> array[int]:
+        """The request's tokens (its prompt and its output) as SGLang's ``RadixKey`` holds
+        them."""
+        return self.origin_input_ids + self.output_ids
+
+    def get_fill_ids(self) -> array[int]:
+        return self.full_untruncated_fill_ids
+
+    def release_mm_inputs_on_abort(self) -> None:
+        """No multimodal inputs to release."""
+
     def refresh_fill_ids(self) -> None:
         """The fill ids are the request's tokens (no lagging array here)."""
 
@@ -156,9 +182,20 @@ class World:
     """kvpool's adapter of SGLang's ``UnifiedRadixCache`` (``impl`` is SGLang's object)."""
     pool: Any
     allocator: Any
-    record: type
+    classes: dict[str, type]
+    """:func:`schedule_batch_classes`."""
     stops: StopMethods
     key: Any
+
+    def record(self) -> Any:
+        """A fresh ``ReqKvInfo``."""
+        return self.classes["ReqKvInfo"]()
+
+    def finish_reason(self, aborted: bool) -> Any:
+        """``FINISH_ABORT()`` or a matched stop token's reason."""
+        if aborted:
+            return self.classes["FINISH_ABORT"]()
+        return self.classes["FINISH_MATCHED_TOKEN"](0)
 
     @property
     def cache(self) -> Any:
@@ -190,9 +227,9 @@ class World:
         req.kv.kv_committed_len = committed
         req.kv.kv_allocated_len = committed + RESERVE
         req.kv.mamba_needs_clear = False  # the first forward cleared the fresh state slot
-        req.output_ids = list(OUTPUT)
+        req.output_ids = token_array(OUTPUT)
         req.finished_len = stop
-        req.finished_reason = Finished()
+        req.finished_reason = self.finish_reason(False)
         return int(req.kv.mamba_pool_idx) if hybrid else -1
 
     def finish(self, req: TurnReq) -> bool:
@@ -202,9 +239,20 @@ class World:
         can_cache = self.stops.mamba_can_cache_finished_req(req, self.cache)
         if not can_cache:
             req.skip_radix_cache_insert = True
-        self.modules.module("sglang.srt.mem_cache.common").release_kv_cache(
-            req, self.cache, checkpoint=True
-        )
+        # the session imports FINISH_ABORT from the stubbed schedule_batch at each call: give it
+        # the compiled class while SGLang's release runs (a stub's class has no instances)
+        stub = self.modules.module("sglang.srt.managers.schedule_batch").__dict__
+        saved = stub.get("FINISH_ABORT")
+        stub["FINISH_ABORT"] = self.classes["FINISH_ABORT"]
+        try:
+            self.modules.module("sglang.srt.mem_cache.common").release_kv_cache(
+                req, self.cache, checkpoint=True
+            )
+        finally:
+            if saved is None:
+                del stub["FINISH_ABORT"]
+            else:
+                stub["FINISH_ABORT"] = saved
         return can_cache
 
 
@@ -227,7 +275,8 @@ def build(core: str, hybrid: bool = True) -> World:
         if hybrid
         else SGLangUnifiedRadixCache(modules, pool, allocator, 1, tree_core=core)
     )
-    return World(modules, tree, pool, allocator, record_class(modules), stops, impl.radix_key)
+    classes = schedule_batch_classes(modules)
+    return World(modules, tree, pool, allocator, classes, stops, impl.radix_key)
 
 
 @pytest.mark.parametrize("core", CORES)
@@ -335,3 +384,98 @@ def test_the_hand_over_frees_the_over_allocation_as_kvpools_sessions_do(core: st
         assert held.kv_committed_len == held.kv_allocated_len == kept
         kvpool_freed = mm.token_to_kv_pool_allocator.available_size() - free_before
         assert kvpool_freed == committed + over - kept  # the same rule: [kept, allocated)
+
+
+Turn = tuple[int, int, int, int | None, bool]
+"""A generated turn: new input tokens, output tokens committed, reserve, the stop (an output
+position; None: the last token) and whether it is aborted."""
+
+turns = st.lists(
+    st.tuples(
+        st.integers(1, 3),
+        st.integers(1, 4),
+        st.integers(0, 3),
+        st.one_of(st.none(), st.integers(1, 4)),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def run_session(world: World, plan: list[Turn]) -> None:
+    """Turns of one streaming session through SGLang's own code (admission, hand-over or abort),
+    then ``release_session``. After every turn kvpool's rules hold on SGLang's state: every KV
+    slot, row and Mamba state is free or the session's (a kept turn holds exactly its tokens
+    through the stop, ``INV-SESSION-TRIMMED``); at the end everything is free."""
+    kv_size = world.allocator.impl.available_size()
+    rows = world.pool.impl.available_size()
+    states = getattr(world.pool.impl, "mamba_allocator", None)
+    state_size = 0 if states is None else int(states.available_size())
+    session = StreamingSessionStandIn("s")
+    history: list[int] = []  # the session's tokens: what the next turn continues from
+    token = 100
+    for i, (new, outputs, reserve, stop, aborted) in enumerate(plan):
+        prompt = history + list(range(token, token + new))
+        token += new
+        req = TurnReq(world, f"t{i}", prompt, session)
+        match = world.match(req)
+        prefix = match.device_prefix_len
+        if req.lock is None and world.cache.session.borrowed_slot(req) is None:
+            req.lock = world.cache.lock(match.last_device_node)
+        assert world.pool.impl.alloc([req]) is not None
+        world.cache.maybe_hand_to_session(req)
+        committed = len(prompt) + outputs
+        start = req.kv.kv_allocated_len
+        assert start == prefix  # the lent record holds exactly the session's tokens
+        slots = world.allocator.impl.alloc(committed + reserve - start)
+        assert slots is not None, "the generated turns fit the pool"
+        world.pool.impl.req_to_token[req.kv.req_pool_idx, start : committed + reserve] = slots
+        req.kv.kv_committed_len, req.kv.kv_allocated_len = committed, committed + reserve
+        req.kv.mamba_needs_clear = False
+        req.output_ids = token_array(range(token, token + outputs))
+        token += outputs
+        req.finished_len = None if stop is None else min(stop, outputs)
+        req.finished_reason = world.finish_reason(aborted)
+        world.finish(req)
+        slot = world.cache.session.slots.get("s")
+        kept = len(prompt) + (outputs if stop is None else min(stop, outputs))
+        if aborted:  # the session forgets its history; the next turn starts afresh
+            assert slot is None
+            history = []
+        else:
+            assert slot is not None
+            assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == kept
+            history = prompt + list(req.output_ids[: kept - len(prompt)])
+        held = 0 if slot is None else slot.kv.kv_allocated_len - slot.kv.cache_protected_len
+        tree = world.cache.evictable_size() + world.cache.protected_size()
+        assert world.allocator.impl.available_size() + held + tree == kv_size, plan[: i + 1]
+        assert world.pool.impl.available_size() == rows - (slot is not None), plan[: i + 1]
+        if states is not None:
+            holds = slot is not None and slot.kv.holds_mamba
+            cached = cached_states(world)
+            assert states.available_size() + int(holds) + cached == state_size, plan[: i + 1]
+    world.cache.session.release_session("s")
+    assert world.allocator.impl.available_size() + world.cache.evictable_size() == kv_size
+    assert world.cache.protected_size() == 0 and world.pool.impl.available_size() == rows
+    if states is not None:
+        assert states.available_size() + cached_states(world) == state_size
+
+
+def cached_states(world: World) -> int:
+    """The Mamba states SGLang's tree holds (an aborted turn's release caches its prompt and
+    state, as any finished request's does)."""
+    snap = world.tree.snapshot()
+    return sum(n.mamba_value is not None for n in snap.nodes[1:])
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+@settings(max_examples=25, deadline=None)
+@given(plan=turns)
+def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
+    hybrid: bool, plan: list[Turn]
+) -> None:
+    """Generated multi-turn sessions (stops inside a run, reserves, aborts) on SGLang's own
+    streaming session (the Rust core): nothing leaks, nothing is freed twice, a kept turn holds
+    exactly its tokens through the stop."""
+    run_session(build("rust", hybrid=hybrid), plan)
