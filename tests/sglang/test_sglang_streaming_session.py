@@ -469,13 +469,14 @@ def cached_states(world: World) -> int:
     return sum(n.mamba_value is not None for n in snap.nodes[1:])
 
 
+@pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize("hybrid", [False, True])
 @settings(max_examples=25, deadline=None)
 @given(plan=turns)
 def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
-    hybrid: bool, plan: list[Turn]
+    core: str, hybrid: bool, plan: list[Turn]
 ) -> None:
     """Generated multi-turn sessions (stops inside a run, reserves, aborts) on SGLang's own
-    streaming session (the Rust core): nothing leaks, nothing is freed twice, a kept turn holds
-    exactly its tokens through the stop."""
-    run_session(build("rust", hybrid=hybrid), plan)
+    streaming session: nothing leaks, nothing is freed twice, a kept turn holds exactly its
+    tokens through the stop."""
+    run_session(build(core, hybrid=hybrid), plan)
