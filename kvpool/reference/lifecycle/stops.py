@@ -48,12 +48,15 @@ def check_hybrid_stops(
 ) -> None:
     """ConfigError when a hybrid (Mamba) model's session turn (``in_session``) would stop before
     its last output token: its state holds every committed token and cannot be cut back to the
-    tokens its session keeps (not modelled)."""
+    tokens its session keeps (not modelled; SGLang 0.5.23's streaming session keeps that state
+    and resumes the next turn from it: specs/sglang_findings.md, finding 10)."""
     short = [r.rid for r, s in zip(reqs, stops, strict=True)
              if s is not None and s < len(r.output_ids) and in_session(r)]  # fmt: skip
     if short:
         raise ConfigError(f"session turns {short} of a hybrid (Mamba) model: a stop before the "
-                          "last output token is not modelled")  # fmt: skip
+                          "last output token is not modelled (its state ran past the stop; "
+                          "SGLang's session would resume from it: sglang_findings.md, "
+                          "finding 10)")  # fmt: skip
 
 
 def check_swa_stops(
