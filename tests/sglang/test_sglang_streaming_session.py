@@ -1,7 +1,8 @@
 """Opt-in (``--run-sglang-wheel``): SGLang 0.5.23's own streaming session, over its own unified
 cache (FULL and MAMBA components, both tree cores), its ``HybridReqToTokenPool`` and its token
 allocator, driven as its scheduler drives a hybrid (Mamba) model's streaming session under
-speculative decoding: finding 10 of specs/sglang_findings.md. With the FULL component alone, the
+speculative decoding: finding 10 of specs/sglang_findings.md (also run on SGLang 0.5.16's
+``StreamingSession`` around its ``MambaRadixCache``). With the FULL component alone, the
 same hand-over is checked against kvpool's session rule (the over-allocation freed at the
 hand-over). Generated multi-turn sessions (stops inside a run, reserves, aborts) check kvpool's
 rules on SGLang's state after every turn: no KV slot, row or Mamba state leaked or freed twice,
@@ -44,6 +45,7 @@ from kvpool.config import PoolConfig
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.cache_req import token_array
+from kvpool.sglang.mamba_radix import SGLangMambaRadixCache as SGLangMambaRadixCache16
 from kvpool.sglang.radix import to_sglang_key
 from kvpool.sglang.req_methods import StopMethods, stop_methods
 from kvpool.sglang.unified_mamba_radix import SGLangUnifiedMambaRadixCache
@@ -80,9 +82,7 @@ def schedule_batch_classes(modules: Any) -> dict[str, type]:
         "dataclasses": dataclasses,
         "Optional": Optional,
         "torch": torch,
-        "ComponentType": modules.attr(
-            "sglang.srt.mem_cache.unified_cache.component_type", "ComponentType"
-        ),
+        "ComponentType": _component_type(modules),
         "ceil_align": modules.attr("sglang.srt.utils", "ceil_align"),
         "__name__": __name__,  # dataclasses resolves string annotations in a loaded module
     }
@@ -93,6 +93,15 @@ def schedule_batch_classes(modules: Any) -> dict[str, type]:
                    dont_inherit=True)  # fmt: skip
     exec(code, namespace)
     return {name: namespace[name] for name in SCHEDULE_BATCH_CLASSES}
+
+
+def _component_type(modules: Any) -> Any:
+    """0.5.23's ``ComponentType`` (None for a release without the unified cache's components:
+    only annotations of 0.5.16's record name it)."""
+    try:
+        return modules.attr("sglang.srt.mem_cache.unified_cache.component_type", "ComponentType")
+    except Exception:  # the release has no such module
+        return None
 
 
 class StreamingSessionStandIn:
@@ -480,3 +489,104 @@ def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
     streaming session: nothing leaks, nothing is freed twice, a kept turn holds exactly its
     tokens through the stop."""
     run_session(build(core, hybrid=hybrid), plan)
+
+
+class TurnReq16:
+    """A request as SGLang 0.5.16's release and streaming session read it: the row, lengths
+    and Mamba fields on the request itself, ``kv`` the release's ``ReqKvInfo``."""
+
+    extra_key = None
+    is_chunked = 0
+    inflight_middle_chunks = 0
+
+    def __init__(self, rid: str, tokens: list[int], session: StreamingSessionStandIn) -> None:
+        self.rid = rid
+        self.session = session
+        self.origin_input_ids = token_array(tokens)
+        self.output_ids = token_array([])
+        self.req_pool_idx: int | None = None
+        self.kv: Any = None
+        self.kv_committed_len = 0
+        self.cache_protected_len = 0
+        self.last_node: Any = None
+        self.prefix_indices: Any = None
+        self.swa_uuid_for_lock: Any = None
+        self.mamba_pool_idx: Any = None
+        self.mamba_ping_pong_track_buffer: Any = None
+        self.mamba_next_track_idx: Any = None
+        self.mamba_last_track_seqlen: Any = None
+        self.mamba_branching_seqlen: Any = None
+        self.mamba_cow_src_index: Any = None
+        self.mamba_needs_clear = False
+        self.to_finish: Any = None
+        self.finished_reason: Any = None
+        self.finished_len: int | None = None
+
+    def effective_kv_committed_len(self) -> int:
+        """0.5.16's release keeps every committed token (no thinking strip here)."""
+        return self.kv_committed_len
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+
+def test_0_5_16_session_also_resumes_from_a_state_past_the_stop() -> None:
+    """Finding 10 on SGLang 0.5.16: its ``StreamingSession`` wrapped around its
+    ``MambaRadixCache``, its release (``common.release_kv_cache``) and its
+    ``HybridReqToTokenPool``: the hand-over trims the KV to the stop and keeps the state slot,
+    and the next turn resumes at the stop from it."""
+    impl = implementation("0.5.16")
+    assert impl.hybrid_req_to_token_pool and impl.allocator and impl.radix_key
+    radix_key = impl.radix_key
+    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
+                        rules=impl.rules_or_default())  # fmt: skip
+    pool, allocator = impl.hybrid_req_to_token_pool(config), impl.allocator(config)
+    modules = load_sglang("0.5.16")
+    tree = SGLangMambaRadixCache16(modules, pool, allocator, 1)
+    session_cls = modules.attr("sglang.srt.session.streaming_session", "StreamingSession")
+    cache = session_cls(tree.impl)
+    classes = schedule_batch_classes(modules)
+    params = modules.attr("sglang.srt.mem_cache.base_prefix_cache", "MatchPrefixParams")
+
+    def match(req: TurnReq16) -> Any:
+        key = radix_key(list(req.origin_input_ids[:-1]), None)
+        return cache.match_prefix(params(key=to_sglang_key(modules, key), req=req))
+
+    session = StreamingSessionStandIn("s")
+    turn = TurnReq16("t1", PROMPT, session)
+    first = match(turn)
+    assert len(first.device_indices) == 0
+    turn.last_node = first.last_device_node
+    cache.inc_lock_ref(turn.last_node)
+    assert pool.impl.alloc([turn]) is not None
+    committed = len(PROMPT) + len(OUTPUT)
+    slots = allocator.impl.alloc(committed + RESERVE)
+    assert turn.req_pool_idx is not None
+    pool.impl.req_to_token[turn.req_pool_idx, : committed + RESERVE] = slots
+    turn.kv = classes["ReqKvInfo"](kv_allocated_len=committed + RESERVE, swa_evicted_seqlen=0)
+    turn.kv_committed_len = committed
+    turn.output_ids = token_array(OUTPUT)
+    turn.finished_len = 3
+    turn.finished_reason = classes["FINISH_MATCHED_TOKEN"](0)
+    state = int(turn.mamba_pool_idx)
+    free_before = allocator.impl.available_size()
+    stub = modules.module("sglang.srt.managers.schedule_batch").__dict__
+    saved = stub.get("FINISH_ABORT")
+    stub["FINISH_ABORT"] = classes["FINISH_ABORT"]
+    try:
+        modules.module("sglang.srt.mem_cache.common").release_kv_cache(turn, cache)
+    finally:
+        if saved is None:
+            del stub["FINISH_ABORT"]
+        else:
+            stub["FINISH_ABORT"] = saved
+    through_stop = len(PROMPT) + 3
+    slot = cache.slots["s"]
+    assert slot.kv_committed_len == slot.kv.kv_allocated_len == through_stop
+    assert allocator.impl.available_size() == free_before + committed + RESERVE - through_stop
+    assert int(slot.mamba_pool_idx) == state  # the state after 14 tokens, kept
+
+    nxt = TurnReq16("t2", PROMPT + OUTPUT[:3] + NEXT, session)
+    assert len(match(nxt).device_indices) == through_stop
+    assert pool.impl.alloc([nxt]) is not None
+    assert int(nxt.mamba_pool_idx) == state and not nxt.mamba_needs_clear
