@@ -32,8 +32,10 @@ from __future__ import annotations
 import __future__
 
 import ast
+import contextlib
 import dataclasses
 from array import array
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import pytest
@@ -95,6 +97,23 @@ def schedule_batch_classes(modules: Any) -> dict[str, type]:
     return {name: namespace[name] for name in SCHEDULE_BATCH_CLASSES}
 
 
+@contextlib.contextmanager
+def real_finish_abort(modules: Any, classes: dict[str, type]) -> Iterator[None]:
+    """While inside, the stubbed ``schedule_batch`` module answers ``FINISH_ABORT`` with the
+    compiled class: the session imports it at each call to tell an abort (a stub's class has no
+    instances)."""
+    stub = modules.module("sglang.srt.managers.schedule_batch").__dict__
+    saved = stub.get("FINISH_ABORT")
+    stub["FINISH_ABORT"] = classes["FINISH_ABORT"]
+    try:
+        yield
+    finally:
+        if saved is None:
+            del stub["FINISH_ABORT"]
+        else:
+            stub["FINISH_ABORT"] = saved
+
+
 def _component_type(modules: Any) -> Any:
     """0.5.23's ``ComponentType`` (None for a release without the unified cache's components:
     only annotations of 0.5.16's record name it)."""
@@ -124,6 +143,11 @@ class StreamingSessionStandIn:
 
 class TurnReq:
     """A scheduler request as the called code reads it (module docstring)."""
+
+    extra_key = None
+    cache_salt = None
+    kv_rotation_base = None
+    priority = 0
 
     def __init__(self, world: World, rid: str, tokens: list[int],
                  session: StreamingSessionStandIn | None) -> None:  # fmt: skip
@@ -156,11 +180,6 @@ class TurnReq:
     @property
     def output_ids_through_stop(self) -> Any:
         return self._world.stops.output_ids_through_stop(self)
-
-    extra_key = None
-    cache_salt = None
-    kv_rotation_base = None
-    priority = 0
 
     @property
     def session_id(self) -> str | None:
@@ -248,20 +267,10 @@ class World:
         can_cache = self.stops.mamba_can_cache_finished_req(req, self.cache)
         if not can_cache:
             req.skip_radix_cache_insert = True
-        # the session imports FINISH_ABORT from the stubbed schedule_batch at each call: give it
-        # the compiled class while SGLang's release runs (a stub's class has no instances)
-        stub = self.modules.module("sglang.srt.managers.schedule_batch").__dict__
-        saved = stub.get("FINISH_ABORT")
-        stub["FINISH_ABORT"] = self.classes["FINISH_ABORT"]
-        try:
+        with real_finish_abort(self.modules, self.classes):
             self.modules.module("sglang.srt.mem_cache.common").release_kv_cache(
                 req, self.cache, checkpoint=True
             )
-        finally:
-            if saved is None:
-                del stub["FINISH_ABORT"]
-            else:
-                stub["FINISH_ABORT"] = saved
         return can_cache
 
 
@@ -570,16 +579,8 @@ def test_0_5_16_session_also_resumes_from_a_state_past_the_stop() -> None:
     turn.finished_reason = classes["FINISH_MATCHED_TOKEN"](0)
     state = int(turn.mamba_pool_idx)
     free_before = allocator.impl.available_size()
-    stub = modules.module("sglang.srt.managers.schedule_batch").__dict__
-    saved = stub.get("FINISH_ABORT")
-    stub["FINISH_ABORT"] = classes["FINISH_ABORT"]
-    try:
+    with real_finish_abort(modules, classes):
         modules.module("sglang.srt.mem_cache.common").release_kv_cache(turn, cache)
-    finally:
-        if saved is None:
-            del stub["FINISH_ABORT"]
-        else:
-            stub["FINISH_ABORT"] = saved
     through_stop = len(PROMPT) + 3
     slot = cache.slots["s"]
     assert slot.kv_committed_len == slot.kv.kv_allocated_len == through_stop
