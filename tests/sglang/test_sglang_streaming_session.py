@@ -44,6 +44,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.config import PoolConfig
+from kvpool.constants import ceil_align
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.cache_req import token_array
@@ -215,6 +216,21 @@ class World:
     stops: StopMethods
     key: Any
 
+    def extend_slots(self, req: TurnReq, end: int) -> None:
+        """Allocate and write the row's columns ``[kv_allocated_len, end)`` as the scheduler's
+        ``alloc_for_extend`` does: ``alloc`` at page size 1, else the paged ``alloc_extend``
+        after the row's last slot."""
+        start = req.kv.kv_allocated_len
+        row = req.kv.req_pool_idx
+        if self.tree.page_size == 1:
+            slots = self.allocator.impl.alloc(end - start)
+        else:
+            last = int(self.pool.impl.req_to_token[row, start - 1]) if start else -1
+            slots = self.allocator.alloc_extend([start], [start], [end], [end], [last], end - start)
+        assert slots is not None, "the generated turns fit the pool"
+        self.pool.impl.req_to_token[row, start:end] = slots
+        req.kv.kv_allocated_len = end
+
     def record(self) -> Any:
         """A fresh ``ReqKvInfo``."""
         return self.classes["ReqKvInfo"]()
@@ -274,13 +290,14 @@ class World:
         return can_cache
 
 
-def build(core: str, hybrid: bool = True) -> World:
+def build(core: str, hybrid: bool = True, page_size: int = 1) -> World:
     """SGLang's cache over its pools: FULL and MAMBA components over its
-    ``HybridReqToTokenPool`` (``hybrid``), else FULL alone over its ``ReqToTokenPool``."""
+    ``HybridReqToTokenPool`` (``hybrid``; page size 1), else FULL alone over its
+    ``ReqToTokenPool`` (its paged allocator above page size 1)."""
     impl = implementation(VERSION, tree_core=core)
     assert impl.hybrid_req_to_token_pool and impl.req_to_token_pool and impl.allocator
-    assert impl.radix_key
-    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32,
+    assert impl.radix_key and (page_size == 1 or not hybrid)
+    config = PoolConfig(size=64, page_size=page_size, req_pool_size=4, max_context_len=32,
                         mamba_slots=4 if hybrid else None,
                         rules=impl.rules_or_default())  # fmt: skip
     pool = (impl.hybrid_req_to_token_pool if hybrid else impl.req_to_token_pool)(config)
@@ -291,7 +308,7 @@ def build(core: str, hybrid: bool = True) -> World:
     tree: Any = (
         SGLangUnifiedMambaRadixCache(modules, pool, allocator, 1, tree_core=core)
         if hybrid
-        else SGLangUnifiedRadixCache(modules, pool, allocator, 1, tree_core=core)
+        else SGLangUnifiedRadixCache(modules, pool, allocator, page_size, tree_core=core)
     )
     classes = schedule_batch_classes(modules)
     return World(modules, tree, pool, allocator, classes, stops, impl.radix_key)
@@ -444,12 +461,9 @@ def run_session(world: World, plan: list[Turn]) -> None:
         assert world.pool.impl.alloc([req]) is not None
         world.cache.maybe_hand_to_session(req)
         committed = len(prompt) + outputs
-        start = req.kv.kv_allocated_len
-        assert start == prefix  # the lent record holds exactly the session's tokens
-        slots = world.allocator.impl.alloc(committed + reserve - start)
-        assert slots is not None, "the generated turns fit the pool"
-        world.pool.impl.req_to_token[req.kv.req_pool_idx, start : committed + reserve] = slots
-        req.kv.kv_committed_len, req.kv.kv_allocated_len = committed, committed + reserve
+        assert req.kv.kv_allocated_len == prefix  # a lent record holds the session's tokens
+        world.extend_slots(req, committed + reserve)
+        req.kv.kv_committed_len = committed
         req.kv.mamba_needs_clear = False
         req.output_ids = token_array(range(token, token + outputs))
         token += outputs
@@ -465,7 +479,12 @@ def run_session(world: World, plan: list[Turn]) -> None:
             assert slot is not None
             assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == kept
             history = prompt + list(req.output_ids[: kept - len(prompt)])
-        held = 0 if slot is None else slot.kv.kv_allocated_len - slot.kv.cache_protected_len
+        ps = world.tree.page_size  # a slot's last partial page is its own
+        held = (
+            0
+            if slot is None
+            else ceil_align(slot.kv.kv_allocated_len, ps) - slot.kv.cache_protected_len
+        )
         tree = world.cache.evictable_size() + world.cache.protected_size()
         assert world.allocator.impl.available_size() + held + tree == kv_size, plan[: i + 1]
         assert world.pool.impl.available_size() == rows - (slot is not None), plan[: i + 1]
@@ -488,16 +507,16 @@ def cached_states(world: World) -> int:
 
 
 @pytest.mark.parametrize("core", CORES)
-@pytest.mark.parametrize("hybrid", [False, True])
+@pytest.mark.parametrize(("hybrid", "page_size"), [(False, 1), (False, 4), (True, 1)])
 @settings(max_examples=25, deadline=None)
 @given(plan=turns)
 def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
-    core: str, hybrid: bool, plan: list[Turn]
+    core: str, hybrid: bool, page_size: int, plan: list[Turn]
 ) -> None:
     """Generated multi-turn sessions (stops inside a run, reserves, aborts) on SGLang's own
     streaming session: nothing leaks, nothing is freed twice, a kept turn holds exactly its
     tokens through the stop."""
-    run_session(build(core, hybrid=hybrid), plan)
+    run_session(build(core, hybrid=hybrid, page_size=page_size), plan)
 
 
 class TurnReq16:
