@@ -4,9 +4,9 @@ allocator, driven as its scheduler drives a hybrid (Mamba) model's streaming ses
 speculative decoding: finding 10 of specs/sglang_findings.md (also run on SGLang 0.5.16's
 ``StreamingSession`` around its ``MambaRadixCache``). With the FULL component alone, the
 same hand-over is checked against kvpool's session rule (the over-allocation freed at the
-hand-over). Generated multi-turn sessions (stops inside a run, reserves, aborts) check kvpool's
-rules on SGLang's state after every turn: no KV slot, row or Mamba state leaked or freed twice,
-a kept turn holding exactly its tokens through the stop.
+hand-over). Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions)
+check kvpool's rules on SGLang's state after every turn: no KV slot, row or Mamba state leaked
+or freed twice, a kept turn holding exactly its tokens through the stop.
 
 kvpool's lifecycle campaigns run their own session code on both sides (kvpool refuses a hybrid
 session turn that stops early, ``ConfigError``). Here SGLang's code runs instead:
@@ -245,14 +245,30 @@ class World:
     def cache(self) -> Any:
         return self.tree.impl
 
-    def match(self, req: TurnReq) -> Any:
-        """The scheduler's prefix match of ``req`` (its key capped at ``len - 1`` tokens)."""
+    def match(self, req: TurnReq, tokens: int | None = None) -> Any:
+        """The scheduler's prefix match of ``req`` over its first ``tokens`` fill ids (default:
+        its prompt), the key capped at ``tokens - 1``."""
         params = self.modules.attr("sglang.srt.mem_cache.base_prefix_cache",
                                    "MatchPrefixParams")  # fmt: skip
-        tokens = req.origin_input_ids[:-1]
+        count = len(req.origin_input_ids) if tokens is None else tokens
+        key = list(req.full_untruncated_fill_ids[: count - 1])
         return self.cache.match_prefix(
-            params(key=to_sglang_key(self.modules, self.key(tokens, None)), req=req)
+            params(key=to_sglang_key(self.modules, self.key(key, None)), req=req)
         )
+
+    def retract(self, req: TurnReq) -> None:
+        """The scheduler's retraction (``release_req``): ``release_kv_cache(checkpoint=False)``,
+        then the fields ``reset_for_retract`` clears that the called code reads again."""
+        with real_finish_abort(self.modules, self.classes):
+            self.modules.module("sglang.srt.mem_cache.common").release_kv_cache(
+                req, self.cache, checkpoint=False
+            )
+        req.lock = None
+        req.last_node = None
+        req.kv.cache_protected_len = 0
+        req.kv.cache_inserted_len = 0
+        req.kv.kv_committed_len = 0
+        req.swa_branching_seqlen = None
 
     def run_turn(self, req: TurnReq, stop: int) -> int:
         """Admit ``req`` (match, lock, row and state slot, the session takes its record) and
@@ -421,9 +437,10 @@ def test_the_hand_over_frees_the_over_allocation_as_kvpools_sessions_do(core: st
         assert kvpool_freed == committed + over - kept  # the same rule: [kept, allocated)
 
 
-Turn = tuple[int, int, int, int | None, bool]
+Turn = tuple[int, int, int, int | None, bool, bool]
 """A generated turn: new input tokens, output tokens committed, reserve, the stop (an output
-position; None: the last token) and whether it is aborted."""
+position; None: the last token), whether it is aborted, and whether it is retracted once first
+(then admitted again, as a retracted request is)."""
 
 turns = st.lists(
     st.tuples(
@@ -432,71 +449,100 @@ turns = st.lists(
         st.integers(0, 3),
         st.one_of(st.none(), st.integers(1, 4)),
         st.booleans(),
+        st.booleans(),
     ),
     min_size=1,
     max_size=4,
 )
 
 
-def run_session(world: World, plan: list[Turn]) -> None:
-    """Turns of one streaming session through SGLang's own code (admission, hand-over or abort),
-    then ``release_session``. After every turn kvpool's rules hold on SGLang's state: every KV
-    slot, row and Mamba state is free or the session's (a kept turn holds exactly its tokens
-    through the stop, ``INV-SESSION-TRIMMED``); at the end everything is free."""
-    kv_size = world.allocator.impl.available_size()
-    rows = world.pool.impl.available_size()
+def admit(world: World, req: TurnReq, tokens: int) -> int:
+    """The scheduler's admission of ``req`` over its first ``tokens`` tokens (its fill ids):
+    the prefix match (a session lends its record), the lock of a turn that borrows none, the
+    row and state slot, the session taking a first turn's record. Returns the prefix length."""
+    match = world.match(req, tokens)
+    if req.lock is None and world.cache.session.borrowed_slot(req) is None:
+        req.lock = world.cache.lock(match.last_device_node)
+    assert world.pool.impl.alloc([req]) is not None
+    world.cache.maybe_hand_to_session(req)
+    prefix = int(match.device_prefix_len)
+    assert req.kv.kv_allocated_len == prefix  # a lent record holds the session's tokens
+    return prefix
+
+
+def check_held(world: World, sizes: tuple[int, int, int], where: object) -> Any:
+    """Every KV slot, row and Mamba state is free, cached in the tree or the session's (its
+    last partial page its own); returns the session's slot (None: it holds nothing)."""
+    kv_size, rows, state_size = sizes
+    slot: Any = world.cache.session.slots.get("s")
+    held = 0
+    if slot is not None:
+        held = ceil_align(slot.kv.kv_allocated_len, world.tree.page_size)
+        held -= slot.kv.cache_protected_len
+    tree = world.cache.evictable_size() + world.cache.protected_size()
+    assert world.allocator.impl.available_size() + held + tree == kv_size, where
+    assert world.pool.impl.available_size() == rows - (slot is not None), where
     states = getattr(world.pool.impl, "mamba_allocator", None)
-    state_size = 0 if states is None else int(states.available_size())
+    if states is not None:
+        holds = slot is not None and slot.kv.holds_mamba
+        free = states.available_size()
+        assert free + int(holds) + cached_states(world) == state_size, where
+    return slot
+
+
+def run_session(world: World, plan: list[Turn]) -> None:
+    """Turns of one streaming session through SGLang's own code (admission, hand-over, abort,
+    retraction and re-admission), then ``release_session``. After every step kvpool's rules
+    hold on SGLang's state (:func:`check_held`; a kept turn holds exactly its tokens through the
+    stop, ``INV-SESSION-TRIMMED``); at the end everything is free."""
+    states = getattr(world.pool.impl, "mamba_allocator", None)
+    sizes = (
+        int(world.allocator.impl.available_size()),
+        int(world.pool.impl.available_size()),
+        0 if states is None else int(states.available_size()),
+    )
     session = StreamingSessionStandIn("s")
     history: list[int] = []  # the session's tokens: what the next turn continues from
     token = 100
-    for i, (new, outputs, reserve, stop, aborted) in enumerate(plan):
+    for i, (new, outputs, reserve, stop, aborted, retracted) in enumerate(plan):
+        where = plan[: i + 1]
         prompt = history + list(range(token, token + new))
         token += new
         req = TurnReq(world, f"t{i}", prompt, session)
-        match = world.match(req)
-        prefix = match.device_prefix_len
-        if req.lock is None and world.cache.session.borrowed_slot(req) is None:
-            req.lock = world.cache.lock(match.last_device_node)
-        assert world.pool.impl.alloc([req]) is not None
-        world.cache.maybe_hand_to_session(req)
+        admit(world, req, len(prompt))
         committed = len(prompt) + outputs
-        assert req.kv.kv_allocated_len == prefix  # a lent record holds the session's tokens
         world.extend_slots(req, committed + reserve)
         req.kv.kv_committed_len = committed
         req.kv.mamba_needs_clear = False
         req.output_ids = token_array(range(token, token + outputs))
         token += outputs
+        if retracted:  # the scheduler's release_req: no insert; the session keeps the record
+            world.retract(req)
+            slot = check_held(world, sizes, where)
+            assert slot is not None and slot.kv.kv_committed_len == committed
+            assert slot.kv.kv_allocated_len == committed, where  # the reserve went back
+            # admitted again over its fill ids (prompt and output): the key stops a token
+            # short, so the session frees that token's slot and it is computed again
+            assert admit(world, req, committed) == committed - 1
+            world.extend_slots(req, committed + reserve)
+            req.kv.kv_committed_len = committed
         req.finished_len = None if stop is None else min(stop, outputs)
         req.finished_reason = world.finish_reason(aborted)
         world.finish(req)
-        slot = world.cache.session.slots.get("s")
+        slot = check_held(world, sizes, where)
         kept = len(prompt) + (outputs if stop is None else min(stop, outputs))
         if aborted:  # the session forgets its history; the next turn starts afresh
-            assert slot is None
+            assert slot is None, where
             history = []
         else:
             assert slot is not None
-            assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == kept
+            assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == kept, where
             history = prompt + list(req.output_ids[: kept - len(prompt)])
-        ps = world.tree.page_size  # a slot's last partial page is its own
-        held = (
-            0
-            if slot is None
-            else ceil_align(slot.kv.kv_allocated_len, ps) - slot.kv.cache_protected_len
-        )
-        tree = world.cache.evictable_size() + world.cache.protected_size()
-        assert world.allocator.impl.available_size() + held + tree == kv_size, plan[: i + 1]
-        assert world.pool.impl.available_size() == rows - (slot is not None), plan[: i + 1]
-        if states is not None:
-            holds = slot is not None and slot.kv.holds_mamba
-            cached = cached_states(world)
-            assert states.available_size() + int(holds) + cached == state_size, plan[: i + 1]
     world.cache.session.release_session("s")
-    assert world.allocator.impl.available_size() + world.cache.evictable_size() == kv_size
-    assert world.cache.protected_size() == 0 and world.pool.impl.available_size() == rows
+    assert world.allocator.impl.available_size() + world.cache.evictable_size() == sizes[0]
+    assert world.cache.protected_size() == 0 and world.pool.impl.available_size() == sizes[1]
     if states is not None:
-        assert states.available_size() + cached_states(world) == state_size
+        assert states.available_size() + cached_states(world) == sizes[2]
 
 
 def cached_states(world: World) -> int:
@@ -513,9 +559,9 @@ def cached_states(world: World) -> int:
 def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
     core: str, hybrid: bool, page_size: int, plan: list[Turn]
 ) -> None:
-    """Generated multi-turn sessions (stops inside a run, reserves, aborts) on SGLang's own
-    streaming session: nothing leaks, nothing is freed twice, a kept turn holds exactly its
-    tokens through the stop."""
+    """Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions) on
+    SGLang's own streaming session: nothing leaks, nothing is freed twice, a kept turn holds
+    exactly its tokens through the stop."""
     run_session(build(core, hybrid=hybrid, page_size=page_size), plan)
 
 
