@@ -207,4 +207,11 @@ def resolve_source(source: str, cache_dir: str | os.PathLike[str] | None = None)
     )
 
 
-__all__ = ["SGLangSource", "default_cache_dir", "download_wheel", "resolve_source"]
+__all__ = [
+    "PIP_FAILURE_CHARS",
+    "SGLangSource",
+    "default_cache_dir",
+    "download_wheel",
+    "pip_failure",
+    "resolve_source",
+]

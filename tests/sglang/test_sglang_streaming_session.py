@@ -275,17 +275,11 @@ class World:
         leave it as its last verify step does: the prompt and :data:`OUTPUT` committed, the
         reserve allocated, the state after every committed token, the stop token at output
         position ``stop`` (its ``finished_len``). Returns the state slot (-1 without one)."""
-        match = self.match(req)
-        assert match.device_prefix_len == 0
-        req.lock = self.cache.lock(match.last_device_node)
-        assert self.pool.impl.alloc([req]) is not None
-        self.cache.maybe_hand_to_session(req)
+        assert admit(self, req, len(req.origin_input_ids)) == 0
         hybrid = req.kv.mamba_pool_idx is not None
         committed = len(req.origin_input_ids) + len(OUTPUT)
-        slots = self.allocator.impl.alloc(committed + RESERVE)
-        self.pool.impl.req_to_token[req.kv.req_pool_idx, : committed + RESERVE] = slots
+        self.extend_slots(req, committed + RESERVE)
         req.kv.kv_committed_len = committed
-        req.kv.kv_allocated_len = committed + RESERVE
         req.kv.mamba_needs_clear = False  # the first forward cleared the fresh state slot
         req.output_ids = token_array(OUTPUT)
         req.finished_len = stop

@@ -94,11 +94,8 @@ class SessionSlot:
             )
         start = ceil_align(req.kv_committed_len, page_size)
         if req.kv_allocated_len > start:
-            tail = req_to_token_pool.read(req.req_pool_idx, start, req.kv_allocated_len)
-            if segments:
-                allocator.free_segment(tail.to(torch.int64), start)
-            else:
-                allocator.free(tail.to(torch.int64))
+            _free_columns(req_to_token_pool, allocator, req.req_pool_idx, start,
+                          req.kv_allocated_len, segments)  # fmt: skip
         self.req_pool_idx = req.req_pool_idx
         self.kv_committed_len = req.kv_committed_len
         self.kv_allocated_len = req.kv_committed_len
@@ -199,17 +196,30 @@ class SessionSlot:
         segments = as_bool("segments", segments)
         if self.req_pool_idx is None:
             return
-        row = self.req_pool_idx
-        held = req_to_token_pool.read(row, self.cache_protected_len, self.kv_allocated_len)
-        if segments:
-            allocator.free_segment(held.to(torch.int64), self.cache_protected_len)
-        else:
-            allocator.free(held.to(torch.int64))
+        _free_columns(req_to_token_pool, allocator, self.req_pool_idx, self.cache_protected_len,
+                      self.kv_allocated_len, segments)  # fmt: skip
         if self.mamba_pool_idx is not None:  # a hybrid model: the state goes back with the row
             assert isinstance(req_to_token_pool, HybridReqToTokenPool)
             req_to_token_pool.free_mamba_cache(self)
         req_to_token_pool.free(self)
         self.forget()
+
+
+def _free_columns(
+    req_to_token_pool: ReqToTokenPoolProtocol[torch.Tensor],
+    allocator: SegmentAllocatorProtocol[torch.Tensor],
+    row: int,
+    start: int,
+    stop: int,
+    segments: bool,
+) -> None:
+    """Free the slots of ``row``'s columns ``[start, stop)`` (int64) as one piece: ``free``, or
+    with ``segments`` ``free_segment``."""
+    slots = req_to_token_pool.read(row, start, stop).to(torch.int64)
+    if segments:
+        allocator.free_segment(slots, start)
+    else:
+        allocator.free(slots)
 
 
 __all__ = ["SessionSlot"]

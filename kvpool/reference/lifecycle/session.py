@@ -133,11 +133,8 @@ class SessionSlot:
             )
         start = ceil_align(req.kv_committed_len, page_size)
         if req.kv_allocated_len > start:
-            tail = req_to_token_pool.read(req.req_pool_idx, start, req.kv_allocated_len)
-            if segments:
-                allocator.free_segment(tail, start)
-            else:
-                allocator.free(tail)
+            _free_columns(req_to_token_pool, allocator, req.req_pool_idx, start,
+                          req.kv_allocated_len, segments)  # fmt: skip
         self.req_pool_idx = req.req_pool_idx
         self.kv_committed_len = req.kv_committed_len
         self.kv_allocated_len = req.kv_committed_len
@@ -192,12 +189,8 @@ class SessionSlot:
         segments = as_bool("segments", segments)
         if self.req_pool_idx is None:
             return
-        row = self.req_pool_idx
-        held = req_to_token_pool.read(row, self.cache_protected_len, self.kv_allocated_len)
-        if segments:
-            allocator.free_segment(held, self.cache_protected_len)
-        else:
-            allocator.free(held)
+        _free_columns(req_to_token_pool, allocator, self.req_pool_idx, self.cache_protected_len,
+                      self.kv_allocated_len, segments)  # fmt: skip
         if self.mamba_pool_idx is not None:  # a hybrid model: the state goes back with the row
             assert isinstance(req_to_token_pool, HybridReqToTokenPool)
             req_to_token_pool.free_mamba_cache(self)
@@ -205,4 +198,21 @@ class SessionSlot:
         self.forget()
 
 
-__all__ = ["SessionSlot", "check_page_size", "check_pools"]
+def _free_columns(
+    req_to_token_pool: ReqToTokenPool,
+    allocator: BaseTokenToKVPoolAllocator,
+    row: int,
+    start: int,
+    stop: int,
+    segments: bool,
+) -> None:
+    """Free the slots of ``row``'s columns ``[start, stop)`` as one piece: ``free``, or with
+    ``segments`` ``free_segment`` (SGLang 0.5.23's ``free_kv_row``)."""
+    slots = req_to_token_pool.read(row, start, stop)
+    if segments:
+        allocator.free_segment(slots, start)
+    else:
+        allocator.free(slots)
+
+
+__all__ = ["SessionSlot", "check_page_size", "check_pools", "check_table"]
