@@ -1,0 +1,173 @@
+"""Opt-in (``--run-sglang-wheel``): finding 11 of specs/sglang_findings.md. Under overlap
+scheduling, a hybrid (Mamba) streaming-session turn retracted while it decodes is admitted again
+one token behind the state its session kept: SGLang's own session, cache, pools and release
+(0.5.23, both tree cores; 0.5.16's ``StreamingSession`` around its ``MambaRadixCache``),
+through :mod:`tests.sglang.session_world`.
+
+What overlap scheduling leaves at a retraction (0.5.23's ``event_loop_overlap``): the scheduler
+prepares the next batch (``update_running_batch``, where ``retract_decode`` runs) after it has
+launched the previous one and before it processes that one's result. So the request's last
+sampled token (the last of ``output_ids``) is already being computed: ``alloc_for_decode``
+counted it in ``kv_committed_len``, and the forward writes its KV and advances the live Mamba
+state through it. The token that forward samples is dropped (``is_retracted``). Here the model's
+forward is stood in by hand: the row's slots, the committed length, and the state's tag, which
+:meth:`kvpool.sglang.hybrid.SGLangMambaPool.write_state` sets to the number of tokens the state
+has consumed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvpool.config import PoolConfig
+from kvpool.reference.lifecycle.memory_manager import MemoryManager
+from kvpool.sglang import implementation, load_sglang
+from kvpool.sglang.cache_req import token_array
+from kvpool.sglang.mamba_radix import SGLangMambaRadixCache as SGLangMambaRadixCache16
+from kvpool.sglang.radix import to_sglang_key
+from tests.sglang.session_world import (
+    CORES,
+    OUTPUT,
+    PROMPT,
+    StreamingSessionStandIn,
+    TurnReq,
+    TurnReq16,
+    World,
+    admit,
+    build,
+    real_finish_abort,
+    schedule_batch_classes,
+)
+
+pytestmark = pytest.mark.sglang_wheel
+
+SAMPLED = len(PROMPT) + len(OUTPUT)
+"""The turn's tokens when it is retracted: its prompt and the output sampled so far (14)."""
+
+
+def decoding_turn(world: World, session: StreamingSessionStandIn, overlap: bool) -> tuple[Any, int]:
+    """A session's turn decoding when the scheduler retracts it: :data:`OUTPUT` sampled and
+    processed, and with ``overlap`` the step computing the last of them already launched (the
+    state and ``kv_committed_len`` include it); without, that step not yet prepared. Returns
+    the request and its state slot."""
+    req = TurnReq(world, "t1", PROMPT, session)
+    admit(world, req, len(PROMPT))
+    committed = SAMPLED if overlap else SAMPLED - 1
+    world.extend_slots(req, committed)  # one slot per computed token (no speculation)
+    req.kv.kv_committed_len = committed
+    req.kv.mamba_needs_clear = False  # the prefill cleared the fresh state slot
+    req.output_ids = token_array(OUTPUT)
+    state = int(req.kv.mamba_pool_idx)
+    world.pool.mamba_pool.write_state([state], [committed])
+    return req, state
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_a_turn_retracted_under_overlap_resumes_a_token_behind_its_state(core: str) -> None:
+    """The finding: the session keeps the record and the live state after 14 tokens; the
+    re-admission resumes at token 13, so the prefill feeds the 14th token into a state that has
+    already consumed it."""
+    world = build(core)
+    session = StreamingSessionStandIn("s")
+    req, state = decoding_turn(world, session, overlap=True)
+
+    # release_req: release_kv_cache(checkpoint=False) hands the record to the session
+    world.retract(req)
+    slot = world.cache.session.slots["s"]
+    assert not req.kv.holds_kv and slot.kv.kv_committed_len == slot.kv.kv_allocated_len == SAMPLED
+    assert slot.kv.holds_mamba and int(slot.kv.mamba_pool_idx) == state
+    assert session.finished == ["t1"]  # the retraction also advanced the session's checkpoint
+
+    # admitted again over its fill ids (prompt and output): the key stops a token short, so
+    # the session frees the last token's slot to compute it again ...
+    assert admit(world, req, SAMPLED) == SAMPLED - 1
+    assert req.kv is slot.kv and int(req.kv.mamba_pool_idx) == state
+    # ... from the kept state slot, not cleared, which has consumed that token already
+    assert not req.kv.mamba_needs_clear
+    assert world.pool.mamba_pool.state_tags([state]) == [SAMPLED]
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_without_overlap_the_retracted_turn_resumes_where_its_state_is(core: str) -> None:
+    """Control: with the last sampled token not yet computed, the state and the resumed prefix
+    hold the same 13 tokens."""
+    world = build(core)
+    req, state = decoding_turn(world, StreamingSessionStandIn("s"), overlap=False)
+    world.retract(req)
+    assert admit(world, req, SAMPLED) == SAMPLED - 1
+    assert int(req.kv.mamba_pool_idx) == state
+    assert world.pool.mamba_pool.state_tags([state]) == [SAMPLED - 1]
+
+
+def test_kvpool_releases_a_retracted_session_turns_state() -> None:
+    """kvpool's rule: a restored session turn that is retracted gives its row, KV and Mamba
+    state back (the session forgets its history), so its re-admission starts from a fresh
+    state."""
+    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
+                        disable_radix_cache=True)  # fmt: skip
+    mm = MemoryManager(config)
+    mm.open_session("s")
+    mm.new_req("t1", PROMPT, session_id="s")
+    mm.extend(["t1"])
+    for token in OUTPUT[:2]:
+        mm.decode(["t1"], [token])
+    mm.finish(["t1"])
+    (kept,) = mm.snapshot().sessions
+    assert kept.kv_committed_len == len(PROMPT) + 2
+    mm.new_req("t2", PROMPT + OUTPUT[:2] + [31, 32], session_id="s")
+    mm.extend(["t2"])
+    mm.decode(["t2"], [41])
+    mm.retract("t2")
+    snap = mm.snapshot()
+    (session,) = snap.sessions
+    assert session.kv_committed_len == session.kv_allocated_len == 0 and session.row == ()
+    assert snap.mamba is not None
+    states = snap.mamba.pool.mamba_allocator
+    assert len(states.free_slots) == states.size  # no state kept for the retried turn
+
+
+def test_0_5_16_session_also_resumes_a_token_behind_its_state() -> None:
+    """Finding 11 on SGLang 0.5.16: its ``StreamingSession`` keeps an unfinished (retracted)
+    turn's slot as a finished one's (``try_cache_finished_req``: ``save_from_req``), and the
+    re-admission resumes at ``min(kv_committed_len, len(key))``, a token behind its state."""
+    impl = implementation("0.5.16")
+    assert impl.hybrid_req_to_token_pool and impl.allocator and impl.radix_key
+    radix_key = impl.radix_key
+    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
+                        rules=impl.rules_or_default())  # fmt: skip
+    pool, allocator = impl.hybrid_req_to_token_pool(config), impl.allocator(config)
+    modules = load_sglang("0.5.16")
+    tree = SGLangMambaRadixCache16(modules, pool, allocator, 1)
+    session_cls = modules.attr("sglang.srt.session.streaming_session", "StreamingSession")
+    cache = session_cls(tree.impl)
+    classes = schedule_batch_classes(modules)
+    params = modules.attr("sglang.srt.mem_cache.base_prefix_cache", "MatchPrefixParams")
+
+    def match(req: TurnReq16, tokens: list[int]) -> Any:
+        key = radix_key(tokens[:-1], None)  # the scheduler's key: the last token recomputed
+        return cache.match_prefix(params(key=to_sglang_key(modules, key), req=req))
+
+    session = StreamingSessionStandIn("s")
+    turn = TurnReq16("t1", PROMPT, session)
+    turn.last_node = match(turn, PROMPT).last_device_node
+    cache.inc_lock_ref(turn.last_node)
+    assert pool.impl.alloc([turn]) is not None and turn.req_pool_idx is not None
+    pool.impl.req_to_token[turn.req_pool_idx, :SAMPLED] = allocator.impl.alloc(SAMPLED)
+    turn.kv = classes["ReqKvInfo"](kv_allocated_len=SAMPLED, swa_evicted_seqlen=0)
+    turn.kv_committed_len = SAMPLED  # 0.5.16's prepare_for_decode counted the launched step
+    turn.output_ids = token_array(OUTPUT)
+    state = int(turn.mamba_pool_idx)
+    pool.mamba_pool.write_state([state], [SAMPLED])
+
+    with real_finish_abort(modules, classes):  # release_req: no insert
+        modules.module("sglang.srt.mem_cache.common").release_kv_cache(turn, cache, is_insert=False)
+    slot = cache.slots["s"]
+    assert slot.kv_committed_len == SAMPLED and int(slot.mamba_pool_idx) == state
+
+    again = TurnReq16("t1", PROMPT + OUTPUT, session)  # its fill ids: prompt and output
+    assert len(match(again, PROMPT + OUTPUT).device_indices) == SAMPLED - 1
+    assert pool.impl.alloc([again]) is not None
+    assert int(again.mamba_pool_idx) == state and not again.mamba_needs_clear
+    assert pool.mamba_pool.state_tags([state]) == [SAMPLED]
