@@ -34,6 +34,7 @@ import __future__
 import ast
 import contextlib
 import dataclasses
+import functools
 from array import array
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -292,11 +293,22 @@ class World:
         return can_cache
 
 
+@functools.cache
+def _release(core: str) -> tuple[Any, Any, StopMethods, dict[str, type]]:
+    """The release's implementation for ``core``, its modules, stop methods and compiled
+    classes: loaded once per process (every world of a test builds fresh pools and trees)."""
+    impl = implementation(VERSION, tree_core=core)
+    modules = load_sglang(VERSION)
+    stops = stop_methods(modules)
+    assert stops is not None
+    return impl, modules, stops, schedule_batch_classes(modules)
+
+
 def build(core: str, hybrid: bool = True, page_size: int = 1) -> World:
     """SGLang's cache over its pools: FULL and MAMBA components over its
     ``HybridReqToTokenPool`` (``hybrid``; page size 1), else FULL alone over its
     ``ReqToTokenPool`` (its paged allocator above page size 1)."""
-    impl = implementation(VERSION, tree_core=core)
+    impl, modules, stops, classes = _release(core)
     assert impl.hybrid_req_to_token_pool and impl.req_to_token_pool and impl.allocator
     assert impl.radix_key and (page_size == 1 or not hybrid)
     config = PoolConfig(size=64, page_size=page_size, req_pool_size=4, max_context_len=32,
@@ -304,15 +316,11 @@ def build(core: str, hybrid: bool = True, page_size: int = 1) -> World:
                         rules=impl.rules_or_default())  # fmt: skip
     pool = (impl.hybrid_req_to_token_pool if hybrid else impl.req_to_token_pool)(config)
     allocator = impl.allocator(config)
-    modules = load_sglang(VERSION)
-    stops = stop_methods(modules)
-    assert stops is not None
     tree: Any = (
         SGLangUnifiedMambaRadixCache(modules, pool, allocator, 1, tree_core=core)
         if hybrid
         else SGLangUnifiedRadixCache(modules, pool, allocator, page_size, tree_core=core)
     )
-    classes = schedule_batch_classes(modules)
     return World(modules, tree, pool, allocator, classes, stops, impl.radix_key)
 
 

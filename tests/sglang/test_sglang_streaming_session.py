@@ -6,7 +6,10 @@ speculative decoding: finding 10 of specs/sglang_findings.md (also run on SGLang
 same hand-over is checked against kvpool's session rule (the over-allocation freed at the
 hand-over). Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions)
 check kvpool's rules on SGLang's state after every turn: no KV slot, row or Mamba state leaked
-or freed twice, a kept turn holding exactly its tokens through the stop.
+or freed twice, a kept turn holding exactly its tokens through the stop. On a hybrid model each
+lend of a kept state is checked against the prefix the turn resumes at: the mismatches are
+exactly those findings 10 and 11 predict, and hypothesis's ``find`` shrinks each to its shortest
+plan.
 
 kvpool's lifecycle campaigns run their own session code on both sides (kvpool refuses a hybrid
 session turn that stops early, ``ConfigError``). Here SGLang's code runs instead, through
@@ -18,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from kvpool.config import PoolConfig
@@ -154,10 +157,13 @@ def test_the_hand_over_frees_the_over_allocation_as_kvpools_sessions_do(core: st
         assert kvpool_freed == committed + over - kept  # the same rule: [kept, allocated)
 
 
-Turn = tuple[int, int, int, int | None, bool, bool]
-"""A generated turn: new input tokens, output tokens committed, reserve, the stop (an output
+Turn = tuple[int, int, int, int | None, bool, str | None]
+"""A generated turn: new input tokens, output tokens sampled, reserve, the stop (an output
 position; None: the last token), whether it is aborted, and whether it is retracted once first
-(then admitted again, as a retracted request is)."""
+(then admitted again, as a retracted request is): ``"overlap"`` with the step computing its
+last sampled token launched (finding 11), ``"plain"`` before that step, None not at all."""
+
+RETRACTIONS = (None, "overlap", "plain")
 
 turns = st.lists(
     st.tuples(
@@ -166,11 +172,28 @@ turns = st.lists(
         st.integers(0, 3),
         st.one_of(st.none(), st.integers(1, 4)),
         st.booleans(),
-        st.booleans(),
+        st.sampled_from(RETRACTIONS),
     ),
     min_size=1,
     max_size=4,
 )
+
+Gap = tuple[int, int]
+"""A lent state that does not match its resume: (turn, the state's tokens minus the prefix the
+turn resumes at)."""
+
+
+def predicted_gaps(plan: list[Turn]) -> list[Gap]:
+    """The gaps findings 10 and 11 predict for ``plan`` on a hybrid model: a turn retracted
+    under overlap resumes a token behind its state (11); the turn after one kept with its stop
+    inside its run resumes ``outputs - stop`` tokens behind (10)."""
+    gaps: list[Gap] = []
+    for i, (_, outputs, _, stop, aborted, retracted) in enumerate(plan):
+        if retracted == "overlap":
+            gaps.append((i, 1))
+        if stop is not None and stop < outputs and not aborted and i + 1 < len(plan):
+            gaps.append((i + 1, outputs - stop))
+    return gaps
 
 
 def check_held(world: World, sizes: tuple[int, int, int], where: object) -> Any:
@@ -193,17 +216,35 @@ def check_held(world: World, sizes: tuple[int, int, int], where: object) -> Any:
     return slot
 
 
-def run_session(world: World, plan: list[Turn]) -> None:
+def run_session(world: World, plan: list[Turn]) -> list[Gap]:
     """Turns of one streaming session through SGLang's own code (admission, hand-over, abort,
     retraction and re-admission), then ``release_session``. After every step kvpool's rules
     hold on SGLang's state (:func:`check_held`; a kept turn holds exactly its tokens through the
-    stop, ``INV-SESSION-TRIMMED``); at the end everything is free."""
+    stop, ``INV-SESSION-TRIMMED``); at the end everything is free. On a hybrid model the
+    forward's stand-in tags the state with the tokens it has consumed (the turn's committed
+    length); returns every lend of a state whose tag is not the resumed prefix."""
     states = getattr(world.pool.impl, "mamba_allocator", None)
     sizes = (
         int(world.allocator.impl.available_size()),
         int(world.pool.impl.available_size()),
         0 if states is None else int(states.available_size()),
     )
+    gaps: list[Gap] = []
+
+    def resume(req: TurnReq, tokens: int, turn: int) -> int:
+        prefix = admit(world, req, tokens)
+        if states is not None and not req.kv.mamba_needs_clear:  # a lent state, not a fresh one
+            (tag,) = world.pool.mamba_pool.state_tags([int(req.kv.mamba_pool_idx)])
+            if tag != prefix:
+                gaps.append((turn, tag - prefix))
+        return prefix
+
+    def forward(req: TurnReq, committed: int) -> None:
+        req.kv.kv_committed_len = committed
+        req.kv.mamba_needs_clear = False
+        if states is not None:
+            world.pool.mamba_pool.write_state([int(req.kv.mamba_pool_idx)], [committed])
+
     session = StreamingSessionStandIn("s")
     history: list[int] = []  # the session's tokens: what the next turn continues from
     token = 100
@@ -212,11 +253,14 @@ def run_session(world: World, plan: list[Turn]) -> None:
         prompt = history + list(range(token, token + new))
         token += new
         req = TurnReq(world, f"t{i}", prompt, session)
-        admit(world, req, len(prompt))
-        committed = len(prompt) + outputs
+        resume(req, len(prompt), i)
+        sampled = len(prompt) + outputs
+        # under overlap the step computing the last sampled token is launched when retracted;
+        # a plain retraction is of a decode without speculation, which reserves nothing
+        committed = sampled - (retracted == "plain")
+        reserve = 0 if retracted == "plain" else reserve
         world.extend_slots(req, committed + reserve)
-        req.kv.kv_committed_len = committed
-        req.kv.mamba_needs_clear = False
+        forward(req, committed)
         req.output_ids = token_array(range(token, token + outputs))
         token += outputs
         if retracted:  # the scheduler's release_req: no insert; the session keeps the record
@@ -225,10 +269,10 @@ def run_session(world: World, plan: list[Turn]) -> None:
             assert slot is not None and slot.kv.kv_committed_len == committed
             assert slot.kv.kv_allocated_len == committed, where  # the reserve went back
             # admitted again over its fill ids (prompt and output): the key stops a token
-            # short, so the session frees that token's slot and it is computed again
-            assert admit(world, req, committed) == committed - 1
-            world.extend_slots(req, committed + reserve)
-            req.kv.kv_committed_len = committed
+            # short, so under overlap the session frees that token's slot to compute it again
+            assert resume(req, sampled, i) == sampled - 1
+            world.extend_slots(req, sampled + reserve)
+            forward(req, sampled)
         req.finished_len = None if stop is None else min(stop, outputs)
         req.finished_reason = world.finish_reason(aborted)
         world.finish(req)
@@ -246,6 +290,7 @@ def run_session(world: World, plan: list[Turn]) -> None:
     assert world.cache.protected_size() == 0 and world.pool.impl.available_size() == sizes[1]
     if states is not None:
         assert states.available_size() + cached_states(world) == sizes[2]
+    return gaps
 
 
 def cached_states(world: World) -> int:
@@ -264,8 +309,26 @@ def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
 ) -> None:
     """Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions) on
     SGLang's own streaming session: nothing leaks, nothing is freed twice, a kept turn holds
-    exactly its tokens through the stop."""
-    run_session(build(core, hybrid=hybrid, page_size=page_size), plan)
+    exactly its tokens through the stop; on a hybrid model every lent state matches its resume
+    except where findings 10 and 11 predict."""
+    gaps = run_session(build(core, hybrid=hybrid, page_size=page_size), plan)
+    assert gaps == (predicted_gaps(plan) if hybrid else [])
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_the_generated_search_finds_and_shrinks_both_findings(core: str) -> None:
+    """kvpool's check of a lent state, searched by hypothesis over the same plans, finds each
+    finding alone and shrinks it to its shortest plan: one turn retracted under overlap (11);
+    two turns, the first kept with its stop inside its run (10)."""
+    config = settings(max_examples=200, deadline=None, database=None, derandomize=True)
+
+    def stop_gap(plan: list[Turn]) -> bool:  # a gap at a turn not retracted itself
+        return any(plan[i][5] is None for i, _ in run_session(build(core), plan))
+
+    eleven = find(turns, lambda plan: bool(run_session(build(core), plan)), settings=config)
+    assert eleven == [(1, 1, 0, None, False, "overlap")]
+    ten = find(turns, stop_gap, settings=config)
+    assert ten == [(1, 2, 0, 1, False, None), (1, 1, 0, None, False, None)]
 
 
 def test_0_5_16_session_also_resumes_from_a_state_past_the_stop() -> None:
