@@ -1,0 +1,160 @@
+"""Opt-in (``--run-sglang-wheel``): finding 12 of specs/sglang_findings.md. Under speculative
+decoding, a streaming session's hand-over counts the KV of the turn's last output token as
+computed, although only the request's next verify computes it. When that verify is not already
+launched (overlap off, or a prefill of other requests launched instead), the next turn reuses a
+slot holding another token's KV: SGLang 0.5.23's own session, cache, pool and release (FULL
+component, both tree cores) through :mod:`tests.sglang.session_world`.
+
+What speculative decoding leaves at a finish (0.5.23): the prefill computes the prompt's KV and
+samples a first token; each verify step computes the KV of its input (the previous step's bonus
+token and the drafts) and commits its accepted run, the accepted drafts and a new bonus token
+(``batch_result_processor.py``: ``kv_committed_len += num_accept_tokens``). So after a step's
+result is processed, ``kv_committed_len`` counts every token whose KV is computed, and the
+last output token (the bonus) is not among them: its KV comes with the next verify, whose
+slot at that position holds, until then, a rejected draft's KV. The model's forward is stood
+in by hand: a map from each row slot to the token whose KV it holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvpool.config import PoolConfig
+from kvpool.sglang import implementation, load_sglang
+from kvpool.sglang.cache_req import token_array
+from kvpool.sglang.mamba_radix import SGLangMambaRadixCache as SGLangMambaRadixCache16
+from kvpool.sglang.radix import to_sglang_key
+from tests.sglang.session_world import (
+    CORES,
+    NEXT,
+    OUTPUT,
+    PROMPT,
+    RESERVE,
+    StreamingSessionStandIn,
+    TurnReq,
+    TurnReq16,
+    World,
+    admit,
+    build,
+    real_finish_abort,
+    schedule_batch_classes,
+)
+
+pytestmark = pytest.mark.sglang_wheel
+
+TOKENS = PROMPT + OUTPUT
+"""The turn's tokens: its prompt and its output, the last one the bonus of its last verify."""
+CLOCK = len(TOKENS) - 1
+"""``kv_committed_len`` after the last verify's result (13): every token but the bonus."""
+REJECTED = 99
+"""The last verify's first rejected draft, whose KV sits where the bonus's will go."""
+
+
+def finishing_turn(
+    world: World, session: StreamingSessionStandIn | None, in_flight: bool
+) -> tuple[TurnReq, dict[int, int]]:
+    """A turn whose last verify's result is processed with a stop at its bonus (the last output
+    token): its clock at :data:`CLOCK`, :data:`RESERVE` slots allocated past it. With
+    ``in_flight`` the next verify (its input the bonus) is already launched and has written the
+    bonus's KV. Returns the request and the stand-in's map of row slot to token."""
+    req = TurnReq(world, "t1", PROMPT, session)
+    admit(world, req, len(PROMPT))
+    world.extend_slots(req, CLOCK + RESERVE)
+    req.kv.kv_committed_len = CLOCK
+    req.output_ids = token_array(OUTPUT)
+    req.finished_len = len(OUTPUT)
+    req.finished_reason = world.finish_reason(False)
+    row = world.pool.impl.req_to_token[req.kv.req_pool_idx]
+    kv = {int(row[pos]): TOKENS[pos] for pos in range(CLOCK)}
+    kv[int(row[CLOCK])] = TOKENS[CLOCK] if in_flight else REJECTED
+    return req, kv
+
+
+def next_turn_reads(
+    world: World, session: StreamingSessionStandIn, kv: dict[int, int]
+) -> list[int]:
+    """The next turn's admission (the turn's tokens and :data:`NEXT`): the tokens whose KV its
+    resumed prefix holds, position by position."""
+    nxt = TurnReq(world, "t2", TOKENS + NEXT, session)
+    prefix = admit(world, nxt, len(TOKENS + NEXT))
+    row = world.pool.impl.req_to_token[nxt.kv.req_pool_idx]
+    return [kv.get(int(row[pos]), -1) for pos in range(prefix)]
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_the_hand_over_counts_the_bonus_whose_kv_no_forward_computed(core: str) -> None:
+    """The finding: the session keeps ``kv_committed_len = prompt + finished_len`` (14), past
+    the request's own 13; the next turn resumes at 14 and reads a rejected draft's KV where the
+    bonus should be."""
+    world = build(core, hybrid=False)
+    session = StreamingSessionStandIn("s")
+    req, kv = finishing_turn(world, session, in_flight=False)
+    assert req.owned_kv_len() == CLOCK
+    world.finish(req)
+    slot = world.cache.session.slots["s"]
+    assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == len(TOKENS) > CLOCK
+    reads = next_turn_reads(world, session, kv)
+    assert reads[:CLOCK] == TOKENS[:CLOCK]
+    assert reads[CLOCK:] == [REJECTED]  # the bonus's position: another token's KV
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_with_the_next_verify_launched_the_resumed_kv_is_right(core: str) -> None:
+    """Control: the case the session's rule assumes (overlap, the next verify in flight): the
+    same hand-over, and every resumed position holds its own token's KV."""
+    world = build(core, hybrid=False)
+    session = StreamingSessionStandIn("s")
+    req, kv = finishing_turn(world, session, in_flight=True)
+    world.finish(req)
+    assert next_turn_reads(world, session, kv) == TOKENS
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_without_a_session_the_tree_keeps_only_the_computed_tokens(core: str) -> None:
+    """Contrast: the same finish without a session caches the request's 13 computed tokens
+    (``owned_kv_len``), not the bonus."""
+    world = build(core, hybrid=False)
+    req, _ = finishing_turn(world, None, in_flight=False)
+    world.finish(req)
+    assert world.match(TurnReq(world, "t2", TOKENS + NEXT, None)).device_prefix_len == CLOCK
+
+
+def test_0_5_16_session_also_counts_the_bonus() -> None:
+    """Finding 12 on SGLang 0.5.16: its ``StreamingSession`` (around its ``MambaRadixCache``,
+    the KV side being the same for every tree) keeps ``min(prompt + finished_len, allocated)``
+    too, and the next turn resumes past the request's own clock."""
+    impl = implementation("0.5.16")
+    assert impl.hybrid_req_to_token_pool and impl.allocator and impl.radix_key
+    radix_key = impl.radix_key
+    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
+                        rules=impl.rules_or_default())  # fmt: skip
+    pool, allocator = impl.hybrid_req_to_token_pool(config), impl.allocator(config)
+    modules = load_sglang("0.5.16")
+    tree = SGLangMambaRadixCache16(modules, pool, allocator, 1)
+    cache = modules.attr("sglang.srt.session.streaming_session", "StreamingSession")(tree.impl)
+    classes = schedule_batch_classes(modules)
+    params = modules.attr("sglang.srt.mem_cache.base_prefix_cache", "MatchPrefixParams")
+
+    def match(req: TurnReq16) -> Any:
+        key = radix_key(list(req.origin_input_ids[:-1]), None)
+        return cache.match_prefix(params(key=to_sglang_key(modules, key), req=req))
+
+    session = StreamingSessionStandIn("s")
+    turn = TurnReq16("t1", PROMPT, session)
+    turn.last_node = match(turn).last_device_node
+    cache.inc_lock_ref(turn.last_node)
+    assert pool.impl.alloc([turn]) is not None and turn.req_pool_idx is not None
+    pool.impl.req_to_token[turn.req_pool_idx, : CLOCK + RESERVE] = allocator.impl.alloc(
+        CLOCK + RESERVE
+    )
+    turn.kv = classes["ReqKvInfo"](kv_allocated_len=CLOCK + RESERVE, swa_evicted_seqlen=0)
+    turn.kv_committed_len = CLOCK
+    turn.output_ids = token_array(OUTPUT)
+    turn.finished_len = len(OUTPUT)
+    turn.finished_reason = classes["FINISH_MATCHED_TOKEN"](0)
+    with real_finish_abort(modules, classes):
+        modules.module("sglang.srt.mem_cache.common").release_kv_cache(turn, cache)
+    assert cache.slots["s"].kv_committed_len == len(TOKENS) > CLOCK
+    assert len(match(TurnReq16("t2", TOKENS + NEXT, session)).device_indices) == len(TOKENS)
