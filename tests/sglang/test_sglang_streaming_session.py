@@ -6,10 +6,10 @@ speculative decoding: finding 10 of specs/sglang_findings.md (also run on SGLang
 same hand-over is checked against kvpool's session rule (the over-allocation freed at the
 hand-over). Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions)
 check kvpool's rules on SGLang's state after every turn: no KV slot, row or Mamba state leaked
-or freed twice, a kept turn holding exactly its tokens through the stop. On a hybrid model each
-lend of a kept state is checked against the prefix the turn resumes at: the mismatches are
-exactly those findings 10 and 11 predict, and hypothesis's ``find`` shrinks each to its shortest
-plan.
+or freed twice, a kept turn holding exactly its tokens through the stop. Every admission's
+resumed positions are checked to hold their own tokens' KV, and on a hybrid model each lend of a
+kept state against the prefix the turn resumes at: the mismatches are exactly those findings
+10, 11 and 12 predict, and hypothesis's ``find`` isolates each.
 
 kvpool's lifecycle campaigns run their own session code on both sides (kvpool refuses a hybrid
 session turn that stops early, ``ConfigError``). Here SGLang's code runs instead, through
@@ -157,11 +157,13 @@ def test_the_hand_over_frees_the_over_allocation_as_kvpools_sessions_do(core: st
         assert kvpool_freed == committed + over - kept  # the same rule: [kept, allocated)
 
 
-Turn = tuple[int, int, int, int | None, bool, str | None]
-"""A generated turn: new input tokens, output tokens sampled, reserve, the stop (an output
-position; None: the last token), whether it is aborted, and whether it is retracted once first
-(then admitted again, as a retracted request is): ``"overlap"`` with the step computing its
-last sampled token launched (finding 11), ``"plain"`` before that step, None not at all."""
+Turn = tuple[int, int, int, int | None, bool, str | None, bool]
+"""A generated turn: new input tokens, output tokens sampled, reserve (more than 0: speculative
+decoding), the stop (an output position; None: the last token), whether it is aborted, whether
+it is retracted once first (then admitted again, as a retracted request is: ``"overlap"`` with
+the step computing its last sampled token launched, finding 11; ``"plain"`` before that step, of
+a decode without speculation; None not at all), and whether its next step is already launched
+when its finish is processed (always on a hybrid model, the case of findings 10 and 11)."""
 
 RETRACTIONS = (None, "overlap", "plain")
 
@@ -173,27 +175,44 @@ turns = st.lists(
         st.one_of(st.none(), st.integers(1, 4)),
         st.booleans(),
         st.sampled_from(RETRACTIONS),
+        st.booleans(),
     ),
     min_size=1,
     max_size=4,
 )
 
-Gap = tuple[int, int]
-"""A lent state that does not match its resume: (turn, the state's tokens minus the prefix the
-turn resumes at)."""
+Mismatch = tuple[int, str, int]
+"""What a turn resumes from, not matching its tokens: (turn, ``"state"``, the lent Mamba
+state's tokens minus the resumed prefix) or (turn, ``"kv"``, how many resumed positions hold
+another token's KV)."""
+
+REJECTED = -2
+"""The token the forward's stand-in records for a rejected draft's KV."""
 
 
-def predicted_gaps(plan: list[Turn]) -> list[Gap]:
-    """The gaps findings 10 and 11 predict for ``plan`` on a hybrid model: a turn retracted
-    under overlap resumes a token behind its state (11); the turn after one kept with its stop
-    inside its run resumes ``outputs - stop`` tokens behind (10)."""
-    gaps: list[Gap] = []
-    for i, (_, outputs, _, stop, aborted, retracted) in enumerate(plan):
-        if retracted == "overlap":
-            gaps.append((i, 1))
-        if stop is not None and stop < outputs and not aborted and i + 1 < len(plan):
-            gaps.append((i + 1, outputs - stop))
-    return gaps
+def predicted(plan: list[Turn], hybrid: bool) -> list[Mismatch]:
+    """The mismatches findings 10, 11 and 12 predict for ``plan``. On a hybrid model: a turn
+    retracted under overlap resumes a token behind its state (11); the turn after one kept with
+    its stop inside its run resumes ``outputs - stop`` tokens behind (10). With full attention
+    alone: a turn that speculated, stopped at its last token and finished with no step launched
+    leaves another token's KV at that token's position, which every later admission of the
+    session resumes over until an abort makes it forget (12)."""
+    out: list[Mismatch] = []
+    bad = 0  # positions of the session's history holding another token's KV
+    for i, (_, outputs, reserve, stop, aborted, retracted, launched) in enumerate(plan):
+        for _ in range(1 + (retracted is not None) if bad else 0):  # each lend of the record
+            out.append((i, "kv", bad))
+        if hybrid and retracted == "overlap":
+            out.append((i, "state", 1))
+        if hybrid and stop is not None and stop < outputs and not aborted and i + 1 < len(plan):
+            out.append((i + 1, "state", outputs - stop))
+        inside = stop is not None and stop < outputs
+        speculated = reserve > 0 and retracted is None
+        if aborted:
+            bad = 0
+        elif not hybrid and speculated and not launched and not inside:
+            bad += 1
+    return out
 
 
 def check_held(world: World, sizes: tuple[int, int, int], where: object) -> Any:
@@ -216,65 +235,89 @@ def check_held(world: World, sizes: tuple[int, int, int], where: object) -> Any:
     return slot
 
 
-def run_session(world: World, plan: list[Turn]) -> list[Gap]:
+def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
     """Turns of one streaming session through SGLang's own code (admission, hand-over, abort,
     retraction and re-admission), then ``release_session``. After every step kvpool's rules
     hold on SGLang's state (:func:`check_held`; a kept turn holds exactly its tokens through the
-    stop, ``INV-SESSION-TRIMMED``); at the end everything is free. On a hybrid model the
-    forward's stand-in tags the state with the tokens it has consumed (the turn's committed
-    length); returns every lend of a state whose tag is not the resumed prefix."""
+    stop, ``INV-SESSION-TRIMMED``); at the end everything is free. The forward's stand-in
+    records the token whose KV each slot holds and tags a Mamba state with the tokens it has
+    consumed; returns every admission whose resumed KV or lent state does not match its
+    tokens."""
     states = getattr(world.pool.impl, "mamba_allocator", None)
+    hybrid = states is not None
     sizes = (
         int(world.allocator.impl.available_size()),
         int(world.pool.impl.available_size()),
         0 if states is None else int(states.available_size()),
     )
-    gaps: list[Gap] = []
+    found: list[Mismatch] = []
+    kv: dict[int, int] = {}  # slot -> the token whose KV it holds
 
-    def resume(req: TurnReq, tokens: int, turn: int) -> int:
-        prefix = admit(world, req, tokens)
-        if states is not None and not req.kv.mamba_needs_clear:  # a lent state, not a fresh one
+    def slot_at(req: TurnReq, pos: int) -> int:
+        return int(world.pool.impl.req_to_token[req.kv.req_pool_idx, pos])
+
+    def resume(req: TurnReq, fill: list[int], turn: int) -> int:
+        prefix = admit(world, req, len(fill))
+        wrong = sum(kv.get(slot_at(req, pos)) != fill[pos] for pos in range(prefix))
+        if wrong:
+            found.append((turn, "kv", wrong))
+        if hybrid and not req.kv.mamba_needs_clear:  # a lent state, not a fresh one
             (tag,) = world.pool.mamba_pool.state_tags([int(req.kv.mamba_pool_idx)])
             if tag != prefix:
-                gaps.append((turn, tag - prefix))
+                found.append((turn, "state", tag - prefix))
         return prefix
 
-    def forward(req: TurnReq, committed: int) -> None:
-        req.kv.kv_committed_len = committed
+    def forward(req: TurnReq, fill: list[int], start: int, clock: int, consumed: int) -> None:
+        """The steps computing positions ``[start, consumed)`` (their KV and the state); the
+        request's clock at ``clock``."""
+        for pos in range(start, consumed):
+            kv[slot_at(req, pos)] = fill[pos]
+        req.kv.kv_committed_len = clock
         req.kv.mamba_needs_clear = False
-        if states is not None:
-            world.pool.mamba_pool.write_state([int(req.kv.mamba_pool_idx)], [committed])
+        if hybrid:
+            world.pool.mamba_pool.write_state([int(req.kv.mamba_pool_idx)], [consumed])
 
     session = StreamingSessionStandIn("s")
     history: list[int] = []  # the session's tokens: what the next turn continues from
     token = 100
-    for i, (new, outputs, reserve, stop, aborted, retracted) in enumerate(plan):
+    for i, (new, outputs, reserve, stop, aborted, retracted, launched) in enumerate(plan):
         where = plan[: i + 1]
         prompt = history + list(range(token, token + new))
-        token += new
+        fill = prompt + list(range(token + new, token + new + outputs))
+        token += new + outputs
         req = TurnReq(world, f"t{i}", prompt, session)
-        resume(req, len(prompt), i)
-        sampled = len(prompt) + outputs
-        # under overlap the step computing the last sampled token is launched when retracted;
-        # a plain retraction is of a decode without speculation, which reserves nothing
-        committed = sampled - (retracted == "plain")
-        reserve = 0 if retracted == "plain" else reserve
-        world.extend_slots(req, committed + reserve)
-        forward(req, committed)
-        req.output_ids = token_array(range(token, token + outputs))
-        token += outputs
+        prefix = resume(req, prompt, i)
+        sampled = len(fill)
+        req.output_ids = token_array(fill[len(prompt) :])
         if retracted:  # the scheduler's release_req: no insert; the session keeps the record
+            # under overlap the step computing the last sampled token is launched; a plain
+            # retraction is of a decode without speculation, which reserves nothing
+            committed = sampled - (retracted == "plain")
+            reserve = 0 if retracted == "plain" else reserve
+            world.extend_slots(req, committed + reserve)
+            forward(req, fill, prefix, committed, committed)
             world.retract(req)
             slot = check_held(world, sizes, where)
             assert slot is not None and slot.kv.kv_committed_len == committed
             assert slot.kv.kv_allocated_len == committed, where  # the reserve went back
             # admitted again over its fill ids (prompt and output): the key stops a token
             # short, so under overlap the session frees that token's slot to compute it again
-            assert resume(req, sampled, i) == sampled - 1
+            assert resume(req, fill, i) == sampled - 1
             world.extend_slots(req, sampled + reserve)
-            forward(req, sampled)
+            forward(req, fill, sampled - 1, sampled, sampled)
+        else:
+            # the finish: a speculative step's clock leaves out its bonus (the last token),
+            # whose KV the next step computes; a step without speculation counts the launched
+            # next step in its clock
+            launched = launched or hybrid
+            clock = sampled - 1 if reserve or not launched else sampled
+            world.extend_slots(req, clock + reserve)
+            forward(req, fill, prefix, clock, sampled if launched else clock)
+            if reserve and not launched:  # the last verify's first rejected draft
+                kv[slot_at(req, sampled - 1)] = REJECTED
         req.finished_len = None if stop is None else min(stop, outputs)
         req.finished_reason = world.finish_reason(aborted)
+        allocated = req.kv.kv_allocated_len
         world.finish(req)
         slot = check_held(world, sizes, where)
         kept = len(prompt) + (outputs if stop is None else min(stop, outputs))
@@ -282,15 +325,18 @@ def run_session(world: World, plan: list[Turn]) -> list[Gap]:
             assert slot is None, where
             history = []
         else:
+            # the session keeps the tokens through the stop that the row holds (without
+            # speculation a finish with no step launched holds all but the last)
             assert slot is not None
-            assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == kept, where
-            history = prompt + list(req.output_ids[: kept - len(prompt)])
+            held = min(kept, allocated)
+            assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == held, where
+            history = fill[:kept]
     world.cache.session.release_session("s")
     assert world.allocator.impl.available_size() + world.cache.evictable_size() == sizes[0]
     assert world.cache.protected_size() == 0 and world.pool.impl.available_size() == sizes[1]
     if states is not None:
         assert states.available_size() + cached_states(world) == sizes[2]
-    return gaps
+    return found
 
 
 def cached_states(world: World) -> int:
@@ -307,28 +353,40 @@ def cached_states(world: World) -> int:
 def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
     core: str, hybrid: bool, page_size: int, plan: list[Turn]
 ) -> None:
-    """Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions) on
-    SGLang's own streaming session: nothing leaks, nothing is freed twice, a kept turn holds
-    exactly its tokens through the stop; on a hybrid model every lent state matches its resume
-    except where findings 10 and 11 predict."""
-    gaps = run_session(build(core, hybrid=hybrid, page_size=page_size), plan)
-    assert gaps == (predicted_gaps(plan) if hybrid else [])
+    """Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions,
+    finishes with and without a launched next step) on SGLang's own streaming session: nothing
+    leaks, nothing is freed twice, a kept turn holds exactly its tokens through the stop; every
+    resumed position holds its own token's KV and every lent state matches its resume, except
+    where findings 10, 11 and 12 predict."""
+    found = run_session(build(core, hybrid=hybrid, page_size=page_size), plan)
+    assert sorted(found) == sorted(predicted(plan, hybrid))
 
 
 @pytest.mark.parametrize("core", CORES)
-def test_the_generated_search_finds_and_shrinks_both_findings(core: str) -> None:
-    """kvpool's check of a lent state, searched by hypothesis over the same plans, finds each
-    finding alone and shrinks it to its shortest plan: one turn retracted under overlap (11);
-    two turns, the first kept with its stop inside its run (10)."""
+def test_the_generated_search_finds_and_shrinks_each_finding(core: str) -> None:
+    """kvpool's checks of what a turn resumes from, searched by hypothesis over the same plans,
+    find each finding alone and shrink it to its shortest plan: one turn retracted under
+    overlap (11); two turns, the first kept with its stop inside its run (10); two turns of
+    full attention, the first speculating and finishing with no step launched (12)."""
     config = settings(max_examples=200, deadline=None, database=None, derandomize=True)
 
-    def stop_gap(plan: list[Turn]) -> bool:  # a gap at a turn not retracted itself
-        return any(plan[i][5] is None for i, _ in run_session(build(core), plan))
+    def state_gap_unretracted(plan: list[Turn]) -> bool:
+        return any(plan[i][5] is None for i, _, _ in run_session(build(core), plan))
+
+    def kv_gap(plan: list[Turn]) -> bool:
+        return bool(run_session(build(core, hybrid=False), plan))
 
     eleven = find(turns, lambda plan: bool(run_session(build(core), plan)), settings=config)
-    assert eleven == [(1, 1, 0, None, False, "overlap")]
-    ten = find(turns, stop_gap, settings=config)
-    assert ten == [(1, 2, 0, 1, False, None), (1, 1, 0, None, False, None)]
+    assert eleven == [(1, 1, 0, None, False, "overlap", False)]
+    # hypothesis's shrinker keeps a leading trivial turn here; what matters is that the plan
+    # isolates finding 10: one turn kept with its stop inside its run, then the turn it lends
+    # its state to, nothing retracted
+    ten = find(turns, state_gap_unretracted, settings=config)
+    assert len(ten) <= 3 and all(turn[5] is None for turn in ten)
+    (k,) = [i for i, turn in enumerate(ten[:-1]) if turn[3] is not None and turn[3] < turn[1]]
+    assert run_session(build(core), ten) == [(k + 1, "state", ten[k][1] - (ten[k][3] or 0))]
+    twelve = find(turns, kv_gap, settings=config)
+    assert twelve == [(1, 1, 1, None, False, None, False), (1, 1, 0, None, False, None, False)]
 
 
 def test_0_5_16_session_also_resumes_from_a_state_past_the_stop() -> None:
