@@ -44,8 +44,11 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.cache_req import token_array
+from kvpool.sglang.glue_swa import SGLangSWAGlueTree
 from kvpool.sglang.radix import to_sglang_key
 from kvpool.sglang.req_methods import StopMethods, stop_methods
+from kvpool.sglang.req_to_token import SGLangReqToTokenPool
+from kvpool.sglang.swa import SGLangSWAAllocator
 from kvpool.sglang.unified_mamba_radix import SGLangUnifiedMambaRadixCache
 from kvpool.sglang.unified_radix import SGLangUnifiedRadixCache
 
@@ -321,6 +324,22 @@ def build(core: str, hybrid: bool = True, page_size: int = 1) -> World:
         if hybrid
         else SGLangUnifiedRadixCache(modules, pool, allocator, page_size, tree_core=core)
     )
+    return World(modules, tree, pool, allocator, classes, stops, impl.radix_key)
+
+
+WINDOW = 4
+"""The sliding window (tokens) of :func:`build_swa`'s worlds."""
+
+
+def build_swa(core: str, page_size: int = 1) -> World:
+    """SGLang's cache with the FULL and SWA components (a window of :data:`WINDOW` tokens) over
+    its ``ReqToTokenPool`` and ``SWATokenToKVPoolAllocator`` (64 full and 64 SWA slots), as
+    0.5.23's registry builds it for a hybrid sliding-window model."""
+    impl, modules, stops, classes = _release(core)
+    assert impl.radix_key
+    allocator = SGLangSWAAllocator(modules, 64, 64, page_size)
+    pool = SGLangReqToTokenPool(modules, 4, 32)
+    tree = SGLangSWAGlueTree(modules, pool, allocator, page_size, WINDOW, False, "lru", core)
     return World(modules, tree, pool, allocator, classes, stops, impl.radix_key)
 
 

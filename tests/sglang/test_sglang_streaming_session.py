@@ -1,7 +1,8 @@
 """Opt-in (``--run-sglang-wheel``): SGLang 0.5.23's own streaming session, over its own unified
-cache (FULL and MAMBA components, both tree cores), its ``HybridReqToTokenPool`` and its token
-allocator, driven as its scheduler drives a hybrid (Mamba) model's streaming session under
-speculative decoding: finding 10 of specs/sglang_findings.md (also run on SGLang 0.5.16's
+cache (FULL, FULL and MAMBA, or FULL and SWA components, both tree cores), its
+``HybridReqToTokenPool`` or ``ReqToTokenPool`` and its token or SWA allocator, driven as its
+scheduler drives a streaming session; a hybrid (Mamba) model's under speculative decoding is
+finding 10 of specs/sglang_findings.md (also run on SGLang 0.5.16's
 ``StreamingSession`` around its ``MambaRadixCache``). With the FULL component alone, the
 same hand-over is checked against kvpool's session rule (the over-allocation freed at the
 hand-over). Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions)
@@ -9,7 +10,9 @@ check kvpool's rules on SGLang's state after every turn: no KV slot, row or Mamb
 or freed twice, a kept turn holding exactly its tokens through the stop. Every admission's
 resumed positions are checked to hold their own tokens' KV, and on a hybrid model each lend of a
 kept state against the prefix the turn resumes at: the mismatches are exactly those findings
-10, 11 and 12 predict, and hypothesis's ``find`` isolates each.
+10, 11 and 12 predict, and hypothesis's ``find`` isolates each. With a sliding window the
+scheduler's slide runs on the session's record: every SWA slot is accounted for and every resumed
+turn's window is live.
 
 kvpool's lifecycle campaigns run their own session code on both sides (kvpool refuses a hybrid
 session turn that stops early, ``ConfigError``). Here SGLang's code runs instead, through
@@ -37,12 +40,14 @@ from tests.sglang.session_world import (
     OUTPUT,
     PROMPT,
     RESERVE,
+    WINDOW,
     StreamingSessionStandIn,
     TurnReq,
     TurnReq16,
     World,
     admit,
     build,
+    build_swa,
     real_finish_abort,
     schedule_batch_classes,
 )
@@ -162,8 +167,9 @@ Turn = tuple[int, int, int, int | None, bool, str | None, bool]
 decoding), the stop (an output position; None: the last token), whether it is aborted, whether
 it is retracted once first (then admitted again, as a retracted request is: ``"overlap"`` with
 the step computing its last sampled token launched, finding 11; ``"plain"`` before that step, of
-a decode without speculation; None not at all), and whether its next step is already launched
-when its finish is processed (always on a hybrid model, the case of findings 10 and 11)."""
+a decode without speculation; None not at all; a retracted turn had sampled no stop, so its
+stop is ignored), and whether its next step is already launched when its finish is processed
+(always on a hybrid model, the case of findings 10 and 11)."""
 
 RETRACTIONS = (None, "overlap", "plain")
 
@@ -200,6 +206,7 @@ def predicted(plan: list[Turn], hybrid: bool) -> list[Mismatch]:
     out: list[Mismatch] = []
     bad = 0  # positions of the session's history holding another token's KV
     for i, (_, outputs, reserve, stop, aborted, retracted, launched) in enumerate(plan):
+        stop = None if retracted else stop  # see run_session
         for _ in range(1 + (retracted is not None) if bad else 0):  # each lend of the record
             out.append((i, "kv", bad))
         if hybrid and retracted == "overlap":
@@ -215,18 +222,48 @@ def predicted(plan: list[Turn], hybrid: bool) -> list[Mismatch]:
     return out
 
 
-def check_held(world: World, sizes: tuple[int, int, int], where: object) -> Any:
+def is_swa(world: World) -> bool:
+    """Whether the world's allocator is SGLang's SWA allocator (:func:`build_swa`)."""
+    return hasattr(world.allocator, "swa_available_size")
+
+
+def full_free(world: World) -> int:
+    """Free full-attention KV slots."""
+    if is_swa(world):
+        return int(world.allocator.full_available_size())
+    return int(world.allocator.impl.available_size())
+
+
+def tree_full(world: World) -> tuple[int, int]:
+    """The full-attention slots SGLang's tree holds: (evictable, protected)."""
+    tree: Any = world.tree if is_swa(world) else world.cache
+    return int(tree.evictable_size()), int(tree.protected_size())
+
+
+def check_held(world: World, sizes: tuple[int, int, int, int], where: object) -> Any:
     """Every KV slot, row and Mamba state is free, cached in the tree or the session's (its
-    last partial page its own); returns the session's slot (None: it holds nothing)."""
-    kv_size, rows, state_size = sizes
+    last partial page its own); with a sliding window, every SWA slot too (the session's are
+    its row's columns still mapped to one). Returns the session's slot (None: it holds
+    nothing)."""
+    kv_size, rows, state_size, swa_size = sizes
     slot: Any = world.cache.session.slots.get("s")
     held = 0
     if slot is not None:
         held = ceil_align(slot.kv.kv_allocated_len, world.tree.page_size)
         held -= slot.kv.cache_protected_len
-    tree = world.cache.evictable_size() + world.cache.protected_size()
-    assert world.allocator.impl.available_size() + held + tree == kv_size, where
+    tree = sum(tree_full(world))
+    assert full_free(world) + held + tree == kv_size, where
     assert world.pool.impl.available_size() == rows - (slot is not None), where
+    if is_swa(world):
+        swa_held = 0
+        if slot is not None:
+            row = world.pool.impl.req_to_token[slot.kv.req_pool_idx]
+            mapping = world.allocator.full_to_swa_index_mapping
+            swa = mapping[row[slot.kv.cache_protected_len : slot.kv.kv_allocated_len].long()]
+            pages = {int(s) // world.tree.page_size for s in swa if int(s) != 0}
+            swa_held = len(pages) * world.tree.page_size
+        swa_tree = int(world.cache.swa_evictable_size() + world.cache.swa_protected_size())
+        assert int(world.allocator.swa_available_size()) + swa_held + swa_tree == swa_size, where
     states = getattr(world.pool.impl, "mamba_allocator", None)
     if states is not None:
         holds = slot is not None and slot.kv.holds_mamba
@@ -245,10 +282,12 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
     tokens."""
     states = getattr(world.pool.impl, "mamba_allocator", None)
     hybrid = states is not None
+    swa = is_swa(world)
     sizes = (
-        int(world.allocator.impl.available_size()),
+        full_free(world),
         int(world.pool.impl.available_size()),
         0 if states is None else int(states.available_size()),
+        int(world.allocator.swa_available_size()) if swa else 0,
     )
     found: list[Mismatch] = []
     kv: dict[int, int] = {}  # slot -> the token whose KV it holds
@@ -256,11 +295,30 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
     def slot_at(req: TurnReq, pos: int) -> int:
         return int(world.pool.impl.req_to_token[req.kv.req_pool_idx, pos])
 
+    # the running record's sliding window as kvpool models SGLang's slide: the tree-owned
+    # prefix below ``lo``, the record's cursor, and the SWA columns freed, ``[lo, dead)``
+    window = {"lo": 0, "cursor": 0, "dead": 0}
+    swa_type = world.tree._swa if swa else None
+
     def resume(req: TurnReq, fill: list[int], turn: int) -> int:
+        lent = "s" in world.cache.session.slots  # the session lends its record
         prefix = admit(world, req, len(fill))
         wrong = sum(kv.get(slot_at(req, pos)) != fill[pos] for pos in range(prefix))
         if wrong:
             found.append((turn, "kv", wrong))
+        if swa:  # the window the resumed turn's first token attends to
+            if lent:  # the match clamps the record's cursor to the prefix
+                window["cursor"] = min(window["cursor"], prefix)
+            else:
+                window.update(lo=int(req.kv.cache_protected_len), cursor=0, dead=0)
+            assert req.kv.get_evicted_seqlen(swa_type) == window["cursor"], "slide model"
+            mapping = world.allocator.full_to_swa_index_mapping
+            span = range(max(0, prefix - WINDOW), prefix)
+            dead = sum(int(mapping[slot_at(req, pos)]) == 0 for pos in span)
+            expected = len(range(max(span.start, window["lo"]), min(prefix, window["dead"])))
+            assert dead == expected, ("slide model", dead, expected)
+            if dead:
+                found.append((turn, "swa", dead))
         if hybrid and not req.kv.mamba_needs_clear:  # a lent state, not a fresh one
             (tag,) = world.pool.mamba_pool.state_tags([int(req.kv.mamba_pool_idx)])
             if tag != prefix:
@@ -277,11 +335,30 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
         if hybrid:
             world.pool.mamba_pool.write_state([int(req.kv.mamba_pool_idx)], [consumed])
 
+    def slide(req: TurnReq, pre_len: int, prompt: int) -> None:
+        """A decode preparation's window slide (``maybe_evict_swa``: the tree's
+        ``evict_sliding_windows`` at ``seqlen - 1``), after at least one decode step; the
+        model follows (``free_swa_out_of_window_slots``: the cursor rises to the tree-owned
+        prefix, then frees up to a page-floored window behind ``pre_len``)."""
+        if not swa or pre_len < prompt:
+            return
+        world.cache.evict_sliding_windows(req, pre_len)
+        if pre_len - WINDOW < window["cursor"] + 1:
+            return
+        ps = world.tree.page_size
+        start = max(window["cursor"], window["lo"])
+        end = max(start, pre_len - ceil_align(max(WINDOW, ps), ps)) // ps * ps
+        window["cursor"] = max(start, end)
+        window["dead"] = max(window["dead"], window["cursor"])
+
     session = StreamingSessionStandIn("s")
     history: list[int] = []  # the session's tokens: what the next turn continues from
     token = 100
     for i, (new, outputs, reserve, stop, aborted, retracted, launched) in enumerate(plan):
         where = plan[: i + 1]
+        # a turn retracted while decoding had sampled no stop yet: it finishes at its last
+        # sampled token
+        stop = None if retracted else stop
         prompt = history + list(range(token, token + new))
         fill = prompt + list(range(token + new, token + new + outputs))
         token += new + outputs
@@ -296,6 +373,7 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
             reserve = 0 if retracted == "plain" else reserve
             world.extend_slots(req, committed + reserve)
             forward(req, fill, prefix, committed, committed)
+            slide(req, sampled - 2, len(prompt))  # the preparation before the last sample
             world.retract(req)
             slot = check_held(world, sizes, where)
             assert slot is not None and slot.kv.kv_committed_len == committed
@@ -313,6 +391,11 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
             clock = sampled - 1 if reserve or not launched else sampled
             world.extend_slots(req, clock + reserve)
             forward(req, fill, prefix, clock, sampled if launched else clock)
+            # the last decode preparation's slide came before the step that sampled the stop
+            # (at a seqlen of ``kept - 1`` at the latest): a preparation reads the output ids
+            # of processed results only, so under overlap the launched step's lags too
+            kept = len(prompt) + (outputs if stop is None else min(stop, outputs))
+            slide(req, kept - 2, len(prompt))
             if reserve and not launched:  # the last verify's first rejected draft
                 kv[slot_at(req, sampled - 1)] = REJECTED
         req.finished_len = None if stop is None else min(stop, outputs)
@@ -332,8 +415,12 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
             assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == held, where
             history = fill[:kept]
     world.cache.session.release_session("s")
-    assert world.allocator.impl.available_size() + world.cache.evictable_size() == sizes[0]
-    assert world.cache.protected_size() == 0 and world.pool.impl.available_size() == sizes[1]
+    evictable, protected = tree_full(world)
+    assert full_free(world) + evictable == sizes[0]
+    assert protected == 0 and world.pool.impl.available_size() == sizes[1]
+    if swa:
+        swa_tree = int(world.cache.swa_evictable_size() + world.cache.swa_protected_size())
+        assert int(world.allocator.swa_available_size()) + swa_tree == sizes[3]
     if states is not None:
         assert states.available_size() + cached_states(world) == sizes[2]
     return found
@@ -347,19 +434,25 @@ def cached_states(world: World) -> int:
 
 
 @pytest.mark.parametrize("core", CORES)
-@pytest.mark.parametrize(("hybrid", "page_size"), [(False, 1), (False, 4), (True, 1)])
+@pytest.mark.parametrize(
+    ("kind", "page_size"), [("full", 1), ("full", 4), ("hybrid", 1), ("swa", 1), ("swa", 4)]
+)
 @settings(max_examples=25, deadline=None)
 @given(plan=turns)
 def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
-    core: str, hybrid: bool, page_size: int, plan: list[Turn]
+    core: str, kind: str, page_size: int, plan: list[Turn]
 ) -> None:
     """Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions,
     finishes with and without a launched next step) on SGLang's own streaming session: nothing
     leaks, nothing is freed twice, a kept turn holds exactly its tokens through the stop; every
     resumed position holds its own token's KV and every lent state matches its resume, except
     where findings 10, 11 and 12 predict."""
-    found = run_session(build(core, hybrid=hybrid, page_size=page_size), plan)
-    assert sorted(found) == sorted(predicted(plan, hybrid))
+    if kind == "swa":
+        world = build_swa(core, page_size)
+    else:
+        world = build(core, hybrid=kind == "hybrid", page_size=page_size)
+    found = run_session(world, plan)
+    assert sorted(found) == sorted(predicted(plan, kind == "hybrid"))
 
 
 @pytest.mark.parametrize("core", CORES)
