@@ -45,6 +45,7 @@ from kvpool.config import PoolConfig
 from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.cache_req import token_array
 from kvpool.sglang.glue_swa import SGLangSWAGlueTree
+from kvpool.sglang.mamba_radix import SGLangMambaRadixCache as SGLangMambaRadixCache16
 from kvpool.sglang.radix import to_sglang_key
 from kvpool.sglang.req_methods import StopMethods, stop_methods
 from kvpool.sglang.req_to_token import SGLangReqToTokenPool
@@ -394,3 +395,59 @@ class TurnReq16:
 
     def finished(self) -> bool:
         return self.finished_reason is not None
+
+
+@dataclasses.dataclass
+class World16:
+    """SGLang 0.5.16's ``StreamingSession`` wrapped around its ``MambaRadixCache``, over its
+    ``HybridReqToTokenPool`` and token allocator (:func:`build16`)."""
+
+    modules: Any
+    pool: Any
+    allocator: Any
+    cache: Any
+    """SGLang's ``StreamingSession`` (the tree it wraps is ``cache.inner``)."""
+    classes: dict[str, type]
+    radix_key: Any
+
+    def match(self, req: TurnReq16, tokens: list[int]) -> Any:
+        """The scheduler's prefix match of ``req`` over ``tokens`` (its fill ids), the key
+        capped at ``len(tokens) - 1``."""
+        params = self.modules.attr("sglang.srt.mem_cache.base_prefix_cache", "MatchPrefixParams")
+        key = to_sglang_key(self.modules, self.radix_key(tokens[:-1], None))
+        return self.cache.match_prefix(params(key=key, req=req))
+
+    def start(self, req: TurnReq16, committed: int, allocated: int) -> int:
+        """Admit a session's first turn (match, lock, row and state slot) and leave it as its
+        steps do: ``allocated`` slots written to its row, ``committed`` of them computed.
+        Returns its state slot."""
+        first = self.match(req, list(req.origin_input_ids))
+        assert len(first.device_indices) == 0
+        req.last_node = first.last_device_node
+        self.cache.inc_lock_ref(req.last_node)
+        assert self.pool.impl.alloc([req]) is not None and req.req_pool_idx is not None
+        slots = self.allocator.impl.alloc(allocated)
+        self.pool.impl.req_to_token[req.req_pool_idx, :allocated] = slots
+        req.kv = self.classes["ReqKvInfo"](kv_allocated_len=allocated, swa_evicted_seqlen=0)
+        req.kv_committed_len = committed
+        return int(req.mamba_pool_idx)
+
+    def release(self, req: TurnReq16, is_insert: bool = True) -> None:
+        """0.5.16's ``common.release_kv_cache`` (``is_insert=False``: a retraction)."""
+        with real_finish_abort(self.modules, self.classes):
+            common = self.modules.module("sglang.srt.mem_cache.common")
+            common.release_kv_cache(req, self.cache, is_insert=is_insert)
+
+
+def build16() -> World16:
+    """:class:`World16` with 64 slots, 4 rows of 32 columns and 4 Mamba states."""
+    impl = implementation("0.5.16")
+    assert impl.hybrid_req_to_token_pool and impl.allocator and impl.radix_key
+    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
+                        rules=impl.rules_or_default())  # fmt: skip
+    pool, allocator = impl.hybrid_req_to_token_pool(config), impl.allocator(config)
+    modules = load_sglang("0.5.16")
+    tree = SGLangMambaRadixCache16(modules, pool, allocator, 1)
+    cache = modules.attr("sglang.srt.session.streaming_session", "StreamingSession")(tree.impl)
+    return World16(modules, pool, allocator, cache, schedule_batch_classes(modules),
+                   impl.radix_key)  # fmt: skip

@@ -17,15 +17,9 @@ in by hand: a map from each row slot to the token whose KV it holds.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from kvpool.config import PoolConfig
-from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.cache_req import token_array
-from kvpool.sglang.mamba_radix import SGLangMambaRadixCache as SGLangMambaRadixCache16
-from kvpool.sglang.radix import to_sglang_key
 from tests.sglang.session_world import (
     CORES,
     NEXT,
@@ -38,8 +32,7 @@ from tests.sglang.session_world import (
     World,
     admit,
     build,
-    real_finish_abort,
-    schedule_batch_classes,
+    build16,
 )
 
 pytestmark = pytest.mark.sglang_wheel
@@ -125,36 +118,14 @@ def test_0_5_16_session_also_counts_the_bonus() -> None:
     """Finding 12 on SGLang 0.5.16: its ``StreamingSession`` (around its ``MambaRadixCache``,
     the KV side being the same for every tree) keeps ``min(prompt + finished_len, allocated)``
     too, and the next turn resumes past the request's own clock."""
-    impl = implementation("0.5.16")
-    assert impl.hybrid_req_to_token_pool and impl.allocator and impl.radix_key
-    radix_key = impl.radix_key
-    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
-                        rules=impl.rules_or_default())  # fmt: skip
-    pool, allocator = impl.hybrid_req_to_token_pool(config), impl.allocator(config)
-    modules = load_sglang("0.5.16")
-    tree = SGLangMambaRadixCache16(modules, pool, allocator, 1)
-    cache = modules.attr("sglang.srt.session.streaming_session", "StreamingSession")(tree.impl)
-    classes = schedule_batch_classes(modules)
-    params = modules.attr("sglang.srt.mem_cache.base_prefix_cache", "MatchPrefixParams")
-
-    def match(req: TurnReq16) -> Any:
-        key = radix_key(list(req.origin_input_ids[:-1]), None)
-        return cache.match_prefix(params(key=to_sglang_key(modules, key), req=req))
-
+    world = build16()
     session = StreamingSessionStandIn("s")
     turn = TurnReq16("t1", PROMPT, session)
-    turn.last_node = match(turn).last_device_node
-    cache.inc_lock_ref(turn.last_node)
-    assert pool.impl.alloc([turn]) is not None and turn.req_pool_idx is not None
-    pool.impl.req_to_token[turn.req_pool_idx, : CLOCK + RESERVE] = allocator.impl.alloc(
-        CLOCK + RESERVE
-    )
-    turn.kv = classes["ReqKvInfo"](kv_allocated_len=CLOCK + RESERVE, swa_evicted_seqlen=0)
-    turn.kv_committed_len = CLOCK
+    world.start(turn, CLOCK, CLOCK + RESERVE)
     turn.output_ids = token_array(OUTPUT)
     turn.finished_len = len(OUTPUT)
-    turn.finished_reason = classes["FINISH_MATCHED_TOKEN"](0)
-    with real_finish_abort(modules, classes):
-        modules.module("sglang.srt.mem_cache.common").release_kv_cache(turn, cache)
-    assert cache.slots["s"].kv_committed_len == len(TOKENS) > CLOCK
-    assert len(match(TurnReq16("t2", TOKENS + NEXT, session)).device_indices) == len(TOKENS)
+    turn.finished_reason = world.classes["FINISH_MATCHED_TOKEN"](0)
+    world.release(turn)
+    assert world.cache.slots["s"].kv_committed_len == len(TOKENS) > CLOCK
+    nxt = TurnReq16("t2", TOKENS + NEXT, session)
+    assert len(world.match(nxt, TOKENS + NEXT).device_indices) == len(TOKENS)

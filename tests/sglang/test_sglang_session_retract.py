@@ -23,10 +23,7 @@ import pytest
 
 from kvpool.config import PoolConfig
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
-from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.cache_req import token_array
-from kvpool.sglang.mamba_radix import SGLangMambaRadixCache as SGLangMambaRadixCache16
-from kvpool.sglang.radix import to_sglang_key
 from tests.sglang.session_world import (
     CORES,
     OUTPUT,
@@ -37,8 +34,7 @@ from tests.sglang.session_world import (
     World,
     admit,
     build,
-    real_finish_abort,
-    schedule_batch_classes,
+    build16,
 )
 
 pytestmark = pytest.mark.sglang_wheel
@@ -132,42 +128,19 @@ def test_0_5_16_session_also_resumes_a_token_behind_its_state() -> None:
     """Finding 11 on SGLang 0.5.16: its ``StreamingSession`` keeps an unfinished (retracted)
     turn's slot as a finished one's (``try_cache_finished_req``: ``save_from_req``), and the
     re-admission resumes at ``min(kv_committed_len, len(key))``, a token behind its state."""
-    impl = implementation("0.5.16")
-    assert impl.hybrid_req_to_token_pool and impl.allocator and impl.radix_key
-    radix_key = impl.radix_key
-    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
-                        rules=impl.rules_or_default())  # fmt: skip
-    pool, allocator = impl.hybrid_req_to_token_pool(config), impl.allocator(config)
-    modules = load_sglang("0.5.16")
-    tree = SGLangMambaRadixCache16(modules, pool, allocator, 1)
-    session_cls = modules.attr("sglang.srt.session.streaming_session", "StreamingSession")
-    cache = session_cls(tree.impl)
-    classes = schedule_batch_classes(modules)
-    params = modules.attr("sglang.srt.mem_cache.base_prefix_cache", "MatchPrefixParams")
-
-    def match(req: TurnReq16, tokens: list[int]) -> Any:
-        key = radix_key(tokens[:-1], None)  # the scheduler's key: the last token recomputed
-        return cache.match_prefix(params(key=to_sglang_key(modules, key), req=req))
-
+    world = build16()
     session = StreamingSessionStandIn("s")
     turn = TurnReq16("t1", PROMPT, session)
-    turn.last_node = match(turn, PROMPT).last_device_node
-    cache.inc_lock_ref(turn.last_node)
-    assert pool.impl.alloc([turn]) is not None and turn.req_pool_idx is not None
-    pool.impl.req_to_token[turn.req_pool_idx, :SAMPLED] = allocator.impl.alloc(SAMPLED)
-    turn.kv = classes["ReqKvInfo"](kv_allocated_len=SAMPLED, swa_evicted_seqlen=0)
-    turn.kv_committed_len = SAMPLED  # 0.5.16's prepare_for_decode counted the launched step
+    # 0.5.16's prepare_for_decode counted the launched step
+    state = world.start(turn, SAMPLED, SAMPLED)
     turn.output_ids = token_array(OUTPUT)
-    state = int(turn.mamba_pool_idx)
-    pool.mamba_pool.write_state([state], [SAMPLED])
-
-    with real_finish_abort(modules, classes):  # release_req: no insert
-        modules.module("sglang.srt.mem_cache.common").release_kv_cache(turn, cache, is_insert=False)
-    slot = cache.slots["s"]
+    world.pool.mamba_pool.write_state([state], [SAMPLED])
+    world.release(turn, is_insert=False)  # release_req: no insert
+    slot = world.cache.slots["s"]
     assert slot.kv_committed_len == SAMPLED and int(slot.mamba_pool_idx) == state
 
     again = TurnReq16("t1", PROMPT + OUTPUT, session)  # its fill ids: prompt and output
-    assert len(match(again, PROMPT + OUTPUT).device_indices) == SAMPLED - 1
-    assert pool.impl.alloc([again]) is not None
+    assert len(world.match(again, PROMPT + OUTPUT).device_indices) == SAMPLED - 1
+    assert world.pool.impl.alloc([again]) is not None
     assert int(again.mamba_pool_idx) == state and not again.mamba_needs_clear
-    assert pool.mamba_pool.state_tags([state]) == [SAMPLED]
+    assert world.pool.mamba_pool.state_tags([state]) == [SAMPLED]

@@ -30,10 +30,7 @@ from hypothesis import strategies as st
 from kvpool.config import PoolConfig
 from kvpool.constants import ceil_align
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
-from kvpool.sglang import implementation, load_sglang
 from kvpool.sglang.cache_req import token_array
-from kvpool.sglang.mamba_radix import SGLangMambaRadixCache as SGLangMambaRadixCache16
-from kvpool.sglang.radix import to_sglang_key
 from tests.sglang.session_world import (
     CORES,
     NEXT,
@@ -47,9 +44,8 @@ from tests.sglang.session_world import (
     World,
     admit,
     build,
+    build16,
     build_swa,
-    real_finish_abort,
-    schedule_batch_classes,
 )
 
 pytestmark = pytest.mark.sglang_wheel
@@ -487,50 +483,24 @@ def test_0_5_16_session_also_resumes_from_a_state_past_the_stop() -> None:
     ``MambaRadixCache``, its release (``common.release_kv_cache``) and its
     ``HybridReqToTokenPool``: the hand-over trims the KV to the stop and keeps the state slot,
     and the next turn resumes at the stop from it."""
-    impl = implementation("0.5.16")
-    assert impl.hybrid_req_to_token_pool and impl.allocator and impl.radix_key
-    radix_key = impl.radix_key
-    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
-                        rules=impl.rules_or_default())  # fmt: skip
-    pool, allocator = impl.hybrid_req_to_token_pool(config), impl.allocator(config)
-    modules = load_sglang("0.5.16")
-    tree = SGLangMambaRadixCache16(modules, pool, allocator, 1)
-    session_cls = modules.attr("sglang.srt.session.streaming_session", "StreamingSession")
-    cache = session_cls(tree.impl)
-    classes = schedule_batch_classes(modules)
-    params = modules.attr("sglang.srt.mem_cache.base_prefix_cache", "MatchPrefixParams")
-
-    def match(req: TurnReq16) -> Any:
-        key = radix_key(list(req.origin_input_ids[:-1]), None)
-        return cache.match_prefix(params(key=to_sglang_key(modules, key), req=req))
-
+    world = build16()
     session = StreamingSessionStandIn("s")
     turn = TurnReq16("t1", PROMPT, session)
-    first = match(turn)
-    assert len(first.device_indices) == 0
-    turn.last_node = first.last_device_node
-    cache.inc_lock_ref(turn.last_node)
-    assert pool.impl.alloc([turn]) is not None
     committed = len(PROMPT) + len(OUTPUT)
-    slots = allocator.impl.alloc(committed + RESERVE)
-    assert turn.req_pool_idx is not None
-    pool.impl.req_to_token[turn.req_pool_idx, : committed + RESERVE] = slots
-    turn.kv = classes["ReqKvInfo"](kv_allocated_len=committed + RESERVE, swa_evicted_seqlen=0)
-    turn.kv_committed_len = committed
+    state = world.start(turn, committed, committed + RESERVE)
     turn.output_ids = token_array(OUTPUT)
     turn.finished_len = 3
-    turn.finished_reason = classes["FINISH_MATCHED_TOKEN"](0)
-    state = int(turn.mamba_pool_idx)
-    free_before = allocator.impl.available_size()
-    with real_finish_abort(modules, classes):
-        modules.module("sglang.srt.mem_cache.common").release_kv_cache(turn, cache)
+    turn.finished_reason = world.classes["FINISH_MATCHED_TOKEN"](0)
+    free_before = world.allocator.impl.available_size()
+    world.release(turn)
     through_stop = len(PROMPT) + 3
-    slot = cache.slots["s"]
+    slot = world.cache.slots["s"]
     assert slot.kv_committed_len == slot.kv.kv_allocated_len == through_stop
-    assert allocator.impl.available_size() == free_before + committed + RESERVE - through_stop
+    freed = world.allocator.impl.available_size() - free_before
+    assert freed == committed + RESERVE - through_stop
     assert int(slot.mamba_pool_idx) == state  # the state after 14 tokens, kept
 
     nxt = TurnReq16("t2", PROMPT + OUTPUT[:3] + NEXT, session)
-    assert len(match(nxt).device_indices) == through_stop
-    assert pool.impl.alloc([nxt]) is not None
+    assert len(world.match(nxt, list(nxt.origin_input_ids)).device_indices) == through_stop
+    assert world.pool.impl.alloc([nxt]) is not None
     assert int(nxt.mamba_pool_idx) == state and not nxt.mamba_needs_clear
