@@ -165,7 +165,7 @@ it is retracted once first (then admitted again, as a retracted request is: ``"o
 the step computing its last sampled token launched, finding 11; ``"plain"`` before that step, of
 a decode without speculation; None not at all; a retracted turn had sampled no stop, so its
 stop is ignored), and whether its next step is already launched when its finish is processed
-(always on a hybrid model, the case of findings 10 and 11)."""
+(overlap scheduling with the running batch next)."""
 
 RETRACTIONS = (None, "overlap", "plain")
 
@@ -193,12 +193,14 @@ REJECTED = -2
 
 
 def predicted(plan: list[Turn], hybrid: bool) -> list[Mismatch]:
-    """The mismatches findings 10, 11 and 12 predict for ``plan``. On a hybrid model: a turn
-    retracted under overlap resumes a token behind its state (11); the turn after one kept with
-    its stop inside its run resumes ``outputs - stop`` tokens behind (10). With full attention
-    alone: a turn that speculated, stopped at its last token and finished with no step launched
-    leaves another token's KV at that token's position, which every later admission of the
-    session resumes over until an abort makes it forget (12)."""
+    """The mismatches findings 10, 11 and 12 predict for ``plan``, from how far each finished
+    turn's forward got (``consumed`` tokens: its KV and state) against what SGLang's hand-over
+    keeps (``held = min(prompt + finished_len, allocated)``). On a hybrid model the next turn
+    resumes ``consumed - held`` tokens off its state: ahead by the tokens past a stop inside the
+    run (10), behind by one when a speculating turn stopping at its last token finished with no
+    step launched (12). A turn retracted under overlap resumes a token behind its state (11).
+    KV: in that case of finding 12 the last token's position holds another token's KV, which
+    every later admission of the session resumes over until an abort makes it forget."""
     out: list[Mismatch] = []
     bad = 0  # positions of the session's history holding another token's KV
     for i, (_, outputs, reserve, stop, aborted, retracted, launched) in enumerate(plan):
@@ -207,14 +209,19 @@ def predicted(plan: list[Turn], hybrid: bool) -> list[Mismatch]:
             out.append((i, "kv", bad))
         if hybrid and retracted == "overlap":
             out.append((i, "state", 1))
-        if hybrid and stop is not None and stop < outputs and not aborted and i + 1 < len(plan):
-            out.append((i + 1, "state", outputs - stop))
-        inside = stop is not None and stop < outputs
-        speculated = reserve > 0 and retracted is None
+        kept = outputs if stop is None else min(stop, outputs)  # past the prompt, as all here
+        if retracted:  # the re-admission computed every sampled token
+            consumed = held = outputs
+        else:
+            clock = outputs - 1 if reserve or not launched else outputs
+            consumed = outputs if launched else clock
+            held = min(kept, clock + reserve)
         if aborted:
             bad = 0
-        elif not hybrid and speculated and not launched and not inside:
-            bad += 1
+            continue
+        if hybrid and consumed != held and i + 1 < len(plan):
+            out.append((i + 1, "state", consumed - held))
+        bad += max(0, held - consumed)
     return out
 
 
@@ -383,7 +390,6 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
             # the finish: a speculative step's clock leaves out its bonus (the last token),
             # whose KV the next step computes; a step without speculation counts the launched
             # next step in its clock
-            launched = launched or hybrid
             clock = sampled - 1 if reserve or not launched else sampled
             world.extend_slots(req, clock + reserve)
             forward(req, fill, prefix, clock, sampled if launched else clock)
@@ -459,8 +465,9 @@ def test_the_generated_search_finds_and_shrinks_each_finding(core: str) -> None:
     full attention, the first speculating and finishing with no step launched (12)."""
     config = settings(max_examples=200, deadline=None, database=None, derandomize=True)
 
-    def state_gap_unretracted(plan: list[Turn]) -> bool:
-        return any(plan[i][5] is None for i, _, _ in run_session(build(core), plan))
+    def state_ahead_unretracted(plan: list[Turn]) -> bool:
+        found = run_session(build(core), plan)
+        return any(plan[i][5] is None and kind == "state" and d > 0 for i, kind, d in found)
 
     def kv_gap(plan: list[Turn]) -> bool:
         return bool(run_session(build(core, hybrid=False), plan))
@@ -470,10 +477,15 @@ def test_the_generated_search_finds_and_shrinks_each_finding(core: str) -> None:
     # hypothesis's shrinker keeps a leading trivial turn here; what matters is that the plan
     # isolates finding 10: one turn kept with its stop inside its run, then the turn it lends
     # its state to, nothing retracted
-    ten = find(turns, state_gap_unretracted, settings=config)
+    ten = find(turns, state_ahead_unretracted, settings=config)
     assert len(ten) <= 3 and all(turn[5] is None for turn in ten)
     (k,) = [i for i, turn in enumerate(ten[:-1]) if turn[3] is not None and turn[3] < turn[1]]
-    assert run_session(build(core), ten) == [(k + 1, "state", ten[k][1] - (ten[k][3] or 0))]
+    ((turn, kind, ahead),) = run_session(build(core), ten)
+    assert (
+        (turn, kind) == (k + 1, "state")
+        and ahead > 0
+        and [(turn, kind, ahead)] == predicted(ten, True)
+    )
     twelve = find(turns, kv_gap, settings=config)
     assert twelve == [(1, 1, 1, None, False, None, False), (1, 1, 0, None, False, None, False)]
 
