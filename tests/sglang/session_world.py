@@ -1,10 +1,12 @@
 """SGLang's own streaming session as its scheduler drives it, for the opt-in session tests
-(:mod:`tests.sglang.test_sglang_streaming_session` and
-:mod:`tests.sglang.test_sglang_session_retract`):
-SGLang 0.5.23's unified cache (FULL, or FULL and MAMBA components, either tree core), its
-``HybridReqToTokenPool`` or ``ReqToTokenPool``, its token allocator and its glue modules
-(:class:`World`, :func:`build`); the request stand-ins :class:`TurnReq` (0.5.23) and
-:class:`TurnReq16` (0.5.16) and the session stand-in :class:`StreamingSessionStandIn`.
+(:mod:`tests.sglang.test_sglang_streaming_session`, :mod:`tests.sglang.test_sglang_session_retract`
+and :mod:`tests.sglang.test_sglang_session_bonus`): SGLang 0.5.23's unified cache (FULL, FULL
+and MAMBA, or FULL and SWA components, either tree core), its ``HybridReqToTokenPool`` or
+``ReqToTokenPool``, its token or SWA allocator and its glue modules (:class:`World`,
+:func:`build`, :func:`build_swa`); 0.5.16's ``StreamingSession`` around its
+``MambaRadixCache`` (:class:`World16`, :func:`build16`); the request stand-ins
+:class:`TurnReq` (0.5.23) and :class:`TurnReq16` (0.5.16) and the session stand-in
+:class:`StreamingSessionStandIn`.
 
 The calls are SGLang's:
 

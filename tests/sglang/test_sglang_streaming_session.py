@@ -368,6 +368,7 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
         req = TurnReq(world, f"t{i}", prompt, session)
         prefix = resume(req, prompt, i)
         sampled = len(fill)
+        kept = len(prompt) + (outputs if stop is None else min(stop, outputs))
         req.output_ids = token_array(fill[len(prompt) :])
         if retracted:  # the scheduler's release_req: no insert; the session keeps the record
             # under overlap the step computing the last sampled token is launched; a plain
@@ -396,7 +397,6 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
             # the last decode preparation's slide came before the step that sampled the stop
             # (at a seqlen of ``kept - 1`` at the latest): a preparation reads the output ids
             # of processed results only, so under overlap the launched step's lags too
-            kept = len(prompt) + (outputs if stop is None else min(stop, outputs))
             slide(req, kept - 2, len(prompt))
             if reserve and not launched:  # the last verify's first rejected draft
                 kv[slot_at(req, sampled - 1)] = REJECTED
@@ -405,7 +405,6 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
         allocated = req.kv.kv_allocated_len
         world.finish(req)
         slot = check_held(world, sizes, where)
-        kept = len(prompt) + (outputs if stop is None else min(stop, outputs))
         if aborted:  # the session forgets its history; the next turn starts afresh
             assert slot is None, where
             history = []
