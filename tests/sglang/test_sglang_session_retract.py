@@ -21,8 +21,6 @@ from typing import Any
 
 import pytest
 
-from kvpool.config import PoolConfig
-from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.sglang.cache_req import token_array
 from tests.sglang.session_world import (
     CORES,
@@ -95,33 +93,6 @@ def test_without_overlap_the_retracted_turn_resumes_where_its_state_is(core: str
     assert admit(world, req, SAMPLED) == SAMPLED - 1
     assert int(req.kv.mamba_pool_idx) == state
     assert world.pool.mamba_pool.state_tags([state]) == [SAMPLED - 1]
-
-
-def test_kvpool_releases_a_retracted_session_turns_state() -> None:
-    """kvpool's rule: a restored session turn that is retracted gives its row, KV and Mamba
-    state back (the session forgets its history), so its re-admission starts from a fresh
-    state."""
-    config = PoolConfig(size=64, req_pool_size=4, max_context_len=32, mamba_slots=4,
-                        disable_radix_cache=True)  # fmt: skip
-    mm = MemoryManager(config)
-    mm.open_session("s")
-    mm.new_req("t1", PROMPT, session_id="s")
-    mm.extend(["t1"])
-    for token in OUTPUT[:2]:
-        mm.decode(["t1"], [token])
-    mm.finish(["t1"])
-    (kept,) = mm.snapshot().sessions
-    assert kept.kv_committed_len == len(PROMPT) + 2
-    mm.new_req("t2", PROMPT + OUTPUT[:2] + [31, 32], session_id="s")
-    mm.extend(["t2"])
-    mm.decode(["t2"], [41])
-    mm.retract("t2")
-    snap = mm.snapshot()
-    (session,) = snap.sessions
-    assert session.kv_committed_len == session.kv_allocated_len == 0 and session.row == ()
-    assert snap.mamba is not None
-    states = snap.mamba.pool.mamba_allocator
-    assert len(states.free_slots) == states.size  # no state kept for the retried turn
 
 
 def test_0_5_16_session_also_resumes_a_token_behind_its_state() -> None:

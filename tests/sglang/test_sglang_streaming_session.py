@@ -262,8 +262,8 @@ def check_held(world: World, sizes: tuple[int, int, int, int], where: object) ->
         if slot is not None:
             row = world.pool.impl.req_to_token[slot.kv.req_pool_idx]
             mapping = world.allocator.full_to_swa_index_mapping
-            swa = mapping[row[slot.kv.cache_protected_len : slot.kv.kv_allocated_len].long()]
-            pages = {int(s) // world.tree.page_size for s in swa if int(s) != 0}
+            cols = row[slot.kv.cache_protected_len : slot.kv.kv_allocated_len].long()
+            pages = {int(s) // world.tree.page_size for s in mapping[cols] if int(s) != 0}
             swa_held = len(pages) * world.tree.page_size
         swa_tree = int(world.cache.swa_evictable_size() + world.cache.swa_protected_size())
         assert int(world.allocator.swa_available_size()) + swa_held + swa_tree == swa_size, where
