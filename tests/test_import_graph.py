@@ -5,8 +5,8 @@ functions included: a lazy import runs later, but a circle through it still ties
 together, and an import against the floors is one however late it runs.
 
 The floors, bottom up: the shared types at ``kvpool/``'s root; the reference and the invariants;
-the kernels; the optimized twin; the harness (``testing``, then the replay modules); the command
-line and the SGLang adapters on top. A module imports from lower floors and from its own package
+the kernels; the optimized twin; the harness (``testing``, then the replay modules); the SGLang
+adapters; the command line on top. A module imports from lower floors and from its own package
 only.
 Inside each twin the wings have floors of their own, as DEVELOPERS.md draws them
 (:func:`tests.test_developers_map.wing_floors`); the twin may import the reference's pure helpers
@@ -39,9 +39,9 @@ PACKAGE_FLOORS = {
     "testing": 4,
     "replay_stepper": 5,
     "replay": 6,
-    "cli": 7,
     "sglang": 7,
-    "__main__": 8,
+    "cli": 8,
+    "__main__": 9,
 }
 """Floor of each package (or top-level module) under ``kvpool``; the shared types are floor 0."""
 

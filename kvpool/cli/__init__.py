@@ -6,7 +6,7 @@ and sets ``func`` to a ``(args) -> int`` runner; a module imports only light thi
 
 Errors and exit codes (``main``):
 
-- 0 success; 1 the check ran and found a failure (``verify``, ``diff-kernel``);
+- 0 success; 1 the check ran and found a failure (``verify``, ``diff-kernel``, ``sessions``);
 - 2 bad input: an unknown option, a bad value, a missing or malformed file, an unwritable output
   path, an ``--impl`` that does not load. One line ``kvpool: error: ...`` on stderr naming the
   value and what is expected, printed before any work starts
@@ -30,6 +30,7 @@ _SUBCOMMAND_MODULES = (
     "kvpool.cli.verify",
     "kvpool.cli.diff_kernel",
     "kvpool.cli.replay",
+    "kvpool.cli.sessions",
     "kvpool.cli.bench",
 )
 

@@ -111,6 +111,16 @@ BAD: list[tuple[str, str]] = [
     # bench
     ("bench --only nosuchbench", "--only 'nosuchbench' matches no script"),
     ("bench --quick extra", "unrecognized arguments: extra"),
+    # sessions
+    ("sessions --seconds 0", "--seconds: got '0', expected a positive finite number"),
+    ("sessions --runs 0", "--runs: got '0', expected a positive integer"),
+    ("sessions --seed x", "--seed: invalid int value: 'x'"),
+    ("sessions --page-size 2", "--page-size: invalid choice: 2"),
+    ("sessions --model mamba", "--model: invalid choice: 'mamba'"),
+    ("sessions --tree-core java", "--tree-core: invalid choice: 'java'"),
+    ("sessions --model hybrid --page-size 4", "--model hybrid runs at page size 1 only, not 4"),
+    ("sessions --sglang {tmp}/nowhere", "no SGLang source at"),
+    ("sessions extra", "unrecognized arguments: extra"),
 ]
 
 

@@ -20,18 +20,20 @@ from __future__ import annotations
 import pytest
 
 from kvpool.sglang.cache_req import token_array
-from tests.sglang.session_world import (
+from kvpool.sglang.session_world import (
     CORES,
+    StreamingSessionStandIn,
+    TurnReq,
+    World,
+    admit,
+    build,
+)
+from tests.sglang.session_world import (
     NEXT,
     OUTPUT,
     PROMPT,
     RESERVE,
-    StreamingSessionStandIn,
-    TurnReq,
     TurnReq16,
-    World,
-    admit,
-    build,
     build16,
 )
 

@@ -22,16 +22,18 @@ from typing import Any
 import pytest
 
 from kvpool.sglang.cache_req import token_array
-from tests.sglang.session_world import (
+from kvpool.sglang.session_world import (
     CORES,
-    OUTPUT,
-    PROMPT,
     StreamingSessionStandIn,
     TurnReq,
-    TurnReq16,
     World,
     admit,
     build,
+)
+from tests.sglang.session_world import (
+    OUTPUT,
+    PROMPT,
+    TurnReq16,
     build16,
 )
 

@@ -21,31 +21,29 @@ session turn that stops early, ``ConfigError``). Here SGLang's code runs instead
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from kvpool.config import PoolConfig
-from kvpool.constants import ceil_align
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.sglang.cache_req import token_array
-from tests.sglang.session_world import (
+from kvpool.sglang.session_plans import RETRACTIONS, Turn, predicted, run_session
+from kvpool.sglang.session_world import (
     CORES,
+    StreamingSessionStandIn,
+    TurnReq,
+    build,
+    build_swa,
+)
+from tests.sglang.session_world import (
     NEXT,
     OUTPUT,
     PROMPT,
     RESERVE,
-    WINDOW,
-    StreamingSessionStandIn,
-    TurnReq,
     TurnReq16,
-    World,
-    admit,
-    build,
     build16,
-    build_swa,
+    run_turn,
 )
 
 pytestmark = pytest.mark.sglang_wheel
@@ -60,7 +58,7 @@ def test_a_turn_stopping_inside_its_run_hands_the_next_turn_a_state_past_the_sto
     world = build(core)
     session = StreamingSessionStandIn("s")
     turn = TurnReq(world, "t1", PROMPT, session)
-    state = world.run_turn(turn, stop=3)
+    state = run_turn(world, turn, stop=3)
     committed, through_stop = len(PROMPT) + len(OUTPUT), len(PROMPT) + 3
     free_before = world.allocator.impl.available_size()
 
@@ -94,7 +92,7 @@ def test_a_turn_stopping_at_its_last_token_keeps_state_and_kv_together(core: str
     world = build(core)
     session = StreamingSessionStandIn("s")
     turn = TurnReq(world, "t1", PROMPT, session)
-    state = world.run_turn(turn, stop=len(OUTPUT))
+    state = run_turn(world, turn, stop=len(OUTPUT))
     committed = len(PROMPT) + len(OUTPUT)
     assert turn.owned_kv_len() == committed
     assert world.finish(turn) is True
@@ -111,7 +109,7 @@ def test_without_a_session_the_state_past_the_stop_is_freed(core: str) -> None:
     SGLang's scheduler rule intends."""
     world = build(core)
     turn = TurnReq(world, "t1", PROMPT, None)
-    world.run_turn(turn, stop=3)
+    run_turn(world, turn, stop=3)
     free_states = world.pool.impl.mamba_allocator.available_size()
     free_slots = world.allocator.impl.available_size()
     assert world.finish(turn) is False and turn.skip_radix_cache_insert
@@ -132,7 +130,7 @@ def test_the_hand_over_frees_the_over_allocation_as_kvpools_sessions_do(core: st
     for stop in (len(OUTPUT), 3):
         world = build(core, hybrid=False)
         turn = TurnReq(world, "t1", PROMPT, StreamingSessionStandIn("s"))
-        world.run_turn(turn, stop=stop)
+        run_turn(world, turn, stop=stop)
         free_before = world.allocator.impl.available_size()
         assert world.finish(turn) is True  # no Mamba state: the scheduler's check says yes
         slot = world.cache.session.slots["s"]
@@ -158,17 +156,6 @@ def test_the_hand_over_frees_the_over_allocation_as_kvpools_sessions_do(core: st
         assert kvpool_freed == committed + over - kept  # the same rule: [kept, allocated)
 
 
-Turn = tuple[int, int, int, int | None, bool, str | None, bool]
-"""A generated turn: new input tokens, output tokens sampled, reserve (more than 0: speculative
-decoding), the stop (an output position; None: the last token), whether it is aborted, whether
-it is retracted once first (then admitted again, as a retracted request is: ``"overlap"`` with
-the step computing its last sampled token launched, finding 11; ``"plain"`` before that step, of
-a decode without speculation; None not at all; a retracted turn had sampled no stop, so its
-stop is ignored), and whether its next step is already launched when its finish is processed
-(overlap scheduling with the running batch next)."""
-
-RETRACTIONS = (None, "overlap", "plain")
-
 turns = st.lists(
     st.tuples(
         st.integers(1, 3),
@@ -182,256 +169,6 @@ turns = st.lists(
     min_size=1,
     max_size=4,
 )
-
-Mismatch = tuple[int, str, int]
-"""What a turn resumes from, not matching its tokens: (turn, ``"state"``, the lent Mamba
-state's tokens minus the resumed prefix) or (turn, ``"kv"``, how many resumed positions hold
-another token's KV)."""
-
-REJECTED = -2
-"""The token the forward's stand-in records for a rejected draft's KV."""
-
-
-def predicted(plan: list[Turn], hybrid: bool) -> list[Mismatch]:
-    """The mismatches findings 10, 11 and 12 predict for ``plan``, from how far each finished
-    turn's forward got (``consumed`` tokens: its KV and state) against what SGLang's hand-over
-    keeps (``held = min(prompt + finished_len, allocated)``). On a hybrid model the next turn
-    resumes ``consumed - held`` tokens off its state: ahead by the tokens past a stop inside the
-    run (10), behind by one when a speculating turn stopping at its last token finished with no
-    step launched (12). A turn retracted under overlap resumes a token behind its state (11).
-    KV: in that case of finding 12 the last token's position holds another token's KV, which
-    every later admission of the session resumes over until an abort makes it forget."""
-    out: list[Mismatch] = []
-    bad = 0  # positions of the session's history holding another token's KV
-    for i, (_, outputs, reserve, stop, aborted, retracted, launched) in enumerate(plan):
-        stop = None if retracted else stop  # see run_session
-        for _ in range(1 + (retracted is not None) if bad else 0):  # each lend of the record
-            out.append((i, "kv", bad))
-        if hybrid and retracted == "overlap":
-            out.append((i, "state", 1))
-        kept = outputs if stop is None else min(stop, outputs)  # past the prompt, as all here
-        if retracted:  # the re-admission computed every sampled token
-            consumed = held = outputs
-        else:
-            clock = outputs - 1 if reserve or not launched else outputs
-            consumed = outputs if launched else clock
-            held = min(kept, clock + reserve)
-        if aborted:
-            bad = 0
-            continue
-        if hybrid and consumed != held and i + 1 < len(plan):
-            out.append((i + 1, "state", consumed - held))
-        bad += max(0, held - consumed)
-    return out
-
-
-def is_swa(world: World) -> bool:
-    """Whether the world's allocator is SGLang's SWA allocator (:func:`build_swa`)."""
-    return hasattr(world.allocator, "swa_available_size")
-
-
-def full_free(world: World) -> int:
-    """Free full-attention KV slots."""
-    if is_swa(world):
-        return int(world.allocator.full_available_size())
-    return int(world.allocator.impl.available_size())
-
-
-def tree_full(world: World) -> tuple[int, int]:
-    """The full-attention slots SGLang's tree holds: (evictable, protected)."""
-    tree: Any = world.tree if is_swa(world) else world.cache
-    return int(tree.evictable_size()), int(tree.protected_size())
-
-
-def check_held(world: World, sizes: tuple[int, int, int, int], where: object) -> Any:
-    """Every KV slot, row and Mamba state is free, cached in the tree or the session's (its
-    last partial page its own); with a sliding window, every SWA slot too (the session's are
-    its row's columns still mapped to one). Returns the session's slot (None: it holds
-    nothing)."""
-    kv_size, rows, state_size, swa_size = sizes
-    slot: Any = world.cache.session.slots.get("s")
-    held = 0
-    if slot is not None:
-        held = ceil_align(slot.kv.kv_allocated_len, world.tree.page_size)
-        held -= slot.kv.cache_protected_len
-    tree = sum(tree_full(world))
-    assert full_free(world) + held + tree == kv_size, where
-    assert world.pool.impl.available_size() == rows - (slot is not None), where
-    if is_swa(world):
-        swa_held = 0
-        if slot is not None:
-            row = world.pool.impl.req_to_token[slot.kv.req_pool_idx]
-            mapping = world.allocator.full_to_swa_index_mapping
-            cols = row[slot.kv.cache_protected_len : slot.kv.kv_allocated_len].long()
-            pages = {int(s) // world.tree.page_size for s in mapping[cols] if int(s) != 0}
-            swa_held = len(pages) * world.tree.page_size
-        swa_tree = int(world.cache.swa_evictable_size() + world.cache.swa_protected_size())
-        assert int(world.allocator.swa_available_size()) + swa_held + swa_tree == swa_size, where
-    states = getattr(world.pool.impl, "mamba_allocator", None)
-    if states is not None:
-        holds = slot is not None and slot.kv.holds_mamba
-        free = states.available_size()
-        assert free + int(holds) + cached_states(world) == state_size, where
-    return slot
-
-
-def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
-    """Turns of one streaming session through SGLang's own code (admission, hand-over, abort,
-    retraction and re-admission), then ``release_session``. After every step kvpool's rules
-    hold on SGLang's state (:func:`check_held`; a kept turn holds exactly its tokens through the
-    stop, ``INV-SESSION-TRIMMED``); at the end everything is free. The forward's stand-in
-    records the token whose KV each slot holds and tags a Mamba state with the tokens it has
-    consumed; returns every admission whose resumed KV or lent state does not match its
-    tokens."""
-    states = getattr(world.pool.impl, "mamba_allocator", None)
-    hybrid = states is not None
-    swa = is_swa(world)
-    sizes = (
-        full_free(world),
-        int(world.pool.impl.available_size()),
-        0 if states is None else int(states.available_size()),
-        int(world.allocator.swa_available_size()) if swa else 0,
-    )
-    found: list[Mismatch] = []
-    kv: dict[int, int] = {}  # slot -> the token whose KV it holds
-
-    def slot_at(req: TurnReq, pos: int) -> int:
-        return int(world.pool.impl.req_to_token[req.kv.req_pool_idx, pos])
-
-    # the running record's sliding window as kvpool models SGLang's slide: the tree-owned
-    # prefix below ``lo``, the record's cursor, and the SWA columns freed, ``[lo, dead)``
-    window = {"lo": 0, "cursor": 0, "dead": 0}
-    swa_type = world.tree._swa if swa else None
-
-    def resume(req: TurnReq, fill: list[int], turn: int) -> int:
-        lent = "s" in world.cache.session.slots  # the session lends its record
-        prefix = admit(world, req, len(fill))
-        wrong = sum(kv.get(slot_at(req, pos)) != fill[pos] for pos in range(prefix))
-        if wrong:
-            found.append((turn, "kv", wrong))
-        if swa:  # the window the resumed turn's first token attends to
-            if lent:  # the match clamps the record's cursor to the prefix
-                window["cursor"] = min(window["cursor"], prefix)
-            else:
-                window.update(lo=int(req.kv.cache_protected_len), cursor=0, dead=0)
-            assert req.kv.get_evicted_seqlen(swa_type) == window["cursor"], "slide model"
-            mapping = world.allocator.full_to_swa_index_mapping
-            span = range(max(0, prefix - WINDOW), prefix)
-            dead = sum(int(mapping[slot_at(req, pos)]) == 0 for pos in span)
-            expected = len(range(max(span.start, window["lo"]), min(prefix, window["dead"])))
-            assert dead == expected, ("slide model", dead, expected)
-            if dead:
-                found.append((turn, "swa", dead))
-        if hybrid and not req.kv.mamba_needs_clear:  # a lent state, not a fresh one
-            (tag,) = world.pool.mamba_pool.state_tags([int(req.kv.mamba_pool_idx)])
-            if tag != prefix:
-                found.append((turn, "state", tag - prefix))
-        return prefix
-
-    def forward(req: TurnReq, fill: list[int], start: int, clock: int, consumed: int) -> None:
-        """The steps computing positions ``[start, consumed)`` (their KV and the state); the
-        request's clock at ``clock``."""
-        for pos in range(start, consumed):
-            kv[slot_at(req, pos)] = fill[pos]
-        req.kv.kv_committed_len = clock
-        req.kv.mamba_needs_clear = False
-        if hybrid:
-            world.pool.mamba_pool.write_state([int(req.kv.mamba_pool_idx)], [consumed])
-
-    def slide(req: TurnReq, pre_len: int, prompt: int) -> None:
-        """A decode preparation's window slide (``maybe_evict_swa``: the tree's
-        ``evict_sliding_windows`` at ``seqlen - 1``), after at least one decode step; the
-        model follows (``free_swa_out_of_window_slots``: the cursor rises to the tree-owned
-        prefix, then frees up to a page-floored window behind ``pre_len``)."""
-        if not swa or pre_len < prompt:
-            return
-        world.cache.evict_sliding_windows(req, pre_len)
-        if pre_len - WINDOW < window["cursor"] + 1:
-            return
-        ps = world.tree.page_size
-        start = max(window["cursor"], window["lo"])
-        end = max(start, pre_len - ceil_align(max(WINDOW, ps), ps)) // ps * ps
-        window["cursor"] = max(start, end)
-        window["dead"] = max(window["dead"], window["cursor"])
-
-    session = StreamingSessionStandIn("s")
-    history: list[int] = []  # the session's tokens: what the next turn continues from
-    token = 100
-    for i, (new, outputs, reserve, stop, aborted, retracted, launched) in enumerate(plan):
-        where = plan[: i + 1]
-        # a turn retracted while decoding had sampled no stop yet: it finishes at its last
-        # sampled token
-        stop = None if retracted else stop
-        prompt = history + list(range(token, token + new))
-        fill = prompt + list(range(token + new, token + new + outputs))
-        token += new + outputs
-        req = TurnReq(world, f"t{i}", prompt, session)
-        prefix = resume(req, prompt, i)
-        sampled = len(fill)
-        kept = len(prompt) + (outputs if stop is None else min(stop, outputs))
-        req.output_ids = token_array(fill[len(prompt) :])
-        if retracted:  # the scheduler's release_req: no insert; the session keeps the record
-            # under overlap the step computing the last sampled token is launched; a plain
-            # retraction is of a decode without speculation, which reserves nothing
-            committed = sampled - (retracted == "plain")
-            reserve = 0 if retracted == "plain" else reserve
-            world.extend_slots(req, committed + reserve)
-            forward(req, fill, prefix, committed, committed)
-            slide(req, sampled - 2, len(prompt))  # the preparation before the last sample
-            world.retract(req)
-            slot = check_held(world, sizes, where)
-            assert slot is not None and slot.kv.kv_committed_len == committed
-            assert slot.kv.kv_allocated_len == committed, where  # the reserve went back
-            # admitted again over its fill ids (prompt and output): the key stops a token
-            # short, so under overlap the session frees that token's slot to compute it again
-            assert resume(req, fill, i) == sampled - 1
-            world.extend_slots(req, sampled + reserve)
-            forward(req, fill, sampled - 1, sampled, sampled)
-        else:
-            # the finish: a speculative step's clock leaves out its bonus (the last token),
-            # whose KV the next step computes; a step without speculation counts the launched
-            # next step in its clock
-            clock = sampled - 1 if reserve or not launched else sampled
-            world.extend_slots(req, clock + reserve)
-            forward(req, fill, prefix, clock, sampled if launched else clock)
-            # the last decode preparation's slide came before the step that sampled the stop
-            # (at a seqlen of ``kept - 1`` at the latest): a preparation reads the output ids
-            # of processed results only, so under overlap the launched step's lags too
-            slide(req, kept - 2, len(prompt))
-            if reserve and not launched:  # the last verify's first rejected draft
-                kv[slot_at(req, sampled - 1)] = REJECTED
-        req.finished_len = None if stop is None else min(stop, outputs)
-        req.finished_reason = world.finish_reason(aborted)
-        allocated = req.kv.kv_allocated_len
-        world.finish(req)
-        slot = check_held(world, sizes, where)
-        if aborted:  # the session forgets its history; the next turn starts afresh
-            assert slot is None, where
-            history = []
-        else:
-            # the session keeps the tokens through the stop that the row holds (without
-            # speculation a finish with no step launched holds all but the last)
-            assert slot is not None
-            held = min(kept, allocated)
-            assert slot.kv.kv_committed_len == slot.kv.kv_allocated_len == held, where
-            history = fill[:kept]
-    world.cache.session.release_session("s")
-    evictable, protected = tree_full(world)
-    assert full_free(world) + evictable == sizes[0]
-    assert protected == 0 and world.pool.impl.available_size() == sizes[1]
-    if swa:
-        swa_tree = int(world.cache.swa_evictable_size() + world.cache.swa_protected_size())
-        assert int(world.allocator.swa_available_size()) + swa_tree == sizes[3]
-    if states is not None:
-        assert states.available_size() + cached_states(world) == sizes[2]
-    return found
-
-
-def cached_states(world: World) -> int:
-    """The Mamba states SGLang's tree holds (an aborted turn's release caches its prompt and
-    state, as any finished request's does)."""
-    snap = world.tree.snapshot()
-    return sum(n.mamba_value is not None for n in snap.nodes[1:])
 
 
 @pytest.mark.parametrize("core", CORES)

@@ -1,0 +1,92 @@
+"""``kvpool sessions``: generated streaming sessions on SGLang's own session code.
+
+Each run draws a plan of one to four turns of one streaming session (new tokens, sampled tokens,
+a speculative reserve, a stop inside the run, an abort, a retraction under overlap or plain, the
+next step launched or not) and plays it through SGLang's own unified cache, session, pools and
+release on a fresh world (full attention at page size 1 or 4, a hybrid Mamba model, a sliding
+window at page size 1 or 4; the Rust and the Python tree core), checking kvpool's rules after
+every step: no KV slot, row, SWA slot or Mamba state leaked or freed twice, a kept turn holding
+exactly its tokens through the stop, every resumed position holding its own token's KV, every
+lent Mamba state matching the prefix it resumes, every resumed window live.
+
+The first failing plan is shrunk and printed, turn by turn and as Python; a failure that
+findings 10, 11 and 12 of specs/sglang_findings.md explain says so. With --skip-known those are
+counted and the campaign goes on, so that only a new behaviour stops it. Same seed, same plans.
+Exit 0: no failure; 1: a failure; 2: bad input (a source that does not load, a release without
+0.5.23's unified session, a model without that page size).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvpool.cli.args import add_parser, fail, positive_float, positive_int
+
+MODELS = ("full", "hybrid", "swa")
+CORES = ("rust", "python")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvpool.errors import KVPoolError
+    from kvpool.sglang.session_campaign import PAGE_SIZES, run_campaign, setups
+
+    models = MODELS if args.model is None else (args.model,)
+    if args.page_size is not None and not any(args.page_size in PAGE_SIZES[m] for m in models):
+        sizes = ", ".join(map(str, PAGE_SIZES[models[0]]))
+        fail(f"sessions: --model {args.model} runs at page size {sizes} only, not {args.page_size}")
+    chosen = setups(
+        models,
+        None if args.page_size is None else (args.page_size,),
+        CORES if args.tree_core is None else (args.tree_core,),
+        args.sglang,
+    )
+    try:  # load the release (and each core) before the campaign: bad input is exit 2
+        for setup in {(s.model == "swa", s.core): s for s in chosen}.values():
+            setup.build()
+    except KVPoolError as exc:
+        fail(f"sessions: --sglang {args.sglang}: {exc}")
+    result = run_campaign(chosen, args.seconds, args.seed, args.runs, args.skip_known)
+    print(f"kvpool sessions: SGLang {args.sglang}'s streaming session, seed {args.seed}")
+    print(f"  setups           {len(chosen)}")
+    print(f"  plans            {result.plans}")
+    print(f"  turns            {result.turns}")
+    print(f"  failures         {int(result.failure is not None)}")
+    print(f"  seconds          {result.seconds:.1f}")
+    if args.skip_known:
+        known = ", ".join(f"{n}: {c}" for n, c in sorted(result.known.items())) or "none"
+        print(f"  known findings   {known} (plans per finding, skipped)")
+    if result.failure is not None:
+        print("\n".join(result.failure.lines()))
+        return 1
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``sessions`` subcommand."""
+    p = add_parser(
+        subparsers,
+        "sessions",
+        help="generated streaming sessions on SGLang's own session code",
+        description=__doc__,
+    )
+    p.add_argument(
+        "--sglang",
+        metavar="SOURCE",
+        default="0.5.23",
+        help="SGLang release, wheel or source folder with 0.5.23's unified cache session",
+    )
+    p.add_argument("--model", choices=MODELS, default=None,
+                   help="only this model (default: all three)")  # fmt: skip
+    p.add_argument("--page-size", type=positive_int, choices=(1, 4), default=None,
+                   help="only this page size, in tokens (default: each model's)")  # fmt: skip
+    p.add_argument("--tree-core", choices=CORES, default=None,
+                   help="only this tree core (default: both)")  # fmt: skip
+    p.add_argument("--seconds", type=positive_float, default=20.0,
+                   help="time budget, in seconds")  # fmt: skip
+    p.add_argument("--runs", type=positive_int, default=None,
+                   help="stop after this many plans (default: the time budget only)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (any integer)")
+    p.add_argument("--skip-known", action="store_true",
+                   help="count plans that only findings 10-12 explain and go on")  # fmt: skip
+    p.set_defaults(func=_run)

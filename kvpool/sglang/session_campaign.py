@@ -1,0 +1,323 @@
+"""A seeded campaign of generated streaming sessions on SGLang's own session code
+(``kvpool sessions``).
+
+Run ``i`` of seed ``s`` draws one plan (:func:`draw_plan`, from ``random.Random(f"{s}/{i}")``)
+and plays it (:func:`~kvpool.sglang.session_plans.run_session`) on a fresh world of the
+``i``-th :class:`Setup` in turn: a model (``full``, ``hybrid``: FULL and MAMBA, ``swa``: FULL
+and a window of :data:`~kvpool.sglang.session_world.WINDOW` tokens), a page size and a tree core.
+A run fails when a named rule breaks on SGLang's state, SGLang leaves the driver's model of
+its scheduler (``session-model``), SGLang raises (``crash``) or an admission resumes from KV or
+state that does not match its tokens. A failure whose mismatches are exactly those findings 10,
+11 and 12 predict (:func:`~kvpool.sglang.session_plans.predicted_findings`) is *known*; with
+``skip_known`` the campaign counts it and goes on, so only a new behaviour stops it.
+
+The first failing plan is shrunk (:func:`shrink`): turns dropped, numbers lowered, options
+switched off, as long as it fails with the same detector and stays known or new. Same seed, same
+plans, same report. One process, one thread.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvpool.errors import InvariantViolation
+from kvpool.sglang.session_plans import (
+    INVARIANT_OF,
+    RETRACTIONS,
+    Mismatch,
+    Turn,
+    predicted_findings,
+    run_session,
+)
+from kvpool.sglang.session_world import CORES, VERSION, World, build, build_swa
+
+MODELS = ("full", "hybrid", "swa")
+"""The models a :class:`Setup` names."""
+
+PAGE_SIZES = {"full": (1, 4), "hybrid": (1,), "swa": (1, 4)}
+"""The page sizes (tokens) each model runs at (SGLang's hybrid Mamba pool here: page size 1)."""
+
+MAX_TURNS = 4
+"""Turns of a plan, at most; with their tokens they fit the worlds' 32-column rows."""
+
+SHRINK_EVALUATIONS = 400
+"""Plans :func:`shrink` plays at most (each on a fresh world)."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One world: ``model`` (:data:`MODELS`), ``page_size`` (tokens) and ``core`` (0.5.23's tree
+    core, ``"rust"`` or ``"python"``), of SGLang ``source``."""
+
+    model: str
+    page_size: int
+    core: str
+    source: str = VERSION
+
+    def build(self) -> World:
+        """A fresh world of this setup."""
+        if self.model == "swa":
+            return build_swa(self.core, self.page_size, self.source)
+        return build(self.core, self.model == "hybrid", self.page_size, self.source)
+
+    def __str__(self) -> str:
+        return f"{self.model}, page size {self.page_size}, {self.core} core"
+
+
+def setups(
+    models: Sequence[str] = MODELS,
+    page_sizes: Sequence[int] | None = None,
+    cores: Sequence[str] = CORES,
+    source: str = VERSION,
+) -> list[Setup]:
+    """Every setup of ``models`` x their page sizes (only those in ``page_sizes``; None: all)
+    x ``cores``, in that order."""
+    return [
+        Setup(model, ps, core, source)
+        for model in models
+        for ps in PAGE_SIZES[model]
+        if page_sizes is None or ps in page_sizes
+        for core in cores
+    ]
+
+
+def draw_plan(rng: random.Random) -> list[Turn]:
+    """One to :data:`MAX_TURNS` turns, each field drawn uniformly from its range (the ranges of
+    :data:`~kvpool.sglang.session_plans.Turn`'s opt-in hypothesis strategy)."""
+    plan: list[Turn] = []
+    for _ in range(rng.randint(1, MAX_TURNS)):
+        new, outputs, reserve = rng.randint(1, 3), rng.randint(1, 4), rng.randint(0, 3)
+        stop = None if rng.random() < 0.5 else rng.randint(1, 4)
+        aborted, retracted = rng.random() < 0.5, rng.choice(RETRACTIONS)
+        plan.append((new, outputs, reserve, stop, aborted, retracted, rng.random() < 0.5))
+    return plan
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a plan failed: ``detector`` (an invariant id, ``session-model`` or ``crash``), a
+    one-line ``message`` and ``known``, the findings that explain it (empty: a new behaviour;
+    only resume mismatches can be known)."""
+
+    detector: str
+    message: str
+    known: tuple[int, ...] = ()
+
+
+def describe_mismatch(mismatch: Mismatch) -> str:
+    """One line for a resume mismatch."""
+    turn, kind, amount = mismatch
+    if kind == "state":
+        side = "ahead of" if amount > 0 else "behind"
+        return f"turn {turn} resumes from a Mamba state {abs(amount)} token(s) {side} its prefix"
+    if kind == "kv":
+        return f"turn {turn} resumes over {amount} position(s) holding another token's KV"
+    return f"turn {turn} resumes with {amount} position(s) of its window freed"
+
+
+def judge(setup: Setup, plan: list[Turn]) -> Verdict | None:
+    """Play ``plan`` on a fresh world of ``setup``; None when every check holds."""
+    try:
+        found = run_session(setup.build(), plan)
+    except InvariantViolation as exc:
+        return Verdict(exc.invariant_id, str(exc).removeprefix(f"[{exc.invariant_id}] "))
+    except Exception as exc:  # SGLang's own code raised: the report shows what
+        return Verdict("crash", f"{type(exc).__name__}: {exc}")
+    if not found:
+        return None
+    first = sorted(found)[0]
+    expected = predicted_findings(plan, setup.model == "hybrid")
+    known: tuple[int, ...] = ()
+    if sorted(found) == sorted(m for m, _ in expected):
+        known = tuple(sorted({finding for _, finding in expected}))
+    more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+    return Verdict(INVARIANT_OF[first[1]], describe_mismatch(first) + more, known)
+
+
+def simpler(plan: list[Turn]) -> list[list[Turn]]:
+    """The plans one step simpler than ``plan``, simplest first: a turn dropped, then each
+    field of each turn moved towards its simplest value (the least number, no stop, False, not
+    retracted)."""
+    out = [plan[:i] + plan[i + 1 :] for i in range(len(plan))] if len(plan) > 1 else []
+    for i, turn in enumerate(plan):
+        new, outputs, reserve, stop, aborted, retracted, launched = turn
+        options: list[Turn] = []
+        for value in sorted({1, new - 1}):
+            if 1 <= value < new:
+                options.append((value, outputs, reserve, stop, aborted, retracted, launched))
+        for value in sorted({1, outputs - 1}):
+            if 1 <= value < outputs:
+                options.append((new, value, reserve, stop, aborted, retracted, launched))
+        for value in sorted({0, reserve - 1}):
+            if 0 <= value < reserve:
+                options.append((new, outputs, value, stop, aborted, retracted, launched))
+        if stop is not None:
+            options.append((new, outputs, reserve, None, aborted, retracted, launched))
+            if stop > 1:
+                options.append((new, outputs, reserve, stop - 1, aborted, retracted, launched))
+        if aborted:
+            options.append((new, outputs, reserve, stop, False, retracted, launched))
+        if retracted is not None:
+            for mode in RETRACTIONS[: RETRACTIONS.index(retracted)]:
+                options.append((new, outputs, reserve, stop, aborted, mode, launched))
+        if launched:
+            options.append((new, outputs, reserve, stop, aborted, retracted, False))
+        out.extend([*plan[:i], option, *plan[i + 1 :]] for option in options)
+    return out
+
+
+def shrink(
+    plan: list[Turn],
+    fails: Callable[[list[Turn]], bool],
+    budget: int = SHRINK_EVALUATIONS,
+) -> list[Turn]:
+    """A plan no simpler step of which still ``fails`` (or the simplest found within
+    ``budget`` calls of ``fails``): greedy, the first simpler plan that fails is taken and the
+    search starts again from it. Deterministic."""
+    current, calls = plan, 0
+    progress = True
+    while progress and calls < budget:
+        progress = False
+        for candidate in simpler(current):
+            calls += 1
+            if fails(candidate):
+                current, progress = candidate, True
+                break
+            if calls >= budget:
+                break
+    return current
+
+
+def describe_turn(turn: Turn) -> str:
+    """One line for a turn of a plan."""
+    new, outputs, reserve, stop, aborted, retracted, launched = turn
+    parts = [f"{new} new token(s), {outputs} sampled"]
+    if reserve:
+        parts.append(f"speculative (reserve {reserve})")
+    if retracted:
+        parts.append("retracted " + ("under overlap" if retracted == "overlap" else "(plain)"))
+    elif stop is not None and stop < outputs:
+        parts.append(f"stops at output {stop}")
+    if aborted:
+        parts.append("aborted")
+    if not retracted:  # a retracted turn finishes after its re-admission's own step
+        parts.append("next step launched" if launched else "no step launched")
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class SessionFailure:
+    """The first failing run: its number, setup, plan and the shrunk plan with its verdict."""
+
+    run: int
+    setup: Setup
+    plan: list[Turn]
+    shrunk: list[Turn]
+    verdict: Verdict
+
+    def lines(self) -> list[str]:
+        """The report: the verdict, the shrunk plan turn by turn and as Python."""
+        status = (
+            "known: finding(s) " + ", ".join(map(str, self.verdict.known))
+            + " of specs/sglang_findings.md"
+            if self.verdict.known
+            else "not a known finding"
+        )  # fmt: skip
+        out = [
+            f"failure in run {self.run} ({self.setup}): [{self.verdict.detector}] "
+            f"{self.verdict.message}",
+            f"  {status}",
+            f"  shrunk from {len(self.plan)} to {len(self.shrunk)} turn(s):",
+        ]
+        out += [f"    turn {i}: {describe_turn(turn)}" for i, turn in enumerate(self.shrunk)]
+        out.append(f"  plan = {self.shrunk!r}")
+        return out
+
+
+@dataclass
+class SessionCampaign:
+    """What a campaign ran and found (:func:`run_campaign`)."""
+
+    seed: int
+    plans: int = 0
+    turns: int = 0
+    seconds: float = 0.0
+    known: Counter[int] = field(default_factory=Counter)
+    """Plans whose only failures are known findings, per finding (``skip_known``)."""
+    failure: SessionFailure | None = None
+
+
+def _fails_alike(setup: Setup, verdict: Verdict) -> Callable[[list[Turn]], bool]:
+    """Whether a plan fails on ``setup`` with ``verdict``'s detector, known or new alike."""
+
+    def fails(candidate: list[Turn]) -> bool:
+        again = judge(setup, candidate)
+        return (
+            again is not None
+            and again.detector == verdict.detector
+            and bool(again.known) == bool(verdict.known)
+        )
+
+    return fails
+
+
+def run_campaign(
+    chosen: Sequence[Setup],
+    seconds: float,
+    seed: int = 0,
+    max_runs: int | None = None,
+    skip_known: bool = False,
+    progress: Callable[[SessionCampaign], None] | None = None,
+) -> SessionCampaign:
+    """Runs ``0, 1, ...`` (setups in turn) until ``seconds`` have passed, ``max_runs`` ran or a
+    run failed (with ``skip_known``: failed with anything but known findings); the first
+    failure shrunk. ``progress`` is called after every run."""
+    if not chosen:
+        raise ValueError("no setup to run")
+    result = SessionCampaign(seed)
+    start = time.monotonic()
+    run = 0
+    while (max_runs is None or run < max_runs) and time.monotonic() - start < seconds:
+        setup = chosen[run % len(chosen)]
+        plan = draw_plan(random.Random(f"{seed}/{run}"))
+        verdict = judge(setup, plan)
+        result.plans += 1
+        result.turns += len(plan)
+        if verdict is not None and skip_known and verdict.known:
+            result.known.update(verdict.known)
+            verdict = None
+        if verdict is not None:
+            shrunk = shrink(plan, _fails_alike(setup, verdict))
+            final = judge(setup, shrunk)
+            assert final is not None  # shrink keeps only failing plans
+            result.failure = SessionFailure(run, setup, plan, shrunk, final)
+            break
+        run += 1
+        if progress is not None:
+            progress(result)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+__all__ = [
+    "MAX_TURNS",
+    "MODELS",
+    "PAGE_SIZES",
+    "SHRINK_EVALUATIONS",
+    "SessionCampaign",
+    "SessionFailure",
+    "Setup",
+    "Verdict",
+    "describe_mismatch",
+    "describe_turn",
+    "draw_plan",
+    "judge",
+    "run_campaign",
+    "setups",
+    "shrink",
+    "simpler",
+]

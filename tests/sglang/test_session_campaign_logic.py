@@ -1,0 +1,136 @@
+"""``kvpool sessions``' own logic, without SGLang: the plans it draws, the findings it predicts,
+how it shrinks and what it prints. The campaign on SGLang's code is opt-in
+(:mod:`tests.sglang.test_sglang_session_campaign`)."""
+
+from __future__ import annotations
+
+import ast
+import random
+
+from kvpool.cli import sessions as cli
+from kvpool.sglang.session_campaign import (
+    MAX_TURNS,
+    MODELS,
+    PAGE_SIZES,
+    SessionFailure,
+    Setup,
+    Verdict,
+    describe_mismatch,
+    describe_turn,
+    draw_plan,
+    setups,
+    shrink,
+    simpler,
+)
+from kvpool.sglang.session_plans import RETRACTIONS, Turn, predicted, predicted_findings
+from kvpool.sglang.session_world import CORES
+
+OVERLAP_RETRACTED: Turn = (1, 1, 0, None, False, "overlap", False)
+STOP_INSIDE: Turn = (1, 3, 0, 1, False, None, True)
+"""Three sampled, stopped at the first: the forward consumed all three (finding 10)."""
+SPEC_NO_STEP: Turn = (1, 1, 1, None, False, None, False)
+"""Speculating, finished with no verify launched (finding 12)."""
+PLAIN: Turn = (1, 1, 0, None, False, None, True)
+
+
+def _size(plan: list[Turn]) -> tuple[int, ...]:
+    """A measure every simpler plan lowers (turns first, then each field's distance from its
+    simplest value)."""
+    fields = [
+        (n - 1) + (o - 1) + r + (0 if s is None else s) + a + RETRACTIONS.index(x) + lau
+        for n, o, r, s, a, x, lau in plan
+    ]
+    return (len(plan), sum(fields))
+
+
+def test_plans_are_deterministic_and_stay_in_their_ranges() -> None:
+    plans = [draw_plan(random.Random(f"0/{i}")) for i in range(400)]
+    assert plans == [draw_plan(random.Random(f"0/{i}")) for i in range(400)]
+    assert plans != [draw_plan(random.Random(f"1/{i}")) for i in range(400)]
+    turns = [turn for plan in plans for turn in plan]
+    assert {len(plan) for plan in plans} == set(range(1, MAX_TURNS + 1))
+    assert {t[0] for t in turns} == {1, 2, 3} and {t[1] for t in turns} == {1, 2, 3, 4}
+    assert {t[2] for t in turns} == {0, 1, 2, 3} and {t[3] for t in turns} == {None, 1, 2, 3, 4}
+    assert {t[4] for t in turns} == {t[6] for t in turns} == {False, True}
+    assert {t[5] for t in turns} == set(RETRACTIONS)
+
+
+def test_the_setups_cover_every_model_page_size_and_core_in_a_fixed_order() -> None:
+    every = setups()
+    assert len(every) == len(set(every)) == sum(len(PAGE_SIZES[m]) for m in MODELS) * len(CORES)
+    assert [s.model for s in every[:2]] == ["full", "full"] and every[0].core == CORES[0]
+    assert setups(("hybrid",), (4,)) == []
+    assert setups(("swa",), (4,), ("python",)) == [Setup("swa", 4, "python")]
+    # the command line's choices are the library's (it does not import it to start fast)
+    assert cli.MODELS == MODELS and cli.CORES == CORES
+
+
+def test_each_predicted_mismatch_names_its_finding() -> None:
+    assert predicted_findings([OVERLAP_RETRACTED], hybrid=True) == [((0, "state", 1), 11)]
+    assert predicted_findings([OVERLAP_RETRACTED], hybrid=False) == []
+    assert predicted_findings([STOP_INSIDE, PLAIN], hybrid=True) == [((1, "state", 2), 10)]
+    assert predicted_findings([STOP_INSIDE, PLAIN], hybrid=False) == []
+    # the bonus token's KV is claimed before a verify computes it: every later admission
+    # resumes over it, and a hybrid state is a token behind
+    found = predicted_findings([SPEC_NO_STEP, PLAIN, PLAIN], hybrid=True)
+    assert found == [((1, "state", -1), 12), ((1, "kv", 1), 12), ((2, "kv", 1), 12)]
+    assert predicted([SPEC_NO_STEP, PLAIN], hybrid=False) == [(1, "kv", 1)]
+    # an abort makes the session forget: nothing is resumed over after it
+    aborted = (1, 1, 1, None, True, None, False)
+    assert predicted([aborted, PLAIN], hybrid=False) == []
+
+
+def test_every_simpler_plan_is_smaller_and_the_simplest_has_none() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        plan = draw_plan(rng)
+        for candidate in simpler(plan):
+            assert 1 <= len(candidate) <= len(plan) and _size(candidate) < _size(plan)
+    assert simpler([(1, 1, 0, None, False, None, False)]) == []
+
+
+def test_shrink_keeps_a_failing_plan_and_reaches_the_simplest_one() -> None:
+    def fails(plan: list[Turn]) -> bool:  # a planted condition: two outputs, under overlap
+        return any(t[5] == "overlap" and t[1] >= 2 for t in plan)
+
+    start: list[Turn] = [PLAIN, (3, 4, 3, 2, True, "overlap", True), SPEC_NO_STEP]
+    shrunk = shrink(start, fails)
+    assert shrunk == [(1, 2, 0, None, False, "overlap", False)]
+    assert shrink(start, fails) == shrunk  # deterministic
+    calls: list[int] = []
+
+    def counted(plan: list[Turn]) -> bool:
+        calls.append(1)
+        return fails(plan)
+
+    assert fails(shrink(start, counted, budget=3)) and len(calls) <= 3
+
+
+def test_the_report_names_the_detector_the_findings_and_a_plan_to_paste() -> None:
+    plan = [PLAIN, OVERLAP_RETRACTED]
+    known = SessionFailure(4, Setup("hybrid", 1, "rust"), plan, [OVERLAP_RETRACTED],
+                           Verdict("INV-MAMBA-STATE-INTEGRITY", "turn 0 ...", (11,)))  # fmt: skip
+    lines = known.lines()
+    assert lines[0].startswith("failure in run 4 (hybrid, page size 1, rust core): "
+                               "[INV-MAMBA-STATE-INTEGRITY]")  # fmt: skip
+    assert "finding(s) 11 of specs/sglang_findings.md" in lines[1]
+    assert lines[-1].startswith("  plan = ")
+    assert ast.literal_eval(lines[-1].split("=", 1)[1].strip()) == [OVERLAP_RETRACTED]
+    new = SessionFailure(0, Setup("full", 4, "python"), plan, plan, Verdict("crash", "boom"))
+    assert "not a known finding" in new.lines()[1] and len(new.lines()) == 6
+
+
+def test_turns_and_mismatches_read_as_sentences() -> None:
+    assert describe_turn(OVERLAP_RETRACTED) == (
+        "1 new token(s), 1 sampled, retracted under overlap"
+    )
+    assert describe_turn(STOP_INSIDE) == (
+        "1 new token(s), 3 sampled, stops at output 1, next step launched"
+    )
+    assert "speculative (reserve 1)" in describe_turn(SPEC_NO_STEP)
+    assert describe_mismatch((1, "state", 2)) == (
+        "turn 1 resumes from a Mamba state 2 token(s) ahead of its prefix"
+    )
+    assert "behind" in describe_mismatch((1, "state", -1))
+    assert "another token's KV" in describe_mismatch((2, "kv", 1))
+    assert "window freed" in describe_mismatch((0, "swa", 3))

@@ -1,0 +1,81 @@
+"""Opt-in (``--run-sglang-wheel``): ``kvpool sessions`` on SGLang 0.5.23's own streaming session.
+
+The campaign finds finding 11 at its default seed and shrinks it to one turn; with
+``--skip-known`` it runs past the known findings 10, 11 and 12 (each hit, the counts the same
+from run to run) and finds nothing else. Four planted bugs in SGLang's session code (kept here,
+each a wrapper around the release's own method) are each found as a new failure within a few
+runs, with the named rule they break, and shrunk to one turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kvpool.cli import main
+from kvpool.sglang.loader import load_sglang
+from kvpool.sglang.session_campaign import run_campaign, setups
+
+pytestmark = pytest.mark.sglang_wheel
+
+SESSION = "sglang.srt.session.streaming_session"
+
+
+def test_the_default_campaign_finds_finding_11_and_shrinks_it_to_one_turn(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["sessions", "--seconds", "60"]) == 1
+    out = capsys.readouterr().out
+    assert (
+        "(hybrid, page size 1, rust core): [INV-MAMBA-STATE-INTEGRITY] turn 0 resumes from "
+        "a Mamba state 1 token(s) ahead of its prefix" in out
+    )
+    assert "known: finding(s) 11 of specs/sglang_findings.md" in out
+    assert "plan = [(1, 1, 0, None, False, 'overlap', False)]" in out
+
+
+def test_past_the_known_findings_the_session_code_keeps_every_rule() -> None:
+    every = setups()
+    first = run_campaign(every, 600.0, seed=3, max_runs=300, skip_known=True)
+    assert first.failure is None and first.plans == 300
+    assert set(first.known) == {10, 11, 12} and min(first.known.values()) > 0
+    again = run_campaign(every, 600.0, seed=3, max_runs=300, skip_known=True)
+    assert again.known == first.known and again.turns == first.turns
+
+
+def _planted(cls: Any) -> dict[str, tuple[str, Callable[..., Any], str]]:
+    """Bugs planted in SGLang's ``StreamingSession`` (method, wrapper, the rule it breaks)."""
+    free, trim = cls._free_kv_aligned, cls._trim_overshoot
+    return {
+        # the session frees nothing past a turn's stop or a retried tail
+        "frees-nothing": ("_free_kv_aligned", lambda self, kv, target, end: None,
+                          "INV-TOKEN-ACCOUNTING"),
+        # off by one: the first slot of every freed span leaks
+        "frees-one-short": ("_free_kv_aligned",
+                            lambda self, kv, target, end: free(self, kv, target + 1, end),
+                            "INV-TOKEN-ACCOUNTING"),
+        # release_session keeps the session's Mamba state
+        "keeps-the-state": ("_free_slot_mamba", lambda self, slot: None,
+                            "INV-MAMBA-ACCOUNTING"),
+        # the hand-over keeps one token past the stop
+        "trims-past-the-stop": ("_trim_overshoot",
+                                lambda self, req, finished: trim(self, req, finished + 1),
+                                "INV-SESSION-TRIMMED"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bug", ["frees-nothing", "frees-one-short", "keeps-the-state", "trims-past-the-stop"]
+)
+def test_each_planted_bug_is_found_as_new_and_shrunk(
+    bug: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cls = load_sglang("0.5.23").attr(SESSION, "StreamingSession")
+    method, wrapper, rule = _planted(cls)[bug]
+    monkeypatch.setattr(cls, method, wrapper)
+    result = run_campaign(setups(), 120.0, seed=0, max_runs=50, skip_known=True)
+    assert result.failure is not None, bug
+    assert result.failure.verdict.detector == rule and not result.failure.verdict.known
+    assert len(result.failure.shrunk) == 1 and result.plans <= 20
