@@ -12,6 +12,8 @@ lent Mamba state matching the prefix it resumes, every resumed window live.
 The first failing plan is shrunk and printed, turn by turn and as Python; a failure that
 findings 10, 11 and 12 of specs/sglang_findings.md explain says so. With --skip-known those are
 counted and the campaign goes on, so that only a new behaviour stops it. Same seed, same plans.
+--plan PLAN plays one plan (as a report prints it) on every chosen setup instead, and prints
+each setup's verdict: to check a fix of SGLang's code against a failure found before.
 Exit 0: no failure; 1: a failure; 2: bad input (a source that does not load, a release without
 0.5.23's unified session, a model without that page size).
 """
@@ -29,8 +31,16 @@ CORES = ("rust", "python")
 
 def _run(args: argparse.Namespace) -> int:
     from kvpool.errors import KVPoolError
-    from kvpool.sglang.session_campaign import PAGE_SIZES, run_campaign, setups
+    from kvpool.sglang.session_campaign import PAGE_SIZES, parse_plan, run_campaign, setups
 
+    plan = None
+    if args.plan is not None:
+        try:
+            plan = parse_plan(args.plan)
+        except ValueError as exc:
+            fail(f"sessions: --plan: {exc}")
+        if args.skip_known or args.runs is not None:
+            fail("sessions: --plan plays one plan; --skip-known and --runs are for campaigns")
     models = MODELS if args.model is None else (args.model,)
     if args.page_size is not None and not any(args.page_size in PAGE_SIZES[m] for m in models):
         sizes = ", ".join(map(str, PAGE_SIZES[models[0]]))
@@ -46,6 +56,8 @@ def _run(args: argparse.Namespace) -> int:
             setup.build()
     except KVPoolError as exc:
         fail(f"sessions: --sglang {args.sglang}: {exc}")
+    if plan is not None:
+        return _replay(plan, chosen, args.sglang)
     result = run_campaign(chosen, args.seconds, args.seed, args.runs, args.skip_known)
     print(f"kvpool sessions: SGLang {args.sglang}'s streaming session, seed {args.seed}")
     print(f"  setups           {len(chosen)}")
@@ -60,6 +72,28 @@ def _run(args: argparse.Namespace) -> int:
         print("\n".join(result.failure.lines()))
         return 1
     return 0
+
+
+def _replay(plan: Any, chosen: Any, source: str) -> int:
+    """Play ``plan`` on every setup of ``chosen``; 1 if it fails on any."""
+    from kvpool.sglang.session_campaign import describe_turn, judge
+
+    print(f"kvpool sessions: one plan on SGLang {source}'s streaming session")
+    for i, turn in enumerate(plan):
+        print(f"  turn {i}: {describe_turn(turn)}")
+    failed = 0
+    for setup in chosen:
+        verdict = judge(setup, plan)
+        if verdict is None:
+            print(f"  {setup}: every check holds")
+            continue
+        failed += 1
+        known = (
+            f" (known: finding(s) {', '.join(map(str, verdict.known))})" if verdict.known else ""
+        )
+        print(f"  {setup}: [{verdict.detector}] {verdict.message}{known}")
+    print(f"failures: {failed} of {len(chosen)} setups")
+    return 1 if failed else 0
 
 
 def register(subparsers: Any) -> None:
@@ -87,6 +121,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--runs", type=positive_int, default=None,
                    help="stop after this many plans (default: the time budget only)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="campaign seed (any integer)")
+    p.add_argument("--plan", default=None, metavar="PLAN",
+                   help="play this plan (a Python list of turns, as a report prints it) on "
+                   "every chosen setup instead of a campaign (default: none)")  # fmt: skip
     p.add_argument("--skip-known", action="store_true",
                    help="count plans that only findings 10-12 explain and go on")  # fmt: skip
     p.set_defaults(func=_run)

@@ -18,6 +18,7 @@ plans, same report. One process, one thread.
 
 from __future__ import annotations
 
+import ast
 import random
 import time
 from collections import Counter
@@ -90,10 +91,44 @@ def draw_plan(rng: random.Random) -> list[Turn]:
     :data:`~kvpool.sglang.session_plans.Turn`'s opt-in hypothesis strategy)."""
     plan: list[Turn] = []
     for _ in range(rng.randint(1, MAX_TURNS)):
-        new, outputs, reserve = rng.randint(1, 3), rng.randint(1, 4), rng.randint(0, 3)
+        new, outputs, reserve = (rng.randint(low, high) for low, high in RANGES)
         stop = None if rng.random() < 0.5 else rng.randint(1, 4)
         aborted, retracted = rng.random() < 0.5, rng.choice(RETRACTIONS)
         plan.append((new, outputs, reserve, stop, aborted, retracted, rng.random() < 0.5))
+    return plan
+
+
+RANGES = ((1, 3), (1, 4), (0, 3))
+"""The inclusive ranges of a turn's new tokens, sampled tokens and reserve (a stop: None or
+1 to 4), as :func:`draw_plan` draws them: the worlds' pools and rows fit them."""
+
+
+def parse_plan(text: str) -> list[Turn]:
+    """A plan written as a report prints it (a Python list of 7-tuples); ValueError naming
+    what is wrong when it is not one of :func:`draw_plan`'s plans."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise ValueError(f"{text!r} is not a Python list of turns") from None
+    if not isinstance(value, list | tuple) or not 1 <= len(value) <= MAX_TURNS:
+        raise ValueError(f"a plan is a list of 1 to {MAX_TURNS} turns")
+    plan: list[Turn] = []
+    for i, turn in enumerate(value):
+        if not isinstance(turn, list | tuple) or len(turn) != 7:
+            raise ValueError(f"turn {i} is not a 7-tuple (new, sampled, reserve, stop, "
+                             "aborted, retracted, launched)")  # fmt: skip
+        new, outputs, reserve, stop, aborted, retracted, launched = turn
+        numbers = zip(("new", "sampled", "reserve"), (new, outputs, reserve), RANGES, strict=True)
+        for name, number, (low, high) in numbers:
+            if type(number) is not int or not low <= number <= high:
+                raise ValueError(f"turn {i}: {name} {number!r} is not an integer in {low}..{high}")
+        if stop is not None and (type(stop) is not int or not 1 <= stop <= 4):
+            raise ValueError(f"turn {i}: stop {stop!r} is not None or an integer in 1..4")
+        if type(aborted) is not bool or type(launched) is not bool:
+            raise ValueError(f"turn {i}: aborted and launched are True or False")
+        if retracted not in RETRACTIONS:
+            raise ValueError(f"turn {i}: retracted {retracted!r} is not one of {RETRACTIONS}")
+        plan.append((new, outputs, reserve, stop, aborted, retracted, launched))
     return plan
 
 
@@ -307,6 +342,7 @@ __all__ = [
     "MAX_TURNS",
     "MODELS",
     "PAGE_SIZES",
+    "RANGES",
     "SHRINK_EVALUATIONS",
     "SessionCampaign",
     "SessionFailure",
@@ -316,6 +352,7 @@ __all__ = [
     "describe_turn",
     "draw_plan",
     "judge",
+    "parse_plan",
     "run_campaign",
     "setups",
     "shrink",

@@ -121,6 +121,11 @@ BAD: list[tuple[str, str]] = [
     ("sessions --model hybrid --page-size 4", "--model hybrid runs at page size 1 only, not 4"),
     ("sessions --sglang {tmp}/nowhere", "no SGLang source at"),
     ("sessions extra", "unrecognized arguments: extra"),
+    ("sessions --plan nonsense", "--plan: 'nonsense' is not a Python list of turns"),
+    ("sessions --plan '[(1, 1)]'", "--plan: turn 0 is not a 7-tuple"),
+    ("sessions --plan '[(1, 9, 0, None, False, None, False)]'", "sampled 9 is not an integer in"),
+    ("sessions --plan '[(1, 1, 0, None, False, \"x\", False)]'", "retracted 'x' is not one of"),
+    ("sessions --plan '[(1, 1, 0, None, False, None, False)]' --runs 3", "--plan plays one plan"),
 ]
 
 

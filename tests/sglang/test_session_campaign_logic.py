@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import ast
 import random
+import re
+
+import pytest
 
 from kvpool.cli import sessions as cli
 from kvpool.sglang.session_campaign import (
@@ -18,6 +21,7 @@ from kvpool.sglang.session_campaign import (
     describe_mismatch,
     describe_turn,
     draw_plan,
+    parse_plan,
     setups,
     shrink,
     simpler,
@@ -134,3 +138,25 @@ def test_turns_and_mismatches_read_as_sentences() -> None:
     assert "behind" in describe_mismatch((1, "state", -1))
     assert "another token's KV" in describe_mismatch((2, "kv", 1))
     assert "window freed" in describe_mismatch((0, "swa", 3))
+
+
+def test_a_printed_plan_parses_back_and_a_malformed_one_is_refused() -> None:
+    rng = random.Random(3)
+    for _ in range(100):
+        plan = draw_plan(rng)
+        assert parse_plan(repr(plan)) == plan
+    assert parse_plan("([1, 1, 0, None, False, 'overlap', False],)") == [OVERLAP_RETRACTED]
+    for text, message in [
+        ("nonsense", "is not a Python list of turns"),
+        ("[]", "a plan is a list of 1 to 4 turns"),
+        (repr([PLAIN] * 5), "a plan is a list of 1 to 4 turns"),
+        ("[(1, 1, 0)]", "turn 0 is not a 7-tuple"),
+        ("[(0, 1, 0, None, False, None, False)]", "turn 0: new 0 is not an integer in 1..3"),
+        ("[(1, 1, 4, None, False, None, False)]", "reserve 4 is not an integer in 0..3"),
+        ("[(1, 1.0, 0, None, False, None, False)]", "sampled 1.0 is not an integer"),
+        ("[(1, 1, 0, 5, False, None, False)]", "stop 5 is not None or an integer in 1..4"),
+        ("[(1, 1, 0, None, 1, None, False)]", "aborted and launched are True or False"),
+        ("[(1, 1, 0, None, False, 'soon', False)]", "retracted 'soon' is not one of"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse_plan(text)

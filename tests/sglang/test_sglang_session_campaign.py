@@ -1,6 +1,7 @@
 """Opt-in (``--run-sglang-wheel``): ``kvpool sessions`` on SGLang 0.5.23's own streaming session.
 
-The campaign finds finding 11 at its default seed and shrinks it to one turn; with
+The campaign finds finding 11 at its default seed and shrinks it to one turn, and replaying that
+plan (``--plan``) fails on the hybrid model's setups only; with
 ``--skip-known`` it runs past the known findings 10, 11 and 12 (each hit, the counts the same
 from run to run) and finds nothing else. Four planted bugs in SGLang's session code (kept here,
 each a wrapper around the release's own method) are each found as a new failure within a few
@@ -34,6 +35,19 @@ def test_the_default_campaign_finds_finding_11_and_shrinks_it_to_one_turn(
     )
     assert "known: finding(s) 11 of specs/sglang_findings.md" in out
     assert "plan = [(1, 1, 0, None, False, 'overlap', False)]" in out
+
+
+def test_a_replayed_plan_fails_on_the_setups_its_finding_lives_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["sessions", "--plan", "[(1, 1, 0, None, False, 'overlap', False)]"]) == 1
+    out = capsys.readouterr().out
+    failing = [line for line in out.splitlines() if "[INV-" in line]
+    assert len(failing) == 2 and all(line.startswith("  hybrid, page size 1,") for line in failing)
+    assert all("(known: finding(s) 11)" in line for line in failing)
+    assert out.count("every check holds") == 8 and "failures: 2 of 10 setups" in out
+    plain = "[(1, 1, 0, None, False, 'plain', True), (2, 2, 0, None, False, None, True)]"
+    assert main(["sessions", "--plan", plain, "--model", "hybrid"]) == 0
 
 
 def test_past_the_known_findings_the_session_code_keeps_every_rule() -> None:
