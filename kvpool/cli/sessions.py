@@ -11,7 +11,8 @@ lent Mamba state matching the prefix it resumes, every resumed window live.
 
 The first failing plan is shrunk and printed, turn by turn and as Python; a failure that
 findings 10, 11 and 12 of specs/sglang_findings.md explain says so. With --skip-known those are
-counted and the campaign goes on, so that only a new behaviour stops it. Same seed, same plans.
+counted and the campaign goes on, so that only a new behaviour stops it. Same seed, same plans,
+however many --workers share the runs.
 --plan PLAN plays one plan (as a report prints it) on every chosen setup instead, and prints
 each setup's verdict: to check a fix of SGLang's code against a failure found before.
 Exit 0: no failure; 1: a failure; 2: bad input (a source that does not load, a release without
@@ -21,9 +22,10 @@ Exit 0: no failure; 1: a failure; 2: bad input (a source that does not load, a r
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
-from kvpool.cli.args import add_parser, fail, positive_float, positive_int
+from kvpool.cli.args import add_parser, fail, non_negative_int, positive_float, positive_int
 
 MODELS = ("full", "hybrid", "swa")
 CORES = ("rust", "python")
@@ -31,7 +33,7 @@ CORES = ("rust", "python")
 
 def _run(args: argparse.Namespace) -> int:
     from kvpool.errors import KVPoolError
-    from kvpool.sglang.session_campaign import PAGE_SIZES, parse_plan, run_campaign, setups
+    from kvpool.sglang.session_campaign import PAGE_SIZES, parse_plan, run_parallel, setups
 
     plan = None
     if args.plan is not None:
@@ -58,9 +60,12 @@ def _run(args: argparse.Namespace) -> int:
         fail(f"sessions: --sglang {args.sglang}: {exc}")
     if plan is not None:
         return _replay(plan, chosen, args.sglang)
-    result = run_campaign(chosen, args.seconds, args.seed, args.runs, args.skip_known)
+    result = run_parallel(
+        chosen, args.seconds, args.seed, args.runs, args.skip_known, max(args.workers, 1)
+    )
     print(f"kvpool sessions: SGLang {args.sglang}'s streaming session, seed {args.seed}")
     print(f"  setups           {len(chosen)}")
+    print(f"  workers          {max(args.workers, 1)}")
     print(f"  plans            {result.plans}")
     print(f"  turns            {result.turns}")
     print(f"  failures         {int(result.failure is not None)}")
@@ -121,6 +126,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--runs", type=positive_int, default=None,
                    help="stop after this many plans (default: the time budget only)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="campaign seed (any integer)")
+    p.add_argument("--workers", type=non_negative_int, default=os.cpu_count() or 1,
+                   help="worker processes, each taking every N-th run (0 or 1: this process); "
+                   "the same plans and the same first failure whatever the number")  # fmt: skip
     p.add_argument("--plan", default=None, metavar="PLAN",
                    help="play this plan (a Python list of turns, as a report prints it) on "
                    "every chosen setup instead of a campaign (default: none)")  # fmt: skip

@@ -13,17 +13,20 @@ state that does not match its tokens. A failure whose mismatches are exactly tho
 
 The first failing plan is shrunk (:func:`shrink`): turns dropped, numbers lowered, options
 switched off, as long as it fails with the same detector and stays known or new. Same seed, same
-plans, same report. One process, one thread.
+plans, same report, in one process or several (:func:`run_parallel`).
 """
 
 from __future__ import annotations
 
 import ast
+import multiprocessing as mp
 import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from queue import Empty
+from typing import Any
 
 from kvpool.errors import InvariantViolation
 from kvpool.sglang.session_plans import (
@@ -300,23 +303,33 @@ def _fails_alike(setup: Setup, verdict: Verdict) -> Callable[[list[Turn]], bool]
     return fails
 
 
+NO_FAILURE = 2**62
+"""The lowest failing run a campaign shares between its workers, before any fails."""
+
+
 def run_campaign(
     chosen: Sequence[Setup],
     seconds: float,
     seed: int = 0,
     max_runs: int | None = None,
     skip_known: bool = False,
-    progress: Callable[[SessionCampaign], None] | None = None,
+    first: int = 0,
+    stride: int = 1,
+    lowest: Any = None,
 ) -> SessionCampaign:
-    """Runs ``0, 1, ...`` (setups in turn) until ``seconds`` have passed, ``max_runs`` ran or a
-    run failed (with ``skip_known``: failed with anything but known findings); the first
-    failure shrunk. ``progress`` is called after every run."""
+    """Runs ``first, first + stride, ...`` below ``max_runs`` (setups in turn: run ``i`` on
+    ``chosen[i % len(chosen)]``) until ``seconds`` have passed or a run failed (with
+    ``skip_known``: failed with anything but known findings); the failure shrunk. ``lowest``
+    (a shared ``multiprocessing.Value``, :func:`run_parallel`'s) holds the lowest failing run
+    of every worker: a worker stops before a run above it and lowers it when it fails."""
     if not chosen:
         raise ValueError("no setup to run")
     result = SessionCampaign(seed)
     start = time.monotonic()
-    run = 0
+    run = first
     while (max_runs is None or run < max_runs) and time.monotonic() - start < seconds:
+        if lowest is not None and run > lowest.value:
+            break  # a lower run failed in another worker: this one's report would not count
         setup = chosen[run % len(chosen)]
         plan = draw_plan(random.Random(f"{seed}/{run}"))
         verdict = judge(setup, plan)
@@ -326,21 +339,89 @@ def run_campaign(
             result.known.update(verdict.known)
             verdict = None
         if verdict is not None:
+            if lowest is not None:
+                with lowest.get_lock():
+                    lowest.value = min(lowest.value, run)
             shrunk = shrink(plan, _fails_alike(setup, verdict))
             final = judge(setup, shrunk)
             assert final is not None  # shrink keeps only failing plans
             result.failure = SessionFailure(run, setup, plan, shrunk, final)
             break
-        run += 1
-        if progress is not None:
-            progress(result)
+        run += stride
     result.seconds = time.monotonic() - start
     return result
+
+
+def _worker(queue: Any, lowest: Any, chosen: Sequence[Setup], settings: tuple[Any, ...]) -> None:
+    """One worker process of :func:`run_parallel`: its share of the runs (``settings``: seconds,
+    seed, max_runs, skip_known, first, stride), one torch thread (the workers are the
+    parallelism)."""
+    import torch
+
+    torch.set_num_threads(1)
+    seconds, seed, max_runs, skip_known, first, stride = settings
+    try:
+        queue.put(run_campaign(chosen, seconds, seed, max_runs, skip_known, first, stride, lowest))
+    except BaseException as exc:  # the parent reports it; a worker has no terminal of its own
+        queue.put(exc)
+
+
+def run_parallel(
+    chosen: Sequence[Setup],
+    seconds: float,
+    seed: int = 0,
+    max_runs: int | None = None,
+    skip_known: bool = False,
+    workers: int = 2,
+) -> SessionCampaign:
+    """:func:`run_campaign` over ``workers`` processes, worker ``k`` taking runs ``k, k +
+    workers, ...``: the same plans on the same setups as one process, and the same first
+    failure when every run below it ran (always with ``max_runs``). Plans, turns and known
+    findings are summed; ``seconds`` is the longest worker's."""
+    if workers <= 1:
+        return run_campaign(chosen, seconds, seed, max_runs, skip_known)
+    ctx = mp.get_context("spawn")  # a fresh interpreter: torch and SGLang do not fork well
+    queue = ctx.Queue()
+    lowest = ctx.Value("q", NO_FAILURE)
+    procs = [
+        ctx.Process(target=_worker, daemon=True,
+                    args=(queue, lowest, chosen, (seconds, seed, max_runs, skip_known, k,
+                                                  workers)))
+        for k in range(workers)
+    ]  # fmt: skip
+    for proc in procs:
+        proc.start()
+    parts: list[Any] = []
+    while len(parts) < len(procs):
+        try:
+            parts.append(queue.get(timeout=1.0))
+        except Empty:  # a worker killed (a signal) never sends its part
+            dead = [(k, p.exitcode) for k, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                for proc in procs:
+                    proc.kill()
+                k, code = dead[0]
+                raise RuntimeError(f"session worker {k} died (exit code {code})") from None
+    for proc in procs:
+        proc.join()
+    for part in parts:
+        if isinstance(part, BaseException):
+            raise part
+    merged = SessionCampaign(seed)
+    for part in parts:
+        merged.plans += part.plans
+        merged.turns += part.turns
+        merged.known.update(part.known)
+        merged.seconds = max(merged.seconds, part.seconds)
+    failures = [part.failure for part in parts if part.failure is not None]
+    merged.failure = min(failures, key=lambda f: f.run, default=None)
+    return merged
 
 
 __all__ = [
     "MAX_TURNS",
     "MODELS",
+    "NO_FAILURE",
     "PAGE_SIZES",
     "RANGES",
     "SHRINK_EVALUATIONS",
@@ -354,6 +435,7 @@ __all__ = [
     "judge",
     "parse_plan",
     "run_campaign",
+    "run_parallel",
     "setups",
     "shrink",
     "simpler",

@@ -121,6 +121,7 @@ BAD: list[tuple[str, str]] = [
     ("sessions --model hybrid --page-size 4", "--model hybrid runs at page size 1 only, not 4"),
     ("sessions --sglang {tmp}/nowhere", "no SGLang source at"),
     ("sessions extra", "unrecognized arguments: extra"),
+    ("sessions --workers -1", "--workers: got '-1', expected an integer >= 0"),
     ("sessions --plan nonsense", "--plan: 'nonsense' is not a Python list of turns"),
     ("sessions --plan '[(1, 1)]'", "--plan: turn 0 is not a 7-tuple"),
     ("sessions --plan '[(1, 9, 0, None, False, None, False)]'", "sampled 9 is not an integer in"),

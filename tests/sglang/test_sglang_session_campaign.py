@@ -1,7 +1,8 @@
 """Opt-in (``--run-sglang-wheel``): ``kvpool sessions`` on SGLang 0.5.23's own streaming session.
 
 The campaign finds finding 11 at its default seed and shrinks it to one turn, and replaying that
-plan (``--plan``) fails on the hybrid model's setups only; with
+plan (``--plan``) fails on the hybrid model's setups only; two worker processes run the same
+plans and report the same failure as one; with
 ``--skip-known`` it runs past the known findings 10, 11 and 12 (each hit, the counts the same
 from run to run) and finds nothing else. Four planted bugs in SGLang's session code (kept here,
 each a wrapper around the release's own method) are each found as a new failure within a few
@@ -17,7 +18,7 @@ import pytest
 
 from kvpool.cli import main
 from kvpool.sglang.loader import load_sglang
-from kvpool.sglang.session_campaign import run_campaign, setups
+from kvpool.sglang.session_campaign import run_campaign, run_parallel, setups
 
 pytestmark = pytest.mark.sglang_wheel
 
@@ -57,6 +58,19 @@ def test_past_the_known_findings_the_session_code_keeps_every_rule() -> None:
     assert set(first.known) == {10, 11, 12} and min(first.known.values()) > 0
     again = run_campaign(every, 600.0, seed=3, max_runs=300, skip_known=True)
     assert again.known == first.known and again.turns == first.turns
+
+
+def test_workers_share_the_runs_and_report_the_same_plans_and_failure() -> None:
+    every = setups()
+    alone = run_campaign(every, 600.0, seed=5, max_runs=60, skip_known=True)
+    shared = run_parallel(every, 600.0, seed=5, max_runs=60, skip_known=True, workers=2)
+    assert (shared.plans, shared.turns, shared.known) == (alone.plans, alone.turns, alone.known)
+    assert shared.failure is None and alone.plans == 60
+    first = run_parallel(every, 600.0, seed=0, max_runs=40, workers=2).failure
+    assert first is not None and (first.run, first.shrunk) == (
+        4,
+        [(1, 1, 0, None, False, "overlap", False)],
+    )
 
 
 def _planted(cls: Any) -> dict[str, tuple[str, Callable[..., Any], str]]:
