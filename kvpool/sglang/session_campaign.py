@@ -48,6 +48,13 @@ PAGE_SIZES = {"full": (1, 4), "hybrid": (1,), "swa": (1, 4)}
 MAX_TURNS = 4
 """Turns of a plan, at most; with their tokens they fit the worlds' 32-column rows."""
 
+RANGES = ((1, 3), (1, 4), (0, 3))
+"""The inclusive ranges of a turn's new tokens, sampled tokens and reserve, as :func:`draw_plan`
+draws them: the worlds' pools and rows fit them."""
+
+STOPS = (1, 4)
+"""The inclusive range of a turn's stop (an output position) when it has one."""
+
 SHRINK_EVALUATIONS = 400
 """Plans :func:`shrink` plays at most (each on a fresh world)."""
 
@@ -95,15 +102,10 @@ def draw_plan(rng: random.Random) -> list[Turn]:
     plan: list[Turn] = []
     for _ in range(rng.randint(1, MAX_TURNS)):
         new, outputs, reserve = (rng.randint(low, high) for low, high in RANGES)
-        stop = None if rng.random() < 0.5 else rng.randint(1, 4)
+        stop = None if rng.random() < 0.5 else rng.randint(*STOPS)
         aborted, retracted = rng.random() < 0.5, rng.choice(RETRACTIONS)
         plan.append((new, outputs, reserve, stop, aborted, retracted, rng.random() < 0.5))
     return plan
-
-
-RANGES = ((1, 3), (1, 4), (0, 3))
-"""The inclusive ranges of a turn's new tokens, sampled tokens and reserve (a stop: None or
-1 to 4), as :func:`draw_plan` draws them: the worlds' pools and rows fit them."""
 
 
 def parse_plan(text: str) -> list[Turn]:
@@ -125,8 +127,10 @@ def parse_plan(text: str) -> list[Turn]:
         for name, number, (low, high) in numbers:
             if type(number) is not int or not low <= number <= high:
                 raise ValueError(f"turn {i}: {name} {number!r} is not an integer in {low}..{high}")
-        if stop is not None and (type(stop) is not int or not 1 <= stop <= 4):
-            raise ValueError(f"turn {i}: stop {stop!r} is not None or an integer in 1..4")
+        if stop is not None and (type(stop) is not int or not STOPS[0] <= stop <= STOPS[1]):
+            raise ValueError(
+                f"turn {i}: stop {stop!r} is not None or an integer in {STOPS[0]}..{STOPS[1]}"
+            )
         if type(aborted) is not bool or type(launched) is not bool:
             raise ValueError(f"turn {i}: aborted and launched are True or False")
         if retracted not in RETRACTIONS:
@@ -425,6 +429,7 @@ __all__ = [
     "PAGE_SIZES",
     "RANGES",
     "SHRINK_EVALUATIONS",
+    "STOPS",
     "SessionCampaign",
     "SessionFailure",
     "Setup",
