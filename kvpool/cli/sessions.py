@@ -22,10 +22,19 @@ Exit 0: no failure; 1: a failure; 2: bad input (a source that does not load, a r
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from pathlib import Path
 from typing import Any
 
-from kvpool.cli.args import add_parser, fail, non_negative_int, positive_float, positive_int
+from kvpool.cli.args import (
+    add_parser,
+    fail,
+    non_negative_int,
+    output_path,
+    positive_float,
+    positive_int,
+)
 
 MODELS = ("full", "hybrid", "swa")
 CORES = ("rust", "python")
@@ -58,11 +67,13 @@ def _run(args: argparse.Namespace) -> int:
             setup.build()
     except KVPoolError as exc:
         fail(f"sessions: --sglang {args.sglang}: {exc}")
+    head = {"source": args.sglang, "setups": [str(s) for s in chosen]}
     if plan is not None:
-        return _replay(plan, chosen, args.sglang)
+        return _replay(plan, chosen, args.sglang, args.report, head)
     result = run_parallel(
         chosen, args.seconds, args.seed, args.runs, args.skip_known, max(args.workers, 1)
     )
+    _write(args.report, {**head, "workers": max(args.workers, 1), **result.record()})
     print(f"kvpool sessions: SGLang {args.sglang}'s streaming session, seed {args.seed}")
     print(f"  setups           {len(chosen)}")
     print(f"  workers          {max(args.workers, 1)}")
@@ -79,7 +90,14 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay(plan: Any, chosen: Any, source: str) -> int:
+def _write(path: Path | None, payload: dict[str, Any]) -> None:
+    """Write the JSON report to ``path`` (None: no report)."""
+    if path is not None:
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def _replay(plan: Any, chosen: Any, source: str, report: Path | None,
+            head: dict[str, Any]) -> int:  # fmt: skip
     """Play ``plan`` on every setup of ``chosen``; 1 if it fails on any."""
     from kvpool.sglang.session_campaign import describe_turn, judge
 
@@ -87,8 +105,10 @@ def _replay(plan: Any, chosen: Any, source: str) -> int:
     for i, turn in enumerate(plan):
         print(f"  turn {i}: {describe_turn(turn)}")
     failed = 0
+    verdicts: list[dict[str, Any] | None] = []
     for setup in chosen:
         verdict = judge(setup, plan)
+        verdicts.append(None if verdict is None else verdict.record())
         if verdict is None:
             print(f"  {setup}: every check holds")
             continue
@@ -98,6 +118,7 @@ def _replay(plan: Any, chosen: Any, source: str) -> int:
         )
         print(f"  {setup}: [{verdict.detector}] {verdict.message}{known}")
     print(f"failures: {failed} of {len(chosen)} setups")
+    _write(report, {**head, "plan": [list(turn) for turn in plan], "verdicts": verdicts})
     return 1 if failed else 0
 
 
@@ -132,6 +153,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--plan", default=None, metavar="PLAN",
                    help="play this plan (a Python list of turns, as a report prints it) on "
                    "every chosen setup instead of a campaign (default: none)")  # fmt: skip
+    p.add_argument("--report", type=output_path, default=None, metavar="FILE.json",
+                   help="also write the outcome as JSON here (default: none)")  # fmt: skip
     p.add_argument("--skip-known", action="store_true",
                    help="count plans that only findings 10-12 explain and go on")  # fmt: skip
     p.set_defaults(func=_run)

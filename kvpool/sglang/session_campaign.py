@@ -19,6 +19,7 @@ plans, same report, in one process or several (:func:`run_parallel`).
 from __future__ import annotations
 
 import ast
+import json
 import multiprocessing as mp
 import random
 import time
@@ -109,12 +110,16 @@ def draw_plan(rng: random.Random) -> list[Turn]:
 
 
 def parse_plan(text: str) -> list[Turn]:
-    """A plan written as a report prints it (a Python list of 7-tuples); ValueError naming
-    what is wrong when it is not one of :func:`draw_plan`'s plans."""
+    """A plan written as a report prints it (a Python list of 7-tuples) or as a JSON report
+    holds it (a list of 7-item lists); ValueError naming what is wrong when it is not one of
+    :func:`draw_plan`'s plans."""
     try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        raise ValueError(f"{text!r} is not a Python list of turns") from None
+        value = json.loads(text)
+    except ValueError:  # not JSON: a Python literal
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"{text!r} is not a Python or JSON list of turns") from None
     if not isinstance(value, list | tuple) or not 1 <= len(value) <= MAX_TURNS:
         raise ValueError(f"a plan is a list of 1 to {MAX_TURNS} turns")
     plan: list[Turn] = []
@@ -148,6 +153,10 @@ class Verdict:
     detector: str
     message: str
     known: tuple[int, ...] = ()
+
+    def record(self) -> dict[str, Any]:
+        """The verdict as JSON-ready data."""
+        return {"detector": self.detector, "message": self.message, "known": list(self.known)}
 
 
 def describe_mismatch(mismatch: Mismatch) -> str:
@@ -279,6 +288,16 @@ class SessionFailure:
         out.append(f"  plan = {self.shrunk!r}")
         return out
 
+    def record(self) -> dict[str, Any]:
+        """The failure as JSON-ready data (a plan as a list of 7-item lists)."""
+        return {
+            "run": self.run,
+            "setup": str(self.setup),
+            **self.verdict.record(),
+            "plan": [list(turn) for turn in self.plan],
+            "shrunk": [list(turn) for turn in self.shrunk],
+        }
+
 
 @dataclass
 class SessionCampaign:
@@ -291,6 +310,17 @@ class SessionCampaign:
     known: Counter[int] = field(default_factory=Counter)
     """Plans whose only failures are known findings, per finding (``skip_known``)."""
     failure: SessionFailure | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The campaign as JSON-ready data (``known``: plans per finding)."""
+        return {
+            "seed": self.seed,
+            "plans": self.plans,
+            "turns": self.turns,
+            "seconds": round(self.seconds, 3),
+            "known": {str(n): count for n, count in sorted(self.known.items())},
+            "failure": None if self.failure is None else self.failure.record(),
+        }
 
 
 def _fails_alike(setup: Setup, verdict: Verdict) -> Callable[[list[Turn]], bool]:

@@ -5,6 +5,7 @@ how it shrinks and what it prints. The campaign on SGLang's code is opt-in
 from __future__ import annotations
 
 import ast
+import json
 import random
 import re
 
@@ -145,9 +146,10 @@ def test_a_printed_plan_parses_back_and_a_malformed_one_is_refused() -> None:
     for _ in range(100):
         plan = draw_plan(rng)
         assert parse_plan(repr(plan)) == plan
+        assert parse_plan(json.dumps(plan)) == plan  # as a JSON report holds it
     assert parse_plan("([1, 1, 0, None, False, 'overlap', False],)") == [OVERLAP_RETRACTED]
     for text, message in [
-        ("nonsense", "is not a Python list of turns"),
+        ("nonsense", "is not a Python or JSON list of turns"),
         ("[]", "a plan is a list of 1 to 4 turns"),
         (repr([PLAIN] * 5), "a plan is a list of 1 to 4 turns"),
         ("[(1, 1, 0)]", "turn 0 is not a 7-tuple"),

@@ -11,7 +11,9 @@ runs, with the named rule they break, and shrunk to one turn.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,9 +28,10 @@ SESSION = "sglang.srt.session.streaming_session"
 
 
 def test_the_default_campaign_finds_finding_11_and_shrinks_it_to_one_turn(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert main(["sessions", "--seconds", "60"]) == 1
+    report = tmp_path / "sessions.json"
+    assert main(["sessions", "--seconds", "60", "--report", str(report)]) == 1
     out = capsys.readouterr().out
     assert (
         "(hybrid, page size 1, rust core): [INV-MAMBA-STATE-INTEGRITY] turn 0 resumes from "
@@ -36,6 +39,17 @@ def test_the_default_campaign_finds_finding_11_and_shrinks_it_to_one_turn(
     )
     assert "known: finding(s) 11 of specs/sglang_findings.md" in out
     assert "plan = [(1, 1, 0, None, False, 'overlap', False)]" in out
+    failure = json.loads(report.read_text())["failure"]
+    assert (failure["run"], failure["detector"], failure["known"]) == (
+        4,
+        "INV-MAMBA-STATE-INTEGRITY",
+        [11],
+    )
+    # the report's plan replays as it is
+    shrunk = json.dumps(failure["shrunk"])
+    assert main(["sessions", "--plan", shrunk, "--model", "hybrid", "--report", str(report)]) == 1
+    verdicts = json.loads(report.read_text())["verdicts"]
+    assert [v["known"] for v in verdicts] == [[11], [11]]
 
 
 def test_a_replayed_plan_fails_on_the_setups_its_finding_lives_on(
