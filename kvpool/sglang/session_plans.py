@@ -2,13 +2,16 @@
 
 A plan is a list of :data:`Turn` s of one streaming session. :func:`run_session` plays it on a
 :mod:`kvpool.sglang.session_world` world (SGLang 0.5.23's cache, pools and glue): every turn is
-admitted (the session lends its record), computed by the forward's stand-in, finished, aborted
-or retracted and admitted again, as SGLang's scheduler does; then ``release_session``. After
-every step kvpool's rules must hold on SGLang's state (:func:`check_held`, each a named
-invariant: every KV slot, row, SWA slot and Mamba state free, cached in the tree or the
-session's; a kept turn holding exactly its tokens through the stop). A broken rule raises
-:class:`~kvpool.errors.InvariantViolation`, as does a step where SGLang leaves the driver's model
-of its scheduler (:data:`~kvpool.sglang.session_world.MODEL`).
+admitted (the session lends its record), prefilled and checkpointed unless its first token
+finishes it (a first turn publishes its prompt into the tree), computed by the forward's
+stand-in, finished, aborted or retracted and admitted again, as SGLang's scheduler does; then
+``release_session``. After every step kvpool's rules must hold on SGLang's state, each a named
+invariant (:func:`check_held`: every KV slot, row, SWA slot and Mamba state free, cached in the
+tree or the session's; a kept turn holding exactly its tokens through the stop; on a hybrid
+model, while no turn has overlapped, every state the tree caches matching its node,
+:func:`check_tree_states`). A broken rule raises :class:`~kvpool.errors.InvariantViolation`, as
+does a step where SGLang leaves the driver's model of its scheduler
+(:data:`~kvpool.sglang.session_world.MODEL`).
 
 What every admission resumes from is checked too, and returned rather than raised
 (:data:`Mismatch`): each resumed position must hold its own token's KV (``INV-KV-INTEGRITY``), a
@@ -271,6 +274,18 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
 
     session = StreamingSessionStandIn("s")
     history: list[int] = []  # the session's tokens: what the next turn continues from
+    # the hybrid world keeps no track slots: SGLang's no_buffer strategy, which it runs only
+    # without overlap (under overlap its hybrid models take the extra buffer, whose tree caches
+    # a tracked state), so the tree's states are checked until a turn overlaps
+    overlapped = False
+
+    def checked(where: str) -> Any:
+        """:func:`check_held`, and the tree's Mamba states while no turn has overlapped."""
+        slot = check_held(world, sizes, where)
+        if hybrid and not overlapped:
+            check_tree_states(world, where)
+        return slot
+
     token = 100
     for i, (new, outputs, reserve, stop, aborted, retracted, launched) in enumerate(plan):
         where = f"turn {i}"
@@ -285,6 +300,16 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
         sampled = len(fill)
         kept = len(prompt) + (outputs if stop is None else min(stop, outputs))
         req.output_ids = token_array(fill[len(prompt) :])
+        # the prefill: the prompt's KV and state, then its first sampled token; unless that
+        # token finishes the turn the scheduler checkpoints it (a session's first turn
+        # publishes its prompt into the tree, the session's lock moving onto its node)
+        world.extend_slots(req, len(prompt))
+        forward(req, fill, prefix, len(prompt), len(prompt))
+        if retracted or outputs > 1:
+            world.checkpoint(req, len(prompt))
+            if swa:  # the tree owns the published prompt
+                window["lo"] = max(window["lo"], int(req.kv.cache_protected_len))
+            checked(where)
         if retracted:  # the scheduler's release_req: no insert; the session keeps the record
             # under overlap the step computing the last sampled token is launched; a plain
             # retraction is of a decode without speculation, which reserves nothing
@@ -293,8 +318,9 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
             world.extend_slots(req, committed + reserve)
             forward(req, fill, prefix, committed, committed)
             slide(req, sampled - 2, len(prompt))  # the preparation before the last sample
+            overlapped = overlapped or retracted == "overlap"
             world.retract(req)
-            slot = check_held(world, sizes, where)
+            slot = checked(where)
             require(
                 slot is not None and slot.kv.kv_committed_len == committed,
                 MODEL,
@@ -332,8 +358,9 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
         req.finished_len = None if stop is None else min(stop, outputs)
         req.finished_reason = world.finish_reason(aborted)
         allocated = req.kv.kv_allocated_len
+        overlapped = overlapped or (not retracted and launched)
         world.finish(req)
-        slot = check_held(world, sizes, where)
+        slot = checked(where)
         if aborted:  # the session forgets its history; the next turn starts afresh
             require(slot is None, MODEL, f"the session kept aborted turn {i}")
             history = []
@@ -381,6 +408,28 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
             f"{free_states} free + {cached} tree != {sizes[2]} Mamba states after release_session",
         )
     return found
+
+
+def check_tree_states(world: World, where: object) -> None:
+    """Every Mamba state SGLang's tree caches has consumed exactly the tokens of its node's
+    path from the root (``INV-MAMBA-STATE-INTEGRITY``): a later request resuming at that node
+    continues from it. ``where`` goes into a violation's message."""
+    snap = world.tree.snapshot()
+    nodes = {node.node_id: node for node in snap.nodes}
+    for node in snap.nodes[1:]:
+        if node.mamba_value is None:
+            continue
+        depth, walk = 0, node
+        while walk.parent_id is not None:
+            depth += len(walk.key)
+            walk = nodes[walk.parent_id]
+        (tag,) = world.pool.mamba_pool.state_tags([int(node.mamba_value)])
+        require(
+            tag == depth,
+            "INV-MAMBA-STATE-INTEGRITY",
+            f"the tree's node {node.node_id} ends at {depth} tokens, its Mamba state has "
+            f"consumed {tag}, after {where}",
+        )
 
 
 def cached_states(world: World) -> int:

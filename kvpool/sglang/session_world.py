@@ -8,8 +8,13 @@ generated sessions over these worlds; ``kvpool sessions`` and the opt-in session
 The calls are SGLang's:
 
 - admission (:func:`admit`): the cache's ``match_prefix`` (the session's ``try_match_prefix``
-  first), ``lock``, the pool's ``alloc`` (a row and a Mamba state slot),
-  ``maybe_hand_to_session`` (``take``);
+  first), ``lock``, the scheduler's ``alloc_req_slots`` (``ensure_mamba_capacity``: the tree
+  evicts states when too few are free; then the pool's ``alloc`` of a row and a Mamba state
+  slot), ``maybe_hand_to_session`` (``take``);
+- the checkpoint after a prefill that did not finish the request (:meth:`World.checkpoint`):
+  ``common.checkpoint_kv_cache``, whose ``try_checkpoint`` has a session's first turn publish
+  its prompt into the tree (``checkpoint_into_tree``, the session's lock moving onto the
+  prompt's node; on a hybrid model a copy of the state goes with it);
 - the finish (:meth:`World.finish`): the scheduler's ``_mamba_can_cache_finished_req``
   (compiled alone from ``batch_result_processor.py``, :mod:`kvpool.sglang.req_methods`), then
   ``common.release_kv_cache`` (``claim_kv_row``, the session's ``try_cache_finished_req`` and
@@ -161,6 +166,9 @@ class TurnReq:
         self.finished_len: int | None = None
         self.swa_branching_seqlen: Any = None
         self.skip_radix_cache_insert = False
+        self.extend_end = 0
+        """Where the last extend ended (tokens): what a checkpoint publishes up to."""
+        self.prefix_len = 0
 
     def finished(self) -> bool:
         return self.finished_reason is not None
@@ -266,6 +274,13 @@ class World:
         req.kv.kv_committed_len = 0
         req.swa_branching_seqlen = None
 
+    def checkpoint(self, req: TurnReq, up_to: int) -> None:
+        """The scheduler's checkpoint after a prefill that did not finish the request
+        (``common.checkpoint_kv_cache`` up to ``up_to`` tokens): a session's first turn
+        publishes its prompt into the tree (``try_checkpoint``), later turns publish nothing."""
+        req.extend_end = up_to
+        self.modules.module("sglang.srt.mem_cache.common").checkpoint_kv_cache(req, self.cache)
+
     def finish(self, req: TurnReq) -> bool:
         """The scheduler's finish: ``_mamba_can_cache_finished_req`` (False marks the request
         ``skip_radix_cache_insert``), then ``release_kv_cache(checkpoint=True)``. Returns what
@@ -340,7 +355,10 @@ def admit(world: World, req: TurnReq, tokens: int) -> int:
     match = world.match(req, tokens)
     if req.lock is None and world.cache.session.borrowed_slot(req) is None:
         req.lock = world.cache.lock(match.last_device_node)
-    require(world.pool.impl.alloc([req]) is not None, MODEL, f"{req.rid}: no free row")
+    # the scheduler's alloc_req_slots: ensure_mamba_capacity (the tree evicts states when too
+    # few are free), then the pool's alloc
+    allocation = world.modules.module("sglang.srt.mem_cache.allocation")
+    allocation.alloc_req_slots(world.pool.impl, [req], world.cache)
     world.cache.maybe_hand_to_session(req)
     prefix = int(match.device_prefix_len)
     allocated = int(req.kv.kv_allocated_len)

@@ -4,9 +4,9 @@ The campaign finds finding 11 at its default seed and shrinks it to one turn, an
 plan (``--plan``) fails on the hybrid model's setups only; two worker processes run the same
 plans and report the same failure as one; with
 ``--skip-known`` it runs past the known findings 10, 11 and 12 (each hit, the counts the same
-from run to run) and finds nothing else. Four planted bugs in SGLang's session code (kept here,
-each a wrapper around the release's own method) are each found as a new failure within a few
-runs, with the named rule they break, and shrunk to one turn.
+from run to run) and finds nothing else. Five planted bugs in SGLang's session code and its Mamba
+pool (kept here, each a wrapper around the release's own method) are each found as a new failure
+within a few runs, with the named rule they break, and shrunk to one turn.
 """
 
 from __future__ import annotations
@@ -87,36 +87,44 @@ def test_workers_share_the_runs_and_report_the_same_plans_and_failure() -> None:
     )
 
 
-def _planted(cls: Any) -> dict[str, tuple[str, Callable[..., Any], str]]:
-    """Bugs planted in SGLang's ``StreamingSession`` (method, wrapper, the rule it breaks)."""
-    free, trim = cls._free_kv_aligned, cls._trim_overshoot
+def _planted() -> dict[str, tuple[Any, str, Callable[..., Any], str]]:
+    """Bugs planted in SGLang's ``StreamingSession`` and ``MambaPool`` (class, method,
+    wrapper, the rule it breaks)."""
+    modules = load_sglang("0.5.23")
+    session = modules.attr(SESSION, "StreamingSession")
+    states = modules.attr("sglang.srt.mem_cache.memory_pool", "MambaPool")
+    free, trim = session._free_kv_aligned, session._trim_overshoot
     return {
         # the session frees nothing past a turn's stop or a retried tail
-        "frees-nothing": ("_free_kv_aligned", lambda self, kv, target, end: None,
+        "frees-nothing": (session, "_free_kv_aligned", lambda self, kv, target, end: None,
                           "INV-TOKEN-ACCOUNTING"),
         # off by one: the first slot of every freed span leaks
-        "frees-one-short": ("_free_kv_aligned",
+        "frees-one-short": (session, "_free_kv_aligned",
                             lambda self, kv, target, end: free(self, kv, target + 1, end),
                             "INV-TOKEN-ACCOUNTING"),
         # release_session keeps the session's Mamba state
-        "keeps-the-state": ("_free_slot_mamba", lambda self, slot: None,
+        "keeps-the-state": (session, "_free_slot_mamba", lambda self, slot: None,
                             "INV-MAMBA-ACCOUNTING"),
         # the hand-over keeps one token past the stop
-        "trims-past-the-stop": ("_trim_overshoot",
+        "trims-past-the-stop": (session, "_trim_overshoot",
                                 lambda self, req, finished: trim(self, req, finished + 1),
                                 "INV-SESSION-TRIMMED"),
+        # the first turn's prompt goes into the tree with a state slot never copied into
+        "forks-nothing": (states, "copy_from", lambda self, src, dst: None,
+                          "INV-MAMBA-STATE-INTEGRITY"),
     }  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "bug", ["frees-nothing", "frees-one-short", "keeps-the-state", "trims-past-the-stop"]
-)
+    "bug",
+    ["frees-nothing", "frees-one-short", "keeps-the-state", "trims-past-the-stop",
+     "forks-nothing"],
+)  # fmt: skip
 def test_each_planted_bug_is_found_as_new_and_shrunk(
     bug: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cls = load_sglang("0.5.23").attr(SESSION, "StreamingSession")
-    method, wrapper, rule = _planted(cls)[bug]
-    monkeypatch.setattr(cls, method, wrapper)
+    owner, method, wrapper, rule = _planted()[bug]
+    monkeypatch.setattr(owner, method, wrapper)
     result = run_campaign(setups(), 120.0, seed=0, max_runs=50, skip_known=True)
     assert result.failure is not None, bug
     assert result.failure.verdict.detector == rule and not result.failure.verdict.known
