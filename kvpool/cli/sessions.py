@@ -7,14 +7,16 @@ release on a fresh world (full attention at page size 1 or 4, a hybrid Mamba mod
 window at page size 1 or 4; the Rust and the Python tree core), checking kvpool's rules after
 every step: no KV slot, row, SWA slot or Mamba state leaked or freed twice, a kept turn holding
 exactly its tokens through the stop, every resumed position holding its own token's KV, every
-lent Mamba state matching the prefix it resumes, every resumed window live.
+lent Mamba state matching the prefix it resumes, every state the tree caches matching its node,
+every resumed window live.
 
 The first failing plan is shrunk and printed, turn by turn and as Python; a failure that
 findings 10, 11 and 12 of specs/sglang_findings.md explain says so. With --skip-known those are
 counted and the campaign goes on, so that only a new behaviour stops it. Same seed, same plans,
 however many --workers share the runs.
---plan PLAN plays one plan (as a report prints it) on every chosen setup instead, and prints
-each setup's verdict: to check a fix of SGLang's code against a failure found before.
+--plan PLAN plays one plan (as a report prints it, or its JSON report holds it) on every chosen
+setup instead, in this process, and prints each setup's verdict: to check a fix of SGLang's code
+against a failure found before.
 Exit 0: no failure; 1: a failure; 2: bad input (a source that does not load, a release without
 0.5.23's unified session, a model without that page size).
 """
@@ -96,7 +98,7 @@ def _write(path: Path | None, payload: dict[str, Any]) -> None:
         path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def _replay(plan: Any, chosen: Any, source: str, report: Path | None,
+def _replay(plan: list[Any], chosen: list[Any], source: str, report: Path | None,
             head: dict[str, Any]) -> int:  # fmt: skip
     """Play ``plan`` on every setup of ``chosen``; 1 if it fails on any."""
     from kvpool.sglang.session_campaign import describe_turn, judge

@@ -23,9 +23,11 @@ import json
 import multiprocessing as mp
 import random
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from queue import Empty
 from typing import Any
 
@@ -176,8 +178,10 @@ def judge(setup: Setup, plan: list[Turn]) -> Verdict | None:
         found = run_session(setup.build(), plan)
     except InvariantViolation as exc:
         return Verdict(exc.invariant_id, str(exc).removeprefix(f"[{exc.invariant_id}] "))
-    except Exception as exc:  # SGLang's own code raised: the report shows what
-        return Verdict("crash", f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # SGLang's own code raised: the report shows what and where
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno}, {frames[-1].name})"
+        return Verdict("crash", f"{type(exc).__name__}: {exc}{where if frames else ''}")
     if not found:
         return None
     first = sorted(found)[0]

@@ -87,6 +87,24 @@ def test_workers_share_the_runs_and_report_the_same_plans_and_failure() -> None:
     )
 
 
+def test_a_crash_in_sglangs_code_is_reported_with_where_it_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    session = load_sglang("0.5.23").attr(SESSION, "StreamingSession")
+
+    def broken(self: Any, session_id: str) -> None:
+        raise KeyError(session_id)
+
+    monkeypatch.setattr(session, "release_session", broken)
+    result = run_campaign(setups(("full",), (1,), ("rust",)), 60.0, seed=0, max_runs=5)
+    assert result.failure is not None and result.failure.verdict.detector == "crash"
+    assert result.failure.verdict.message == (
+        "KeyError: 's' (at test_sglang_session_campaign.py:"
+        f"{broken.__code__.co_firstlineno + 1}, broken)"
+    )
+    assert len(result.failure.shrunk) == 1
+
+
 def _planted() -> dict[str, tuple[Any, str, Callable[..., Any], str]]:
     """Bugs planted in SGLang's ``StreamingSession`` and ``MambaPool`` (class, method,
     wrapper, the rule it breaks)."""
