@@ -3,12 +3,13 @@
 Each run draws a plan of one to four turns of one streaming session (new tokens, sampled tokens,
 a speculative reserve, a stop inside the run, an abort, a retraction under overlap or plain, the
 next step launched or not) and plays it through SGLang's own unified cache, session, pools and
-release on a fresh world (full attention at page size 1 or 4, a hybrid Mamba model, a sliding
-window at page size 1 or 4; the Rust and the Python tree core), checking kvpool's rules after
-every step: no KV slot, row, SWA slot or Mamba state leaked or freed twice, a kept turn holding
-exactly its tokens through the stop, every resumed position holding its own token's KV, every
-lent Mamba state matching the prefix it resumes, every state the tree caches matching its node,
-every resumed window live.
+release on a fresh world: full attention at page size 1 or 4, a hybrid Mamba model, a sliding
+window at page size 1 or 4; the Rust and the Python tree core; the session alone, or with a
+plain request after every turn pressing on the pool so that the tree evicts. kvpool's rules are
+checked after every step: no KV slot, row, SWA slot or Mamba state leaked or freed twice, a kept
+turn holding exactly its tokens through the stop, every resumed position holding its own
+token's KV, every lent Mamba state matching the prefix it resumes, every state the tree caches
+matching its node, every resumed window live.
 
 The first failing plan is shrunk and printed, turn by turn and as Python; a failure that
 findings 10, 11 and 12 of specs/sglang_findings.md explain says so. With --skip-known those are
@@ -63,6 +64,7 @@ def _run(args: argparse.Namespace) -> int:
         None if args.page_size is None else (args.page_size,),
         CORES if args.tree_core is None else (args.tree_core,),
         args.sglang,
+        {"both": (False, True), "with": (True,), "without": (False,)}[args.plain_requests],
     )
     try:  # load the release (and each core) before the campaign: bad input is exit 2
         for setup in {(s.model == "swa", s.core): s for s in chosen}.values():
@@ -144,6 +146,9 @@ def register(subparsers: Any) -> None:
                    help="only this page size, in tokens (default: each model's)")  # fmt: skip
     p.add_argument("--tree-core", choices=CORES, default=None,
                    help="only this tree core (default: both)")  # fmt: skip
+    p.add_argument("--plain-requests", choices=("both", "with", "without"), default="both",
+                   help="setups with a plain request after every turn, pressing on the pool "
+                   "so that the tree evicts, without, or both")  # fmt: skip
     p.add_argument("--seconds", type=positive_float, default=20.0,
                    help="time budget, in seconds")  # fmt: skip
     p.add_argument("--runs", type=positive_int, default=None,

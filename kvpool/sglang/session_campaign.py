@@ -65,12 +65,14 @@ SHRINK_EVALUATIONS = 400
 @dataclass(frozen=True)
 class Setup:
     """One world: ``model`` (:data:`MODELS`), ``page_size`` (tokens) and ``core`` (0.5.23's tree
-    core, ``"rust"`` or ``"python"``), of SGLang ``source``."""
+    core, ``"rust"`` or ``"python"``), of SGLang ``source``; with ``neighbours``, a plain
+    request after every turn presses on the pool (the tree evicts)."""
 
     model: str
     page_size: int
     core: str
     source: str = VERSION
+    neighbours: bool = False
 
     def build(self) -> World:
         """A fresh world of this setup."""
@@ -79,7 +81,8 @@ class Setup:
         return build(self.core, self.model == "hybrid", self.page_size, self.source)
 
     def __str__(self) -> str:
-        return f"{self.model}, page size {self.page_size}, {self.core} core"
+        beside = ", with plain requests" if self.neighbours else ""
+        return f"{self.model}, page size {self.page_size}, {self.core} core{beside}"
 
 
 def setups(
@@ -87,11 +90,13 @@ def setups(
     page_sizes: Sequence[int] | None = None,
     cores: Sequence[str] = CORES,
     source: str = VERSION,
+    neighbours: Sequence[bool] = (False, True),
 ) -> list[Setup]:
-    """Every setup of ``models`` x their page sizes (only those in ``page_sizes``; None: all)
-    x ``cores``, in that order."""
+    """Every setup of ``neighbours`` x ``models`` x their page sizes (only those in
+    ``page_sizes``; None: all) x ``cores``, in that order: the sessions alone first."""
     return [
-        Setup(model, ps, core, source)
+        Setup(model, ps, core, source, beside)
+        for beside in neighbours
         for model in models
         for ps in PAGE_SIZES[model]
         if page_sizes is None or ps in page_sizes
@@ -169,13 +174,18 @@ def describe_mismatch(mismatch: Mismatch) -> str:
         return f"turn {turn} resumes from a Mamba state {abs(amount)} token(s) {side} its prefix"
     if kind == "kv":
         return f"turn {turn} resumes over {amount} position(s) holding another token's KV"
+    if kind == "plain-kv":
+        return (
+            f"the plain request after turn {turn} resumes over {amount} position(s) holding "
+            "another token's KV"
+        )
     return f"turn {turn} resumes with {amount} position(s) of its window freed"
 
 
 def judge(setup: Setup, plan: list[Turn]) -> Verdict | None:
     """Play ``plan`` on a fresh world of ``setup``; None when every check holds."""
     try:
-        found = run_session(setup.build(), plan)
+        found = run_session(setup.build(), plan, setup.neighbours)
     except InvariantViolation as exc:
         return Verdict(exc.invariant_id, str(exc).removeprefix(f"[{exc.invariant_id}] "))
     except Exception as exc:  # SGLang's own code raised: the report shows what and where

@@ -53,14 +53,16 @@ RETRACTIONS = (None, "overlap", "plain")
 
 Mismatch = tuple[int, str, int]
 """What a turn resumes from, not matching its tokens: (turn, ``"state"``, the lent Mamba
-state's tokens minus the resumed prefix) or (turn, ``"kv"``, how many resumed positions hold
-another token's KV)."""
+state's tokens minus the resumed prefix), (turn, ``"kv"``, how many resumed positions hold
+another token's KV), (turn, ``"swa"``, how many positions of the window before the prefix are
+freed) or, for the plain request after a turn, (turn, ``"plain-kv"``, as ``"kv"``)."""
 
 REJECTED = -2
 """The token the forward's stand-in records for a rejected draft's KV."""
 
 INVARIANT_OF = {
     "kv": "INV-KV-INTEGRITY",
+    "plain-kv": "INV-KV-INTEGRITY",
     "state": "INV-MAMBA-STATE-INTEGRITY",
     "swa": "INV-SWA-WINDOW",
 }
@@ -184,14 +186,15 @@ def check_held(world: World, sizes: tuple[int, int, int, int], where: object) ->
     return slot
 
 
-def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
+def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> list[Mismatch]:
     """Turns of one streaming session through SGLang's own code (admission, hand-over, abort,
-    retraction and re-admission), then ``release_session``. After every step kvpool's rules
-    hold on SGLang's state (:func:`check_held`; a kept turn holds exactly its tokens through the
-    stop, ``INV-SESSION-TRIMMED``); at the end everything is free. The forward's stand-in
-    records the token whose KV each slot holds and tags a Mamba state with the tokens it has
-    consumed; returns every admission whose resumed KV or lent state does not match its
-    tokens."""
+    retraction and re-admission), then ``release_session``; with ``neighbours``, a plain
+    request after every turn, pressing on the pool so that the tree evicts. After every step
+    kvpool's rules hold on SGLang's state (:func:`check_held`; a kept turn holds exactly its
+    tokens through the stop, ``INV-SESSION-TRIMMED``); at the end everything is free. The
+    forward's stand-in records the token whose KV each slot holds and tags a Mamba state with
+    the tokens it has consumed; returns every admission whose resumed KV or lent state does not
+    match its tokens."""
     states = getattr(world.pool.impl, "mamba_allocator", None)
     hybrid = states is not None
     swa = is_swa(world)
@@ -272,6 +275,31 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
         window["cursor"] = max(start, end)
         window["dead"] = max(window["dead"], window["cursor"])
 
+    first_prompt: list[int] = []  # the session's latest first turn's prompt
+
+    def neighbour(i: int, token: int) -> int:
+        """A plain request (no session) after turn ``i``: the first shares the session's first
+        prompt (it matches the node that prompt was published to), every later one has fresh
+        tokens, enough of them (20 + 2i, and one output) that the pool runs short and the tree
+        evicts, least recently used first. Admitted, computed and finished into the tree as
+        the scheduler does; the positions its match resumes over must hold their own tokens'
+        KV. Returns the next fresh token."""
+        size = 20 + 2 * i
+        tokens = (first_prompt if i == 0 else []) + list(range(token, token + size))
+        r = TurnReq(world, f"n{i}", tokens, None)
+        prefix = admit(world, r, len(tokens))
+        wrong = sum(kv.get(slot_at(r, pos)) != tokens[pos] for pos in range(prefix))
+        if wrong:
+            found.append((i, "plain-kv", wrong))
+        world.extend_slots(r, len(tokens) + 1)
+        fill = [*tokens, token + size]
+        r.output_ids = token_array(fill[-1:])
+        forward(r, fill, prefix, len(fill), len(fill))
+        r.finished_reason = world.finish_reason(False)
+        world.finish(r)
+        checked(f"the plain request after turn {i}")
+        return token + size + 1
+
     session = StreamingSessionStandIn("s")
     history: list[int] = []  # the session's tokens: what the next turn continues from
     # the hybrid world keeps no track slots: SGLang's no_buffer strategy, which it runs only
@@ -296,6 +324,8 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
         fill = prompt + list(range(token + new, token + new + outputs))
         token += new + outputs
         req = TurnReq(world, f"t{i}", prompt, session)
+        if not first_prompt or not history:
+            first_prompt[:] = prompt
         prefix = resume(req, prompt, i)
         sampled = len(fill)
         kept = len(prompt) + (outputs if stop is None else min(stop, outputs))
@@ -377,6 +407,8 @@ def run_session(world: World, plan: list[Turn]) -> list[Mismatch]:
                 f"{held} tokens through the stop",
             )
             history = fill[:kept]
+        if neighbours:
+            token = neighbour(i, token)
     world.cache.session.release_session("s")
     evictable, protected = tree_full(world)
     free = full_free(world)

@@ -222,10 +222,13 @@ class World:
 
     def extend_slots(self, req: TurnReq, end: int) -> None:
         """Allocate and write the row's columns ``[kv_allocated_len, end)`` as the scheduler's
-        ``alloc_for_extend`` does: ``alloc`` at page size 1, else the paged ``alloc_extend``
-        after the row's last slot."""
+        ``alloc_for_extend`` does: the tree evicts what the allocation lacks
+        (``common.evict_from_tree_cache``, a page's worth more at page size above 1), then
+        ``alloc`` at page size 1, else the paged ``alloc_extend`` after the row's last slot."""
         start = req.kv.kv_allocated_len
         row = req.kv.req_pool_idx
+        need = end - start + (self.tree.page_size if self.tree.page_size > 1 else 0)
+        self.modules.module("sglang.srt.mem_cache.common").evict_from_tree_cache(self.cache, need)
         if self.tree.page_size == 1:
             slots = self.allocator.impl.alloc(end - start)
         else:
@@ -350,17 +353,28 @@ def build_swa(core: str, page_size: int = 1, source: str = VERSION) -> World:
 
 def admit(world: World, req: TurnReq, tokens: int) -> int:
     """The scheduler's admission of ``req`` over its first ``tokens`` tokens (its fill ids):
-    the prefix match (a session lends its record), the lock of a turn that borrows none, the
-    row and state slot, the session taking a first turn's record. Returns the prefix length."""
+    the prefix match (a session lends its record), the lock of a request that borrows none, the
+    row and state slot, the matched prefix's slots written into a new row (what
+    ``alloc_for_extend`` does for a match in the tree), the session taking a first turn's
+    record. Returns the prefix length."""
     match = world.match(req, tokens)
-    if req.lock is None and world.cache.session.borrowed_slot(req) is None:
+    lent = world.cache.session.borrowed_slot(req) is not None
+    if req.lock is None and not lent:
         req.lock = world.cache.lock(match.last_device_node)
+        req.last_node = match.last_device_node
     # the scheduler's alloc_req_slots: ensure_mamba_capacity (the tree evicts states when too
     # few are free), then the pool's alloc
     allocation = world.modules.module("sglang.srt.mem_cache.allocation")
     allocation.alloc_req_slots(world.pool.impl, [req], world.cache)
-    world.cache.maybe_hand_to_session(req)
     prefix = int(match.device_prefix_len)
+    # as the scheduler's init_next_round_input: the match's protected length, else the prefix
+    protected = match.cache_protected_len
+    req.kv.cache_protected_len = prefix if protected is None else int(protected)
+    if not lent and prefix:
+        path = world.cache.path_device_indices(match.last_device_node)[:prefix]
+        world.pool.impl.req_to_token[req.kv.req_pool_idx, :prefix] = path
+        req.kv.kv_allocated_len = req.kv.kv_committed_len = prefix
+    world.cache.maybe_hand_to_session(req)
     allocated = int(req.kv.kv_allocated_len)
     require(allocated == prefix, MODEL,  # a lent record holds the session's tokens
             f"{req.rid} resumes at {prefix} tokens over a record of {allocated}")  # fmt: skip

@@ -122,6 +122,7 @@ BAD: list[tuple[str, str]] = [
     ("sessions --sglang {tmp}/nowhere", "no SGLang source at"),
     ("sessions extra", "unrecognized arguments: extra"),
     ("sessions --workers -1", "--workers: got '-1', expected an integer >= 0"),
+    ("sessions --plain-requests sometimes", "--plain-requests: invalid choice: 'sometimes'"),
     ("sessions --plan nonsense", "--plan: 'nonsense' is not a Python or JSON list of turns"),
     ("sessions --report {tmp}", "expected a file path, not a directory"),
     ("sessions --plan '[(1, 1)]'", "--plan: turn 0 is not a 7-tuple"),

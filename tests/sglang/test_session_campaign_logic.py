@@ -62,10 +62,18 @@ def test_plans_are_deterministic_and_stay_in_their_ranges() -> None:
 
 def test_the_setups_cover_every_model_page_size_and_core_in_a_fixed_order() -> None:
     every = setups()
-    assert len(every) == len(set(every)) == sum(len(PAGE_SIZES[m]) for m in MODELS) * len(CORES)
+    alone = sum(len(PAGE_SIZES[m]) for m in MODELS) * len(CORES)
+    assert len(every) == len(set(every)) == 2 * alone
     assert [s.model for s in every[:2]] == ["full", "full"] and every[0].core == CORES[0]
+    # the sessions alone first, in the order they had before plain requests joined
+    assert not any(s.neighbours for s in every[:alone]) and all(s.neighbours for s in every[alone:])
+    assert every[4] == Setup("hybrid", 1, "rust")
     assert setups(("hybrid",), (4,)) == []
-    assert setups(("swa",), (4,), ("python",)) == [Setup("swa", 4, "python")]
+    assert setups(("swa",), (4,), ("python",)) == [
+        Setup("swa", 4, "python"),
+        Setup("swa", 4, "python", neighbours=True),
+    ]
+    assert str(every[-1]) == "swa, page size 4, python core, with plain requests"
     # the command line's choices are the library's (it does not import it to start fast)
     assert cli.MODELS == MODELS and cli.CORES == CORES
 
@@ -139,6 +147,9 @@ def test_turns_and_mismatches_read_as_sentences() -> None:
     assert "behind" in describe_mismatch((1, "state", -1))
     assert "another token's KV" in describe_mismatch((2, "kv", 1))
     assert "window freed" in describe_mismatch((0, "swa", 3))
+    assert describe_mismatch((2, "plain-kv", 1)) == (
+        "the plain request after turn 2 resumes over 1 position(s) holding another token's KV"
+    )
 
 
 def test_a_printed_plan_parses_back_and_a_malformed_one_is_refused() -> None:

@@ -6,7 +6,8 @@ plans and report the same failure as one; with
 ``--skip-known`` it runs past the known findings 10, 11 and 12 (each hit, the counts the same
 from run to run) and finds nothing else. Five planted bugs in SGLang's session code and its Mamba
 pool (kept here, each a wrapper around the release's own method) are each found as a new failure
-within a few runs, with the named rule they break, and shrunk to one turn.
+within a few runs, with the named rule they break, and shrunk to one turn; a sixth (a published
+prompt's node left unlocked) only with plain requests pressing on the pool beside the session.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def test_the_default_campaign_finds_finding_11_and_shrinks_it_to_one_turn(
     shrunk = json.dumps(failure["shrunk"])
     assert main(["sessions", "--plan", shrunk, "--model", "hybrid", "--report", str(report)]) == 1
     verdicts = json.loads(report.read_text())["verdicts"]
-    assert [v["known"] for v in verdicts] == [[11], [11]]
+    assert [v["known"] for v in verdicts] == [[11]] * 4
 
 
 def test_a_replayed_plan_fails_on_the_setups_its_finding_lives_on(
@@ -58,9 +59,9 @@ def test_a_replayed_plan_fails_on_the_setups_its_finding_lives_on(
     assert main(["sessions", "--plan", "[(1, 1, 0, None, False, 'overlap', False)]"]) == 1
     out = capsys.readouterr().out
     failing = [line for line in out.splitlines() if "[INV-" in line]
-    assert len(failing) == 2 and all(line.startswith("  hybrid, page size 1,") for line in failing)
+    assert len(failing) == 4 and all(line.startswith("  hybrid, page size 1,") for line in failing)
     assert all("(known: finding(s) 11)" in line for line in failing)
-    assert out.count("every check holds") == 8 and "failures: 2 of 10 setups" in out
+    assert out.count("every check holds") == 16 and "failures: 4 of 20 setups" in out
     plain = "[(1, 1, 0, None, False, 'plain', True), (2, 2, 0, None, False, None, True)]"
     assert main(["sessions", "--plan", plain, "--model", "hybrid"]) == 0
 
@@ -147,3 +148,32 @@ def test_each_planted_bug_is_found_as_new_and_shrunk(
     assert result.failure is not None, bug
     assert result.failure.verdict.detector == rule and not result.failure.verdict.known
     assert len(result.failure.shrunk) == 1 and result.plans <= 20
+
+
+def test_a_prompt_node_left_unlocked_is_found_only_with_plain_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Planted: the session publishes its first prompt but keeps no lock on the prompt's node.
+    The session alone never needs the slots back; plain requests beside it press on the pool,
+    the tree evicts the node, a plain request's KV lands in slots the session's row still uses,
+    and the session's next turn resumes over it."""
+    session = load_sglang("0.5.23").attr(SESSION, "StreamingSession")
+    publish = session.try_checkpoint
+
+    def unlocked(self: Any, req: Any, *, up_to: int, **kwargs: Any) -> bool:
+        done: bool = publish(self, req, up_to=up_to, **kwargs)
+        slot = self.borrowed_slot(req)
+        if slot is not None and slot.lock is not None:
+            self.cache.unlock(slot.lock)
+            slot.lock = None
+        return done
+
+    monkeypatch.setattr(session, "try_checkpoint", unlocked)
+    alone = run_campaign(setups(neighbours=(False,)), 600.0, seed=0, max_runs=100,
+                         skip_known=True)  # fmt: skip
+    assert alone.failure is None and alone.plans == 100
+    beside = run_campaign(setups(neighbours=(True,)), 600.0, seed=0, max_runs=40,
+                          skip_known=True)  # fmt: skip
+    assert beside.failure is not None and beside.plans <= 20
+    assert beside.failure.verdict.detector == "INV-KV-INTEGRITY"
+    assert not beside.failure.verdict.known and "plain requests" in str(beside.failure.setup)

@@ -172,6 +172,7 @@ turns = st.lists(
 )
 
 
+@pytest.mark.parametrize("neighbours", [False, True])
 @pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize(
     ("kind", "page_size"), [("full", 1), ("full", 4), ("hybrid", 1), ("swa", 1), ("swa", 4)]
@@ -179,18 +180,19 @@ turns = st.lists(
 @settings(max_examples=25, deadline=None)
 @given(plan=turns)
 def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
-    core: str, kind: str, page_size: int, plan: list[Turn]
+    neighbours: bool, core: str, kind: str, page_size: int, plan: list[Turn]
 ) -> None:
     """Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions,
-    finishes with and without a launched next step) on SGLang's own streaming session: nothing
-    leaks, nothing is freed twice, a kept turn holds exactly its tokens through the stop; every
-    resumed position holds its own token's KV and every lent state matches its resume, except
-    where findings 10, 11 and 12 predict."""
+    finishes with and without a launched next step; alone, or with a plain request after every
+    turn pressing on the pool) on SGLang's own streaming session: nothing leaks, nothing is
+    freed twice, a kept turn holds exactly its tokens through the stop; every resumed position
+    holds its own token's KV and every lent state matches its resume, except where findings 10,
+    11 and 12 predict."""
     if kind == "swa":
         world = build_swa(core, page_size)
     else:
         world = build(core, hybrid=kind == "hybrid", page_size=page_size)
-    found = run_session(world, plan)
+    found = run_session(world, plan, neighbours)
     assert sorted(found) == sorted(predicted(plan, kind == "hybrid"))
 
 
