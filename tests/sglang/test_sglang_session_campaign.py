@@ -176,4 +176,5 @@ def test_a_prompt_node_left_unlocked_is_found_only_with_plain_requests(
                           skip_known=True)  # fmt: skip
     assert beside.failure is not None and beside.plans <= 20
     assert beside.failure.verdict.detector == "INV-KV-INTEGRITY"
+    assert len(beside.failure.shrunk) == 4  # three plain requests fill the pool first
     assert not beside.failure.verdict.known and "plain requests" in str(beside.failure.setup)
