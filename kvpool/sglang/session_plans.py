@@ -324,7 +324,7 @@ def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> lis
         fill = prompt + list(range(token + new, token + new + outputs))
         token += new + outputs
         req = TurnReq(world, f"t{i}", prompt, session)
-        if not first_prompt or not history:
+        if not history:  # a first turn: the prompt it publishes is the plain requests' to share
             first_prompt[:] = prompt
         prefix = resume(req, prompt, i)
         sampled = len(fill)
