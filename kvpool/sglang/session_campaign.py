@@ -411,7 +411,8 @@ def _worker(queue: Any, lowest: Any, chosen: Sequence[Setup], settings: tuple[An
     try:
         queue.put(run_campaign(chosen, seconds, seed, max_runs, skip_known, first, stride, lowest))
     except BaseException as exc:  # the parent reports it; a worker has no terminal of its own
-        queue.put(exc)
+        # as text: an exception holding what does not pickle would never reach the parent
+        queue.put(RuntimeError(f"session worker {first}: {type(exc).__name__}: {exc}"))
 
 
 def run_parallel(
@@ -426,6 +427,8 @@ def run_parallel(
     workers, ...``: the same plans on the same setups as one process, and the same first
     failure when every run below it ran (always with ``max_runs``). Plans, turns and known
     findings are summed; ``seconds`` is the longest worker's."""
+    if not chosen:
+        raise ValueError("no setup to run")
     if workers <= 1:
         return run_campaign(chosen, seconds, seed, max_runs, skip_known)
     ctx = mp.get_context("spawn")  # a fresh interpreter: torch and SGLang do not fork well
@@ -445,11 +448,13 @@ def run_parallel(
             parts.append(queue.get(timeout=1.0))
         except Empty:  # a worker killed (a signal) never sends its part
             dead = [(k, p.exitcode) for k, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if dead:
+            problem = f"session worker {dead[0][0]} died (exit code {dead[0][1]})" if dead else ""
+            if not dead and all(p.exitcode is not None for p in procs) and queue.empty():
+                problem = "the session workers exited without sending every part"
+            if problem:
                 for proc in procs:
                     proc.kill()
-                k, code = dead[0]
-                raise RuntimeError(f"session worker {k} died (exit code {code})") from None
+                raise RuntimeError(problem) from None
     for proc in procs:
         proc.join()
     for part in parts:

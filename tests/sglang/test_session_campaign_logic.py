@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import random
 import re
+import signal
+from typing import Any
 
 import pytest
 
@@ -23,6 +26,7 @@ from kvpool.sglang.session_campaign import (
     describe_turn,
     draw_plan,
     parse_plan,
+    run_parallel,
     setups,
     shrink,
     simpler,
@@ -173,3 +177,18 @@ def test_a_printed_plan_parses_back_and_a_malformed_one_is_refused() -> None:
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             parse_plan(text)
+
+
+class _DyingSetup(Setup):
+    """A setup whose world kills its worker process (a candidate that segfaults)."""
+
+    def build(self) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+
+def test_a_worker_killed_mid_campaign_is_reported_not_waited_for() -> None:
+    with pytest.raises(ValueError, match="no setup to run"):
+        run_parallel([], 1.0, workers=2)
+    with pytest.raises(RuntimeError, match=r"session worker \d died \(exit code -9\)"):
+        run_parallel([_DyingSetup("full", 1, "rust")], 60.0, max_runs=4, workers=2)
