@@ -5,10 +5,13 @@ A plan is a list of :data:`Turn` s of one streaming session. :func:`run_session`
 admitted (the session lends its record), prefilled and checkpointed unless its first token
 finishes it (a first turn publishes its prompt into the tree), computed by the forward's
 stand-in, finished, aborted or retracted and admitted again, as SGLang's scheduler does; then
-``release_session``. After every step kvpool's rules must hold on SGLang's state, each a named
-invariant (:func:`check_held`: every KV slot, row, SWA slot and Mamba state free, cached in the
-tree or the session's; a kept turn holding exactly its tokens through the stop; on a hybrid
-model, while no turn has overlapped, every state the tree caches matching its node,
+``release_session``. With ``neighbours`` a plain request runs after every turn, pressing on the
+pool so that the tree evicts (every allocation of the world evicts first).
+
+After every step kvpool's rules must hold on SGLang's state, each a named invariant
+(:func:`check_held`: every KV slot, row, SWA slot and Mamba state free, cached in the tree or
+the session's; a kept turn holding exactly its tokens through the stop; on a hybrid model, while
+no turn has overlapped, every state the tree caches matching its node,
 :func:`check_tree_states`). A broken rule raises :class:`~kvpool.errors.InvariantViolation`, as
 does a step where SGLang leaves the driver's model of its scheduler
 (:data:`~kvpool.sglang.session_world.MODEL`).
