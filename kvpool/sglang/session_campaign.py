@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
-from typing import Any
+from typing import Any, cast
 
 from kvpool.errors import InvariantViolation
 from kvpool.sglang.session_plans import (
@@ -189,9 +189,9 @@ def judge(setup: Setup, plan: list[Turn]) -> Verdict | None:
     except InvariantViolation as exc:
         return Verdict(exc.invariant_id, str(exc).removeprefix(f"[{exc.invariant_id}] "))
     except Exception as exc:  # SGLang's own code raised: the report shows what and where
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno}, {frames[-1].name})"
-        return Verdict("crash", f"{type(exc).__name__}: {exc}{where if frames else ''}")
+        last = traceback.extract_tb(exc.__traceback__)[-1]  # this function's frame at least
+        where = f"{Path(last.filename).name}:{last.lineno}, {last.name}"
+        return Verdict("crash", f"{type(exc).__name__}: {exc} (at {where})")
     if not found:
         return None
     first = sorted(found)[0]
@@ -203,34 +203,35 @@ def judge(setup: Setup, plan: list[Turn]) -> Verdict | None:
     return Verdict(INVARIANT_OF[first[1]], describe_mismatch(first) + more, known)
 
 
+def _with(turn: Turn, index: int, value: object) -> Turn:
+    """``turn`` with field ``index`` set to ``value``."""
+    fields: list[object] = list(turn)
+    fields[index] = value
+    return cast(Turn, tuple(fields))
+
+
 def simpler(plan: list[Turn]) -> list[list[Turn]]:
     """The plans one step simpler than ``plan``, simplest first: a turn dropped, then each
     field of each turn moved towards its simplest value (the least number, no stop, False, not
     retracted)."""
     out = [plan[:i] + plan[i + 1 :] for i in range(len(plan))] if len(plan) > 1 else []
     for i, turn in enumerate(plan):
-        new, outputs, reserve, stop, aborted, retracted, launched = turn
+        _, _, _, stop, aborted, retracted, launched = turn
         options: list[Turn] = []
-        for value in sorted({1, new - 1}):
-            if 1 <= value < new:
-                options.append((value, outputs, reserve, stop, aborted, retracted, launched))
-        for value in sorted({1, outputs - 1}):
-            if 1 <= value < outputs:
-                options.append((new, value, reserve, stop, aborted, retracted, launched))
-        for value in sorted({0, reserve - 1}):
-            if 0 <= value < reserve:
-                options.append((new, outputs, value, stop, aborted, retracted, launched))
+        for index, (low, _) in enumerate(RANGES):  # new, sampled, reserve: the least, one less
+            number: int = turn[index]  # type: ignore[assignment]
+            lower = sorted({low, number - 1})
+            options += [_with(turn, index, v) for v in lower if low <= v < number]
         if stop is not None:
-            options.append((new, outputs, reserve, None, aborted, retracted, launched))
-            if stop > 1:
-                options.append((new, outputs, reserve, stop - 1, aborted, retracted, launched))
+            options.append(_with(turn, 3, None))
+            if stop > STOPS[0]:
+                options.append(_with(turn, 3, stop - 1))
         if aborted:
-            options.append((new, outputs, reserve, stop, False, retracted, launched))
+            options.append(_with(turn, 4, False))
         if retracted is not None:
-            for mode in RETRACTIONS[: RETRACTIONS.index(retracted)]:
-                options.append((new, outputs, reserve, stop, aborted, mode, launched))
+            options += [_with(turn, 5, m) for m in RETRACTIONS[: RETRACTIONS.index(retracted)]]
         if launched:
-            options.append((new, outputs, reserve, stop, aborted, retracted, False))
+            options.append(_with(turn, 6, False))
         out.extend([*plan[:i], option, *plan[i + 1 :]] for option in options)
     return out
 

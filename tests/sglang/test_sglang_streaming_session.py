@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from kvpool.config import PoolConfig
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.sglang.cache_req import token_array
-from kvpool.sglang.session_campaign import shrink
+from kvpool.sglang.session_campaign import MAX_TURNS, RANGES, STOPS, shrink
 from kvpool.sglang.session_plans import RETRACTIONS, Turn, predicted, run_session
 from kvpool.sglang.session_world import (
     CORES,
@@ -159,17 +159,17 @@ def test_the_hand_over_frees_the_over_allocation_as_kvpools_sessions_do(core: st
 
 turns = st.lists(
     st.tuples(
-        st.integers(1, 3),
-        st.integers(1, 4),
-        st.integers(0, 3),
-        st.one_of(st.none(), st.integers(1, 4)),
+        *(st.integers(low, high) for low, high in RANGES),  # new, sampled, reserve
+        st.one_of(st.none(), st.integers(*STOPS)),
         st.booleans(),
         st.sampled_from(RETRACTIONS),
         st.booleans(),
     ),
     min_size=1,
-    max_size=4,
+    max_size=MAX_TURNS,
 )
+"""The plans ``kvpool sessions`` draws (:mod:`kvpool.sglang.session_campaign`'s ranges), as a
+hypothesis strategy."""
 
 
 @pytest.mark.parametrize("neighbours", [False, True])
