@@ -14,10 +14,13 @@ matching its node, every resumed window live.
 The first failing plan is shrunk and printed, turn by turn and as Python; a failure that
 findings 10, 11 and 12 of specs/sglang_findings.md explain says so. With --skip-known those are
 counted and the campaign goes on, so that only a new behaviour stops it. Same seed, same plans,
-however many --workers share the runs.
+however many --workers share the runs. A plan whose playing kills its process (a fault in
+SGLang's compiled tree core) is a failure too, ``killed``, named with the signal: its worker
+posted the run it was playing, and the plan is shrunk in a sandbox where every candidate plays in
+a forked child.
 --plan PLAN plays one plan (as a report prints it, or its JSON report holds it) on every chosen
-setup instead, in this process, and prints each setup's verdict: to check a fix of SGLang's code
-against a failure found before.
+setup instead, each in a forked child, and prints each setup's verdict: to check a fix of
+SGLang's code against a failure found before.
 Exit 0: no failure; 1: a failure; 2: bad input (a source that does not load, a release without
 0.5.23's unified session, a model without that page size).
 """
@@ -45,7 +48,8 @@ CORES = ("rust", "python")
 
 def _run(args: argparse.Namespace) -> int:
     from kvpool.errors import KVPoolError
-    from kvpool.sglang.session_campaign import PAGE_SIZES, parse_plan, run_parallel, setups
+    from kvpool.sglang.session_campaign import PAGE_SIZES, parse_plan, setups
+    from kvpool.sglang.session_workers import run_parallel
 
     plan = None
     if args.plan is not None:
@@ -74,13 +78,11 @@ def _run(args: argparse.Namespace) -> int:
     head = {"source": args.sglang, "setups": [str(s) for s in chosen]}
     if plan is not None:
         return _replay(plan, chosen, args.sglang, args.report, head)
-    result = run_parallel(
-        chosen, args.seconds, args.seed, args.runs, args.skip_known, max(args.workers, 1)
-    )
-    _write(args.report, {**head, "workers": max(args.workers, 1), **result.record()})
+    result = run_parallel(chosen, args.seconds, args.seed, args.runs, args.skip_known, args.workers)
+    _write(args.report, {**head, "workers": args.workers, **result.record()})
     print(f"kvpool sessions: SGLang {args.sglang}'s streaming session, seed {args.seed}")
     print(f"  setups           {len(chosen)}")
-    print(f"  workers          {max(args.workers, 1)}")
+    print(f"  workers          {args.workers or 'none (this process)'}")
     print(f"  plans            {result.plans}")
     print(f"  turns            {result.turns}")
     print(f"  failures         {int(result.failure is not None)}")
@@ -103,15 +105,16 @@ def _write(path: Path | None, payload: dict[str, Any]) -> None:
 def _replay(plan: list[Any], chosen: list[Any], source: str, report: Path | None,
             head: dict[str, Any]) -> int:  # fmt: skip
     """Play ``plan`` on every setup of ``chosen``; 1 if it fails on any."""
-    from kvpool.sglang.session_campaign import describe_turn, judge
+    from kvpool.sglang.session_campaign import describe_turn, isolated_sandbox, judge_isolated
 
     print(f"kvpool sessions: one plan on SGLang {source}'s streaming session")
     for i, turn in enumerate(plan):
         print(f"  turn {i}: {describe_turn(turn)}")
     failed = 0
     verdicts: list[dict[str, Any] | None] = []
-    for setup in chosen:
-        verdict = judge(setup, plan)
+    with isolated_sandbox() as sandbox:  # a plan that kills its process is a verdict too
+        found = [judge_isolated(sandbox, setup, plan) for setup in chosen]
+    for setup, verdict in zip(chosen, found, strict=True):
         verdicts.append(None if verdict is None else verdict.record())
         if verdict is None:
             print(f"  {setup}: every check holds")
@@ -155,8 +158,9 @@ def register(subparsers: Any) -> None:
                    help="stop after this many plans (default: the time budget only)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="campaign seed (any integer)")
     p.add_argument("--workers", type=non_negative_int, default=os.cpu_count() or 1,
-                   help="worker processes, each taking every N-th run (0 or 1: this process); "
-                   "the same plans and the same first failure whatever the number")  # fmt: skip
+                   help="worker processes, each taking every N-th run (0: this process, where a "
+                   "plan that kills its process ends the command); the same plans and the "
+                   "same first failure whatever the number")  # fmt: skip
     p.add_argument("--plan", default=None, metavar="PLAN",
                    help="play this plan (a Python list of turns, as a report prints it) on "
                    "every chosen setup instead of a campaign (default: none)")  # fmt: skip

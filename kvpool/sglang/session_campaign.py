@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import json
-import multiprocessing as mp
 import random
 import time
 import traceback
@@ -28,11 +27,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from queue import Empty
 from typing import Any, cast
 
 from kvpool.errors import InvariantViolation
 from kvpool.sglang.session_plans import (
+    FINDINGS,
     INVARIANT_OF,
     RETRACTIONS,
     Mismatch,
@@ -41,6 +40,7 @@ from kvpool.sglang.session_plans import (
     run_session,
 )
 from kvpool.sglang.session_world import CORES, VERSION, World, build, build_swa
+from kvpool.testing.sandbox import Died, Sandbox
 
 MODELS = ("full", "hybrid", "swa")
 """The models a :class:`Setup` names."""
@@ -79,6 +79,21 @@ class Setup:
         if self.model == "swa":
             return build_swa(self.core, self.page_size, self.source)
         return build(self.core, self.model == "hybrid", self.page_size, self.source)
+
+    def play(self, plan: list[Turn]) -> list[Mismatch]:
+        """Play ``plan`` on a fresh world of this setup: the resume mismatches
+        (:func:`~kvpool.sglang.session_plans.run_session`'s answer; a broken rule raises)."""
+        return run_session(self.build(), plan, self.neighbours)
+
+    @property
+    def warm_key(self) -> tuple[str, str, str]:
+        """What :meth:`warm` loads: the release, the model's cache and the tree core."""
+        return (self.source, self.model, self.core)
+
+    def warm(self) -> None:
+        """Load this setup's release and tree core into this process (a world built and
+        dropped), so that processes forked from it start with them loaded."""
+        self.build()
 
     def __str__(self) -> str:
         beside = ", with plain requests" if self.neighbours else ""
@@ -185,7 +200,7 @@ def describe_mismatch(mismatch: Mismatch) -> str:
 def judge(setup: Setup, plan: list[Turn]) -> Verdict | None:
     """Play ``plan`` on a fresh world of ``setup``; None when every check holds."""
     try:
-        found = run_session(setup.build(), plan, setup.neighbours)
+        found = setup.play(plan)
     except InvariantViolation as exc:
         return Verdict(exc.invariant_id, str(exc).removeprefix(f"[{exc.invariant_id}] "))
     except Exception as exc:  # SGLang's own code raised: the report shows what and where
@@ -338,15 +353,63 @@ class SessionCampaign:
         }
 
 
-def _fails_alike(setup: Setup, verdict: Verdict) -> Callable[[list[Turn]], bool]:
-    """Whether a plan fails on ``setup`` with ``verdict``'s detector, known or new alike."""
+KILLED = "killed"
+"""The detector of a plan whose playing killed its process (a signal, or an exit without a
+verdict): what a fault in SGLang's compiled tree core looks like from outside."""
+
+
+@dataclass(frozen=True)
+class _Play:
+    """One plan on one setup, as a :class:`~kvpool.testing.sandbox.Sandbox` call."""
+
+    setup: Setup
+    plan: list[Turn]
+
+    @property
+    def warm_key(self) -> tuple[str, str, str]:
+        return self.setup.warm_key
+
+
+def _judge_play(play: _Play) -> Verdict | None:
+    return judge(play.setup, play.plan)
+
+
+def _warm_play(play: _Play) -> None:
+    play.setup.warm()
+
+
+def isolated_sandbox() -> Sandbox:
+    """A sandbox in which :func:`judge_isolated` plays plans (close it when done)."""
+    return Sandbox(_judge_play, _warm_play)
+
+
+def judge_isolated(sandbox: Sandbox, setup: Setup, plan: list[Turn]) -> Verdict | None:
+    """:func:`judge` in a forked child of ``sandbox`` (:func:`isolated_sandbox`): a plan that
+    kills its process gets the verdict :data:`KILLED`, naming the signal or the exit code."""
+    answer = sandbox.call(_Play(setup, plan))
+    if isinstance(answer, Died):
+        return Verdict(KILLED, f"the process playing the plan was {answer}")
+    verdict: Verdict | None = answer
+    return verdict
+
+
+Judge = Callable[[Setup, list[Turn]], "Verdict | None"]
+"""How a plan is judged: :func:`judge`, or :func:`judge_isolated` bound to a sandbox."""
+
+
+def fails_alike(
+    setup: Setup, verdict: Verdict, judge_with: Judge = judge
+) -> Callable[[list[Turn]], bool]:
+    """Whether a plan fails on ``setup`` with ``verdict``'s detector, known or new alike (a
+    killed process: killed the same way)."""
 
     def fails(candidate: list[Turn]) -> bool:
-        again = judge(setup, candidate)
+        again = judge_with(setup, candidate)
         return (
             again is not None
             and again.detector == verdict.detector
             and bool(again.known) == bool(verdict.known)
+            and (verdict.detector != KILLED or again.message == verdict.message)
         )
 
     return fails
@@ -354,6 +417,17 @@ def _fails_alike(setup: Setup, verdict: Verdict) -> Callable[[list[Turn]], bool]
 
 NO_FAILURE = 2**62
 """The lowest failing run a campaign shares between its workers, before any fails."""
+
+BOARD = 3 + len(FINDINGS)
+"""Numbers each worker of :func:`run_parallel` posts in shared memory: the run it is playing
+(-1: none), its plans and turns so far, and its known plans per finding
+(:data:`~kvpool.sglang.session_plans.FINDINGS`). They outlive a worker that is killed."""
+
+
+def _post(board: Any, slot: int, run: int, result: SessionCampaign) -> None:
+    """Post ``result``'s counts and the run in hand to worker ``slot``'s part of ``board``."""
+    numbers = [run, result.plans, result.turns, *(result.known[n] for n in FINDINGS)]
+    board[slot * BOARD : (slot + 1) * BOARD] = numbers
 
 
 def run_campaign(
@@ -365,12 +439,15 @@ def run_campaign(
     first: int = 0,
     stride: int = 1,
     lowest: Any = None,
+    board: Any = None,
 ) -> SessionCampaign:
     """Runs ``first, first + stride, ...`` below ``max_runs`` (setups in turn: run ``i`` on
     ``chosen[i % len(chosen)]``) until ``seconds`` have passed or a run failed (with
     ``skip_known``: failed with anything but known findings); the failure shrunk. ``lowest``
     (a shared ``multiprocessing.Value``, :func:`run_parallel`'s) holds the lowest failing run
-    of every worker: a worker stops before a run above it and lowers it when it fails."""
+    of every worker: a worker stops before a run above it and lowers it when it fails.
+    ``board`` (a shared array, :func:`run_parallel`'s): where this worker (number ``first``)
+    posts the run in hand and its counts (:data:`BOARD`)."""
     if not chosen:
         raise ValueError("no setup to run")
     result = SessionCampaign(seed)
@@ -381,17 +458,21 @@ def run_campaign(
             break  # a lower run failed in another worker: this one's report would not count
         setup = chosen[run % len(chosen)]
         plan = draw_plan(random.Random(f"{seed}/{run}"))
+        if board is not None:
+            _post(board, first, run, result)
         verdict = judge(setup, plan)
         result.plans += 1
         result.turns += len(plan)
         if verdict is not None and skip_known and verdict.known:
             result.known.update(verdict.known)
             verdict = None
+        if board is not None:
+            _post(board, first, -1, result)
         if verdict is not None:
             if lowest is not None:
                 with lowest.get_lock():
                     lowest.value = min(lowest.value, run)
-            shrunk = shrink(plan, _fails_alike(setup, verdict))
+            shrunk = shrink(plan, fails_alike(setup, verdict))
             final = judge(setup, shrunk)
             assert final is not None  # shrink keeps only failing plans
             result.failure = SessionFailure(run, setup, plan, shrunk, final)
@@ -401,78 +482,9 @@ def run_campaign(
     return result
 
 
-def _worker(queue: Any, lowest: Any, chosen: Sequence[Setup], settings: tuple[Any, ...]) -> None:
-    """One worker process of :func:`run_parallel`: its share of the runs (``settings``: seconds,
-    seed, max_runs, skip_known, first, stride), one torch thread (the workers are the
-    parallelism)."""
-    import torch
-
-    torch.set_num_threads(1)
-    seconds, seed, max_runs, skip_known, first, stride = settings
-    try:
-        queue.put(run_campaign(chosen, seconds, seed, max_runs, skip_known, first, stride, lowest))
-    except BaseException as exc:  # the parent reports it; a worker has no terminal of its own
-        # as text: an exception holding what does not pickle would never reach the parent
-        queue.put(RuntimeError(f"session worker {first}: {type(exc).__name__}: {exc}"))
-
-
-def run_parallel(
-    chosen: Sequence[Setup],
-    seconds: float,
-    seed: int = 0,
-    max_runs: int | None = None,
-    skip_known: bool = False,
-    workers: int = 2,
-) -> SessionCampaign:
-    """:func:`run_campaign` over ``workers`` processes, worker ``k`` taking runs ``k, k +
-    workers, ...``: the same plans on the same setups as one process, and the same first
-    failure when every run below it ran (always with ``max_runs``). Plans, turns and known
-    findings are summed; ``seconds`` is the longest worker's."""
-    if not chosen:
-        raise ValueError("no setup to run")
-    if workers <= 1:
-        return run_campaign(chosen, seconds, seed, max_runs, skip_known)
-    ctx = mp.get_context("spawn")  # a fresh interpreter: torch and SGLang do not fork well
-    queue = ctx.Queue()
-    lowest = ctx.Value("q", NO_FAILURE)
-    procs = [
-        ctx.Process(target=_worker, daemon=True,
-                    args=(queue, lowest, chosen, (seconds, seed, max_runs, skip_known, k,
-                                                  workers)))
-        for k in range(workers)
-    ]  # fmt: skip
-    for proc in procs:
-        proc.start()
-    parts: list[Any] = []
-    while len(parts) < len(procs):
-        try:
-            parts.append(queue.get(timeout=1.0))
-        except Empty:  # a worker killed (a signal) never sends its part
-            dead = [(k, p.exitcode) for k, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            problem = f"session worker {dead[0][0]} died (exit code {dead[0][1]})" if dead else ""
-            if not dead and all(p.exitcode is not None for p in procs) and queue.empty():
-                problem = "the session workers exited without sending every part"
-            if problem:
-                for proc in procs:
-                    proc.kill()
-                raise RuntimeError(problem) from None
-    for proc in procs:
-        proc.join()
-    for part in parts:
-        if isinstance(part, BaseException):
-            raise part
-    merged = SessionCampaign(seed)
-    for part in parts:
-        merged.plans += part.plans
-        merged.turns += part.turns
-        merged.known.update(part.known)
-        merged.seconds = max(merged.seconds, part.seconds)
-    failures = [part.failure for part in parts if part.failure is not None]
-    merged.failure = min(failures, key=lambda f: f.run, default=None)
-    return merged
-
-
 __all__ = [
+    "BOARD",
+    "KILLED",
     "MAX_TURNS",
     "MODELS",
     "NO_FAILURE",
@@ -480,6 +492,7 @@ __all__ = [
     "RANGES",
     "SHRINK_EVALUATIONS",
     "STOPS",
+    "Judge",
     "SessionCampaign",
     "SessionFailure",
     "Setup",
@@ -487,10 +500,12 @@ __all__ = [
     "describe_mismatch",
     "describe_turn",
     "draw_plan",
+    "fails_alike",
+    "isolated_sandbox",
     "judge",
+    "judge_isolated",
     "parse_plan",
     "run_campaign",
-    "run_parallel",
     "setups",
     "shrink",
     "simpler",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +29,7 @@ from kvpool.testing.bundle import Implementation
 from kvpool.testing.campaign import CampaignFailure, CampaignResult, quiet_collector
 from kvpool.testing.op_log import OpLogWriter, log_mark, new_log, read_ops, remove_log
 from kvpool.testing.runs import shrink_ops
+from kvpool.testing.sandbox import describe_exit
 from kvpool.testing.swarm import Op
 
 Progress = Callable[[float, int], None]
@@ -151,13 +151,7 @@ def _start(spec: CampaignSpec) -> _Worker:
 def _death(worker: _Worker) -> str:
     """How a worker ended: the signal that killed it, or its exit code."""
     worker.process.join(5)
-    code = worker.process.exitcode
-    if code is not None and code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
+    return describe_exit(worker.process.exitcode)
 
 
 def _stop(worker: _Worker) -> None:

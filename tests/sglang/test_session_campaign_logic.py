@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kvpool.cli import sessions as cli
+from kvpool.sglang import session_workers as workers_module
 from kvpool.sglang.session_campaign import (
     MAX_TURNS,
     MODELS,
@@ -26,12 +27,12 @@ from kvpool.sglang.session_campaign import (
     describe_turn,
     draw_plan,
     parse_plan,
-    run_parallel,
     setups,
     shrink,
     simpler,
 )
 from kvpool.sglang.session_plans import RETRACTIONS, Turn, predicted, predicted_findings
+from kvpool.sglang.session_workers import run_parallel
 from kvpool.sglang.session_world import CORES
 
 OVERLAP_RETRACTED: Turn = (1, 1, 0, None, False, "overlap", False)
@@ -180,15 +181,66 @@ def test_a_printed_plan_parses_back_and_a_malformed_one_is_refused() -> None:
 
 
 class _DyingSetup(Setup):
-    """A setup whose world kills its worker process (a candidate that segfaults)."""
+    """A setup that loads no SGLang: a plan with an aborted turn kills the process playing it
+    (a candidate's compiled code that segfaults), every other plan keeps every rule."""
 
-    def build(self) -> Any:
-        os.kill(os.getpid(), signal.SIGKILL)
-        raise AssertionError("unreachable")
+    def warm(self) -> None:
+        pass
+
+    def play(self, plan: list[Turn]) -> list[Any]:
+        if any(turn[4] for turn in plan):
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return []
 
 
-def test_a_worker_killed_mid_campaign_is_reported_not_waited_for() -> None:
+def test_a_run_that_kills_its_worker_is_reported_shrunk_not_waited_for() -> None:
     with pytest.raises(ValueError, match="no setup to run"):
         run_parallel([], 1.0, workers=2)
-    with pytest.raises(RuntimeError, match=r"session worker \d died \(exit code -9\)"):
-        run_parallel([_DyingSetup("full", 1, "rust")], 60.0, max_runs=4, workers=2)
+    dying = _DyingSetup("full", 1, "rust")
+    first = next(r for r in range(100) if any(t[4] for t in draw_plan(random.Random(f"7/{r}"))))
+    result = run_parallel([dying], 60.0, seed=7, max_runs=first + 6, workers=2)
+    failure = result.failure
+    assert failure is not None
+    # the lowest killing run, whichever worker played it; every run below it played
+    assert failure.run == first and failure.setup == dying
+    assert failure.plan == draw_plan(random.Random(f"7/{first}"))
+    assert failure.verdict == Verdict(
+        "killed", "the process playing the plan was killed by signal SIGSEGV"
+    )
+    assert failure.shrunk == [(1, 1, 0, None, True, None, False)]
+    assert result.plans >= first + 1  # the killed run and every one below it
+    assert "[killed] the process playing the plan was killed by signal SIGSEGV" in "\n".join(
+        failure.lines()
+    )
+
+
+class _DyingOnceSetup(_DyingSetup):
+    """Kills its worker outright, whatever the plan, but not a sandbox's child: a death the
+    plan does not explain (another process's signal, the kernel's OOM killer)."""
+
+    def play(self, plan: list[Turn]) -> list[Any]:
+        if os.environ.get("KVPOOL_TEST_DIE") == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return []
+
+
+def test_a_death_the_plan_does_not_explain_is_reported_unshrunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KVPOOL_TEST_DIE", "1")  # inherited by the workers, which it kills
+    dying = _DyingOnceSetup("full", 1, "rust")
+
+    def killed_failure(setup: Setup, run: int, plan: list[Turn], how: str) -> SessionFailure:
+        monkeypatch.delenv("KVPOOL_TEST_DIE")  # the sandbox spawned now lives
+        return real(setup, run, plan, how)
+
+    real = workers_module.killed_failure
+    monkeypatch.setattr(workers_module, "killed_failure", killed_failure)
+    result = run_parallel([dying], 60.0, seed=3, max_runs=4, workers=2)
+    failure = result.failure
+    assert failure is not None and failure.run == 0 and failure.shrunk == failure.plan
+    assert failure.verdict.detector == "killed"
+    assert failure.verdict.message == (
+        "the worker playing the plan was killed by signal SIGKILL; played again alone: "
+        "every check holds"
+    )

@@ -2,7 +2,8 @@
 
 The campaign finds finding 11 at its default seed and shrinks it to one turn, and replaying that
 plan (``--plan``) fails on the hybrid model's setups only; two worker processes run the same
-plans and report the same failure as one; with
+plans and report the same failure as one, and a planted fault that kills a worker's process is
+reported as its run's failure, shrunk; with
 ``--skip-known`` it runs past the known findings 10, 11 and 12 (each hit, the counts the same
 from run to run) and finds nothing else. Five planted bugs in SGLang's session code and its Mamba
 pool (kept here, each a wrapper around the release's own method) are each found as a new failure
@@ -13,6 +14,8 @@ prompt's node left unlocked) only with plain requests pressing on the pool besid
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,9 @@ import pytest
 
 from kvpool.cli import main
 from kvpool.sglang.loader import load_sglang
-from kvpool.sglang.session_campaign import run_campaign, run_parallel, setups
+from kvpool.sglang.session_campaign import Setup, Verdict, run_campaign, setups
+from kvpool.sglang.session_plans import Turn
+from kvpool.sglang.session_workers import run_parallel
 
 pytestmark = pytest.mark.sglang_wheel
 
@@ -104,6 +109,40 @@ def test_a_crash_in_sglangs_code_is_reported_with_where_it_raised(
         f"{broken.__code__.co_firstlineno + 1}, broken)"
     )
     assert len(result.failure.shrunk) == 1
+
+
+class _SegfaultingSetup(Setup):
+    """SGLang's own session code with a planted fault that kills the process, as a fault in
+    its compiled tree core would: freeing a span of three or more tokens of a session's row."""
+
+    def play(self, plan: list[Turn]) -> list[Any]:
+        session = load_sglang(self.source).attr(SESSION, "StreamingSession")
+        free = session._free_kv_aligned
+        if not getattr(free, "planted", False):
+
+            def faulting(self: Any, kv: Any, target: int, end: int) -> None:
+                if end - target >= 3:
+                    os.kill(os.getpid(), signal.SIGSEGV)
+                free(self, kv, target, end)
+
+            faulting.planted = True  # type: ignore[attr-defined]
+            session._free_kv_aligned = faulting
+        return super().play(plan)
+
+
+def test_a_fault_that_kills_the_process_is_a_shrunk_failure_of_its_run() -> None:
+    """Planted in the workers' processes: the campaign reports the run its worker died in, and
+    shrinks its plan in a sandbox to a single turn that frees three tokens."""
+    chosen = [_SegfaultingSetup("full", 1, "rust")]
+    result = run_parallel(chosen, 300.0, seed=0, max_runs=40, workers=2)
+    failure = result.failure
+    assert failure is not None
+    assert failure.verdict == Verdict(
+        "killed", "the process playing the plan was killed by signal SIGSEGV"
+    )
+    assert len(failure.shrunk) == 1 and len(failure.plan) >= 1
+    alone = [Setup("full", 1, "rust")]  # the release as it ships: the same run passes
+    assert run_campaign(alone, 300.0, seed=0, max_runs=failure.run + 1).failure is None
 
 
 def _planted() -> dict[str, tuple[Any, str, Callable[..., Any], str]]:

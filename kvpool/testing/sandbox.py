@@ -1,0 +1,152 @@
+"""Calls made in a forked child process, so that a call that kills its process is an answer.
+
+Compiled code under test (SGLang 0.5.23's Rust tree core, a candidate's CUDA extension) can end
+its process with a signal, leaving no Python exception to report and no process to go on in. A
+campaign that meets such a death must still shrink the input that caused it, which means
+playing that input, and smaller ones, many times over. A :class:`Sandbox` makes each of those
+plays cheap and survivable: it spawns one fresh interpreter (the *zygote*: nothing run in it
+yet, one torch thread), which imports and warms what the calls need once and then forks a
+child for every call. The child makes the call, pipes the pickled result back and exits; a
+child killed by a signal, or exiting without a result, gives :class:`Died` instead. A fork of
+the warm zygote costs tens of milliseconds, against seconds for a fresh interpreter.
+
+Only POSIX systems fork; the zygote is spawned, never forked from the caller (whose threads,
+such as a ``multiprocessing`` queue's feeder, a forked child would inherit half-held).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import pickle
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Died:
+    """A child that ended without a result: ``code`` is its exit status as ``multiprocessing``
+    reports it (minus the signal number when a signal killed it)."""
+
+    code: int
+
+    def __str__(self) -> str:
+        return describe_exit(self.code)
+
+
+def describe_exit(code: int | None) -> str:
+    """How a process ended, from its exit status (``Process.exitcode``'s convention)."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _in_child(fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)`` in a forked child: its result, or :class:`Died`. An exception ``fn`` raises
+    is a result (re-raised by :meth:`Sandbox.call` as text)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer, then leave without running the zygote's exit handlers
+        os.close(read)
+        try:
+            try:
+                payload = pickle.dumps(("ok", fn(arg)))
+            except BaseException as exc:
+                payload = pickle.dumps(("raised", f"{type(exc).__name__}: {exc}"))
+            with os.fdopen(write, "wb") as out:
+                out.write(payload)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as source:
+        data = source.read()
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if not data or code != 0:  # a death after a full answer still counts as a death
+        return Died(code if code != 0 else 1)
+    return pickle.loads(data)
+
+
+def _zygote(conn: Any, fn: Callable[[Any], Any], warm: Callable[[Any], None] | None) -> None:
+    """The zygote's loop: for each argument received, warm it once in this process (an
+    exception there is left for the child to meet), then answer it from a forked child; None
+    ends the loop."""
+    import torch
+
+    torch.set_num_threads(1)  # no thread pool for a child to inherit half-held
+    warmed: set[Any] = set()
+    while True:
+        arg = conn.recv()
+        if arg is None:
+            return
+        key = getattr(arg, "warm_key", None)
+        if warm is not None and key not in warmed:
+            warmed.add(key)
+            # an exception here is left for the child's call, which meets it again
+            with contextlib.suppress(Exception):
+                warm(arg)
+        conn.send(_in_child(fn, arg))
+
+
+class SandboxError(RuntimeError):
+    """The zygote itself died or the called function raised (its message says which)."""
+
+
+class Sandbox:
+    """``fn(arg)`` answered in a forked child of one spawned zygote process.
+
+    ``fn`` and ``warm`` must be picklable (module-level functions), and so must every argument
+    and result. ``warm(arg)``, when given, runs in the zygote once per distinct
+    ``arg.warm_key`` (an argument without one: once for all), before the first child for it is
+    forked: loading a release there means every child starts with it loaded. Use as a context
+    manager; :meth:`close` ends the zygote."""
+
+    def __init__(self, fn: Callable[[Any], Any], warm: Callable[[Any], None] | None = None) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, theirs = ctx.Pipe()
+        self._process = ctx.Process(target=_zygote, args=(theirs, fn, warm), daemon=True)
+        self._process.start()
+        theirs.close()
+
+    def call(self, arg: Any) -> Any:
+        """``fn(arg)``'s result, or :class:`Died` when the child that made the call died.
+        Raises :class:`SandboxError` when ``fn`` raised or the zygote died."""
+        try:
+            self._conn.send(arg)
+            answer = self._conn.recv()
+        except (EOFError, OSError):
+            self._process.join(5)
+            raise SandboxError(
+                f"the sandbox's zygote {describe_exit(self._process.exitcode)}"
+            ) from None
+        if isinstance(answer, Died):
+            return answer
+        kind, value = answer
+        if kind == "raised":
+            raise SandboxError(f"the sandboxed call raised {value}")
+        return value
+
+    def close(self) -> None:
+        """End the zygote (it finishes the call in hand first)."""
+        if self._process.is_alive():
+            with contextlib.suppress(OSError):  # the zygote is already gone
+                self._conn.send(None)
+            self._process.join(10)
+            if self._process.is_alive():
+                self._process.kill()
+        self._conn.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Died", "Sandbox", "SandboxError", "describe_exit"]
