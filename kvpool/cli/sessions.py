@@ -1,11 +1,12 @@
 """``kvpool sessions``: generated streaming sessions on SGLang's own session code.
 
-Each run draws a plan of one to four turns of one streaming session (new tokens, sampled tokens,
+Each run draws a plan of one to four turns of streaming sessions (new tokens, sampled tokens,
 a speculative reserve, a stop inside the run, an abort, a retraction under overlap or plain, the
 next step launched or not) and plays it through SGLang's own unified cache, session, pools and
 release on a fresh world: full attention at page size 1 or 4, a hybrid Mamba model, a sliding
-window at page size 1 or 4; the Rust and the Python tree core; the session alone, or with a
-plain request after every turn pressing on the pool so that the tree evicts. kvpool's rules are
+window at page size 1 or 4; the Rust and the Python tree core; one session, or two taking
+turns that share the first one's first prompt; the sessions alone, or with a plain request
+after every turn pressing on the pool so that the tree evicts. kvpool's rules are
 checked after every step: no KV slot, row, SWA slot or Mamba state leaked or freed twice, a kept
 turn holding exactly its tokens through the stop, every resumed position holding its own
 token's KV, every lent Mamba state matching the prefix it resumes, every state the tree caches
@@ -15,7 +16,7 @@ The first failing plan is shrunk and printed, turn by turn and as Python; a fail
 findings 10, 11 and 12 of specs/sglang_findings.md explain says so. With --skip-known those are
 counted and the campaign goes on, so that only a new behaviour stops it. Same seed, same plans,
 however many --workers share the runs. A plan whose playing kills its process (a fault in
-SGLang's compiled tree core) is a failure too, ``killed``, named with the signal: its worker
+SGLang's compiled tree core) is a failure too, "killed", named with the signal: its worker
 posted the run it was playing, and the plan is shrunk in a sandbox where every candidate plays in
 a forked child.
 --plan PLAN plays one plan (as a report prints it, or its JSON report holds it) on every chosen
@@ -69,6 +70,7 @@ def _run(args: argparse.Namespace) -> int:
         CORES if args.tree_core is None else (args.tree_core,),
         args.sglang,
         {"both": (False, True), "with": (True,), "without": (False,)}[args.plain_requests],
+        {"both": (1, 2), "1": (1,), "2": (2,)}[args.sessions],
     )
     try:  # load the release (and each core) before the campaign: bad input is exit 2
         for setup in {(s.model == "swa", s.core): s for s in chosen}.values():
@@ -152,6 +154,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--plain-requests", choices=("both", "with", "without"), default="both",
                    help="setups with a plain request after every turn, pressing on the pool "
                    "so that the tree evicts, without, or both")  # fmt: skip
+    p.add_argument("--sessions", choices=("both", "1", "2"), default="both",
+                   help="setups with one streaming session, with two taking turns that share "
+                   "the first one's first prompt (as sessions sharing a system prompt do), or "
+                   "both")  # fmt: skip
     p.add_argument("--seconds", type=positive_float, default=20.0,
                    help="time budget, in seconds")  # fmt: skip
     p.add_argument("--runs", type=positive_int, default=None,

@@ -66,24 +66,29 @@ SHRINK_EVALUATIONS = 400
 class Setup:
     """One world: ``model`` (:data:`MODELS`), ``page_size`` (tokens) and ``core`` (0.5.23's tree
     core, ``"rust"`` or ``"python"``), of SGLang ``source``; with ``neighbours``, a plain
-    request after every turn presses on the pool (the tree evicts)."""
+    request after every turn presses on the pool (the tree evicts); ``sessions``: one streaming
+    session, or two taking turns that share the first one's first prompt."""
 
     model: str
     page_size: int
     core: str
     source: str = VERSION
     neighbours: bool = False
+    sessions: int = 1
 
     def build(self) -> World:
         """A fresh world of this setup."""
         if self.model == "swa":
             return build_swa(self.core, self.page_size, self.source)
-        return build(self.core, self.model == "hybrid", self.page_size, self.source)
+        # a session holds a state and locks its published prompt's, and SGLang's admission
+        # budget (rem_mamba_slots) admits a turn only when one is left: two more per session
+        states = 4 + 2 * (self.sessions - 1)
+        return build(self.core, self.model == "hybrid", self.page_size, self.source, states)
 
     def play(self, plan: list[Turn]) -> list[Mismatch]:
         """Play ``plan`` on a fresh world of this setup: the resume mismatches
         (:func:`~kvpool.sglang.session_plans.run_session`'s answer; a broken rule raises)."""
-        return run_session(self.build(), plan, self.neighbours)
+        return run_session(self.build(), plan, self.neighbours, self.sessions)
 
     @property
     def warm_key(self) -> tuple[str, str, str]:
@@ -96,8 +101,9 @@ class Setup:
         self.build()
 
     def __str__(self) -> str:
+        two = ", two sessions sharing a prompt" if self.sessions == 2 else ""
         beside = ", with plain requests" if self.neighbours else ""
-        return f"{self.model}, page size {self.page_size}, {self.core} core{beside}"
+        return f"{self.model}, page size {self.page_size}, {self.core} core{two}{beside}"
 
 
 def setups(
@@ -106,11 +112,13 @@ def setups(
     cores: Sequence[str] = CORES,
     source: str = VERSION,
     neighbours: Sequence[bool] = (False, True),
+    sessions: Sequence[int] = (1, 2),
 ) -> list[Setup]:
-    """Every setup of ``neighbours`` x ``models`` x their page sizes (only those in
-    ``page_sizes``; None: all) x ``cores``, in that order: the sessions alone first."""
+    """Every setup of ``sessions`` x ``neighbours`` x ``models`` x their page sizes (only those
+    in ``page_sizes``; None: all) x ``cores``, in that order: one session first, alone first."""
     return [
-        Setup(model, ps, core, source, beside)
+        Setup(model, ps, core, source, beside, count)
+        for count in sessions
         for beside in neighbours
         for model in models
         for ps in PAGE_SIZES[model]
@@ -210,7 +218,7 @@ def judge(setup: Setup, plan: list[Turn]) -> Verdict | None:
     if not found:
         return None
     first = sorted(found)[0]
-    expected = predicted_findings(plan, setup.model == "hybrid")
+    expected = predicted_findings(plan, setup.model == "hybrid", setup.sessions)
     known: tuple[int, ...] = ()
     if sorted(found) == sorted(m for m, _ in expected):
         known = tuple(sorted({finding for _, finding in expected}))

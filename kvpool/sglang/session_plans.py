@@ -1,16 +1,18 @@
 """Generated streaming sessions through SGLang's own session code, checked by kvpool's rules.
 
-A plan is a list of :data:`Turn` s of one streaming session. :func:`run_session` plays it on a
-:mod:`kvpool.sglang.session_world` world (SGLang 0.5.23's cache, pools and glue): every turn is
-admitted (the session lends its record), prefilled and checkpointed unless its first token
-finishes it (a first turn publishes its prompt into the tree), computed by the forward's
-stand-in, finished, aborted or retracted and admitted again, as SGLang's scheduler does; then
-``release_session``. With ``neighbours`` a plain request runs after every turn, pressing on the
-pool so that the tree evicts (every allocation of the world evicts first).
+A plan is a list of :data:`Turn` s of one streaming session, or of two taking turns (turn ``i``
+is session ``i % 2``'s; the second starts from the first's first prompt, as sessions sharing a
+system prompt do). :func:`run_session` plays it on a :mod:`kvpool.sglang.session_world` world
+(SGLang 0.5.23's cache, pools and glue): every turn is admitted (the session lends its record),
+prefilled and checkpointed unless its first token finishes it (a session's first turn
+publishes its prompt into the tree), computed by the forward's stand-in, finished, aborted or
+retracted and admitted again, as SGLang's scheduler does; then ``release_session``. With
+``neighbours`` a plain request runs after every turn, pressing on the pool so that the tree
+evicts (every allocation of the world evicts first).
 
 After every step kvpool's rules must hold on SGLang's state, each a named invariant
 (:func:`check_held`: every KV slot, row, SWA slot and Mamba state free, cached in the tree or
-the session's; a kept turn holding exactly its tokens through the stop; on a hybrid model, while
+a session's; a kept turn holding exactly its tokens through the stop; on a hybrid model, while
 no turn has overlapped, every state the tree caches matching its node,
 :func:`check_tree_states`). A broken rule raises :class:`~kvpool.errors.InvariantViolation`, as
 does a step where SGLang leaves the driver's model of its scheduler
@@ -28,6 +30,7 @@ Units: tokens throughout (a plan's numbers, prefixes, mismatches); page size 1 o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kvpool.constants import ceil_align
@@ -75,12 +78,33 @@ FINDINGS = (10, 11, 12)
 """The findings of specs/sglang_findings.md that :func:`predicted_findings` predicts."""
 
 
-def predicted(plan: list[Turn], hybrid: bool) -> list[Mismatch]:
+def session_ids(sessions: int) -> list[str]:
+    """The ids of a plan's ``sessions`` streaming sessions; turn ``i`` is session
+    ``i % sessions``'s."""
+    return ["s", *(f"s{k}" for k in range(1, sessions))]
+
+
+def predicted(plan: list[Turn], hybrid: bool, sessions: int = 1) -> list[Mismatch]:
     """The mismatches of :func:`predicted_findings`, without their findings."""
-    return [mismatch for mismatch, _ in predicted_findings(plan, hybrid)]
+    return [mismatch for mismatch, _ in predicted_findings(plan, hybrid, sessions)]
 
 
-def predicted_findings(plan: list[Turn], hybrid: bool) -> list[tuple[Mismatch, int]]:
+def predicted_findings(
+    plan: list[Turn], hybrid: bool, sessions: int = 1
+) -> list[tuple[Mismatch, int]]:
+    """:func:`session_findings` of each of ``sessions`` interleaved sessions (turn ``i`` is
+    session ``i % sessions``'s), their turns numbered in ``plan``: the findings are each
+    session's own, whatever the others share with it."""
+    out: list[tuple[Mismatch, int]] = []
+    for k in range(sessions):
+        turns = list(range(k, len(plan), sessions))
+        for (turn, kind, amount), finding in session_findings([plan[t] for t in turns], hybrid):
+            out.append(((turns[turn], kind, amount), finding))
+    out.sort(key=lambda entry: entry[0][0])  # by turn; stable: one session's order as it is
+    return out
+
+
+def session_findings(plan: list[Turn], hybrid: bool) -> list[tuple[Mismatch, int]]:
     """The mismatches findings 10, 11 and 12 predict for ``plan`` on a world of full attention
     (or a sliding window: no SWA mismatch is predicted) or, with ``hybrid``, of Mamba layers,
     each with its finding. They follow from how far each finished turn's forward got
@@ -135,18 +159,26 @@ def tree_full(world: World) -> tuple[int, int]:
     return int(tree.evictable_size()), int(tree.protected_size())
 
 
-def check_held(world: World, sizes: tuple[int, int, int, int], where: object) -> Any:
-    """Every KV slot, row and Mamba state is free, cached in the tree or the session's (its
-    last partial page its own); with a sliding window, every SWA slot too (the session's are
-    its row's columns still mapped to one). ``sizes``: the free KV slots, rows, Mamba states
-    and SWA slots of the fresh world; ``where`` goes into a violation's message. Returns the
-    session's slot (None: it holds nothing)."""
+def check_held(
+    world: World,
+    sizes: tuple[int, int, int, int],
+    where: object,
+    sids: Sequence[str] = ("s",),
+) -> dict[str, Any]:
+    """Every KV slot, row and Mamba state is free, cached in the tree or a session's (each
+    session's last partial page its own); with a sliding window, every SWA slot too (a
+    session's are its row's columns still mapped to one). ``sizes``: the free KV slots, rows,
+    Mamba states and SWA slots of the fresh world; ``sids``: the sessions' ids; ``where`` goes
+    into a violation's message. Returns the slot of each session that holds one."""
     kv_size, rows, state_size, swa_size = sizes
-    slot: Any = world.cache.session.slots.get("s")
-    held = 0
-    if slot is not None:
-        held = ceil_align(slot.kv.kv_allocated_len, world.tree.page_size)
-        held -= slot.kv.cache_protected_len
+    slots: dict[str, Any] = {}
+    for sid in sids:
+        if (slot := world.cache.session.slots.get(sid)) is not None:
+            slots[sid] = slot
+    held = sum(
+        ceil_align(slot.kv.kv_allocated_len, world.tree.page_size) - slot.kv.cache_protected_len
+        for slot in slots.values()
+    )
     tree = sum(tree_full(world))
     free = full_free(world)
     require(
@@ -156,18 +188,18 @@ def check_held(world: World, sizes: tuple[int, int, int, int], where: object) ->
     )
     free_rows = int(world.pool.impl.available_size())
     require(
-        free_rows == rows - (slot is not None),
+        free_rows == rows - len(slots),
         "INV-ROW-ACCOUNTING",
-        f"{free_rows} free rows of {rows}, session holding {int(slot is not None)}, after {where}",
+        f"{free_rows} free rows of {rows}, sessions holding {len(slots)}, after {where}",
     )
     if is_swa(world):
-        swa_held = 0
-        if slot is not None:
+        pages: set[int] = set()
+        for slot in slots.values():
             row = world.pool.impl.req_to_token[slot.kv.req_pool_idx]
             mapping = world.allocator.full_to_swa_index_mapping
             cols = row[slot.kv.cache_protected_len : slot.kv.kv_allocated_len].long()
-            pages = {int(s) // world.tree.page_size for s in mapping[cols] if int(s) != 0}
-            swa_held = len(pages) * world.tree.page_size
+            pages |= {int(s) // world.tree.page_size for s in mapping[cols] if int(s) != 0}
+        swa_held = len(pages) * world.tree.page_size
         swa_tree = int(world.cache.swa_evictable_size() + world.cache.swa_protected_size())
         swa_free = int(world.allocator.swa_available_size())
         require(
@@ -178,7 +210,7 @@ def check_held(world: World, sizes: tuple[int, int, int, int], where: object) ->
         )
     states = getattr(world.pool.impl, "mamba_allocator", None)
     if states is not None:
-        holds = slot is not None and slot.kv.holds_mamba
+        holds = sum(bool(slot.kv.holds_mamba) for slot in slots.values())
         free_states, cached = int(states.available_size()), cached_states(world)
         require(
             free_states + int(holds) + cached == state_size,
@@ -186,13 +218,18 @@ def check_held(world: World, sizes: tuple[int, int, int, int], where: object) ->
             f"{free_states} free + {int(holds)} session + {cached} tree != {state_size} "
             f"Mamba states after {where}",
         )
-    return slot
+    return slots
 
 
-def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> list[Mismatch]:
-    """Turns of one streaming session through SGLang's own code (admission, hand-over, abort,
+def run_session(
+    world: World, plan: list[Turn], neighbours: bool = False, sessions: int = 1
+) -> list[Mismatch]:
+    """Turns of streaming sessions through SGLang's own code (admission, hand-over, abort,
     retraction and re-admission), then ``release_session``; with ``neighbours``, a plain
-    request after every turn, pressing on the pool so that the tree evicts. After every step
+    request after every turn, pressing on the pool so that the tree evicts. With ``sessions``
+    above 1 turn ``i`` is session ``i % sessions``'s (:func:`session_ids`), and every session
+    but the first starts (and starts again after an abort) from the first session's latest
+    first prompt, as sessions sharing a system prompt do. After every step
     kvpool's rules hold on SGLang's state (:func:`check_held`; a kept turn holds exactly its
     tokens through the stop, ``INV-SESSION-TRIMMED``); at the end everything is free. The
     forward's stand-in records the token whose KV each slot holds and tags a Mamba state with
@@ -213,13 +250,18 @@ def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> lis
     def slot_at(req: TurnReq, pos: int) -> int:
         return int(world.pool.impl.req_to_token[req.kv.req_pool_idx, pos])
 
-    # the running record's sliding window as kvpool models SGLang's slide: the tree-owned
-    # prefix below ``lo``, the record's cursor, and the SWA columns freed, ``[lo, dead)``
-    window = {"lo": 0, "cursor": 0, "dead": 0}
     swa_type = world.tree._swa if swa else None
+    ids = session_ids(sessions)
+    # each session's running record's sliding window as kvpool models SGLang's slide: the
+    # tree-owned prefix below ``lo``, the record's cursor, and the SWA columns freed,
+    # ``[lo, dead)``
+    windows = {sid: {"lo": 0, "cursor": 0, "dead": 0} for sid in ids}
 
     def resume(req: TurnReq, fill: list[int], turn: int) -> int:
-        lent = "s" in world.cache.session.slots  # the session lends its record
+        sid = req.session_id
+        assert sid is not None
+        window = windows[sid]
+        lent = sid in world.cache.session.slots  # the session lends its record
         prefix = admit(world, req, len(fill))
         wrong = sum(kv.get(slot_at(req, pos)) != fill[pos] for pos in range(prefix))
         if wrong:
@@ -269,7 +311,12 @@ def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> lis
         prefix, then frees up to a page-floored window behind ``pre_len``)."""
         if not swa or pre_len < prompt:
             return
+        assert req.session_id is not None
         world.cache.evict_sliding_windows(req, pre_len)
+        advance(windows[req.session_id], pre_len)
+
+    def advance(window: dict[str, int], pre_len: int) -> None:
+        """The model of ``free_swa_out_of_window_slots`` at ``pre_len`` on ``window``."""
         if pre_len - WINDOW < window["cursor"] + 1:
             return
         ps = world.tree.page_size
@@ -278,7 +325,7 @@ def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> lis
         window["cursor"] = max(start, end)
         window["dead"] = max(window["dead"], window["cursor"])
 
-    first_prompt: list[int] = []  # the session's latest first turn's prompt
+    first_prompt: list[int] = []  # the first session's latest first turn's prompt
 
     def neighbour(i: int, token: int) -> int:
         """A plain request (no session) after turn ``i``: the first shares the session's first
@@ -303,31 +350,36 @@ def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> lis
         checked(f"the plain request after turn {i}")
         return token + size + 1
 
-    session = StreamingSessionStandIn("s")
-    history: list[int] = []  # the session's tokens: what the next turn continues from
+    stand_ins = {sid: StreamingSessionStandIn(sid) for sid in ids}
+    # each session's tokens: what its next turn continues from
+    histories: dict[str, list[int]] = {sid: [] for sid in ids}
     # the hybrid world keeps no track slots: SGLang's no_buffer strategy, which it runs only
     # without overlap (under overlap its hybrid models take the extra buffer, whose tree caches
     # a tracked state), so the tree's states are checked until a turn overlaps
     overlapped = False
 
-    def checked(where: str) -> Any:
+    def checked(where: str) -> dict[str, Any]:
         """:func:`check_held`, and the tree's Mamba states while no turn has overlapped."""
-        slot = check_held(world, sizes, where)
+        slots = check_held(world, sizes, where, ids)
         if hybrid and not overlapped:
             check_tree_states(world, where)
-        return slot
+        return slots
 
     token = 100
     for i, (new, outputs, reserve, stop, aborted, retracted, launched) in enumerate(plan):
+        sid = ids[i % sessions]
         where = f"turn {i}"
         # a turn retracted while decoding had sampled no stop yet: it finishes at its last
         # sampled token
         stop = None if retracted else stop
-        prompt = history + list(range(token, token + new))
+        history = histories[sid]
+        # a later session's first turn continues the first session's first prompt
+        start = history or (first_prompt if sid != ids[0] else [])
+        prompt = start + list(range(token, token + new))
         fill = prompt + list(range(token + new, token + new + outputs))
         token += new + outputs
-        req = TurnReq(world, f"t{i}", prompt, session)
-        if not history:  # a first turn: the prompt it publishes is the plain requests' to share
+        req = TurnReq(world, f"t{i}", prompt, stand_ins[sid])
+        if not history and sid == ids[0]:  # the prompt it publishes is the others' to share
             first_prompt[:] = prompt
         prefix = resume(req, prompt, i)
         sampled = len(fill)
@@ -340,7 +392,11 @@ def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> lis
         forward(req, fill, prefix, len(prompt), len(prompt))
         if retracted or outputs > 1:
             world.checkpoint(req, len(prompt))
-            if swa:  # the tree owns the published prompt
+            if swa:
+                window = windows[sid]
+                if not history:  # the publishing insert slides first, at the prompt's last
+                    advance(window, len(prompt) - 1)  # position, below the matched prefix
+                # the tree owns the published prompt
                 window["lo"] = max(window["lo"], int(req.kv.cache_protected_len))
             checked(where)
         if retracted:  # the scheduler's release_req: no insert; the session keeps the record
@@ -353,7 +409,7 @@ def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> lis
             slide(req, sampled - 2, len(prompt))  # the preparation before the last sample
             overlapped = overlapped or retracted == "overlap"
             world.retract(req)
-            slot = checked(where)
+            slot: Any = checked(where).get(sid)
             require(
                 slot is not None and slot.kv.kv_committed_len == committed,
                 MODEL,
@@ -393,10 +449,10 @@ def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> lis
         allocated = req.kv.kv_allocated_len
         overlapped = overlapped or (not retracted and launched)
         world.finish(req)
-        slot = checked(where)
+        slot = checked(where).get(sid)
         if aborted:  # the session forgets its history; the next turn starts afresh
             require(slot is None, MODEL, f"the session kept aborted turn {i}")
-            history = []
+            histories[sid] = []
         else:
             # the session keeps the tokens through the stop that the row holds (without
             # speculation a finish with no step launched holds all but the last)
@@ -409,12 +465,13 @@ def run_session(world: World, plan: list[Turn], neighbours: bool = False) -> lis
                 f"turn {i}: the session holds (committed, allocated) {lengths}, not "
                 f"{held} tokens through the stop",
             )
-            history = fill[:kept]
+            histories[sid] = fill[:kept]
         if neighbours:
             token = neighbour(i, token)
-    world.cache.session.release_session("s")
+    for sid in ids:
+        world.cache.session.release_session(sid)
     # everything is free or the tree's, and nothing is locked any more
-    check_held(world, sizes, "release_session")
+    check_held(world, sizes, "release_session", ids)
     protected = tree_full(world)[1]
     require(protected == 0, "INV-LOCKS", f"{protected} slots still locked after release_session")
     return found

@@ -314,16 +314,18 @@ def _release(source: str, core: str) -> tuple[Any, Any, StopMethods, dict[str, t
     return impl, modules, stops, schedule_batch_classes(modules)
 
 
-def build(core: str, hybrid: bool = True, page_size: int = 1, source: str = VERSION) -> World:
+def build(
+    core: str, hybrid: bool = True, page_size: int = 1, source: str = VERSION, states: int = 4
+) -> World:
     """SGLang ``source``'s cache over its pools (64 KV slots, 4 rows of 32 columns): FULL and
-    MAMBA components over its ``HybridReqToTokenPool`` (``hybrid``; page size 1; 4 states),
-    else FULL alone over its ``ReqToTokenPool`` (its paged allocator above page size 1).
-    ``core``: one of :data:`CORES`."""
+    MAMBA components over its ``HybridReqToTokenPool`` (``hybrid``; page size 1; ``states``
+    Mamba states), else FULL alone over its ``ReqToTokenPool`` (its paged allocator above page
+    size 1). ``core``: one of :data:`CORES`."""
     impl, modules, stops, classes = _release(source, core)
     assert impl.hybrid_req_to_token_pool and impl.req_to_token_pool and impl.allocator
     assert impl.radix_key and (page_size == 1 or not hybrid)
     config = PoolConfig(size=64, page_size=page_size, req_pool_size=4, max_context_len=32,
-                        mamba_slots=4 if hybrid else None,
+                        mamba_slots=states if hybrid else None,
                         rules=impl.rules_or_default())  # fmt: skip
     pool = (impl.hybrid_req_to_token_pool if hybrid else impl.req_to_token_pool)(config)
     allocator = impl.allocator(config)

@@ -68,17 +68,25 @@ def test_plans_are_deterministic_and_stay_in_their_ranges() -> None:
 def test_the_setups_cover_every_model_page_size_and_core_in_a_fixed_order() -> None:
     every = setups()
     alone = sum(len(PAGE_SIZES[m]) for m in MODELS) * len(CORES)
-    assert len(every) == len(set(every)) == 2 * alone
+    assert len(every) == len(set(every)) == 4 * alone
     assert [s.model for s in every[:2]] == ["full", "full"] and every[0].core == CORES[0]
-    # the sessions alone first, in the order they had before plain requests joined
-    assert not any(s.neighbours for s in every[:alone]) and all(s.neighbours for s in every[alone:])
+    # one session first, alone first, in the order they had before plain requests and the
+    # second session joined (a run's setup is the run number modulo their count)
+    one, two = every[: 2 * alone], every[2 * alone :]
+    assert {s.sessions for s in one} == {1} and {s.sessions for s in two} == {2}
+    assert not any(s.neighbours for s in one[:alone]) and all(s.neighbours for s in one[alone:])
+    assert [(s.model, s.page_size, s.core, s.neighbours) for s in two] == [
+        (s.model, s.page_size, s.core, s.neighbours) for s in one
+    ]
     assert every[4] == Setup("hybrid", 1, "rust")
     assert setups(("hybrid",), (4,)) == []
-    assert setups(("swa",), (4,), ("python",)) == [
+    assert setups(("swa",), (4,), ("python",), sessions=(1,)) == [
         Setup("swa", 4, "python"),
         Setup("swa", 4, "python", neighbours=True),
     ]
-    assert str(every[-1]) == "swa, page size 4, python core, with plain requests"
+    assert str(every[-1]) == (
+        "swa, page size 4, python core, two sessions sharing a prompt, with plain requests"
+    )
     # the command line's choices are the library's (it does not import it to start fast)
     assert cli.MODELS == MODELS and cli.CORES == CORES
 
@@ -96,6 +104,21 @@ def test_each_predicted_mismatch_names_its_finding() -> None:
     # an abort makes the session forget: nothing is resumed over after it
     aborted = (1, 1, 1, None, True, None, False)
     assert predicted([aborted, PLAIN], hybrid=False) == []
+
+
+def test_two_sessions_take_turns_and_each_keeps_its_own_findings() -> None:
+    # turn i is session i % 2's: the second session's turns are numbered in the plan
+    plan = [STOP_INSIDE, SPEC_NO_STEP, PLAIN, PLAIN]
+    assert predicted_findings(plan, hybrid=True, sessions=2) == [
+        ((2, "state", 2), 10),
+        ((3, "state", -1), 12),
+        ((3, "kv", 1), 12),
+    ]
+    # as each session's turns alone would have them
+    assert predicted([STOP_INSIDE, PLAIN], hybrid=True) == [(1, "state", 2)]
+    assert predicted([SPEC_NO_STEP, PLAIN], hybrid=True) == [(1, "state", -1), (1, "kv", 1)]
+    # one turn: the second session never runs
+    assert predicted([OVERLAP_RETRACTED], True, sessions=2) == predicted([OVERLAP_RETRACTED], True)
 
 
 def test_every_simpler_plan_is_smaller_and_the_simplest_has_none() -> None:

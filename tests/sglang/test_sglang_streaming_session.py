@@ -28,14 +28,13 @@ from hypothesis import strategies as st
 from kvpool.config import PoolConfig
 from kvpool.reference.lifecycle.memory_manager import MemoryManager
 from kvpool.sglang.cache_req import token_array
-from kvpool.sglang.session_campaign import MAX_TURNS, RANGES, STOPS, shrink
+from kvpool.sglang.session_campaign import MAX_TURNS, RANGES, STOPS, Setup, shrink
 from kvpool.sglang.session_plans import RETRACTIONS, Turn, predicted, run_session
 from kvpool.sglang.session_world import (
     CORES,
     StreamingSessionStandIn,
     TurnReq,
     build,
-    build_swa,
 )
 from tests.sglang.session_world import (
     NEXT,
@@ -172,6 +171,7 @@ turns = st.lists(
 hypothesis strategy."""
 
 
+@pytest.mark.parametrize("sessions", [1, 2])
 @pytest.mark.parametrize("neighbours", [False, True])
 @pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize(
@@ -180,20 +180,16 @@ hypothesis strategy."""
 @settings(max_examples=25, deadline=None)
 @given(plan=turns)
 def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
-    neighbours: bool, core: str, kind: str, page_size: int, plan: list[Turn]
+    sessions: int, neighbours: bool, core: str, kind: str, page_size: int, plan: list[Turn]
 ) -> None:
     """Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions,
-    finishes with and without a launched next step; alone, or with a plain request after every
-    turn pressing on the pool) on SGLang's own streaming session: nothing leaks, nothing is
-    freed twice, a kept turn holds exactly its tokens through the stop; every resumed position
-    holds its own token's KV and every lent state matches its resume, except where findings 10,
-    11 and 12 predict."""
-    if kind == "swa":
-        world = build_swa(core, page_size)
-    else:
-        world = build(core, hybrid=kind == "hybrid", page_size=page_size)
-    found = run_session(world, plan, neighbours)
-    assert sorted(found) == sorted(predicted(plan, kind == "hybrid"))
+    finishes with and without a launched next step; one session or two taking turns that share
+    a first prompt; alone, or with a plain request after every turn pressing on the pool) on
+    SGLang's own streaming session: nothing leaks, nothing is freed twice, a kept turn holds
+    exactly its tokens through the stop; every resumed position holds its own token's KV and
+    every lent state matches its resume, except where findings 10, 11 and 12 predict."""
+    found = Setup(kind, page_size, core, neighbours=neighbours, sessions=sessions).play(plan)
+    assert sorted(found) == sorted(predicted(plan, kind == "hybrid", sessions))
 
 
 @pytest.mark.parametrize("core", CORES)
