@@ -6,11 +6,11 @@ next step launched or not) and plays it through SGLang's own unified cache, sess
 release on a fresh world: full attention at page size 1 or 4, a hybrid Mamba model, a sliding
 window at page size 1 or 4; the Rust and the Python tree core; one session, or two taking
 turns that share the first one's first prompt; the sessions alone, or with a plain request
-after every turn pressing on the pool so that the tree evicts. kvpool's rules are
-checked after every step: no KV slot, row, SWA slot or Mamba state leaked or freed twice, a kept
-turn holding exactly its tokens through the stop, every resumed position holding its own
-token's KV, every lent Mamba state matching the prefix it resumes, every state the tree caches
-matching its node, every resumed window live.
+after every turn pressing on the pool so that the tree evicts; whole or chunked prefills.
+kvpool's rules are checked after every step: no KV slot, row, SWA slot or Mamba state leaked
+or freed twice, a kept turn holding exactly its tokens through the stop, every resumed position
+holding its own token's KV, every lent Mamba state matching the prefix it resumes, every state
+the tree caches matching its node, every resumed window live.
 
 The first failing plan is shrunk and printed, turn by turn and as Python; a failure that
 findings 10, 11 and 12 of specs/sglang_findings.md explain says so. With --skip-known those are
@@ -71,6 +71,7 @@ def _run(args: argparse.Namespace) -> int:
         args.sglang,
         {"both": (False, True), "with": (True,), "without": (False,)}[args.plain_requests],
         {"both": (1, 2), "1": (1,), "2": (2,)}[args.sessions],
+        {"both": (False, True), "with": (True,), "without": (False,)}[args.chunked_prefill],
     )
     try:  # load the release (and each core) before the campaign: bad input is exit 2
         for setup in {(s.model == "swa", s.core): s for s in chosen}.values():
@@ -158,6 +159,10 @@ def register(subparsers: Any) -> None:
                    help="setups with one streaming session, with two taking turns that share "
                    "the first one's first prompt (as sessions sharing a system prompt do), or "
                    "both")  # fmt: skip
+    p.add_argument("--chunked-prefill", choices=("both", "with", "without"), default="both",
+                   help="setups whose prefills run in chunks (two tokens, a page at page size "
+                   "4), each but the last stashed as the scheduler's chunked prefill does, "
+                   "whole prefills, or both")  # fmt: skip
     p.add_argument("--seconds", type=positive_float, default=20.0,
                    help="time budget, in seconds")  # fmt: skip
     p.add_argument("--runs", type=positive_int, default=None,

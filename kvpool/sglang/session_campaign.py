@@ -67,7 +67,8 @@ class Setup:
     """One world: ``model`` (:data:`MODELS`), ``page_size`` (tokens) and ``core`` (0.5.23's tree
     core, ``"rust"`` or ``"python"``), of SGLang ``source``; with ``neighbours``, a plain
     request after every turn presses on the pool (the tree evicts); ``sessions``: one streaming
-    session, or two taking turns that share the first one's first prompt."""
+    session, or two taking turns that share the first one's first prompt; with ``chunked``,
+    every prefill runs in chunks of :attr:`chunk` tokens."""
 
     model: str
     page_size: int
@@ -75,6 +76,12 @@ class Setup:
     source: str = VERSION
     neighbours: bool = False
     sessions: int = 1
+    chunked: bool = False
+
+    @property
+    def chunk(self) -> int:
+        """The prefill's chunk (tokens): two, or a page above page size 2; 0 unchunked."""
+        return max(2, self.page_size) if self.chunked else 0
 
     def build(self) -> World:
         """A fresh world of this setup."""
@@ -88,7 +95,7 @@ class Setup:
     def play(self, plan: list[Turn]) -> list[Mismatch]:
         """Play ``plan`` on a fresh world of this setup: the resume mismatches
         (:func:`~kvpool.sglang.session_plans.run_session`'s answer; a broken rule raises)."""
-        return run_session(self.build(), plan, self.neighbours, self.sessions)
+        return run_session(self.build(), plan, self.neighbours, self.sessions, self.chunk)
 
     @property
     def warm_key(self) -> tuple[str, str, str]:
@@ -103,7 +110,8 @@ class Setup:
     def __str__(self) -> str:
         two = ", two sessions sharing a prompt" if self.sessions == 2 else ""
         beside = ", with plain requests" if self.neighbours else ""
-        return f"{self.model}, page size {self.page_size}, {self.core} core{two}{beside}"
+        chunks = f", {self.chunk}-token prefill chunks" if self.chunked else ""
+        return f"{self.model}, page size {self.page_size}, {self.core} core{two}{beside}{chunks}"
 
 
 def setups(
@@ -113,11 +121,14 @@ def setups(
     source: str = VERSION,
     neighbours: Sequence[bool] = (False, True),
     sessions: Sequence[int] = (1, 2),
+    chunked: Sequence[bool] = (False, True),
 ) -> list[Setup]:
-    """Every setup of ``sessions`` x ``neighbours`` x ``models`` x their page sizes (only those
-    in ``page_sizes``; None: all) x ``cores``, in that order: one session first, alone first."""
+    """Every setup of ``chunked`` x ``sessions`` x ``neighbours`` x ``models`` x their page
+    sizes (only those in ``page_sizes``; None: all) x ``cores``, in that order: whole prefills
+    first, one session first, alone first."""
     return [
-        Setup(model, ps, core, source, beside, count)
+        Setup(model, ps, core, source, beside, count, chunks)
+        for chunks in chunked
         for count in sessions
         for beside in neighbours
         for model in models

@@ -222,14 +222,16 @@ def check_held(
 
 
 def run_session(
-    world: World, plan: list[Turn], neighbours: bool = False, sessions: int = 1
+    world: World, plan: list[Turn], neighbours: bool = False, sessions: int = 1, chunk: int = 0
 ) -> list[Mismatch]:
     """Turns of streaming sessions through SGLang's own code (admission, hand-over, abort,
     retraction and re-admission), then ``release_session``; with ``neighbours``, a plain
     request after every turn, pressing on the pool so that the tree evicts. With ``sessions``
     above 1 turn ``i`` is session ``i % sessions``'s (:func:`session_ids`), and every session
     but the first starts (and starts again after an abort) from the first session's latest
-    first prompt, as sessions sharing a system prompt do. After every step
+    first prompt, as sessions sharing a system prompt do. With ``chunk`` (tokens, a multiple of
+    the page size; 0: none) every prefill runs in chunks of that many tokens past its prefix,
+    each but the last stashed as the scheduler's chunked prefill does. After every step
     kvpool's rules hold on SGLang's state (:func:`check_held`; a kept turn holds exactly its
     tokens through the stop, ``INV-SESSION-TRIMMED``); at the end everything is free. The
     forward's stand-in records the token whose KV each slot holds and tags a Mamba state with
@@ -325,6 +327,19 @@ def run_session(
         window["cursor"] = max(start, end)
         window["dead"] = max(window["dead"], window["cursor"])
 
+    def stash(req: TurnReq, up_to: int, publishes: bool) -> None:
+        """The scheduler's checkpoint up to ``up_to`` tokens; with a window the model follows:
+        a publishing insert (``publishes``: the session's first turn) slides first, at the
+        key's last position, below the prefix the tree owned until then; then the tree owns
+        the published prompt."""
+        world.checkpoint(req, up_to)
+        if swa:
+            assert req.session_id is not None
+            window = windows[req.session_id]
+            if publishes:
+                advance(window, up_to - 1)
+            window["lo"] = max(window["lo"], int(req.kv.cache_protected_len))
+
     first_prompt: list[int] = []  # the first session's latest first turn's prompt
 
     def neighbour(i: int, token: int) -> int:
@@ -387,17 +402,23 @@ def run_session(
         req.output_ids = token_array(fill[len(prompt) :])
         # the prefill: the prompt's KV and state, then its first sampled token; unless that
         # token finishes the turn the scheduler checkpoints it (a session's first turn
-        # publishes its prompt into the tree, the session's lock moving onto its node)
+        # publishes its prompt into the tree, the session's lock moving onto its node). A
+        # chunked prefill stashes every chunk but the last the same way
+        # (``stash_chunked_request``), the first turn publishing chunk by chunk. A chunk ends
+        # on a page boundary (``PrefillAdder``: the end floored to a page), the prefix need not
+        done = prefix
+        page = world.tree.page_size
+        first_end = (prefix + chunk) // page * page
+        for end in range(first_end, len(prompt), chunk) if chunk else ():
+            world.extend_slots(req, end)
+            forward(req, fill, done, end, end)
+            stash(req, end, not history)
+            checked(f"{where}, chunk ending at {end}")
+            done = end
         world.extend_slots(req, len(prompt))
-        forward(req, fill, prefix, len(prompt), len(prompt))
+        forward(req, fill, done, len(prompt), len(prompt))
         if retracted or outputs > 1:
-            world.checkpoint(req, len(prompt))
-            if swa:
-                window = windows[sid]
-                if not history:  # the publishing insert slides first, at the prompt's last
-                    advance(window, len(prompt) - 1)  # position, below the matched prefix
-                # the tree owns the published prompt
-                window["lo"] = max(window["lo"], int(req.kv.cache_protected_len))
+            stash(req, len(prompt), not history)
             checked(where)
         if retracted:  # the scheduler's release_req: no insert; the session keeps the record
             # under overlap the step computing the last sampled token is launched; a plain

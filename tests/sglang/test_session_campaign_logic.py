@@ -68,24 +68,33 @@ def test_plans_are_deterministic_and_stay_in_their_ranges() -> None:
 def test_the_setups_cover_every_model_page_size_and_core_in_a_fixed_order() -> None:
     every = setups()
     alone = sum(len(PAGE_SIZES[m]) for m in MODELS) * len(CORES)
-    assert len(every) == len(set(every)) == 4 * alone
+    assert len(every) == len(set(every)) == 8 * alone
     assert [s.model for s in every[:2]] == ["full", "full"] and every[0].core == CORES[0]
-    # one session first, alone first, in the order they had before plain requests and the
-    # second session joined (a run's setup is the run number modulo their count)
-    one, two = every[: 2 * alone], every[2 * alone :]
+    # whole prefills, one session, alone first, in the order they had before plain requests,
+    # the second session and chunked prefills joined (a run's setup is the run number modulo
+    # their count)
+    whole, chunked = every[: 4 * alone], every[4 * alone :]
+    assert not any(s.chunked for s in whole) and all(s.chunked for s in chunked)
+    one, two = whole[: 2 * alone], whole[2 * alone :]
     assert {s.sessions for s in one} == {1} and {s.sessions for s in two} == {2}
     assert not any(s.neighbours for s in one[:alone]) and all(s.neighbours for s in one[alone:])
-    assert [(s.model, s.page_size, s.core, s.neighbours) for s in two] == [
-        (s.model, s.page_size, s.core, s.neighbours) for s in one
-    ]
+
+    def shape(s: Setup) -> tuple[object, ...]:
+        return (s.model, s.page_size, s.core, s.neighbours)
+
+    assert [shape(s) for s in two] == [shape(s) for s in one]
+    assert [(*shape(s), s.sessions) for s in chunked] == [(*shape(s), s.sessions) for s in whole]
+    assert {s.chunk for s in chunked} == {2, 4} and {s.chunk for s in whole} == {0}
+    assert all(s.chunk % s.page_size == 0 for s in chunked)
     assert every[4] == Setup("hybrid", 1, "rust")
     assert setups(("hybrid",), (4,)) == []
-    assert setups(("swa",), (4,), ("python",), sessions=(1,)) == [
+    assert setups(("swa",), (4,), ("python",), sessions=(1,), chunked=(False,)) == [
         Setup("swa", 4, "python"),
         Setup("swa", 4, "python", neighbours=True),
     ]
     assert str(every[-1]) == (
-        "swa, page size 4, python core, two sessions sharing a prompt, with plain requests"
+        "swa, page size 4, python core, two sessions sharing a prompt, with plain requests, "
+        "4-token prefill chunks"
     )
     # the command line's choices are the library's (it does not import it to start fast)
     assert cli.MODELS == MODELS and cli.CORES == CORES

@@ -55,7 +55,8 @@ def test_the_default_campaign_finds_finding_11_and_shrinks_it_to_one_turn(
     shrunk = json.dumps(failure["shrunk"])
     assert main(["sessions", "--plan", shrunk, "--model", "hybrid", "--report", str(report)]) == 1
     verdicts = json.loads(report.read_text())["verdicts"]
-    assert [v["known"] for v in verdicts] == [[11]] * 8  # both cores, beside or not, 1 or 2
+    # both cores, beside or not, one session or two, whole or chunked
+    assert [v["known"] for v in verdicts] == [[11]] * 16
 
 
 def test_a_replayed_plan_fails_on_the_setups_its_finding_lives_on(
@@ -64,9 +65,9 @@ def test_a_replayed_plan_fails_on_the_setups_its_finding_lives_on(
     assert main(["sessions", "--plan", "[(1, 1, 0, None, False, 'overlap', False)]"]) == 1
     out = capsys.readouterr().out
     failing = [line for line in out.splitlines() if "[INV-" in line]
-    assert len(failing) == 8 and all(line.startswith("  hybrid, page size 1,") for line in failing)
+    assert len(failing) == 16 and all(line.startswith("  hybrid, page size 1,") for line in failing)
     assert all("(known: finding(s) 11)" in line for line in failing)
-    assert out.count("every check holds") == 32 and "failures: 8 of 40 setups" in out
+    assert out.count("every check holds") == 64 and "failures: 16 of 80 setups" in out
     plain = "[(1, 1, 0, None, False, 'plain', True), (2, 2, 0, None, False, None, True)]"
     assert main(["sessions", "--plan", plain, "--model", "hybrid"]) == 0
 

@@ -171,6 +171,7 @@ turns = st.lists(
 hypothesis strategy."""
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("sessions", [1, 2])
 @pytest.mark.parametrize("neighbours", [False, True])
 @pytest.mark.parametrize("core", CORES)
@@ -180,15 +181,23 @@ hypothesis strategy."""
 @settings(max_examples=25, deadline=None)
 @given(plan=turns)
 def test_generated_sessions_keep_kvpools_rules_on_sglangs_code(
-    sessions: int, neighbours: bool, core: str, kind: str, page_size: int, plan: list[Turn]
+    chunked: bool,
+    sessions: int,
+    neighbours: bool,
+    core: str,
+    kind: str,
+    page_size: int,
+    plan: list[Turn],
 ) -> None:
     """Generated multi-turn sessions (stops inside a run, reserves, aborts, retractions,
     finishes with and without a launched next step; one session or two taking turns that share
-    a first prompt; alone, or with a plain request after every turn pressing on the pool) on
+    a first prompt; alone, or with a plain request after every turn pressing on the pool; whole
+    or chunked prefills) on
     SGLang's own streaming session: nothing leaks, nothing is freed twice, a kept turn holds
     exactly its tokens through the stop; every resumed position holds its own token's KV and
     every lent state matches its resume, except where findings 10, 11 and 12 predict."""
-    found = Setup(kind, page_size, core, neighbours=neighbours, sessions=sessions).play(plan)
+    setup = Setup(kind, page_size, core, neighbours=neighbours, sessions=sessions, chunked=chunked)
+    found = setup.play(plan)
     assert sorted(found) == sorted(predicted(plan, kind == "hybrid", sessions))
 
 
