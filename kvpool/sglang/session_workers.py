@@ -34,7 +34,7 @@ from kvpool.sglang.session_campaign import (
     shrink,
 )
 from kvpool.sglang.session_plans import FINDINGS, Turn
-from kvpool.testing.sandbox import describe_exit
+from kvpool.testing.sandbox import SandboxError, describe_exit
 
 
 def killed_failure(setup: Setup, run: int, plan: list[Turn], how: str) -> SessionFailure:
@@ -43,11 +43,17 @@ def killed_failure(setup: Setup, run: int, plan: list[Turn], how: str) -> Sessio
     a sandbox and, when it kills that process too, shrunk there (every candidate in a child of
     its own); when it does not, the death reported as it happened, unshrunk."""
     with isolated_sandbox() as sandbox:
-        verdict = judge_isolated(sandbox, setup, plan)
-        if verdict is None or verdict.detector != KILLED:
-            alone = "every check holds" if verdict is None else (
-                f"[{verdict.detector}] {verdict.message}"
-            )  # fmt: skip
+        alone: str | None = None  # what the plan did played again, when it did not kill
+        try:
+            verdict = judge_isolated(sandbox, setup, plan)
+        except SandboxError as exc:  # the zygote itself died (loading the setup, say)
+            verdict, alone = None, f"the sandbox could not play it: {exc}"
+        else:
+            if verdict is None:
+                alone = "every check holds"
+            elif verdict.detector != KILLED:
+                alone = f"[{verdict.detector}] {verdict.message}"
+        if verdict is None or alone is not None:
             death = Verdict(KILLED, f"the worker playing the plan was {how}; played again "
                                     f"alone: {alone}")  # fmt: skip
             return SessionFailure(run, setup, plan, plan, death)

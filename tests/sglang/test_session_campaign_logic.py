@@ -276,3 +276,26 @@ def test_a_death_the_plan_does_not_explain_is_reported_unshrunk(
         "the worker playing the plan was killed by signal SIGKILL; played again alone: "
         "every check holds"
     )
+
+
+class _UnloadableSetup(_DyingSetup):
+    """Kills whatever process plays it or loads it: the sandbox's zygote dies warming it."""
+
+    def warm(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def play(self, plan: list[Turn]) -> list[Any]:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return []
+
+
+def test_a_setup_the_sandbox_cannot_load_is_reported_as_the_death_it_was() -> None:
+    result = run_parallel(
+        [_UnloadableSetup("full", 1, "rust")], 60.0, seed=3, max_runs=2, workers=1
+    )
+    failure = result.failure
+    assert failure is not None and failure.run == 0 and failure.shrunk == failure.plan
+    assert failure.verdict.message == (
+        "the worker playing the plan was killed by signal SIGKILL; played again alone: the "
+        "sandbox could not play it: the sandbox's zygote killed by signal SIGKILL"
+    )
