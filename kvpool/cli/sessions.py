@@ -16,9 +16,9 @@ The first failing plan is shrunk and printed, turn by turn and as Python; a fail
 findings 10, 11 and 12 of specs/sglang_findings.md explain says so. With --skip-known those are
 counted and the campaign goes on, so that only a new behaviour stops it. Same seed, same plans,
 however many --workers share the runs. A plan whose playing kills its process (a fault in
-SGLang's compiled tree core) is a failure too, "killed", named with the signal: its worker
-posted the run it was playing, and the plan is shrunk in a sandbox where every candidate plays in
-a forked child.
+SGLang's compiled tree core) is a failure too, "killed", named with the signal, and so is one
+still playing after --run-timeout seconds, "hung": its worker posted the run it was playing,
+and the plan is shrunk in a sandbox where every candidate plays in a forked child.
 --plan PLAN plays one plan (as a report prints it, or its JSON report holds it) on every chosen
 setup instead, each in a forked child, and prints each setup's verdict: to check a fix of
 SGLang's code against a failure found before.
@@ -45,6 +45,7 @@ from kvpool.cli.args import (
 
 MODELS = ("full", "hybrid", "swa")
 CORES = ("rust", "python")
+RUN_TIMEOUT = 60.0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -81,7 +82,8 @@ def _run(args: argparse.Namespace) -> int:
     head = {"source": args.sglang, "setups": [str(s) for s in chosen]}
     if plan is not None:
         return _replay(plan, chosen, args.sglang, args.report, head)
-    result = run_parallel(chosen, args.seconds, args.seed, args.runs, args.skip_known, args.workers)
+    result = run_parallel(chosen, args.seconds, args.seed, args.runs, args.skip_known, args.workers,
+                          args.run_timeout)  # fmt: skip
     _write(args.report, {**head, "workers": args.workers, **result.record()})
     print(f"kvpool sessions: SGLang {args.sglang}'s streaming session, seed {args.seed}")
     print(f"  setups           {len(chosen)}")
@@ -168,6 +170,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--runs", type=positive_int, default=None,
                    help="stop after this many plans (default: the time budget only)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="campaign seed (any integer)")
+    p.add_argument("--run-timeout", type=positive_float, default=RUN_TIMEOUT, metavar="SECONDS",
+                   help="a run still playing after this long is hung: its worker is killed and "
+                   "the run is the failure 'hung', shrunk with the same limit per plan "
+                   f"(default {RUN_TIMEOUT:g}; a plan takes milliseconds)")  # fmt: skip
     p.add_argument("--workers", type=non_negative_int, default=os.cpu_count() or 1,
                    help="worker processes, each taking every N-th run (0: this process, where a "
                    "plan that kills its process ends the command); the same plans and the "

@@ -376,6 +376,13 @@ KILLED = "killed"
 """The detector of a plan whose playing killed its process (a signal, or an exit without a
 verdict): what a fault in SGLang's compiled tree core looks like from outside."""
 
+HUNG = "hung"
+"""The detector of a plan whose playing gave no answer within the run's timeout (a deadlock or
+an endless loop; the process is killed)."""
+
+RUN_TIMEOUT = 60.0
+"""Seconds a run may take before it counts as hung (a plan takes milliseconds)."""
+
 
 @dataclass(frozen=True)
 class _Play:
@@ -402,11 +409,16 @@ def isolated_sandbox() -> Sandbox:
     return Sandbox(_judge_play, _warm_play)
 
 
-def judge_isolated(sandbox: Sandbox, setup: Setup, plan: list[Turn]) -> Verdict | None:
+def judge_isolated(
+    sandbox: Sandbox, setup: Setup, plan: list[Turn], timeout: float | None = RUN_TIMEOUT
+) -> Verdict | None:
     """:func:`judge` in a forked child of ``sandbox`` (:func:`isolated_sandbox`): a plan that
-    kills its process gets the verdict :data:`KILLED`, naming the signal or the exit code."""
-    answer = sandbox.call(_Play(setup, plan))
+    kills its process gets the verdict :data:`KILLED`, naming the signal or the exit code, and
+    one that gives no verdict within ``timeout`` seconds (None: no limit) :data:`HUNG`."""
+    answer = sandbox.call(_Play(setup, plan), timeout)
     if isinstance(answer, Died):
+        if answer.hung_after is not None:
+            return Verdict(HUNG, f"the process playing the plan {answer}")
         return Verdict(KILLED, f"the process playing the plan was {answer}")
     verdict: Verdict | None = answer
     return verdict
@@ -420,7 +432,7 @@ def fails_alike(
     setup: Setup, verdict: Verdict, judge_with: Judge = judge
 ) -> Callable[[list[Turn]], bool]:
     """Whether a plan fails on ``setup`` with ``verdict``'s detector, known or new alike (a
-    killed process: killed the same way)."""
+    killed or hung process: the same way)."""
 
     def fails(candidate: list[Turn]) -> bool:
         again = judge_with(setup, candidate)
@@ -428,7 +440,7 @@ def fails_alike(
             again is not None
             and again.detector == verdict.detector
             and bool(again.known) == bool(verdict.known)
-            and (verdict.detector != KILLED or again.message == verdict.message)
+            and (verdict.detector not in (KILLED, HUNG) or again.message == verdict.message)
         )
 
     return fails
@@ -503,12 +515,14 @@ def run_campaign(
 
 __all__ = [
     "BOARD",
+    "HUNG",
     "KILLED",
     "MAX_TURNS",
     "MODELS",
     "NO_FAILURE",
     "PAGE_SIZES",
     "RANGES",
+    "RUN_TIMEOUT",
     "SHRINK_EVALUATIONS",
     "STOPS",
     "Judge",

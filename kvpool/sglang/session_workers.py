@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import random
+import time
 from collections.abc import Sequence
 from queue import Empty
 from typing import Any
 
 from kvpool.sglang.session_campaign import (
     BOARD,
+    HUNG,
     KILLED,
     NO_FAILURE,
+    RUN_TIMEOUT,
     SessionCampaign,
     SessionFailure,
     Setup,
@@ -37,29 +40,38 @@ from kvpool.sglang.session_plans import FINDINGS, Turn
 from kvpool.testing.sandbox import SandboxError, describe_exit
 
 
-def killed_failure(setup: Setup, run: int, plan: list[Turn], how: str) -> SessionFailure:
-    """The report of run ``run`` (``plan`` on ``setup``), whose worker died playing it
-    (``how``: :func:`~kvpool.testing.sandbox.describe_exit`'s words): the plan played again in
-    a sandbox and, when it kills that process too, shrunk there (every candidate in a child of
-    its own); when it does not, the death reported as it happened, unshrunk."""
+def killed_failure(
+    setup: Setup,
+    run: int,
+    plan: list[Turn],
+    how: str,
+    detector: str = KILLED,
+    timeout: float = RUN_TIMEOUT,
+) -> SessionFailure:
+    """The report of run ``run`` (``plan`` on ``setup``), whose worker died playing it or was
+    killed for a hang (``how``: :func:`~kvpool.testing.sandbox.describe_exit`'s words or the
+    hang's; ``detector``: :data:`KILLED` or :data:`HUNG`): the plan played again in a sandbox
+    (``timeout`` seconds at most) and, when it dies or hangs the same way there, shrunk there
+    (every candidate in a child of its own); when it does not, the death reported as it
+    happened, unshrunk."""
     with isolated_sandbox() as sandbox:
-        alone: str | None = None  # what the plan did played again, when it did not kill
+        alone: str | None = None  # what the plan did played again, when not the same
         try:
-            verdict = judge_isolated(sandbox, setup, plan)
+            verdict = judge_isolated(sandbox, setup, plan, timeout)
         except SandboxError as exc:  # the zygote itself died (loading the setup, say)
             verdict, alone = None, f"the sandbox could not play it: {exc}"
         else:
             if verdict is None:
                 alone = "every check holds"
-            elif verdict.detector != KILLED:
+            elif verdict.detector != detector:
                 alone = f"[{verdict.detector}] {verdict.message}"
         if verdict is None or alone is not None:
-            death = Verdict(KILLED, f"the worker playing the plan was {how}; played again "
-                                    f"alone: {alone}")  # fmt: skip
+            death = Verdict(detector, f"the worker playing the plan {how}; played again "
+                                      f"alone: {alone}")  # fmt: skip
             return SessionFailure(run, setup, plan, plan, death)
 
         def judge_with(s: Setup, p: list[Turn]) -> Verdict | None:
-            return judge_isolated(sandbox, s, p)
+            return judge_isolated(sandbox, s, p, timeout)
 
         shrunk = shrink(plan, fails_alike(setup, verdict, judge_with))
         final = judge_with(setup, shrunk)
@@ -93,14 +105,16 @@ def run_parallel(
     max_runs: int | None = None,
     skip_known: bool = False,
     workers: int = 2,
+    run_timeout: float = RUN_TIMEOUT,
 ) -> SessionCampaign:
     """:func:`run_campaign` over ``workers`` processes (0: in this process), worker ``k``
     taking runs ``k, k + workers, ...``: the same plans on the same setups as one process, and
     the same first failure when every run below it ran (always with ``max_runs``). A worker
     killed while playing a run (a signal, an exit without its part) is that run's failure,
-    :data:`KILLED` (:func:`killed_failure`); the others stop above it. Plans, turns and known
-    findings are summed (a killed worker's as it posted them, its last run included);
-    ``seconds`` is the longest worker's."""
+    :data:`KILLED`, and a worker still on one run after ``run_timeout`` seconds is killed and
+    that run's failure is :data:`HUNG` (:func:`killed_failure`); the others stop above it.
+    Plans, turns and known findings are summed (a killed worker's as it posted them, its last
+    run included); ``seconds`` is the longest worker's."""
     if not chosen:
         raise ValueError("no setup to run")
     if workers <= 0:
@@ -118,20 +132,33 @@ def run_parallel(
     for proc in procs:
         proc.start()
     parts: dict[int, SessionCampaign] = {}
-    dead: dict[int, int] = {}  # worker -> exit code, for a worker that died without its part
+    # worker -> (detector, how it ended), for a worker that died without its part
+    dead: dict[int, tuple[str, str]] = {}
+    watched = {k: (-1, time.monotonic()) for k in range(workers)}  # the run in hand, since
     try:
         while len(parts.keys() | dead.keys()) < len(procs):
             try:
-                k, part = queue.get(timeout=1.0)
+                k, part = queue.get(timeout=min(1.0, run_timeout / 4))
             except Empty:  # a worker killed (a signal) never sends its part
+                now = time.monotonic()
                 for k, proc in enumerate(procs):
-                    if k not in parts and k not in dead and proc.exitcode not in (None, 0):
-                        dead[k] = proc.exitcode
-                        if board[k * BOARD] < 0:
-                            raise RuntimeError(f"session worker {k} {describe_exit(dead[k])} "
-                                               "outside a run") from None  # fmt: skip
+                    if k in parts or k in dead:
+                        continue
+                    run = board[k * BOARD]
+                    if run != watched[k][0]:
+                        watched[k] = (run, now)
+                    elif run >= 0 and now - watched[k][1] > run_timeout and proc.is_alive():
+                        proc.kill()  # hung: the run is its failure
+                        proc.join(10)
+                        dead[k] = (HUNG, f"hung: no answer within {run_timeout:g} s")
+                    if k not in dead and proc.exitcode not in (None, 0):
+                        dead[k] = (KILLED, f"was {describe_exit(proc.exitcode)}")
+                        if run < 0:
+                            raise RuntimeError(f"session worker {k} {describe_exit(proc.exitcode)}"
+                                               " outside a run") from None  # fmt: skip
+                    if k in dead:
                         with lowest.get_lock():  # the others stop above its run
-                            lowest.value = min(lowest.value, board[k * BOARD])
+                            lowest.value = min(lowest.value, run)
                 gone = [p for k, p in enumerate(procs) if k not in parts and k not in dead]
                 if gone and all(p.exitcode == 0 for p in gone) and queue.empty():
                     raise RuntimeError(
@@ -148,7 +175,7 @@ def run_parallel(
                 proc.kill()
             proc.join(10)
     merged = SessionCampaign(seed)
-    killed: list[tuple[int, Setup, list[Turn], int]] = []
+    killed: list[tuple[int, Setup, list[Turn], tuple[str, str]]] = []
     for k in dead:
         run, plans, turns, *known = board[k * BOARD : (k + 1) * BOARD]
         plan = draw_plan(random.Random(f"{seed}/{run}"))
@@ -164,8 +191,8 @@ def run_parallel(
     failures = [part.failure for part in parts.values() if part.failure is not None]
     lowest_killed = min(killed, key=lambda k: k[0], default=None)
     if lowest_killed is not None and all(f.run > lowest_killed[0] for f in failures):
-        run, setup, plan, code = lowest_killed
-        failures = [killed_failure(setup, run, plan, describe_exit(code))]
+        run, setup, plan, (detector, how) = lowest_killed
+        failures = [killed_failure(setup, run, plan, how, detector, run_timeout)]
     merged.failure = min(failures, key=lambda f: f.run, default=None)
     return merged
 

@@ -7,8 +7,10 @@ playing that input, and smaller ones, many times over. A :class:`Sandbox` makes 
 plays cheap and survivable: it spawns one fresh interpreter (the *zygote*: nothing run in it
 yet, one torch thread), which imports and warms what the calls need once and then forks a
 child for every call. The child makes the call, pipes the pickled result back and exits; a
-child killed by a signal, or exiting without a result, gives :class:`Died` instead. A fork of
-the warm zygote costs tens of milliseconds, against seconds for a fresh interpreter.
+child killed by a signal, or exiting without a result, gives :class:`Died` instead, and so does
+one that gives no answer within the call's timeout (the zygote kills it: a hang in compiled
+code is a finding too). A fork of the warm zygote costs tens of milliseconds, against seconds
+for a fresh interpreter.
 
 Only POSIX systems fork; the zygote is spawned, never forked from the caller (whose threads,
 such as a ``multiprocessing`` queue's feeder, a forked child would inherit half-held).
@@ -20,7 +22,9 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
+import select
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +33,15 @@ from typing import Any
 @dataclass(frozen=True)
 class Died:
     """A child that ended without a result: ``code`` is its exit status as ``multiprocessing``
-    reports it (minus the signal number when a signal killed it)."""
+    reports it (minus the signal number when a signal killed it); ``hung_after`` (seconds),
+    when the sandbox killed it for giving no answer within the call's timeout."""
 
     code: int
+    hung_after: float | None = None
 
     def __str__(self) -> str:
+        if self.hung_after is not None:
+            return f"hung: no answer within {self.hung_after:g} s"
         return describe_exit(self.code)
 
 
@@ -47,9 +55,10 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _in_child(fn: Callable[[Any], Any], arg: Any) -> Any:
-    """``fn(arg)`` in a forked child: its result, or :class:`Died`. An exception ``fn`` raises
-    is a result (re-raised by :meth:`Sandbox.call` as text)."""
+def _in_child(fn: Callable[[Any], Any], arg: Any, timeout: float | None) -> Any:
+    """``fn(arg)`` in a forked child: its result, or :class:`Died` (killed when it gives no
+    answer within ``timeout`` seconds; None: no limit). An exception ``fn`` raises is a result
+    (re-raised by :meth:`Sandbox.call` as text)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: answer, then leave without running the zygote's exit handlers
@@ -64,13 +73,24 @@ def _in_child(fn: Callable[[Any], Any], arg: Any) -> Any:
         finally:
             os._exit(0)
     os.close(write)
-    with os.fdopen(read, "rb") as source:
-        data = source.read()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    chunks: list[bytes] = []
+    with os.fdopen(read, "rb", buffering=0) as source:
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not select.select([source], [], [], left)[0]:  # no answer in time: hung
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return Died(-signal.SIGKILL, timeout)
+            chunk = source.read(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
-    if not data or code != 0:  # a death after a full answer still counts as a death
+    if not chunks or code != 0:  # a death after a full answer still counts as a death
         return Died(code if code != 0 else 1)
-    return pickle.loads(data)
+    return pickle.loads(b"".join(chunks))
 
 
 def _zygote(conn: Any, fn: Callable[[Any], Any], warm: Callable[[Any], None] | None) -> None:
@@ -82,16 +102,17 @@ def _zygote(conn: Any, fn: Callable[[Any], Any], warm: Callable[[Any], None] | N
     torch.set_num_threads(1)  # no thread pool for a child to inherit half-held
     warmed: set[Any] = set()
     while True:
-        arg = conn.recv()
-        if arg is None:
+        message = conn.recv()
+        if message is None:
             return
+        arg, timeout = message
         key = getattr(arg, "warm_key", None)
         if warm is not None and key not in warmed:
             warmed.add(key)
             # an exception here is left for the child's call, which meets it again
             with contextlib.suppress(Exception):
                 warm(arg)
-        conn.send(_in_child(fn, arg))
+        conn.send(_in_child(fn, arg, timeout))
 
 
 class SandboxError(RuntimeError):
@@ -114,11 +135,12 @@ class Sandbox:
         self._process.start()
         theirs.close()
 
-    def call(self, arg: Any) -> Any:
-        """``fn(arg)``'s result, or :class:`Died` when the child that made the call died.
-        Raises :class:`SandboxError` when ``fn`` raised or the zygote died."""
+    def call(self, arg: Any, timeout: float | None = None) -> Any:
+        """``fn(arg)``'s result, or :class:`Died` when the child that made the call died or
+        gave no answer within ``timeout`` seconds (None: no limit). Raises
+        :class:`SandboxError` when ``fn`` raised or the zygote died."""
         try:
-            self._conn.send(arg)
+            self._conn.send((arg, timeout))
             answer = self._conn.recv()
         except (EOFError, OSError):
             self._process.join(5)

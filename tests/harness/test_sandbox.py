@@ -1,10 +1,12 @@
-"""``kvpool.testing.sandbox``: calls answered in forked children of one zygote, a death an
-answer (``Died``), an exception the caller's error, the zygote warmed once per key."""
+"""``kvpool.testing.sandbox``: calls answered in forked children of one zygote, a death or a
+hang past the call's timeout an answer (``Died``), an exception the caller's error, the zygote
+warmed once per key."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -26,6 +28,8 @@ def _answer(call: Call) -> object:
         os.kill(os.getpid(), signal.SIGSEGV)
     if call.what == "exit":
         os._exit(3)
+    if call.what == "hang":
+        time.sleep(3600)
     if call.what == "raise":
         raise KeyError("no such thing")
     if call.what == "zygote":
@@ -45,6 +49,9 @@ def test_a_sandbox_answers_survives_deaths_and_warms_once_per_key() -> None:
         assert sandbox.call(Call("segv")) == Died(-signal.SIGSEGV)
         assert str(sandbox.call(Call("segv"))) == "killed by signal SIGSEGV"
         assert sandbox.call(Call("exit")) == Died(3)
+        hung = sandbox.call(Call("hang"), timeout=0.5)
+        assert hung == Died(-signal.SIGKILL, 0.5) and str(hung) == "hung: no answer within 0.5 s"
+        assert sandbox.call(Call("quick"), timeout=30.0)[0] == "quick"  # in time: an answer
         with pytest.raises(SandboxError, match="raised KeyError: 'no such thing'"):
             sandbox.call(Call("raise"))
         # every call in a child of its own, the zygote warmed once per key, still alive

@@ -10,6 +10,7 @@ import os
 import random
 import re
 import signal
+import time
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from kvpool.sglang.session_campaign import (
     MAX_TURNS,
     MODELS,
     PAGE_SIZES,
+    RUN_TIMEOUT,
     SessionFailure,
     Setup,
     Verdict,
@@ -97,7 +99,7 @@ def test_the_setups_cover_every_model_page_size_and_core_in_a_fixed_order() -> N
         "4-token prefill chunks"
     )
     # the command line's choices are the library's (it does not import it to start fast)
-    assert cli.MODELS == MODELS and cli.CORES == CORES
+    assert cli.MODELS == MODELS and cli.CORES == CORES and cli.RUN_TIMEOUT == RUN_TIMEOUT
 
 
 def test_each_predicted_mismatch_names_its_finding() -> None:
@@ -262,9 +264,9 @@ def test_a_death_the_plan_does_not_explain_is_reported_unshrunk(
     monkeypatch.setenv("KVPOOL_TEST_DIE", "1")  # inherited by the workers, which it kills
     dying = _DyingOnceSetup("full", 1, "rust")
 
-    def killed_failure(setup: Setup, run: int, plan: list[Turn], how: str) -> SessionFailure:
+    def killed_failure(setup: Setup, run: int, plan: list[Turn], *how: Any) -> SessionFailure:
         monkeypatch.delenv("KVPOOL_TEST_DIE")  # the sandbox spawned now lives
-        return real(setup, run, plan, how)
+        return real(setup, run, plan, *how)
 
     real = workers_module.killed_failure
     monkeypatch.setattr(workers_module, "killed_failure", killed_failure)
@@ -299,3 +301,24 @@ def test_a_setup_the_sandbox_cannot_load_is_reported_as_the_death_it_was() -> No
         "the worker playing the plan was killed by signal SIGKILL; played again alone: the "
         "sandbox could not play it: the sandbox's zygote killed by signal SIGKILL"
     )
+
+
+class _HangingSetup(_DyingSetup):
+    """A plan with an aborted turn never finishes (a deadlock in compiled code)."""
+
+    def play(self, plan: list[Turn]) -> list[Any]:
+        if any(turn[4] for turn in plan):
+            time.sleep(3600)
+        return []
+
+
+def test_a_run_that_hangs_is_killed_reported_and_shrunk() -> None:
+    hanging = _HangingSetup("full", 1, "rust")
+    first = next(r for r in range(100) if any(t[4] for t in draw_plan(random.Random(f"7/{r}"))))
+    result = run_parallel([hanging], 60.0, seed=7, max_runs=first + 4, workers=2, run_timeout=1.0)
+    failure = result.failure
+    assert failure is not None and failure.run == first
+    assert failure.verdict == Verdict(
+        "hung", "the process playing the plan hung: no answer within 1 s"
+    )
+    assert failure.shrunk == [(1, 1, 0, None, True, None, False)]
