@@ -13,7 +13,8 @@ state that does not match its tokens. A failure whose mismatches are exactly tho
 
 The first failing plan is shrunk (:func:`shrink`): turns dropped, numbers lowered, options
 switched off, as long as it fails with the same detector and stays known or new. Same seed, same
-plans, same report, in one process or several (:func:`run_parallel`).
+plans, same report, in one process or several (:func:`~kvpool.sglang.session_workers.
+run_parallel`).
 """
 
 from __future__ import annotations
@@ -450,9 +451,17 @@ NO_FAILURE = 2**62
 """The lowest failing run a campaign shares between its workers, before any fails."""
 
 BOARD = 3 + len(FINDINGS)
-"""Numbers each worker of :func:`run_parallel` posts in shared memory: the run it is playing
-(-1: none), its plans and turns so far, and its known plans per finding
+"""Numbers each worker of :func:`~kvpool.sglang.session_workers.run_parallel` posts in shared
+memory: the run it is playing (-1: none; ``shrinking(run)`` while it shrinks that run's
+failure), its plans and turns so far, and its known plans per finding
 (:data:`~kvpool.sglang.session_plans.FINDINGS`). They outlive a worker that is killed."""
+
+
+def shrinking(run: int) -> int:
+    """The number a worker posts while it shrinks ``run``'s failure (below -1; its own
+    inverse: ``shrinking(shrinking(run)) == run``). No run timeout applies then: a shrink plays
+    hundreds of plans."""
+    return -2 - run
 
 
 def _post(board: Any, slot: int, run: int, result: SessionCampaign) -> None:
@@ -497,17 +506,19 @@ def run_campaign(
         if verdict is not None and skip_known and verdict.known:
             result.known.update(verdict.known)
             verdict = None
-        if board is not None:
-            _post(board, first, -1, result)
         if verdict is not None:
             if lowest is not None:
                 with lowest.get_lock():
                     lowest.value = min(lowest.value, run)
+            if board is not None:
+                _post(board, first, shrinking(run), result)
             shrunk = shrink(plan, fails_alike(setup, verdict))
             final = judge(setup, shrunk)
             assert final is not None  # shrink keeps only failing plans
             result.failure = SessionFailure(run, setup, plan, shrunk, final)
-            break
+            break  # the run stays posted: a death while shrinking is that run's
+        if board is not None:
+            _post(board, first, -1, result)
         run += stride
     result.seconds = time.monotonic() - start
     return result
@@ -541,5 +552,6 @@ __all__ = [
     "run_campaign",
     "setups",
     "shrink",
+    "shrinking",
     "simpler",
 ]

@@ -35,6 +35,7 @@ from kvpool.sglang.session_campaign import (
     judge_isolated,
     run_campaign,
     shrink,
+    shrinking,
 )
 from kvpool.sglang.session_plans import FINDINGS, Turn
 from kvpool.testing.sandbox import SandboxError, describe_exit
@@ -144,10 +145,11 @@ def run_parallel(
                 for k, proc in enumerate(procs):
                     if k in parts or k in dead:
                         continue
-                    run = board[k * BOARD]
-                    if run != watched[k][0]:
-                        watched[k] = (run, now)
-                    elif run >= 0 and now - watched[k][1] > run_timeout and proc.is_alive():
+                    posted = board[k * BOARD]
+                    run = posted if posted >= -1 else shrinking(posted)
+                    if posted != watched[k][0]:
+                        watched[k] = (posted, now)
+                    elif posted >= 0 and now - watched[k][1] > run_timeout and proc.is_alive():
                         proc.kill()  # hung: the run is its failure
                         proc.join(10)
                         dead[k] = (HUNG, f"hung: no answer within {run_timeout:g} s")
@@ -177,10 +179,12 @@ def run_parallel(
     merged = SessionCampaign(seed)
     killed: list[tuple[int, Setup, list[Turn], tuple[str, str]]] = []
     for k in dead:
-        run, plans, turns, *known = board[k * BOARD : (k + 1) * BOARD]
+        posted, plans, turns, *known = board[k * BOARD : (k + 1) * BOARD]
+        run = posted if posted >= -1 else shrinking(posted)
         plan = draw_plan(random.Random(f"{seed}/{run}"))
-        merged.plans += plans + 1
-        merged.turns += turns + len(plan)
+        playing = posted >= 0  # its last run not counted yet (a shrunk one was)
+        merged.plans += plans + playing
+        merged.turns += turns + len(plan) * playing
         merged.known.update({n: c for n, c in zip(FINDINGS, known, strict=True) if c})
         killed.append((run, chosen[run % len(chosen)], plan, dead[k]))
     for part in parts.values():

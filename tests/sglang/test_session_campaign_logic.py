@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kvpool.cli import sessions as cli
+from kvpool.errors import InvariantViolation
 from kvpool.sglang import session_workers as workers_module
 from kvpool.sglang.session_campaign import (
     MAX_TURNS,
@@ -322,3 +323,29 @@ def test_a_run_that_hangs_is_killed_reported_and_shrunk() -> None:
         "hung", "the process playing the plan hung: no answer within 1 s"
     )
     assert failure.shrunk == [(1, 1, 0, None, True, None, False)]
+
+
+class _DyingWhileShrinkingSetup(_DyingSetup):
+    """A plan with an aborted turn breaks a rule, and kills its process once it is down to one
+    turn: the worker dies shrinking the failure it found."""
+
+    def play(self, plan: list[Turn]) -> list[Any]:
+        if any(turn[4] for turn in plan):
+            if len(plan) == 1:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            raise InvariantViolation("INV-TOKEN-ACCOUNTING", "planted")
+        return []
+
+
+def test_a_worker_that_dies_shrinking_reports_the_run_it_was_shrinking() -> None:
+    dying = _DyingWhileShrinkingSetup("full", 1, "rust")
+    assert len(draw_plan(random.Random("0/0"))) == 3 and any(
+        t[4] for t in draw_plan(random.Random("0/0"))
+    )
+    result = run_parallel([dying], 60.0, seed=0, max_runs=4, workers=2, run_timeout=1.0)
+    failure = result.failure
+    assert failure is not None and failure.run == 0 and failure.shrunk == failure.plan
+    assert failure.verdict.message == (
+        "the worker playing the plan was killed by signal SIGSEGV; played again alone: "
+        "[INV-TOKEN-ACCOUNTING] planted"
+    )
