@@ -6,7 +6,8 @@ next step launched or not) and plays it through SGLang's own unified cache, sess
 release on a fresh world: full attention at page size 1 or 4, a hybrid Mamba model, a sliding
 window at page size 1 or 4; the Rust and the Python tree core; one session, or two taking
 turns that share the first one's first prompt; the sessions alone, or with a plain request
-after every turn pressing on the pool so that the tree evicts; whole or chunked prefills.
+after every turn pressing on the pool so that the tree evicts; whole or chunked prefills; with
+--eagle, EAGLE's bigram tree too.
 kvpool's rules are checked after every step: no KV slot, row, SWA slot or Mamba state leaked
 or freed twice, a kept turn holding exactly its tokens through the stop, every resumed position
 holding its own token's KV, every lent Mamba state matching the prefix it resumes, every state
@@ -73,7 +74,10 @@ def _run(args: argparse.Namespace) -> int:
         {"both": (False, True), "with": (True,), "without": (False,)}[args.plain_requests],
         {"both": (1, 2), "1": (1,), "2": (2,)}[args.sessions],
         {"both": (False, True), "with": (True,), "without": (False,)}[args.chunked_prefill],
+        {"both": (False, True), "with": (True,), "without": (False,)}[args.eagle],
     )
+    if not chosen:
+        fail(f"sessions: --eagle with runs the full and swa models only, not {args.model}")
     try:  # load the release (and each core) before the campaign: bad input is exit 2
         for setup in {(s.model == "swa", s.core): s for s in chosen}.values():
             setup.build()
@@ -165,6 +169,10 @@ def register(subparsers: Any) -> None:
                    help="setups whose prefills run in chunks (two tokens, a page at page size "
                    "4), each but the last stashed as the scheduler's chunked prefill does, "
                    "whole prefills, or both")  # fmt: skip
+    p.add_argument("--eagle", choices=("both", "with", "without"), default="without",
+                   help="setups on EAGLE's tree (bigram keys, as speculative decoding with "
+                   "EAGLE builds it; full and swa models), without (the default), or "
+                   "both")  # fmt: skip
     p.add_argument("--seconds", type=positive_float, default=20.0,
                    help="time budget, in seconds")  # fmt: skip
     p.add_argument("--runs", type=positive_int, default=None,

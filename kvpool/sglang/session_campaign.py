@@ -49,6 +49,10 @@ MODELS = ("full", "hybrid", "swa")
 PAGE_SIZES = {"full": (1, 4), "hybrid": (1,), "swa": (1, 4)}
 """The page sizes (tokens) each model runs at (SGLang's hybrid Mamba pool here: page size 1)."""
 
+EAGLE_MODELS = ("full", "swa")
+"""The models whose worlds can build EAGLE's tree (bigram keys); kvpool's adapter of the
+unified FULL+MAMBA tree builds it without."""
+
 MAX_TURNS = 4
 """Turns of a plan, at most; with their tokens they fit the worlds' 32-column rows."""
 
@@ -69,7 +73,8 @@ class Setup:
     core, ``"rust"`` or ``"python"``), of SGLang ``source``; with ``neighbours``, a plain
     request after every turn presses on the pool (the tree evicts); ``sessions``: one streaming
     session, or two taking turns that share the first one's first prompt; with ``chunked``,
-    every prefill runs in chunks of :attr:`chunk` tokens."""
+    every prefill runs in chunks of :attr:`chunk` tokens; with ``eagle``, EAGLE's tree (bigram
+    keys; :data:`EAGLE_MODELS` only)."""
 
     model: str
     page_size: int
@@ -78,6 +83,7 @@ class Setup:
     neighbours: bool = False
     sessions: int = 1
     chunked: bool = False
+    eagle: bool = False
 
     @property
     def chunk(self) -> int:
@@ -87,11 +93,12 @@ class Setup:
     def build(self) -> World:
         """A fresh world of this setup."""
         if self.model == "swa":
-            return build_swa(self.core, self.page_size, self.source)
+            return build_swa(self.core, self.page_size, self.source, self.eagle)
         # a session holds a state and locks its published prompt's, and SGLang's admission
         # budget (rem_mamba_slots) admits a turn only when one is left: two more per session
         states = 4 + 2 * (self.sessions - 1)
-        return build(self.core, self.model == "hybrid", self.page_size, self.source, states)
+        return build(self.core, self.model == "hybrid", self.page_size, self.source, states,
+                     self.eagle)  # fmt: skip
 
     def play(self, plan: list[Turn]) -> list[Mismatch]:
         """Play ``plan`` on a fresh world of this setup: the resume mismatches
@@ -112,7 +119,10 @@ class Setup:
         two = ", two sessions sharing a prompt" if self.sessions == 2 else ""
         beside = ", with plain requests" if self.neighbours else ""
         chunks = f", {self.chunk}-token prefill chunks" if self.chunked else ""
-        return f"{self.model}, page size {self.page_size}, {self.core} core{two}{beside}{chunks}"
+        tree = " (EAGLE's bigram tree)" if self.eagle else ""
+        return (
+            f"{self.model}{tree}, page size {self.page_size}, {self.core} core{two}{beside}{chunks}"
+        )
 
 
 def setups(
@@ -123,16 +133,20 @@ def setups(
     neighbours: Sequence[bool] = (False, True),
     sessions: Sequence[int] = (1, 2),
     chunked: Sequence[bool] = (False, True),
+    eagle: Sequence[bool] = (False,),
 ) -> list[Setup]:
-    """Every setup of ``chunked`` x ``sessions`` x ``neighbours`` x ``models`` x their page
-    sizes (only those in ``page_sizes``; None: all) x ``cores``, in that order: whole prefills
-    first, one session first, alone first."""
+    """Every setup of ``eagle`` x ``chunked`` x ``sessions`` x ``neighbours`` x ``models`` x
+    their page sizes (only those in ``page_sizes``; None: all) x ``cores``, in that order:
+    whole prefills first, one session first, alone first. EAGLE's tree (``eagle``: True; by
+    default not drawn) only for :data:`EAGLE_MODELS`."""
     return [
-        Setup(model, ps, core, source, beside, count, chunks)
+        Setup(model, ps, core, source, beside, count, chunks, bigrams)
+        for bigrams in eagle
         for chunks in chunked
         for count in sessions
         for beside in neighbours
         for model in models
+        if not bigrams or model in EAGLE_MODELS
         for ps in PAGE_SIZES[model]
         if page_sizes is None or ps in page_sizes
         for core in cores
@@ -526,6 +540,7 @@ def run_campaign(
 
 __all__ = [
     "BOARD",
+    "EAGLE_MODELS",
     "HUNG",
     "KILLED",
     "MAX_TURNS",

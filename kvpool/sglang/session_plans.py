@@ -253,6 +253,7 @@ def run_session(
         return int(world.pool.impl.req_to_token[req.kv.req_pool_idx, pos])
 
     swa_type = world.tree._swa if swa else None
+    eagle = int(bool(world.cache.tree_core.is_eagle))  # EAGLE's tree: bigram keys
     ids = session_ids(sessions)
     # each session's running record's sliding window as kvpool models SGLang's slide: the
     # tree-owned prefix below ``lo``, the record's cursor, and the SWA columns freed,
@@ -336,8 +337,8 @@ def run_session(
         if swa:
             assert req.session_id is not None
             window = windows[req.session_id]
-            if publishes:
-                advance(window, up_to - 1)
+            if publishes:  # at the key's last position: a bigram key is a token shorter
+                advance(window, up_to - 1 - eagle)
             window["lo"] = max(window["lo"], int(req.kv.cache_protected_len))
 
     first_prompt: list[int] = []  # the first session's latest first turn's prompt

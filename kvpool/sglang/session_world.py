@@ -315,15 +315,21 @@ def _release(source: str, core: str) -> tuple[Any, Any, StopMethods, dict[str, t
 
 
 def build(
-    core: str, hybrid: bool = True, page_size: int = 1, source: str = VERSION, states: int = 4
+    core: str,
+    hybrid: bool = True,
+    page_size: int = 1,
+    source: str = VERSION,
+    states: int = 4,
+    eagle: bool = False,
 ) -> World:
     """SGLang ``source``'s cache over its pools (64 KV slots, 4 rows of 32 columns): FULL and
     MAMBA components over its ``HybridReqToTokenPool`` (``hybrid``; page size 1; ``states``
     Mamba states), else FULL alone over its ``ReqToTokenPool`` (its paged allocator above page
-    size 1). ``core``: one of :data:`CORES`."""
+    size 1). ``core``: one of :data:`CORES`; ``eagle``: EAGLE's tree (bigram keys; FULL
+    alone)."""
     impl, modules, stops, classes = _release(source, core)
     assert impl.hybrid_req_to_token_pool and impl.req_to_token_pool and impl.allocator
-    assert impl.radix_key and (page_size == 1 or not hybrid)
+    assert impl.radix_key and (page_size == 1 or not hybrid) and not (eagle and hybrid)
     config = PoolConfig(size=64, page_size=page_size, req_pool_size=4, max_context_len=32,
                         mamba_slots=states if hybrid else None,
                         rules=impl.rules_or_default())  # fmt: skip
@@ -332,7 +338,9 @@ def build(
     tree: Any = (
         SGLangUnifiedMambaRadixCache(modules, pool, allocator, 1, tree_core=core)
         if hybrid
-        else SGLangUnifiedRadixCache(modules, pool, allocator, page_size, tree_core=core)
+        else SGLangUnifiedRadixCache(
+            modules, pool, allocator, page_size, tree_core=core, is_eagle=eagle
+        )
     )
     return World(modules, tree, pool, allocator, classes, stops, impl.radix_key)
 
@@ -341,15 +349,17 @@ WINDOW = 4
 """The sliding window (tokens) of :func:`build_swa`'s worlds."""
 
 
-def build_swa(core: str, page_size: int = 1, source: str = VERSION) -> World:
+def build_swa(core: str, page_size: int = 1, source: str = VERSION, eagle: bool = False) -> World:
     """SGLang's cache with the FULL and SWA components (a window of :data:`WINDOW` tokens) over
     its ``ReqToTokenPool`` and ``SWATokenToKVPoolAllocator`` (64 full and 64 SWA slots), as
-    0.5.23's registry builds it for a hybrid sliding-window model."""
+    0.5.23's registry builds it for a hybrid sliding-window model; ``eagle``: EAGLE's tree
+    (bigram keys)."""
     impl, modules, stops, classes = _release(source, core)
     assert impl.radix_key
     allocator = SGLangSWAAllocator(modules, 64, 64, page_size)
     pool = SGLangReqToTokenPool(modules, 4, 32)
-    tree = SGLangSWAGlueTree(modules, pool, allocator, page_size, WINDOW, False, "lru", core)
+    tree = SGLangSWAGlueTree(modules, pool, allocator, page_size, WINDOW, False, "lru", core,
+                             eagle)  # fmt: skip
     return World(modules, tree, pool, allocator, classes, stops, impl.radix_key)
 
 

@@ -119,6 +119,8 @@ BAD: list[tuple[str, str]] = [
     ("sessions --model mamba", "--model: invalid choice: 'mamba'"),
     ("sessions --tree-core java", "--tree-core: invalid choice: 'java'"),
     ("sessions --sessions 3", "--sessions: invalid choice: '3'"),
+    ("sessions --eagle yes", "--eagle: invalid choice: 'yes'"),
+    ("sessions --eagle with --model hybrid", "--eagle with runs the full and swa models only"),
     ("sessions --run-timeout 0", "--run-timeout: got '0', expected a positive finite number"),
     ("sessions --chunked-prefill yes", "--chunked-prefill: invalid choice: 'yes'"),
     ("sessions --model hybrid --page-size 4", "--model hybrid runs at page size 1 only, not 4"),

@@ -19,6 +19,7 @@ from kvpool.cli import sessions as cli
 from kvpool.errors import InvariantViolation
 from kvpool.sglang import session_workers as workers_module
 from kvpool.sglang.session_campaign import (
+    EAGLE_MODELS,
     MAX_TURNS,
     MODELS,
     PAGE_SIZES,
@@ -99,6 +100,12 @@ def test_the_setups_cover_every_model_page_size_and_core_in_a_fixed_order() -> N
         "swa, page size 4, python core, two sessions sharing a prompt, with plain requests, "
         "4-token prefill chunks"
     )
+    # EAGLE's bigram tree: drawn only when asked, for the models whose worlds build it
+    bigram = setups(eagle=(True,))
+    assert {s.model for s in bigram} == set(EAGLE_MODELS) == {"full", "swa"}
+    assert all(s.eagle for s in bigram) and len(bigram) == 8 * (2 + 2) * len(CORES)
+    assert setups(("hybrid",), eagle=(True,)) == [] and not any(s.eagle for s in every)
+    assert str(bigram[0]) == "full (EAGLE's bigram tree), page size 1, rust core"
     # the command line's choices are the library's (it does not import it to start fast)
     assert cli.MODELS == MODELS and cli.CORES == CORES and cli.RUN_TIMEOUT == RUN_TIMEOUT
 

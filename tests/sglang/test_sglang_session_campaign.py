@@ -81,6 +81,23 @@ def test_past_the_known_findings_the_session_code_keeps_every_rule() -> None:
     assert again.known == first.known and again.turns == first.turns
 
 
+def test_on_eagles_bigram_tree_the_session_code_keeps_every_rule_past_finding_12() -> None:
+    """EAGLE's tree keys bigrams. The publishing checkpoint's window slide is measured on the
+    key, a token shorter than the prompt: a plan that broke kvpool's slide model before it
+    knew holds now, and 300 plans over the full and swa models hit only finding 12."""
+    was_off: list[Turn] = [
+        (3, 1, 0, None, False, None, False),
+        (1, 1, 0, None, True, None, False),
+        (1, 1, 0, None, False, None, False),
+        (3, 1, 0, None, False, "overlap", False),
+    ]
+    for core in ("rust", "python"):
+        assert Setup("swa", 1, core, sessions=2, eagle=True).play(was_off) == []
+    result = run_campaign(setups(eagle=(True,)), 600.0, seed=1, max_runs=300, skip_known=True)
+    assert result.failure is None and result.plans == 300
+    assert set(result.known) == {12}
+
+
 def test_workers_share_the_runs_and_report_the_same_plans_and_failure() -> None:
     every = setups()
     alone = run_campaign(every, 600.0, seed=5, max_runs=60, skip_known=True)
