@@ -168,8 +168,9 @@ def check_held(
     """Every KV slot, row and Mamba state is free, cached in the tree or a session's (each
     session's last partial page its own); with a sliding window, every SWA slot too (a
     session's are its row's columns still mapped to one). ``sizes``: the free KV slots, rows,
-    Mamba states and SWA slots of the fresh world; ``sids``: the sessions' ids; ``where`` goes
-    into a violation's message. Returns the slot of each session that holds one."""
+    Mamba states and SWA slots of the fresh world; ``sids``: the sessions whose slots count as
+    held (a slot of any other counts as nothing: after ``release_session``, none); ``where``
+    goes into a violation's message. Returns the slot of each of them that holds one."""
     kv_size, rows, state_size, swa_size = sizes
     slots: dict[str, Any] = {}
     for sid in sids:
@@ -213,9 +214,9 @@ def check_held(
         holds = sum(bool(slot.kv.holds_mamba) for slot in slots.values())
         free_states, cached = int(states.available_size()), cached_states(world)
         require(
-            free_states + int(holds) + cached == state_size,
+            free_states + holds + cached == state_size,
             "INV-MAMBA-ACCOUNTING",
-            f"{free_states} free + {int(holds)} session + {cached} tree != {state_size} "
+            f"{free_states} free + {holds} session + {cached} tree != {state_size} "
             f"Mamba states after {where}",
         )
     return slots
@@ -492,8 +493,9 @@ def run_session(
             token = neighbour(i, token)
     for sid in ids:
         world.cache.session.release_session(sid)
-    # everything is free or the tree's, and nothing is locked any more
-    check_held(world, sizes, "release_session", ids)
+    # everything is free or the tree's (no session may hold anything now), and nothing is
+    # locked any more
+    check_held(world, sizes, "release_session", ())
     protected = tree_full(world)[1]
     require(protected == 0, "INV-LOCKS", f"{protected} slots still locked after release_session")
     return found

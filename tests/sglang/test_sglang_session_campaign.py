@@ -5,9 +5,9 @@ plan (``--plan``) fails on the hybrid model's setups only; two worker processes 
 plans and report the same failure as one, and a planted fault that kills a worker's process is
 reported as its run's failure, shrunk; with
 ``--skip-known`` it runs past the known findings 10, 11 and 12 (each hit, the counts the same
-from run to run) and finds nothing else. Five planted bugs in SGLang's session code and its Mamba
+from run to run) and finds nothing else. Six planted bugs in SGLang's session code and its Mamba
 pool (kept here, each a wrapper around the release's own method) are each found as a new failure
-within a few runs, with the named rule they break, and shrunk to one turn; a sixth (a published
+within a few runs, with the named rule they break, and shrunk to one turn; a seventh (a published
 prompt's node left unlocked) only with plain requests pressing on the pool beside the session.
 """
 
@@ -163,6 +163,14 @@ def test_a_fault_that_kills_the_process_is_a_shrunk_failure_of_its_run() -> None
     assert run_campaign(alone, 300.0, seed=0, max_runs=failure.run + 1).failure is None
 
 
+def _unlocks_only(self: Any, session_id: str) -> None:
+    """A ``release_session`` that unlocks the slot's node and keeps everything else."""
+    slot = self.slots.get(session_id)
+    if slot is not None and slot.lock is not None:
+        self.cache.unlock(slot.lock)
+        slot.lock = None
+
+
 def _planted() -> dict[str, tuple[Any, str, Callable[..., Any], str]]:
     """Bugs planted in SGLang's ``StreamingSession`` and ``MambaPool`` (class, method,
     wrapper, the rule it breaks)."""
@@ -181,6 +189,9 @@ def _planted() -> dict[str, tuple[Any, str, Callable[..., Any], str]]:
         # release_session keeps the session's Mamba state
         "keeps-the-state": (session, "_free_slot_mamba", lambda self, slot: None,
                             "INV-MAMBA-ACCOUNTING"),
+        # release_session lets go of the lock but keeps the slot, its row and its KV
+        "keeps-the-slot": (session, "release_session", _unlocks_only,
+                           "INV-TOKEN-ACCOUNTING"),
         # the hand-over keeps one token past the stop
         "trims-past-the-stop": (session, "_trim_overshoot",
                                 lambda self, req, finished: trim(self, req, finished + 1),
@@ -193,8 +204,8 @@ def _planted() -> dict[str, tuple[Any, str, Callable[..., Any], str]]:
 
 @pytest.mark.parametrize(
     "bug",
-    ["frees-nothing", "frees-one-short", "keeps-the-state", "trims-past-the-stop",
-     "forks-nothing"],
+    ["frees-nothing", "frees-one-short", "keeps-the-state", "keeps-the-slot",
+     "trims-past-the-stop", "forks-nothing"],
 )  # fmt: skip
 def test_each_planted_bug_is_found_as_new_and_shrunk(
     bug: str, monkeypatch: pytest.MonkeyPatch
