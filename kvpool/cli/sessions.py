@@ -77,7 +77,8 @@ def _run(args: argparse.Namespace) -> int:
         {"both": (False, True), "with": (True,), "without": (False,)}[args.eagle],
     )
     if not chosen:
-        fail(f"sessions: --eagle with runs the full and swa models only, not {args.model}")
+        fail(f"sessions: --eagle with runs the full and swa models only, not {args.model} "
+             "(SGLang keeps token keys in a tree with a Mamba component)")  # fmt: skip
     try:  # load the release (and each core) before the campaign: bad input is exit 2
         for setup in {(s.model == "swa", s.core): s for s in chosen}.values():
             setup.build()

@@ -10,8 +10,10 @@ with detector ``crash`` naming the signal or the timeout.
 
 Determinism: runs are handed out in order; after a failure in run ``i`` no new run starts, the
 runs before ``i`` still running are finished, and the failure of the lowest run number is the
-one reported. Shrinking replays candidate op lists in a fresh worker process (a replay that
-kills it counts as reproducing a crash; the next replay gets a new process).
+one reported. Shrinking replays candidate op lists in a :class:`~kvpool.testing.sandbox.Sandbox`:
+one process imports both implementations once and forks a child for every replay, so a replay
+that kills its process (which counts as reproducing a crash) costs a fork, not a fresh
+interpreter; a replay that writes no new op to its log within ``step_timeout`` is hung.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from kvpool.testing.bundle import Implementation
 from kvpool.testing.campaign import CampaignFailure, CampaignResult, quiet_collector
 from kvpool.testing.op_log import OpLogWriter, log_mark, new_log, read_ops, remove_log
 from kvpool.testing.runs import shrink_ops
-from kvpool.testing.sandbox import describe_exit
+from kvpool.testing.sandbox import Died, Sandbox, SandboxError, describe_exit
 from kvpool.testing.swarm import Op
 
 Progress = Callable[[float, int], None]
@@ -51,8 +53,8 @@ class CampaignSpec:
 
 # ---------------------------------------------------------------------------- worker side
 def _worker_main(conn: Connection, spec: CampaignSpec, log: str) -> None:
-    """Serve ``("run", i)`` and ``("replay", i, ops)`` requests until ``("stop",)``, each op
-    recorded in the op log at path ``log`` before it executes.
+    """Serve ``("run", i)`` requests until ``("stop",)``, each op recorded in the op log at
+    path ``log`` before it executes.
 
     Torch (imported later, by the implementations) gets ONE intra-op thread unless
     ``spec.env`` says otherwise: the workers are the campaign's parallelism, one per core, and
@@ -96,11 +98,10 @@ def _serve_runs(
             return
         run = request[1]
         chooser, config = run_config(spec.component, impl_b, spec.seed, run)
-        ops = request[2] if request[0] == "replay" else None
         writer.start(run)
         conn.send(("start", run, asdict(config)))
         done = execute(spec.component, impl_a, impl_b, config, chooser=chooser,
-                       steps=spec.steps_per_run, ops=ops, labels=spec.labels,
+                       steps=spec.steps_per_run, labels=spec.labels,
                        on_op=writer.append)  # fmt: skip
         failure = None
         if done.failure is not None:
@@ -108,6 +109,64 @@ def _serve_runs(
             failure = (f.detector, f.step, str(f))
         # (the config went with "start": the parent keeps it for the run)
         conn.send(("done", run, done.steps, done.checks, dict(done.coverage), failure))
+
+
+# ---------------------------------------------------------------------------- replays
+@dataclass(frozen=True)
+class _Replay:
+    """One replay of run ``run`` of ``spec``'s campaign with ``ops``, as a sandbox call; each
+    op is written to the op log at ``log`` before it executes (the sandbox's sign of
+    progress)."""
+
+    spec: CampaignSpec
+    run: int
+    ops: tuple[Op, ...]
+    log: str
+
+    @property
+    def warm_key(self) -> CampaignSpec:
+        return self.spec
+
+
+_SIDES: dict[CampaignSpec, tuple[Implementation, Implementation]] = {}
+"""Both implementations of each spec this process resolved (the sandbox's zygote resolves
+them once; its children inherit them)."""
+
+
+def _sides(spec: CampaignSpec) -> tuple[Implementation, Implementation]:
+    if spec not in _SIDES:
+        from kvpool.testing.implementations import resolve_implementation
+
+        _SIDES[spec] = (resolve_implementation(spec.impl_a, spec.component),
+                        resolve_implementation(spec.impl_b, spec.component))  # fmt: skip
+    return _SIDES[spec]
+
+
+def _warm_replays(replay: _Replay) -> None:
+    """In the zygote: import and resolve both sides (a crash here is the child's to meet)."""
+    _sides(replay.spec)
+
+
+def _replay_in_child(replay: _Replay) -> tuple[str, int, str] | None:
+    """In a forked child: the replay's failure, ``(detector, step, report)``, or None."""
+    from kvpool.testing.runs import execute, run_config
+
+    impl_a, impl_b = _sides(replay.spec)
+    spec = replay.spec
+    chooser, config = run_config(spec.component, impl_b, spec.seed, replay.run)
+    writer = OpLogWriter(replay.log)
+    writer.start(replay.run)
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("KVPOOL_CHECKED_INTERPRETER") == "1":
+            from kvpool.testing.kernel_harness.interpreter import checked_interpreter
+
+            stack.enter_context(checked_interpreter())
+        done = execute(spec.component, impl_a, impl_b, config, chooser=chooser,
+                       steps=spec.steps_per_run, ops=list(replay.ops), labels=spec.labels,
+                       on_op=writer.append)  # fmt: skip
+    if done.failure is None:
+        return None
+    return (done.failure.detector, done.failure.step, str(done.failure))
 
 
 # ---------------------------------------------------------------------------- parent side
@@ -172,49 +231,44 @@ def _crash_text(spec: CampaignSpec, run: int, ops: Sequence[Op], why: str) -> st
 
 
 class Replayer:
-    """Replays op lists in a worker process, restarting it after each crash."""
+    """Replays op lists of run ``run`` of ``spec``'s campaign, each in a forked child of one
+    :class:`~kvpool.testing.sandbox.Sandbox` (started at the first replay, with ``spec.env``
+    set before anything is imported): a replay is ``(detector, failing step)`` or None, and
+    one whose child dies, or writes no new op to its log for ``step_timeout`` seconds, is a
+    ``crash`` (its report in :attr:`last_text`)."""
 
     def __init__(self, spec: CampaignSpec, run: int, step_timeout: float) -> None:
         self.spec, self.run, self.timeout = spec, run, step_timeout
-        self.worker: _Worker | None = None
+        self.sandbox: Sandbox | None = None
+        self.log = ""
         self.last_text = ""
 
     def __call__(self, ops: Sequence[Op]) -> tuple[str, int] | None:
-        if self.worker is None:
-            self.worker = _start(self.spec)
-            _await_ready([self.worker], self.spec)
-        w = self.worker
+        if self.sandbox is None:
+            env = (("OMP_NUM_THREADS", "1"), *self.spec.env)
+            self.sandbox = Sandbox(_replay_in_child, _warm_replays, env)
+            self.log = new_log()
         try:
-            w.conn.send(("replay", self.run, list(ops)))
-            w.last_seen = time.monotonic()
-            while True:  # every op is logged: step_timeout without a new one is a hung step
-                if not w.conn.poll(min(1.0, self.timeout)):
-                    now = time.monotonic()
-                    if not w.progressed(now) and now - w.last_seen > self.timeout:
-                        self.close()
-                        why = "hung (step timeout)"
-                        self.last_text = _crash_text(self.spec, self.run, ops, why)
-                        return ("crash", len(ops))
-                    continue
-                msg = w.conn.recv()
-                w.last_seen = time.monotonic()
-                if msg[0] == "done":
-                    break
-        except (EOFError, OSError):
-            why = _death(w)
+            answer = self.sandbox.call(_Replay(self.spec, self.run, tuple(ops), self.log),
+                                       self.timeout, watch=self.log)  # fmt: skip
+        except SandboxError as exc:  # the zygote died (an import that kills) or the call raised
             self.close()
+            self.last_text = _crash_text(self.spec, self.run, ops, str(exc))
+            return ("crash", len(ops))
+        if isinstance(answer, Died):
+            why = "hung (step timeout)" if answer.hung_after is not None else str(answer)
             self.last_text = _crash_text(self.spec, self.run, ops, why)
             return ("crash", len(ops))
-        failure = msg[5]
-        if failure is None:
+        if answer is None:
             return None
-        self.last_text = failure[2]
-        return (failure[0], failure[1])
+        detector, step, self.last_text = answer
+        return (detector, step)
 
     def close(self) -> None:
-        if self.worker is not None:
-            _stop(self.worker)
-            self.worker = None
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+            remove_log(self.log)
 
 
 def run_parallel(

@@ -7,6 +7,7 @@ free, and ``one_thread_only`` cannot be built where torch has more than one intr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -100,3 +101,34 @@ def one_thread_only() -> Implementation:
         return make(config)
 
     return Implementation("one-thread-only", allocator=allocator)
+
+
+class _CrashingEviction:
+    """The twin's lifecycle, except that an eviction that frees something raises SIGSEGV."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def evict(self, num_tokens: int) -> int:
+        freed = int(self._inner.evict(num_tokens))
+        if freed > 0:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return freed
+
+
+def crashy_manager() -> Implementation:
+    """The torch twin whose ``evict`` kills its process once the tree had something to free:
+    a crash a few operations deep (a request must finish into the tree first)."""
+    from kvpool.testing.implementations import optimized_implementation
+
+    twin = optimized_implementation("torch")
+    make = twin.manager
+    assert make is not None
+
+    def manager(config: PoolConfig, **parts: Any) -> Any:
+        return _CrashingEviction(make(config, **parts))
+
+    return dataclasses.replace(twin, label="crashy-manager", manager=manager)

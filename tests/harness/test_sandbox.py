@@ -1,6 +1,7 @@
 """``kvpool.testing.sandbox``: calls answered in forked children of one zygote, a death or a
 hang past the call's timeout an answer (``Died``), an exception the caller's error, the zygote
-warmed once per key."""
+warmed once per key, its environment set before anything loads, a call that keeps writing its
+watched file not hung."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ WARMED: list[str] = []
 class Call:
     what: str
     warm_key: str = "a"
+    path: str = ""
 
 
 def _answer(call: Call) -> object:
@@ -32,6 +35,18 @@ def _answer(call: Call) -> object:
         time.sleep(3600)
     if call.what == "raise":
         raise KeyError("no such thing")
+    if call.what in ("writes", "writes-then-stops"):  # 1.2 s of progress, a write each 0.1 s
+        for i in range(12):
+            with open(call.path, "a") as f:
+                f.write(f"{i}\n")
+            time.sleep(0.1)
+        if call.what == "writes-then-stops":
+            time.sleep(3600)
+        return "done"
+    if call.what == "env":
+        import torch
+
+        return (os.environ.get("KVPOOL_SANDBOX_TEST"), torch.get_num_threads())
     if call.what == "zygote":
         os.kill(os.getppid(), signal.SIGKILL)  # the zygote, whose child this is
         return None
@@ -66,3 +81,23 @@ def test_exit_statuses_read_as_words() -> None:
     assert describe_exit(-9) == "killed by signal SIGKILL"
     assert describe_exit(-200) == "killed by signal 200"
     assert describe_exit(2) == "exited with code 2"
+
+
+def test_a_call_that_keeps_writing_its_watched_file_is_not_hung(tmp_path: Path) -> None:
+    path = str(tmp_path / "progress")
+    with Sandbox(_answer) as sandbox:
+        assert sandbox.call(Call("writes", path=path), timeout=0.5, watch=path) == "done"
+        started = time.monotonic()
+        hung = sandbox.call(Call("writes-then-stops", path=path), timeout=0.5, watch=path)
+        assert hung == Died(-signal.SIGKILL, 0.5)
+        assert time.monotonic() - started >= 1.2  # killed only after the writes stopped
+        # without the watch the same 1.2 s of writes is a hang
+        assert sandbox.call(Call("writes", path=path), timeout=0.5) == Died(-signal.SIGKILL, 0.5)
+
+
+def test_the_zygote_environment_is_set_before_torch_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the caller's own: not the sandbox's
+    with Sandbox(_answer) as sandbox:
+        assert sandbox.call(Call("env")) == (None, 1)
+    with Sandbox(_answer, env=(("KVPOOL_SANDBOX_TEST", "yes"), ("OMP_NUM_THREADS", "2"))) as box:
+        assert box.call(Call("env")) == ("yes", 2)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvpool.cli import main
-from kvpool.testing.workers import CampaignSpec, run_parallel
+from kvpool.testing.swarm import Op
+from kvpool.testing.workers import CampaignSpec, Replayer, run_parallel
 
 LABELS = ("reference", "candidate")
 
@@ -28,6 +29,37 @@ def test_a_segfault_is_a_shrunk_crash_with_the_signal() -> None:
     assert "SIGSEGV" in result.failure.report
     assert len(result.failure.ops) <= 3, result.failure.ops
     assert any(op.startswith(("alloc(", "extend(")) for op in result.failure.ops)
+
+
+@pytest.mark.slow
+def test_a_crash_deep_in_a_lifecycle_run_is_shrunk() -> None:
+    """The twin's eviction kills its process once a request has finished into the tree: a
+    crash several operations into a run of the ``manager`` machine, shrunk to the operations
+    that lead to it (a request in, prefilled into the tree, then the eviction)."""
+    spec = _spec("crashy_manager", component="manager")
+    result = run_parallel(spec, 30.0, 2, step_timeout=30.0, shrink_budget=120.0)
+    assert result.failure is not None and result.failure.detector == "crash"
+    assert "killed by signal SIGSEGV" in result.failure.report
+    ops = result.failure.ops
+    assert ops[-1].startswith("evict(") and any(op.startswith("extend(") for op in ops), ops
+    assert 3 <= len(ops) <= 8, ops
+
+
+@pytest.mark.slow
+def test_replays_that_kill_their_process_are_forks_of_one_sandbox() -> None:
+    """Shrinking replays many candidates that crash: each is a forked child of one sandbox
+    (which imported both sides once), not a fresh interpreter."""
+    replayer = Replayer(_spec("crashy"), 0, step_timeout=30.0)
+    try:
+        assert replayer([Op("alloc", (12,))]) == ("crash", 1)  # 3 pages of 4: the candidate dies
+        assert "killed by signal SIGSEGV" in replayer.last_text
+        sandbox = replayer.sandbox
+        assert replayer([Op("alloc", (4,)), Op("alloc", (12,))]) == ("crash", 2)
+        assert replayer([Op("alloc", (4,))]) is None
+        assert replayer.sandbox is sandbox is not None
+    finally:
+        replayer.close()
+    assert replayer.sandbox is None
 
 
 @pytest.mark.slow
