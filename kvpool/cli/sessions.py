@@ -7,7 +7,9 @@ release on a fresh world: full attention at page size 1 or 4, a hybrid Mamba mod
 window at page size 1 or 4; the Rust and the Python tree core; one session, or two taking
 turns that share the first one's first prompt; the sessions alone, or with a plain request
 after every turn pressing on the pool so that the tree evicts; whole or chunked prefills; with
---eagle, EAGLE's bigram tree too.
+--eagle, EAGLE's bigram tree too. At page size 4 SGLang's paged allocators take their torch
+path (as on a platform without Triton); --allocation-kernels triton runs their Triton kernels,
+the GPU's code, through Triton's interpreter instead.
 kvpool's rules are checked after every step: no KV slot, row, SWA slot or Mamba state leaked
 or freed twice, a kept turn holding exactly its tokens through the stop, every resumed position
 holding its own token's KV, every lent Mamba state matching the prefix it resumes, every state
@@ -75,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
         {"both": (1, 2), "1": (1,), "2": (2,)}[args.sessions],
         {"both": (False, True), "with": (True,), "without": (False,)}[args.chunked_prefill],
         {"both": (False, True), "with": (True,), "without": (False,)}[args.eagle],
+        args.allocation_kernels == "triton",
     )
     if not chosen:
         fail(f"sessions: --eagle with runs the full and swa models only, not {args.model} "
@@ -174,6 +177,10 @@ def register(subparsers: Any) -> None:
                    help="setups on EAGLE's tree (bigram keys, as speculative decoding with "
                    "EAGLE builds it; full and swa models), without (the default), or "
                    "both")  # fmt: skip
+    p.add_argument("--allocation-kernels", choices=("torch", "triton"), default="torch",
+                   help="how SGLang's paged allocators (page size 4) allocate: its torch path "
+                   "(the default; as on a platform without Triton) or its Triton kernels run by "
+                   "Triton's interpreter (the GPU's code; several times slower here)")  # fmt: skip
     p.add_argument("--seconds", type=positive_float, default=20.0,
                    help="time budget, in seconds")  # fmt: skip
     p.add_argument("--runs", type=positive_int, default=None,

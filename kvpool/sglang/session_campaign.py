@@ -74,7 +74,10 @@ class Setup:
     request after every turn presses on the pool (the tree evicts); ``sessions``: one streaming
     session, or two taking turns that share the first one's first prompt; with ``chunked``,
     every prefill runs in chunks of :attr:`chunk` tokens; with ``eagle``, EAGLE's tree (bigram
-    keys; :data:`EAGLE_MODELS` only)."""
+    keys; :data:`EAGLE_MODELS` only); with ``triton``, the paged allocators (page size 4) run
+    SGLang's Triton allocation kernels through Triton's interpreter, else SGLang's torch path
+    for them (``use_triton_kernels = False``, as on a platform without Triton: the same slots,
+    checked in lockstep against kvpool's reference by the opt-in allocator campaigns)."""
 
     model: str
     page_size: int
@@ -84,6 +87,7 @@ class Setup:
     sessions: int = 1
     chunked: bool = False
     eagle: bool = False
+    triton: bool = False
 
     @property
     def chunk(self) -> int:
@@ -93,12 +97,12 @@ class Setup:
     def build(self) -> World:
         """A fresh world of this setup."""
         if self.model == "swa":
-            return build_swa(self.core, self.page_size, self.source, self.eagle)
+            return build_swa(self.core, self.page_size, self.source, self.eagle, self.triton)
         # a session holds a state and locks its published prompt's, and SGLang's admission
         # budget (rem_mamba_slots) admits a turn only when one is left: two more per session
         states = 4 + 2 * (self.sessions - 1)
         return build(self.core, self.model == "hybrid", self.page_size, self.source, states,
-                     self.eagle)  # fmt: skip
+                     self.eagle, self.triton)  # fmt: skip
 
     def play(self, plan: list[Turn]) -> list[Mismatch]:
         """Play ``plan`` on a fresh world of this setup: the resume mismatches
@@ -120,8 +124,10 @@ class Setup:
         beside = ", with plain requests" if self.neighbours else ""
         chunks = f", {self.chunk}-token prefill chunks" if self.chunked else ""
         tree = " (EAGLE's bigram tree)" if self.eagle else ""
+        kernels = ", Triton allocation kernels" if self.triton and self.page_size > 1 else ""
         return (
-            f"{self.model}{tree}, page size {self.page_size}, {self.core} core{two}{beside}{chunks}"
+            f"{self.model}{tree}, page size {self.page_size}, {self.core} core{two}{beside}"
+            f"{chunks}{kernels}"
         )
 
 
@@ -134,13 +140,15 @@ def setups(
     sessions: Sequence[int] = (1, 2),
     chunked: Sequence[bool] = (False, True),
     eagle: Sequence[bool] = (False,),
+    triton: bool = False,
 ) -> list[Setup]:
     """Every setup of ``eagle`` x ``chunked`` x ``sessions`` x ``neighbours`` x ``models`` x
     their page sizes (only those in ``page_sizes``; None: all) x ``cores``, in that order:
     whole prefills first, one session first, alone first. EAGLE's tree (``eagle``: True; by
-    default not drawn) only for :data:`EAGLE_MODELS`."""
+    default not drawn) only for :data:`EAGLE_MODELS`; ``triton``: every setup's allocation
+    kernels (:attr:`Setup.triton`)."""
     return [
-        Setup(model, ps, core, source, beside, count, chunks, bigrams)
+        Setup(model, ps, core, source, beside, count, chunks, bigrams, triton)
         for bigrams in eagle
         for chunks in chunked
         for count in sessions

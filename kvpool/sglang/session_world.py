@@ -299,12 +299,15 @@ class World:
 
 
 @functools.cache
-def _release(source: str, core: str) -> tuple[Any, Any, StopMethods, dict[str, type]]:
-    """SGLang ``source``'s implementation for ``core``, its modules, stop methods and compiled
+def _release(
+    source: str, core: str, triton: bool = False
+) -> tuple[Any, Any, StopMethods, dict[str, type]]:
+    """SGLang ``source``'s implementation for ``core`` (its paged allocator on its Triton
+    kernels when ``triton``, else on its torch path), its modules, stop methods and compiled
     classes: loaded once per process (every world builds fresh pools and trees). Raises
     :class:`~kvpool.errors.SGLangLoadError` when the source does not load and
     :class:`~kvpool.errors.ConfigError` when it has no unified cache's streaming session."""
-    impl = implementation(source, tree_core=core)
+    impl = implementation(source, tree_core=core, naive_extend=not triton)
     modules = load_sglang(source)
     stops = stop_methods(modules)
     if stops is None or not has_unified_cache(modules):
@@ -321,13 +324,15 @@ def build(
     source: str = VERSION,
     states: int = 4,
     eagle: bool = False,
+    triton: bool = False,
 ) -> World:
     """SGLang ``source``'s cache over its pools (64 KV slots, 4 rows of 32 columns): FULL and
     MAMBA components over its ``HybridReqToTokenPool`` (``hybrid``; page size 1; ``states``
     Mamba states), else FULL alone over its ``ReqToTokenPool`` (its paged allocator above page
-    size 1). ``core``: one of :data:`CORES`; ``eagle``: EAGLE's tree (bigram keys; FULL
-    alone)."""
-    impl, modules, stops, classes = _release(source, core)
+    size 1: on its Triton kernels, run by Triton's interpreter, when ``triton``, else on its
+    torch path, ``use_triton_kernels = False``). ``core``: one of :data:`CORES`; ``eagle``:
+    EAGLE's tree (bigram keys; FULL alone)."""
+    impl, modules, stops, classes = _release(source, core, triton)
     assert impl.hybrid_req_to_token_pool and impl.req_to_token_pool and impl.allocator
     assert impl.radix_key and (page_size == 1 or not hybrid) and not (eagle and hybrid)
     config = PoolConfig(size=64, page_size=page_size, req_pool_size=4, max_context_len=32,
@@ -349,14 +354,16 @@ WINDOW = 4
 """The sliding window (tokens) of :func:`build_swa`'s worlds."""
 
 
-def build_swa(core: str, page_size: int = 1, source: str = VERSION, eagle: bool = False) -> World:
+def build_swa(
+    core: str, page_size: int = 1, source: str = VERSION, eagle: bool = False, triton: bool = False
+) -> World:
     """SGLang's cache with the FULL and SWA components (a window of :data:`WINDOW` tokens) over
     its ``ReqToTokenPool`` and ``SWATokenToKVPoolAllocator`` (64 full and 64 SWA slots), as
     0.5.23's registry builds it for a hybrid sliding-window model; ``eagle``: EAGLE's tree
-    (bigram keys)."""
-    impl, modules, stops, classes = _release(source, core)
+    (bigram keys); ``triton``: the allocators' Triton kernels (as :func:`build`)."""
+    impl, modules, stops, classes = _release(source, core, triton)
     assert impl.radix_key
-    allocator = SGLangSWAAllocator(modules, 64, 64, page_size)
+    allocator = SGLangSWAAllocator(modules, 64, 64, page_size, naive_extend=not triton)
     pool = SGLangReqToTokenPool(modules, 4, 32)
     tree = SGLangSWAGlueTree(modules, pool, allocator, page_size, WINDOW, False, "lru", core,
                              eagle)  # fmt: skip

@@ -83,7 +83,10 @@ def _ints(value: Any) -> tuple[int, ...]:
 
 class SGLangSWAAllocator:
     """SGLang's ``SWATokenToKVPoolAllocator`` of ``size`` full and ``size_swa`` SWA tokens (see
-    the module docstring). ``impl`` is SGLang's object."""
+    the module docstring). Above page size 1 its two paged allocators run their Triton kernels
+    (through the interpreter), or with ``naive_extend`` SGLang's torch path
+    (``use_triton_kernels = False``: ``alloc_extend_naive`` and ``alloc_decode_naive``, as on a
+    platform without Triton). ``impl`` is SGLang's object."""
 
     def __init__(
         self,
@@ -92,6 +95,8 @@ class SGLangSWAAllocator:
         size_swa: int,
         page_size: int = 1,
         need_sort: bool = False,
+        *,
+        naive_extend: bool = False,
     ) -> None:
         self.page_size = page_size
         self.need_sort = need_sort
@@ -102,7 +107,7 @@ class SGLangSWAAllocator:
         )
         for sub in (self.impl.full_attn_allocator, self.impl.swa_attn_allocator):
             if hasattr(sub, "use_triton_kernels"):
-                sub.use_triton_kernels = True
+                sub.use_triton_kernels = not naive_extend
 
     # ------------------------------------------------------------------ queries
     @property

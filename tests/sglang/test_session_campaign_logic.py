@@ -5,6 +5,7 @@ how it shrinks and what it prints. The campaign on SGLang's code is opt-in
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import random
@@ -106,6 +107,12 @@ def test_the_setups_cover_every_model_page_size_and_core_in_a_fixed_order() -> N
     assert all(s.eagle for s in bigram) and len(bigram) == 8 * (2 + 2) * len(CORES)
     assert setups(("hybrid",), eagle=(True,)) == [] and not any(s.eagle for s in every)
     assert str(bigram[0]) == "full (EAGLE's bigram tree), page size 1, rust core"
+    # SGLang's Triton allocation kernels: every setup when asked, named where they run
+    on_triton = setups(triton=True)
+    assert [dataclasses.replace(s, triton=False) for s in on_triton] == every
+    assert all(s.triton for s in on_triton) and not any(s.triton for s in every)
+    assert str(on_triton[0]) == str(every[0]) == "full, page size 1, rust core"
+    assert str(on_triton[2]) == "full, page size 4, rust core, Triton allocation kernels"
     # the command line's choices are the library's (it does not import it to start fast)
     assert cli.MODELS == MODELS and cli.CORES == CORES and cli.RUN_TIMEOUT == RUN_TIMEOUT
 

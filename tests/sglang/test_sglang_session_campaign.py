@@ -9,12 +9,16 @@ from run to run) and finds nothing else. Six planted bugs in SGLang's session co
 pool (kept here, each a wrapper around the release's own method) are each found as a new failure
 within a few runs, with the named rule they break, and shrunk to one turn; a seventh (a published
 prompt's node left unlocked) only with plain requests pressing on the pool beside the session.
+At page size 4, SGLang's torch allocation path (the worlds' default) and its Triton kernels
+leave every plan the same world.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import random
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +100,45 @@ def test_on_eagles_bigram_tree_the_session_code_keeps_every_rule_past_finding_12
     result = run_campaign(setups(eagle=(True,)), 600.0, seed=1, max_runs=300, skip_known=True)
     assert result.failure is None and result.plans == 300
     assert set(result.known) == {12}
+
+
+def test_the_torch_and_triton_allocation_paths_leave_every_plan_the_same_world() -> None:
+    """At page size 4 the worlds allocate on SGLang's torch path unless told otherwise (it is
+    several times faster than its Triton kernels through the interpreter). Every drawn plan, on
+    every page-size-4 setup, ends the same on both: the same answer (the resume mismatches, or
+    the broken rule), the same allocator state and the same request rows."""
+    from kvpool.errors import InvariantViolation
+    from kvpool.sglang.session_campaign import draw_plan
+    from kvpool.sglang.session_plans import run_session
+
+    def outcome(setup: Setup, plan: list[Turn]) -> tuple[Any, ...]:
+        world = setup.build()
+        try:
+            answer: Any = run_session(world, plan, setup.neighbours, setup.sessions, setup.chunk)
+        except InvariantViolation as exc:
+            answer = str(exc)
+        return answer, world.allocator.snapshot(), world.pool.impl.req_to_token.tolist()
+
+    def kernels(setup: Setup) -> set[bool]:
+        """Whether each paged allocator of a fresh world of ``setup`` launches Triton."""
+        impl = setup.build().allocator.impl
+        sides = ("full_attn_allocator", "swa_attn_allocator")
+        subs: list[Any] = [getattr(impl, side) for side in sides if hasattr(impl, side)]
+        return {sub.use_triton_kernels for sub in subs or [impl]}
+
+    rng = random.Random(5)
+    plans = [draw_plan(rng) for _ in range(24)][16:]  # the last meets finding 12 at page size 4
+    answered = 0
+    for setup in setups(page_sizes=(4,), cores=("rust",)):
+        assert not setup.triton and "Triton" not in str(setup)
+        on_triton = dataclasses.replace(setup, triton=True)
+        assert str(on_triton) == f"{setup}, Triton allocation kernels"
+        assert (kernels(setup), kernels(on_triton)) == ({False}, {True})
+        for plan in plans:
+            torch_path = outcome(setup, plan)
+            assert torch_path == outcome(on_triton, plan), (str(setup), plan)
+            answered += torch_path[0] != []
+    assert answered > 0  # some plans meet a finding or a broken rule: those paths compared too
 
 
 def test_workers_share_the_runs_and_report_the_same_plans_and_failure() -> None:
