@@ -1,5 +1,7 @@
 """``benchmarks/bench_lockstep.py`` (``kvpool bench --only lockstep``): one row per machine with
-its lockstep steps per second, and the two-worker row of the default campaign."""
+its lockstep steps per second, and the two-worker row of the default campaign; and
+``benchmarks/bench_crash_shrink.py`` (``kvpool bench --only crash``): a candidate that kills its
+process found, shrunk, and its replays counted."""
 
 from __future__ import annotations
 
@@ -85,3 +87,15 @@ def test_main_reuse_prints_the_lifecycle_machines(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:3] == ["machine", "steps", "kept_pct"]
     assert [line.split()[0] for line in out[1:]] == ["swa_manager"]
+
+
+@pytest.mark.slow
+def test_the_crash_benchmarks_quick_row_is_the_first_steps_segfault_shrunk() -> None:
+    from kvpool.testing import workers
+
+    replay = workers.Replayer.__call__
+    (row,) = _load("bench_crash_shrink").run(True)
+    assert workers.Replayer.__call__ is replay  # the counter is taken off again
+    assert (row["candidate"], row["machine"], row["detector"]) == ("crashy", "allocator", "crash")
+    assert (row["found_at"], row["steps"]) == (0, 1)
+    assert row["replays"] >= 1 and row["wall_s"] > 0
