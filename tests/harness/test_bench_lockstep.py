@@ -1,7 +1,8 @@
 """``benchmarks/bench_lockstep.py`` (``kvpool bench --only lockstep``): one row per machine with
-its lockstep steps per second, and the two-worker row of the default campaign; and
+its lockstep steps per second, and the two-worker row of the default campaign;
 ``benchmarks/bench_crash_shrink.py`` (``kvpool bench --only crash``): a candidate that kills its
-process found, shrunk, and its replays counted."""
+process found, shrunk, and its replays counted; and (opt-in, SGLang's wheel)
+``benchmarks/bench_sessions.py``: ``kvpool sessions``' plans on both allocation paths."""
 
 from __future__ import annotations
 
@@ -99,3 +100,13 @@ def test_the_crash_benchmarks_quick_row_is_the_first_steps_segfault_shrunk() -> 
     assert (row["candidate"], row["machine"], row["detector"]) == ("crashy", "allocator", "crash")
     assert (row["found_at"], row["steps"]) == (0, 1)
     assert row["replays"] >= 1 and row["wall_s"] > 0
+
+
+@pytest.mark.sglang_wheel
+def test_the_sessions_benchmark_plays_the_same_plans_on_both_allocation_paths() -> None:
+    torch_row, triton_row, ratio = _load("bench_sessions").run(True, runs=40)
+    assert (torch_row["kernels"], triton_row["kernels"]) == ("torch", "triton (interpreter)")
+    same = ("plans", "turns", "known", "failures")
+    assert [torch_row[k] for k in same] == [triton_row[k] for k in same]
+    assert torch_row["plans"] == 40 and torch_row["failures"] == 0
+    assert ratio["kernels"] == "torch / triton" and ratio["plans_per_s"] is not None
