@@ -90,8 +90,18 @@ def _run(args: argparse.Namespace) -> int:
     head = {"source": args.sglang, "setups": [str(s) for s in chosen]}
     if plan is not None:
         return _replay(plan, chosen, args.sglang, args.report, head)
-    result = run_parallel(chosen, args.seconds, args.seed, args.runs, args.skip_known, args.workers,
-                          args.run_timeout)  # fmt: skip
+    from kvpool.testing.progress import CampaignBar
+
+    bar = CampaignBar(args.seconds, "sessions", "plans") if args.progress and args.workers else None
+    try:
+        result = run_parallel(chosen, args.seconds, args.seed, args.runs, args.skip_known,
+                              args.workers, args.run_timeout,
+                              None if bar is None else bar.update)  # fmt: skip
+        if bar is not None:
+            bar.update(result.seconds, result.plans)  # where the workers ended
+    finally:
+        if bar is not None:
+            bar.close()
     _write(args.report, {**head, "workers": args.workers, **result.record()})
     print(f"kvpool sessions: SGLang {args.sglang}'s streaming session, seed {args.seed}")
     print(f"  setups           {len(chosen)}")
@@ -201,4 +211,6 @@ def register(subparsers: Any) -> None:
                    help="also write the outcome as JSON here (default: none)")  # fmt: skip
     p.add_argument("--skip-known", action="store_true",
                    help="count plans that only findings 10-12 explain and go on")  # fmt: skip
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr (there is none with --workers 0)")  # fmt: skip
     p.set_defaults(func=_run)

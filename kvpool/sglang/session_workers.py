@@ -15,7 +15,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from queue import Empty
 from typing import Any
 
@@ -107,6 +107,7 @@ def run_parallel(
     skip_known: bool = False,
     workers: int = 2,
     run_timeout: float = RUN_TIMEOUT,
+    progress: Callable[[float, int], None] | None = None,
 ) -> SessionCampaign:
     """:func:`run_campaign` over ``workers`` processes (0: in this process), worker ``k``
     taking runs ``k, k + workers, ...``: the same plans on the same setups as one process, and
@@ -115,7 +116,9 @@ def run_parallel(
     :data:`KILLED`, and a worker still on one run after ``run_timeout`` seconds is killed and
     that run's failure is :data:`HUNG` (:func:`killed_failure`); the others stop above it.
     Plans, turns and known findings are summed (a killed worker's as it posted them, its last
-    run included); ``seconds`` is the longest worker's."""
+    run included); ``seconds`` is the longest worker's. ``progress(seconds, plans)``, when
+    given, hears about once a second how long the workers have played (0 while they load)
+    and how many plans they finished (as posted; not called with ``workers`` 0)."""
     if not chosen:
         raise ValueError("no setup to run")
     if workers <= 0:
@@ -136,12 +139,19 @@ def run_parallel(
     # worker -> (detector, how it ended), for a worker that died without its part
     dead: dict[int, tuple[str, str]] = {}
     watched = {k: (-1, time.monotonic()) for k in range(workers)}  # the run in hand, since
+    playing: float | None = None  # when the first worker began its first run
     try:
         while len(parts.keys() | dead.keys()) < len(procs):
             try:
                 k, part = queue.get(timeout=min(1.0, run_timeout / 4))
             except Empty:  # a worker killed (a signal) never sends its part
                 now = time.monotonic()
+                if progress is not None:
+                    if playing is None and any(board[k * BOARD] != -1 for k in range(workers)):
+                        playing = now  # the budget counts from a worker's first run
+                    finished = sum(parts[k].plans if k in parts else board[k * BOARD + 1]
+                                   for k in range(workers))  # fmt: skip
+                    progress(0.0 if playing is None else now - playing, finished)
                 for k, proc in enumerate(procs):
                     if k in parts or k in dead:
                         continue

@@ -8,7 +8,6 @@ written); only a candidate that cannot be loaded is a usage error.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import tempfile
 import time
 import traceback
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kvpool.testing import selfcheck
 from kvpool.testing.campaign import CampaignResult, quiet_collector, run_machine
 from kvpool.testing.machines.coverage import CATALOGUE
+from kvpool.testing.progress import CampaignBar
 
 if TYPE_CHECKING:
     from kvpool.testing.bundle import Implementation
@@ -90,19 +90,6 @@ def summary_lines(result: CampaignResult, candidate: str, oracle: str = "referen
         f"  steps per second {result.steps_per_second:.0f}",
         f"  workers          {result.workers or 'in-process'}",
     ]
-
-
-def _progress_bar(seconds: float) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(
-        total=round(seconds, 1),
-        unit="s",
-        desc="verify",
-        file=sys.stderr,
-        bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f}s {postfix}",
-        mininterval=0.5,
-    )
 
 
 def verify(options: VerifyOptions) -> VerifyOutcome:
@@ -183,13 +170,11 @@ def _verify(
         f"reference self-check: {pools.configurations} configurations, {pools.steps} steps, "
         f"{pools.invariant_checks} invariant checks, 0 failures"
     )
-    bar = _progress_bar(options.seconds) if options.progress else None
+    bar = CampaignBar(options.seconds, "verify", "steps") if options.progress else None
 
     def progress(elapsed: float, steps: int) -> None:
         if bar is not None:
-            bar.n = min(round(elapsed, 1), bar.total)
-            bar.set_postfix_str(f"{steps} steps", refresh=False)
-            bar.update(0)
+            bar.update(elapsed, steps)
 
     labels = (options.oracle, options.candidate)
     started = time.monotonic()

@@ -142,3 +142,18 @@ def test_checked_runs_the_candidate_kernels_under_the_checked_interpreter(tmp_pa
                  "--impl", "tests.harness.triton_candidate:kernel_candidate", "--checked",
                  "--no-progress", "--steps-per-run", "20", "--report", str(out)])  # fmt: skip
     assert code == 0, out.read_text()
+
+
+def test_a_campaign_bar_shows_seconds_of_the_budget_and_the_count(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvpool.testing.progress import CampaignBar
+
+    bar = CampaignBar(10.0, "sessions", "plans")
+    bar.update(2.5, 40)
+    assert (bar.bar.n, bar.bar.total) == (2.5, 10.0)
+    bar.update(12.0, 90)  # never past the budget
+    assert bar.bar.n == 10.0
+    bar.close()
+    err = capsys.readouterr().err
+    assert "sessions" in err and "90 plans" in err and "10.0/10.0s" in err

@@ -242,6 +242,29 @@ class _DyingSetup(Setup):
         return []
 
 
+class _SlowSetup(_DyingSetup):
+    """Every plan takes a quarter of a second and keeps every rule."""
+
+    def play(self, plan: list[Turn]) -> list[Any]:
+        time.sleep(0.25)
+        return []
+
+
+def test_the_workers_report_their_progress_about_once_a_second() -> None:
+    heard: list[tuple[float, int]] = []
+    slow = _SlowSetup("full", 1, "rust")
+
+    def progress(elapsed: float, plans: int) -> None:
+        heard.append((elapsed, plans))
+
+    result = run_parallel([slow], 60.0, seed=1, max_runs=12, workers=2, progress=progress)
+    assert result.failure is None and result.plans == 12
+    assert heard, "no progress heard in a campaign of 1.5 s or more"
+    assert [s for s, _ in heard] == sorted(s for s, _ in heard)
+    assert [p for _, p in heard] == sorted(p for _, p in heard)
+    assert all(0 <= p <= 12 for _, p in heard)
+
+
 def test_a_run_that_kills_its_worker_is_reported_shrunk_not_waited_for() -> None:
     with pytest.raises(ValueError, match="no setup to run"):
         run_parallel([], 1.0, workers=2)
