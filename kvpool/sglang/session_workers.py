@@ -147,7 +147,9 @@ def run_parallel(
             except Empty:  # a worker killed (a signal) never sends its part
                 now = time.monotonic()
                 if progress is not None:
-                    if playing is None and any(board[k * BOARD] != -1 for k in range(workers)):
+                    started = (board[k * BOARD] != -1 or board[k * BOARD + 1] > 0
+                               for k in range(workers))  # fmt: skip
+                    if playing is None and any(started):
                         playing = now  # the budget counts from a worker's first run
                     finished = sum(parts[k].plans if k in parts else board[k * BOARD + 1]
                                    for k in range(workers))  # fmt: skip
