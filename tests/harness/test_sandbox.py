@@ -35,8 +35,8 @@ def _answer(call: Call) -> object:
         time.sleep(3600)
     if call.what == "raise":
         raise KeyError("no such thing")
-    if call.what in ("writes", "writes-then-stops"):  # 1.2 s of progress, a write each 0.1 s
-        for i in range(12):
+    if call.what in ("writes", "writes-then-stops"):  # 2 s of progress, a write each 0.1 s
+        for i in range(20):
             with open(call.path, "a") as f:
                 f.write(f"{i}\n")
             time.sleep(0.1)
@@ -85,14 +85,14 @@ def test_exit_statuses_read_as_words() -> None:
 
 def test_a_call_that_keeps_writing_its_watched_file_is_not_hung(tmp_path: Path) -> None:
     path = str(tmp_path / "progress")
-    with Sandbox(_answer) as sandbox:
-        assert sandbox.call(Call("writes", path=path), timeout=0.5, watch=path) == "done"
+    with Sandbox(_answer) as sandbox:  # a write every 0.1 s: far inside a 1 s timeout
+        assert sandbox.call(Call("writes", path=path), timeout=1.0, watch=path) == "done"
         started = time.monotonic()
-        hung = sandbox.call(Call("writes-then-stops", path=path), timeout=0.5, watch=path)
-        assert hung == Died(-signal.SIGKILL, 0.5)
-        assert time.monotonic() - started >= 1.2  # killed only after the writes stopped
-        # without the watch the same 1.2 s of writes is a hang
-        assert sandbox.call(Call("writes", path=path), timeout=0.5) == Died(-signal.SIGKILL, 0.5)
+        hung = sandbox.call(Call("writes-then-stops", path=path), timeout=1.0, watch=path)
+        assert hung == Died(-signal.SIGKILL, 1.0)
+        assert time.monotonic() - started >= 2.0  # killed only after the writes stopped
+        # without the watch the same 2 s of writes is a hang
+        assert sandbox.call(Call("writes", path=path), timeout=1.0) == Died(-signal.SIGKILL, 1.0)
 
 
 def test_the_zygote_environment_is_set_before_torch_loads(monkeypatch: pytest.MonkeyPatch) -> None:
