@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvpool.testing.op_log import log_mark
+
 
 @dataclass(frozen=True)
 class Died:
@@ -62,17 +64,6 @@ WATCH_POLL_S = 0.25
 """With a watched file: how often the zygote looks at it while the child is silent (seconds)."""
 
 
-def _mark(path: str | None) -> tuple[int, int] | None:
-    """What changes when a file is written: its size and modification time (None: no file)."""
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_size, st.st_mtime_ns)
-
-
 def _in_child(
     fn: Callable[[Any], Any], arg: Any, timeout: float | None, watch: str | None = None
 ) -> Any:
@@ -95,7 +86,7 @@ def _in_child(
             os._exit(0)
     os.close(write)
     deadline = None if timeout is None else time.monotonic() + timeout
-    seen = _mark(watch)
+    seen = None if watch is None else log_mark(watch)
     chunks: list[bytes] = []
     with os.fdopen(read, "rb", buffering=0) as source:
         while True:
@@ -103,9 +94,9 @@ def _in_child(
             if watch is not None and left is not None:
                 left = min(left, WATCH_POLL_S)
             if not select.select([source], [], [], left)[0]:
-                now = _mark(watch)
-                if timeout is not None and now != seen:  # the child went on: not hung
-                    seen, deadline = now, time.monotonic() + timeout
+                mark = None if watch is None else log_mark(watch)
+                if timeout is not None and mark != seen:  # the child went on: not hung
+                    seen, deadline = mark, time.monotonic() + timeout
                     continue
                 if deadline is not None and time.monotonic() < deadline:
                     continue

@@ -63,13 +63,18 @@ def _worker_main(conn: Connection, spec: CampaignSpec, log: str) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     for key, value in spec.env:
         os.environ[key] = value
-    if os.environ.get("KVPOOL_CHECKED_INTERPRETER") == "1":
-        from kvpool.testing.kernel_harness.interpreter import checked_interpreter
-
-        with checked_interpreter():
-            _serve(conn, spec, log)
-    else:
+    with _kernels_as_asked():
         _serve(conn, spec, log)
+
+
+def _kernels_as_asked() -> contextlib.AbstractContextManager[object]:
+    """The checked interpreter when the environment asks for it (``--checked``:
+    ``KVPOOL_CHECKED_INTERPRETER=1``), else nothing."""
+    if os.environ.get("KVPOOL_CHECKED_INTERPRETER") != "1":
+        return contextlib.nullcontext()
+    from kvpool.testing.kernel_harness.interpreter import checked_interpreter
+
+    return checked_interpreter()
 
 
 def _serve(conn: Connection, spec: CampaignSpec, log: str) -> None:
@@ -156,11 +161,7 @@ def _replay_in_child(replay: _Replay) -> tuple[str, int, str] | None:
     chooser, config = run_config(spec.component, impl_b, spec.seed, replay.run)
     writer = OpLogWriter(replay.log)
     writer.start(replay.run)
-    with contextlib.ExitStack() as stack:
-        if os.environ.get("KVPOOL_CHECKED_INTERPRETER") == "1":
-            from kvpool.testing.kernel_harness.interpreter import checked_interpreter
-
-            stack.enter_context(checked_interpreter())
+    with _kernels_as_asked():
         done = execute(spec.component, impl_a, impl_b, config, chooser=chooser,
                        steps=spec.steps_per_run, ops=list(replay.ops), labels=spec.labels,
                        on_op=writer.append)  # fmt: skip
@@ -245,8 +246,7 @@ class Replayer:
 
     def __call__(self, ops: Sequence[Op]) -> tuple[str, int] | None:
         if self.sandbox is None:
-            env = (("OMP_NUM_THREADS", "1"), *self.spec.env)
-            self.sandbox = Sandbox(_replay_in_child, _warm_replays, env)
+            self.sandbox = Sandbox(_replay_in_child, _warm_replays, self.spec.env)
             self.log = new_log()
         try:
             answer = self.sandbox.call(_Replay(self.spec, self.run, tuple(ops), self.log),
