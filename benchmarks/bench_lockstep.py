@@ -17,12 +17,18 @@ machine's row leaves them blank). The last row, ``manager --workers 2``,
 is ``kvpool verify``'s default campaign itself: two worker processes for ``--seconds`` of
 wall time, steps per wall second.
 
+``--impl SPEC`` runs every row against another candidate (an implementation spec, as
+``kvpool verify --impl`` takes; rows then read ``MACHINE vs SPEC``): ``--impl sglang:0.5.23``
+is ``kvpool verify --sglang 0.5.23``'s campaign, SGLang's own classes and scheduler glue loaded
+from its wheel in the same run (``+naive``: its allocators' torch path).
+
 ``--reuse`` prints instead, for the four lifecycle machines, how often each part of the
 reference's snapshot came out equal to the step before and how much of the reference's snapshot
 time went on steps that changed nothing (:func:`reuse_row`): the room for a trusted oracle that
 hands back its unchanged parts instead of reading them again.
 
     python benchmarks/bench_lockstep.py [--quick] [--only manager] [--runs 20] [--seconds 10]
+    python benchmarks/bench_lockstep.py --only manager --impl sglang:0.5.23+naive --runs 100
     python benchmarks/bench_lockstep.py --reuse [--runs 200]
     kvpool bench --only lockstep
 """
@@ -43,6 +49,8 @@ from run_all import format_table
 
 STEPS_PER_RUN = 60
 """Operations per run (``kvpool verify``'s default)."""
+TWIN = "optimized[torch]"
+"""The default candidate: the torch twin in checked mode."""
 
 
 @contextlib.contextmanager
@@ -80,15 +88,17 @@ SPLIT = ("call_a", "call_b", "snap_a", "snap_b", "inv")
 """The parts of :func:`step_split`, in column order (``rest`` follows)."""
 
 
-def machine_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
-    """Run ``runs`` runs of ``component`` in this process; its row (see the module docstring)."""
+def machine_row(component: str, runs: int, seed: int = 0, impl: str = TWIN) -> dict[str, Any]:
+    """Run ``runs`` runs of ``component`` in this process against the candidate ``impl`` (an
+    implementation spec, as ``kvpool verify --impl`` takes); its row (see the module
+    docstring)."""
     import torch
 
     from kvpool.testing.campaign import quiet_collector, run_machine
-    from kvpool.testing.implementations import optimized_implementation, reference_implementation
+    from kvpool.testing.implementations import reference_implementation, resolve_implementation
 
     torch.set_num_threads(1)
-    ref, twin = reference_implementation(), optimized_implementation("torch")
+    ref, twin = reference_implementation(), resolve_implementation(impl, component)
     run_machine(component, ref, twin, 1e9, seed=seed + 1000, steps_per_run=STEPS_PER_RUN,
                 max_runs=1)  # fmt: skip
     with quiet_collector(), step_split() as spent:  # as kvpool verify's workers run
@@ -105,7 +115,7 @@ def machine_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
     }
     split["us_rest"] = round((cpu * 1e9 - timed) * per_step) if timed else None
     return {
-        "machine": component,
+        "machine": component if impl == TWIN else f"{component} vs {impl}",
         "runs": result.configurations,
         "steps": result.steps,
         "checks": result.invariant_checks,
@@ -178,16 +188,19 @@ def reuse_row(component: str, runs: int, seed: int = 0) -> dict[str, Any]:
     }
 
 
-def workers_row(seconds: float, workers: int = 2, seed: int = 0) -> dict[str, Any]:
-    """The default campaign (``manager``) on ``workers`` processes for ``seconds`` of wall time:
-    steps per wall second, as ``kvpool verify`` reports them."""
+def workers_row(
+    seconds: float, workers: int = 2, seed: int = 0, impl: str = TWIN
+) -> dict[str, Any]:
+    """The ``manager`` campaign against ``impl`` (the default campaign's twin unless told) on
+    ``workers`` processes for ``seconds`` of wall time: steps per wall second, as
+    ``kvpool verify`` reports them."""
     from kvpool.testing.workers import CampaignSpec, run_parallel
 
-    spec = CampaignSpec("manager", "reference", "optimized[torch]", seed, STEPS_PER_RUN,
-                        ("reference", "optimized[torch]"))  # fmt: skip
+    spec = CampaignSpec("manager", "reference", impl, seed, STEPS_PER_RUN, ("reference", impl))
     result = run_parallel(spec, seconds, workers)
+    suffix = "" if impl == TWIN else f" vs {impl}"
     return {
-        "machine": f"manager --workers {workers}",
+        "machine": f"manager --workers {workers}{suffix}",
         "runs": result.configurations,
         "steps": result.steps,
         "checks": result.invariant_checks,
@@ -198,15 +211,16 @@ def workers_row(seconds: float, workers: int = 2, seed: int = 0) -> dict[str, An
 
 
 def run(quick: bool, only: str | None = None, runs: int | None = None,
-        seconds: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        seconds: float | None = None, impl: str = TWIN) -> list[dict[str, Any]]:  # fmt: skip
     """Rows of every machine whose name contains ``only`` (all by default), then the
-    two-worker row (unless ``only`` excludes ``manager``)."""
+    two-worker row (unless ``only`` excludes ``manager``), against the candidate ``impl``."""
     from kvpool.testing.machines import TARGETS
 
     n = runs if runs is not None else (4 if quick else 20)
-    rows = [machine_row(name, n) for name in TARGETS if only is None or only in name]
+    rows = [machine_row(name, n, impl=impl) for name in TARGETS if only is None or only in name]
     if only is None or only in "manager":
-        rows.append(workers_row(seconds if seconds is not None else (3.0 if quick else 20.0)))
+        wall = seconds if seconds is not None else (3.0 if quick else 20.0)
+        rows.append(workers_row(wall, impl=impl))
     return rows
 
 
@@ -217,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="runs per machine (default 20)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="wall seconds of the two-worker campaign (default 20)")  # fmt: skip
+    parser.add_argument("--impl", default=TWIN,
+                        help="the candidate: an implementation spec, as kvpool verify's "
+                        "--impl takes (sglang:0.5.23, sglang:0.5.23+naive...; default: the "
+                        "twin)")  # fmt: skip
     parser.add_argument("--reuse", action="store_true",
                         help="the lifecycle machines: their unchanged snapshot parts")  # fmt: skip
     args = parser.parse_args(argv)
@@ -227,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [m for m in TARGETS if m.endswith("manager") and (args.only or "") in m]
         rows = [reuse_row(name, n) for name in names]
     else:
-        rows = run(args.quick, args.only, args.runs, args.seconds)
+        rows = run(args.quick, args.only, args.runs, args.seconds, args.impl)
     if not rows:
         print(f"no machine matches {args.only!r}", file=sys.stderr)
         return 1

@@ -155,7 +155,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--naive",
         action="store_true",
-        help="with SGLang: route alloc_extend through its naive (NPU) path",
+        help="with SGLang: its paged allocators' torch path instead of their Triton kernels "
+        "(alloc_extend_naive; from 0.5.23 alloc_decode_naive too, in the SWA allocator as "
+        "well): about 1.8x the steps a second (specs/harness.md)",
     )
     p.add_argument(
         "--backend",

@@ -268,10 +268,17 @@ class SGLangSWAGlueTree(SGLangUnifiedRadixCache):
 class SGLangSWAGlueManager(SGLangGlueManager):
     """The SWA lifecycle over SGLang's components with SGLang's glue (module docstring)."""
 
-    def __init__(self, config: PoolConfig, modules: SGLangModules, tree_core: str = "rust") -> None:
+    def __init__(
+        self,
+        config: PoolConfig,
+        modules: SGLangModules,
+        tree_core: str = "rust",
+        naive_extend: bool = False,
+    ) -> None:
         window = check_swa_config(config)
         ps = config.page_size
-        alloc = SGLangSWAAllocator(modules, config.size, config.swa_size, ps, config.need_sort)
+        alloc = SGLangSWAAllocator(modules, config.size, config.swa_size, ps, config.need_sort,
+                                   naive_extend=naive_extend)  # fmt: skip
         pool = SGLangReqToTokenPool(modules, config.req_pool_size, config.max_context_len)
         tree = SGLangSWAGlueTree(modules, pool, alloc, ps, window, config.disable_radix_cache,
                                  config.eviction_policy, tree_core, config.is_eagle)  # fmt: skip
@@ -565,11 +572,12 @@ def schedule_batch_methods(modules: SGLangModules) -> _SWABatchMethods:
     return found
 
 
-def swa_manager_factory(modules: SGLangModules, tree_core: str) -> Any:
-    """``swa_manager(config)`` of the implementation (:mod:`kvpool.sglang.implementation`)."""
+def swa_manager_factory(modules: SGLangModules, tree_core: str, naive_extend: bool = False) -> Any:
+    """``swa_manager(config)`` of the implementation (:mod:`kvpool.sglang.implementation`);
+    ``naive_extend``: its SWA allocator on SGLang's torch path (``+naive``)."""
 
     def build(config: PoolConfig) -> SGLangSWAGlueManager:
-        return SGLangSWAGlueManager(config, modules, tree_core)
+        return SGLangSWAGlueManager(config, modules, tree_core, naive_extend)
 
     return build
 

@@ -108,9 +108,8 @@ def implementation(
         )
 
     def swa_allocator(config: PoolConfig) -> SGLangSWAAllocator:
-        return SGLangSWAAllocator(
-            modules, config.size, config.swa_size, config.page_size, config.need_sort
-        )
+        return SGLangSWAAllocator(modules, config.size, config.swa_size, config.page_size,
+                                  config.need_sort, naive_extend=naive_extend)  # fmt: skip
 
     def swa_radix_cache(config: PoolConfig, alloc: Any) -> SGLangSWARadixCache:
         return SGLangSWARadixCache(modules, alloc, config.page_size, config.sliding_window or 1,
@@ -355,7 +354,7 @@ def implementation(
     # registry builds (kvpool.sglang.glue_swa)
     return dataclasses.replace(built, manager=manager, manager_runs_hybrid=True,
                                manager_models_eagle=True, manager_models_stops=True,
-                               swa_manager=swa_manager_factory(modules, tree_core),
+                               swa_manager=swa_manager_factory(modules, tree_core, naive_extend),
                                reachability=reach, label=f"{built.label}-glue")  # fmt: skip
 
 

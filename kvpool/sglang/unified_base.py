@@ -50,20 +50,52 @@ _LINE = re.compile(r"^( *)\[(\d+)\] (\d+) full_lock=(-?\d+)")
 _MINTING = ("insert", "match_prefix", "touch_prefix", "checkpoint", "reset")
 
 
+_SINK: tuple[int, int] | None = None
+"""(process id, descriptor) of :func:`capture_fd1`'s sink, reused by every capture of the
+process: a snapshot of the Rust core captures once a step, and a temporary file made for each
+capture cost four times what a capture costs now. Keyed by the process id: a forked child (a
+sandbox's replay) must not share its parent's file offset."""
+
+
+def _sink() -> int:
+    global _SINK
+    pid = os.getpid()
+    if _SINK is None or _SINK[0] != pid:
+        make = getattr(os, "memfd_create", None)
+        if make is not None:  # Linux
+            fd = make("kvpool-fd1", os.MFD_CLOEXEC)
+        else:  # elsewhere an unnamed temporary file, kept open through a duplicate
+            with tempfile.TemporaryFile() as file:
+                fd = os.dup(file.fileno())
+        _SINK = (pid, fd)
+    return _SINK[1]
+
+
 def capture_fd1(fn: Callable[[], object]) -> str:
-    """What ``fn()`` writes to file descriptor 1 (where Rust's ``println!`` goes)."""
+    """What ``fn()`` writes to file descriptor 1 (where Rust's ``println!`` goes). Not
+    re-entrant, as redirecting a process's descriptor 1 cannot be: ``fn`` must not capture."""
     sys.stdout.flush()
+    sink = _sink()
+    os.ftruncate(sink, 0)
+    os.lseek(sink, 0, os.SEEK_SET)
     saved = os.dup(1)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 1)
-        try:
-            fn()
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-        sink.seek(0)
-        return sink.read().decode("utf-8", "replace")
+    os.dup2(sink, 1)
+    try:
+        fn()
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    size = os.lseek(sink, 0, os.SEEK_CUR)
+    os.lseek(sink, 0, os.SEEK_SET)
+    chunks: list[bytes] = []
+    while size > 0:  # a read may return less than asked
+        chunk = os.read(sink, size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 class UnifiedNodeRef(int):

@@ -60,7 +60,7 @@ from kvpool.sglang.radix import key_codes, to_sglang_key
 from kvpool.sglang.unified_base import BASE, UnifiedNodeRef, UnifiedTreeBase
 from kvpool.sglang.unified_controller import HostGroup, UnifiedController
 from kvpool.sglang.unified_storage import StorageController, UnifiedStorage, install_page_names
-from kvpool.snapshot import HostTierSnapshot, NodeSnapshot, TreeSnapshot
+from kvpool.snapshot import AllocatorSnapshot, HostTierSnapshot, NodeSnapshot, TreeSnapshot
 
 
 @dataclass(frozen=True)
@@ -431,9 +431,17 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
             ))  # fmt: skip
         return rows
 
-    def host_snapshot(self) -> HostTierSnapshot:
+    host_snapshot_takes_parts = True
+    """:meth:`host_snapshot` takes the tree's and the allocator's snapshots a caller just took
+    (a lifecycle's pool snapshot reads them first: not read twice a step)."""
+
+    def host_snapshot(
+        self, tree_snap: TreeSnapshot | None = None, device_snap: AllocatorSnapshot | None = None
+    ) -> HostTierSnapshot:
         """The host tier as kvpool's ``HiRadixCache.host_snapshot`` reports it (transfer node
-        ids in kvpool's numbering)."""
+        ids in kvpool's numbering). ``tree_snap`` / ``device_snap``: this tree's and its device
+        allocator's snapshots when the caller just took them (nothing changed since), else
+        read here."""
         cc = self.cache_controller
         transfers = []
         for ack in cc.transfers():
@@ -442,8 +450,8 @@ class SGLangUnifiedHiCache(UnifiedTreeBase):
             transfers.append(type(snap)(snap.kind, ids, snap.host_indices, snap.device_indices))
         return HostTierSnapshot(
             write_policy=cc.write_policy,
-            device=self.allocator.snapshot(),
-            tree=self.snapshot(),
+            device=self.allocator.snapshot() if device_snap is None else device_snap,
+            tree=self.snapshot() if tree_snap is None else tree_snap,
             host=self.token_to_kv_pool_host.snapshot(),
             transfers=tuple(transfers),
             prefetches=() if self.storage is None else self.storage.prefetch_snapshots(),

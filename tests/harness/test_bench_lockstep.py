@@ -39,6 +39,20 @@ def test_a_machine_row_counts_steps_checks_and_speed() -> None:
     assert row["steps_per_s"] is None or row["steps_per_s"] > 0
 
 
+def test_a_row_against_a_named_candidate_says_which() -> None:
+    """``--impl SPEC`` (an implementation spec, as ``kvpool verify --impl``): the rows run
+    that candidate and name it; the default candidate's rows keep the machine's name."""
+    bench = _load("bench_lockstep")
+    row = bench.machine_row("req_to_token_pool", runs=1, impl="reference")
+    assert row["machine"] == "req_to_token_pool vs reference"
+    assert (row["runs"], row["steps"], row["failures"]) == (1, 60, 0)
+    assert bench.machine_row("req_to_token_pool", runs=1, impl=bench.TWIN)["machine"] == (
+        "req_to_token_pool"
+    )
+    with pytest.raises(ValueError, match="unknown kernel backend"):
+        bench.machine_row("req_to_token_pool", runs=1, impl="optimized[nosuch]")
+
+
 def test_only_selects_machines_by_name() -> None:
     rows = _load("bench_lockstep").run(True, only="radix_cache", runs=1)
     names = [r["machine"] for r in rows]

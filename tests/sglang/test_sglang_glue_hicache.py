@@ -3,7 +3,8 @@ driven by its own scheduler glue (:mod:`kvpool.sglang.glue_hicache`) against kvp
 lifecycle under ``Rules.hicache_host_tier == "unified"``: seeded campaigns restricted to host
 configurations pass on both tree cores with demotions, load-backs and acknowledgements in the
 coverage and the glue functions counted; a bug planted in SGLang's write acknowledgement (the
-backup's lock is never dropped) is caught with a short trace marked reachable."""
+backup's lock is never dropped) is caught with a short trace marked reachable; the host tier
+the pool snapshot builds from a step's tree and allocator snapshots equals a fresh read."""
 
 from __future__ import annotations
 
@@ -83,3 +84,27 @@ def test_a_lock_leak_planted_in_the_write_acknowledgement_is_caught_and_reachabl
     assert "hicache_ack_writes" in report, report
     assert "reachability: reachable through SGLang's scheduler glue" in report, report
     assert report.count("  step ") <= 8, report
+
+
+def test_the_host_tier_snapshot_built_from_the_steps_parts_equals_a_fresh_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lifecycle's pool snapshot hands the adapter the tree and allocator snapshots it just
+    took (``host_snapshot_takes_parts``); at every step of a campaign the host tier built from
+    them equals the one the adapter reads itself."""
+    from kvpool.sglang.unified_hicache import SGLangUnifiedHiCache
+
+    own = SGLangUnifiedHiCache.host_snapshot
+    handed: list[bool] = []
+
+    def compared(self: SGLangUnifiedHiCache, tree: Any = None, device: Any = None) -> Any:
+        built = own(self, tree, device)
+        handed.append(tree is not None and device is not None)
+        assert built == own(self)
+        return built
+
+    monkeypatch.setattr(SGLangUnifiedHiCache, "host_snapshot", compared)
+    result = run_machine("manager", reference_implementation(), implementation("0.5.23"), 3600.0,
+                         seed=2, max_runs=6, config_drawer=draw_host_config)  # fmt: skip
+    assert result.failure is None, result.failure.report
+    assert len(handed) >= 6 * 60 and all(handed)

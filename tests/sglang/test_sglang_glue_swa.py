@@ -50,6 +50,26 @@ def test_the_swa_manager_is_sglangs_glue_under_0_5_23s_rules() -> None:
     assert candidate.reachability(config, []).startswith("reachable")
 
 
+@pytest.mark.parametrize("naive", [False, True], ids=["triton-kernels", "naive"])
+def test_naive_reaches_the_swa_managers_allocators(naive: bool) -> None:
+    """``+naive`` puts both paged allocators of the SWA lifecycle's allocator on SGLang's torch
+    path (``use_triton_kernels = False``), as it does the FULL allocator's; without it they run
+    their Triton kernels. A campaign passes either way."""
+    candidate = implementation("0.5.23", naive_extend=naive)
+    assert candidate.swa_manager is not None
+    drawn = (SWALifecycleTarget().draw_config(RandomChooser(i), candidate) for i in range(64))
+    config = next(c for c in drawn if c.page_size > 1)  # paged allocators
+    alloc: Any = candidate.swa_manager(config).token_to_kv_pool_allocator
+    subs = (alloc.impl.full_attn_allocator, alloc.impl.swa_attn_allocator)
+    assert [sub.use_triton_kernels for sub in subs] == [not naive, not naive]
+    standalone: Any = candidate.swa_allocator(config)  # type: ignore[misc]
+    assert standalone.impl.full_attn_allocator.use_triton_kernels is not naive
+    result = run_machine("swa_manager", reference_implementation(), candidate, 3600.0, seed=5,
+                         max_runs=4)  # fmt: skip
+    assert result.failure is None, result.failure.report
+    assert result.steps == 4 * 60
+
+
 @pytest.mark.parametrize("tree_core", ["rust", "python"])
 def test_swa_glue_campaign_passes_and_counts_the_swa_glue(tree_core: str) -> None:
     candidate = implementation("0.5.23", tree_core=tree_core)

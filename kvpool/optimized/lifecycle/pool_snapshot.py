@@ -236,7 +236,12 @@ def _host_snapshot(
     take = getattr(tree, "host_snapshot", None)
     if take is None:
         return None
-    snap: HostTierSnapshot = take()
+    snap: HostTierSnapshot
+    if getattr(tree, "host_snapshot_takes_parts", False):  # an adapter reading no part twice
+        same = getattr(tree, "allocator", None) is allocator
+        snap = take(tree_snap, device if same else None)
+    else:
+        snap = take()
     return snap
 
 

@@ -36,7 +36,6 @@ allocator's invariants against the on-device nodes' pages, and ``INV-TREE-SHAPE`
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +45,7 @@ from kvpool.constants import EVICTION_POLICIES
 from kvpool.invariants.allocator import check_allocator
 from kvpool.invariants.host import check_host_tier
 from kvpool.invariants.tree import check_locks, check_tree_shape, device_view
+from kvpool.records import replaced
 from kvpool.snapshot import (
     HostTierSnapshot,
     NodeSnapshot,
@@ -95,14 +95,14 @@ def coarse_host_tier(snap: HostTierSnapshot) -> HostTierSnapshot:
         node = queue.pop(0)
         order = sorted(range(len(node.child_ids)), key=lambda i: node.child_ids[i])
         queue.extend(by_id[node.child_ids[i]] for i in order)
-        rows.append(dataclasses.replace(
+        rows.append(replaced(
             node, child_ids=tuple(node.child_ids[i] for i in order),
             child_keys=tuple(node.child_keys[i] for i in order), last_access_time=0.0,
             hit_count=0, priority=0,
             host_ref_counter=min(node.host_ref_counter, anchors[node.node_id]),
         ))  # fmt: skip
-    tree = dataclasses.replace(tree, nodes=tuple(rows), eviction_policy="")
-    return dataclasses.replace(snap, tree=tree)
+    tree = replaced(tree, nodes=tuple(rows), eviction_policy="")
+    return replaced(snap, tree=tree)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 
 from kvpool.config import PoolConfig
 from kvpool.errors import OutOfMemoryError
+from kvpool.records import replaced
 from kvpool.snapshot import PoolSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.layer_ops import draw_lifecycle_op, layer_fields
@@ -75,11 +76,11 @@ def coarse_pool(snap: PoolSnapshot) -> PoolSnapshot:
         return snap
     if snap.host is not None:  # a host tier: its tree and transfers as the hiradix machine's
         host = coarse_host_tier(snap.host)
-        return dataclasses.replace(snap, tree=host.tree, host=host)
-    coarse = dataclasses.replace(snap, tree=coarse_tree(snap.tree))
+        return replaced(snap, tree=host.tree, host=host)
+    coarse = replaced(snap, tree=coarse_tree(snap.tree))
     if snap.mamba is not None and snap.mamba.tree is not None:  # a hybrid model's Mamba tree
-        mamba = dataclasses.replace(snap.mamba, tree=coarse_mamba_tree(snap.mamba.tree))
-        coarse = dataclasses.replace(coarse, mamba=mamba)
+        mamba = replaced(snap.mamba, tree=coarse_mamba_tree(snap.mamba.tree))
+        coarse = replaced(coarse, mamba=mamba)
     return coarse
 
 
@@ -93,9 +94,9 @@ def without_kv_order(snap: PoolSnapshot) -> PoolSnapshot:
     if snap.tree is None or snap.mamba is None or snap.mamba.tree is None:
         return snap
     tree = snap.mamba.tree
-    mamba_tree = dataclasses.replace(coarse_mamba_tree(tree), mamba_lru=tree.mamba_lru)
-    mamba = dataclasses.replace(snap.mamba, tree=mamba_tree)
-    return dataclasses.replace(snap, tree=coarse_tree(snap.tree), mamba=mamba)
+    mamba_tree = replaced(coarse_mamba_tree(tree), mamba_lru=tree.mamba_lru)
+    mamba = replaced(snap.mamba, tree=mamba_tree)
+    return replaced(snap, tree=coarse_tree(snap.tree), mamba=mamba)
 
 
 def coarse_hybrid(snap: PoolSnapshot) -> PoolSnapshot:

@@ -14,10 +14,10 @@ the allocator snapshot compares).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from kvpool.config import PoolConfig
+from kvpool.records import replaced
 from kvpool.snapshot import NodeSnapshot, TreeSnapshot
 from kvpool.testing.bundle import Implementation
 from kvpool.testing.machines.radix import RadixSide, RadixSnapshot, RadixTarget, insert_span
@@ -35,11 +35,11 @@ def coarse_tree(tree: TreeSnapshot) -> TreeSnapshot:
         order = sorted(range(len(node.child_ids)), key=lambda i: node.child_ids[i])
         kids = tuple(node.child_ids[i] for i in order)
         queue.extend(by_id[k] for k in kids)
-        rows.append(dataclasses.replace(
+        rows.append(replaced(
             node, child_ids=kids, child_keys=tuple(node.child_keys[i] for i in order),
             last_access_time=0.0, hit_count=0, priority=0,
         ))  # fmt: skip
-    return dataclasses.replace(tree, nodes=tuple(rows), eviction_policy="")
+    return replaced(tree, nodes=tuple(rows), eviction_policy="")
 
 
 class UnifiedRadixTarget(RadixTarget):

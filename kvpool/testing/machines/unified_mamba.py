@@ -25,7 +25,6 @@ states an eviction frees).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +32,7 @@ from kvpool.config import PoolConfig
 from kvpool.invariants.allocator import check_allocator
 from kvpool.invariants.mamba import MambaContext, MambaReqView, check_mamba
 from kvpool.invariants.unified_mamba_tree import check_unified_mamba_tree
+from kvpool.records import replaced
 from kvpool.snapshot import MambaNodeSnapshot, MambaTreeSnapshot
 from kvpool.testing import report
 from kvpool.testing.bundle import Implementation
@@ -53,8 +53,8 @@ def coarse_mamba_tree(tree: MambaTreeSnapshot) -> MambaTreeSnapshot:
         node = queue.pop(0)
         kids = tuple(sorted(node.child_ids))
         queue.extend(by_id[k] for k in kids)
-        rows.append(dataclasses.replace(node, child_ids=kids))
-    return dataclasses.replace(tree, nodes=tuple(rows), full_lru=(), mamba_lru=())
+        rows.append(replaced(node, child_ids=kids))
+    return replaced(tree, nodes=tuple(rows), full_lru=(), mamba_lru=())
 
 
 @dataclass
