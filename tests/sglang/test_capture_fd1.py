@@ -65,3 +65,19 @@ def test_a_forked_child_captures_into_its_own_sink() -> None:
     os.waitpid(pid, 0)
     assert child == "child output\n"
     assert capture_fd1(lambda: _writes("parent after\n")) == "parent after\n"
+
+
+def test_without_memfd_the_sink_is_an_unnamed_temporary_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where ``os.memfd_create`` is missing (not Linux) the sink is a temporary file, kept open
+    through a duplicate of its descriptor, and captures behave the same."""
+    from kvpool.sglang import unified_base
+
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    monkeypatch.setattr(unified_base, "_SINK", None)
+    assert capture_fd1(lambda: _writes("a longer first capture\n")) == "a longer first capture\n"
+    assert capture_fd1(lambda: _writes("second\n")) == "second\n"
+    sink = unified_base._SINK
+    assert sink is not None and sink[0] == os.getpid()
+    os.close(sink[1])  # the test's own sink: the module's is restored after it
