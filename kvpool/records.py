@@ -108,12 +108,24 @@ def _fillable(cls: type) -> bool:
 K = TypeVar("K")
 
 
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
+""":func:`replaced`'s field names per :func:`plain_record` class."""
+
+
 def replaced(part: K, **changes: object) -> K:
-    """``dataclasses.replace(part, **changes)`` (``changes`` naming fields), without running
-    ``__init__`` again when :func:`plain_record` holds for ``part``'s class."""
-    if not plain_record(type(part)):
+    """``dataclasses.replace(part, **changes)``, without running ``__init__`` again when
+    :func:`plain_record` holds for ``part``'s class. A name that is no field gets
+    ``dataclasses.replace``'s own ``TypeError`` (filling would add it silently)."""
+    cls = type(part)
+    if not plain_record(cls):
         return dataclasses.replace(part, **changes)  # type: ignore[type-var]
-    new = object.__new__(type(part))
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        fields_of = dataclasses.fields(cls)  # type: ignore[arg-type]
+        names = _FIELD_NAMES[cls] = frozenset(f.name for f in fields_of)
+    if not changes.keys() <= names:
+        return dataclasses.replace(part, **changes)  # type: ignore[type-var]
+    new = object.__new__(cls)
     fields = new.__dict__
     fields.update(part.__dict__)
     fields.update(changes)

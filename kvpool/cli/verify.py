@@ -157,7 +157,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="with SGLang: its paged allocators' torch path instead of their Triton kernels "
         "(alloc_extend_naive; from 0.5.23 alloc_decode_naive too, in the SWA allocator as "
-        "well): about 1.8x the steps a second (specs/harness.md)",
+        "well): more steps a second (specs/harness.md, specs/performance.md)",
     )
     p.add_argument(
         "--backend",

@@ -86,15 +86,8 @@ def capture_fd1(fn: Callable[[], object]) -> str:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
-    size = os.lseek(sink, 0, os.SEEK_CUR)
-    os.lseek(sink, 0, os.SEEK_SET)
-    chunks: list[bytes] = []
-    while size > 0:  # a read may return less than asked
-        chunk = os.read(sink, size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size -= len(chunk)
+    os.lseek(sink, 0, os.SEEK_SET)  # truncated before the call: its end is the call's output
+    chunks = iter(lambda: os.read(sink, 1 << 16), b"")
     return b"".join(chunks).decode("utf-8", "replace")
 
 

@@ -103,6 +103,8 @@ def test_replaced_equals_dataclasses_replace() -> None:
     changed = replaced(node, lock_ref=0, key=(9,))
     assert changed == dataclasses.replace(node, lock_ref=0, key=(9,)) and changed is not node
     assert node.lock_ref == 1  # the original untouched
+    with pytest.raises(TypeError):  # a name that is no field: the dataclass's own error
+        replaced(node, lock_ref=0, bogus=1)
     with pytest.raises(ValueError):  # a class with __post_init__ is replaced its own way
         replaced(_Checked(1), n=-1)
 
