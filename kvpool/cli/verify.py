@@ -155,9 +155,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--naive",
         action="store_true",
-        help="with SGLang: its paged allocators' torch path instead of their Triton kernels "
-        "(alloc_extend_naive; from 0.5.23 alloc_decode_naive too, in the SWA allocator as "
-        "well): more steps a second (specs/harness.md, specs/performance.md)",
+        help="with SGLang: its paged allocators' torch path instead of their Triton kernels, "
+        "whoever calls them (alloc_extend_naive; from 0.5.23 alloc_decode_naive too), the SWA "
+        "allocator's included: more steps a second (specs/harness.md, specs/performance.md)",
     )
     p.add_argument(
         "--backend",

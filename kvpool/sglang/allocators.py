@@ -19,14 +19,13 @@ Differences between releases the adapter absorbs (and reports nowhere else):
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from kvpool.sglang.kernels import naive_extend as _naive_extend
+from kvpool.sglang.kernels import route_naive_extend
 from kvpool.sglang.loader import SGLangModules
 from kvpool.snapshot import AllocatorSnapshot
 
@@ -75,9 +74,10 @@ class SGLangAllocator:
     """SGLang's ``TokenToKVPoolAllocator`` (``page_size == 1``) or
     ``PagedTokenToKVPoolAllocator`` (``page_size > 1``) of ``size`` tokens, as a kvpool
     :class:`~kvpool.protocols.PagedAllocatorProtocol`. ``naive_extend``: extend launches run
-    SGLang's ``alloc_extend_naive`` instead of the Triton kernel (from 0.5.23 by SGLang's own
-    ``use_triton_kernels = False`` switch, which also routes decode through
-    ``alloc_decode_naive``). ``impl`` is SGLang's object."""
+    SGLang's ``alloc_extend_naive`` instead of the Triton kernel, whoever calls ``impl`` (from
+    0.5.23 by SGLang's own ``use_triton_kernels = False`` switch, which also routes decode
+    through ``alloc_decode_naive``; before, by :func:`~kvpool.sglang.kernels.route_naive_extend`:
+    decode has no torch path there). ``impl`` is SGLang's object."""
 
     def __init__(
         self,
@@ -104,6 +104,8 @@ class SGLangAllocator:
             self.impl = cls(size, page_size, _KV_DTYPE, "cpu", None, need_sort)
             if hasattr(self.impl, "use_triton_kernels"):
                 self.impl.use_triton_kernels = not naive_extend
+            elif naive_extend:
+                route_naive_extend(self.impl)
 
     # ------------------------------------------------------------------ queries
     def available_size(self) -> int:
@@ -163,9 +165,6 @@ class SGLangAllocator:
             setattr(self.impl, name, copy.copy(value))
 
     # ------------------------------------------------------------------ batch operations
-    def _route(self) -> contextlib.AbstractContextManager[None]:
-        return _naive_extend() if self.naive_extend else contextlib.nullcontext()
-
     def alloc_extend(
         self,
         prefix_lens: Any,
@@ -176,24 +175,22 @@ class SGLangAllocator:
         extend_num_tokens: int,
     ) -> Any:
         """SGLang's ``alloc_extend``: the slots of tokens ``[P_i, S_i)``, or None."""
-        with self._route():
-            return self.impl.alloc_extend(
-                as_index_tensor(prefix_lens),
-                as_index_tensor(prefix_lens_cpu),
-                as_index_tensor(seq_lens),
-                as_index_tensor(seq_lens_cpu),
-                as_index_tensor(last_loc),
-                int(extend_num_tokens),
-            )
+        return self.impl.alloc_extend(
+            as_index_tensor(prefix_lens),
+            as_index_tensor(prefix_lens_cpu),
+            as_index_tensor(seq_lens),
+            as_index_tensor(seq_lens_cpu),
+            as_index_tensor(last_loc),
+            int(extend_num_tokens),
+        )
 
     def alloc_decode(
         self, seq_lens: Any, seq_lens_cpu: Sequence[int] | torch.Tensor, last_loc: Any
     ) -> Any:
         """SGLang's ``alloc_decode``: one slot per request, or None."""
-        with self._route():
-            return self.impl.alloc_decode(
-                as_index_tensor(seq_lens), as_index_tensor(seq_lens_cpu), as_index_tensor(last_loc)
-            )
+        return self.impl.alloc_decode(
+            as_index_tensor(seq_lens), as_index_tensor(seq_lens_cpu), as_index_tensor(last_loc)
+        )
 
 
 __all__ = ["SGLangAllocator", "as_index_tensor", "page_allocator_snapshot"]

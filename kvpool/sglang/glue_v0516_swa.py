@@ -308,7 +308,9 @@ class SGLangSWAGlueManagerV0516(SGLangGlueManagerV0516, SGLangSWAGlueManager):
     ``UnifiedRadixCache``: :class:`SGLangSWARadixGlueManagerV0516`), not its
     ``SWAChunkCache``."""
 
-    def __init__(self, config: PoolConfig, modules: SGLangModules) -> None:
+    def __init__(
+        self, config: PoolConfig, modules: SGLangModules, naive_extend: bool = False
+    ) -> None:
         window = check_swa_config(config)
         if config.disable_radix_cache == self.radix_cache:
             # 0.5.16's registry builds SWAChunkCache with it off, UnifiedRadixCache with it on
@@ -319,7 +321,8 @@ class SGLangSWAGlueManagerV0516(SGLangGlueManagerV0516, SGLangSWAGlueManager):
             raise ConfigError("SGLang 0.5.16's window timing is Rules.swa_window_release "
                               "'maybe_evict' (Rules.for_sglang('0.5.16'))")  # fmt: skip
         ps = config.page_size
-        alloc = SGLangSWAAllocator(modules, config.size, config.swa_size, ps, config.need_sort)
+        alloc = SGLangSWAAllocator(modules, config.size, config.swa_size, ps, config.need_sort,
+                                   naive_extend=naive_extend)  # fmt: skip
         pool = SGLangReqToTokenPool(modules, config.req_pool_size, config.max_context_len)
         tree = self._build_tree(modules, pool, alloc, config, window)
         layers = range(config.num_layers)

@@ -188,14 +188,16 @@ class SGLangSWARadixGlueManagerV0516(SGLangSWAGlueManagerV0516):
 
     radix_cache = True
 
-    def __init__(self, config: PoolConfig, modules: SGLangModules) -> None:
+    def __init__(
+        self, config: PoolConfig, modules: SGLangModules, naive_extend: bool = False
+    ) -> None:
         if config.rules.swa_tree != "unified":
             raise ConfigError("SGLang 0.5.16's radix-cache tree for a sliding-window model is its "
                               "UnifiedRadixCache: Rules.swa_tree must be 'unified' "
                               "(Rules.for_sglang('0.5.16'))")  # fmt: skip
         self._locks: dict[str, _SWALock] = {}
         self._session_locks: dict[str, _SWALock] = {}
-        super().__init__(config, modules)
+        super().__init__(config, modules, naive_extend)
         tree: Any = self.tree_cache
         self.glue_calls.append(tree.calls)
 
@@ -293,19 +295,20 @@ class SGLangSWARadixGlueManagerV0516(SGLangSWAGlueManagerV0516):
         self._session_locks.pop(session_id, None)
 
 
-def swa_manager_factory_v0516(modules: SGLangModules) -> Any:
+def swa_manager_factory_v0516(modules: SGLangModules, naive_extend: bool = False) -> Any:
     """``swa_manager(config)`` of 0.5.16's implementation: 0.5.16's glue where
     :func:`glue_covers_v0516_swa` says so (:class:`SGLangSWAGlueManagerV0516` over its
     ``SWAChunkCache`` with the radix cache off,
     :class:`SGLangSWARadixGlueManagerV0516` over its
     unified tree with it on); otherwise kvpool's own SWA lifecycle (the torch twin's,
-    checked)."""
+    checked). ``naive_extend``: SGLang's SWA allocator extends on its torch path
+    (``+naive``)."""
 
     def build(config: PoolConfig) -> Any:
         if glue_covers_v0516_swa(config) and config.disable_radix_cache:
-            return SGLangSWAGlueManagerV0516(config, modules)
+            return SGLangSWAGlueManagerV0516(config, modules, naive_extend)
         if glue_covers_v0516_swa(config):
-            return SGLangSWARadixGlueManagerV0516(config, modules)
+            return SGLangSWARadixGlueManagerV0516(config, modules, naive_extend)
         from kvpool.optimized.lifecycle.swa_memory_manager import SWAMemoryManager
 
         return SWAMemoryManager(config, checked=True)

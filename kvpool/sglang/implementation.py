@@ -335,9 +335,10 @@ def implementation(
             return reach_glue(config, ops)
 
         # a sliding-window model's lifecycle: 0.5.16's glue over its SWAChunkCache with the
-        # radix cache off, kvpool's lifecycle with it on (kvpool.sglang.glue_v0516_swa)
-        return dataclasses.replace(glued, swa_manager=swa_manager_factory_v0516(modules),
-                                   reachability=reach_v0516)  # fmt: skip
+        # radix cache off, over its unified FULL+SWA tree with it on
+        # (kvpool.sglang.glue_v0516_swa_radix)
+        swa_manager = swa_manager_factory_v0516(modules, naive_extend)
+        return dataclasses.replace(glued, swa_manager=swa_manager, reachability=reach_v0516)
     if manager is None:
         return built
 

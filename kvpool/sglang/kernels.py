@@ -86,6 +86,23 @@ class KernelSwitch:
         self.naive(prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size, "cpu")
 
 
+def route_naive_extend(impl: Any) -> None:
+    """Every ``alloc_extend`` call on ``impl`` (a paged allocator of a release without
+    ``use_triton_kernels``) runs inside :func:`naive_extend`: an instance attribute wrapping the
+    class's method, so that SGLang's own callers (its scheduler glue, its SWA allocator's
+    ``alloc_extend``) take the naive path too, not only kvpool's adapter. Idempotent."""
+    bound = impl.alloc_extend
+    if getattr(bound, "_kvpool_naive", False):
+        return
+
+    def alloc_extend(*args: Any, **kwargs: Any) -> Any:
+        with naive_extend():
+            return bound(*args, **kwargs)
+
+    alloc_extend._kvpool_naive = True  # type: ignore[attr-defined]
+    impl.alloc_extend = alloc_extend
+
+
 def install_interpreted(module: Any, name: str) -> None:
     """Replace Triton kernel ``name`` of SGLang's loaded ``module`` by its interpreter launch
     (idempotent): ``module.name[grid](*args)`` then runs on CPU tensors."""
@@ -113,4 +130,10 @@ def install_kernel_switches(paged: Any) -> None:
             setattr(paged, name, switch)
 
 
-__all__ = ["KernelSwitch", "install_interpreted", "install_kernel_switches", "naive_extend"]
+__all__ = [
+    "KernelSwitch",
+    "install_interpreted",
+    "install_kernel_switches",
+    "naive_extend",
+    "route_naive_extend",
+]

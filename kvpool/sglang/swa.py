@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from kvpool.sglang.allocators import _STATE_FIELDS, as_index_tensor, page_allocator_snapshot
+from kvpool.sglang.kernels import route_naive_extend
 from kvpool.sglang.loader import SGLangModules
 from kvpool.snapshot import SWAAllocatorSnapshot
 
@@ -84,9 +85,11 @@ def _ints(value: Any) -> tuple[int, ...]:
 class SGLangSWAAllocator:
     """SGLang's ``SWATokenToKVPoolAllocator`` of ``size`` full and ``size_swa`` SWA tokens (see
     the module docstring). Above page size 1 its two paged allocators run their Triton kernels
-    (through the interpreter), or with ``naive_extend`` SGLang's torch path
-    (``use_triton_kernels = False``: ``alloc_extend_naive`` and ``alloc_decode_naive``, as on a
-    platform without Triton). ``impl`` is SGLang's object."""
+    (through the interpreter), or with ``naive_extend`` SGLang's torch path, as on a platform
+    without Triton (0.5.23: ``use_triton_kernels = False``, ``alloc_extend_naive`` and
+    ``alloc_decode_naive``; 0.5.16: ``alloc_extend_naive`` through
+    :func:`~kvpool.sglang.kernels.route_naive_extend`, decode having no torch path).
+    ``impl`` is SGLang's object."""
 
     def __init__(
         self,
@@ -108,6 +111,8 @@ class SGLangSWAAllocator:
         for sub in (self.impl.full_attn_allocator, self.impl.swa_attn_allocator):
             if hasattr(sub, "use_triton_kernels"):
                 sub.use_triton_kernels = not naive_extend
+            elif naive_extend and page_size > 1:
+                route_naive_extend(sub)
 
     # ------------------------------------------------------------------ queries
     @property
