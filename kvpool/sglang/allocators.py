@@ -70,6 +70,14 @@ def page_allocator_snapshot(
     )
 
 
+def call_alloc_extend(impl: Any, extend_num_tokens: int, *index_args: Any) -> Any:
+    """SGLang allocator ``impl``'s ``alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens,
+    seq_lens_cpu, last_loc, extend_num_tokens)``, ``index_args`` being the first five as kvpool
+    passes them (per request: lengths in tokens, last slots), made the index tensors SGLang
+    takes."""
+    return impl.alloc_extend(*map(as_index_tensor, index_args), int(extend_num_tokens))
+
+
 class SGLangAllocator:
     """SGLang's ``TokenToKVPoolAllocator`` (``page_size == 1``) or
     ``PagedTokenToKVPoolAllocator`` (``page_size > 1``) of ``size`` tokens, as a kvpool
@@ -175,14 +183,8 @@ class SGLangAllocator:
         extend_num_tokens: int,
     ) -> Any:
         """SGLang's ``alloc_extend``: the slots of tokens ``[P_i, S_i)``, or None."""
-        return self.impl.alloc_extend(
-            as_index_tensor(prefix_lens),
-            as_index_tensor(prefix_lens_cpu),
-            as_index_tensor(seq_lens),
-            as_index_tensor(seq_lens_cpu),
-            as_index_tensor(last_loc),
-            int(extend_num_tokens),
-        )
+        return call_alloc_extend(self.impl, extend_num_tokens, prefix_lens, prefix_lens_cpu,
+                                 seq_lens, seq_lens_cpu, last_loc)  # fmt: skip
 
     def alloc_decode(
         self, seq_lens: Any, seq_lens_cpu: Sequence[int] | torch.Tensor, last_loc: Any
@@ -193,4 +195,4 @@ class SGLangAllocator:
         )
 
 
-__all__ = ["SGLangAllocator", "as_index_tensor", "page_allocator_snapshot"]
+__all__ = ["SGLangAllocator", "as_index_tensor", "call_alloc_extend", "page_allocator_snapshot"]

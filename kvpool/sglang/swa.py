@@ -28,7 +28,12 @@ from typing import Any
 
 import torch
 
-from kvpool.sglang.allocators import _STATE_FIELDS, as_index_tensor, page_allocator_snapshot
+from kvpool.sglang.allocators import (
+    _STATE_FIELDS,
+    as_index_tensor,
+    call_alloc_extend,
+    page_allocator_snapshot,
+)
 from kvpool.sglang.kernels import route_naive_extend
 from kvpool.sglang.loader import SGLangModules
 from kvpool.snapshot import SWAAllocatorSnapshot
@@ -190,14 +195,8 @@ class SGLangSWAAllocator:
         last_loc: Any,
         extend_num_tokens: int,
     ) -> Any:
-        return self.impl.alloc_extend(
-            as_index_tensor(prefix_lens),
-            as_index_tensor(prefix_lens_cpu),
-            as_index_tensor(seq_lens),
-            as_index_tensor(seq_lens_cpu),
-            as_index_tensor(last_loc),
-            int(extend_num_tokens),
-        )
+        return call_alloc_extend(self.impl, extend_num_tokens, prefix_lens, prefix_lens_cpu,
+                                 seq_lens, seq_lens_cpu, last_loc)  # fmt: skip
 
     def alloc_extend_swa_tail(
         self,
