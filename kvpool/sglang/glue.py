@@ -20,8 +20,9 @@ Which fields map where (SGLang name: kvpool field):
 ``kv.req_pool_idx`` (read / write)     ``req_pool_idx``
 ``kv.holds_kv``, ``kv.is_kv_released`` a row is held / not
 ``kv.kv_allocated_len`` (read / write) ``kv_allocated_len``
-``kv.kv_committed_len`` (read / write) ``kv_committed_len`` (a write is dropped: kvpool's
-                                       lifecycle sets the same value right after)
+``kv.kv_committed_len`` (read / write) ``kv_committed_len`` (a write is kept aside and
+                                       checked: kvpool's lifecycle sets the value right
+                                       after, ``check_committed``)
 ``kv.mark_kv_released()``              nothing: kvpool forgets the fields after the release
 ``kv.holds_mamba``,                    False / None: no hybrid model on this path
 ``kv.mamba_ping_pong_track_buffer``
@@ -40,11 +41,12 @@ Which fields map where (SGLang name: kvpool field):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from kvpool.errors import InvariantViolation
 from kvpool.sglang.cache_req import CacheReq, CacheReqKv
 
 
@@ -104,15 +106,19 @@ class GlueKv(CacheReqKv):
 
     @kv_committed_len.setter
     def kv_committed_len(self, value: int) -> None:
-        """Nothing to write: SGLang advances the committed length where its scheduler computed
-        the KV, and kvpool's lifecycle owns that step (its decode appends the token and sets
-        the same length right after)."""
+        """Kept aside (:attr:`GlueReq.committed_written`), not written: kvpool's lifecycle
+        owns the step that computes the KV and sets the committed length right after, and the
+        glue manager checks that SGLang wrote that same length (:func:`check_committed`)."""
+        object.__setattr__(self._owner, "committed_written", int(value))
 
 
 class GlueReq(CacheReq):
     """A kvpool request as SGLang 0.5.23's memory glue sees it (see the module docstring)."""
 
-    __slots__ = ("_skip", "_stops", "matched")
+    __slots__ = ("_skip", "_stops", "committed_written", "matched")
+    committed_written: int | None
+    """The committed length (tokens) SGLang's glue last wrote into ``req.kv`` (None: none
+    yet); :func:`check_committed` compares it with the step's."""
     matched: dict[str, Any]
     """What ``match_kv_cache`` wrote: ``prefix_len`` and the host / branching fields."""
     _stops: Any
@@ -133,6 +139,7 @@ class GlueReq(CacheReq):
         object.__setattr__(self, "matched", {})
         object.__setattr__(self, "_stops", None)
         object.__setattr__(self, "_skip", False)
+        object.__setattr__(self, "committed_written", None)
 
     @property
     def skip_radix_cache_insert(self) -> bool:
@@ -285,6 +292,24 @@ def count_calls(module: Any, short: str) -> Counter[str]:
     return counts
 
 
+def check_committed(glues: Sequence[GlueReq], expected: Sequence[int], call: str) -> None:
+    """Each request's committed length (tokens) as SGLang's glue ``call`` wrote it into the
+    record must be ``expected`` (the length the step commits, which kvpool's lifecycle sets):
+    a glue that forgets or miscounts it leaves the scheduler's record wrong, which later
+    releases and matches read. Raises :class:`~kvpool.errors.InvariantViolation`
+    ``INV-LENGTHS`` naming each request, what was written and what the step commits."""
+    wrong = [
+        (g.req.rid, g.committed_written, e)
+        for g, e in zip(glues, expected, strict=True)
+        if g.committed_written != e
+    ]
+    if wrong:
+        raise InvariantViolation(
+            "INV-LENGTHS",
+            f"SGLang's {call} wrote kv_committed_len (rid, written, the step's): {wrong}",
+        )
+
+
 def link_counted(modules: list[Any]) -> None:
     """Point each of ``modules``' imports of another's function at its counted wrapper (a
     ``from ... import f`` bound the original before :func:`count_calls` wrapped it)."""
@@ -338,4 +363,12 @@ def install_stand_ins(runtime_context: Any, utils_common: Any) -> None:
     utils_common.__dict__["is_pin_memory_available"] = lambda device=None: False
 
 
-__all__ = ["GlueBatch", "GlueKv", "GlueReq", "count_calls", "install_stand_ins", "link_counted"]
+__all__ = [
+    "GlueBatch",
+    "GlueKv",
+    "GlueReq",
+    "check_committed",
+    "count_calls",
+    "install_stand_ins",
+    "link_counted",
+]

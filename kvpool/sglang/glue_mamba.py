@@ -74,7 +74,7 @@ from kvpool.optimized.lifecycle.mamba_hooks import MambaHooks
 from kvpool.optimized.req import Req
 from kvpool.reference.mamba import lifecycle as mamba_lifecycle
 from kvpool.sglang.cache_req import InsertedLen
-from kvpool.sglang.glue import GlueKv, GlueReq
+from kvpool.sglang.glue import GlueKv, GlueReq, check_committed
 from kvpool.sglang.glue_manager import SGLangGlueManager
 from kvpool.sglang.hybrid import MambaReqProxy, SGLangHybridReqToTokenPool
 from kvpool.sglang.loader import SGLangModules
@@ -508,6 +508,7 @@ class SGLangMambaGlueManager(SGLangGlueManager):
                 self.mamba_glue["mamba.ensure_capacity_evicts"] += 1
         batch = self._glue_batch(reqs).for_extend(prefix_lens, seqs)
         out: torch.Tensor = self._allocation.alloc_for_extend(batch)[0]
+        check_committed(batch.reqs, seqs, "alloc_for_extend")
         self.hooks.after_admission(reqs)
         return out.to(torch.int64)
 

@@ -51,7 +51,7 @@ from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.optimized.req import Req
 from kvpool.sglang.cache_req import as_prefix, row_prefix
-from kvpool.sglang.glue import GlueBatch, GlueReq, count_calls, link_counted
+from kvpool.sglang.glue import GlueBatch, GlueReq, check_committed, count_calls, link_counted
 from kvpool.sglang.kernels import install_interpreted
 from kvpool.sglang.loader import SGLangModules
 from kvpool.sglang.req_methods import stop_methods
@@ -103,6 +103,11 @@ class SGLangGlueManager(MemoryManager):
         # SGLang writes a spec step's rows with its Triton kernel: run it through Triton's
         # interpreter on the CPU (as the paged allocator's kernels, kvpool.sglang.kernels)
         install_interpreted(self._allocation, "assign_req_to_token_pool")
+
+    glue_writes_committed = True
+    """Whether the release's allocation glue writes each request's committed length (0.5.23's
+    ``alloc_for_extend`` and ``alloc_for_decode`` do, 0.5.16's do not): then the length it
+    wrote must be the step's (:func:`~kvpool.sglang.glue.check_committed`)."""
 
     # ----------------------------------------------------------------- stand-ins
     def _glue(self, req: Req) -> GlueReq:
@@ -161,17 +166,24 @@ class SGLangGlueManager(MemoryManager):
         self._check_capacity(self._tokens_needed(prefix_lens, seqs))
         batch = self._glue_batch(reqs).for_extend(prefix_lens, seqs)
         out: torch.Tensor = self._allocation.alloc_for_extend(batch)[0]
+        if self.glue_writes_committed:
+            check_committed(batch.reqs, seqs, "alloc_for_extend")
         return out.to(torch.int64)
 
     def alloc_for_decode(self, reqs: Sequence[Req]) -> torch.Tensor:
-        """kvpool's checks (see the twin's), then SGLang's ``alloc_for_decode(batch, 1)``."""
+        """kvpool's checks (see the twin's), then SGLang's ``alloc_for_decode(batch, 1)``,
+        which must count each request's committed length one token on
+        (:attr:`glue_writes_committed`)."""
         cols, needed = self._check_decode(reqs)
         if not reqs:
             return torch.empty((0,), dtype=torch.int64)
         self._check_capacity(needed)
         rows = [int(r.req_pool_idx) for r in reqs if r.req_pool_idx is not None]
+        committed = [r.kv_committed_len + 1 for r in reqs]
         batch = self._glue_batch(reqs).for_decode(rows, cols)
         out = self._allocation.alloc_for_decode(batch, 1)
+        if self.glue_writes_committed:
+            check_committed(batch.reqs, committed, "alloc_for_decode")
         return torch.as_tensor(out).to(torch.int64)
 
     def spec_step(

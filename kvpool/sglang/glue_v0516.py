@@ -386,6 +386,8 @@ class SGLangGlueManagerV0516(SGLangGlueManager):
     =============================  ==========================================================
     """
 
+    glue_writes_committed = False  # 0.5.16's allocation glue leaves the committed length
+
     def __init__(
         self,
         config: PoolConfig,

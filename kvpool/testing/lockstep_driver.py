@@ -5,7 +5,9 @@ and B (the candidate) and stops at the first of (in this order, so that a named 
 over a bare difference when both fire):
 
 1. ``crash``: an implementation raised something that is not a :class:`~kvpool.errors.KVPoolError`
-   (or its ``snapshot()`` failed);
+   (or its ``snapshot()`` failed); an invariant id: a call raised
+   :class:`~kvpool.errors.InvariantViolation` (an adapter's own check of the code it wraps,
+   e.g. :func:`kvpool.sglang.glue.check_committed`);
 2. an invariant id: :func:`kvpool.invariants.check_all` on B's then A's snapshot (with the
    previous snapshot, so monotonicity and KV integrity are checked too); under layer-wise
    loading (``PoolConfig.layerwise_loading``) first ``INV-LAYER-LOADED`` and the counters'
@@ -196,6 +198,8 @@ class Lockstep:
         for label, err in ((self.labels[0], err_a), (self.labels[1], err_b)):
             if err is not None and not isinstance(err, KVPoolError):
                 raise self.fail("crash", f"{label} raised {type(err).__name__}: {err}") from err
+            if isinstance(err, InvariantViolation):  # its own check (an adapter's) failed
+                raise self.fail(err.invariant_id, f"{label}: {err}", err.indices) from err
         layer_problem = self.layers.check(self.labels) if self.layers is not None else None
         if layer_problem is not None:  # before the outcomes: a read that ran ahead is named
             raise self.fail(*layer_problem)

@@ -6,7 +6,7 @@ loaded SGLang package (the mutant replaces every binding of the original, a ``fr
 included, and behaves as mutated). Opt-in (``--run-sglang-wheel``): on SGLang 0.5.23's own
 glue, the campaign as released passes and reaches the release path, and faults the field
 reports (a release that forgets the unlock, the row's free or the private slots' free) are
-killed by a named invariant."""
+killed by a named invariant, and so is an allocation that forgets the committed length."""
 
 from __future__ import annotations
 
@@ -182,3 +182,23 @@ def test_release_faults_in_sglangs_glue_are_killed() -> None:
             outcome = box.call(dataclasses.replace(baseline, mutant=mutant), 600)
             assert isinstance(outcome, gm.Outcome), (change, outcome)
             assert outcome.detector == detector, (change, outcome)
+
+
+@pytest.mark.sglang_wheel
+def test_a_committed_length_the_glue_forgets_is_killed() -> None:
+    """0.5.23's allocation glue writes each request's committed length; kvpool's stand-in
+    keeps the write aside and checks it against the step's (``check_committed``): a glue that
+    forgets it fails ``INV-LENGTHS`` (before the check, both mutants survived)."""
+    from kvpool.sglang.loader import load_sglang
+    from kvpool.testing.sandbox import Sandbox
+
+    wanted = {
+        ("alloc_for_extend", "delete req.kv.kv_committed_len = seq_len"),
+        ("alloc_for_decode_default", "delete req.kv.kv_committed_len += token_per_req"),
+    }
+    found = [m for m in gm.mutants(load_sglang("0.5.23")) if (m.function, m.change) in wanted]
+    assert len(found) == 2
+    with Sandbox(gm.play_quietly, gm.warm) as box:
+        for mutant in found:
+            outcome = box.call(gm.Trial("0.5.23", "manager", 1, 40, mutant), 600)
+            assert isinstance(outcome, gm.Outcome) and outcome.detector == "INV-LENGTHS", outcome
