@@ -100,7 +100,6 @@ class SGLangAllocator:
         self.page_size = page_size
         self.need_sort = need_sort
         self.num_pages = size // page_size
-        self.naive_extend = naive_extend
         self.version = modules.version
         if page_size == 1:
             cls = modules.attr("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator")

@@ -74,7 +74,7 @@ from kvpool.optimized.lifecycle.mamba_hooks import MambaHooks
 from kvpool.optimized.req import Req
 from kvpool.reference.mamba import lifecycle as mamba_lifecycle
 from kvpool.sglang.cache_req import InsertedLen
-from kvpool.sglang.glue import GlueKv, GlueReq, check_committed
+from kvpool.sglang.glue import GlueKv, GlueReq
 from kvpool.sglang.glue_manager import SGLangGlueManager
 from kvpool.sglang.hybrid import MambaReqProxy, SGLangHybridReqToTokenPool
 from kvpool.sglang.loader import SGLangModules
@@ -506,11 +506,9 @@ class SGLangMambaGlueManager(SGLangGlueManager):
             pool: Any = self.req_to_token_pool
             if int(pool.impl.mamba_allocator.available_size()) < pool.mamba_slots_needed(reqs):
                 self.mamba_glue["mamba.ensure_capacity_evicts"] += 1
-        batch = self._glue_batch(reqs).for_extend(prefix_lens, seqs)
-        out: torch.Tensor = self._allocation.alloc_for_extend(batch)[0]
-        check_committed(batch.reqs, seqs, "alloc_for_extend")
+        out = self._sglang_extend(self._glue_batch(reqs).for_extend(prefix_lens, seqs), seqs)
         self.hooks.after_admission(reqs)
-        return out.to(torch.int64)
+        return out
 
     def close_session(self, session_id: str) -> None:
         """kvpool's session close; a hybrid session's Mamba state and track slots go back

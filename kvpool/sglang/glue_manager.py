@@ -164,7 +164,11 @@ class SGLangGlueManager(MemoryManager):
         """kvpool's checks (see the twin's), then SGLang's ``alloc_for_extend``."""
         prefix_lens, seqs = self._check_extend(reqs, seq_lens)
         self._check_capacity(self._tokens_needed(prefix_lens, seqs))
-        batch = self._glue_batch(reqs).for_extend(prefix_lens, seqs)
+        return self._sglang_extend(self._glue_batch(reqs).for_extend(prefix_lens, seqs), seqs)
+
+    def _sglang_extend(self, batch: GlueBatch, seqs: Sequence[int]) -> torch.Tensor:
+        """SGLang's ``alloc_for_extend(batch)``: the new slots (int64), each request's
+        committed length then checked against ``seqs`` (:attr:`glue_writes_committed`)."""
         out: torch.Tensor = self._allocation.alloc_for_extend(batch)[0]
         if self.glue_writes_committed:
             check_committed(batch.reqs, seqs, "alloc_for_extend")
