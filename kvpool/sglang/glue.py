@@ -23,11 +23,16 @@ Which fields map where (SGLang name: kvpool field):
 ``kv.kv_committed_len`` (read / write) ``kv_committed_len`` (a write is kept aside and
                                        checked: kvpool's lifecycle sets the value right
                                        after, ``check_committed``)
-``kv.mark_kv_released()``              nothing: kvpool forgets the fields after the release
+``kv.mark_kv_released()``              noted (:attr:`GlueReq.released`) and checked after
+                                       the release (``check_released``); kvpool forgets the
+                                       fields itself
+``lock`` (write None)                  noted (:attr:`GlueReq.lock_dropped`), checked after
+                                       the release
 ``kv.holds_mamba``,                    False / None: no hybrid model on this path
 ``kv.mamba_ping_pong_track_buffer``
 ``prefix_len`` (read / write)          the tree prefix of a waiting request, else its
-                                       committed length (a write is SGLang's own bookkeeping)
+                                       committed length; a write is kept for the call (a
+                                       chunk boundary's is checked: ``check_resume``)
 ``extend_end``                         ``len(fill_ids)``
 ``owned_kv_len()``,                    SGLang's own (:mod:`kvpool.sglang.req_methods`),
 ``output_ids_through_stop``            bound by the release (unbound: AttributeError)
@@ -82,7 +87,10 @@ class GlueKv(CacheReqKv):
         return self._owner.req.req_pool_idx is None
 
     def mark_kv_released(self) -> None:
-        """Nothing to mark: kvpool's lifecycle forgets the request's pool fields next."""
+        """Noted (:attr:`GlueReq.released`): kvpool's lifecycle forgets the request's pool
+        fields next, and the release is checked to have marked the record
+        (:func:`check_released`)."""
+        object.__setattr__(self._owner, "released", True)
 
     @property
     def holds_mamba(self) -> bool:
@@ -115,10 +123,14 @@ class GlueKv(CacheReqKv):
 class GlueReq(CacheReq):
     """A kvpool request as SGLang 0.5.23's memory glue sees it (see the module docstring)."""
 
-    __slots__ = ("_skip", "_stops", "committed_written", "matched")
+    __slots__ = ("_skip", "_stops", "committed_written", "lock_dropped", "matched", "released")
     committed_written: int | None
     """The committed length (tokens) SGLang's glue last wrote into ``req.kv`` (None: none
     yet); :func:`check_committed` compares it with the step's."""
+    released: bool
+    """Whether SGLang's glue called ``req.kv.mark_kv_released()`` (:func:`check_released`)."""
+    lock_dropped: bool
+    """Whether SGLang's glue wrote ``req.lock = None`` (:func:`check_released`)."""
     matched: dict[str, Any]
     """What ``match_kv_cache`` wrote: ``prefix_len`` and the host / branching fields."""
     _stops: Any
@@ -140,6 +152,8 @@ class GlueReq(CacheReq):
         object.__setattr__(self, "_stops", None)
         object.__setattr__(self, "_skip", False)
         object.__setattr__(self, "committed_written", None)
+        object.__setattr__(self, "released", False)
+        object.__setattr__(self, "lock_dropped", False)
 
     @property
     def skip_radix_cache_insert(self) -> bool:
@@ -179,6 +193,19 @@ class GlueReq(CacheReq):
     @property
     def kv(self) -> GlueKv:
         return GlueKv(self)
+
+    @property
+    def lock(self) -> Any:
+        """The request's ``TreeLock`` (:attr:`CacheReq.lock`)."""
+        return CacheReq.lock.fget(self)  # type: ignore[attr-defined]
+
+    @lock.setter
+    def lock(self, value: Any) -> None:
+        """As :attr:`CacheReq.lock`; a None (the release's drop of its handle) is noted in
+        :attr:`lock_dropped`."""
+        if value is None:
+            object.__setattr__(self, "lock_dropped", True)
+        CacheReq.lock.fset(self, value)  # type: ignore[attr-defined]
 
     @property
     def prefix_len(self) -> int:
@@ -310,6 +337,58 @@ def check_committed(glues: Sequence[GlueReq], expected: Sequence[int], call: str
         )
 
 
+def check_released(glue: GlueReq, call: str) -> None:
+    """After SGLang's ``release_kv_cache`` gave a request's row back (``call`` names it): the
+    glue must have marked the request's record released (``req.kv.mark_kv_released()``, which
+    zeroes its allocated length; a record that keeps it says it still holds KV without a row,
+    and the next admission of a retracted request trips on it) and dropped its lock handle
+    (``req.lock = None``; a stale handle is a second unlock waiting to happen). kvpool's
+    lifecycle forgets both itself, so the glue's part is checked here. Raises
+    :class:`~kvpool.errors.InvariantViolation` ``INV-LENGTHS`` / ``INV-LOCKS``."""
+    rid = glue.req.rid
+    if not glue.released:
+        raise InvariantViolation(
+            "INV-LENGTHS",
+            f"SGLang's {call} left request {rid!r}'s record holding its allocated length "
+            "(no mark_kv_released) after giving its row back",
+        )
+    if not glue.lock_dropped:
+        raise InvariantViolation(
+            "INV-LOCKS", f"SGLang's {call} left request {rid!r}'s lock handle set (req.lock)"
+        )
+
+
+def check_resume(glue: GlueReq, expected: int, call: str) -> None:
+    """After SGLang's ``checkpoint_kv_cache`` (``call``): the ``prefix_len`` it wrote, where
+    the request's next extend resumes (tokens), must be ``expected``, the length kvpool's
+    lifecycle resumes from (``len(fill_ids)``); a glue that forgets or miscounts it makes the
+    next prefill recompute or skip tokens. Raises
+    :class:`~kvpool.errors.InvariantViolation` ``INV-LENGTHS``."""
+    written = glue.matched.get("prefix_len")
+    if written != expected:
+        raise InvariantViolation(
+            "INV-LENGTHS",
+            f"SGLang's {call} wrote prefix_len {written} for request {glue.req.rid!r}; its next "
+            f"extend resumes at {expected}",
+        )
+
+
+def check_allocated(glues: Sequence[GlueReq], expected: Sequence[int], call: str) -> None:
+    """Each request's allocated length (tokens) as SGLang's glue ``call`` left it must be
+    ``expected`` (the columns the step grew the row to). Raises
+    :class:`~kvpool.errors.InvariantViolation` ``INV-LENGTHS`` naming each request."""
+    wrong = [
+        (g.req.rid, int(g.req.kv_allocated_len), e)
+        for g, e in zip(glues, expected, strict=True)
+        if int(g.req.kv_allocated_len) != e
+    ]
+    if wrong:
+        raise InvariantViolation(
+            "INV-LENGTHS",
+            f"SGLang's {call} left kv_allocated_len (rid, left, the step's): {wrong}",
+        )
+
+
 def link_counted(modules: list[Any]) -> None:
     """Point each of ``modules``' imports of another's function at its counted wrapper (a
     ``from ... import f`` bound the original before :func:`count_calls` wrapped it)."""
@@ -367,7 +446,10 @@ __all__ = [
     "GlueBatch",
     "GlueKv",
     "GlueReq",
+    "check_allocated",
     "check_committed",
+    "check_released",
+    "check_resume",
     "count_calls",
     "install_stand_ins",
     "link_counted",

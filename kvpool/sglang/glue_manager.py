@@ -51,7 +51,16 @@ from kvpool.errors import InvalidArgumentError
 from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.optimized.req import Req
 from kvpool.sglang.cache_req import as_prefix, row_prefix
-from kvpool.sglang.glue import GlueBatch, GlueReq, check_committed, count_calls, link_counted
+from kvpool.sglang.glue import (
+    GlueBatch,
+    GlueReq,
+    check_allocated,
+    check_committed,
+    check_released,
+    check_resume,
+    count_calls,
+    link_counted,
+)
 from kvpool.sglang.kernels import install_interpreted
 from kvpool.sglang.loader import SGLangModules
 from kvpool.sglang.req_methods import stop_methods
@@ -230,6 +239,8 @@ class SGLangGlueManager(MemoryManager):
             cur_kv_lens_cpu=cur.clone(), nxt_kv_lens=nxt, nxt_kv_lens_cpu=nxt.clone(),
             num_needed_tokens=int((nxt - cur).sum()), batch=batch,
         )  # fmt: skip
+        # kvpool's step sets the allocated lengths next: what SGLang's glue left is checked
+        check_allocated(glue, seq_lens, "alloc_for_spec_decode")
         table = pool.impl.req_to_token
         parts = [table[r, p:s] for r, p, s in zip(rows.tolist(), prefix_lens, seq_lens,
                                                    strict=True)]  # fmt: skip
@@ -241,8 +252,10 @@ class SGLangGlueManager(MemoryManager):
 
     def release_kv_cache(self, req: Req, is_insert: bool = True) -> None:
         """SGLang's ``release_kv_cache(req, tree, checkpoint=is_insert)`` (a finished request
-        checkpoints into the tree; an aborted or retracted one does not), then kvpool forgets
-        the request's pool fields. InvalidArgumentError (nothing changed) without a row."""
+        checkpoints into the tree; an aborted or retracted one does not), checked to have
+        marked the record released and dropped the lock handle (:func:`~kvpool.sglang.glue.
+        check_released`), then kvpool forgets the request's pool fields.
+        InvalidArgumentError (nothing changed) without a row."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         glue = self._glue(req)
@@ -257,14 +270,19 @@ class SGLangGlueManager(MemoryManager):
             ):
                 glue.skip_insert()
         self._common.release_kv_cache(glue, tree.impl, checkpoint=is_insert)
+        check_released(glue, "release_kv_cache")
         tree._inserted.forget(req)
         req.reset_kv_fields()
 
     def _checkpoint_chunk(self, req: Req, chunked: bool = False, row_read: Any = None) -> None:
-        """A chunk boundary: SGLang's ``checkpoint_kv_cache``; kvpool's ``prefix_indices``
-        becomes the row's first ``len(fill_ids)`` slots, as SGLang's next extend reads them."""
+        """A chunk boundary: SGLang's ``checkpoint_kv_cache``, whose ``prefix_len`` must be
+        ``len(fill_ids)`` (:func:`~kvpool.sglang.glue.check_resume`); kvpool's
+        ``prefix_indices`` becomes the row's first ``len(fill_ids)`` slots, as SGLang's next
+        extend reads them."""
         tree: Any = self.tree_cache
-        self._common.checkpoint_kv_cache(self._glue(req), tree.impl)
+        glue = self._glue(req)
+        self._common.checkpoint_kv_cache(glue, tree.impl)
+        check_resume(glue, len(req.fill_ids), "checkpoint_kv_cache")
         assert req.req_pool_idx is not None
         table = tree.impl.req_to_token_pool.req_to_token
         req.prefix_indices = row_prefix(

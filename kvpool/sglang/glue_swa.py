@@ -97,9 +97,11 @@ class SWAGlueKv(GlueKv):
         return max(self.cache_protected_len, self.swa_evict_floor)
 
     def mark_kv_released(self) -> None:
-        """SGLang clears the request's cursors."""
+        """SGLang clears the request's cursors (and the release is noted, as for any glue
+        request)."""
         owner: Any = self._owner
         owner.state.evicted.clear()
+        super().mark_kv_released()
 
 
 class SWAGlueReq(GlueReq):

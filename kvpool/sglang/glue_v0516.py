@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from kvpool.config import PoolConfig
-from kvpool.errors import InvalidArgumentError
+from kvpool.errors import InvalidArgumentError, InvariantViolation
 from kvpool.optimized.lifecycle.memory_manager import MemoryManager
 from kvpool.optimized.radix.chunk_cache import ChunkCache
 from kvpool.optimized.req import Req
@@ -434,14 +434,19 @@ class SGLangGlueManagerV0516(SGLangGlueManager):
         """SGLang 0.5.16's ``release_kv_cache(req, tree, is_insert)``: the tree's
         ``cache_finished_req`` (insert or free the committed tokens, free the unaligned tail,
         unlock), the over-allocation ``[ceil_align(committed), allocated)`` freed, the row
-        freed, the record dropped; then kvpool forgets the request's pool fields.
-        InvalidArgumentError (nothing changed) without a row."""
+        freed, the record dropped (``INV-LENGTHS`` if SGLang keeps it); then kvpool forgets
+        the request's pool fields. InvalidArgumentError (nothing changed) without a row."""
         if req.req_pool_idx is None:
             raise InvalidArgumentError(f"request {req.rid!r} holds no row")
         tree: Any = self.tree_cache
         self._common.release_kv_cache(self._glue(req), tree.impl, is_insert=is_insert)
+        if self._records.holds(req):  # kvpool forgets it next: the glue's part is checked
+            raise InvariantViolation(
+                "INV-LENGTHS",
+                f"SGLang's release_kv_cache kept request {req.rid!r}'s KV record (req.kv) "
+                "after giving its row back",
+            )
         tree._inserted.forget(req)
-        self._records.drop(req)
         req.reset_kv_fields()
 
     def _checkpoint_chunk(self, req: Req, chunked: bool = False, row_read: Any = None) -> None:

@@ -8,6 +8,7 @@ glue; a leak planted in 0.5.16's release glue is caught with a short trace marke
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -163,3 +164,25 @@ def test_a_leak_planted_in_sglangs_release_glue_is_caught_and_reachable(
     assert result.failure.detector.startswith("INV-"), report
     assert "reachability: reachable through SGLang's scheduler glue" in report, report
     assert report.count("  step ") <= 8, report
+
+
+def test_a_release_that_keeps_the_kv_record_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: 0.5.16's release frees everything but leaves ``req.kv`` set (the record that
+    must exist exactly while the request holds a row). kvpool drops its side of the record
+    itself, so the manager checks SGLang's: ``INV-LENGTHS`` at the first release."""
+    common = load_sglang("0.5.16").module("sglang.srt.mem_cache.common")
+    original = common.release_kv_cache
+
+    def keeping_release(req: Any, tree: Any, is_insert: bool = True) -> None:
+        held = req.kv is not None
+        original(req, tree, is_insert=is_insert)
+        if held and req.kv is None:  # a record set again after SGLang dropped it
+            req.kv = SimpleNamespace(kv_allocated_len=0, swa_evicted_seqlen=0)
+
+    monkeypatch.setattr(common, "release_kv_cache", keeping_release)
+    result = run_machine("manager", reference_implementation(), implementation("0.5.16"), 3600.0,
+                         seed=1, max_runs=20)  # fmt: skip
+    assert result.failure is not None
+    report = result.failure.report
+    assert result.failure.detector == "INV-LENGTHS", report
+    assert "kept request" in report and "KV record (req.kv)" in report, report

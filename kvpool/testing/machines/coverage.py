@@ -60,7 +60,8 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
     ),
     "manager": (
         "extend:ok", "extend:oom", "extend:chunked", "extend:evicted", "decode:ok", "decode:oom",
-        "spec_step:ok", "spec_draft_v1:ok", "finish:ok", "abort:ok", "retract:ok",
+        "decode:evicted", "spec_step:ok", "spec_step:evicted", "spec_draft_v1:ok", "finish:ok",
+        "abort:ok", "retract:ok",
         "session:restore", "close_session:ok", "evict:ok", "merge:by-alloc", "invalid:refused",
         "session:hybrid-restore", "mamba-radix:cow", "mamba-radix:abort-cow",
         "mamba-radix:donated", "mamba-radix:chunk-copy", "mamba-radix:evicted",

@@ -232,6 +232,8 @@ def lifecycle_tags(
             tags.append("session:restore")
             if after.mamba is not None:
                 tags.append("session:hybrid-restore")
+    if op.name in ("decode", "spec_step") and len(after.tree.nodes) < len(before.tree.nodes):
+        tags.append(f"{op.name}:evicted")  # the allocation had to evict first
     if op.name == "finish":
         tags += _stop_tags(op, before)
     if before.allocator.release_pages and not after.allocator.release_pages:
