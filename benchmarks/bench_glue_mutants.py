@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sglang", default="0.5.23", help="SGLang source (default: 0.5.23)")
     p.add_argument(
         "--component",
-        default="manager,mamba_manager,swa_manager",
+        default="manager,mamba_manager,swa_manager,hicache_manager",
         help="the campaigns' machines, comma-separated, judging in turn (default: "
-        "the lifecycle, then its hybrid and sliding-window machines)",
+        "the lifecycle, then its hybrid, sliding-window and host-tier machines)",
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--runs", type=int, default=40, help="runs of 60 steps per mutant")

@@ -341,7 +341,8 @@ def check_released(glue: GlueReq, call: str) -> None:
     """After SGLang's ``release_kv_cache`` gave a request's row back (``call`` names it): the
     glue must have marked the request's record released (``req.kv.mark_kv_released()``, which
     zeroes its allocated length; a record that keeps it says it still holds KV without a row,
-    and the next admission of a retracted request trips on it) and dropped its lock handle
+    which SGLang's own release asserts against: ``not holds_kv == is_kv_released``) and
+    dropped its lock handle
     (``req.lock = None``; a stale handle is a second unlock waiting to happen). kvpool's
     lifecycle forgets both itself, so the glue's part is checked here. Raises
     :class:`~kvpool.errors.InvariantViolation` ``INV-LENGTHS`` / ``INV-LOCKS``."""
