@@ -19,6 +19,7 @@ from kvpool.testing import selfcheck
 from kvpool.testing.campaign import CampaignResult, quiet_collector, run_machine
 from kvpool.testing.machines.coverage import CATALOGUE
 from kvpool.testing.progress import CampaignBar
+from kvpool.testing.workers import LOG_TAG
 
 if TYPE_CHECKING:
     from kvpool.testing.bundle import Implementation
@@ -69,12 +70,16 @@ def coverage_lines(component: str, coverage: dict[str, int]) -> list[str]:
         count = coverage.get(tag, 0)
         lines.append(f"    {tag:<32} {count if count else 'never'}")
     glue = sorted(t for t in coverage if t.startswith("sglang:"))
-    extra = sorted(t for t in coverage if t not in known and t not in glue)
+    logged = sorted(t for t in coverage if t.startswith(LOG_TAG))
+    extra = sorted(t for t in coverage if t not in known and t not in glue and t not in logged)
     if extra:
         lines.append("    also: " + ", ".join(f"{t} {coverage[t]}" for t in extra))
     if glue:  # SGLang's own scheduler glue that ran (kvpool.sglang.glue_manager), with calls
         lines.append("  SGLang glue that ran (calls):")
         lines.extend(f"    {t.removeprefix('sglang:'):<44} {coverage[t]}" for t in glue)
+    if logged:  # what the implementations logged in the workers (kvpool.testing.workers)
+        lines.append("  logged by the implementations (records):")
+        lines.extend(f"    {coverage[t]:>7}  {t.removeprefix(LOG_TAG)}" for t in logged)
     return lines
 
 

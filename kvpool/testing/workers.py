@@ -19,9 +19,11 @@ interpreter; a replay that writes no new op to its log within ``step_timeout`` i
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -77,15 +79,48 @@ def _kernels_as_asked() -> contextlib.AbstractContextManager[object]:
     return checked_interpreter()
 
 
+LOG_TAG = "log:"
+"""Prefix of the coverage tags that count the log records a worker's implementations emitted
+(:class:`LogCounts`)."""
+
+
+class LogCounts(logging.Handler):
+    """Counts the log records of the libraries a worker runs (SGLang's own warnings, a plug-in's)
+    by level, logger and message, instead of letting Python's last-resort handler print them
+    between a campaign's lines: a run reports them as coverage tags ``log:LEVEL LOGGER: MESSAGE``
+    (the logger's last dotted part, the message's unformatted first line, at most 100
+    characters), which ``kvpool verify`` lists with their counts. Installed on the root logger
+    of a worker process only, so a caller's own logging setup is untouched."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.counts: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = str(record.msg).strip()
+        first = text.splitlines()[0][:100] if text else ""
+        where = record.name.rsplit(".", 1)[-1]
+        self.counts[f"{LOG_TAG}{record.levelname} {where}: {first}"] += 1
+
+    def taken(self) -> dict[str, int]:
+        """The counts since the last call (then cleared)."""
+        out = dict(self.counts)
+        self.counts.clear()
+        return out
+
+
 def _serve(conn: Connection, spec: CampaignSpec, log: str) -> None:
     from kvpool.testing.implementations import resolve_implementation
 
+    logs = LogCounts()
+    logging.getLogger().addHandler(logs)  # before the implementations load and log anything
     impl_a = resolve_implementation(spec.impl_a, spec.component)
     impl_b = resolve_implementation(spec.impl_b, spec.component)
     writer = OpLogWriter(log)
     conn.send(("ready",))
+    logs.taken()  # what loading logged belongs to no run
     with quiet_collector():
-        _serve_runs(conn, spec, impl_a, impl_b, writer)
+        _serve_runs(conn, spec, impl_a, impl_b, writer, logs)
 
 
 def _serve_runs(
@@ -94,6 +129,7 @@ def _serve_runs(
     impl_a: Implementation,
     impl_b: Implementation,
     writer: OpLogWriter,
+    logs: LogCounts,
 ) -> None:
     from kvpool.testing.runs import execute, run_config
 
@@ -113,7 +149,9 @@ def _serve_runs(
             f = done.failure
             failure = (f.detector, f.step, str(f))
         # (the config went with "start": the parent keeps it for the run)
-        conn.send(("done", run, done.steps, done.checks, dict(done.coverage), failure))
+        tags = dict(done.coverage)
+        tags.update(logs.taken())
+        conn.send(("done", run, done.steps, done.checks, tags, failure))
 
 
 # ---------------------------------------------------------------------------- replays
@@ -148,7 +186,9 @@ def _sides(spec: CampaignSpec) -> tuple[Implementation, Implementation]:
 
 
 def _warm_replays(replay: _Replay) -> None:
-    """In the zygote: import and resolve both sides (a crash here is the child's to meet)."""
+    """In the zygote: import and resolve both sides (a crash here is the child's to meet);
+    the libraries' log records are counted and dropped, as in a campaign's worker."""
+    logging.getLogger().addHandler(LogCounts())
     _sides(replay.spec)
 
 
@@ -461,5 +501,5 @@ def report_failure(
                                      [op.render() for op in best], text)  # fmt: skip
 
 
-__all__ = ["CampaignSpec", "Found", "Observer", "Replayer", "report_failure", "run_block",
-           "run_parallel"]  # fmt: skip
+__all__ = ["LOG_TAG", "CampaignSpec", "Found", "LogCounts", "Observer", "Replayer",
+           "report_failure", "run_block", "run_parallel"]  # fmt: skip

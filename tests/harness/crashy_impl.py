@@ -3,11 +3,13 @@
 allocation of exactly 3 pages raises SIGSEGV (as a wild kernel pointer would) in ``crashy``,
 sleeps for an hour in ``hangy``, kills the Ray worker that started its process in
 ``ray_killer`` (outside Ray it never breaks), ``born_broken`` lists the reserved page 0 as
-free, and ``one_thread_only`` cannot be built where torch has more than one intra-op thread."""
+free, ``one_thread_only`` cannot be built where torch has more than one intra-op thread, and
+``noisy`` logs a warning at every allocation."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import time
@@ -86,6 +88,30 @@ def born_broken() -> Implementation:
         return alloc
 
     return Implementation("born-broken", allocator=allocator)
+
+
+class _Noisy:
+    """An allocator that logs a warning at every allocation (as SGLang's own pools log theirs)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def alloc(self, need_size: int) -> Any:
+        logging.getLogger("noisy.pool").warning("asked for %d slots", need_size)
+        return self._inner.alloc(need_size)
+
+
+def noisy() -> Implementation:
+    make = reference_implementation().allocator
+    assert make is not None
+
+    def allocator(config: PoolConfig) -> Any:
+        return _Noisy(make(config))
+
+    return Implementation("noisy", allocator=allocator)
 
 
 def one_thread_only() -> Implementation:

@@ -157,3 +157,19 @@ def test_a_campaign_bar_shows_seconds_of_the_budget_and_the_count(
     bar.close()
     err = capsys.readouterr().err
     assert "sessions" in err and "90 plans" in err and "10.0/10.0s" in err
+
+
+def test_what_a_candidate_logs_is_counted_not_printed(capfd: pytest.CaptureFixture[str]) -> None:
+    """A worker counts the log records of the implementations it runs (coverage tags
+    ``log:...``) instead of letting them reach stderr, and ``kvpool verify`` lists them."""
+    from kvpool.testing.verify_run import coverage_lines
+    from kvpool.testing.workers import LOG_TAG
+
+    result = run_parallel(_spec("noisy"), 3600.0, 1, max_runs=3)
+    assert result.failures == 0
+    tag = f"{LOG_TAG}WARNING pool: asked for %d slots"
+    assert result.coverage.get(tag, 0) > 0, result.coverage
+    assert "asked for" not in capfd.readouterr().err
+    lines = coverage_lines("allocator", result.coverage)
+    assert "  logged by the implementations (records):" in lines
+    assert f"    {result.coverage[tag]:>7}  WARNING pool: asked for %d slots" in lines
