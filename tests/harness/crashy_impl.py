@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvpool.config import PoolConfig
@@ -54,14 +55,19 @@ def _parent_is_a_ray_worker() -> bool:
         return False
 
 
-def _wrapped(how: str) -> Implementation:
+def _around_reference(name: str, wrap: Callable[[Any], Any]) -> Implementation:
+    """The reference allocator, each one built wrapped by ``wrap``."""
     make = reference_implementation().allocator
     assert make is not None
 
     def allocator(config: PoolConfig) -> Any:
-        return _Breaking(make(config), how)
+        return wrap(make(config))
 
-    return Implementation(f"breaking[{how}]", allocator=allocator)
+    return Implementation(name, allocator=allocator)
+
+
+def _wrapped(how: str) -> Implementation:
+    return _around_reference(f"breaking[{how}]", lambda inner: _Breaking(inner, how))
 
 
 def crashy() -> Implementation:
@@ -90,8 +96,8 @@ def born_broken() -> Implementation:
     return Implementation("born-broken", allocator=allocator)
 
 
-class _Noisy:
-    """An allocator that logs a warning at every allocation (as SGLang's own pools log theirs)."""
+class _Delegate:
+    """Everything as ``inner`` does it, but what a subclass overrides."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -99,19 +105,17 @@ class _Noisy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+
+class _Noisy(_Delegate):
+    """An allocator that logs a warning at every allocation (as SGLang's own pools log theirs)."""
+
     def alloc(self, need_size: int) -> Any:
         logging.getLogger("noisy.pool").warning("asked for %d slots", need_size)
         return self._inner.alloc(need_size)
 
 
 def noisy() -> Implementation:
-    make = reference_implementation().allocator
-    assert make is not None
-
-    def allocator(config: PoolConfig) -> Any:
-        return _Noisy(make(config))
-
-    return Implementation("noisy", allocator=allocator)
+    return _around_reference("noisy", _Noisy)
 
 
 def one_thread_only() -> Implementation:
@@ -129,14 +133,8 @@ def one_thread_only() -> Implementation:
     return Implementation("one-thread-only", allocator=allocator)
 
 
-class _CrashingEviction:
+class _CrashingEviction(_Delegate):
     """The twin's lifecycle, except that an eviction that frees something raises SIGSEGV."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     def evict(self, num_tokens: int) -> int:
         freed = int(self._inner.evict(num_tokens))
