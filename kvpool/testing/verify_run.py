@@ -19,7 +19,7 @@ from kvpool.testing import selfcheck
 from kvpool.testing.campaign import CampaignResult, quiet_collector, run_machine
 from kvpool.testing.machines.coverage import CATALOGUE
 from kvpool.testing.progress import CampaignBar
-from kvpool.testing.workers import LOG_TAG
+from kvpool.testing.workers import LOG_TAG, counted_logs
 
 if TYPE_CHECKING:
     from kvpool.testing.bundle import Implementation
@@ -193,10 +193,12 @@ def _verify(
                                                  cluster, options.step_timeout, progress,
                                                  shipment=shipment)  # fmt: skip
         elif options.workers == 0:
-            with quiet_collector():  # as a worker process runs its runs
+            with quiet_collector(), counted_logs() as logs:  # as a worker runs its runs
                 result = run_machine(options.component, impl_a, impl_b, options.seconds,
                                      options.seed, options.steps_per_run, labels,
                                      progress)  # fmt: skip
+            for tag, n in logs.taken().items():
+                result.coverage[tag] = result.coverage.get(tag, 0) + n
         else:
             result = run_parallel(_campaign_spec(options), options.seconds, options.workers,
                                   options.step_timeout, progress)  # fmt: skip

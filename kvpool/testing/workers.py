@@ -24,7 +24,7 @@ import multiprocessing as mp
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -107,6 +107,19 @@ class LogCounts(logging.Handler):
         out = dict(self.counts)
         self.counts.clear()
         return out
+
+
+@contextlib.contextmanager
+def counted_logs() -> Iterator[LogCounts]:
+    """A :class:`LogCounts` on the root logger while inside (an in-process campaign's: the
+    caller's own handlers stay; with none, nothing is printed), removed on leaving."""
+    logs = LogCounts()
+    root = logging.getLogger()
+    root.addHandler(logs)
+    try:
+        yield logs
+    finally:
+        root.removeHandler(logs)
 
 
 def _serve(conn: Connection, spec: CampaignSpec, log: str) -> None:
@@ -502,4 +515,4 @@ def report_failure(
 
 
 __all__ = ["LOG_TAG", "CampaignSpec", "Found", "LogCounts", "Observer", "Replayer",
-           "report_failure", "run_block", "run_parallel"]  # fmt: skip
+           "counted_logs", "report_failure", "run_block", "run_parallel"]  # fmt: skip

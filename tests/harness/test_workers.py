@@ -173,3 +173,13 @@ def test_what_a_candidate_logs_is_counted_not_printed(capfd: pytest.CaptureFixtu
     lines = coverage_lines("allocator", result.coverage)
     assert "  logged by the implementations (records):" in lines
     assert f"    {result.coverage[tag]:>7}  WARNING pool: asked for %d slots" in lines
+
+
+def test_an_in_process_verify_counts_the_logs_too(capfd: pytest.CaptureFixture[str]) -> None:
+    code = main(["verify", "--seconds", "1", "--component", "allocator", "--workers", "0",
+                 "--impl", "tests.harness.crashy_impl:noisy", "--no-progress"])  # fmt: skip
+    assert code == 0
+    out, err = capfd.readouterr()
+    assert "asked for" not in err
+    assert "logged by the implementations (records):" in out
+    assert "WARNING pool: asked for %d slots" in out
