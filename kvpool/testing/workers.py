@@ -90,7 +90,7 @@ class LogCounts(logging.Handler):
     between a campaign's lines: a run reports them as coverage tags ``log:LEVEL LOGGER: MESSAGE``
     (the logger's last dotted part, the message's unformatted first line, at most 100
     characters), which ``kvpool verify`` lists with their counts. Installed on the root logger
-    of a worker process only, so a caller's own logging setup is untouched."""
+    (:func:`counted_logs`) beside any handler already there, which keeps working."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -125,15 +125,14 @@ def counted_logs() -> Iterator[LogCounts]:
 def _serve(conn: Connection, spec: CampaignSpec, log: str) -> None:
     from kvpool.testing.implementations import resolve_implementation
 
-    logs = LogCounts()
-    logging.getLogger().addHandler(logs)  # before the implementations load and log anything
-    impl_a = resolve_implementation(spec.impl_a, spec.component)
-    impl_b = resolve_implementation(spec.impl_b, spec.component)
-    writer = OpLogWriter(log)
-    conn.send(("ready",))
-    logs.taken()  # what loading logged belongs to no run
-    with quiet_collector():
-        _serve_runs(conn, spec, impl_a, impl_b, writer, logs)
+    with counted_logs() as logs:  # before the implementations load and log anything
+        impl_a = resolve_implementation(spec.impl_a, spec.component)
+        impl_b = resolve_implementation(spec.impl_b, spec.component)
+        writer = OpLogWriter(log)
+        conn.send(("ready",))
+        logs.taken()  # what loading logged belongs to no run
+        with quiet_collector():
+            _serve_runs(conn, spec, impl_a, impl_b, writer, logs)
 
 
 def _serve_runs(
