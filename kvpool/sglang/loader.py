@@ -80,6 +80,9 @@ UNIFIED_MODULES = (
     "sglang.srt.mem_cache.common",
     # the host tier's transfer records (PoolName, PoolTransfer: kvpool.sglang.unified_hicache)
     "sglang.srt.mem_cache.hicache_storage",
+    # the scheduler's own pool checks ("Mem Leak Detected"): kvpool.sglang.scheduler_checker
+    "sglang.srt.managers.scheduler_components.pool_stats_observer",
+    "sglang.srt.managers.scheduler_components.invariant_checker",
 )
 """Also real for a release with the unified radix cache (0.5.23; :data:`UNIFIED_MARKER`): the
 cache, its tree cores and components, the tree-core registry, SGLang's environment switches
@@ -114,7 +117,7 @@ UNIFIED16_MARKER = "sglang/srt/mem_cache/unified_cache_components/tree_component
 """A source without :data:`UNIFIED_MARKER` that holds this file gets :data:`UNIFIED16_MODULES`."""
 
 _COMMON = "sglang/srt/utils/common.py"
-_HELPERS = ("next_power_of_2", "get_num_new_pages", "ceil_align")
+_HELPERS = ("next_power_of_2", "get_num_new_pages", "ceil_align", "raise_error_or_warn?")
 PARTIAL_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     # memory_pool.py imports the KV-cache kernels, JIT kernels and quantisation: take only the
     # ReqToTokenPool class, and the hybrid model's MambaPool and HybridReqToTokenPool where
@@ -124,7 +127,8 @@ PARTIAL_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("ReqToTokenPool", "MambaPool?", "HybridReqToTokenPool?"),
     ),
     # utils/common.py imports most of SGLang's runtime: take the page arithmetic helpers the
-    # allocators and the radix cache call (``sglang.srt.utils`` re-exports them).
+    # allocators and the radix cache call (``sglang.srt.utils`` re-exports them), and the
+    # reporter the scheduler's pool checks raise through (kvpool.sglang.scheduler_checker).
     "sglang.srt.utils": (_COMMON, _HELPERS),
     "sglang.srt.utils.common": (_COMMON, _HELPERS),
     # mem_cache/common.py holds the scheduler's cache helpers; 0.5.23's RadixCache.free_kv_row

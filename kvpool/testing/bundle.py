@@ -17,7 +17,10 @@ Factory shapes (every size comes from the :class:`~kvpool.config.PoolConfig`):
   :class:`~kvpool.protocols.RadixCacheProtocol` over the two objects given (built by this same
   implementation's factories), with ``config.eviction_policy``;
 - ``radix_key(token_ids, extra_key)``: the key its radix cache takes;
-- ``manager(config)``: a whole :class:`~kvpool.protocols.MemoryManagerProtocol`;
+- ``manager(config)``: a whole :class:`~kvpool.protocols.MemoryManagerProtocol`; one with a
+  ``run_own_checks()`` method (its own checks, raising
+  :class:`~kvpool.errors.InvariantViolation`) has them run after kvpool's invariants at every
+  step (:mod:`kvpool.testing.lockstep_driver`);
 - ``hybrid_req_to_token_pool(config)``: a ``HybridReqToTokenPool`` of ``config.req_pool_size``
   rows and ``config.mamba_slots`` Mamba slots (``config.mamba_layers`` layers,
   ``config.mamba_track_buffers`` track buffers per request), with ``mamba_steps``: the module

@@ -12,6 +12,9 @@ over a bare difference when both fire):
    previous snapshot, so monotonicity and KV integrity are checked too); under layer-wise
    loading (``PoolConfig.layerwise_loading``) first ``INV-LAYER-LOADED`` and the counters'
    equality (:mod:`kvpool.testing.layer_ops`, whose steps this driver runs);
+   then each implementation's own checks, where it has them (``run_own_checks()``, e.g.
+   SGLang's scheduler checker over its components: :mod:`kvpool.sglang.scheduler_checker`),
+   whose :class:`~kvpool.errors.InvariantViolation` is reported under its id;
 3. ``lockstep-diff``: different error classes, or different returned indices / sizes / matches
    (tensors compared after ``.tolist()``);
 4. ``invalid-accepted``: a deliberately invalid call was accepted by both;
@@ -113,6 +116,13 @@ class Lockstep:
         self.prompts: dict[str, tuple[list[int], str | None]] = {}
         self.gone: list[str] = []
         """Requests that left A's table (finished or aborted): targets for invalid calls."""
+        self.own_checks = [
+            (label, check)
+            for label, manager in ((labels[1], self.b), (labels[0], self.a))
+            if callable(check := getattr(manager, "run_own_checks", None))
+        ]
+        """Each implementation's own checks (``run_own_checks()``: nothing, or
+        InvariantViolation), run after kvpool's invariants at every checked step (B's first)."""
         self.snap_a: PoolSnapshot = self.a.snapshot()
         self.snap_b: PoolSnapshot = self.b.snapshot()
         self._were_equal = False
@@ -183,6 +193,17 @@ class Lockstep:
                 self.checks += check_all(snap, prev)
             except InvariantViolation as exc:
                 raise self.fail(exc.invariant_id, f"{label}: {exc}", exc.indices) from exc
+        self._run_own_checks()
+
+    def _run_own_checks(self) -> None:
+        for label, check in self.own_checks:
+            try:
+                check()
+            except InvariantViolation as exc:
+                raise self.fail(exc.invariant_id, f"{label}: {exc}", exc.indices) from exc
+            except Exception as exc:  # its checks broke: a crash of that implementation
+                raise self.fail("crash", f"{label}.run_own_checks() raised {exc!r}") from exc
+            self.checks += 1
 
     def run(self, op: Op) -> Any:
         """Execute ``op`` on both, compare everything, check every invariant; returns A's result
@@ -214,6 +235,8 @@ class Lockstep:
         kept = same and self.snap_b == prev_b
         if not kept:
             self._check(prev_a, prev_b, same)
+        elif self.own_checks:  # what they read may lie outside the snapshot
+            self._run_own_checks()
         # Both unchanged, without comparing A's two: A's now equals B's now, which equals B's
         # before, which equalled A's before (snapshots compared as they are).
         both_kept = kept and self._were_equal

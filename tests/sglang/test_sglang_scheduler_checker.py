@@ -1,0 +1,105 @@
+"""Opt-in (``--run-sglang-wheel``): SGLang 0.5.23's own scheduler checks ("Mem Leak Detected",
+:mod:`kvpool.sglang.scheduler_checker`) run at every step of the glue campaigns and pass on
+what SGLang's glue does; they fire, with SGLang's own message, on a slot taken or freed behind
+the scheduler's back and on a lost request row; kvpool's sessions are counted as the
+scheduler's session-held rows; 0.5.16 ships no such checker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from kvpool.config import PoolConfig
+from kvpool.errors import InvariantViolation
+from kvpool.sglang import implementation
+from kvpool.sglang.scheduler_checker import INVARIANT_ID
+from kvpool.testing.campaign import run_machine
+from kvpool.testing.implementations import reference_implementation
+
+pytestmark = pytest.mark.sglang_wheel
+
+CHECKS = ("busy", "kv_pages", "idle")
+
+
+@pytest.mark.parametrize(
+    "component", ["manager", "swa_manager", "mamba_manager", "hicache_manager"]
+)
+def test_glue_campaigns_pass_sglangs_checks_at_every_step(component: str) -> None:
+    result = run_machine(component, reference_implementation(), implementation("0.5.23"),
+                         3600.0, seed=5, max_runs=12)  # fmt: skip
+    assert result.failure is None, result.failure.report
+    ran = {name: result.coverage.get(f"sglang:scheduler_checker.{name}", 0) for name in CHECKS}
+    assert all(ran.values()), ran
+    # every step of a configuration the glue drives is checked (busy and KV pages alike)
+    assert ran["busy"] == ran["kv_pages"] > result.steps // 2, (ran, result.steps)
+
+
+def _manager(config: PoolConfig, release: str = "0.5.23") -> Any:
+    make = implementation(release).manager
+    assert make is not None
+    return make(config)
+
+
+def _running() -> Any:
+    """A glue manager with one request of 8 tokens prefilled and decoding."""
+    mm = _manager(PoolConfig(size=64))
+    mm.new_req("r1", list(range(1, 9)))
+    mm.extend(["r1"])
+    mm.decode(["r1"], [9])
+    mm.run_own_checks()
+    return mm
+
+
+def _fails(mm: Any) -> str:
+    with pytest.raises(InvariantViolation) as caught:
+        mm.run_own_checks()
+    assert caught.value.invariant_id == INVARIANT_ID
+    return str(caught.value)
+
+
+def test_a_slot_taken_behind_the_schedulers_back_is_a_leak() -> None:
+    mm = _running()
+    mm.tree_cache.impl.token_to_kv_pool_allocator.alloc(1)
+    assert "Full Pool Mem Leak Detected!" in _fails(mm)
+
+
+def test_an_owned_slot_in_the_free_list_is_a_use_after_free() -> None:
+    mm = _running()
+    alloc = mm.tree_cache.impl.token_to_kv_pool_allocator
+    owned = int(mm.req_to_token_pool.impl.req_to_token[mm.reqs["r1"].req_pool_idx, 0])
+    alloc.alloc(1)  # the counts stay balanced: only the page check can see it
+    alloc.free(torch.tensor([owned], dtype=torch.int64))
+    assert "KV page use-after-free: 1 owner page refs are in the free pool" in _fails(mm)
+
+
+def test_a_lost_request_row_is_caught_when_idle() -> None:
+    mm = _running()
+    mm.finish(["r1"])
+    mm.run_own_checks()
+    pool = mm.req_to_token_pool.impl
+    pool.free_slots = pool.free_slots[1:]
+    assert "req_to_token_pool memory leak detected!" in _fails(mm)
+
+
+@pytest.mark.parametrize("mamba_slots", [None, 4])
+def test_kvpools_sessions_are_the_schedulers_session_held_rows(mamba_slots: int | None) -> None:
+    # a hybrid model's sessions run with the radix cache off (kvpool's lifecycle)
+    config = PoolConfig(size=64, mamba_slots=mamba_slots, disable_radix_cache=bool(mamba_slots))
+    mm = _manager(config)
+    mm.open_session("s1")
+    mm.new_req("t1", [3, 3, 4], session_id="s1")
+    mm.extend(["t1"])
+    mm.finish(["t1"])
+    assert mm.sessions["s1"].req_pool_idx is not None
+    mm.run_own_checks()  # idle: every request gone, the session's row held
+    checks = mm._scheduler_checks
+    assert checks is not None and list(checks.checker.tree_cache.session_records()) == ["s1"]
+    assert checks.counts["scheduler_checker.idle"] >= 1
+
+
+def test_0_5_16_ships_no_scheduler_checker() -> None:
+    mm = _manager(PoolConfig(size=64), "0.5.16")
+    assert mm._scheduler_checks is None
+    mm.run_own_checks()
