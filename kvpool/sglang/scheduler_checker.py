@@ -14,7 +14,9 @@ both, SGLang's own code loaded from the wheel, over the components a glue manage
 - when no request holds anything (a row, a matched prefix's lock, a Mamba slot its match
   copied into: SGLang's scheduler gives such a slot back when the request is not admitted),
   the idle checks (what ``on_idle`` runs): every pool's equation with nothing uncached
-  (``_check_all_pools``) and the request-row pool (``_check_req_pool``).
+  (``_check_all_pools``), the request-row pool (``_check_req_pool``) and, when no session holds
+  a row either, the tree's own sanity check (``_check_tree_cache``, on in SGLang's CI: leaf
+  sets, LRU lists, sizes, locks; run for a FULL tree too, see :meth:`SchedulerChecks._check_tree`).
 
 What the scheduler would hand the checker, kvpool's lifecycle hands it: the batch is every
 request holding a row (SGLang's ``req.kv`` view of each: :mod:`kvpool.sglang.glue`), and the
@@ -110,12 +112,18 @@ class _SchedulerTree:
     """SGLang's tree cache as the checker reads it, with kvpool's sessions as its
     ``session_records()``; every other attribute is the tree's own."""
 
-    def __init__(self, tree: Any, sessions: dict[str, SessionKv]) -> None:
+    def __init__(self, tree: Any, sessions: dict[str, SessionKv], counts: Counter[str]) -> None:
         self._tree = tree
         self._sessions = sessions
+        self._counts = counts
 
     def session_records(self) -> dict[str, SessionKv]:
         return dict(self._sessions)
+
+    def sanity_check(self) -> None:
+        """The tree's own sanity check (counted as ``scheduler_checker.tree`` once passed)."""
+        self._tree.sanity_check()
+        self._counts["scheduler_checker.tree"] += 1
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tree, name)
@@ -147,10 +155,14 @@ class SchedulerChecks:
         self._sessions: dict[str, SessionKv] = {}
         self._owners: list[_Owner] = []
         self._idle = True
+        envs = modules.module("sglang.srt.environ").envs
+        self._sanity = envs.SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK
+        """The switch of the tree's sanity check (on in SGLang's CI, off in a server), turned
+        on for each idle check."""
         self.counts: Counter[str] = Counter()
-        """Checks passed so far: ``scheduler_checker.busy``, ``.kv_pages`` and ``.idle`` (the
-        glue manager's coverage counters, reported as ``sglang:`` tags)."""
-        view = _SchedulerTree(tree, self._sessions)
+        """Checks passed so far: ``scheduler_checker.busy``, ``.kv_pages``, ``.idle`` and
+        ``.tree`` (the glue manager's coverage counters, reported as ``sglang:`` tags)."""
+        view = _SchedulerTree(tree, self._sessions, self.counts)
         full = swa = None
         if self.swa:
             full, swa = allocator.size_full, allocator.size_swa
@@ -197,7 +209,8 @@ class SchedulerChecks:
                 )  # fmt: skip
 
     def run(self) -> None:
-        """Every check (module docstring) on the state now, each counted in :attr:`counts`.
+        """Every check (module docstring) on the state now, each counted in :attr:`counts`
+        once passed.
         InvariantViolation ``SGL-SCHEDULER-CHECK`` with SGLang's message when one fails."""
         self._gather()
         checker, counts = self.checker, self.counts
@@ -212,9 +225,27 @@ class SchedulerChecks:
                     checker._report_leak("pool", "\n".join(messages))
                 checker._check_req_pool()
                 counts["scheduler_checker.idle"] += 1
+                # the tree's own sanity check asserts that no node is locked at idle, which a
+                # session holding its prefix breaks by design (SGLang skips it then too)
+                if not self._sessions:
+                    self._check_tree()
         except (AssertionError, ValueError) as exc:
             said = f"SGLang's scheduler checker: {_said(exc)}"
             raise InvariantViolation(INVARIANT_ID, said) from exc
+
+    def _check_tree(self) -> None:
+        """The tree's sanity check: through the scheduler's ``_check_tree_cache`` (a hybrid
+        tree's), else directly (the scheduler leaves a FULL tree's out; its invariants hold for
+        any tree that shares prefixes). A tree without one (the legacy ``RadixCache``) is
+        skipped."""
+        view = self.checker.tree_cache
+        before = self.counts["scheduler_checker.tree"]
+        with self._sanity.override(True):
+            self.checker._check_tree_cache()
+        if self.counts["scheduler_checker.tree"] > before:
+            return
+        if hasattr(view._tree, "sanity_check") and view.supports_prefix_sharing():
+            view.sanity_check()
 
 
 def _said(exc: BaseException) -> str:

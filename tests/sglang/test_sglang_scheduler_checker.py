@@ -1,8 +1,9 @@
 """Opt-in (``--run-sglang-wheel``): SGLang 0.5.23's own scheduler checks ("Mem Leak Detected",
 :mod:`kvpool.sglang.scheduler_checker`) run at every step of the glue campaigns and pass on
 what SGLang's glue does; they fire, with SGLang's own message, on a slot taken or freed behind
-the scheduler's back and on a lost request row; kvpool's sessions are counted as the
-scheduler's session-held rows; 0.5.16 ships no such checker."""
+the scheduler's back, on a lost request row and (the tree's own sanity check, when idle) on a
+tree whose leaf set lost a leaf; kvpool's sessions are counted as the scheduler's session-held
+rows; 0.5.16's checker is not run."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from kvpool.testing.implementations import reference_implementation
 
 pytestmark = pytest.mark.sglang_wheel
 
-CHECKS = ("busy", "kv_pages", "idle")
+CHECKS = ("busy", "kv_pages", "idle", "tree")
 
 
 @pytest.mark.parametrize(
@@ -103,3 +104,17 @@ def test_0_5_16_ships_no_scheduler_checker() -> None:
     mm = _manager(PoolConfig(size=64), "0.5.16")
     assert mm._scheduler_checks is None
     mm.run_own_checks()
+
+
+def test_the_trees_own_sanity_check_runs_when_idle() -> None:
+    make = implementation("0.5.23", tree_core="python").manager
+    assert make is not None
+    mm = make(PoolConfig(size=64))
+    mm.new_req("r1", list(range(1, 9)))
+    mm.extend(["r1"])
+    mm.finish(["r1"])
+    mm.run_own_checks()
+    assert mm._scheduler_checks.counts["scheduler_checker.tree"] == 1
+    # a leaf the eviction would never find: only the tree's own check sees it
+    mm.tree_cache.impl.tree_core.evictable_device_leaves.clear()
+    assert "D-leaf missing" in _fails(mm)
