@@ -64,7 +64,7 @@ from kvpool.sglang.glue import (
 from kvpool.sglang.kernels import install_interpreted
 from kvpool.sglang.loader import SGLangModules
 from kvpool.sglang.req_methods import stop_methods
-from kvpool.sglang.scheduler_checker import SchedulerChecks, ships_checker
+from kvpool.sglang.scheduler_checker import glue_checks, ships_checker
 
 GLUE_MODULES = {
     "allocation": "sglang.srt.mem_cache.allocation",
@@ -113,7 +113,7 @@ class SGLangGlueManager(MemoryManager):
         # SGLang writes a spec step's rows with its Triton kernel: run it through Triton's
         # interpreter on the CPU (as the paged allocator's kernels, kvpool.sglang.kernels)
         install_interpreted(self._allocation, "assign_req_to_token_pool")
-        self._scheduler_checks = SchedulerChecks(self, modules) if ships_checker(modules) else None
+        self._scheduler_checks = glue_checks(self, modules) if ships_checker(modules) else None
         """SGLang's own scheduler checks over these components (None: the release has none)."""
         if self._scheduler_checks is not None:
             self.glue_calls.append(self._scheduler_checks.counts)

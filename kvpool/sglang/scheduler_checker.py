@@ -1,31 +1,30 @@
-"""SGLang's own scheduler pool checks, run over a glue manager after every lifecycle step.
+"""SGLang's own scheduler pool checks, run at every step over SGLang's components.
 
 SGLang 0.5.23's scheduler ships the checks behind the field's most reported crash ("Full Pool
 Mem Leak Detected!", "req_to_token_pool memory leak detected!"):
 ``managers/scheduler_components/invariant_checker.py``'s ``SchedulerInvariantChecker`` over
 ``pool_stats_observer.py``'s ``SchedulerPoolStatsObserver``. :class:`SchedulerChecks` builds
-both, SGLang's own code loaded from the wheel, over the components a glue manager
-(:class:`~kvpool.sglang.glue_manager.SGLangGlueManager`) drives, and runs, at every step:
+both, SGLang's own code loaded from the wheel, over SGLang's tree, allocator and request-row
+pool, and runs:
 
 - the busy check (``self_check_during_busy``: per pool, ``available + evictable + protected +
   session_held + uncached == total``, the uncached part counted from the requests that own rows);
 - the KV page check (``_check_kv_page_invariants``, off by default in a server:
   ``SGLANG_CHECK_KV_PAGE_INVARIANTS``): no owned page is free, no page is free twice;
-- when no request holds anything (a row, a matched prefix's lock, a Mamba slot its match
-  copied into: SGLang's scheduler gives such a slot back when the request is not admitted),
-  the idle checks (what ``on_idle`` runs): every pool's equation with nothing uncached
-  (``_check_all_pools``), the request-row pool (``_check_req_pool``) and, when no session holds
-  a row either, the tree's own sanity check (``_check_tree_cache``, on in SGLang's CI: leaf
-  sets, LRU lists, sizes, locks; run for a FULL tree too, see :meth:`SchedulerChecks._check_tree`).
+- when no request holds anything, the idle checks (what ``on_idle`` runs): every pool's
+  equation with nothing uncached (``_check_all_pools``), the request-row pool
+  (``_check_req_pool``) and, when no session holds a row either, the tree's own sanity check
+  (``_check_tree_cache``, on in SGLang's CI: leaf sets, LRU lists, sizes, locks; run for a FULL
+  tree too, see :meth:`SchedulerChecks._check_tree`).
 
-What the scheduler would hand the checker, kvpool's lifecycle hands it: the batch is every
-request holding a row (SGLang's ``req.kv`` view of each: :mod:`kvpool.sglang.glue`), and the
-tree's ``session_records()`` are kvpool's sessions that hold a finished turn's row (kvpool's
-lifecycle, not SGLang's tree, keeps sessions on this path).
+What the scheduler would hand its checker (the batch, the sessions, whether it is idle) the
+caller hands it (:class:`SchedulerState`): kvpool's lifecycle for a glue manager
+(:func:`glue_checks`; the lockstep driver runs them after kvpool's own invariants, as the
+manager's ``run_own_checks``), the session player for SGLang's own streaming sessions
+(:mod:`kvpool.sglang.session_plans`).
 
 A check that fails raises :class:`~kvpool.errors.InvariantViolation` ``SGL-SCHEDULER-CHECK``
-with SGLang's message. The lockstep driver runs it after kvpool's own invariants
-(``run_own_checks``): a state kvpool's invariants pass but SGLang's checker rejects is either a
+with SGLang's message. A state kvpool's invariants pass but SGLang's checker rejects is either a
 check kvpool lacks or a false alarm of SGLang's.
 """
 
@@ -33,6 +32,7 @@ from __future__ import annotations
 
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +96,7 @@ class SessionKv:
 @dataclass(frozen=True)
 class _Owner:
     """A request that owns a row, as the checker reads it (``rid``, ``req.kv``; no beam
-    search on this path)."""
+    search on these paths)."""
 
     rid: str
     kv: Any
@@ -108,17 +108,33 @@ class _Batch:
     reqs: list[_Owner]
 
 
+@dataclass
+class SchedulerState:
+    """What the scheduler hands its checker at one step."""
+
+    owners: list[tuple[str, Any]]
+    """``(rid, req.kv)`` of every running request that holds a row (tokens, rows)."""
+    idle: bool
+    """No request holds anything: no batch would run, the idle checks apply."""
+    sessions: dict[str, Any] | None = None
+    """The session records, by session id, where the caller keeps sessions itself (kvpool's
+    lifecycle); None: the tree's own ``session_records()`` (SGLang's streaming sessions)."""
+
+
 class _SchedulerTree:
-    """SGLang's tree cache as the checker reads it, with kvpool's sessions as its
-    ``session_records()``; every other attribute is the tree's own."""
+    """SGLang's tree cache as the checker reads it: its ``session_records()`` the caller's when
+    it keeps sessions itself, its sanity check counted; every other attribute the tree's own."""
 
-    def __init__(self, tree: Any, sessions: dict[str, SessionKv], counts: Counter[str]) -> None:
+    def __init__(self, tree: Any, counts: Counter[str]) -> None:
         self._tree = tree
-        self._sessions = sessions
         self._counts = counts
+        self.sessions: dict[str, Any] | None = None
 
-    def session_records(self) -> dict[str, SessionKv]:
-        return dict(self._sessions)
+    def session_records(self) -> dict[str, Any]:
+        if self.sessions is None:
+            records: dict[str, Any] = self._tree.session_records()
+            return records
+        return dict(self.sessions)
 
     def sanity_check(self) -> None:
         """The tree's own sanity check (counted as ``scheduler_checker.tree`` once passed)."""
@@ -138,88 +154,65 @@ def ships_checker(modules: SGLangModules) -> bool:
 
 
 class SchedulerChecks:
-    """SGLang's scheduler checker over ``manager``'s SGLang components (module docstring).
-    ``manager`` is a glue manager of a release that ships the checker (:func:`ships_checker`)."""
+    """SGLang's scheduler checker over SGLang's ``tree`` (its own object), ``allocator`` and
+    ``pool`` (module docstring), of ``page_size`` tokens a page, a sliding-window (``swa``) or
+    hybrid Mamba (``mamba``) model's, or neither. ``state`` tells the scheduler's state at each
+    :meth:`run`. ``modules``: a release that ships the checker (:func:`ships_checker`)."""
 
-    def __init__(self, manager: Any, modules: SGLangModules) -> None:
-        self.manager = manager
-        config = manager.config
-        tree: Any = manager.tree_cache.impl
-        allocator = tree.token_to_kv_pool_allocator
-        pool = tree.req_to_token_pool
-        self.swa = config.sliding_window is not None
-        self._swa_type = modules.attr(
-            "sglang.srt.mem_cache.unified_cache.component_type", "ComponentType"
-        ).SWA
-        self.mamba = config.mamba_slots is not None
-        self._sessions: dict[str, SessionKv] = {}
-        self._owners: list[_Owner] = []
-        self._idle = True
+    def __init__(
+        self,
+        modules: SGLangModules,
+        *,
+        tree: Any,
+        allocator: Any,
+        pool: Any,
+        page_size: int,
+        swa: bool,
+        mamba: bool,
+        state: Callable[[], SchedulerState],
+    ) -> None:
+        self.state = state
+        self.counts: Counter[str] = Counter()
+        """Checks passed so far: ``scheduler_checker.busy``, ``.kv_pages``, ``.idle`` and
+        ``.tree`` (a glue manager's coverage counters, reported as ``sglang:`` tags)."""
         envs = modules.module("sglang.srt.environ").envs
         self._sanity = envs.SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK
         """The switch of the tree's sanity check (on in SGLang's CI, off in a server), turned
         on for each idle check."""
-        self.counts: Counter[str] = Counter()
-        """Checks passed so far: ``scheduler_checker.busy``, ``.kv_pages``, ``.idle`` and
-        ``.tree`` (the glue manager's coverage counters, reported as ``sglang:`` tags)."""
-        view = _SchedulerTree(tree, self._sessions, self.counts)
-        full = swa = None
-        if self.swa:
-            full, swa = allocator.size_full, allocator.size_swa
-        observer = modules.module(OBSERVER_MODULE).SchedulerPoolStatsObserver(
-            tree_cache=view, token_to_kv_pool_allocator=allocator, req_to_token_pool=pool,
-            session_controller=None, hisparse_coordinator=None, is_hybrid_swa=self.swa,
-            is_hybrid_ssm=self.mamba, enable_hisparse=False, full_tokens_per_layer=full,
-            swa_tokens_per_layer=swa, max_total_num_tokens=allocator.size,
+        self._owners: list[_Owner] = []
+        self._view = _SchedulerTree(tree, self.counts)
+        full = swa_size = None
+        if swa:
+            full, swa_size = allocator.size_full, allocator.size_swa
+        self.observer = modules.module(OBSERVER_MODULE).SchedulerPoolStatsObserver(
+            tree_cache=self._view, token_to_kv_pool_allocator=allocator, req_to_token_pool=pool,
+            session_controller=None, hisparse_coordinator=None, is_hybrid_swa=swa,
+            is_hybrid_ssm=mamba, enable_hisparse=False, full_tokens_per_layer=full,
+            swa_tokens_per_layer=swa_size, max_total_num_tokens=allocator.size,
         )  # fmt: skip
-        self.observer = observer
         self.checker = modules.module(CHECKER_MODULE).SchedulerInvariantChecker(
-            is_hybrid_swa=self.swa, is_hybrid_ssm=self.mamba, disaggregation_mode=None,
-            page_size=config.page_size, full_tokens_per_layer=full, swa_tokens_per_layer=swa,
-            max_total_num_tokens=allocator.size, tree_cache=view,
+            is_hybrid_swa=swa, is_hybrid_ssm=mamba, disaggregation_mode=None,
+            page_size=page_size, full_tokens_per_layer=full, swa_tokens_per_layer=swa_size,
+            max_total_num_tokens=allocator.size, tree_cache=self._view,
             token_to_kv_pool_allocator=allocator, req_to_token_pool=pool,
-            pool_stats_observer=observer, get_last_batch=lambda: _Batch(self._owners),
+            pool_stats_observer=self.observer, get_last_batch=lambda: _Batch(self._owners),
             get_running_batch=lambda: None, scheduler_stage_metrics=None,
         )  # fmt: skip
 
-    def _gather(self) -> None:
-        """The batch, the session records and whether the scheduler would be idle, read from
-        kvpool's lifecycle now."""
-        mm = self.manager
-        # the idle checks count no request's part (module docstring)
-        self._idle = not any(
-            r.req_pool_idx is not None or r.matched or r.mamba_pool_idx is not None
-            for r in mm.reqs.values()
-        )
-        self._owners[:] = [
-            _Owner(r.rid, mm._glue(r).kv) for r in mm.reqs.values() if r.req_pool_idx is not None
-        ]
-        # an SWA glue manager keeps each session's SGLang window cursor (SWAReqState)
-        cursors = getattr(mm, "_session_swa", {})
-        self._sessions.clear()
-        for sid, s in mm.sessions.items():
-            if s.req_pool_idx is not None:
-                state = cursors.get(sid)
-                evicted = 0 if state is None else int(state.evicted.get(self._swa_type, 0))
-                track = s.mamba_ping_pong_track_buffer
-                self._sessions[sid] = SessionKv(
-                    s.req_pool_idx, s.kv_committed_len, s.kv_allocated_len,
-                    s.cache_protected_len, evicted, s.mamba_pool_idx,
-                    None if track is None else tuple(track),
-                )  # fmt: skip
-
     def run(self) -> None:
         """Every check (module docstring) on the state now, each counted in :attr:`counts`
-        once passed.
-        InvariantViolation ``SGL-SCHEDULER-CHECK`` with SGLang's message when one fails."""
-        self._gather()
+        once passed. InvariantViolation ``SGL-SCHEDULER-CHECK`` with SGLang's message when one
+        fails."""
+        now = self.state()
+        self._owners[:] = [_Owner(rid, kv) for rid, kv in now.owners]
+        self._view.sessions = now.sessions
         checker, counts = self.checker, self.counts
         try:
             checker.self_check_during_busy()
             counts["scheduler_checker.busy"] += 1
             checker._check_kv_page_invariants()
             counts["scheduler_checker.kv_pages"] += 1
-            if self._idle:
+            if now.idle:
                 leak, messages = checker._check_all_pools(self.observer.get_pool_stats())
                 if leak:
                     checker._report_leak("pool", "\n".join(messages))
@@ -227,7 +220,7 @@ class SchedulerChecks:
                 counts["scheduler_checker.idle"] += 1
                 # the tree's own sanity check asserts that no node is locked at idle, which a
                 # session holding its prefix breaks by design (SGLang skips it then too)
-                if not self._sessions:
+                if not any(kv.holds_kv for kv in self._view.session_records().values()):
                     self._check_tree()
         except (AssertionError, ValueError) as exc:
             said = f"SGLang's scheduler checker: {_said(exc)}"
@@ -238,7 +231,7 @@ class SchedulerChecks:
         tree's), else directly (the scheduler leaves a FULL tree's out; its invariants hold for
         any tree that shares prefixes). A tree without one (the legacy ``RadixCache``) is
         skipped."""
-        view = self.checker.tree_cache
+        view = self._view
         before = self.counts["scheduler_checker.tree"]
         with self._sanity.override(True):
             self.checker._check_tree_cache()
@@ -246,6 +239,53 @@ class SchedulerChecks:
             return
         if hasattr(view._tree, "sanity_check") and view.supports_prefix_sharing():
             view.sanity_check()
+
+
+def glue_checks(manager: Any, modules: SGLangModules) -> SchedulerChecks:
+    """The checks over a glue manager's SGLang components
+    (:class:`~kvpool.sglang.glue_manager.SGLangGlueManager`), the scheduler's state read from
+    kvpool's lifecycle at each run: the batch is every request holding a row (SGLang's
+    ``req.kv`` view of each, :mod:`kvpool.sglang.glue`); the session records are kvpool's
+    sessions that hold a finished turn's row (:class:`SessionKv`; on this path kvpool's
+    lifecycle keeps the sessions, not SGLang's tree); idle means no request holds a row, a
+    matched prefix's lock or a Mamba slot its match copied into."""
+    config = manager.config
+    tree: Any = manager.tree_cache.impl
+    component_type = modules.attr(
+        "sglang.srt.mem_cache.unified_cache.component_type", "ComponentType"
+    )
+    swa_type = component_type.SWA
+
+    def state() -> SchedulerState:
+        reqs = list(manager.reqs.values())
+        # an SWA glue manager keeps each session's SGLang window cursor (SWAReqState)
+        cursors = getattr(manager, "_session_swa", {})
+        sessions: dict[str, Any] = {}
+        for sid, s in manager.sessions.items():
+            if s.req_pool_idx is not None:
+                cursor = cursors.get(sid)
+                evicted = 0 if cursor is None else int(cursor.evicted.get(swa_type, 0))
+                track = s.mamba_ping_pong_track_buffer
+                sessions[sid] = SessionKv(
+                    s.req_pool_idx, s.kv_committed_len, s.kv_allocated_len,
+                    s.cache_protected_len, evicted, s.mamba_pool_idx,
+                    None if track is None else tuple(track),
+                )  # fmt: skip
+        return SchedulerState(
+            owners=[(r.rid, manager._glue(r).kv) for r in reqs if r.req_pool_idx is not None],
+            idle=not any(
+                r.req_pool_idx is not None or r.matched or r.mamba_pool_idx is not None
+                for r in reqs
+            ),
+            sessions=sessions,
+        )
+
+    return SchedulerChecks(
+        modules, tree=tree, allocator=tree.token_to_kv_pool_allocator,
+        pool=tree.req_to_token_pool, page_size=config.page_size,
+        swa=config.sliding_window is not None, mamba=config.mamba_slots is not None,
+        state=state,
+    )  # fmt: skip
 
 
 def _said(exc: BaseException) -> str:
@@ -263,6 +303,8 @@ __all__ = [
     "INVARIANT_ID",
     "OBSERVER_MODULE",
     "SchedulerChecks",
+    "SchedulerState",
     "SessionKv",
+    "glue_checks",
     "ships_checker",
 ]

@@ -35,6 +35,7 @@ from typing import Any
 
 from kvpool.constants import ceil_align
 from kvpool.sglang.cache_req import token_array
+from kvpool.sglang.scheduler_checker import SchedulerChecks, SchedulerState, ships_checker
 from kvpool.sglang.session_world import (
     MODEL,
     WINDOW,
@@ -375,11 +376,18 @@ def run_session(
     # a tracked state), so the tree's states are checked until a turn overlaps
     overlapped = False
 
-    def checked(where: str) -> dict[str, Any]:
-        """:func:`check_held`, and the tree's Mamba states while no turn has overlapped."""
+    running: list[TurnReq] = []  # the request of the batch, if one runs (SGLang's checks)
+    own = scheduler_checks(world, running)
+
+    def checked(where: str, req: TurnReq | None = None) -> dict[str, Any]:
+        """:func:`check_held`, and the tree's Mamba states while no turn has overlapped;
+        then SGLang's own scheduler checks, with ``req`` running (None: the scheduler idle)."""
         slots = check_held(world, sizes, where, ids)
         if hybrid and not overlapped:
             check_tree_states(world, where)
+        if own is not None:
+            running[:] = [] if req is None else [req]
+            own.run()
         return slots
 
     token = 100
@@ -415,13 +423,13 @@ def run_session(
             world.extend_slots(req, end)
             forward(req, fill, done, end, end)
             stash(req, end, not history)
-            checked(f"{where}, chunk ending at {end}")
+            checked(f"{where}, chunk ending at {end}", req)
             done = end
         world.extend_slots(req, len(prompt))
         forward(req, fill, done, len(prompt), len(prompt))
         if retracted or outputs > 1:
             stash(req, len(prompt), not history)
-            checked(where)
+            checked(where, req)
         if retracted:  # the scheduler's release_req: no insert; the session keeps the record
             # under overlap the step computing the last sampled token is launched; a plain
             # retraction is of a decode without speculation, which reserves nothing
@@ -498,7 +506,29 @@ def run_session(
     check_held(world, sizes, "release_session", ())
     protected = tree_full(world)[1]
     require(protected == 0, "INV-LOCKS", f"{protected} slots still locked after release_session")
+    if own is not None:
+        running.clear()
+        own.run()
     return found
+
+
+def scheduler_checks(world: World, running: list[TurnReq]) -> SchedulerChecks | None:
+    """SGLang's own scheduler checks over ``world`` (:mod:`kvpool.sglang.scheduler_checker`;
+    None for a release without them). The batch is ``running`` as it is at each run (the
+    requests that hold a row of their own: SGLang's checker leaves out one running on a
+    session's record); idle when it is empty; the session records are the tree's own."""
+    if not ships_checker(world.modules):
+        return None
+    cache = world.cache
+
+    def state() -> SchedulerState:
+        return SchedulerState(owners=[(r.rid, r.kv) for r in running], idle=not running)
+
+    return SchedulerChecks(
+        world.modules, tree=cache, allocator=cache.token_to_kv_pool_allocator,
+        pool=cache.req_to_token_pool, page_size=world.tree.page_size, swa=is_swa(world),
+        mamba=getattr(world.pool.impl, "mamba_allocator", None) is not None, state=state,
+    )  # fmt: skip
 
 
 def check_tree_states(world: World, where: object) -> None:

@@ -14,8 +14,10 @@ import torch
 
 from kvpool.config import PoolConfig
 from kvpool.errors import InvariantViolation
-from kvpool.sglang import implementation
+from kvpool.sglang import implementation, session_plans
 from kvpool.sglang.scheduler_checker import INVARIANT_ID
+from kvpool.sglang.session_campaign import Setup
+from kvpool.sglang.session_plans import Turn, scheduler_checks
 from kvpool.testing.campaign import run_machine
 from kvpool.testing.implementations import reference_implementation
 
@@ -118,3 +120,30 @@ def test_the_trees_own_sanity_check_runs_when_idle() -> None:
     # a leaf the eviction would never find: only the tree's own check sees it
     mm.tree_cache.impl.tree_core.evictable_device_leaves.clear()
     assert "D-leaf missing" in _fails(mm)
+
+
+@pytest.mark.parametrize("model", ["full", "hybrid", "swa"])
+def test_sglangs_own_sessions_pass_its_checks_busy_and_idle(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang's streaming sessions keep their records in its tree (``session_records()``): the
+    checks run after every step of a played plan, chunked prefills busy, finishes idle."""
+    built: list[Any] = []
+
+    def keep(world: Any, running: list[Any]) -> Any:
+        checks = scheduler_checks(world, running)
+        built.append(checks)
+        return checks
+
+    monkeypatch.setattr(session_plans, "scheduler_checks", keep)
+    plan: list[Turn] = [
+        (5, 2, 0, None, False, None, True),
+        (3, 3, 2, 1, False, None, False),
+        (2, 2, 0, None, True, None, True),
+        (4, 1, 0, None, False, None, True),
+    ]
+    setup = Setup(model, 4 if model == "full" else 1, "rust", neighbours=True, chunked=True)
+    setup.play(plan)
+    counts = built[0].counts
+    assert all(counts[f"scheduler_checker.{name}"] for name in CHECKS), counts
+    assert counts["scheduler_checker.busy"] > counts["scheduler_checker.idle"] > 4, counts
