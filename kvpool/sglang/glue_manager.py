@@ -113,18 +113,19 @@ class SGLangGlueManager(MemoryManager):
         # SGLang writes a spec step's rows with its Triton kernel: run it through Triton's
         # interpreter on the CPU (as the paged allocator's kernels, kvpool.sglang.kernels)
         install_interpreted(self._allocation, "assign_req_to_token_pool")
-        self._scheduler_checks = glue_checks(self, modules) if ships_checker(modules) else None
-        """SGLang's own scheduler checks over these components (None: the release has none)."""
-        if self._scheduler_checks is not None:
-            self.glue_calls.append(self._scheduler_checks.counts)
+        self.scheduler_checks = glue_checks(self, modules) if ships_checker(modules) else None
+        """SGLang's own scheduler checks over these components (None: the release has none, or
+        they are left out: ``sglang:SOURCE+no-scheduler-checks``)."""
+        if self.scheduler_checks is not None:
+            self.glue_calls.append(self.scheduler_checks.counts)
 
     def run_own_checks(self) -> None:
         """SGLang's own scheduler checks ("Mem Leak Detected") on the state now
         (:class:`~kvpool.sglang.scheduler_checker.SchedulerChecks`); nothing for a release
         without them. The lockstep driver calls this at every step, after kvpool's
         invariants."""
-        if self._scheduler_checks is not None:
-            self._scheduler_checks.run()
+        if self.scheduler_checks is not None:
+            self.scheduler_checks.run()
 
     glue_writes_committed = True
     """Whether the release's allocation glue writes each request's committed length (0.5.23's

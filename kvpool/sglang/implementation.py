@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvpool.config import PoolConfig
@@ -28,7 +28,14 @@ from kvpool.sglang.unified16_base import has_unified16_cache
 from kvpool.sglang.unified_radix import SGLangUnifiedRadixCache
 from kvpool.testing.bundle import Implementation
 
-SPEC_OPTIONS = ("naive", "rust-core", "python-core", "legacy-tree", "kvpool-lifecycle")
+SPEC_OPTIONS = (
+    "naive",
+    "rust-core",
+    "python-core",
+    "legacy-tree",
+    "kvpool-lifecycle",
+    "no-scheduler-checks",
+)
 """Options a spec ``sglang:SOURCE+OPTION+...`` may end with (see :func:`from_spec`)."""
 
 
@@ -38,7 +45,9 @@ def from_spec(source: str) -> Implementation:
     Rust by default, as SGLang's), ``+legacy-tree`` (the lifecycle uses the legacy
     ``RadixCache`` instead of the unified cache), ``+kvpool-lifecycle`` (the lifecycle's memory
     steps are kvpool's own over SGLang's components, instead of SGLang's scheduler glue:
-    :mod:`kvpool.sglang.glue_manager`). ValueError for two tree cores."""
+    :mod:`kvpool.sglang.glue_manager`), ``+no-scheduler-checks`` (the glue managers leave out
+    SGLang's own scheduler checks: :mod:`kvpool.sglang.scheduler_checker`). ValueError for two
+    tree cores."""
     options: set[str] = set()
     while "+" in source and source.rpartition("+")[2] in SPEC_OPTIONS:
         source, _, option = source.rpartition("+")
@@ -51,6 +60,7 @@ def from_spec(source: str) -> Implementation:
         tree_core="python" if "python-core" in options else "rust",
         unified_lifecycle="legacy-tree" not in options,
         glue="kvpool-lifecycle" not in options,
+        scheduler_checks="no-scheduler-checks" not in options,
     )
 
 
@@ -62,6 +72,7 @@ def implementation(
     tree_core: str = "rust",
     unified_lifecycle: bool = True,
     glue: bool = True,
+    scheduler_checks: bool = True,
 ) -> Implementation:
     """SGLang from ``source`` (see :func:`kvpool.sglang.load_sglang`) with factories for the
     allocator, ``ReqToTokenPool``, ``RadixCache`` and, for the audited releases
@@ -79,7 +90,8 @@ def implementation(
     ``"python"``), which the lifecycle then uses as its tree, as SGLang's server does, unless
     ``unified_lifecycle`` is False (the legacy ``RadixCache`` then), and, with ``glue``, a
     ``manager``: kvpool's lifecycle whose memory steps are SGLang's own scheduler glue
-    (:class:`~kvpool.sglang.glue_manager.SGLangGlueManager`)."""
+    (:class:`~kvpool.sglang.glue_manager.SGLangGlueManager`), running SGLang's own scheduler
+    checks at every step unless ``scheduler_checks`` is False."""
     modules = load_sglang(source, cache_dir=cache_dir)
     rules = Rules.for_sglang(modules.version)
     # the SWA tree adapter follows 0.5.16's SWARadixCache (0.5.23 has none: its SWA tree is the
@@ -353,10 +365,25 @@ def implementation(
 
     # a sliding-window model's lifecycle: SGLang's glue over its SWA allocator and the tree its
     # registry builds (kvpool.sglang.glue_swa)
+    glue_swa = swa_manager_factory(modules, tree_core, naive_extend)
+    if not scheduler_checks:
+        manager, glue_swa = _unchecked(manager), _unchecked(glue_swa)
     return dataclasses.replace(built, manager=manager, manager_runs_hybrid=True,
                                manager_models_eagle=True, manager_models_stops=True,
-                               swa_manager=swa_manager_factory(modules, tree_core, naive_extend),
-                               reachability=reach, label=f"{built.label}-glue")  # fmt: skip
+                               swa_manager=glue_swa, reachability=reach,
+                               label=f"{built.label}-glue")  # fmt: skip
+
+
+def _unchecked(factory: Callable[..., Any]) -> Callable[..., Any]:
+    """``factory``, whose glue managers leave out SGLang's own scheduler checks."""
+
+    def build(config: PoolConfig, *args: Any) -> Any:
+        made = factory(config, *args)
+        if hasattr(made, "scheduler_checks"):
+            made.scheduler_checks = None
+        return made
+
+    return build
 
 
 REMOVED_IN_0_5_23 = (

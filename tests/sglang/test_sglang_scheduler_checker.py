@@ -3,7 +3,7 @@
 what SGLang's glue does; they fire, with SGLang's own message, on a slot taken or freed behind
 the scheduler's back, on a lost request row and (the tree's own sanity check, when idle) on a
 tree whose leaf set lost a leaf; kvpool's sessions are counted as the scheduler's session-held
-rows; 0.5.16's checker is not run."""
+rows; 0.5.16's checker is not run, and ``+no-scheduler-checks`` leaves them out."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.errors import InvariantViolation
 from kvpool.sglang import implementation, session_plans
+from kvpool.sglang.implementation import from_spec
 from kvpool.sglang.scheduler_checker import INVARIANT_ID
 from kvpool.sglang.session_campaign import Setup
 from kvpool.sglang.session_plans import Turn, scheduler_checks
@@ -97,14 +98,14 @@ def test_kvpools_sessions_are_the_schedulers_session_held_rows(mamba_slots: int 
     mm.finish(["t1"])
     assert mm.sessions["s1"].req_pool_idx is not None
     mm.run_own_checks()  # idle: every request gone, the session's row held
-    checks = mm._scheduler_checks
+    checks = mm.scheduler_checks
     assert checks is not None and list(checks.checker.tree_cache.session_records()) == ["s1"]
     assert checks.counts["scheduler_checker.idle"] >= 1
 
 
 def test_0_5_16_ships_no_scheduler_checker() -> None:
     mm = _manager(PoolConfig(size=64), "0.5.16")
-    assert mm._scheduler_checks is None
+    assert mm.scheduler_checks is None
     mm.run_own_checks()
 
 
@@ -116,7 +117,7 @@ def test_the_trees_own_sanity_check_runs_when_idle() -> None:
     mm.extend(["r1"])
     mm.finish(["r1"])
     mm.run_own_checks()
-    assert mm._scheduler_checks.counts["scheduler_checker.tree"] == 1
+    assert mm.scheduler_checks.counts["scheduler_checker.tree"] == 1
     # a leaf the eviction would never find: only the tree's own check sees it
     mm.tree_cache.impl.tree_core.evictable_device_leaves.clear()
     assert "D-leaf missing" in _fails(mm)
@@ -147,3 +148,20 @@ def test_sglangs_own_sessions_pass_its_checks_busy_and_idle(
     counts = built[0].counts
     assert all(counts[f"scheduler_checker.{name}"] for name in CHECKS), counts
     assert counts["scheduler_checker.busy"] > counts["scheduler_checker.idle"] > 4, counts
+
+
+def test_the_checks_can_be_left_out() -> None:
+    candidate = from_spec("0.5.23+no-scheduler-checks")
+    for make, config in (
+        (candidate.manager, PoolConfig(size=64)),
+        (candidate.swa_manager, PoolConfig(size=64, sliding_window=4)),
+    ):
+        assert make is not None
+        mm = make(config)
+        assert mm.scheduler_checks is None
+        mm.tree_cache.impl.token_to_kv_pool_allocator.alloc(1)  # a leak nobody checks here
+        mm.run_own_checks()
+    result = run_machine("manager", reference_implementation(), candidate, 3600.0, seed=5,
+                         max_runs=3)  # fmt: skip
+    assert result.failure is None, result.failure.report
+    assert not [tag for tag in result.coverage if "scheduler_checker" in tag]
