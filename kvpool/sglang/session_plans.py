@@ -235,7 +235,8 @@ def run_session(
     the page size; 0: none) every prefill runs in chunks of that many tokens past its prefix,
     each but the last stashed as the scheduler's chunked prefill does. After every step
     kvpool's rules hold on SGLang's state (:func:`check_held`; a kept turn holds exactly its
-    tokens through the stop, ``INV-SESSION-TRIMMED``); at the end everything is free. The
+    tokens through the stop, ``INV-SESSION-TRIMMED``), then SGLang's own scheduler checks
+    (:func:`scheduler_checks`); at the end everything is free. The
     forward's stand-in records the token whose KV each slot holds and tags a Mamba state with
     the tokens it has consumed; returns every admission whose resumed KV or lent state does not
     match its tokens."""
