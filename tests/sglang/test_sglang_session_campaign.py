@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from kvpool.cli import main
+from kvpool.sglang import session_plans
 from kvpool.sglang.loader import load_sglang
 from kvpool.sglang.session_campaign import Setup, Verdict, run_campaign, setups
 from kvpool.sglang.session_plans import Turn
@@ -265,9 +266,10 @@ def test_a_prompt_node_left_unlocked_is_found_only_with_plain_requests(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Planted: the session publishes its first prompt but keeps no lock on the prompt's node.
-    The session alone never needs the slots back; plain requests beside it press on the pool,
-    the tree evicts the node, a plain request's KV lands in slots the session's row still uses,
-    and the session's next turn resumes over it."""
+    The session alone never needs the slots back; plain requests beside it press on the pool
+    and the tree evicts the node, whose slots the session's row still uses: SGLang's own KV
+    page check sees them free then. Without that check, a plain request's KV lands in those
+    slots and the session's next turn resumes over it (kvpool's KV integrity rule)."""
     session = load_sglang("0.5.23").attr(SESSION, "StreamingSession")
     publish = session.try_checkpoint
 
@@ -286,6 +288,13 @@ def test_a_prompt_node_left_unlocked_is_found_only_with_plain_requests(
     beside = run_campaign(setups(neighbours=(True,)), 600.0, seed=0, max_runs=40,
                           skip_known=True)  # fmt: skip
     assert beside.failure is not None and beside.plans <= 20
-    assert beside.failure.verdict.detector == "INV-KV-INTEGRITY"
+    assert beside.failure.verdict.detector == "SGL-SCHEDULER-CHECK"
+    assert "KV page use-after-free" in beside.failure.verdict.message
     assert len(beside.failure.shrunk) == 4  # three plain requests fill the pool first
     assert not beside.failure.verdict.known and "plain requests" in str(beside.failure.setup)
+    monkeypatch.setattr(session_plans, "scheduler_checks", lambda world, running: None)
+    unchecked = run_campaign(setups(neighbours=(True,)), 600.0, seed=0, max_runs=40,
+                             skip_known=True)  # fmt: skip
+    assert unchecked.failure is not None and unchecked.plans <= 20
+    assert unchecked.failure.verdict.detector == "INV-KV-INTEGRITY"
+    assert len(unchecked.failure.shrunk) == 4
