@@ -3,7 +3,8 @@
 what SGLang's glue does; they fire, with SGLang's own message, on a slot taken or freed behind
 the scheduler's back, on a lost request row and (the tree's own sanity check, when idle) on a
 tree whose leaf set lost a leaf; kvpool's sessions are counted as the scheduler's session-held
-rows; 0.5.16's checker is not run, and ``+no-scheduler-checks`` leaves them out."""
+rows; plans played on SGLang's own sessions pass them, busy and idle; 0.5.16's checker is not
+run, and ``+no-scheduler-checks`` leaves them out."""
 
 from __future__ import annotations
 
