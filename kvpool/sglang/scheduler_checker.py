@@ -74,6 +74,7 @@ class SessionKv:
 
     @property
     def mamba_pool_idx(self) -> torch.Tensor:
+        # SGLang reads it only when holds_mamba; -1 is no slot
         return torch.tensor([-1 if self.mamba_slot is None else self.mamba_slot])
 
     @property
@@ -113,7 +114,7 @@ class SchedulerState:
     """What the scheduler hands its checker at one step."""
 
     owners: list[tuple[str, Any]]
-    """``(rid, req.kv)`` of every running request that holds a row (tokens, rows)."""
+    """``(rid, req.kv)`` of every running request that holds a row."""
     idle: bool
     """No request holds anything: no batch would run, the idle checks apply."""
     sessions: dict[str, Any] | None = None
