@@ -11,9 +11,11 @@ after every turn pressing on the pool so that the tree evicts; whole or chunked 
 path (as on a platform without Triton); --allocation-kernels triton runs their Triton kernels,
 the GPU's code, through Triton's interpreter instead.
 kvpool's rules are checked after every step: no KV slot, row, SWA slot or Mamba state leaked
-or freed twice, a kept turn holding exactly its tokens through the stop, every resumed position
-holding its own token's KV, every lent Mamba state matching the prefix it resumes, every state
-the tree caches matching its node, every resumed window live.
+or freed twice, no page a session's row names free, a kept turn holding exactly its tokens
+through the stop, every resumed position holding its own token's KV, every lent Mamba state
+matching the prefix it resumes, every state the tree caches matching its node, every resumed
+window live; then SGLang's own scheduler checks ("Mem Leak Detected", the KV page check, the
+tree's sanity check when idle).
 
 The first failing plan is shrunk and printed, turn by turn and as Python; a failure that
 findings 10, 11 and 12 of specs/sglang_findings.md explain says so. With --skip-known those are

@@ -167,8 +167,9 @@ def check_held(
     sids: Sequence[str] = ("s",),
 ) -> dict[str, Any]:
     """Every KV slot, row and Mamba state is free, cached in the tree or a session's (each
-    session's last partial page its own); with a sliding window, every SWA slot too (a
-    session's are its row's columns still mapped to one). ``sizes``: the free KV slots, rows,
+    session's last partial page its own), and no page a session's row names is free
+    (``INV-ROW-SLOTS``); with a sliding window, every SWA slot too (a session's are its row's
+    columns still mapped to one). ``sizes``: the free KV slots, rows,
     Mamba states and SWA slots of the fresh world; ``sids``: the sessions whose slots count as
     held (a slot of any other counts as nothing: after ``release_session``, none); ``where``
     goes into a violation's message. Returns the slot of each of them that holds one."""
@@ -188,6 +189,17 @@ def check_held(
         "INV-TOKEN-ACCOUNTING",
         f"{free} free + {held} session + {tree} tree != {kv_size} KV slots after {where}",
     )
+    # counts balance when the tree frees a page a session's row still names: check names too
+    free_pages = _free_pages(world)
+    page = world.tree.page_size
+    for sid, slot in slots.items():
+        cols = world.pool.impl.req_to_token[slot.kv.req_pool_idx, : slot.kv.kv_allocated_len]
+        freed = sorted({int(s) // page for s in cols.tolist()} & free_pages)
+        require(
+            not freed,
+            "INV-ROW-SLOTS",
+            f"session {sid}'s row names free page(s) {freed[:8]} after {where}",
+        )
     free_rows = int(world.pool.impl.available_size())
     require(
         free_rows == rows - len(slots),
@@ -221,6 +233,13 @@ def check_held(
             f"Mamba states after {where}",
         )
     return slots
+
+
+def _free_pages(world: World) -> set[int]:
+    """The full-attention pages free in ``world``'s allocator (its free and release lists)."""
+    snap = world.allocator.snapshot()
+    full = getattr(snap, "full", snap)
+    return set(full.free_pages) | set(full.release_pages)
 
 
 def run_session(
