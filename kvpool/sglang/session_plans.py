@@ -169,10 +169,10 @@ def check_held(
     """Every KV slot, row and Mamba state is free, cached in the tree or a session's (each
     session's last partial page its own), and no page a session's row names is free
     (``INV-ROW-SLOTS``); with a sliding window, every SWA slot too (a session's are its row's
-    columns still mapped to one). ``sizes``: the free KV slots, rows,
-    Mamba states and SWA slots of the fresh world; ``sids``: the sessions whose slots count as
-    held (a slot of any other counts as nothing: after ``release_session``, none); ``where``
-    goes into a violation's message. Returns the slot of each of them that holds one."""
+    columns still mapped to one). ``sizes``: the free KV slots, rows, Mamba states and SWA
+    slots of the fresh world; ``sids``: the sessions whose slots count as held (a slot of any
+    other counts as nothing: after ``release_session``, none); ``where`` goes into a
+    violation's message. Returns the slot of each of them that holds one."""
     kv_size, rows, state_size, swa_size = sizes
     slots: dict[str, Any] = {}
     for sid in sids:
