@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvpool.constants import ceil_align
+from kvpool.invariants.derived import free_pages, page_of
 from kvpool.sglang.cache_req import token_array
 from kvpool.sglang.scheduler_checker import SchedulerChecks, SchedulerState, ships_checker
 from kvpool.sglang.session_world import (
@@ -190,11 +191,10 @@ def check_held(
         f"{free} free + {held} session + {tree} tree != {kv_size} KV slots after {where}",
     )
     # counts balance when the tree frees a page a session's row still names: check names too
-    free_pages = _free_pages(world)
-    page = world.tree.page_size
+    unowned = _free_pages(world)
     for sid, slot in slots.items():
         cols = world.pool.impl.req_to_token[slot.kv.req_pool_idx, : slot.kv.kv_allocated_len]
-        freed = sorted({int(s) // page for s in cols.tolist()} & free_pages)
+        freed = sorted(unowned.intersection(page_of(cols.tolist(), world.tree.page_size)))
         require(
             not freed,
             "INV-ROW-SLOTS",
@@ -235,11 +235,11 @@ def check_held(
     return slots
 
 
-def _free_pages(world: World) -> set[int]:
-    """The full-attention pages free in ``world``'s allocator (its free and release lists)."""
+def _free_pages(world: World) -> frozenset[int]:
+    """The full-attention pages nobody owns in ``world``'s allocator
+    (:data:`kvpool.invariants.derived.free_pages` of its snapshot)."""
     snap = world.allocator.snapshot()
-    full = getattr(snap, "full", snap)
-    return set(full.free_pages) | set(full.release_pages)
+    return free_pages(getattr(snap, "full", snap))
 
 
 def run_session(

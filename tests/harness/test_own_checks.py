@@ -46,14 +46,19 @@ def _pair(limit: int = 10**9, broken: bool = False) -> Lockstep:
 def test_own_checks_run_at_construction_and_every_step_refused_ones_included() -> None:
     pair = _pair()
     assert [label for label, _ in pair.own_checks] == ["candidate"]  # the reference has none
+    plain = Lockstep(reference_factory, lambda c: MemoryManager(c, checked=True),
+                     PoolConfig(size=16))  # fmt: skip
     b = pair.b
     assert isinstance(b, Counting) and b.own_runs == 1
-    checks = pair.checks
-    pair.run(Op("new_req", ("r1", [1, 2, 3, 4])))
-    pair.run(Op("extend", (["r1"],)))
-    pair.run(Op("finish", (["nope"],), expect_error=True))  # refused: the state is kept
+    for op in (
+        Op("new_req", ("r1", [1, 2, 3, 4])),
+        Op("extend", (["r1"],)),
+        Op("finish", (["nope"],), expect_error=True),  # refused: the state is kept
+    ):
+        pair.run(op)
+        plain.run(op)
     assert b.own_runs == 4
-    assert pair.checks > checks
+    assert pair.checks - plain.checks == b.own_runs  # each run counted as one check
 
 
 def test_a_failed_own_check_is_reported_by_its_id_with_the_side() -> None:
