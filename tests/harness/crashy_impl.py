@@ -24,12 +24,20 @@ CRASH_PAGES = 3
 """The allocation size (pages) that breaks the candidate."""
 
 
-class _Breaking:
-    def __init__(self, inner: Any, how: str) -> None:
-        self._inner, self._how = inner, how
+class _Delegate:
+    """Everything as ``inner`` does it, but what a subclass overrides."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+class _Breaking(_Delegate):
+    def __init__(self, inner: Any, how: str) -> None:
+        super().__init__(inner)
+        self._how = how
 
     def alloc(self, need_size: int) -> Any:
         if need_size // self._inner.page_size == CRASH_PAGES:
@@ -94,16 +102,6 @@ def born_broken() -> Implementation:
         return alloc
 
     return Implementation("born-broken", allocator=allocator)
-
-
-class _Delegate:
-    """Everything as ``inner`` does it, but what a subclass overrides."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 class _Noisy(_Delegate):
