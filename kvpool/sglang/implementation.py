@@ -12,6 +12,7 @@ from kvpool.config import PoolConfig
 from kvpool.reference.mamba import lifecycle as mamba_lifecycle
 from kvpool.rules import Rules
 from kvpool.sglang.allocators import SGLangAllocator
+from kvpool.sglang.debug_pool import debug_asserts
 from kvpool.sglang.hybrid import (
     HYBRID_RELEASES,
     MAMBA_RADIX_RELEASES,
@@ -35,6 +36,7 @@ SPEC_OPTIONS = (
     "legacy-tree",
     "kvpool-lifecycle",
     "no-scheduler-checks",
+    "no-debug-memory-pool",
 )
 """Options a spec ``sglang:SOURCE+OPTION+...`` may end with (see :func:`from_spec`)."""
 
@@ -46,8 +48,9 @@ def from_spec(source: str) -> Implementation:
     ``RadixCache`` instead of the unified cache), ``+kvpool-lifecycle`` (the lifecycle's memory
     steps are kvpool's own over SGLang's components, instead of SGLang's scheduler glue:
     :mod:`kvpool.sglang.glue_manager`), ``+no-scheduler-checks`` (the glue managers leave out
-    SGLang's own scheduler checks: :mod:`kvpool.sglang.scheduler_checker`). ValueError for two
-    tree cores."""
+    SGLang's own scheduler checks: :mod:`kvpool.sglang.scheduler_checker`),
+    ``+no-debug-memory-pool`` (SGLang's paged allocators are built without their debug asserts:
+    :mod:`kvpool.sglang.debug_pool`). ValueError for two tree cores."""
     options: set[str] = set()
     while "+" in source and source.rpartition("+")[2] in SPEC_OPTIONS:
         source, _, option = source.rpartition("+")
@@ -61,6 +64,7 @@ def from_spec(source: str) -> Implementation:
         unified_lifecycle="legacy-tree" not in options,
         glue="kvpool-lifecycle" not in options,
         scheduler_checks="no-scheduler-checks" not in options,
+        debug_memory_pool="no-debug-memory-pool" not in options,
     )
 
 
@@ -73,6 +77,7 @@ def implementation(
     unified_lifecycle: bool = True,
     glue: bool = True,
     scheduler_checks: bool = True,
+    debug_memory_pool: bool = True,
 ) -> Implementation:
     """SGLang from ``source`` (see :func:`kvpool.sglang.load_sglang`) with factories for the
     allocator, ``ReqToTokenPool``, ``RadixCache`` and, for the audited releases
@@ -91,7 +96,12 @@ def implementation(
     ``unified_lifecycle`` is False (the legacy ``RadixCache`` then), and, with ``glue``, a
     ``manager``: kvpool's lifecycle whose memory steps are SGLang's own scheduler glue
     (:class:`~kvpool.sglang.glue_manager.SGLangGlueManager`), running SGLang's own scheduler
-    checks at every step unless ``scheduler_checks`` is False."""
+    checks at every step unless ``scheduler_checks`` is False.
+
+    With ``debug_memory_pool`` the managers (``manager``, ``swa_manager``) build SGLang's paged
+    allocators as a server with ``SGLANG_DEBUG_MEMORY_POOL=1`` does: SGLang then checks its
+    own allocator contracts inside each call its scheduler glue makes
+    (:mod:`kvpool.sglang.debug_pool`)."""
     modules = load_sglang(source, cache_dir=cache_dir)
     rules = Rules.for_sglang(modules.version)
     # the SWA tree adapter follows 0.5.16's SWARadixCache (0.5.23 has none: its SWA tree is the
@@ -350,9 +360,10 @@ def implementation(
         # radix cache off, over its unified FULL+SWA tree with it on
         # (kvpool.sglang.glue_v0516_swa_radix)
         swa_manager = swa_manager_factory_v0516(modules, naive_extend)
-        return dataclasses.replace(glued, swa_manager=swa_manager, reachability=reach_v0516)
+        glued = dataclasses.replace(glued, swa_manager=swa_manager, reachability=reach_v0516)
+        return _debugged_allocators(modules, glued) if debug_memory_pool else glued
     if manager is None:
-        return built
+        return _debugged_allocators(modules, built) if debug_memory_pool else built
 
     def reach(config: PoolConfig, ops: Sequence[Any]) -> str:
         from kvpool.sglang.glue_hicache import HOST_GLUE_STEPS
@@ -368,10 +379,35 @@ def implementation(
     glue_swa = swa_manager_factory(modules, tree_core, naive_extend)
     if not scheduler_checks:
         manager, glue_swa = _unchecked(manager), _unchecked(glue_swa)
-    return dataclasses.replace(built, manager=manager, manager_runs_hybrid=True,
-                               manager_models_eagle=True, manager_models_stops=True,
-                               swa_manager=glue_swa, reachability=reach,
-                               label=f"{built.label}-glue")  # fmt: skip
+    glued = dataclasses.replace(built, manager=manager, manager_runs_hybrid=True,
+                                manager_models_eagle=True, manager_models_stops=True,
+                                swa_manager=glue_swa, reachability=reach,
+                                label=f"{built.label}-glue")  # fmt: skip
+    return _debugged_allocators(modules, glued) if debug_memory_pool else glued
+
+
+def _debugged(modules: Any, factory: Callable[..., Any]) -> Callable[..., Any]:
+    """``factory``, building SGLang's paged allocators with their debug asserts on."""
+
+    def build(config: PoolConfig, *args: Any, **kwargs: Any) -> Any:
+        with debug_asserts(modules):
+            return factory(config, *args, **kwargs)
+
+    return build
+
+
+def _debugged_allocators(modules: Any, built: Implementation) -> Implementation:
+    """``built`` whose managers (``manager``, ``swa_manager``: they call SGLang's allocators
+    as its scheduler does) are built over allocators with SGLang's debug asserts on. The
+    component machines (``allocator``, ``swa_allocator``) call them as kvpool's campaign does,
+    which includes calls the debug build refuses (an ``alloc`` of part of a page, which the
+    default build floors: ``Rules.unaligned_paged_alloc``), so their factories are kept."""
+    manager, swa_manager = built.manager, built.swa_manager
+    return dataclasses.replace(
+        built,
+        manager=None if manager is None else _debugged(modules, manager),
+        swa_manager=None if swa_manager is None else _debugged(modules, swa_manager),
+    )
 
 
 def _unchecked(factory: Callable[..., Any]) -> Callable[..., Any]:

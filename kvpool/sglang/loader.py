@@ -26,6 +26,7 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+from kvpool.sglang.debug_pool import install_debug_switch
 from kvpool.sglang.glue import install_stand_ins
 from kvpool.sglang.importer import PrivateSGLang
 from kvpool.sglang.kernels import install_kernel_switches
@@ -291,6 +292,7 @@ def load_sglang(
     modules = SGLangModules(resolved, importer)
     try:
         install_kernel_switches(modules.module("sglang.srt.mem_cache.allocator.paged"))
+        install_debug_switch(modules.module("sglang.srt.mem_cache.allocator.paged"))
         _no_custom_mem_pool(modules.module("sglang.srt.mem_cache.memory_pool"))
         if unified:  # before any glue module binds them (kvpool.sglang.glue)
             install_stand_ins(
