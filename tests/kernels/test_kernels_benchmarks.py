@@ -103,7 +103,10 @@ def test_allocator_vs_sglang_rows_check_results_and_carry_targets() -> None:
     assert len(b.rows) == 13
     for row in b.rows:
         assert row["mode"] == "twin unchecked" and row["target"] == "<= 1.0"
-        assert row["twin_us"] > 0 and row["twin/sglang"] > 0
+        # the times, not the rounded ratio: a stalled SGLang call on a busy machine can round
+        # a ratio to 0.0
+        assert row["twin_us"] > 0 and row["sglang_0.5.23_us"] > 0
+        assert isinstance(row["twin/sglang"], float)
 
 
 @pytest.mark.sglang_wheel
