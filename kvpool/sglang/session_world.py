@@ -48,6 +48,7 @@ import torch
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, InvariantViolation
 from kvpool.sglang.cache_req import token_array
+from kvpool.sglang.debug_pool import debug_asserts
 from kvpool.sglang.glue_swa import SGLangSWAGlueTree
 from kvpool.sglang.implementation import implementation
 from kvpool.sglang.loader import load_sglang
@@ -330,8 +331,9 @@ def build(
     MAMBA components over its ``HybridReqToTokenPool`` (``hybrid``; page size 1; ``states``
     Mamba states), else FULL alone over its ``ReqToTokenPool`` (its paged allocator above page
     size 1: on its Triton kernels, run by Triton's interpreter, when ``triton``, else on its
-    torch path, ``use_triton_kernels = False``). ``core``: one of :data:`CORES`; ``eagle``:
-    EAGLE's tree (bigram keys; FULL alone)."""
+    torch path, ``use_triton_kernels = False``; built with its memory-pool debug asserts on,
+    :mod:`kvpool.sglang.debug_pool`). ``core``: one of :data:`CORES`; ``eagle``: EAGLE's tree
+    (bigram keys; FULL alone)."""
     impl, modules, stops, classes = _release(source, core, triton)
     assert impl.hybrid_req_to_token_pool and impl.req_to_token_pool and impl.allocator
     assert impl.radix_key and (page_size == 1 or not hybrid) and not (eagle and hybrid)
@@ -339,7 +341,8 @@ def build(
                         mamba_slots=states if hybrid else None,
                         rules=impl.rules_or_default())  # fmt: skip
     pool = (impl.hybrid_req_to_token_pool if hybrid else impl.req_to_token_pool)(config)
-    allocator = impl.allocator(config)
+    with debug_asserts(modules):  # the scheduler's calls: SGLang's debug asserts on
+        allocator = impl.allocator(config)
     tree: Any = (
         SGLangUnifiedMambaRadixCache(modules, pool, allocator, 1, tree_core=core)
         if hybrid
@@ -360,10 +363,12 @@ def build_swa(
     """SGLang's cache with the FULL and SWA components (a window of :data:`WINDOW` tokens) over
     its ``ReqToTokenPool`` and ``SWATokenToKVPoolAllocator`` (64 full and 64 SWA slots), as
     0.5.23's registry builds it for a hybrid sliding-window model; ``eagle``: EAGLE's tree
-    (bigram keys); ``triton``: the allocators' Triton kernels (as :func:`build`)."""
+    (bigram keys); ``triton``: the allocators' Triton kernels; the debug asserts on (as
+    :func:`build`)."""
     impl, modules, stops, classes = _release(source, core, triton)
     assert impl.radix_key
-    allocator = SGLangSWAAllocator(modules, 64, 64, page_size, naive_extend=not triton)
+    with debug_asserts(modules):
+        allocator = SGLangSWAAllocator(modules, 64, 64, page_size, naive_extend=not triton)
     pool = SGLangReqToTokenPool(modules, 4, 32)
     tree = SGLangSWAGlueTree(modules, pool, allocator, page_size, WINDOW, False, "lru", core,
                              eagle)  # fmt: skip

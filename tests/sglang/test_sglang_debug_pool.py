@@ -166,3 +166,14 @@ def test_a_double_free_is_caught_inside_the_step_that_makes_it() -> None:
     debug, quiet = found["0.5.23"], found["0.5.23+no-debug-memory-pool"]
     assert debug.detector == "crash" and "AssertionError" in debug.report, debug.report
     assert quiet.detector != "crash", quiet.report
+
+
+def test_the_session_worlds_run_sglangs_allocators_in_debug_mode() -> None:
+    """SGLang's streaming sessions (``kvpool sessions``) are its scheduler's calls too."""
+    from kvpool.sglang import session_world
+
+    full = session_world.build("python", hybrid=False, page_size=4)
+    assert full.allocator.impl.debug_mode
+    swa = session_world.build_swa("python", page_size=4)
+    assert swa.allocator.impl.swa_attn_allocator.debug_mode
+    assert swa.allocator.impl.full_attn_allocator.debug_mode
