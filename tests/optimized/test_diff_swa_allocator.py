@@ -110,3 +110,47 @@ def test_group_end_resolution_reads_the_entries_when_the_group_closes(twin: str)
     snap = a.snapshot()  # type: ignore[attr-defined]
     assert snap.full_to_swa[x[0]] == 0 and snap.swa.free_pages[-2:] == (x[1], x[0])
     check_swa_allocator(snap, {x[1], x[2]})
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+@pytest.mark.parametrize("twin", ["reference", "optimized"])
+def test_group_end_free_full_frees_at_once_beside_the_open_group(twin: str, page_size: int) -> None:
+    """SGLang 0.5.16's group is the SWA allocator's alone: its tree's direct full-pool free
+    (a locked recovery's incoming slots) goes back at once, the buffered frees at the end."""
+    rules = Rules(swa_free_resolve="group_end")
+    ps = page_size
+    if twin == "reference":
+        a: object = ReferenceSWA(8 * ps, 8 * ps, ps, rules=rules)
+    else:
+        a = SWATokenToKVPoolAllocator(8 * ps, 8 * ps, ps, options=CHECKED, rules=rules)
+    t = torch.tensor if twin == "optimized" else list
+    n = 3 * ps
+    got = (
+        a.alloc(n)  # type: ignore[attr-defined]
+        if ps == 1
+        else a.alloc_extend(t([0]), [0], t([n]), [n], t([-1]), n)  # type: ignore[attr-defined]
+    )
+    x = [int(s) for s in got]
+
+    def pages(slots: list[int]) -> set[int]:
+        return {s // ps for s in slots}
+
+    first, second, third = x[:ps], x[ps : 2 * ps], x[2 * ps :]
+    a.free_group_begin()  # type: ignore[attr-defined]
+    a.free(first)  # type: ignore[attr-defined]
+    a.free_swa(second)  # type: ignore[attr-defined]
+    a.free_full(second)  # type: ignore[attr-defined]
+    snap = a.snapshot()  # type: ignore[attr-defined]
+    page = second[0] // ps
+    assert snap.full.in_free_group and snap.full.pending_free == tuple(first)
+    assert page in snap.full.free_pages and first[0] // ps not in snap.full.free_pages
+    check_swa_allocator(snap, pages(first + third))
+    a.free_swa(first)  # type: ignore[attr-defined]
+    with pytest.raises(DoubleFreeError):  # a slot the group holds, freed beside it
+        a.free_full(first)  # type: ignore[attr-defined]
+    a.free_group_end()  # type: ignore[attr-defined]
+    snap = a.snapshot()  # type: ignore[attr-defined]
+    assert not snap.full.in_free_group
+    if ps > 1:  # a paged free puts its pages in front: the group's went back last
+        assert snap.full.free_pages[:2] == (first[0] // ps, page)
+    check_swa_allocator(snap, pages(third))

@@ -139,6 +139,31 @@ def test_one_request_through_the_unified_tree_agrees_with_the_reference() -> Non
         ((9, 10, 11), True), ((12,), False), ((13, 14), False)]  # fmt: skip
 
 
+def test_a_locked_recovery_frees_the_incoming_full_slots_at_once() -> None:
+    """``kvpool verify --sglang 0.5.16 --component swa_manager --seed 31`` (shrunk): r10's
+    finish inserts over r7's prefix, whose SWA part the window evicted and whose full slots
+    r7 still locks. 0.5.16 keeps the locked full slots, takes r10's SWA slots for them and
+    frees r10's full slots on the full pool at once, though the finish's free group is open;
+    the rest of r10 is freed at the group's end. The free lists agree, in order."""
+    cfg = config(size=24, page_size=2, max_context_len=48, eviction_policy="fifo",
+                 swa_full_tokens_ratio=0.8)  # fmt: skip
+    seen = []
+    for mm in (SGLangSWARadixGlueManagerV0516(cfg, load_sglang("0.5.16")), Reference(cfg)):
+        mm.new_req("r7", [2, 3, 3, 3, 1, 2, 1, 1, 1], extra_key="b")
+        mm.new_req("r10", [2, 3, 3, 3, 1, 2, 1, 1, 1, 3, 2], extra_key="b")
+        mm.extend(["r10"])
+        mm.extend(["r7"], [6])
+        mm.extend(["r7"], [2])
+        mm.finish(["r10"])
+        snap = mm.snapshot()
+        check_all(snap)
+        assert snap.swa is not None
+        seen.append((snap.swa.full.free_pages, snap.swa.swa.free_pages, snap.swa.full_to_swa))
+    assert seen[0] == seen[1]
+    # pages 1 and 2 (r10's first four full slots) went back first, pages 3, 4 and 6 at the end
+    assert seen[0][0][:5] == (3, 4, 6, 1, 2)
+
+
 def test_radix_glue_campaign_passes_and_counts_the_glue() -> None:
     # radix:recovered (a tombstoned node made live again) is rare: a seed whose 20 runs reach
     # it (runs are deterministic)

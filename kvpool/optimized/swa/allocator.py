@@ -16,12 +16,14 @@ and free pages in the given order, as the reference.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import (
     AlignmentError,
+    DoubleFreeError,
     IndexOutOfRangeError,
     InvalidArgumentError,
 )
@@ -93,6 +95,10 @@ class SWATokenToKVPoolAllocator:
         self.rules = rules if rules is not None else Rules()
         self._in_free_group = False
         self._group_slots: list[torch.Tensor] = []
+        # checked, page size 1, "group_end": the slots the group buffers (the full pool's own
+        # pending mask is for its own group, which this rule leaves closed)
+        pending = self.full_attn_allocator._pending_mask
+        self._group_mask = None if pending is None else torch.zeros_like(pending)
         self.clear()
 
     # ----------------------------------------------------------------- sizes
@@ -120,9 +126,15 @@ class SWATokenToKVPoolAllocator:
         return self.swa_attn_allocator.available_size()
 
     def snapshot(self) -> SWAAllocatorSnapshot:
-        """Both pools' snapshots and the mapping (device-to-host copies)."""
+        """Both pools' snapshots and the mapping (device-to-host copies); under
+        ``"group_end"`` an open group's buffered slots are the full pool's pending frees."""
+        full = self.full_attn_allocator.snapshot()
+        if self._in_free_group and self._resolves_at_group_end():
+            pending = cat_index_parts(self._group_slots) if self._group_slots else None
+            slots = () if pending is None else tuple(host_array(pending).tolist())
+            full = replace(full, in_free_group=True, pending_free=slots)
         return SWAAllocatorSnapshot(
-            full=self.full_attn_allocator.snapshot(),
+            full=full,
             swa=self.swa_attn_allocator.snapshot(),
             full_to_swa=tuple(host_array(self.full_to_swa_index_mapping).tolist()),
             resolves_at_group_end=self._resolves_at_group_end(),
@@ -419,17 +431,19 @@ class SWATokenToKVPoolAllocator:
             return
         self._host_free_range(free_index, slots)
         full_alloc = self.full_attn_allocator
+        here = self._in_free_group and self._resolves_at_group_end()
         if full_alloc._free_mask is not None:
             check_free_slots(
                 slots,
                 full_alloc._free_mask,
                 self.page_size,
                 not full_alloc._dedup_pages,
-                full_alloc._pending_mask,
+                self._group_mask if here else full_alloc._pending_mask,
             )
-        if self._in_free_group and self._resolves_at_group_end():
-            full_alloc.free(slots)  # buffered; the entries are read at free_group_end
+        if here:  # buffered here, the pools untouched; the entries are read at free_group_end
             self._group_slots.append(slots)
+            if self._group_mask is not None:
+                self._group_mask[slots] = True
             return
         indices, swa = self._resolve_swa(slots)
         full_alloc.free(slots)
@@ -467,7 +481,16 @@ class SWATokenToKVPoolAllocator:
             return
         self._host_free_range(free_index, slots)
         self._check_unmapped(slots)
-        self.full_attn_allocator.free(slots)
+        full_alloc = self.full_attn_allocator
+        if self.checked and self._in_free_group and self._resolves_at_group_end():
+            ps = self.page_size  # no page the group buffers (its end would free it again)
+            if self._group_slots:
+                held = torch.div(cat_index_parts(self._group_slots), ps, rounding_mode="floor")
+                ours = torch.div(slots, ps, rounding_mode="floor")
+                twice = torch.unique(ours[torch.isin(ours, held)])
+                if twice.numel():
+                    raise DoubleFreeError("full pages the open free group holds", twice.tolist())
+        full_alloc.free(slots)
 
     def free_full_segment(self, free_index: IndexLike, start_pos: int = 0) -> None:
         """:meth:`free_full` of a kv-row segment (the full pool's ``free_segment``;
@@ -534,12 +557,12 @@ class SWATokenToKVPoolAllocator:
         full_alloc.free_segment(slots, start_pos)
 
     def free_group_begin(self) -> None:
-        """Open a free group (both pools; the full pool only under ``"group_end"``).
+        """Open a free group (both pools; under ``"group_end"`` this allocator alone).
         InvalidArgumentError when one is open."""
         if self._in_free_group:
             raise InvalidArgumentError("free_group_begin inside an open free group")
-        self.full_attn_allocator.free_group_begin()
         if not self._resolves_at_group_end():
+            self.full_attn_allocator.free_group_begin()
             self.swa_attn_allocator.free_group_begin()
         self._in_free_group = True
         self._group_slots = []
@@ -549,16 +572,26 @@ class SWATokenToKVPoolAllocator:
         ``"group_end"``: the full slots, then the SWA slots their entries name now)."""
         if not self._in_free_group:
             raise InvalidArgumentError("free_group_end without free_group_begin")
-        if self._resolves_at_group_end():
-            slots = cat_index_parts(self._group_slots) if self._group_slots else self._as_index([])
-            indices, swa = self._resolve_swa(slots)
-            self.full_attn_allocator.free_group_end()
-            self._release_swa(indices, swa)
-        else:
+        if not self._resolves_at_group_end():
             self.full_attn_allocator.free_group_end()
             self.swa_attn_allocator.free_group_end()
+        elif self._group_slots:
+            # one free of the concatenation, validated again (a free_full in between)
+            slots = cat_index_parts(self._group_slots)
+            full_alloc = self.full_attn_allocator
+            if full_alloc._free_mask is not None:
+                check_free_slots(slots, full_alloc._free_mask, self.page_size,
+                                 not full_alloc._dedup_pages)  # fmt: skip
+            indices, swa = self._resolve_swa(slots)
+            full_alloc.free(slots)
+            self._release_swa(indices, swa)
+        self._close_group()
+
+    def _close_group(self) -> None:
         self._in_free_group = False
         self._group_slots = []
+        if self._group_mask is not None:
+            self._group_mask.zero_()
 
     # ----------------------------------------------------------------- state
     def backup_state(self) -> SWAState:
@@ -593,8 +626,7 @@ class SWATokenToKVPoolAllocator:
         self.full_attn_allocator.clear()
         self.swa_attn_allocator.clear()
         self.full_to_swa_index_mapping[:-1].fill_(RESERVED_INDEX)
-        self._in_free_group = False
-        self._group_slots = []
+        self._close_group()
 
 
 __all__ = ["SWAState", "SWATokenToKVPoolAllocator"]

@@ -33,10 +33,11 @@ the SWA slots. Entries equal to 0 (the sentinel) are skipped. Inside a free grou
 - ``"free"`` (kvpool): at the call. Both pools are in the group: the full slots and the SWA
   slots are buffered by their page allocators and the entries are zeroed at once, so the mapping
   of a released full slot is always 0.
-- ``"group_end"`` (SGLang 0.5.16): only the full pool is in the group. A ``free`` buffers the
-  full slots with their entries intact; ``free_group_end`` frees them (one free of the
-  concatenation) and then the SWA slots their entries name at that moment (one free). A
-  ``free_swa`` inside the group frees at once.
+- ``"group_end"`` (SGLang 0.5.16): the group is this allocator's, neither pool's. A ``free``
+  buffers the full slots with their entries intact; ``free_group_end`` frees them (one free of
+  the concatenation) and then the SWA slots their entries name at that moment (one free). A
+  ``free_swa``, ``free_full`` (0.5.16's tree calls the full pool's ``free`` directly) inside the
+  group frees at once. The snapshot shows the buffered slots as the full pool's open group.
 
 SGLang 0.5.23's split frees (its SWA tree and its ``free_kv_row_segments`` call them):
 ``free_full`` / ``free_full_segment`` release full slots whose SWA slots are gone already
@@ -53,6 +54,7 @@ allocator's for a corrupt mapping).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from kvpool.constants import NO_LAST_LOC, RESERVED_INDEX
 from kvpool.errors import (
@@ -128,9 +130,13 @@ class SWATokenToKVPoolAllocator:
         return self.swa_attn_allocator.available_size()
 
     def snapshot(self) -> SWAAllocatorSnapshot:
-        """Both pools' snapshots and the mapping (tail included)."""
+        """Both pools' snapshots and the mapping (tail included); under ``"group_end"`` an open
+        group's buffered slots are the full pool's pending frees."""
+        full = self.full_attn_allocator.snapshot()
+        if self._in_free_group and self._resolves_at_group_end():
+            full = replace(full, in_free_group=True, pending_free=tuple(self._group_slots))
         return SWAAllocatorSnapshot(
-            full=self.full_attn_allocator.snapshot(),
+            full=full,
             swa=self.swa_attn_allocator.snapshot(),
             full_to_swa=tuple(self.full_to_swa_index_mapping),
             resolves_at_group_end=self._resolves_at_group_end(),
@@ -369,11 +375,12 @@ class SWATokenToKVPoolAllocator:
         if not slots:
             return
         full_alloc = self.full_attn_allocator
-        full_alloc._validate_free(slots, full_alloc._pending_free if self._in_free_group else [])
         if self._in_free_group and self._resolves_at_group_end():
-            full_alloc.free(slots)  # buffered; the entries are read at free_group_end
+            # buffered here, the pools untouched; the entries are read at free_group_end
+            full_alloc._validate_free(slots, self._group_slots)
             self._group_slots.extend(slots)
             return
+        full_alloc._validate_free(slots, full_alloc._pending_free if self._in_free_group else [])
         indices, swa = self._resolve_swa(slots)
         full_alloc.free(slots)
         self._release_swa(indices, swa)
@@ -401,12 +408,19 @@ class SWATokenToKVPoolAllocator:
 
     def free_full(self, free_index: Sequence[int]) -> None:
         """Free full slots whose SWA slots were released already (SGLang 0.5.23's
-        ``free_full``): InvalidArgumentError (nothing changed) for a slot whose mapping entry
-        is not 0; the full allocator's errors. Empty input is a no-op."""
+        ``free_full``; 0.5.16's tree calls the full pool's ``free``, so inside a
+        ``"group_end"`` group it frees at once): InvalidArgumentError (nothing changed) for a
+        slot whose mapping entry is not 0; the full allocator's errors (DoubleFreeError for a
+        slot the group buffers). Empty input is a no-op."""
         slots = int_list("free_index", free_index)
         if not slots:
             return
         self._check_unmapped(slots)
+        if self._in_free_group and self._resolves_at_group_end():
+            ps = self.page_size  # no page the group buffers (its end would free it again)
+            twice = sorted({s // ps for s in slots} & {s // ps for s in self._group_slots})
+            if twice:
+                raise DoubleFreeError("full pages the open free group holds", twice)
         self.full_attn_allocator.free(slots)
 
     def free_full_segment(self, free_index: Sequence[int], start_pos: int = 0) -> None:
@@ -471,12 +485,12 @@ class SWATokenToKVPoolAllocator:
         self.full_attn_allocator.free_segment(slots, start_pos)
 
     def free_group_begin(self) -> None:
-        """Open a free group (on both pools, or on the full pool only under ``"group_end"``).
+        """Open a free group (on both pools; under ``"group_end"`` on this allocator alone).
         InvalidArgumentError when one is open."""
         if self._in_free_group:
             raise InvalidArgumentError("free_group_begin inside an open free group")
-        self.full_attn_allocator.free_group_begin()
         if not self._resolves_at_group_end():
+            self.full_attn_allocator.free_group_begin()
             self.swa_attn_allocator.free_group_begin()
         self._in_free_group = True
         self._group_slots = []
@@ -489,9 +503,12 @@ class SWATokenToKVPoolAllocator:
         if not self._in_free_group:
             raise InvalidArgumentError("free_group_end without free_group_begin")
         if self._resolves_at_group_end():
-            indices, swa = self._resolve_swa(self._group_slots)
-            self.full_attn_allocator.free_group_end()
-            self._release_swa(indices, swa)
+            slots = self._group_slots
+            if slots:  # one free of the concatenation, validated again (a free_full between)
+                self.full_attn_allocator._validate_free(slots, [])
+                indices, swa = self._resolve_swa(slots)
+                self.full_attn_allocator.free(slots)
+                self._release_swa(indices, swa)
         else:
             self.full_attn_allocator.free_group_end()
             self.swa_attn_allocator.free_group_end()
