@@ -127,6 +127,8 @@ def test_the_glue_campaigns_pass_in_debug_mode(release: str) -> None:
                          max_runs=16)  # fmt: skip
     assert result.failure is None, result.failure.report
     assert result.steps >= 16 * 50
+    paged = sum(n for key, n in result.page_sizes.items() if key != "page_size=1")
+    assert paged >= 4, result.page_sizes  # runs whose allocators have the asserts
 
 
 def _freeing_twice(spec: str) -> Any:
