@@ -361,9 +361,9 @@ def implementation(
         # (kvpool.sglang.glue_v0516_swa_radix)
         swa_manager = swa_manager_factory_v0516(modules, naive_extend)
         glued = dataclasses.replace(glued, swa_manager=swa_manager, reachability=reach_v0516)
-        return _debugged_allocators(modules, glued) if debug_memory_pool else glued
+        return _debugged_managers(modules, glued) if debug_memory_pool else glued
     if manager is None:
-        return _debugged_allocators(modules, built) if debug_memory_pool else built
+        return _debugged_managers(modules, built) if debug_memory_pool else built
 
     def reach(config: PoolConfig, ops: Sequence[Any]) -> str:
         from kvpool.sglang.glue_hicache import HOST_GLUE_STEPS
@@ -383,7 +383,7 @@ def implementation(
                                 manager_models_eagle=True, manager_models_stops=True,
                                 swa_manager=glue_swa, reachability=reach,
                                 label=f"{built.label}-glue")  # fmt: skip
-    return _debugged_allocators(modules, glued) if debug_memory_pool else glued
+    return _debugged_managers(modules, glued) if debug_memory_pool else glued
 
 
 def _debugged(modules: Any, factory: Callable[..., Any]) -> Callable[..., Any]:
@@ -396,7 +396,7 @@ def _debugged(modules: Any, factory: Callable[..., Any]) -> Callable[..., Any]:
     return build
 
 
-def _debugged_allocators(modules: Any, built: Implementation) -> Implementation:
+def _debugged_managers(modules: Any, built: Implementation) -> Implementation:
     """``built`` whose managers (``manager``, ``swa_manager``: they call SGLang's allocators
     as its scheduler does) are built over allocators with SGLang's debug asserts on. The
     component machines (``allocator``, ``swa_allocator``) call them as kvpool's campaign does,

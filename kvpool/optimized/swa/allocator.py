@@ -576,14 +576,10 @@ class SWATokenToKVPoolAllocator:
             self.full_attn_allocator.free_group_end()
             self.swa_attn_allocator.free_group_end()
         elif self._group_slots:
-            # one free of the concatenation, validated again (a free_full in between)
+            # one free of the concatenation; each side validates before any change
             slots = cat_index_parts(self._group_slots)
-            full_alloc = self.full_attn_allocator
-            if full_alloc._free_mask is not None:
-                check_free_slots(slots, full_alloc._free_mask, self.page_size,
-                                 not full_alloc._dedup_pages)  # fmt: skip
             indices, swa = self._resolve_swa(slots)
-            full_alloc.free(slots)
+            self.full_attn_allocator.free(slots)
             self._release_swa(indices, swa)
         self._close_group()
 

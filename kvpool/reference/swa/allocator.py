@@ -504,8 +504,7 @@ class SWATokenToKVPoolAllocator:
             raise InvalidArgumentError("free_group_end without free_group_begin")
         if self._resolves_at_group_end():
             slots = self._group_slots
-            if slots:  # one free of the concatenation, validated again (a free_full between)
-                self.full_attn_allocator._validate_free(slots, [])
+            if slots:  # one free of the concatenation; each side validates before any change
                 indices, swa = self._resolve_swa(slots)
                 self.full_attn_allocator.free(slots)
                 self._release_swa(indices, swa)
